@@ -1,0 +1,29 @@
+# The two commands of the README:
+#   make book   -> builds the HTML book (executing every notebook) into _build/html
+#   make test   -> unit tests of fedlab + nbval over every notebook in chapters/
+# Both create .venv on first use and reuse it afterwards.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed-stamp
+
+.PHONY: book test venv clean screenshots
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[book,test]"
+	touch $(STAMP)
+
+book: $(STAMP)
+	FEDLAB_PROGRESS=0 FEDLAB_SCALE=$${FEDLAB_SCALE:-quick} $(VENV)/bin/jupyter-book build . --all -W --keep-going
+	@echo "Book built: open $(CURDIR)/_build/html/index.html"
+
+test: $(STAMP)
+	FEDLAB_PROGRESS=0 FEDLAB_SCALE=$${FEDLAB_SCALE:-quick} $(PY) -m pytest tests/ chapters/ --nbval-lax --nbval-current-env -q
+
+clean:
+	rm -rf _build

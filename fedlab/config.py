@@ -1,0 +1,125 @@
+"""One place for the run-wide settings of the course: scale, seeding, device and data directory.
+
+Every chapter reads these through the functions below, never from ``os.environ`` directly, so that a
+reader can change a setting once (an environment variable) and every notebook and test follows.
+
+* ``FEDLAB_SCALE`` -- ``quick`` (default; every notebook < 60 s on a 2-core CPU) or ``paper`` (the
+  settings of the paper a chapter reproduces).
+* ``FEDLAB_DATA``  -- cache directory for downloaded data sets (default: the user's cache dir).
+* ``FEDLAB_SEED``  -- the base seed handed to :func:`seed_everything` when no seed is given (default 0).
+"""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+T = TypeVar("T")
+
+SCALES = ("quick", "paper")
+DEFAULT_SEED = 0
+
+
+def scale() -> str:
+    """Return the active scale, ``"quick"`` (default) or ``"paper"``, read from ``FEDLAB_SCALE``.
+
+    Raises
+    ------
+    ValueError
+        If ``FEDLAB_SCALE`` is set to anything else (a typo must not silently run the wrong scale).
+    """
+    value = os.environ.get("FEDLAB_SCALE", "quick").strip().lower() or "quick"
+    if value not in SCALES:
+        raise ValueError(f"FEDLAB_SCALE must be one of {SCALES}, got {value!r}")
+    return value
+
+
+def is_paper_scale() -> bool:
+    """``True`` when ``FEDLAB_SCALE=paper``."""
+    return scale() == "paper"
+
+
+def pick(quick: T, paper: T) -> T:
+    """Choose a setting by scale: ``pick(quick=200, paper=5000)``.
+
+    Use it for every number that differs between the reduced run and the paper's setting, so a
+    notebook states both values side by side in one line.
+    """
+    return paper if is_paper_scale() else quick
+
+
+def default_seed() -> int:
+    """Base seed from ``FEDLAB_SEED`` (default 0)."""
+    raw = os.environ.get("FEDLAB_SEED", str(DEFAULT_SEED))
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"FEDLAB_SEED must be an integer, got {raw!r}") from exc
+
+
+def seed_everything(seed: int | None = None) -> torch.Generator:
+    """Seed Python's ``random``, NumPy's global RNG and torch (CPU and CUDA) from one integer.
+
+    Returns a fresh :class:`torch.Generator` seeded with the same value, for code that prefers an
+    explicit generator. Two calls with the same seed make every following draw identical.
+
+    Raises
+    ------
+    ValueError
+        If ``seed`` is negative.
+    """
+    if seed is None:
+        seed = default_seed()
+    seed = int(seed)
+    if seed < 0:
+        raise ValueError(f"seed must be non-negative, got {seed}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():  # pragma: no cover - depends on hardware
+        torch.cuda.manual_seed_all(seed)
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    return gen
+
+
+def rng(seed: int | None = None) -> np.random.Generator:
+    """A NumPy ``Generator`` seeded from ``seed`` (or the base seed)."""
+    return np.random.default_rng(default_seed() if seed is None else int(seed))
+
+
+def device(prefer: str | None = None) -> torch.device:
+    """The torch device to use: CUDA when present, CPU otherwise.
+
+    ``prefer="cpu"`` forces the CPU; ``FEDLAB_DEVICE`` overrides the automatic choice.
+    """
+    choice = prefer or os.environ.get("FEDLAB_DEVICE")
+    if choice:
+        return torch.device(choice)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def data_dir() -> Path:
+    """Directory where data sets are cached: ``FEDLAB_DATA`` or ``<user cache dir>/fedlab``.
+
+    The directory is created on first use.
+    """
+    env = os.environ.get("FEDLAB_DATA")
+    if env:
+        path = Path(env).expanduser()
+    else:
+        from platformdirs import user_cache_dir
+
+        path = Path(user_cache_dir("fedlab"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def progress_enabled() -> bool:
+    """Whether long loops show a tqdm progress bar: ``FEDLAB_PROGRESS=0`` turns them off (the book
+    build and the tests do, so the pages stay clean); on otherwise."""
+    return os.environ.get("FEDLAB_PROGRESS", "1").strip().lower() not in ("0", "false", "no", "off")

@@ -1,0 +1,114 @@
+"""Small models used across chapters, and helpers to treat parameters as plain tensors.
+
+Models carry no buffers (no batch norm) so that a client update is a pure function of the
+parameter dictionary, which :mod:`torch.func` can differentiate through and ``vmap`` over clients.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["mlp", "logistic_regression", "lenet", "get_params", "flatten_params", "unflatten_params",
+           "num_params", "text_classifier"]
+
+_ACT = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+
+
+def mlp(in_features: int, hidden: tuple[int, ...] | list[int], num_classes: int, *,
+        activation: str = "relu", seed: int | None = None) -> nn.Module:
+    """Fully connected network ``in_features -> hidden... -> num_classes`` (logits out).
+
+    Input ``[batch, in_features]``; output ``[batch, num_classes]``. ``seed`` fixes the initialisation.
+    """
+    if activation not in _ACT:
+        raise ValueError(f"activation must be one of {sorted(_ACT)}, got {activation!r}")
+    if in_features < 1 or num_classes < 1 or any(h < 1 for h in hidden):
+        raise ValueError("in_features, hidden sizes and num_classes must be positive")
+    if seed is not None:
+        torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    width = in_features
+    for h in hidden:
+        layers += [nn.Linear(width, h), _ACT[activation]()]
+        width = h
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+def logistic_regression(in_features: int, num_classes: int = 2, *, seed: int | None = None) -> nn.Module:
+    """Multinomial logistic regression (one linear layer, logits out)."""
+    return mlp(in_features, (), num_classes, seed=seed)
+
+
+def lenet(in_channels: int = 1, num_classes: int = 10, image_size: int = 8, *,
+          activation: str = "sigmoid", seed: int | None = None) -> nn.Module:
+    """The LeNet-style network of Zhu et al. (2019, DLG): three 5x5 convolutions with sigmoid
+    activations and a linear classifier. Input ``[batch, in_channels, image_size, image_size]``.
+    """
+    if activation not in _ACT:
+        raise ValueError(f"activation must be one of {sorted(_ACT)}, got {activation!r}")
+    if seed is not None:
+        torch.manual_seed(seed)
+    act = _ACT[activation]
+    side = image_size
+    convs: list[nn.Module] = []
+    ch = in_channels
+    for stride in (2, 2, 1):
+        convs += [nn.Conv2d(ch, 12, kernel_size=5, padding=2, stride=stride), act()]
+        ch = 12
+        side = (side + 2 * 2 - 5) // stride + 1
+    return nn.Sequential(*convs, nn.Flatten(), nn.Linear(12 * side * side, num_classes))
+
+
+def get_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Detached copies of a model's parameters, as the ``{name: tensor}`` dict used by fedlab.fl."""
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def flatten_params(params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Concatenate a parameter dict into one vector ``theta`` of shape ``[d]``."""
+    return torch.cat([v.reshape(-1) for v in params.values()])
+
+
+def unflatten_params(theta: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`flatten_params`: split ``theta`` (shape ``[d]``) into tensors shaped like ``like``."""
+    total = sum(v.numel() for v in like.values())
+    if theta.ndim != 1 or theta.numel() != total:
+        raise ValueError(f"theta must be a vector of length {total}, got shape {tuple(theta.shape)}")
+    out, i = {}, 0
+    for k, v in like.items():
+        out[k] = theta[i:i + v.numel()].reshape(v.shape)
+        i += v.numel()
+    return out
+
+
+def num_params(model_or_params) -> int:
+    """Number of scalar parameters of a module or parameter dict."""
+    if isinstance(model_or_params, nn.Module):
+        return sum(p.numel() for p in model_or_params.parameters())
+    return sum(v.numel() for v in model_or_params.values())
+
+
+class _MeanPoolText(nn.Module):
+    """Embedding -> mean over the sentence -> linear (see :func:`text_classifier`)."""
+
+    def __init__(self, vocab_size: int, embed_dim: int, num_classes: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed_dim)
+        self.fc = nn.Linear(embed_dim, num_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.embedding(tokens).mean(dim=1))
+
+
+def text_classifier(vocab_size: int, embed_dim: int = 16, num_classes: int = 2, *,
+                    seed: int | None = None) -> nn.Module:
+    """Bag-of-words text model with an embedding layer, the setting of Melis et al. (2019, Sec. 4.1):
+    ``tokens [batch, L] (int64) -> embedding [batch, L, embed_dim] -> mean over L -> logits
+    [batch, num_classes]``. The parameter ``"embedding.weight"`` is the matrix ``W_emb [V, d]``.
+    """
+    if vocab_size < 1 or embed_dim < 1 or num_classes < 2:
+        raise ValueError("vocab_size and embed_dim must be positive and num_classes >= 2")
+    if seed is not None:
+        torch.manual_seed(seed)
+    return _MeanPoolText(vocab_size, embed_dim, num_classes)

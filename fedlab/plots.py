@@ -1,0 +1,137 @@
+"""Plotting helpers with one consistent style for every chapter (readable when projected)."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import numpy as np
+
+__all__ = ["use_style", "PALETTE", "line_plot", "bar_plot", "image_grid", "partition_heatmap", "md_table"]
+
+#: colour-blind-safe palette (Okabe & Ito) used in that order by every figure
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+
+
+def use_style() -> None:
+    """Set the course's matplotlib style: large fonts, light grid, the :data:`PALETTE`, PNG output
+    (nbval skips PNG comparisons; SVG would be compared byte for byte)."""
+    mpl.rcParams.update({
+        "figure.figsize": (7.0, 4.2),
+        "figure.dpi": 100,
+        "savefig.dpi": 120,
+        "font.size": 12,
+        "axes.titlesize": 13,
+        "axes.labelsize": 12,
+        "legend.fontsize": 10,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.prop_cycle": mpl.cycler(color=PALETTE),
+        "lines.linewidth": 2.0,
+        "figure.constrained_layout.use": True,
+    })
+    try:  # inline backend: PNG only
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+
+        set_matplotlib_formats("png")
+    except Exception:  # pragma: no cover - outside IPython
+        pass
+
+
+def line_plot(x: Sequence | Mapping, ys: Mapping[str, Sequence], *, xlabel: str = "",
+              ylabel: str = "", title: str = "", ax=None, logx: bool = False, logy: bool = False,
+              styles: Mapping[str, dict] | None = None, legend_loc: str = "best"):
+    """Plot several named curves. ``x`` is shared, or a mapping name -> x values.
+
+    ``styles`` maps a curve name to extra ``plot`` keyword arguments (e.g. ``{"bound": {"ls": "--"}}``).
+    Returns the axes.
+    """
+    if ax is None:
+        _, ax = plt.subplots()
+    for name, y in ys.items():
+        xv = x[name] if isinstance(x, Mapping) else x
+        ax.plot(np.asarray(xv), np.asarray(y), label=name, **(styles or {}).get(name, {}))
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if len(ys) > 1:
+        ax.legend(loc=legend_loc)
+    return ax
+
+
+def bar_plot(values: Mapping[str, float], *, ylabel: str = "", title: str = "", ax=None,
+             fmt: str = "{:.2f}", ylim=None):
+    """Bar chart of named values with the value printed on each bar. Returns the axes."""
+    if ax is None:
+        _, ax = plt.subplots()
+    names = list(values)
+    bars = ax.bar(names, [values[n] for n in names], color=PALETTE[: len(names)])
+    for b, n in zip(bars, names):
+        ax.annotate(fmt.format(values[n]), (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=10)
+    ax.set(ylabel=ylabel, title=title)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.tick_params(axis="x", rotation=15)
+    return ax
+
+
+def image_grid(images, *, titles: Sequence[str] | None = None, ncols: int = 8, cmap: str = "gray",
+               size: float = 1.4, suptitle: str = ""):
+    """Show a batch of images ``[n, H, W]``, ``[n, 1, H, W]`` or ``[n, 3, H, W]`` (values in [0, 1])."""
+    imgs = np.asarray(images.detach().cpu() if hasattr(images, "detach") else images)
+    if imgs.ndim == 4 and imgs.shape[1] in (1, 3):
+        imgs = imgs.transpose(0, 2, 3, 1)
+    if imgs.ndim == 4 and imgs.shape[-1] == 1:
+        imgs = imgs[..., 0]
+    n = len(imgs)
+    ncols = min(ncols, n)
+    nrows = int(np.ceil(n / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols, size * nrows + (0.4 if suptitle else 0)),
+                             squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if i < n:
+            ax.imshow(np.clip(imgs[i], 0, 1), cmap=cmap if imgs[i].ndim == 2 else None, vmin=0, vmax=1)
+            if titles is not None:
+                ax.set_title(titles[i], fontsize=9)
+    if suptitle:
+        fig.suptitle(suptitle)
+    return fig
+
+
+def partition_heatmap(y, parts, *, num_classes: int | None = None, ax=None, title: str = ""):
+    """Class counts per client (rows: clients, columns: labels) for a partition ``parts``."""
+    y = np.asarray(y)
+    C = int(num_classes if num_classes is not None else y.max() + 1)
+    counts = np.stack([np.bincount(y[p], minlength=C) for p in parts])
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.6))
+    im = ax.imshow(counts, cmap="Blues", aspect="auto")
+    ax.set(xlabel="label", ylabel="client", title=title, xticks=range(C), yticks=range(len(parts)))
+    ax.grid(False)
+    plt.colorbar(im, ax=ax, label="examples")
+    return ax
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence], *, floatfmt: str = "{:.3f}"):
+    """A Markdown table (rendered by Jupyter and by the book) from a header and rows of values.
+
+    Floats are formatted with ``floatfmt``; everything else with ``str``. Use it for every
+    "paper vs ours" table so that the numbers shown are the numbers computed.
+    """
+    from IPython.display import Markdown
+
+    if any(len(r) != len(headers) for r in rows):
+        raise ValueError("every row must have one value per header")
+
+    def fmt(v):
+        return floatfmt.format(v) if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    return Markdown("\n".join(lines))

@@ -1,0 +1,150 @@
+"""Scale switch, seeding, partitioners, data cache and the checksummed download helper."""
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+import fedlab
+from fedlab import data as D
+from fedlab import metrics
+from fedlab.data import download
+
+
+def test_scale_default_and_pick(monkeypatch):
+    monkeypatch.delenv("FEDLAB_SCALE", raising=False)
+    assert fedlab.scale() == "quick" and fedlab.pick(1, 2) == 1
+    monkeypatch.setenv("FEDLAB_SCALE", "paper")
+    assert fedlab.scale() == "paper" and fedlab.pick(1, 2) == 2 and fedlab.is_paper_scale()
+    monkeypatch.setenv("FEDLAB_SCALE", "huge")
+    with pytest.raises(ValueError, match="FEDLAB_SCALE"):
+        fedlab.scale()
+
+
+def test_seed_everything_repeats_all_generators():
+    def draw():
+        g = fedlab.seed_everything(123)
+        import random
+        return (random.random(), np.random.rand(), torch.rand(3).tolist(), torch.rand(2, generator=g).tolist())
+
+    assert draw() == draw()
+    with pytest.raises(ValueError, match="seed"):
+        fedlab.seed_everything(-1)
+
+
+def test_device_is_cpu_or_cuda(monkeypatch):
+    monkeypatch.delenv("FEDLAB_DEVICE", raising=False)
+    assert fedlab.device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert fedlab.device("cpu").type == "cpu"
+
+
+def test_data_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("FEDLAB_DATA", str(tmp_path / "cache"))
+    assert fedlab.data_dir() == tmp_path / "cache" and (tmp_path / "cache").is_dir()
+
+
+def test_partition_iid_sizes_and_coverage():
+    parts = D.partition_iid(103, 10, seed=1)
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 103
+    assert sorted(np.concatenate(parts).tolist()) == list(range(103))
+    with pytest.raises(ValueError, match="num_clients"):
+        D.partition_iid(5, 0)
+
+
+def test_partition_label_skew_gives_few_classes():
+    y = np.repeat(np.arange(10), 50)
+    parts = D.partition_label_skew(y, 10, classes_per_client=2, seed=0)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(500))
+    assert all(len(p) == 50 for p in parts)
+    assert all(len(np.unique(y[p])) <= 2 for p in parts)
+
+
+def test_partition_dirichlet_skew_decreases_with_alpha():
+    y = np.repeat(np.arange(10), 100)
+
+    def mean_classes(alpha):
+        parts = D.partition_dirichlet(y, 10, alpha, seed=0)
+        assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
+        return np.mean([len(np.unique(y[p])) for p in parts])
+
+    assert mean_classes(0.05) < mean_classes(100.0)
+    with pytest.raises(ValueError, match="alpha"):
+        D.partition_dirichlet(y, 10, 0.0)
+
+
+def test_load_digits_and_adult():
+    d = D.load_digits()
+    assert d.X.shape == (1797, 64) and float(d.X.max()) <= 1.0 and d.y.unique().numel() == 10
+    a = D.load_adult("train")
+    assert a.X.shape[0] == 30162 and a.X.shape[1] == len(a.feature_names)
+    assert 0.2 < float(a.y.float().mean()) < 0.3  # ~24.9 % earn > 50K
+    assert abs(float(a.X[:, 0].mean())) < 1e-4  # standardised age
+    assert set(a.meta["education"]) >= {"Doctorate", "Bachelors"}
+    t = D.load_adult("test")
+    assert t.X.shape == (15060, a.X.shape[1])
+
+
+def test_fetch_uses_cache_and_verifies_checksum(tmp_path):
+    payload = b"user item rating\n1 2 5\n"
+    f = tmp_path / "ratings.txt"
+    f.write_bytes(payload)
+    good = hashlib.sha256(payload).hexdigest()
+    assert download.fetch("http://invalid.example/x", "ratings.txt", good, cache_dir=tmp_path) == f
+    with pytest.raises(download.ChecksumError, match="SHA-256 mismatch"):
+        download.fetch("http://invalid.example/x", "ratings.txt", "0" * 64, cache_dir=tmp_path)
+
+
+def test_fetch_offline_raises_without_network(tmp_path):
+    with pytest.raises(download.OfflineError, match="download=True"):
+        download.fetch("http://invalid.example/x", "missing.bin", None, cache_dir=tmp_path)
+
+
+def test_fetch_download_from_local_url_and_bad_checksum(tmp_path):
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"abc")
+    cache = tmp_path / "cache"
+    good = hashlib.sha256(b"abc").hexdigest()
+    got = download.fetch(src.as_uri(), "abc.bin", good, download=True, cache_dir=cache)
+    assert got.read_bytes() == b"abc"
+    with pytest.raises(download.ChecksumError):
+        download.fetch(src.as_uri(), "abc2.bin", "f" * 64, download=True, cache_dir=cache)
+    assert not (cache / "abc2.bin").exists()  # a corrupt download is never cached
+
+
+def test_metrics_known_values():
+    assert metrics.accuracy(torch.tensor([1, 0, 2]), torch.tensor([1, 1, 2])) == pytest.approx(2 / 3)
+    assert metrics.roc_auc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == pytest.approx(0.75)
+    x = np.zeros((4, 4))
+    assert metrics.mse(x + 0.1, x) == pytest.approx(0.01)
+    assert metrics.psnr(x + 0.1, x) == pytest.approx(20.0)
+    assert metrics.psnr(x, x) == float("inf")
+    with pytest.raises(ValueError, match="data_range"):
+        metrics.psnr(x, x, data_range=0)
+    with pytest.raises(ValueError, match="both classes"):
+        metrics.roc_auc([1, 1], [0.2, 0.3])
+
+
+def test_defenses():
+    from fedlab.privacy import clip_by_norm, gaussian_noise, global_norm, prune_by_magnitude
+
+    u = {"a": torch.tensor([3.0, -0.1]), "b": torch.tensor([[4.0, 0.2]])}
+    assert float(global_norm(u)) == pytest.approx((9 + 0.01 + 16 + 0.04) ** 0.5)
+    c = clip_by_norm(u, 1.0)
+    assert float(global_norm(c)) == pytest.approx(1.0, rel=1e-5)
+    p = prune_by_magnitude(u, 0.5)
+    assert p["a"].tolist() == [3.0, 0.0] and p["b"].tolist() == [[4.0, 0.0]]
+    z = gaussian_noise(torch.zeros(200_000), 0.5, generator=torch.Generator().manual_seed(0))
+    assert float(z.std()) == pytest.approx(0.5, rel=0.01)
+    with pytest.raises(ValueError, match="sigma"):
+        gaussian_noise(u, -1.0)
+    with pytest.raises(ValueError, match="fraction"):
+        prune_by_magnitude(u, 1.0)
+
+
+def test_rounds_to_accuracy():
+    h = {"round": [0, 1, 2, 3], "accuracy": [0.1, 0.5, 0.92, 0.95]}
+    assert metrics.rounds_to_accuracy(h, 0.9) == 2
+    assert metrics.rounds_to_accuracy(h, 0.99) is None
+    with pytest.raises(ValueError, match="target"):
+        metrics.rounds_to_accuracy(h, 0.0)
