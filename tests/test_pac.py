@@ -1,0 +1,276 @@
+"""PAC identifiability (London 2020): federated recommendation protocols and the zero-vector attack,
+checked against closed forms, exact probabilities and the paper's theorems."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedlab.attacks import pac
+from fedlab.fl import recommendation as rec
+
+torch.set_num_threads(1)
+F64 = torch.float64
+
+
+def _data(num_users=64, p=0.2, num_items=120, dim=4, num_rated=20, seed=0):
+    return rec.make_synthetic(num_users, num_items, dim, num_rated, p, seed=seed)
+
+
+# ------------------------------------------------------------------ losses (Assumption 2)
+def test_loss_derivative_at_zero_values():
+    assert rec.loss_derivative_at_zero("negative_margin") == -1.0
+    assert rec.loss_derivative_at_zero("hinge") == -1.0
+    assert rec.loss_derivative_at_zero("log") == -0.5
+
+
+@pytest.mark.parametrize("loss", rec.LOSSES)
+def test_closed_form_loss_gradient_matches_autograd(loss):
+    z = torch.tensor([-2.3, -0.4, 0.0, 0.3, 0.99, 1.7], dtype=F64, requires_grad=True)
+    (g,) = torch.autograd.grad(rec.margin_loss(z, loss).sum(), z)
+    assert torch.allclose(rec.margin_loss_grad(z.detach(), loss), g)
+
+
+def test_unknown_loss_raises():
+    with pytest.raises(ValueError, match="loss"):
+        rec.margin_loss(torch.zeros(2), "square")
+
+
+# ------------------------------------------------------------------ data and honest protocol
+def test_synthetic_data_has_the_requested_preference_rate():
+    p = torch.tensor([0.1, 0.25, 0.45], dtype=F64).repeat(4)
+    d = rec.make_synthetic(12, 200, 5, 40, p, seed=3)
+    assert torch.allclose(d.pref_rate, torch.round(p * 40) / 40)
+    # catalog-wide like rate matches too, and labels agree with the generating model
+    assert torch.allclose((d.labels > 0).to(F64).mean(1), p, atol=0.01)
+    assert rec.prediction_error(d.user_vectors, d.item_vectors, d.labels).max() == 0
+    assert all(len(set(row.tolist())) == 40 for row in d.items)            # S_c has distinct items
+
+
+def test_client_update_matches_hand_computation():
+    """One Protocol-1 step with B = N (no randomness) against Eq. (1)-(2) written out."""
+    u = torch.tensor([[0.5, -1.0]], dtype=F64)
+    V = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0]], dtype=F64)
+    items, y = torch.tensor([[0, 2]]), torch.tensor([[1.0, -1.0]], dtype=F64)
+    lr = 0.1
+    u_new, deltas = rec.client_update(u, V, items, y, num_steps=1, batch_size=2, lr=lr, loss="log")
+    s = [-1 / (1 + math.exp(0.5)) * 1.0, -1 / (1 + math.exp(1.5)) * -1.0]   # l'(y u.v) y
+    g_u = (s[0] * V[0] + s[1] * V[2]) / 2
+    assert torch.allclose(u_new[0], u[0] - lr * g_u)
+    assert torch.allclose(deltas[0, 0], -lr * s[0] * u[0]) and torch.allclose(deltas[0, 1], -lr * s[1] * u[0])
+
+
+def test_protocol1_training_learns():
+    d = rec.make_synthetic(200, 80, 4, 30, torch.linspace(0.1, 0.4, 200), seed=1)
+    res = rec.train_protocol1(d, num_rounds=30, clients_per_round=100, num_steps=3, batch_size=10, lr=0.3,
+                              init_scale=0.3, seed=0)
+    assert res.history["train_error"][0] > 0.3
+    assert res.history["train_error"][-1] < 0.15 and res.history["catalog_error"][-1] < 0.2
+
+
+def test_to_dense_places_deltas_on_their_items():
+    deltas = torch.arange(12, dtype=F64).reshape(1, 3, 4)
+    dense = rec.to_dense(deltas, torch.tensor([[4, 0, 2]]), 6)
+    assert torch.equal(dense[0, 4], deltas[0, 0]) and torch.equal(dense[0, 1], torch.zeros(4, dtype=F64))
+    assert torch.equal(dense.sum(1), deltas.sum(1))
+
+
+# ------------------------------------------------------------------ the attack, noise free
+@pytest.mark.parametrize("loss", rec.LOSSES)
+def test_estimate_is_positive_multiple_of_user_vector(loss):
+    d = _data(num_users=50, p=0.2)
+    res = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=40, batch_size=5, lr=0.3, loss=loss,
+                               generator=torch.Generator().manual_seed(0))
+    u, u_hat = d.user_vectors, res.final
+    scale = (u_hat * u).sum(1) / (u * u).sum(1)
+    assert torch.allclose(u_hat, scale[:, None] * u, atol=1e-12)
+    assert (scale > 0).all()                                        # T = 40 >> Theorem 1's bound
+    # the multiplier is 1 - 2 p_hat: a multiple of 1/(T B) in (0, 1]
+    assert torch.allclose(scale * 200, torch.round(scale * 200), atol=1e-9)
+    assert pac.sign_error(u_hat, u, d.item_vectors).max() == 0
+
+
+def test_multiplier_sign_flips_for_users_who_like_most_items():
+    d = _data(num_users=30, p=0.2)
+    y_pos = -d.y                                                     # p_c = 0.8
+    res = pac.protocol2_attack(d.user_vectors, d.items, y_pos, num_interactions=40, batch_size=5, lr=1.0,
+                               generator=torch.Generator().manual_seed(0))
+    assert pac.sign_error(res.final, d.user_vectors, d.item_vectors).min() == 1.0    # every sign wrong
+    fixed = pac.sign_rule(res.final, "positive")
+    assert pac.sign_error(fixed, d.user_vectors, d.item_vectors).max() == 0
+
+
+def test_attack_and_restore_leave_local_model_unchanged():
+    d = _data(num_users=10)
+    V_real = torch.randn(d.num_items, 4, dtype=F64, generator=torch.Generator().manual_seed(2))
+    res = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=5, batch_size=4, lr=0.5,
+                               restore_items=V_real, num_items=d.num_items)
+    assert torch.equal(res.user_vectors, d.user_vectors)
+    u0, deltas = rec.client_update(d.user_vectors, V_real, d.items, d.y, num_steps=0, batch_size=4, lr=0.5)
+    assert torch.equal(u0, d.user_vectors) and not deltas.any()
+    # but a second step on the zero model does move u (the first step made the items non-zero)
+    u2, _ = rec.client_update(d.user_vectors, torch.zeros_like(V_real), d.items, d.y, num_steps=2,
+                              batch_size=4, lr=0.5, generator=torch.Generator().manual_seed(0))
+    assert not torch.allclose(u2, d.user_vectors)
+
+
+def test_theorem1_failure_rate_matches_exact_probability_and_bound():
+    p, B, N, trials = 0.3, 2, 20, 3000
+    d = rec.make_synthetic(trials, 60, 3, N, p, seed=4)
+    T_grid = [1, 3, 6, 12, 24]
+    res = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=24, batch_size=B, lr=1.0,
+                               record_at=T_grid, generator=torch.Generator().manual_seed(5))
+    fail = (pac.sign_error(res.estimates, d.user_vectors, d.item_vectors) > 0).to(F64).mean(1).numpy()
+    exact = pac.theorem1_exact_failure(T_grid, p, B, N)
+    se = np.sqrt(exact * (1 - exact) / trials) + 1e-3
+    assert np.all(np.abs(fail - exact) < 4 * se), (fail, exact)
+    assert np.all(exact <= pac.theorem1_failure_bound(T_grid, p, B) + 1e-12)
+    T_star = math.ceil(pac.theorem1_num_interactions(p, B, 0.05))
+    assert pac.theorem1_exact_failure([T_star], p, B, N)[0] <= 0.05
+
+
+def test_theorem1_exact_failure_is_binomial_tail_for_batch_one():
+    T = np.array([1, 5, 10, 31])
+    got = pac.theorem1_exact_failure(T, 0.35, 1, 20)
+    want = stats.binom.sf(np.ceil(T / 2) - 1, T, 0.35)
+    assert np.allclose(got, want)
+
+
+def test_theorem1_bound_closed_form():
+    assert pac.theorem1_num_interactions(0.25, 4, math.exp(-1)) == pytest.approx(2 / (4 * 0.25))
+    assert pac.theorem1_num_interactions(0.1, 1, 0.05) < pac.theorem1_num_interactions(0.4, 1, 0.05)
+
+
+def test_protocol3_noise_free_estimate_is_exact():
+    d = _data(num_users=20, p=0.3)
+    res = pac.protocol3_attack(d.user_vectors, d.items, d.y, num_interactions=2, batch_size=5, lr=0.7,
+                               loss="hinge", generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(res.touched, torch.full((20,), 20.0, dtype=F64))
+    assert torch.allclose(res.final, (1 - 2 * 0.3) * d.user_vectors)
+    assert torch.equal(res.user_vectors, d.user_vectors)             # one epoch never moves u
+
+
+# ------------------------------------------------------------------ noise, tau_c, Theorems 2-3
+def test_noisy_message_only_perturbs_changed_items():
+    deltas = torch.zeros(3, 1000, 2, dtype=F64)
+    deltas[:, :500] = 1.0
+    out = rec.noisy_message(deltas, torch.tensor([0.0, 0.5, 2.0], dtype=F64),
+                            generator=torch.Generator().manual_seed(0))
+    assert not out[:, 500:].any()
+    assert torch.equal(out[0], deltas[0])
+    for c, s in [(1, 0.5), (2, 2.0)]:
+        noise = (out[c, :500] - 1.0).reshape(-1)
+        assert abs(float(noise.std()) - s) < 0.1 * s and abs(float(noise.mean())) < 4 * s / math.sqrt(1000)
+
+
+def test_tau_c_hand_example():
+    u = torch.tensor([[1.0, 0.0]], dtype=F64)
+    V = torch.tensor([[0.4, 1.0], [-0.1, 0.0], [0.3, 5.0], [-0.2, 2.0]], dtype=F64)
+    assert float(pac.tau_c(0.25, u, V)[0]) == pytest.approx(0.2)     # one item (|0.1|) may lie below
+    assert float(pac.tau_c(0.0, u, V)[0]) == pytest.approx(0.1)
+    assert math.isinf(float(pac.tau_c(1.0, u, V)[0]))
+    tau = float(pac.tau_c(0.5, u, V)[0])
+    assert ((u @ V.T).abs() < tau).to(F64).mean() <= 0.5
+
+
+def test_theorem2_noisy_attack_meets_epsilon_at_the_bound():
+    d = rec.make_synthetic(1, 150, 4, 20, 0.2, seed=0)
+    trials, eps, delta, sigma, B, lr = 200, 0.1, 0.05, 0.1, 5, 1.0
+    U, items, y = d.user_vectors.expand(trials, -1), d.items.expand(trials, -1), d.y.expand(trials, -1)
+    tau = float(pac.tau_c(eps, d.user_vectors, d.item_vectors)[0])
+    T2 = math.ceil(pac.theorem2_num_interactions(0.2, B, delta, 0.3, sigma, pac.max_item_norm(d.item_vectors),
+                                                 150, lr, "hinge", tau))
+    res = pac.protocol2_attack(U, items, y, num_interactions=T2, batch_size=B, lr=lr, loss="hinge",
+                               sigma=sigma, record_at=[1, T2], generator=torch.Generator().manual_seed(1))
+    err = pac.sign_error(res.estimates, U, d.item_vectors)
+    assert (err[-1] > eps).to(F64).mean() <= delta
+    assert err[0].mean() > err[-1].mean()                           # the noise does hurt a single message
+
+
+def test_theorem3_noisy_attack_meets_epsilon_at_the_bound():
+    d = rec.make_synthetic(1, 150, 4, 20, 0.2, seed=0)
+    trials, eps, delta, sigma = 200, 0.1, 0.05, 0.3
+    tau = float(pac.tau_c(eps, d.user_vectors, d.item_vectors)[0])
+    T3 = math.ceil(pac.theorem3_num_interactions(0.2, 20, delta, sigma, pac.max_item_norm(d.item_vectors), 150,
+                                                 1.0, "hinge", tau))
+    rec_T, err = pac.attack_error_curve(d.user_vectors, d.items, d.y, d.item_vectors, num_trials=trials,
+                                        num_interactions=T3, batch_size=10, lr=1.0, loss="hinge", sigma=sigma,
+                                        record_at=[1, T3], protocol=3, seed=2)
+    assert err.shape == (2, 1, trials)
+    assert (err[-1] > eps).to(F64).mean() <= delta
+    assert err[0].mean() > err[-1].mean() and err[0].max() > 0
+
+
+def test_bounds_scale_as_stated():
+    kw = dict(max_norm=2.0, num_items=100, lr=1.0, loss="log", tau=0.1)
+    T_a, t1, t2 = pac.theorem2_num_interactions(0.2, 5, 0.05, 0.3, 0.2, return_terms=True, **kw)
+    assert T_a == max(t1, t2)
+    assert pac.theorem2_num_interactions(0.2, 5, 0.05, 0.3, 0.4, return_terms=True, **kw)[2] == pytest.approx(4 * t2)
+    t3 = pac.theorem3_num_interactions(0.2, 20, 0.05, 0.2, **kw)
+    assert t3 == pytest.approx(2 * 0.04 * 4 * math.log(2 * 100 / 0.05) / (20 * (0.6 * 0.5 * 0.1) ** 2))
+
+
+# ------------------------------------------------------------------ Proposition 1, defenses
+def test_proposition1_holds_and_is_tight_when_errors_align():
+    g = torch.Generator().manual_seed(0)
+    V = torch.randn(300, 4, dtype=F64, generator=g)
+    u = torch.randn(40, 4, dtype=F64, generator=g)
+    labels = torch.sign(torch.randn(40, 4, dtype=F64, generator=g) @ V.T)
+    u_hat = u + 0.5 * torch.randn(40, 4, dtype=F64, generator=g)
+    out = pac.proposition1_check(u_hat, u, V, labels)
+    assert out["holds"].all() and (out["eps"] > 0).any()
+    same = pac.proposition1_check(u, u, V, labels)
+    assert torch.equal(same["err_hat"], same["eta"]) and not same["eps"].any()
+
+
+def test_secure_aggregation_sums_cohorts():
+    d = _data(num_users=8)
+    kw = dict(num_interactions=3, batch_size=4, lr=1.0)
+    single = pac.protocol2_attack(d.user_vectors, d.items, d.y, generator=torch.Generator().manual_seed(0), **kw)
+    pooled = pac.protocol2_attack(d.user_vectors, d.items, d.y, cohort_size=4,
+                                  generator=torch.Generator().manual_seed(0), **kw)
+    assert pooled.final.shape == (2, 4)
+    assert torch.allclose(pooled.final, single.final.view(2, 4, 4).sum(1))
+
+
+def test_zero_vector_defense_refuses_the_probe_but_not_a_tiny_one():
+    d = _data(num_users=20)
+    kw = dict(num_interactions=30, batch_size=5, lr=1.0, client=pac.guarded_client_update)
+    blocked = pac.protocol2_attack(d.user_vectors, d.items, d.y, generator=torch.Generator().manual_seed(0), **kw)
+    assert not blocked.final.any() and (pac.sign_error(blocked.final, d.user_vectors, d.item_vectors) == 1).all()
+    tiny = 1e-6 * torch.randn(d.num_items, 4, dtype=F64, generator=torch.Generator().manual_seed(1))
+    evaded = pac.protocol2_attack(d.user_vectors, d.items, d.y, probe=tiny, num_items=d.num_items,
+                                  generator=torch.Generator().manual_seed(0), **kw)
+    assert pac.sign_error(evaded.final, d.user_vectors, d.item_vectors).max() < 0.02
+    assert pac.detect_zero_probe(torch.zeros(5, 4), torch.tensor([[0, 1]])).all()
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_arguments_raise_value_errors_naming_them():
+    d = _data(num_users=4)
+    with pytest.raises(ValueError, match="pref_rate"):
+        pac.theorem1_num_interactions(0.5, 1, 0.1)
+    with pytest.raises(ValueError, match="pref_rate"):
+        rec.make_synthetic(4, 50, 3, 10, 0.6)
+    with pytest.raises(ValueError, match="batch_size"):
+        rec.client_update(d.user_vectors, torch.zeros(d.num_items, 4, dtype=F64), d.items, d.y, num_steps=1,
+                          batch_size=21, lr=0.1)
+    with pytest.raises(ValueError, match="batch_size"):
+        pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=2, batch_size=21, lr=0.1)
+    with pytest.raises(ValueError, match="sigma"):
+        rec.noisy_message(torch.ones(2, 3, 4), -0.1)
+    with pytest.raises(ValueError, match="sigma"):
+        pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=2, batch_size=2, lr=0.1, sigma=-1.0)
+    with pytest.raises(ValueError, match="item_vectors"):
+        rec.client_update(d.user_vectors, torch.zeros(d.num_items, 5, dtype=F64), d.items, d.y, num_steps=1,
+                          batch_size=2, lr=0.1)
+    with pytest.raises(ValueError, match="k"):
+        pac.sign_error(torch.zeros(4, 3), d.user_vectors, d.item_vectors)
+    with pytest.raises(ValueError, match="beta"):
+        pac.theorem2_num_interactions(0.3, 5, 0.05, 0.5, 0.1, 1.0, 10, 1.0, "log", 0.1)
+    with pytest.raises(ValueError, match="epsilon"):
+        pac.tau_c(1.5, d.user_vectors, d.item_vectors)
+    with pytest.raises(ValueError, match="batch_size"):
+        rec.client_update_epochs(d.user_vectors, torch.zeros(d.num_items, 4, dtype=F64), d.items, d.y,
+                                 num_epochs=1, batch_size=3, lr=0.1)
