@@ -1,0 +1,654 @@
+"""Local model reconstruction by an eavesdropper (Xu & Neglia 2021, "What else is leaked when
+eavesdropping Federated Learning?").
+
+An honest-but-curious adversary listens to the channel between one client ``c`` and the server. Each
+time ``c`` takes part in a round it sees the pair (server model ``theta`` sent, client model
+``theta_c`` returned). From these pairs it estimates the model ``theta_c*`` the client would have
+trained on its own data, the *local optimum*.
+
+What is here, in the paper's order:
+
+* :func:`affine_update_map` and :func:`solve_affine` -- Observation 1: with full-batch local GD on a
+  least-squares loss the update ``theta - theta_c = W theta - v`` is affine; ``d + 1`` observed rounds
+  fix ``W`` and ``v`` and ``theta_c* = W^{-1} v``. With more rounds the same solve is the ordinary
+  least-squares (OLS) estimator of Observation 5. :func:`consistent_decoding` shows that ``d`` rounds
+  do not suffice.
+* :func:`hard_instance` -- the tridiagonal instance of Observation 2 (after Nesterov 2004, Sec. 2.1.2).
+* :func:`noisy_local_gd`, :func:`obs5_rate`, :func:`obs6_lower_bound`,
+  :func:`minibatch_gradient_variance` -- Observations 5 and 6 (stochastic gradients).
+* :func:`fit_mapping`, :func:`minimise_mapping`, :func:`reconstruct_heuristic` -- Algorithm 3:
+  learn a map ``G(theta) ~ theta - theta_c`` (one hidden layer of 1000 ReLU units, Adam) and return
+  ``argmin ||G(theta)||^2``. Many independent attacks (seeds x clients) are trained in one batch.
+* :class:`Eavesdropper` -- a ``fedlab.fl.fedavg`` callback that records what crosses the channel.
+* :func:`leaf_table1`, :func:`adult_experiment` -- the experiments of Sec. 4 (Table 1, Figure 1).
+
+Parameter vectors are called ``theta`` (shape ``[d]``); stacks of observations are ``[n, d]`` or,
+batched over independent attacks, ``[P, n, d]``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import fl
+from ..models import flatten_params
+
+__all__ = [
+    "squared_loss", "logistic_loss", "linear_model", "affine_update_map", "AffineEstimate",
+    "solve_affine", "consistent_decoding", "hard_instance", "hard_instance_optimum",
+    "hard_instance_clients", "noisy_local_gd", "obs5_rate", "obs6_lower_bound", "max_lr",
+    "minibatch_gradient_variance", "minibatch_local_sgd", "ols_error_curve", "Eavesdropper", "run_eavesdropped_fedavg", "MappingNet",
+    "fit_mapping", "minimise_mapping", "HeuristicResult", "reconstruct_heuristic",
+    "binary_accuracy", "leaf_table1", "adult_experiment", "relative_distances", "local_optimum",
+    "fit_local_logistic",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# models and losses used with fedlab.fl
+# --------------------------------------------------------------------------------------------
+def squared_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-sample squared error ``(x^T theta - y)^2`` (shape ``[batch]``); its batch mean is the
+    local loss ``||X theta - y||^2 / m`` of Xu & Neglia (2021), Eq. (2)."""
+    return (out.reshape(out.shape[0], -1)[:, 0] - y.to(out.dtype)) ** 2
+
+
+def logistic_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-sample binary cross-entropy of a one-logit model (labels 0/1), shape ``[batch]``."""
+    return F.binary_cross_entropy_with_logits(out.reshape(out.shape[0], -1)[:, 0], y.to(out.dtype),
+                                              reduction="none")
+
+
+def linear_model(num_features: int, *, bias: bool = False, dtype: torch.dtype = torch.float64,
+                 seed: int | None = None) -> nn.Module:
+    """One linear unit ``x -> x^T theta (+ b)``: least squares (``bias=False``, the paper's Eq. 2) or
+    binary logistic regression (``bias=True`` with :func:`logistic_loss`). Input ``[n, num_features]``,
+    output ``[n, 1]``. ``seed`` fixes the initial weights."""
+    if num_features < 1:
+        raise ValueError(f"num_features must be >= 1, got {num_features}")
+    if seed is not None:
+        torch.manual_seed(seed)
+    return nn.Linear(num_features, 1, bias=bias).to(dtype)
+
+
+def binary_accuracy(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Accuracy of logistic models ``theta = [w (d_x), b]`` on ``(X, y)``.
+
+    ``theta``: ``[d_x + 1]`` or ``[..., d_x + 1]``; returns a tensor of shape ``theta.shape[:-1]``."""
+    w, b = theta[..., :-1], theta[..., -1:]
+    logits = torch.einsum("nd,...d->...n", X.to(theta.dtype), w) + b
+    return ((logits > 0).long() == y).to(torch.float64).mean(-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Observation 1: exact reconstruction for least squares with full-batch GD
+# --------------------------------------------------------------------------------------------
+def local_optimum(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Least-squares local optimum ``theta_c* = (X^T X)^{-1} X^T y`` (shape ``[d]``)."""
+    return torch.linalg.lstsq(X, y.to(X.dtype).unsqueeze(-1)).solution[..., 0]
+
+
+def affine_update_map(X: torch.Tensor, y: torch.Tensor, *, lr: float, local_steps: int):
+    """The affine map of Xu & Neglia (2021), proof of Observation 1.
+
+    ``local_steps`` full-batch GD steps of size ``lr`` on ``||X theta - y||^2 / m`` send a server
+    model ``theta`` to ``theta_c`` with ``theta - theta_c = W theta - v``, where
+    ``W = I - (I - 2 lr H / m)^E``, ``H = X^T X``, ``v = W theta_c*`` (Eqs. 4-5).
+
+    ``X``: ``[m, d]``, ``y``: ``[m]``. Returns ``(W [d, d], v [d], theta_star [d])``.
+    """
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    if int(local_steps) != local_steps or local_steps < 1:
+        raise ValueError(f"local_steps must be a positive integer, got {local_steps}")
+    m, d = X.shape
+    H = X.T @ X
+    A = torch.eye(d, dtype=X.dtype) - 2.0 * lr / m * H
+    W = torch.eye(d, dtype=X.dtype) - torch.linalg.matrix_power(A, int(local_steps))
+    theta_star = local_optimum(X, y)
+    return W, W @ theta_star, theta_star
+
+
+@dataclass
+class AffineEstimate:
+    """Result of :func:`solve_affine`: ``W`` ``[..., d, d]``, ``v`` ``[..., d]``, the decoded model
+    ``theta = W^{-1} v`` ``[..., d]``, the number of observations and whether ``(W, v)`` was
+    identifiable (design ``[theta_in, -1]`` of full column rank ``d + 1``)."""
+
+    W: torch.Tensor
+    v: torch.Tensor
+    theta: torch.Tensor
+    num_obs: int
+    identifiable: bool
+    residual: float
+
+
+def solve_affine(theta_in: torch.Tensor, theta_out: torch.Tensor) -> AffineEstimate:
+    """Decode a local model from eavesdropped pairs (Xu & Neglia 2021, Obs. 1; OLS of Obs. 5, Eq. 14).
+
+    Regress the update ``Delta = theta_in - theta_out`` on ``[theta_in, -1]``: each of the ``d`` rows
+    of ``W`` and entries of ``v`` solves a linear system with one equation per observed round; with
+    ``n = d + 1`` rounds the solution is exact, with more rounds it is the OLS estimate (Eq. 14).
+    Then ``theta_c* = W^{-1} v``. Neither the learning rate nor the number of local steps is used.
+
+    Parameters
+    ----------
+    theta_in : ``[n, d]`` or ``[P, n, d]``: server models sent to the client (float64 recommended)
+    theta_out : same shape: models the client returned
+
+    Returns
+    -------
+    AffineEstimate. With fewer than ``d + 1`` affinely independent observations the system is
+    under-determined: the minimum-norm solution is returned and ``identifiable`` is False.
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ or are not ``[n, d]`` / ``[P, n, d]``.
+    """
+    if theta_in.shape != theta_out.shape or theta_in.ndim not in (2, 3):
+        raise ValueError(f"theta_in and theta_out must both be [n, d] or [P, n, d], got "
+                         f"{tuple(theta_in.shape)} and {tuple(theta_out.shape)}")
+    n, d = theta_in.shape[-2:]
+    ones = -torch.ones(*theta_in.shape[:-1], 1, dtype=theta_in.dtype)
+    A = torch.cat([theta_in, ones], dim=-1)                       # [.., n, d + 1]
+    B = theta_in - theta_out                                      # [.., n, d]
+    rank = int(torch.linalg.matrix_rank(A).min())
+    identifiable = rank == d + 1
+    Z = torch.linalg.lstsq(A, B, driver="gelsd").solution          # [.., d + 1, d]
+    W = Z[..., :d, :].transpose(-1, -2)
+    v = Z[..., d, :]
+    theta = torch.linalg.lstsq(W, v.unsqueeze(-1), driver="gelsd").solution[..., 0]
+    residual = float((A @ Z - B).norm() / B.norm().clamp_min(1e-300))
+    return AffineEstimate(W, v, theta, n, identifiable, residual)
+
+
+def consistent_decoding(theta_in: torch.Tensor, theta_out: torch.Tensor, target: torch.Tensor):
+    """Why ``d`` rounds are not enough (Xu & Neglia 2021, Obs. 1-2): build an affine map that explains
+    every observed pair exactly but whose fixed point is an arbitrary ``target``.
+
+    With ``n <= d`` observations the design ``[theta_in, -1]`` has a null vector ``z = (z_theta, z_0)``;
+    ``W' = W_0 + a z_theta^T`` and ``v' = v_0 + z_0 a`` fit the data for every ``a``, and
+    ``a = (v_0 - W_0 t) / (z_theta^T t - z_0)`` makes ``W' t = v'``.
+
+    ``theta_in``, ``theta_out``: ``[n, d]``; ``target``: ``[d]``. Returns ``(W' [d, d], v' [d])``.
+
+    Raises
+    ------
+    ValueError
+        If the observations already identify ``(W, v)`` (rank ``d + 1``), or ``target`` lies on the
+        affine hull of the observed server models (then no such map exists).
+    """
+    n, d = theta_in.shape
+    A = torch.cat([theta_in, -torch.ones(n, 1, dtype=theta_in.dtype)], dim=1)
+    if int(torch.linalg.matrix_rank(A)) == d + 1:
+        raise ValueError("theta_in already identifies (W, v): the decoding is unique")
+    Z0 = torch.linalg.lstsq(A, theta_in - theta_out, driver="gelsd").solution
+    W0, v0 = Z0[:d].T, Z0[d]
+    z = torch.linalg.svd(A, full_matrices=True).Vh[-1]            # A z = 0
+    denom = z[:d] @ target - z[d]
+    if abs(float(denom)) < 1e-12:
+        raise ValueError("target lies on the affine hull of the observed server models")
+    a = (v0 - W0 @ target) / denom
+    return W0 + torch.outer(a, z[:d]), v0 + z[d] * a
+
+
+# --------------------------------------------------------------------------------------------
+# Observation 2: the tridiagonal hard instance
+# --------------------------------------------------------------------------------------------
+def hard_instance(d: int, *, truncated: bool = False, dtype: torch.dtype = torch.float64):
+    """Local data ``(X, y)`` of the hard client of Xu & Neglia (2021), proof of Observation 2.
+
+    ``H = X^T X`` is tridiagonal with 1 on the diagonal and -1/2 beside it, and ``X^T y = e_1 / 2``.
+    We take ``X = D / sqrt(2)`` with ``D`` the ``(d + 1) x d`` first-difference matrix (``D_ii = 1``,
+    ``D_{i+1,i} = -1``) and ``y = e_1 / sqrt(2)``, so ``m = d + 1`` and every product keeps exact zeros.
+    ``truncated=True`` zeroes the last column of ``X``: then ``H'`` equals ``H`` with its last row and
+    column set to zero, the alternative client the adversary cannot tell apart before round ``d``.
+
+    Returns ``X [d + 1, d]`` and ``y [d + 1]``. Raises ``ValueError`` if ``d < 2``.
+    """
+    if int(d) != d or d < 2:
+        raise ValueError(f"d must be an integer >= 2, got {d}")
+    D = torch.zeros(d + 1, d, dtype=dtype)
+    idx = torch.arange(d)
+    D[idx, idx] = 1.0
+    D[idx + 1, idx] = -1.0
+    X = D / math.sqrt(2.0)
+    if truncated:
+        X[:, -1] = 0.0
+    y = torch.zeros(d + 1, dtype=dtype)
+    y[0] = 1.0 / math.sqrt(2.0)
+    return X, y
+
+
+def hard_instance_optimum(d: int, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``theta_c* = H^{-1} X^T y`` of the hard instance: ``1 - i / (d + 1)``, ``i = 1..d`` (shape ``[d]``)."""
+    return 1.0 - torch.arange(1, d + 1, dtype=dtype) / (d + 1)
+
+
+def hard_instance_clients(d: int, num_clients: int = 3, *, truncated: bool = False):
+    """Clients of the Observation 2 scenario: client 0 is the hard client, the others have
+    ``X = I_d`` and ``y = 0`` (``H = I``, local optimum 0). Returns a list of ``(X, y)`` pairs."""
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    out = [hard_instance(d, truncated=truncated)]
+    out += [(torch.eye(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64))
+            for _ in range(num_clients - 1)]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Observations 5-6: stochastic gradients
+# --------------------------------------------------------------------------------------------
+def max_lr(X: torch.Tensor, factor: float = 4.0) -> float:
+    """Largest step allowed by Observation 6, ``m / (factor * lambda_max(X^T X))`` (``factor=2`` is
+    the condition of Observation 5)."""
+    m = X.shape[0]
+    return float(m / (factor * torch.linalg.eigvalsh(X.T @ X).max()))
+
+
+def noisy_local_gd(theta_in: torch.Tensor, X: torch.Tensor, y: torch.Tensor, *, lr: float,
+                   num_steps: int, sigma: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The stochastic local update of Xu & Neglia (2021), proof of Observation 5 (Eq. 11).
+
+    ``num_steps`` (``E * ceil(m / b)``) steps ``theta <- theta - lr * (grad L_c(theta) + eps)`` with
+    ``eps ~ N(0, sigma^2 / d I)``, so ``E ||eps||^2 = sigma^2``. Every leading index of ``theta_in``
+    (shape ``[..., d]``) is an independent client round. Returns the client models, same shape.
+    """
+    if not lr > 0 or sigma < 0:
+        raise ValueError(f"need lr > 0 and sigma >= 0, got lr={lr}, sigma={sigma}")
+    if int(num_steps) != num_steps or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive integer, got {num_steps}")
+    m, d = X.shape
+    H, b = X.T @ X, X.T @ y.to(X.dtype)
+    theta = theta_in.clone()
+    for _ in range(int(num_steps)):
+        eps = torch.randn(theta.shape, generator=generator, dtype=theta.dtype) * (sigma / math.sqrt(d))
+        theta = theta - lr * (2.0 / m * (theta @ H - b) + eps)
+    return theta
+
+
+def obs5_rate(theta_in: torch.Tensor, *, lr: float, sigma: float, num_steps: int) -> torch.Tensor:
+    """The rate of Observation 5's bound on the OLS error (Eq. 16),
+    ``d lr^2 sigma^2 S / (n_c rho_min([theta_in, -1] / sqrt(n_c)))``, without its unknown constant.
+
+    ``theta_in``: ``[n_c, d]`` or ``[P, n_c, d]``; returns a scalar tensor or ``[P]``."""
+    n, d = theta_in.shape[-2:]
+    A = torch.cat([theta_in, -torch.ones(*theta_in.shape[:-1], 1, dtype=theta_in.dtype)], dim=-1)
+    rho = torch.linalg.svdvals(A / math.sqrt(n))[..., -1]
+    return d * lr ** 2 * sigma ** 2 * num_steps / (n * rho)
+
+
+def obs6_lower_bound(d: int, n_obs, *, lr: float, sigma: float, num_steps: int):
+    """Observation 6 (Xu & Neglia 2021, Eq. 28): for every estimator,
+    ``E ||theta_c* - hat theta||^2 >= 4 d lr^2 sigma^2 / (555 n_c) * (1 - 4^{-S})`` when
+    ``lr <= m / (4 lambda_max(H))``. ``n_obs`` may be an array; the result has its shape."""
+    n_obs = np.asarray(n_obs, dtype=np.float64)
+    if (n_obs < 1).any():
+        raise ValueError("n_obs must be >= 1")
+    return 4.0 * d * lr ** 2 * sigma ** 2 / (555.0 * n_obs) * (1.0 - 0.25 ** num_steps)
+
+
+def minibatch_gradient_variance(X: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
+                                batch_size: int) -> float:
+    """``E ||g_b(theta) - grad L_c(theta)||^2`` for a batch of ``batch_size`` rows drawn without
+    replacement (the ``sigma^2`` of Observations 5-6 at ``theta``, for the squared loss).
+
+    Uses the finite-population formula ``(m - b) / (b (m - 1)) * mean_i ||g_i - g||^2``."""
+    m = X.shape[0]
+    if not 1 <= batch_size <= m:
+        raise ValueError(f"batch_size must be in [1, {m}], got {batch_size}")
+    g_i = 2.0 * X * (X @ theta - y.to(X.dtype)).unsqueeze(1)       # per-sample gradients [m, d]
+    spread = ((g_i - g_i.mean(0)) ** 2).sum(1).mean()
+    return float((m - batch_size) / (batch_size * max(m - 1, 1)) * spread)
+
+
+def minibatch_local_sgd(theta_in: torch.Tensor, X: torch.Tensor, y: torch.Tensor, *, lr: float,
+                        batch_size: int, local_epochs: int = 1,
+                        generator: torch.Generator | None = None) -> torch.Tensor:
+    """FedAvg's local update (Xu & Neglia 2021, Algorithm 2) for the least-squares loss, for many
+    independent rounds at once: each leading index of ``theta_in`` (``[N, d]``) is one round in
+    which the client reshuffles its ``m`` rows every epoch and takes ``ceil(m / b)`` SGD steps on
+    ``(1/|batch|) sum ||x^T theta - y||^2`` (the last batch may be smaller). Returns ``[N, d]``.
+
+    Same update as :func:`fedlab.fl.client_update` with :func:`squared_loss`, batched over rounds.
+    """
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    m, d = X.shape
+    if not 1 <= batch_size <= m:
+        raise ValueError(f"batch_size must be in [1, {m}], got {batch_size}")
+    N = theta_in.shape[0]
+    yv = y.to(X.dtype)
+    theta = theta_in.clone()
+    for _ in range(int(local_epochs)):
+        perm = torch.argsort(torch.rand(N, m, generator=generator), dim=1)
+        for start in range(0, m, batch_size):
+            idx = perm[:, start:start + batch_size]                 # [N, b]
+            Xb, yb = X[idx], yv[idx]                                 # [N, b, d], [N, b]
+            r = torch.einsum("nbd,nd->nb", Xb, theta) - yb
+            theta = theta - lr * 2.0 / idx.shape[1] * torch.einsum("nbd,nb->nd", Xb, r)
+    return theta
+
+
+def ols_error_curve(X: torch.Tensor, y: torch.Tensor, n_obs: Sequence[int], *, lr: float,
+                    trials: int = 20, spread: float = 1.0, sigma: float | None = None,
+                    num_steps: int = 1, batch_size: int | None = None, local_epochs: int = 1,
+                    seed: int = 0) -> dict:
+    """Squared error ``||hat theta - theta_c*||^2`` of the OLS decoder (Obs. 5, Eq. 14) against the
+    number of observed rounds ``n_c``, averaged over ``trials`` independent eavesdroppers.
+
+    Server models are drawn as ``theta_c* + spread * N(0, I)`` (one per round). The client update is
+    either the noise model of Obs. 5 (``sigma`` given: :func:`noisy_local_gd` with ``num_steps`` steps)
+    or real mini-batch SGD (``batch_size`` given: :func:`minibatch_local_sgd`).
+
+    Returns ``{"n_obs", "mse" [len(n_obs)], "rate" [len(n_obs)] (Eq. 16 without constant)}``.
+    """
+    if (sigma is None) == (batch_size is None):
+        raise ValueError("give exactly one of sigma (Obs. 5 noise model) and batch_size (mini-batch SGD)")
+    d = X.shape[1]
+    n_obs = [int(n) for n in n_obs]
+    if min(n_obs) < d + 1:
+        raise ValueError(f"every n_obs must be >= d + 1 = {d + 1}")
+    g = torch.Generator().manual_seed(seed)
+    star = local_optimum(X, y)
+    n_max = max(n_obs)
+    theta_in = star + spread * torch.randn(trials, n_max, d, generator=g, dtype=X.dtype)
+    if sigma is not None:
+        theta_out = noisy_local_gd(theta_in, X, y, lr=lr, num_steps=num_steps, sigma=sigma, generator=g)
+    else:
+        theta_out = minibatch_local_sgd(theta_in.reshape(-1, d), X, y, lr=lr, batch_size=batch_size,
+                                        local_epochs=local_epochs, generator=g).reshape(trials, n_max, d)
+    mse, rate = [], []
+    for n in n_obs:
+        est = solve_affine(theta_in[:, :n], theta_out[:, :n])
+        mse.append(float(((est.theta - star) ** 2).sum(-1).mean()))
+        if sigma is not None:
+            rate.append(float(obs5_rate(theta_in[:, :n], lr=lr, sigma=sigma, num_steps=num_steps).mean()))
+    return {"n_obs": n_obs, "mse": np.array(mse), "rate": np.array(rate)}
+
+
+# --------------------------------------------------------------------------------------------
+# the eavesdropper
+# --------------------------------------------------------------------------------------------
+class Eavesdropper:
+    """A ``callback`` for :func:`fedlab.fl.fedavg` that records, for each target client, the
+    server model sent and the client model returned in every round the client took part in
+    (the messages ``M^c`` of Xu & Neglia 2021, Sec. 3.2).
+
+    After training, :meth:`observations` returns ``(theta_in [n_c, d], theta_out [n_c, d], rounds)``.
+    """
+
+    def __init__(self, targets: Sequence[int] | None = None):
+        self.targets = None if targets is None else set(int(t) for t in targets)
+        self._log: dict[int, list] = {}
+
+    def __call__(self, rec: fl.RoundRecord) -> None:
+        theta = flatten_params(rec.global_params).detach().clone()
+        for j, c in enumerate(rec.selected.tolist()):
+            if self.targets is not None and c not in self.targets:
+                continue
+            out = flatten_params({k: v[j] for k, v in rec.client_params.items()}).detach().clone()
+            self._log.setdefault(c, []).append((rec.round, theta, out))
+
+    def num_observations(self, client: int) -> int:
+        return len(self._log.get(int(client), []))
+
+    def observations(self, client: int, max_obs: int | None = None):
+        log = self._log.get(int(client), [])
+        if not log:
+            raise ValueError(f"client {client} was never observed")
+        log = log[:max_obs] if max_obs is not None else log
+        return (torch.stack([t for _, t, _ in log]), torch.stack([o for _, _, o in log]),
+                np.array([r for r, _, _ in log]))
+
+
+def run_eavesdropped_fedavg(model: nn.Module, clients, *, targets=None, **fedavg_kwargs):
+    """Run :func:`fedlab.fl.fedavg` honestly with an :class:`Eavesdropper` on ``targets`` (all clients
+    by default). Returns ``(FLResult, Eavesdropper)``."""
+    spy = Eavesdropper(targets)
+    res = fl.fedavg(model, clients, callback=spy, progress=False, **fedavg_kwargs)
+    return res, spy
+
+
+# --------------------------------------------------------------------------------------------
+# Algorithm 3: learn the update map, then find its zero
+# --------------------------------------------------------------------------------------------
+class MappingNet(nn.Module):
+    """``P`` independent mappings ``G^c : R^d -> R^d`` with one hidden ReLU layer (Xu & Neglia 2021,
+    Sec. 4: 1000 units), evaluated in one batched matrix product. Input ``[P, n, d]`` -> ``[P, n, d]``.
+
+    Inputs and outputs are rescaled per attack (centre of the observed server models, one scalar
+    scale for models and one for updates), an invertible change of variables that leaves the
+    minimisers of Eqs. (9)-(10) unchanged.
+    """
+
+    def __init__(self, num_problems: int, d: int, hidden: int = 1000, *, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        b1, b2 = 1.0 / math.sqrt(d), 1.0 / math.sqrt(hidden)   # nn.Linear's default init
+        u = lambda *s, b: (torch.rand(*s, generator=g) * 2 - 1) * b  # noqa: E731
+        self.W1 = nn.Parameter(u(num_problems, d, hidden, b=b1))
+        self.b1 = nn.Parameter(u(num_problems, 1, hidden, b=b1))
+        self.W2 = nn.Parameter(u(num_problems, hidden, d, b=b2))
+        self.b2 = nn.Parameter(u(num_problems, 1, d, b=b2))
+        self.register_buffer("centre", torch.zeros(num_problems, 1, d))
+        self.register_buffer("in_scale", torch.ones(num_problems, 1, 1))
+        self.register_buffer("out_scale", torch.ones(num_problems, 1, 1))
+
+    def normalised(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.relu(z @ self.W1 + self.b1) @ self.W2 + self.b2
+
+    def forward(self, theta: torch.Tensor) -> torch.Tensor:
+        z = (theta.to(self.W1.dtype) - self.centre) / self.in_scale
+        return self.normalised(z) * self.out_scale
+
+
+def _batched(theta_in, theta_out):
+    if theta_in.shape != theta_out.shape or theta_in.ndim not in (2, 3):
+        raise ValueError(f"theta_in and theta_out must both be [n, d] or [P, n, d], got "
+                         f"{tuple(theta_in.shape)} and {tuple(theta_out.shape)}")
+    single = theta_in.ndim == 2
+    if single:
+        theta_in, theta_out = theta_in[None], theta_out[None]
+    if theta_in.shape[1] < 2:
+        raise ValueError("need at least 2 observations per client")
+    return theta_in, theta_out, single
+
+
+def fit_mapping(theta_in: torch.Tensor, theta_out: torch.Tensor, *, hidden: int = 1000,
+                num_steps: int = 1000, lr: float = 1e-3, seed: int = 0):
+    """Step 3 of Algorithm 3 (Xu & Neglia 2021, Eq. 9): fit ``G(theta) ~ theta - theta_c`` on the
+    eavesdropped pairs by full-batch Adam.
+
+    ``theta_in``, ``theta_out``: ``[n, d]`` or ``[P, n, d]`` (``P`` independent attacks trained at once).
+    Returns ``(G, loss_curve)``: a :class:`MappingNet` and the relative mapping loss per step,
+    ``sum ||G(theta) - Delta||^2 / sum ||Delta||^2`` (``[num_steps, P]``).
+    """
+    ti, to, _ = _batched(theta_in, theta_out)
+    ti, to = ti.float(), to.float()
+    P, n, d = ti.shape
+    delta = ti - to
+    G = MappingNet(P, d, hidden, seed=seed)
+    centre = ti.mean(1, keepdim=True)
+    G.centre.copy_(centre)
+    G.in_scale.copy_((ti - centre).pow(2).sum(-1).mean(1, keepdim=True).sqrt().clamp_min(1e-12)[..., None])
+    G.out_scale.copy_(delta.pow(2).sum(-1).mean(1, keepdim=True).sqrt().clamp_min(1e-12)[..., None])
+    z_in = (ti - G.centre) / G.in_scale
+    z_out = delta / G.out_scale
+    var = z_out.pow(2).sum((1, 2)).clamp_min(1e-12)
+    opt = torch.optim.Adam([G.W1, G.b1, G.W2, G.b2], lr=lr)
+    curve = torch.empty(num_steps, P)
+    for s in range(num_steps):
+        opt.zero_grad()
+        per = (G.normalised(z_in) - z_out).pow(2).sum((1, 2))
+        per.sum().backward()
+        opt.step()
+        curve[s] = (per.detach() / var)
+    return G, curve
+
+
+def minimise_mapping(G: MappingNet, init: torch.Tensor, *, num_steps: int = 1000,
+                     lr: float = 1e-2) -> torch.Tensor:
+    """Step 4 of Algorithm 3 (Eq. 10): ``argmin_theta ||G(theta)||^2`` by Adam from ``init``
+    (``[P, d]``), in the normalised coordinates of ``G``. Returns ``[P, d]`` (float64)."""
+    for p in G.parameters():
+        p.requires_grad_(False)
+    z = ((init.float()[:, None, :] - G.centre) / G.in_scale).clone().requires_grad_(True)
+    opt = torch.optim.Adam([z], lr=lr)
+    for _ in range(num_steps):
+        opt.zero_grad()
+        G.normalised(z).pow(2).sum().backward()
+        opt.step()
+    return (z.detach() * G.in_scale + G.centre)[:, 0, :].double()
+
+
+@dataclass
+class HeuristicResult:
+    """Output of :func:`reconstruct_heuristic`: decoded models ``theta`` ``[P, d]`` (or ``[d]``),
+    final relative mapping loss ``mapping_loss`` ``[P]`` and the loss curve ``[steps, P]``."""
+
+    theta: torch.Tensor
+    mapping_loss: torch.Tensor
+    loss_curve: torch.Tensor = field(repr=False)
+
+
+def reconstruct_heuristic(theta_in: torch.Tensor, theta_out: torch.Tensor, *, hidden: int = 1000,
+                          fit_steps: int = 1000, fit_lr: float = 1e-3, decode_steps: int = 1000,
+                          decode_lr: float = 1e-2, init: torch.Tensor | None = None,
+                          seed: int = 0) -> HeuristicResult:
+    """Algorithm 3 of Xu & Neglia (2021): local model reconstruction for any model and local rule.
+
+    1. ``Delta M^c = {(theta, theta - theta_c)}`` from the eavesdropped pairs;
+    2.-3. fit the mapping ``G^c`` (:func:`fit_mapping`, Eq. 9);
+    4. ``hat theta_c* = argmin ||G^c(theta)||^2`` (:func:`minimise_mapping`, Eq. 10), started from
+       ``init`` (default: the last model the client returned).
+
+    ``theta_in``, ``theta_out``: ``[n, d]`` or ``[P, n, d]``. Raises ``ValueError`` on bad shapes.
+    """
+    ti, to, single = _batched(theta_in, theta_out)
+    G, curve = fit_mapping(ti, to, hidden=hidden, num_steps=fit_steps, lr=fit_lr, seed=seed)
+    start = to[:, -1, :] if init is None else (init[None] if single else init)
+    theta = minimise_mapping(G, start, num_steps=decode_steps, lr=decode_lr)
+    res = HeuristicResult(theta, curve[-1], curve)
+    if single:
+        res = HeuristicResult(theta[0], curve[-1, 0], curve[:, 0])
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# Sec. 4 experiments
+# --------------------------------------------------------------------------------------------
+def _logistic_fedavg(clients, *, num_rounds, local_steps, batch_size, lr, seed, client_fraction=1.0):
+    """FedAvg on binary logistic regression with an eavesdropper on every client. Returns the
+    final global theta ``[d]`` and the observations ``(theta_in [K, n, d], theta_out [K, n, d])``."""
+    d_x = clients[0].X.shape[1]
+    model = linear_model(d_x, bias=True, dtype=torch.float32, seed=seed)
+    pairs = [(c.X.float(), c.y) for c in clients]
+    res, spy = run_eavesdropped_fedavg(model, pairs, num_rounds=num_rounds, local_epochs=1,
+                                       local_steps=local_steps, batch_size=batch_size, lr=lr,
+                                       seed=seed, loss_fn=logistic_loss, client_fraction=client_fraction)
+    obs = [spy.observations(k) for k in range(len(clients))]
+    return flatten_params(res.params).double(), obs
+
+
+def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequence[int] = range(10),
+                num_rounds: int = 100, batch_size: int = 256, lr: float = 0.01, hidden: int = 1000,
+                fit_steps: int = 1000, decode_steps: int = 1000) -> dict:
+    """Xu & Neglia (2021), Table 1: train accuracy on each client's data of the last model it
+    returned (``theta_tilde_c``) and of the model decoded by Algorithm 3 (``hat theta_c*``).
+
+    FedAvg with every client in every round, ``local_steps`` SGD steps of ``batch_size`` per round,
+    binary logistic regression; one run per seed (model initialisation, batches, mapping init).
+    All ``len(seeds) * K`` attacks of a local-step setting are trained as one batch.
+
+    Returns ``{"local_steps": [L], "last": [L, S, K], "decoded": [L, S, K], "mapping_loss": [L, S, K]}``
+    (accuracies in [0, 1]).
+    """
+    K = len(clients)
+    last = np.zeros((len(local_steps), len(seeds), K))
+    dec = np.zeros_like(last)
+    mloss = np.zeros_like(last)
+    for i, E in enumerate(local_steps):
+        tin, tout = [], []
+        for s in seeds:
+            _, obs = _logistic_fedavg(clients, num_rounds=num_rounds, local_steps=E,
+                                      batch_size=batch_size, lr=lr, seed=int(s))
+            tin += [o[0] for o in obs]
+            tout += [o[1] for o in obs]
+        tin, tout = torch.stack(tin).double(), torch.stack(tout).double()   # [S*K, n, d]
+        res = reconstruct_heuristic(tin, tout, hidden=hidden, fit_steps=fit_steps,
+                                    decode_steps=decode_steps, seed=i)
+        for j in range(len(seeds)):
+            for k in range(K):
+                p = j * K + k
+                X, y = clients[k].X, clients[k].y
+                last[i, j, k] = float(binary_accuracy(tout[p, -1], X, y))
+                dec[i, j, k] = float(binary_accuracy(res.theta[p], X, y))
+                mloss[i, j, k] = float(res.mapping_loss[p])
+    return {"local_steps": list(local_steps), "last": last, "decoded": dec, "mapping_loss": mloss}
+
+
+def relative_distances(thetas: torch.Tensor) -> torch.Tensor:
+    """Relative Euclidean distances ``||theta_i - theta_j|| / ||theta_i||`` between models
+    (``[K, d]`` -> ``[K, K]``), as in Xu & Neglia (2021), Figure 1a."""
+    diff = (thetas[:, None, :] - thetas[None, :, :]).norm(dim=-1)
+    return diff / thetas.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def fit_local_logistic(clients, *, num_steps: int = 500, lr: float = 0.5) -> torch.Tensor:
+    """Each client's local optimum for binary logistic regression (full-batch GD, all clients in
+    one vmap via :func:`fedlab.fl.train_standalone`). Returns ``[K, d_x + 1]`` (float64)."""
+    d_x = clients[0].X.shape[1]
+    model = linear_model(d_x, bias=True, dtype=torch.float32, seed=0)
+    zero = {k: torch.zeros_like(v) for k, v in model.named_parameters()}
+    local, _ = fl.train_standalone(model, [(c.X.float(), c.y) for c in clients], num_epochs=num_steps,
+                                   batch_size=None, lr=lr, params=zero, loss_fn=logistic_loss)
+    return torch.cat([local["weight"].reshape(len(clients), -1), local["bias"].reshape(-1, 1)], 1).double()
+
+
+def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0, 1, 2),
+                     batch_sizes: Sequence[int] = (16, 64, 256), seeds: Sequence[int] = range(3),
+                     num_rounds: int = 100, lr: float = 0.001, hidden: int = 1000,
+                     fit_steps: int = 1000, decode_steps: int = 1000) -> dict:
+    """Xu & Neglia (2021), Figure 1b-c on the Adult split: FedAvg with one local step, step ``lr``;
+    for each batch size and seed, attack the ``targets`` with Algorithm 3 and report the relative
+    mapping loss and the test accuracy (on each target's own test records) of the decoded model
+    and of the last returned model.
+
+    Returns ``{"batch_sizes", "mapping_loss": [B, S, T], "test_decoded": [B, S, T],
+    "test_last": [B, S, T], "train_decoded", "train_last", "test_global": [B, S, T]}``.
+    """
+    T = len(targets)
+    shape = (len(batch_sizes), len(seeds), T)
+    out = {k: np.zeros(shape) for k in ("mapping_loss", "test_decoded", "test_last", "train_decoded",
+                                        "train_last", "test_global")}
+    for i, B in enumerate(batch_sizes):
+        tin, tout, glob = [], [], []
+        for s in seeds:
+            g, obs = _logistic_fedavg(train_clients, num_rounds=num_rounds, local_steps=1,
+                                      batch_size=B, lr=lr, seed=int(s))
+            tin += [obs[t][0] for t in targets]
+            tout += [obs[t][1] for t in targets]
+            glob.append(g)
+        tin, tout = torch.stack(tin).double(), torch.stack(tout).double()
+        res = reconstruct_heuristic(tin, tout, hidden=hidden, fit_steps=fit_steps,
+                                    decode_steps=decode_steps, seed=i)
+        for j in range(len(seeds)):
+            for k, t in enumerate(targets):
+                p = j * T + k
+                te, tr = test_clients[t], train_clients[t]
+                out["mapping_loss"][i, j, k] = float(res.mapping_loss[p])
+                out["test_decoded"][i, j, k] = float(binary_accuracy(res.theta[p], te.X, te.y))
+                out["test_last"][i, j, k] = float(binary_accuracy(tout[p, -1], te.X, te.y))
+                out["test_global"][i, j, k] = float(binary_accuracy(glob[j], te.X, te.y))
+                out["train_decoded"][i, j, k] = float(binary_accuracy(res.theta[p], tr.X, tr.y))
+                out["train_last"][i, j, k] = float(binary_accuracy(tout[p, -1], tr.X, tr.y))
+    out["batch_sizes"] = list(batch_sizes)
+    return out

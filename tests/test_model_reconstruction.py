@@ -1,0 +1,221 @@
+"""Local model reconstruction (Xu & Neglia 2021) checked against closed forms and known values."""
+import numpy as np
+import pytest
+import torch
+
+import fedlab.data as D
+from fedlab import fl
+from fedlab.attacks import model_reconstruction as mr
+from fedlab.data.leaf import XU_NEGLIA_SIZES, make_leaf_synthetic
+from fedlab.data.splits import adult_phd_split
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Small tensors only: one intra-op thread is faster and immune to CPU oversubscription."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _client(m=30, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(m, d, generator=g, dtype=torch.float64)
+    y = X @ torch.randn(d, generator=g, dtype=torch.float64) + 0.1 * torch.randn(m, generator=g, dtype=torch.float64)
+    return X, y
+
+
+def _observe(X, y, server, *, lr, local_epochs):
+    """The client's answers to given server models, through fedlab.fl.client_update (full batch)."""
+    model = mr.linear_model(X.shape[1])
+    outs = []
+    for theta in server:
+        p = fl.client_update(model, {"weight": theta[None].clone()}, X, y, lr=lr,
+                             local_epochs=local_epochs, batch_size=None, loss_fn=mr.squared_loss)
+        outs.append(p["weight"][0].detach())
+    return torch.stack(outs)
+
+
+def test_observation1_recovers_W_and_the_local_optimum_exactly():
+    X, y = _client()
+    d, lr, E = X.shape[1], 0.05, 3
+    server = torch.randn(d + 1, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    est = mr.solve_affine(server, _observe(X, y, server, lr=lr, local_epochs=E))
+    W, v, star = mr.affine_update_map(X, y, lr=lr, local_steps=E)
+    m, H = X.shape[0], X.T @ X
+    W_closed = torch.eye(d, dtype=X.dtype) - torch.linalg.matrix_power(torch.eye(d, dtype=X.dtype) - 2 * lr / m * H, E)
+    assert torch.allclose(W, W_closed)
+    assert est.identifiable
+    assert torch.allclose(est.W, W_closed, atol=1e-10)
+    assert torch.allclose(est.v, v, atol=1e-10)
+    assert torch.allclose(est.theta, torch.linalg.solve(H, X.T @ y), atol=1e-9)
+
+
+def test_d_rounds_do_not_identify_the_local_model():
+    X, y = _client()
+    d = X.shape[1]
+    server = torch.randn(d, d, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    out = _observe(X, y, server, lr=0.05, local_epochs=2)
+    assert not mr.solve_affine(server, out).identifiable
+    target = torch.full((d,), 7.0, dtype=torch.float64)
+    W2, v2 = mr.consistent_decoding(server, out, target)
+    assert torch.allclose(server @ W2.T - v2, server - out, atol=1e-10)   # explains every observation
+    assert torch.allclose(torch.linalg.solve(W2, v2), target, atol=1e-8)  # ... yet decodes to target
+    with pytest.raises(ValueError, match="identifies"):
+        mr.consistent_decoding(torch.cat([server, server[:1] + 1]), torch.cat([out, out[:1]]), target)
+
+
+def test_hard_instance_structure_and_optimum():
+    d = 6
+    X, y = mr.hard_instance(d)
+    H = X.T @ X
+    want = torch.eye(d, dtype=H.dtype) - 0.5 * (torch.diag(torch.ones(d - 1), 1) + torch.diag(torch.ones(d - 1), -1)).double()
+    assert torch.allclose(H, want)
+    assert torch.allclose(X.T @ y, 0.5 * torch.eye(d, dtype=H.dtype)[0])
+    assert torch.allclose(mr.local_optimum(X, y), mr.hard_instance_optimum(d))
+    Xt, _ = mr.hard_instance(d, truncated=True)
+    Ht = Xt.T @ Xt
+    assert torch.equal(Ht[-1], torch.zeros(d, dtype=H.dtype)) and torch.allclose(Ht[:-1, :-1], H[:-1, :-1])
+    with pytest.raises(ValueError, match="d must"):
+        mr.hard_instance(1)
+
+
+def _hard_run(d, truncated, local_epochs=1, rounds=None):
+    model = mr.linear_model(d)
+    zero = {"weight": torch.zeros(1, d, dtype=torch.float64)}
+    _, spy = mr.run_eavesdropped_fedavg(model, mr.hard_instance_clients(d, 3, truncated=truncated),
+                                        targets=[0], num_rounds=rounds or d, local_epochs=local_epochs,
+                                        batch_size=None, lr=0.3, params=zero, loss_fn=mr.squared_loss)
+    return spy.observations(0)
+
+
+def test_hard_instance_zero_pattern_and_indistinguishability():
+    d = 7
+    ti, to, _ = _hard_run(d, truncated=False)
+    for t in range(d):  # round t+1: the server model has support in the first t coordinates exactly
+        assert torch.count_nonzero(ti[t, t:]) == 0 and torch.count_nonzero(to[t, t + 1:]) == 0
+        assert torch.count_nonzero(to[t, : t + 1]) == t + 1
+    ti2, to2, _ = _hard_run(d, truncated=True)
+    assert torch.equal(ti[: d - 1], ti2[: d - 1]) and torch.equal(to[: d - 1], to2[: d - 1])
+    assert not torch.equal(to[d - 1], to2[d - 1])
+    # with E local steps per round the support grows by E coordinates per round
+    _, toE, _ = _hard_run(d, truncated=False, local_epochs=2, rounds=3)
+    assert torch.count_nonzero(toE[0, 2:]) == 0 and torch.count_nonzero(toE[1, 4:]) == 0
+
+
+def test_observation6_lower_bound_and_ols_rate():
+    X, y = _client(m=80, d=3, seed=3)
+    lr = mr.max_lr(X, 4.0)
+    r = mr.ols_error_curve(X, y, [10, 40, 160], lr=lr, sigma=1.0, num_steps=2, trials=200, seed=0)
+    lb = mr.obs6_lower_bound(3, r["n_obs"], lr=lr, sigma=1.0, num_steps=2)
+    assert (r["mse"] > lb).all()
+    slope = np.polyfit(np.log(r["n_obs"]), np.log(r["mse"]), 1)[0]
+    assert -1.5 < slope < -0.7, slope        # the error shrinks like 1 / n_c
+    with pytest.raises(ValueError, match="exactly one"):
+        mr.ols_error_curve(X, y, [10], lr=lr)
+    with pytest.raises(ValueError, match="n_obs"):
+        mr.obs6_lower_bound(3, [0], lr=lr, sigma=1.0, num_steps=1)
+
+
+def test_minibatch_local_sgd_matches_client_update_and_variance_formula():
+    X, y = _client(m=12, d=3, seed=4)
+    server = torch.randn(2, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    full = mr.minibatch_local_sgd(server, X, y, lr=0.05, batch_size=12, local_epochs=3)
+    assert torch.allclose(full, _observe(X, y, server, lr=0.05, local_epochs=3), atol=1e-12)
+    theta = torch.zeros(3, dtype=torch.float64)
+    assert mr.minibatch_gradient_variance(X, y, theta, 12) == 0.0
+    # Monte Carlo check of the finite-population variance formula for b = 4
+    g_full = 2 / 12 * X.T @ (X @ theta - y)
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.argsort(torch.rand(20000, 12, generator=gen), 1)[:, :4]
+    Xb, yb = X[idx], y[idx]
+    gb = 2 / 4 * torch.einsum("nbd,nb->nd", Xb, torch.einsum("nbd,d->nb", Xb, theta) - yb)
+    mc = float(((gb - g_full) ** 2).sum(1).mean())
+    assert abs(mc / mr.minibatch_gradient_variance(X, y, theta, 4) - 1) < 0.05
+
+
+def test_heuristic_recovers_a_linear_update_map():
+    X, y = _client(m=40, d=3, seed=5)
+    g = torch.Generator().manual_seed(0)
+    star = mr.local_optimum(X, y)
+    server = star + 2.0 * torch.randn(60, 3, generator=g, dtype=torch.float64)
+    out = mr.minibatch_local_sgd(server, X, y, lr=0.1, batch_size=40)
+    res = mr.reconstruct_heuristic(server, out, hidden=100, fit_steps=500, decode_steps=500, seed=0)
+    start = out[-1]
+    assert res.mapping_loss < 0.05
+    assert (res.theta - star).norm() < 0.25 * (start - star).norm()
+
+
+def test_eavesdropper_sees_only_rounds_with_the_target():
+    X, y = _client()
+    clients = [(X, y), _client(seed=9), _client(seed=10)]
+    _, spy = mr.run_eavesdropped_fedavg(mr.linear_model(4), clients, targets=[1], num_rounds=12,
+                                        client_fraction=0.34, batch_size=None, lr=0.05,
+                                        loss_fn=mr.squared_loss, seed=0)
+    ti, to, rounds = spy.observations(1)
+    assert 0 < len(rounds) < 12 and ti.shape == to.shape == (len(rounds), 4)
+    with pytest.raises(ValueError, match="never observed"):
+        spy.observations(0)
+
+
+def test_bad_inputs_raise():
+    X, y = _client()
+    with pytest.raises(ValueError, match="lr"):
+        mr.affine_update_map(X, y, lr=0.0, local_steps=1)
+    with pytest.raises(ValueError, match="local_steps"):
+        mr.affine_update_map(X, y, lr=0.1, local_steps=0)
+    with pytest.raises(ValueError, match="theta_in"):
+        mr.solve_affine(torch.zeros(3, 2), torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="batch_size"):
+        mr.minibatch_local_sgd(torch.zeros(1, 4, dtype=torch.float64), X, y, lr=0.1, batch_size=0)
+
+
+def test_leaf_synthetic_shapes_counts_and_determinism():
+    cl = make_leaf_synthetic(seed=3)
+    assert [len(c) for c in cl] == list(XU_NEGLIA_SIZES) == [280, 184, 1536, 256, 208]
+    for c in cl:
+        assert c.X.shape == (len(c), 10) and c.X.dtype == torch.float32
+        assert set(c.y.unique().tolist()) <= {0, 1} and 0 <= c.meta["cluster"] < 5
+        assert c.meta["w"].shape == (11, 2)
+    again = make_leaf_synthetic(seed=3)
+    assert all(torch.equal(a.X, b.X) and torch.equal(a.y, b.y) for a, b in zip(cl, again))
+    # feature variance of a client is Sigma_jj = j^-1.2 (inputs ~ N(v_k, Sigma))
+    var = cl[2].X.double().var(0).numpy()
+    assert np.allclose(var, np.arange(1, 11) ** -1.2, rtol=0.15)
+    big = make_leaf_synthetic([7, 9], num_features=4, num_classes=3, num_clusters=2, seed=0)
+    assert big[0].X.shape == (7, 4) and big[1].meta["w"].shape == (5, 3)
+    with pytest.raises(ValueError, match="client_sizes"):
+        make_leaf_synthetic([10, 0])
+    with pytest.raises(ValueError, match="num_classes"):
+        make_leaf_synthetic(num_classes=1)
+    with pytest.raises(ValueError, match="prob_clusters"):
+        make_leaf_synthetic(prob_clusters=[0.5, 0.5])
+
+
+def test_adult_rows_and_missing_file(tmp_path, monkeypatch):
+    assert len(D.load_adult("train", drop_missing=False)) == 32561
+    assert len(D.load_adult("test", drop_missing=False)) == 16281
+    monkeypatch.setattr(D, "VENDOR", tmp_path)
+    with pytest.raises(FileNotFoundError, match="adult"):
+        D.load_adult("train")
+
+
+def test_adult_phd_split():
+    ds = D.load_adult("train")
+    edu, age = ds.meta["education"], ds.meta["age"]
+    parts = adult_phd_split(edu, age, seed=0)
+    assert len(parts) == 10
+    allidx = np.concatenate(parts)
+    assert len(allidx) == len(np.unique(allidx))
+    keep = np.isin(edu, ["Bachelors", "Masters", "Prof-school", "Doctorate"])
+    assert len(allidx) == keep.sum()
+    assert (edu[parts[0]] == "Doctorate").all() and (age[parts[0]] < 38).all()
+    assert ((age[parts[1]] >= 38) & (age[parts[1]] <= 52)).all() and (age[parts[2]] > 52).all()
+    assert not np.isin(edu[np.concatenate(parts[3:])], ["Doctorate"]).any()
+    sizes = [len(p) for p in parts[3:]]
+    assert max(sizes) - min(sizes) <= 1
+    with pytest.raises(ValueError, match="num_other_clients"):
+        adult_phd_split(edu, age, num_other_clients=0)
+    with pytest.raises(ValueError, match="length"):
+        adult_phd_split(edu[:5], age[:4])
