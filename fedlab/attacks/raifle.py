@@ -1,0 +1,412 @@
+"""RAIFLE: reconstruction of user interactions in interaction-based FL (Pham, Kulkarni & Houmansadr).
+
+The server knows the items ``X`` it showed a user, the global model ``theta`` and the local algorithm
+``g``; it receives the user's update and searches for interactions ``I'`` whose simulated update
+``g(X, theta, I')`` matches it (RAIFLE Sec. 3.2, eq. 5). Implemented here:
+
+* :func:`raifle` -- Algorithm 1 / Algorithm 2 for a batch of users: interactions parameterised as
+  ``sigmoid(z)`` with ``z ~ U(-1, 1)`` (App. B.3), optional joint estimation of the private user
+  embedding (Algorithm 2, App. B.2), L-BFGS (or Adam) on the summed per-user losses, termination by
+  an iteration budget and a loss-improvement threshold, and random restarts keeping each user's best.
+* :func:`raifle_fcf`, :func:`raifle_fncf` -- the recommender instances of Table 3 (estimate the user
+  embedding or not; include the model-parameter update in the loss or not).
+* :func:`matching_loss` -- the RS loss of Sec. 4.1.1: mean L2 distance between matching rows of the
+  item-embedding updates (+ squared error on the model-parameter update).
+* :func:`analytic_fcf_attack` -- a one-shot attack on FCF: the update ``(I - X e) e^T`` has rank one,
+  so an SVD gives the direction of ``e``; the sign comes from "negatives outnumber positives"
+  and the scale from the gap between the two clusters; then ``I`` follows exactly.
+* :func:`pointwise_l2_update`, :func:`closed_form_interactions`, :func:`attack_hessian` -- App. A:
+  for a pointwise squared loss ``g`` is linear in ``I'``, the attack is convex (Thm. 1), unique iff
+  the Jacobian has rank ``m`` (Thm. 2) and then solved in closed form (eq. 12).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..fl.interaction import fcf_item_updates, fncf_init, fncf_updates
+from ..metrics import roc_auc
+
+__all__ = ["RaifleResult", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf", "per_user_auc",
+           "analytic_fcf_attack", "pointwise_l2_update", "closed_form_interactions", "attack_hessian",
+           "clip_rows", "RecsysCase", "make_recsys_case", "attack_case"]
+
+
+@dataclass
+class RaifleResult:
+    """Output of :func:`raifle` for ``U`` users.
+
+    ``scores`` [U, m]: the optimised logits ``z`` (the reconstruction is ``sigmoid(z)``; higher =
+    more likely interacted, used for the AUC); ``user_emb`` [U, d] or None (Algorithm 2's estimate);
+    ``loss`` [U]: the best final matching loss per user; ``iterations``: function evaluations used.
+    """
+
+    scores: torch.Tensor
+    user_emb: torch.Tensor | None
+    loss: torch.Tensor
+    iterations: int
+
+    @property
+    def interactions(self) -> torch.Tensor:
+        return torch.sigmoid(self.scores)
+
+
+def raifle(loss_fn: Callable, num_users: int, num_items: int, *, emb_dim: int | None = None,
+           num_restarts: int = 1, max_iter: int = 100, tolerance: float = 1e-9,
+           optimizer: str = "lbfgs", lr: float = 1.0, history_size: int = 20, seed: int = 0,
+           emb_init_std: float = 1.0) -> RaifleResult:
+    """RAIFLE, Algorithm 1 (``emb_dim=None``) or Algorithm 2 (``emb_dim=d``), batched over users.
+
+    ``loss_fn(I, E, rows) -> [B]`` returns the matching loss of each of ``B = num_restarts *
+    num_users`` candidate rows: ``I`` [B, m] in (0, 1), ``E`` [B, d] (or None), ``rows`` [B] the user
+    each candidate belongs to (candidate ``b`` is restart ``b // num_users`` of user
+    ``b % num_users``). The candidates' losses are independent, so minimising their sum minimises
+    each one. Initialisation (App. B.3): ``z ~ U(-1, 1)``, ``I = sigmoid(z)``; ``E ~ N(0,
+    emb_init_std^2)``, with restarts in antithetic pairs (restart ``2k+1`` starts from ``-E`` of
+    restart ``2k``). Termination: ``max_iter`` function evaluations (L-BFGS) or steps (Adam), or a
+    change of the summed loss below ``tolerance``. Each user keeps its best restart.
+
+    Raises ``ValueError`` for non-positive sizes, ``num_restarts < 1`` or an unknown optimizer.
+    """
+    if num_users < 1 or num_items < 1:
+        raise ValueError(f"num_users and num_items must be >= 1, got {num_users}, {num_items}")
+    if num_restarts < 1:
+        raise ValueError(f"num_restarts must be >= 1, got {num_restarts}")
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    if optimizer not in ("lbfgs", "adam"):
+        raise ValueError(f"optimizer must be 'lbfgs' or 'adam', got {optimizer!r}")
+    gen = torch.Generator().manual_seed(seed)
+    B = num_restarts * num_users
+    rows = torch.arange(B) % num_users
+    z = (torch.rand(B, num_items, generator=gen) * 2 - 1).requires_grad_(True)
+    params = [z]
+    E = None
+    if emb_dim is not None:
+        E = emb_init_std * torch.randn(B, emb_dim, generator=gen)
+        # antithetic restarts: restart 2k+1 starts from -E of restart 2k, so both basins of the
+        # sign symmetry e -> -e (a local optimum for FCF) are always explored
+        sign = torch.tensor([(-1.0) ** (b // num_users) for b in range(B)])
+        E = E.reshape(num_restarts, num_users, emb_dim)[[r - r % 2 for r in range(num_restarts)]]
+        E = (E.reshape(B, emb_dim) * sign[:, None]).requires_grad_(True)
+        params.append(E)
+    evals = 0
+
+    def total():
+        return loss_fn(torch.sigmoid(z), E, rows).sum()
+
+    if optimizer == "lbfgs":
+        opt = torch.optim.LBFGS(params, lr=lr, max_iter=max_iter, max_eval=max_iter,
+                                tolerance_grad=1e-12, tolerance_change=tolerance,
+                                history_size=history_size, line_search_fn="strong_wolfe")
+
+        def closure():
+            nonlocal evals
+            evals += 1
+            opt.zero_grad()
+            loss = total()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+    else:
+        opt = torch.optim.Adam(params, lr=lr)
+        prev = math.inf
+        for _ in range(max_iter):
+            evals += 1
+            opt.zero_grad()
+            loss = total()
+            loss.backward()
+            opt.step()
+            if abs(prev - loss.item()) < tolerance:
+                break
+            prev = loss.item()
+    with torch.no_grad():
+        final = loss_fn(torch.sigmoid(z), E, rows).reshape(num_restarts, num_users)
+        best = final.argmin(0)                                    # [U]
+        pick = best * num_users + torch.arange(num_users)
+        return RaifleResult(z.detach()[pick], None if E is None else E.detach()[pick],
+                            final.min(0).values, evals)
+
+
+def clip_rows(update: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Per-user L2 clipping of a batched update ``[U, ...]`` (each user's whole tensor scaled to
+    norm <= ``max_norm``); differentiable, so the server can put it inside its simulated ``g``."""
+    if not max_norm > 0:
+        raise ValueError(f"max_norm must be > 0, got {max_norm}")
+    flat = update.reshape(update.shape[0], -1)
+    factor = torch.clamp(max_norm / (flat.norm(dim=1) + 1e-12), max=1.0)
+    return update * factor.reshape(-1, *([1] * (update.dim() - 1)))
+
+
+def matching_loss(pred_items, target_items, mask, pred_params=None, target_params=None,
+                  *, params_weight: float = 1.0, squared: bool = False):
+    """RAIFLE's RS matching loss (Sec. 4.1.1), one value per user.
+
+    Items: mean over the user's real items of ``||pred_i - target_i||_2``, divided by the mean row
+    norm of the target so every user's loss has the same scale (the paper rescales FNCF the same
+    way). Params (optional, "use model params"): ``||pred - target||^2 / ||target||^2`` over all
+    parameter tensors. Shapes: items ``[B, m, d]``, ``mask`` [B, m]; params dicts of ``[B, ...]``.
+    """
+    w = mask.to(pred_items.dtype)
+    sq = ((pred_items - target_items) ** 2).sum(-1)
+    tn = target_items.norm(dim=-1)
+    if squared:
+        dist, scale = sq * w, (tn ** 2 * w).sum(1) / w.sum(1) + 1e-12
+    else:
+        dist, scale = torch.sqrt(sq + 1e-12) * w, (tn * w).sum(1) / w.sum(1) + 1e-12
+    loss = dist.sum(1) / w.sum(1) / scale
+    if pred_params is not None:
+        num = sum(((pred_params[k] - target_params[k]) ** 2).flatten(1).sum(1) for k in target_params)
+        den = sum((target_params[k] ** 2).flatten(1).sum(1) for k in target_params) + 1e-12
+        loss = loss + params_weight * num / den
+    return loss
+
+
+def per_user_auc(scores, labels, mask) -> torch.Tensor:
+    """ROC AUC of every user's reconstruction over its real items: ``[U, m]`` x 3 -> ``[U]``."""
+    out = [roc_auc(labels[u][mask[u]], scores[u][mask[u]]) for u in range(scores.shape[0])]
+    return torch.tensor(out)
+
+
+def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=None,
+               alpha: float = 0.0, lr: float = 1.0, clip: float | None = None, squared: bool = False,
+               **kwargs) -> RaifleResult:
+    """RAIFLE on FCF (Table 3, rows "FCF"). ``X`` [U, m, d] the users' items, ``updates`` [U, m, d]
+    their (possibly noised/pruned) item updates, ``mask`` [U, m].
+
+    ``estimate_embedding=True``: Algorithm 2 (joint estimate of ``e_u``); ``False``: Algorithm 1
+    with the server's guess ``guess_emb`` [U, d] (default: a fixed N(0, 1) draw) standing in for the
+    unknown private embedding. ``clip``: the users' clipping norm, reproduced inside the simulated
+    ``g``. Other keywords go to :func:`raifle`.
+    """
+    U, m, d = X.shape
+    if updates.shape != X.shape or mask.shape != (U, m):
+        raise ValueError(f"updates must be {tuple(X.shape)} and mask {(U, m)}, got "
+                         f"{tuple(updates.shape)}, {tuple(mask.shape)}")
+    if not estimate_embedding and guess_emb is None:
+        guess_emb = torch.randn(U, d, generator=torch.Generator().manual_seed(kwargs.get("seed", 0) + 1))
+
+    def loss_fn(I, E, rows):
+        Eu = E if estimate_embedding else guess_emb[rows]
+        pred = fcf_item_updates(X[rows], Eu, I, mask[rows], alpha=alpha, lr=lr)
+        if clip is not None:
+            pred = clip_rows(pred, clip)
+        return matching_loss(pred, updates[rows], mask[rows], squared=squared)
+
+    return raifle(loss_fn, U, m, emb_dim=d if estimate_embedding else None, **kwargs)
+
+
+def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_embedding: bool = True,
+                use_model_params: bool = False, guess_emb=None, lr: float = 1.0, local_steps: int = 3,
+                clip_items: float | None = None, clip_params: float | None = None,
+                squared: bool = False, **kwargs) -> RaifleResult:
+    """RAIFLE on FNCF (Table 3, rows "FNCF"). ``X`` [U, m, d], ``item_updates`` [U, m, d],
+    ``param_updates`` {name: [U, ...]}, ``mask`` [U, m]; ``model, theta`` from
+    :func:`fedlab.fl.interaction.fncf_init`; ``lr, local_steps`` the users' local training.
+
+    ``use_model_params`` adds the parameter-update term to the loss; ``estimate_embedding`` switches
+    between Algorithms 2 and 1 as in :func:`raifle_fcf`.
+    """
+    U, m, d = X.shape
+    if item_updates.shape != X.shape or mask.shape != (U, m):
+        raise ValueError(f"item_updates must be {tuple(X.shape)} and mask {(U, m)}")
+    if not estimate_embedding and guess_emb is None:
+        guess_emb = torch.randn(U, d, generator=torch.Generator().manual_seed(kwargs.get("seed", 0) + 1))
+
+    def loss_fn(I, E, rows):
+        Eu = E if estimate_embedding else guess_emb[rows]
+        dX, dT, _ = fncf_updates(model, theta, X[rows], Eu, I, mask[rows], lr=lr,
+                                 local_steps=local_steps, create_graph=True)
+        if clip_items is not None:
+            dX = clip_rows(dX, clip_items)
+        if use_model_params:
+            if clip_params is not None:
+                dT = _clip_dict(dT, clip_params)
+            return matching_loss(dX, item_updates[rows], mask[rows], dT,
+                                 {k: v[rows] for k, v in param_updates.items()}, squared=squared)
+        return matching_loss(dX, item_updates[rows], mask[rows], squared=squared)
+
+    return raifle(loss_fn, U, m, emb_dim=d if estimate_embedding else None, **kwargs)
+
+
+def _clip_dict(stacked: dict, max_norm: float) -> dict:
+    flat = torch.cat([v.flatten(1) for v in stacked.values()], 1)
+    factor = torch.clamp(max_norm / (flat.norm(dim=1) + 1e-12), max=1.0)
+    return {k: v * factor.reshape(-1, *([1] * (v.dim() - 1))) for k, v in stacked.items()}
+
+
+# ------------------------------------------------------------------------------- analytic FCF attack
+
+def analytic_fcf_attack(updates, X, mask, *, lr: float = 1.0):
+    """One-shot reconstruction of FCF interactions and user embeddings (no optimisation).
+
+    Each user's update is ``lr (I - X e) e^T`` (``alpha = 0``): rank one, every row a multiple of
+    ``e``. With the top singular triple ``(s, u, v)``, ``e = a v`` for an unknown scalar ``a`` and
+    ``s u / lr = a I - a^2 X v``. Removing the known direction ``Xv`` leaves ``a`` times the
+    projected interactions: the scores separate into a large cluster (the negatives, which
+    outnumber the positives 4:1) and a small one; the sign of ``a`` makes the small cluster the
+    high one (the rule "negatives outnumber positives"); with those 0/1 labels, ``s u`` is linear
+    in ``(a, -a^2)``, least squares gives ``a``, and then ``I = s u / (lr a) + a X v`` exactly.
+
+    Shapes: ``updates``, ``X`` [U, m, d], ``mask`` [U, m]. Returns ``(scores [U, m],
+    interactions [U, m], user_emb [U, d])``; ``scores`` rank the items (higher = interacted).
+    Raises ``ValueError`` on mismatched shapes.
+    """
+    if updates.shape != X.shape or mask.shape != updates.shape[:2]:
+        raise ValueError(f"updates and X must both be [U, m, d] and mask [U, m]; got "
+                         f"{tuple(updates.shape)}, {tuple(X.shape)}, {tuple(mask.shape)}")
+    w = mask.to(updates.dtype)
+    G = (updates / lr) * w[..., None]
+    Xm = X * w[..., None]
+    Uu, S, Vh = torch.linalg.svd(G, full_matrices=False)
+    su = Uu[:, :, 0] * S[:, :1]                                     # [U, m]  = a I - a^2 X v
+    v = Vh[:, 0, :]                                                 # [U, d]
+    xv = torch.einsum("umd,ud->um", Xm, v)
+    q = xv / (xv.norm(dim=1, keepdim=True) + 1e-12)
+    proj = su - (su * q).sum(1, keepdim=True) * q                   # a * (I - (I.q) q)
+    scores = torch.empty_like(proj)
+    a_hat = torch.empty(proj.shape[0])
+    for_users = range(proj.shape[0])
+    for r in for_users:                                             # cheap 1-D work per user
+        p = proj[r][mask[r]]
+        sign = 1.0 if p.mean() >= p.median() else -1.0       # the minority lies on the mean's side
+        s = sign * p
+        # two clusters: the majority (negatives) low, the minority (positives) high
+        thr = (s.median() + s.max()) / 2
+        labels = (s > thr).to(s.dtype)
+        # with the labels known, s u = a I - a^2 X v is linear in (a, -a^2): least squares for a
+        A = torch.stack([labels, xv[r][mask[r]]], 1)
+        coef = torch.linalg.lstsq(A, su[r][mask[r]][:, None]).solution
+        a_hat[r] = coef[0, 0] if labels.sum() > 0 else sign * s.std()
+        scores[r] = sign * proj[r]
+    interactions = su / a_hat[:, None] + a_hat[:, None] * xv
+    user_emb = a_hat[:, None] * v
+    return scores * w, interactions * w, user_emb
+
+
+# -------------------------------------------------------------------- App. A: closed form, convexity
+
+def pointwise_l2_update(jac, f0, interactions):
+    """The local update of a pointwise squared loss (RAIFLE App. A.2, eq. 8):
+    ``g(I) = grad_theta ||I - f(X, theta)||^2 = -2 J^T (I - f0)`` with ``J = d f / d theta``.
+
+    ``jac`` [m, p], ``f0`` [m] (the model's outputs), ``interactions`` [m] -> ``[p]``. Linear in
+    the interactions, so ``d^2 g / dI^2 = 0`` (eq. 10).
+    """
+    if jac.dim() != 2 or f0.shape != (jac.shape[0],) or interactions.shape != f0.shape:
+        raise ValueError(f"expected jac [m,p], f0 [m], interactions [m]; got {tuple(jac.shape)}, "
+                         f"{tuple(f0.shape)}, {tuple(interactions.shape)}")
+    return -2.0 * jac.T @ (interactions - f0)
+
+
+def closed_form_interactions(jac, f0, theta_hat):
+    """RAIFLE's closed-form solution (App. A.2, eq. 12):
+    ``I' = f0 - 1/2 (J J^T)^{-1} J theta_hat``, valid iff ``rank(J) = m`` (so ``m <= p``).
+
+    ``jac`` [m, p], ``f0`` [m], ``theta_hat`` [p] -> ``[m]``. Raises ``ValueError`` if ``J J^T`` is
+    singular (rank < m), the case where Theorem 2 says the optimum is not unique.
+    """
+    m, p = jac.shape
+    rank = int(torch.linalg.matrix_rank(jac))
+    if rank < m:
+        raise ValueError(f"rank(J) = {rank} < m = {m}: J J^T is singular and the attack has no "
+                         "unique optimum (RAIFLE Thm. 2)")
+    return f0 - 0.5 * torch.linalg.solve(jac @ jac.T, jac @ theta_hat)
+
+
+def attack_hessian(jac):
+    """Hessian of ``||theta_hat - g(I)||^2`` w.r.t. ``I`` for the pointwise-L2 ``g`` (App. A.1,
+    eq. 7): ``2 (dg/dI)^T (dg/dI) = 8 J J^T``, ``[m, m]``; positive semi-definite (Thm. 1),
+    definite iff ``rank(J) = m`` (Thm. 2)."""
+    return 8.0 * jac @ jac.T
+
+
+# ------------------------------------------------------------------------ experiment driver (Table 3)
+
+@dataclass
+class RecsysCase:
+    """One honest round of federated recommendation for a set of users (RAIFLE Sec. 4.1).
+
+    ``X`` [U, m, d] the items each user trains on (public), ``E`` [U, d] the private user
+    embeddings, ``I`` [U, m] the private 0/1 interactions, ``mask`` [U, m]; FCF's item update
+    ``fcf`` [U, m, d]; FNCF's network ``model, theta`` and its updates ``fncf_items`` [U, m, d] and
+    ``fncf_params`` {name: [U, ...]}; the users' local settings ``fncf_lr``, ``local_steps``.
+    """
+
+    X: torch.Tensor
+    E: torch.Tensor
+    I: torch.Tensor
+    mask: torch.Tensor
+    fcf: torch.Tensor
+    model: torch.nn.Module
+    theta: dict
+    fncf_items: torch.Tensor
+    fncf_params: dict
+    fncf_lr: float
+    local_steps: int
+
+    def __len__(self) -> int:
+        return int(self.I.shape[0])
+
+
+def make_recsys_case(user_items, num_items: int, *, dim: int = 64, fncf_lr: float = 1.0,
+                     local_steps: int = 2, seed: int = 0) -> RecsysCase:
+    """Random item and user embeddings (N(0, 1), as ``nn.Embedding`` initialises them; RAIFLE
+    Sec. 4.1.3), the FNCF network, and every user's honest FCF and FNCF updates.
+    ``user_items``: a :class:`fedlab.data.movielens.UserItems`."""
+    g = torch.Generator().manual_seed(seed)
+    item_emb = torch.randn(num_items, dim, generator=g)
+    E = torch.randn(len(user_items), dim, generator=g)
+    mask = user_items.mask
+    X = item_emb[user_items.items] * mask[..., None]
+    I = user_items.interactions
+    model, theta = fncf_init(dim, seed=seed)
+    fcf = fcf_item_updates(X, E, I, mask)
+    dX, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=fncf_lr, local_steps=local_steps)
+    return RecsysCase(X, E, I, mask, fcf, model, theta, dX, dT, fncf_lr, local_steps)
+
+
+def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, use_model_params: bool = False,
+                fcf=None, fncf_items=None, fncf_params=None, clip=None, batch_size: int = 64,
+                **kwargs) -> dict:
+    """Run one Table 3 configuration on every user of ``case`` in batches of ``batch_size`` users
+    (users sorted by their number of items so each batch is padded little).
+
+    ``algorithm``: ``"fcf"`` or ``"fncf"``. ``fcf`` / ``fncf_items`` / ``fncf_params`` replace the
+    honest updates (e.g. after LDP or pruning); ``clip`` = the clipping norm(s) the users applied
+    (float for FCF, ``(items, params)`` for FNCF). Returns ``{"auc": [U], "emb_error": [U] or None,
+    "loss": [U]}``; ``emb_error`` is the mean squared error of the estimated user embedding.
+    """
+    if algorithm not in ("fcf", "fncf"):
+        raise ValueError(f"algorithm must be 'fcf' or 'fncf', got {algorithm!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    fcf = case.fcf if fcf is None else fcf
+    fncf_items = case.fncf_items if fncf_items is None else fncf_items
+    fncf_params = case.fncf_params if fncf_params is None else fncf_params
+    order = torch.argsort(case.mask.sum(1), stable=True)
+    auc = torch.empty(len(case))
+    err = torch.empty(len(case))
+    loss = torch.empty(len(case))
+    for start in range(0, len(case), batch_size):
+        idx = order[start:start + batch_size]
+        m = int(case.mask[idx].sum(1).max())
+        X, mk = case.X[idx, :m], case.mask[idx, :m]
+        if algorithm == "fcf":
+            res = raifle_fcf(X, fcf[idx, :m], mk, estimate_embedding=estimate_embedding, clip=clip, **kwargs)
+        else:
+            ci, cp = clip if clip is not None else (None, None)
+            res = raifle_fncf(case.model, case.theta, X, fncf_items[idx, :m],
+                              {k: v[idx] for k, v in fncf_params.items()}, mk,
+                              estimate_embedding=estimate_embedding, use_model_params=use_model_params,
+                              lr=case.fncf_lr, local_steps=case.local_steps, clip_items=ci,
+                              clip_params=cp, **kwargs)
+        auc[idx] = per_user_auc(res.scores, case.I[idx, :m], mk)
+        loss[idx] = res.loss
+        if res.user_emb is not None:
+            err[idx] = ((res.user_emb - case.E[idx]) ** 2).mean(1)
+    return {"auc": auc, "emb_error": err if estimate_embedding else None, "loss": loss}

@@ -1,0 +1,235 @@
+"""Interaction-based FL for recommendation: the local algorithms g of FCF and FNCF.
+
+In interaction-based FL (Pham, Kulkarni & Houmansadr, RAIFLE, Sec. 2.3) a user only owns its
+interactions ``I`` (1 = clicked/rated, 0 = not) with items the server chose; the item embeddings
+``X`` and the model ``theta`` are the server's. Each function here is written functionally so that
+
+* a user runs it on 0/1 interactions (the honest protocol), and
+* the server can run it on continuous "degrees of interaction" ``I' in [0, 1]`` and differentiate the
+  simulated update with respect to ``I'`` and the user embedding (RAIFLE, App. B.1),
+
+and every batched variant maps over users with :func:`torch.func.vmap`. Padding: a batch of users has
+``[U, m_max]`` items with a boolean ``mask``; padded rows contribute nothing and their updates are 0.
+
+* FCF -- federated collaborative filtering (Ammad-ud-din et al. 2019): score ``x_i . e_u``,
+  confidence-weighted squared loss; the update the user sends is the step on the item embeddings
+  ``lr * c_i (I_i - x_i . e_u) e_u`` (rank one: every row is a multiple of ``e_u``).
+* FNCF -- federated neural collaborative filtering (Perifanis & Efraimidis 2022) as configured in
+  RAIFLE Sec. 4.1.3: an MLP on ``[e_u, x_i]`` with 16 and 8 ReLU hidden units and one logit, binary
+  cross-entropy, ``local_steps`` full-batch gradient steps on ``(e_u, X, theta)``; the user sends the
+  change of the item embeddings and of ``theta`` and keeps ``e_u``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from ..models import get_params, mlp
+
+__all__ = ["fcf_item_update", "fcf_item_updates", "fcf_client_train", "fncf_init", "fncf_scores",
+           "fncf_update", "fncf_updates", "fncf_updates_vmap", "fncf_client_train"]
+
+
+def _check_fcf(X, e, I):
+    if X.dim() != 2 or e.dim() != 1 or I.dim() != 1:
+        raise ValueError(f"X must be [m, d], e [d], I [m]; got {tuple(X.shape)}, {tuple(e.shape)}, "
+                         f"{tuple(I.shape)}")
+    if X.shape[0] != I.shape[0] or X.shape[1] != e.shape[0]:
+        raise ValueError(f"shapes do not match: X {tuple(X.shape)}, e {tuple(e.shape)}, I {tuple(I.shape)}")
+
+
+def fcf_item_update(X, e, I, mask=None, *, alpha: float = 0.0, lr: float = 1.0):
+    """FCF's item-embedding update for one user (Ammad-ud-din et al. 2019, eq. for dJ/dy_i).
+
+    With ``p_i = I_i``, confidence ``c_i = 1 + alpha I_i`` and loss ``1/2 sum_i c_i (I_i - x_i.e)^2``,
+    the update is minus ``lr`` times the item gradient: ``lr * c_i (I_i - x_i . e) e``.
+
+    ``X`` [m, d], ``e`` [d], ``I`` [m] (0/1 or continuous), ``mask`` [m] bool or None -> ``[m, d]``.
+    Differentiable in ``I`` and ``e``. Raises ``ValueError`` on mismatched shapes or ``alpha < 0``.
+    """
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    r = (1.0 + alpha * I) * (I - X @ e)
+    if mask is not None:
+        r = r * mask.to(r.dtype)
+    return lr * r[:, None] * e[None, :]
+
+
+def fcf_item_updates(X, E, I, mask, *, alpha: float = 0.0, lr: float = 1.0):
+    """:func:`fcf_item_update` for a batch of users (batched linear algebra).
+
+    ``X`` [U, m, d] (each user's items), ``E`` [U, d], ``I`` [U, m], ``mask`` [U, m] -> ``[U, m, d]``.
+    """
+    if X.dim() != 3 or E.dim() != 2 or I.dim() != 2 or mask.shape != I.shape:
+        raise ValueError(f"expected X [U,m,d], E [U,d], I and mask [U,m]; got {tuple(X.shape)}, "
+                         f"{tuple(E.shape)}, {tuple(I.shape)}, {tuple(mask.shape)}")
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    # same numbers as vmap(fcf_item_update) (checked in the tests), one einsum instead
+    r = (1.0 + alpha * I) * (I - torch.einsum("umd,ud->um", X, E)) * mask.to(X.dtype)
+    return lr * r[..., None] * E[:, None, :]
+
+
+def fcf_client_train(X, e, I, *, alpha: float = 0.0, lr: float = 1.0):
+    """The plain FCF client (reference): one SGD step of ``torch.optim.SGD`` on the item embeddings
+    with the confidence-weighted squared loss; returns the change of the item embeddings ``[m, d]``.
+    Used to check that :func:`fcf_item_update` is the same algorithm."""
+    _check_fcf(X, e, I)
+    Y = torch.nn.Parameter(X.detach().clone())
+    opt = torch.optim.SGD([Y], lr=lr)
+    opt.zero_grad()
+    loss = 0.5 * ((1.0 + alpha * I) * (I - Y @ e.detach()) ** 2).sum()
+    loss.backward()
+    opt.step()
+    return (Y.detach() - X).detach()
+
+
+# ----------------------------------------------------------------------------------------------- FNCF
+
+def fncf_init(dim: int = 64, hidden: tuple[int, ...] = (16, 8), *, seed: int = 0):
+    """The FNCF network of RAIFLE Sec. 4.1.3: ``mlp(2 dim -> 16 -> 8 -> 1)`` with ReLU.
+
+    Returns ``(model, theta)``: the ``nn.Module`` (used through ``functional_call``) and its
+    parameter dict. Raises ``ValueError`` if ``dim < 1``.
+    """
+    if dim < 1:
+        raise ValueError(f"dim must be >= 1, got {dim}")
+    model = mlp(2 * dim, tuple(hidden), 1, activation="relu", seed=seed)
+    return model, get_params(model)
+
+
+def fncf_scores(model, theta, X, e):
+    """Logits of one user for its items: ``X`` [m, d], ``e`` [d] -> ``[m]``."""
+    inp = torch.cat([e.expand(X.shape[0], -1), X], dim=1)
+    return functional_call(model, theta, (inp,)).squeeze(-1)
+
+
+def _fncf_loss(state, model, I, mask):
+    e, X, theta = state
+    logits = fncf_scores(model, theta, X, e)
+    w = mask.to(logits.dtype)
+    return (F.binary_cross_entropy_with_logits(logits, I, reduction="none") * w).sum() / w.sum()
+
+
+def fncf_update(model, theta, X, e, I, mask=None, *, lr: float = 1.0, local_steps: int = 3):
+    """FNCF local training of one user (Perifanis & Efraimidis 2022; RAIFLE Sec. 4.1.3).
+
+    ``local_steps`` full-batch gradient steps with step size ``lr`` on the user embedding ``e``,
+    the item embeddings ``X`` and the MLP parameters ``theta``, minimising the mean binary
+    cross-entropy between the logits and the interactions ``I`` over the real (``mask``) items.
+
+    Shapes: ``X`` [m, d], ``e`` [d], ``I`` [m], ``mask`` [m] or None. Returns
+    ``(delta_X [m, d], delta_theta {name: tensor}, e_new [d])``; only ``delta_X`` and ``delta_theta``
+    leave the device. Written with :func:`torch.func.grad`, so it is differentiable in ``I`` and
+    ``e`` (the server's view) and vmappable over users. Raises ``ValueError`` if ``local_steps < 1``
+    or ``lr <= 0``.
+    """
+    if local_steps < 1:
+        raise ValueError(f"local_steps must be >= 1, got {local_steps}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    if mask is None:
+        mask = torch.ones_like(I, dtype=torch.bool)
+    state = (e, X, theta)
+    g = grad(_fncf_loss)
+    for _ in range(local_steps):
+        ge, gX, gt = g(state, model, I, mask)
+        state = (state[0] - lr * ge, state[1] - lr * gX,
+                 {k: v - lr * gt[k] for k, v in state[2].items()})
+    e_new, X_new, theta_new = state
+    return X_new - X, {k: theta_new[k] - theta[k] for k in theta}, e_new
+
+
+def _mlp_layers(model):
+    """Names of the (weight, bias) pairs of an ``nn.Sequential`` MLP, in order."""
+    names = [k for k, _ in model.named_parameters()]
+    return [(names[i], names[i + 1]) for i in range(0, len(names), 2)]
+
+
+def _batched_fncf_loss(layers, E, X, Theta, I, w):
+    """Sum over users of each user's mean BCE; per-user parameters stacked on dim 0, so the
+    gradient of the sum is every user's own gradient (the users' losses are separate)."""
+    (w1, b1) = layers[0]
+    d = E.shape[1]
+    W1 = Theta[w1]                                               # [U, h1, 2d]
+    h = torch.einsum("ud,uhd->uh", E, W1[:, :, :d])[:, None, :] \
+        + torch.einsum("umd,uhd->umh", X, W1[:, :, d:]) + Theta[b1][:, None, :]
+    for (wk, bk) in layers[1:]:
+        h = torch.einsum("umh,ukh->umk", torch.relu(h), Theta[wk]) + Theta[bk][:, None, :]
+    logits = h.squeeze(-1)
+    bce = F.binary_cross_entropy_with_logits(logits, I, reduction="none") * w
+    return (bce.sum(1) / w.sum(1)).sum()
+
+
+def fncf_updates(model, theta, X, E, I, mask, *, lr: float = 1.0, local_steps: int = 3,
+                 create_graph: bool | None = None):
+    """:func:`fncf_update` for a batch of users at once (shared starting ``theta``).
+
+    ``X`` [U, m, d], ``E`` [U, d], ``I`` [U, m], ``mask`` [U, m] -> ``(delta_X [U, m, d],
+    delta_theta {name: [U, ...]}, E_new [U, d])``. Instead of vmapping :func:`fncf_update` (same
+    numbers, see the tests) every user gets its own copy of ``theta`` stacked on dim 0 and one
+    autograd pass differentiates the sum of the users' losses, which is several times faster on a
+    CPU. ``create_graph`` (default: whether ``I`` or ``E`` requires grad) keeps the graph so the
+    server can differentiate the result with respect to ``I`` and ``E``.
+    """
+    if X.dim() != 3 or E.dim() != 2 or I.dim() != 2 or mask.shape != I.shape:
+        raise ValueError(f"expected X [U,m,d], E [U,d], I and mask [U,m]; got {tuple(X.shape)}, "
+                         f"{tuple(E.shape)}, {tuple(I.shape)}, {tuple(mask.shape)}")
+    if local_steps < 1:
+        raise ValueError(f"local_steps must be >= 1, got {local_steps}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    if create_graph is None:
+        create_graph = I.requires_grad or E.requires_grad
+    U = X.shape[0]
+    layers = _mlp_layers(model)
+    w = mask.to(X.dtype)
+    with torch.enable_grad():
+        Ec = E if E.requires_grad else E.detach().clone().requires_grad_(True)
+        Xc = X.detach().clone().requires_grad_(True)
+        Th = {k: v.detach().expand(U, *v.shape).clone().requires_grad_(True) for k, v in theta.items()}
+        Ec0, Xc0, Th0 = Ec, Xc, Th
+        keys = list(Th)
+        for _ in range(local_steps):
+            loss = _batched_fncf_loss(layers, Ec, Xc, Th, I, w)
+            grads = torch.autograd.grad(loss, [Ec, Xc, *[Th[k] for k in keys]], create_graph=create_graph)
+            Ec = Ec - lr * grads[0]
+            Xc = Xc - lr * grads[1]
+            Th = {k: Th[k] - lr * g for k, g in zip(keys, grads[2:])}
+    dX = Xc - Xc0
+    dT = {k: Th[k] - Th0[k] for k in keys}
+    if not create_graph:
+        dX, dT, Ec = dX.detach(), {k: v.detach() for k, v in dT.items()}, Ec.detach()
+    return dX, dT, Ec
+
+
+def fncf_updates_vmap(model, theta, X, E, I, mask, *, lr: float = 1.0, local_steps: int = 3):
+    """The same batch computed as ``vmap(fncf_update)`` (kept to check :func:`fncf_updates`)."""
+
+    def one(x, e, i, k):
+        return fncf_update(model, theta, x, e, i, k, lr=lr, local_steps=local_steps)
+
+    return vmap(one)(X, E, I, mask)
+
+
+def fncf_client_train(model, theta, X, e, I, *, lr: float = 1.0, local_steps: int = 3):
+    """The plain FNCF client (reference): ``torch.optim.SGD`` on ``nn.Parameter`` copies of the
+    user embedding, item embeddings and network, ``local_steps`` full-batch steps of mean BCE on
+    0/1 interactions. Returns ``(delta_X, delta_theta, e_new)`` like :func:`fncf_update`."""
+    import copy
+
+    net = copy.deepcopy(model)
+    with torch.no_grad():
+        for k, p in net.named_parameters():
+            p.copy_(theta[k])
+    ep = torch.nn.Parameter(e.detach().clone())
+    Xp = torch.nn.Parameter(X.detach().clone())
+    opt = torch.optim.SGD([ep, Xp, *net.parameters()], lr=lr)
+    for _ in range(local_steps):
+        opt.zero_grad()
+        logits = net(torch.cat([ep.expand(Xp.shape[0], -1), Xp], dim=1)).squeeze(-1)
+        F.binary_cross_entropy_with_logits(logits, I).backward()
+        opt.step()
+    dtheta = {k: (p.detach() - theta[k]) for k, p in net.named_parameters()}
+    return (Xp.detach() - X), dtheta, ep.detach()

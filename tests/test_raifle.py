@@ -1,0 +1,164 @@
+"""RAIFLE (Pham, Kulkarni & Houmansadr): local algorithms, attacks, closed form, LDP and pruning."""
+import math
+
+import pytest
+import torch
+
+from fedlab.attacks.raifle import (analytic_fcf_attack, attack_hessian, closed_form_interactions,
+                                   per_user_auc, pointwise_l2_update, raifle, raifle_fcf)
+from fedlab.fl.interaction import (fcf_client_train, fcf_item_update, fcf_item_updates, fncf_client_train,
+                                   fncf_init, fncf_update, fncf_updates, fncf_updates_vmap)
+from fedlab.privacy import prune_by_magnitude
+from fedlab.privacy.ldp import (analytic_gaussian_delta, classical_gaussian_sigma, gaussian_sigma,
+                                ldp_gaussian, prune_rows)
+
+torch.set_num_threads(1)
+
+
+def _users(U=4, m=40, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(U, m, d, generator=g)
+    E = torch.randn(U, d, generator=g)
+    I = torch.zeros(U, m)
+    I[:, : m // 5] = 1.0
+    I = I[:, torch.randperm(m, generator=g)]
+    mask = torch.ones(U, m, dtype=torch.bool)
+    mask[0, -5:] = False
+    I[0, -5:] = 0.0
+    return X * mask[..., None], E, I, mask
+
+
+def test_fcf_functional_matches_plain_training():
+    X, E, I, mask = _users()
+    for alpha in (0.0, 2.0):
+        ref = fcf_client_train(X[1], E[1], I[1], alpha=alpha, lr=0.3)
+        assert torch.allclose(fcf_item_update(X[1], E[1], I[1], alpha=alpha, lr=0.3), ref, atol=1e-5)
+    batched = fcf_item_updates(X, E, I, mask, lr=0.3)
+    single = torch.func.vmap(lambda x, e, i, k: fcf_item_update(x, e, i, k, lr=0.3))(X, E, I, mask)
+    assert torch.allclose(batched, single, atol=1e-5)
+    assert torch.linalg.matrix_rank(batched[1]) == 1          # every row is a multiple of e_u
+    with pytest.raises(ValueError):
+        fcf_item_updates(X[0], E, I, mask)
+
+
+def test_fncf_functional_matches_plain_training():
+    X, E, I, mask = _users(U=3, m=20, d=6)
+    model, theta = fncf_init(6, seed=0)
+    a = fncf_update(model, theta, X[1], E[1], I[1], lr=0.5, local_steps=3)
+    b = fncf_client_train(model, theta, X[1], E[1], I[1], lr=0.5, local_steps=3)
+    assert torch.allclose(a[0], b[0], atol=1e-6) and torch.allclose(a[2], b[2], atol=1e-6)
+    assert all(torch.allclose(a[1][k], b[1][k], atol=1e-6) for k in theta)
+    c = fncf_updates(model, theta, X, E, I, mask, lr=0.5, local_steps=3)
+    v = fncf_updates_vmap(model, theta, X, E, I, mask, lr=0.5, local_steps=3)
+    assert torch.allclose(c[0], v[0], atol=1e-6)
+    assert all(torch.allclose(c[1][k], v[1][k], atol=1e-6) for k in theta)
+    assert c[0][0, -5:].abs().max() == 0                       # padded items are never updated
+    with pytest.raises(ValueError):
+        fncf_update(model, theta, X[0], E[0], I[0], local_steps=0)
+
+
+def test_fncf_differentiable_in_interactions():
+    X, E, I, mask = _users(U=2, m=12, d=4)
+    model, theta = fncf_init(4, seed=1)
+    Ip = I.clone().requires_grad_(True)
+    dX, dT, _ = fncf_updates(model, theta, X, E, Ip, mask, lr=0.5, local_steps=2)
+    dX.sum().backward()
+    assert Ip.grad is not None and Ip.grad.abs().sum() > 0
+
+
+def test_analytic_attack_recovers_planted_user_vector():
+    X, E, I, mask = _users(U=5, m=60, d=8, seed=3)
+    upd = fcf_item_updates(X, E, I, mask, lr=0.1)
+    scores, I_hat, e_hat = analytic_fcf_attack(upd, X, mask, lr=0.1)
+    cos = torch.nn.functional.cosine_similarity(e_hat, E, dim=1)
+    assert (cos > 0.999).all(), cos                              # direction and sign
+    assert torch.allclose(e_hat, E, atol=1e-3)                   # and scale
+    assert torch.allclose(I_hat[mask], I[mask], atol=1e-3)
+    assert per_user_auc(scores, I, mask).min() == 1.0
+
+
+def test_raifle_fcf_with_embedding_estimation():
+    X, E, I, mask = _users(U=3, m=40, d=8, seed=1)
+    upd = fcf_item_updates(X, E, I, mask)
+    res = raifle_fcf(X, upd, mask, estimate_embedding=True, max_iter=150, num_restarts=3, seed=0)
+    assert per_user_auc(res.scores, I, mask).mean() > 0.95
+    guess = raifle_fcf(X, upd, mask, estimate_embedding=False, max_iter=60, seed=0)
+    assert per_user_auc(guess.scores, I, mask).mean() < 0.8       # wrong embedding: close to chance
+
+
+def test_raifle_validates_arguments():
+    with pytest.raises(ValueError):
+        raifle(lambda I, E, r: I.sum(1), 2, 3, num_restarts=0)
+    with pytest.raises(ValueError):
+        raifle(lambda I, E, r: I.sum(1), 2, 3, optimizer="sgd")
+
+
+def test_closed_form_and_rank_condition():
+    g = torch.Generator().manual_seed(0)
+    m, p = 6, 10
+    J = torch.randn(m, p, generator=g, dtype=torch.float64)
+    f0 = torch.rand(m, generator=g, dtype=torch.float64)
+    I = (torch.rand(m, generator=g) < 0.5).double()
+    theta_hat = pointwise_l2_update(J, f0, I)
+    assert torch.allclose(closed_form_interactions(J, f0, theta_hat), I, atol=1e-9)
+    H = attack_hessian(J)
+    assert torch.linalg.eigvalsh(H).min() > 0                    # Thm. 2: rank m -> strictly convex
+    J2 = torch.randn(12, p, generator=g, dtype=torch.float64)    # m > p: rank < m
+    assert torch.linalg.eigvalsh(attack_hessian(J2)).min().abs() < 1e-8
+    with pytest.raises(ValueError):
+        closed_form_interactions(J2, torch.zeros(12, dtype=torch.float64), torch.zeros(p, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("eps,delta,sens,expected", [
+    (1.0, 1e-5, 1.0, 3.730631),       # Balle & Wang (2018), analytic Gaussian, eps=1, delta=1e-5
+    (0.5, 1e-5, 1.0, 2 * math.sqrt(2 * math.log(1.25e5))),   # classical, Dwork & Roth Thm. A.1
+    (1.0, 1e-8, 100.0, 100 * math.sqrt(2 * math.log(1.25e8))),
+])
+def test_gaussian_sigma_published_values(eps, delta, sens, expected):
+    method = "analytic" if (eps, delta) == (1.0, 1e-5) else "auto"
+    assert gaussian_sigma(eps, delta, sens, method=method) == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("eps", [10.0, 20.0, 100.0, 500.0])
+def test_analytic_sigma_is_tight(eps):
+    s = gaussian_sigma(eps, 1e-8, 0.7)
+    assert analytic_gaussian_delta(s, eps, 0.7) == pytest.approx(1e-8, rel=0.05)
+    # for eps > 1 the classical formula is not a valid bound: its sigma leaks far more than delta
+    assert analytic_gaussian_delta(classical_gaussian_sigma(eps, 1e-8, 0.7), eps, 0.7) > 1.2e-8
+
+
+def test_analytic_beats_classical_for_small_eps():
+    s = gaussian_sigma(1.0, 1e-5, 1.0, method="analytic")
+    assert s < classical_gaussian_sigma(1.0, 1e-5, 1.0)
+
+
+def test_gaussian_sigma_rejects_bad_input():
+    for args in [(0.0, 1e-5, 1.0), (1.0, 0.0, 1.0), (1.0, 1e-5, -1.0)]:
+        with pytest.raises(ValueError):
+            gaussian_sigma(*args)
+
+
+def test_ldp_noise_has_calibrated_sigma():
+    U = torch.zeros(50, 40, 20)
+    out = ldp_gaussian(U, 10.0, 1e-8, 0.7, generator=torch.Generator().manual_seed(0))
+    sigma = gaussian_sigma(10.0, 1e-8, 0.7)
+    assert out.std().item() == pytest.approx(sigma, rel=0.02)
+    big = torch.full((3, 10), 5.0)
+    clipped = ldp_gaussian(big, 1e9, 0.5, 1.0, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(clipped.norm(dim=1), torch.ones(3), atol=1e-3)
+
+
+def test_prune_rows_matches_prune_by_magnitude():
+    g = torch.Generator().manual_seed(0)
+    upd = {"items": torch.randn(4, 7, 3, generator=g), "w": torch.randn(4, 5, generator=g)}
+    out = prune_rows(upd, 0.6)
+    for u in range(4):
+        ref = prune_by_magnitude({k: v[u] for k, v in upd.items()}, 0.6)
+        assert all(torch.equal(out[k][u], ref[k]) for k in upd)
+    mask = torch.ones(4, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    padded = upd["items"] * mask[..., None]
+    p = prune_rows(padded, 0.5, mask=mask)
+    assert (p[1] != 0).sum() == 15 - math.floor(0.5 * 15)
+    with pytest.raises(ValueError):
+        prune_rows(padded, 1.0)
