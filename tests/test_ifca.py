@@ -1,0 +1,172 @@
+"""IFCA (Ghosh et al. 2020), Galli et al. Algorithm 1 and the clustered data sets."""
+import csv
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedlab import fl, models
+from fedlab.data import OfflineError, clustered
+from fedlab.fl import ifca as I
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    tr, mem = clustered.synthetic_linear_clusters(40, 10, seed=0)
+    va, _ = clustered.synthetic_linear_clusters(20, 10, seed=1)
+    return tr, mem, va
+
+
+def _linear():
+    return nn.Linear(2, 1, bias=False)
+
+
+def test_synthetic_clusters_follow_the_generating_model(synthetic):
+    tr, mem, _ = synthetic
+    assert len(tr) == 40 and tr[0].X.shape == (10, 2) and tr[0].y.dtype == torch.float32
+    assert np.bincount(mem).tolist() == [20, 20]
+    for c, d in enumerate(tr):
+        u = d.y - d.X @ clustered.THETA_STAR[mem[c]]
+        assert (u >= 0).all() and (u < 1).all()           # y = x^T theta* + u, u ~ U[0, 1)
+
+
+def test_hypothesis_losses_match_a_loop(synthetic):
+    tr, _, _ = synthetic
+    model = _linear()
+    hyps = torch.tensor([[5.0, 6.0], [4.0, -4.5], [0.0, 0.0]])
+    L = I.hypothesis_losses(model, hyps, tr[:5], loss_fn=I.squared_error)
+    for c in range(5):
+        for j in range(3):
+            mse = ((tr[c].X @ hyps[j] - tr[c].y) ** 2).mean()
+            assert float(L[c, j]) == pytest.approx(float(mse), rel=1e-5)
+    ev = I.evaluate_hypotheses(model, hyps, tr[:5], loss_fn=I.squared_error)
+    assert ev["assignment"].tolist() == L.argmin(1).tolist()
+
+
+def test_one_round_with_one_cluster_is_unweighted_fedavg(synthetic):
+    tr, _, _ = synthetic
+    model = _linear()
+    init = torch.tensor([[1.0, -1.0]])
+    res = I.ifca(model, tr, num_clusters=1, num_rounds=1, clients_per_round=5, batch_size=None,
+                 lr=0.1, init=init, loss_fn=I.squared_error, seed=3)
+    sel = res.rounds[0].selected
+    manual = []
+    for c in sel:   # full-batch GD step on the MSE: theta - lr * 2 X^T (X theta - y) / n
+        X, y = tr[c].X, tr[c].y
+        manual.append(init[0] - 0.1 * 2 * X.T @ (X @ init[0] - y) / len(y))
+    torch.testing.assert_close(res.final[0], torch.stack(manual).mean(0))
+
+
+def test_ifca_recovers_both_optima_where_fedavg_cannot(synthetic):
+    tr, _, va = synthetic
+    model = _linear()
+    init = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
+    common = dict(num_rounds=30, clients_per_round=10, batch_size=10, lr=0.3,
+                  loss_fn=I.squared_error, val_clients=va, seed=0)
+    res = I.ifca(model, tr, num_clusters=2, init=init, **common)
+    dist = torch.cdist(res.hypotheses, clustered.THETA_STAR)
+    assert float(dist.min(0).values.max()) < 0.3, res.hypotheses
+    avg = I.ifca(model, tr, num_clusters=1, init=init[:1], **common)
+    assert float(torch.cdist(avg.hypotheses, clustered.THETA_STAR).min()) > 3.0
+    assert res.history["val_rmse"][res.best_round] < 0.7 < avg.history["val_rmse"][avg.best_round]
+
+
+def test_private_ifca_accounts_n_over_nu_per_participation(synthetic):
+    tr, _, _ = synthetic
+    model = _linear()
+    nu = 5.0
+    res = I.private_ifca(model, tr, num_clusters=2, nu=nu, num_rounds=12, clients_per_round=7,
+                         loss_fn=I.squared_error, seed=1, kmeans_backend="lloyd")
+    acct = res.accountant
+    for rd in res.rounds:
+        assert np.array_equal(rd.leakage, np.full(len(rd.selected), 2 / nu))
+    np.testing.assert_allclose(acct.spent, acct.participations * (2 / nu))
+    assert acct.participations.sum() == 12 * 7
+    # what the server saw is not what the clients trained: the released vectors carry noise
+    assert res.rounds[0].released.shape == (7, 2)
+
+
+def test_budget_refusal_caps_every_client(synthetic):
+    tr, _, _ = synthetic
+    res = I.private_ifca(_linear(), tr, num_clusters=2, nu=5.0, num_rounds=30, clients_per_round=10,
+                         loss_fn=I.squared_error, seed=2, budget=1.0, kmeans_backend="lloyd")
+    assert res.accountant.spent.max() <= 1.0 + 1e-9
+    assert res.accountant.participations.max() == 2          # floor(1.0 / 0.4)
+    assert sum(len(r.refused) for r in res.rounds) > 0
+
+
+def test_lloyd_kmeans_matches_scikit_learn():
+    g = torch.Generator().manual_seed(0)
+    centres = torch.tensor([[0.0, 0.0, 0.0], [6.0, 0.0, 0.0], [0.0, 6.0, 6.0]])
+    X = centres.repeat_interleave(15, 0) + torch.randn(45, 3, generator=g)
+    init = centres + torch.randn(3, 3, generator=g)
+    a = I.kmeans_clusters(X, init, backend="sklearn")
+    b = I.kmeans_clusters(X, init, backend="lloyd")
+    assert a.tolist() == b.tolist()
+    assert a.tolist() == np.repeat([0, 1, 2], 15).tolist()   # cluster j continues hypothesis j
+
+
+def test_rotated_digits():
+    clients, rot = clustered.rotated_digits_clients(20, seed=0)
+    assert 0 < rot.sum() < 20 and clients[0].X.shape[1] == 64
+    img, _ = clustered.rotated_digits_clients(20, seed=0, flatten=False)
+    c = int(np.flatnonzero(rot)[0])
+    plain, _ = clustered.rotated_digits_clients(20, seed=0, p_rotate=0.0, flatten=False)
+    torch.testing.assert_close(img[c].X, torch.rot90(plain[c].X, 1, dims=(-2, -1)))
+    assert torch.equal(img[c].y, plain[c].y)
+
+
+def test_cms_loader_reads_the_csv_format(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLAB_DATA", str(tmp_path))
+    with pytest.raises(OfflineError):
+        clustered.load_cms_inpatient()
+    header = ["DRG Definition", "Provider Id", "Provider Name", "Provider Zip Code",
+              " Total Discharges ", " Average Covered Charges ", " Average Total Payments ",
+              "Average Medicare Payments"]
+    rows = [
+        [clustered.CMS_CONDITIONS[0], "10001", "A", "36301", "91", "$32963.07", "$5777.24", "$4763.73"],
+        [clustered.CMS_CONDITIONS[2], "10001", "A", "36301", "38", "$20312.78", "$4894.76", "$3865.50"],
+        ["039 - EXTRACRANIAL PROCEDURES W/O CC/MCC", "10001", "A", "36301", "5", "$1", "$9999", "$1"],
+        [clustered.CMS_CONDITIONS[1], "20002", "B", "02134", "12", "$15000.00", "$12,000.50", "$1"],
+    ]
+    path = tmp_path / clustered.CMS_FILENAME
+    with open(path, "w", newline="") as fh:
+        csv.writer(fh).writerows([header, *rows])
+    clients, ids = clustered.load_cms_inpatient()
+    assert ids == ["10001", "20002"]
+    assert clients[0].X.shape == (2, 3) and clients[1].X.shape == (1, 3)
+    torch.testing.assert_close(clients[0].y, torch.tensor([0.577724, 0.489476]))
+    assert clients[1].y.item() == pytest.approx(1.20005)
+    assert clients[0].X[:, 0].tolist() == [0.0, 2.0] and clients[1].X[0, 0] == 1.0
+    geo = {"36301": (-85.4, 31.2), "02134": (-71.1, 42.35)}
+    clients, _ = clustered.load_cms_inpatient(path, zip_coords=geo)
+    torch.testing.assert_close(clients[1].X[0], torch.tensor([1.0, -0.711, 0.4235]))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="column"):
+        clustered.load_cms_inpatient(bad)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(num_clusters=0), dict(num_clusters=2, nu=0.0), dict(num_clusters=2, nu=-1.0),
+    dict(num_clusters=2, clients_per_round=0), dict(num_clusters=2, clients_per_round=999),
+    dict(num_clusters=2, clustering="dbscan"), dict(num_clusters=2, init=torch.zeros(2, 3)),
+    dict(num_clusters=3, init=torch.zeros(2, 2)),
+])
+def test_bad_arguments_raise(synthetic, kwargs):
+    tr, _, _ = synthetic
+    base = dict(num_rounds=1, clients_per_round=3, loss_fn=I.squared_error)
+    base.update(kwargs)
+    with pytest.raises(ValueError):
+        I.ifca(_linear(), tr, **base)
+
+
+def test_flat_stack_roundtrip():
+    model = models.mlp(4, (3,), 2, seed=0)
+    p = models.get_params(model)
+    theta = torch.stack([models.flatten_params(p), 2 * models.flatten_params(p)])
+    st = I.flat_to_stack(theta, p)
+    torch.testing.assert_close(I.stack_to_flat(st), theta)
+    with pytest.raises(ValueError):
+        I.flat_to_stack(theta[:, :-1], p)
