@@ -1,0 +1,156 @@
+"""Membership-inference signals and attacks (Nasr, Shokri & Houmansadr 2019) checked against
+closed forms, scikit-learn and planted effects."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedlab import fl, models
+from fedlab.attacks import membership as mia
+from fedlab.metrics import roc_auc
+
+torch.set_num_threads(1)
+
+
+def _net():
+    return models.mlp(5, (7,), 3, seed=0)
+
+
+def _xy(n=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 5, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def test_last_layer_names():
+    p = models.get_params(_net())
+    assert mia.last_layer_names(p) == ["2.weight", "2.bias"]
+    with pytest.raises(ValueError):
+        mia.last_layer_names({})
+
+
+def test_per_example_loss_matches_torch():
+    net = _net(); p = models.get_params(net); X, y = _xy()
+    want = nn.functional.cross_entropy(net(X), y, reduction="none")
+    assert torch.allclose(mia.per_example_loss(net, p, X, y), want, atol=1e-6)
+
+
+def test_grad_norm_matches_autograd_one_by_one():
+    net = _net(); p = models.get_params(net); X, y = _xy(6)
+    got = mia.per_example_grad_norm(net, p, X, y)
+    for i in range(6):
+        net.zero_grad()
+        nn.functional.cross_entropy(net(X[i:i + 1]), y[i:i + 1]).backward()
+        want = torch.sqrt(net[2].weight.grad.pow(2).sum() + net[2].bias.grad.pow(2).sum())
+        assert torch.allclose(got[i], want, atol=1e-5)
+
+
+def test_grad_norm_closed_form_for_logistic_regression():
+    # for softmax regression the last layer is the only layer: ||grad|| = ||p - e_y|| * sqrt(||x||^2 + 1)
+    net = models.logistic_regression(5, 3, seed=0); p = models.get_params(net); X, y = _xy(8)
+    probs = torch.softmax(net(X), 1)
+    want = (probs - nn.functional.one_hot(y, 3)).norm(dim=1) * torch.sqrt(X.pow(2).sum(1) + 1)
+    assert torch.allclose(mia.per_example_grad_norm(net, p, X, y), want, atol=1e-5)
+
+
+def test_snapshot_signals_shapes_and_values():
+    net = _net(); X, y = _xy()
+    snaps = [models.get_params(models.mlp(5, (7,), 3, seed=s)) for s in range(4)]
+    S = mia.snapshot_signals(net, snaps, X, y)
+    assert S.shape == (4, 12)
+    assert torch.allclose(S[2], mia.per_example_loss(net, snaps[2], X, y), atol=1e-6)
+    G = mia.snapshot_signals(net, snaps, X, y, signal="grad_norm")
+    assert torch.allclose(G[1], mia.per_example_grad_norm(net, snaps[1], X, y), atol=1e-5)
+    with pytest.raises(ValueError, match="signal"):
+        mia.snapshot_signals(net, snaps, X, y, signal="nope")
+
+
+def test_auc_helper_agrees_with_sklearn():
+    from sklearn.metrics import roc_auc_score
+    r = np.random.default_rng(0)
+    S = torch.tensor(r.normal(size=(6, 50)), dtype=torch.float32)
+    lab = r.integers(0, 2, 50)
+    for w in (1, 3, 6):
+        want = roc_auc_score(lab, -S[-w:].mean(0).numpy())
+        assert mia.attack_auc(S, lab, w) == pytest.approx(want)
+    with pytest.raises(ValueError, match="window"):
+        mia.membership_score(S, 7)
+
+
+def test_averaging_removes_round_noise():
+    # planted: members have mean signal 0, non-members 0.5, i.i.d. N(0,1) noise per round
+    r = np.random.default_rng(1)
+    lab = np.r_[np.ones(500), np.zeros(500)]
+    S = torch.tensor(r.normal(size=(20, 1000)) + 0.5 * (1 - lab), dtype=torch.float32)
+    aucs = mia.auc_by_window(S, lab, [1, 20])
+    assert aucs[20] > aucs[1] + 0.15
+    # closed form: AUC = Phi(0.5 / sqrt(2 sigma^2 / W))
+    from scipy.stats import norm
+    assert aucs[20] == pytest.approx(norm.cdf(0.5 / np.sqrt(2 / 20)), abs=0.03)
+
+
+def test_attack_accuracy_perfect_and_chance():
+    lab = np.r_[np.ones(10), np.zeros(10)]
+    assert mia.attack_accuracy(lab, lab.astype(float)) == 1.0
+    assert mia.attack_accuracy(lab, np.zeros(20)) == 0.5
+
+
+def test_attack_model_learns_planted_signal():
+    r = np.random.default_rng(0)
+    lab = np.r_[np.ones(200), np.zeros(200)]
+    F = r.normal(size=(400, 3)); F[:, 1] += 1.5 * lab
+    out = mia.attack_model_auc(F, lab, seed=0)
+    assert out["auc"] > 0.8
+    with pytest.raises(ValueError, match="train_fraction"):
+        mia.attack_model_auc(F, lab, train_fraction=1.0)
+
+
+def test_gradient_ascent_raises_target_loss():
+    net = _net(); p = models.get_params(net); X, y = _xy()
+    before = mia.per_example_loss(net, p, X, y).mean()
+    adv = mia.gradient_ascent(net, p, X, y, ascent_lr=0.5)
+    assert mia.per_example_loss(net, adv, X, y).mean() > before
+    same = mia.gradient_ascent(net, p, X, y, ascent_lr=0.0)
+    assert all(torch.equal(same[k], p[k]) for k in p)
+    with pytest.raises(ValueError, match="ascent_lr"):
+        mia.gradient_ascent(net, p, X, y, ascent_lr=-1.0)
+
+
+def _federation():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(4, 8, 5, generator=g); y = torch.randint(0, 3, (4, 8), generator=g)
+    return fl.ClientData(X, y, torch.full((4,), 8))
+
+
+def test_recorder_and_client_signals():
+    net = _net(); cd = _federation(); rec = mia.SnapshotRecorder()
+    res = fl.fedavg(net, cd, num_rounds=3, batch_size=4, lr=0.1, params=models.get_params(net), callback=rec)
+    assert len(rec.global_models) == 3
+    assert all(torch.allclose(rec.global_models[-1][k], res.params[k]) for k in res.params)
+    S = mia.client_signals(net, rec, cd.X, cd.y)
+    assert S.shape == (4, 3, 8)
+    hist = rec.client_history(2)
+    assert torch.allclose(S[2, 1], mia.per_example_loss(net, {k: v[1] for k, v in hist.items()}, cd.X[2], cd.y[2]))
+
+
+def test_active_attack_passive_equals_plain_fedavg_and_validates():
+    net = _net(); cd = _federation(); p = models.get_params(net)
+    Xc, yc = cd.X[0], cd.y[0]
+    S = mia.active_attack_rounds(net, cd, p, Xc, yc, target=0, num_rounds=2, ascent_lr=0.0,
+                                 batch_size=4, lr=0.1, seed=3)
+    assert S.shape == (2, 8)
+    with pytest.raises(ValueError, match="attacker_index"):
+        mia.active_attack_rounds(net, cd, p, Xc, yc, target=0, num_rounds=1, ascent_lr=1.0,
+                                 attacker="participant", attacker_index=0)
+    with pytest.raises(ValueError, match="attacker"):
+        mia.active_attack_rounds(net, cd, p, Xc, yc, target=0, num_rounds=1, ascent_lr=1.0, attacker="x")
+
+
+def test_active_step_raises_the_loss_drop_of_members():
+    # the target's local training pulls the ascended members back down: the drop is larger
+    net = _net(); cd = _federation(); p = models.get_params(net)
+    adv = mia.gradient_ascent(net, p, cd.X[0], cd.y[0], ascent_lr=2.0)
+    loc = fl.client_update(net, adv, cd.X[0], cd.y[0], lr=0.2, local_epochs=3)
+    drop_adv = (mia.per_example_loss(net, adv, cd.X[0], cd.y[0]) - mia.per_example_loss(net, loc, cd.X[0], cd.y[0])).mean()
+    loc0 = fl.client_update(net, p, cd.X[0], cd.y[0], lr=0.2, local_epochs=3)
+    drop0 = (mia.per_example_loss(net, p, cd.X[0], cd.y[0]) - mia.per_example_loss(net, loc0, cd.X[0], cd.y[0])).mean()
+    assert drop_adv > drop0 > 0
