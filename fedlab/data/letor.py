@@ -1,0 +1,247 @@
+"""Learning-to-rank data: LETOR 4.0 / MSLR loaders and an offline synthetic generator.
+
+RAIFLE (Pham, Kulkarni & Houmansadr, Sec. 4.1.2, Table 2) attacks federated online learning to rank
+on MQ2007 (LETOR 4.0, 46 features, relevance 0-2) and MSLR-WEB10K (136 features, relevance 0-4),
+normalising the MSLR features. Neither data set may be redistributed, so this module has
+
+* :func:`parse_svmlight` -- the SVMlight-style format both use, one document per line:
+  ``<rel> qid:<id> 1:<v> 2:<v> ... [# comment]``; malformed lines raise ``ValueError`` naming the
+  line number;
+* :func:`load_letor` -- reads ``Fold<k>/<split>.txt`` of MQ2007 or MSLR-WEB10K from the fedlab cache
+  (you place the unpacked files there; nothing is downloaded), optionally checks its SHA-256, and
+  min-max normalises every feature within each query (``normalize="query"``, the usual OLTR
+  preprocessing and the default for MSLR; the LETOR "QueryLevelNorm" files are already normalised);
+* :func:`synthetic_letor` -- the offline default: queries of 20-60 documents with 46 features in
+  [0, 1] (per-query min-max normalised) and 3 relevance grades drawn from a hidden nonlinear scoring
+  function, with MQ2007-like grade frequencies.
+
+All three return :class:`LTRData`, queries padded into one batch so that rankers run on many
+queries at once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .download import OfflineError, verify_sha256
+
+__all__ = ["LTRData", "parse_svmlight", "load_letor", "synthetic_letor", "normalize_per_query",
+           "LETOR_DATASETS"]
+
+#: name -> (folder in the cache, number of features, number of relevance grades)
+LETOR_DATASETS = {"MQ2007": ("MQ2007", 46, 3), "MSLR-WEB10K": ("MSLR-WEB10K", 136, 5)}
+
+
+@dataclass
+class LTRData:
+    """Queries padded into one batch.
+
+    ``X`` float32 ``[num_queries, max_docs, num_features]`` (padding rows are 0), ``relevance``
+    int64 ``[num_queries, max_docs]`` (padding 0), ``mask`` bool ``[num_queries, max_docs]`` (True =
+    a real document), ``qids`` the original query ids, ``num_grades`` the number of relevance grades
+    (3 for MQ2007, 5 for MSLR), ``source`` where the data came from.
+    """
+
+    X: torch.Tensor
+    relevance: torch.Tensor
+    mask: torch.Tensor
+    qids: list
+    num_grades: int
+    source: str
+
+    def __len__(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.X.shape[-1])
+
+    def docs_per_query(self) -> torch.Tensor:
+        return self.mask.sum(1)
+
+    def subset(self, idx) -> "LTRData":
+        """Queries ``idx`` (array-like of query positions), trimmed to their longest list."""
+        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        m = int(self.mask[idx].sum(1).max())
+        return LTRData(self.X[idx, :m], self.relevance[idx, :m], self.mask[idx, :m],
+                       [self.qids[i] for i in idx.tolist()], self.num_grades, self.source)
+
+    def split(self, test_fraction: float = 0.2, *, seed: int = 0) -> tuple["LTRData", "LTRData"]:
+        """Random train/test split by query. Raises ``ValueError`` unless ``0 < test_fraction < 1``."""
+        if not 0.0 < test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        perm = np.random.default_rng(seed).permutation(len(self))
+        n_test = max(1, int(round(test_fraction * len(self))))
+        return self.subset(np.sort(perm[n_test:])), self.subset(np.sort(perm[:n_test]))
+
+
+def _pad(rows: list[tuple[np.ndarray, np.ndarray]], qids: list, num_grades: int, source: str) -> LTRData:
+    m = max(len(r) for r, _ in rows)
+    F = rows[0][1].shape[1]
+    X = np.zeros((len(rows), m, F), dtype=np.float32)
+    rel = np.zeros((len(rows), m), dtype=np.int64)
+    mask = np.zeros((len(rows), m), dtype=bool)
+    for q, (r, x) in enumerate(rows):
+        X[q, :len(r)], rel[q, :len(r)], mask[q, :len(r)] = x, r, True
+    return LTRData(torch.from_numpy(X), torch.from_numpy(rel), torch.from_numpy(mask), qids,
+                   num_grades, source)
+
+
+def parse_svmlight(text: str, *, num_features: int | None = None, num_grades: int | None = None,
+                   source: str = "svmlight") -> LTRData:
+    """Parse LETOR/MSLR's SVMlight-style text: ``<rel> qid:<id> <j>:<value> ...`` per line, feature
+    indices starting at 1, anything after ``#`` ignored, documents of a query on consecutive lines.
+
+    ``num_features`` defaults to the largest index seen (missing features are 0); ``num_grades`` to
+    ``max relevance + 1``. Returns :class:`LTRData` in file order of the queries.
+
+    Raises ``ValueError`` naming the line number for: fewer than two fields, a non-integer or
+    negative relevance, a missing or malformed ``qid:``, a feature that is not ``index:value``, an
+    index < 1 or > ``num_features``, a non-finite value, or a query id that reappears after another
+    query; and for an empty file.
+    """
+    per_query: dict = {}
+    order: list = []
+    last_qid = None
+    max_idx, max_rel = 0, 0
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        body = line.split("#", 1)[0].strip()
+        if not body:
+            continue
+        fields = body.split()
+        if len(fields) < 2:
+            raise ValueError(f"line {lineno}: expected '<rel> qid:<id> <j>:<v> ...', got {line!r}")
+        try:
+            rel = int(fields[0])
+        except ValueError as exc:
+            raise ValueError(f"line {lineno}: relevance must be an integer, got {fields[0]!r}") from exc
+        if rel < 0:
+            raise ValueError(f"line {lineno}: relevance must be >= 0, got {rel}")
+        if not fields[1].startswith("qid:") or len(fields[1]) == 4:
+            raise ValueError(f"line {lineno}: second field must be 'qid:<id>', got {fields[1]!r}")
+        qid = fields[1][4:]
+        if qid != last_qid and qid in per_query:
+            raise ValueError(f"line {lineno}: query {qid!r} reappears after other queries")
+        feats = {}
+        for tok in fields[2:]:
+            idx, sep, val = tok.partition(":")
+            try:
+                j, v = int(idx), float(val)
+            except ValueError as exc:
+                raise ValueError(f"line {lineno}: feature must be '<index>:<value>', got {tok!r}") from exc
+            if not sep or j < 1 or (num_features is not None and j > num_features):
+                raise ValueError(f"line {lineno}: bad feature index in {tok!r}")
+            if not np.isfinite(v):
+                raise ValueError(f"line {lineno}: feature value must be finite, got {tok!r}")
+            feats[j] = v
+            max_idx = max(max_idx, j)
+        if qid not in per_query:
+            per_query[qid] = []
+            order.append(qid)
+        per_query[qid].append((rel, feats))
+        last_qid = qid
+        max_rel = max(max_rel, rel)
+    if not order:
+        raise ValueError("no documents in the file")
+    F = num_features if num_features is not None else max_idx
+    G = num_grades if num_grades is not None else max_rel + 1
+    if max_rel >= G:
+        raise ValueError(f"relevance {max_rel} is outside 0..{G - 1} (num_grades={G})")
+    rows = []
+    for qid in order:
+        docs = per_query[qid]
+        x = np.zeros((len(docs), F), dtype=np.float32)
+        for i, (_, feats) in enumerate(docs):
+            for j, v in feats.items():
+                x[i, j - 1] = v
+        rows.append((np.array([r for r, _ in docs], dtype=np.int64), x))
+    return _pad(rows, order, G, source)
+
+
+def normalize_per_query(data: LTRData) -> LTRData:
+    """Min-max normalise every feature within each query to [0, 1] (a feature constant within a
+    query becomes 0), the standard OLTR preprocessing for MSLR. Padding stays 0."""
+    m = data.mask[..., None]
+    big = torch.finfo(data.X.dtype).max
+    lo = torch.where(m, data.X, torch.full_like(data.X, big)).amin(1, keepdim=True)
+    hi = torch.where(m, data.X, torch.full_like(data.X, -big)).amax(1, keepdim=True)
+    span = hi - lo
+    X = torch.where(span > 0, (data.X - lo) / torch.where(span > 0, span, torch.ones_like(span)),
+                    torch.zeros_like(data.X)) * m
+    return LTRData(X, data.relevance, data.mask, data.qids, data.num_grades, data.source)
+
+
+def load_letor(name: str = "MQ2007", *, fold: int = 1, split: str = "train",
+               normalize: str | None = None, cache_dir: str | Path | None = None,
+               sha256: str | None = None) -> LTRData:
+    """MQ2007 (LETOR 4.0) or MSLR-WEB10K from the fedlab cache: ``<cache>/<name>/Fold<fold>/<split>.txt``.
+
+    The archives are distributed by Microsoft Research under terms that forbid redistribution, so
+    unpack them into the cache yourself (``fedlab.data_dir()``). ``sha256`` checks the file if
+    given. ``normalize``: ``"query"`` (per-query min-max, :func:`normalize_per_query`) or ``None``;
+    by default ``"query"`` for MSLR-WEB10K and ``None`` for MQ2007.
+
+    Raises ``ValueError`` for an unknown ``name``/``split``/``normalize`` or a malformed file,
+    :class:`fedlab.data.OfflineError` if the file is not in the cache, and
+    :class:`fedlab.data.ChecksumError` on a digest mismatch.
+    """
+    from ..config import data_dir
+
+    if name not in LETOR_DATASETS:
+        raise ValueError(f"name must be one of {sorted(LETOR_DATASETS)}, got {name!r}")
+    if split not in ("train", "vali", "test"):
+        raise ValueError(f"split must be 'train', 'vali' or 'test', got {split!r}")
+    folder, F, G = LETOR_DATASETS[name]
+    if normalize is None and name == "MSLR-WEB10K":
+        normalize = "query"
+    if normalize not in (None, "query"):
+        raise ValueError(f"normalize must be 'query' or None, got {normalize!r}")
+    root = Path(cache_dir) if cache_dir is not None else data_dir()
+    path = root / folder / f"Fold{fold}" / f"{split}.txt"
+    if not path.is_file():
+        raise OfflineError(f"{path} not found: download {name} from Microsoft Research, unpack it "
+                           f"into {root / folder}, and call load_letor again")
+    if sha256 is not None:
+        verify_sha256(path, sha256)
+    data = parse_svmlight(path.read_text(), num_features=F, num_grades=G, source=name)
+    return normalize_per_query(data) if normalize == "query" else data
+
+
+def synthetic_letor(num_queries: int = 1000, num_features: int = 46, *, min_docs: int = 20,
+                    max_docs: int = 60, num_grades: int = 3, latent_dim: int = 8,
+                    grade_quantiles: tuple = (0.74, 0.94), seed: int = 0) -> LTRData:
+    """An offline stand-in for MQ2007 (the default data of the OLTR chapter).
+
+    Every document has a latent vector ``z ~ N(mu_q, I)`` (``latent_dim``, a per-query offset
+    ``mu_q``); its ``num_features`` features are noisy nonlinear views ``tanh(A z) + 0.3 eps`` of
+    it, min-max normalised per query (as LETOR's QueryLevelNorm files are). The hidden relevance
+    score is ``w^T z + 0.5 (v^T z)^2`` plus noise; grades ``0..num_grades-1`` cut it at the pooled
+    quantiles ``grade_quantiles`` (default: 74 % / 20 % / 6 %, close to MQ2007's grade frequencies).
+    Documents per query are uniform in ``[min_docs, max_docs]`` (MQ2007: 41.5 on average).
+
+    Raises ``ValueError`` for non-positive sizes, ``min_docs < 2``, ``max_docs < min_docs`` or
+    ``len(grade_quantiles) != num_grades - 1``.
+    """
+    if num_queries < 1 or num_features < 1 or latent_dim < 1:
+        raise ValueError(f"num_queries, num_features and latent_dim must be >= 1, got "
+                         f"{num_queries}, {num_features}, {latent_dim}")
+    if min_docs < 2 or max_docs < min_docs:
+        raise ValueError(f"need 2 <= min_docs <= max_docs, got min_docs={min_docs}, max_docs={max_docs}")
+    if len(grade_quantiles) != num_grades - 1:
+        raise ValueError(f"grade_quantiles must have num_grades - 1 = {num_grades - 1} entries")
+    gen = np.random.default_rng(seed)
+    A = gen.normal(size=(num_features, latent_dim)) / np.sqrt(latent_dim)
+    w, v = gen.normal(size=latent_dim), gen.normal(size=latent_dim) / np.sqrt(latent_dim)
+    sizes = gen.integers(min_docs, max_docs + 1, size=num_queries)
+    Z = [gen.normal(size=latent_dim) * 0.5 + gen.normal(size=(n, latent_dim)) for n in sizes]
+    scores = [z @ w + 0.5 * (z @ v) ** 2 + 0.5 * gen.normal(size=len(z)) for z in Z]
+    cuts = np.quantile(np.concatenate(scores), grade_quantiles)
+    rows = []
+    for z, s in zip(Z, scores):
+        x = np.tanh(z @ A.T) + 0.3 * gen.normal(size=(len(z), num_features))
+        x = (x - x.min(0)) / (x.max(0) - x.min(0))
+        rows.append((np.searchsorted(cuts, s).astype(np.int64), x.astype(np.float32)))
+    return _pad(rows, list(range(num_queries)), num_grades, "synthetic")

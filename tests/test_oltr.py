@@ -1,0 +1,271 @@
+"""Federated OLTR (FPDGD), click models, LETOR loader, RAIFLE-OLTR, ADM, SA and PIR bypasses."""
+import math
+
+import pytest
+import torch
+
+from fedlab.attacks import raifle_oltr as ro
+from fedlab.data import ChecksumError, OfflineError, sha256sum
+from fedlab.data.letor import load_letor, normalize_per_query, parse_svmlight, synthetic_letor
+from fedlab.fl import oltr
+from fedlab.privacy import secure_aggregation as sa
+
+LETOR_TEXT = """2 qid:10 1:0.5 2:0.25 3:1.0 #docid = A
+0 qid:10 1:0.0 2:0.75 3:0.5
+1 qid:10 1:1.0 2:0.0 3:0.0
+0 qid:11 1:0.2 3:0.4
+1 qid:11 1:0.8 2:0.6 3:0.1 # comment
+"""
+
+
+@pytest.fixture(scope="module")
+def data():
+    return synthetic_letor(60, seed=0)
+
+
+# ------------------------------------------------------------------------------------------ loader
+
+def test_parse_svmlight_round_trip():
+    d = parse_svmlight(LETOR_TEXT)
+    assert d.qids == ["10", "11"] and d.num_features == 3 and d.num_grades == 3
+    assert d.mask.sum(1).tolist() == [3, 2]
+    assert d.relevance[0, :3].tolist() == [2, 0, 1]
+    assert torch.allclose(d.X[1, 0], torch.tensor([0.2, 0.0, 0.4]))     # missing feature = 0
+    # write it back in the same format and parse again: identical
+    lines = []
+    for q in range(len(d)):
+        for i in range(int(d.mask[q].sum())):
+            feats = " ".join(f"{j + 1}:{float(v)!r}" for j, v in enumerate(d.X[q, i].tolist()))
+            lines.append(f"{int(d.relevance[q, i])} qid:{d.qids[q]} {feats}")
+    again = parse_svmlight("\n".join(lines))
+    assert torch.equal(again.X, d.X) and torch.equal(again.relevance, d.relevance)
+
+
+@pytest.mark.parametrize("bad,lineno", [("x qid:1 1:0.5", 1), ("1 q:1 1:0.5", 1), ("1 qid:1 1-0.5", 1),
+                                        ("1 qid:1 0:0.5", 1), ("1 qid:1 1:0.5\n1 qid:1 1:nan", 2),
+                                        ("1 qid:1 1:0.5\n1 qid:2 1:0.5\n1 qid:1 1:0.1", 3), ("1", 1)])
+def test_parse_svmlight_rejects_malformed_with_line_number(bad, lineno):
+    with pytest.raises(ValueError, match=f"line {lineno}"):
+        parse_svmlight(bad)
+
+
+def test_parse_svmlight_empty_and_feature_bound():
+    with pytest.raises(ValueError):
+        parse_svmlight("# only a comment\n")
+    with pytest.raises(ValueError, match="line 1"):
+        parse_svmlight("1 qid:1 5:0.5", num_features=3)
+
+
+def test_normalize_per_query():
+    d = normalize_per_query(parse_svmlight(LETOR_TEXT))
+    x = d.X[0, :3]
+    assert torch.allclose(x.amin(0), torch.zeros(3)) and torch.allclose(x.amax(0), torch.ones(3))
+    assert torch.allclose(d.X[0, 1], torch.tensor([0.0, 1.0, 0.5]))
+
+
+def test_load_letor_from_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLAB_DATA", str(tmp_path))
+    with pytest.raises(OfflineError):
+        load_letor("MQ2007")
+    path = tmp_path / "MQ2007" / "Fold1" / "train.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text(LETOR_TEXT)
+    d = load_letor("MQ2007", sha256=sha256sum(path))
+    assert d.num_features == 46 and d.source == "MQ2007" and len(d) == 2
+    with pytest.raises(ChecksumError):
+        load_letor("MQ2007", sha256="0" * 64)
+    with pytest.raises(ValueError, match="name"):
+        load_letor("MQ2008")
+    with pytest.raises(ValueError, match="split"):
+        load_letor("MQ2007", split="dev")
+
+
+def test_synthetic_letor_shape(data):
+    assert data.num_features == 46 and data.num_grades == 3
+    n = data.docs_per_query()
+    assert n.min() >= 20 and n.max() <= 60
+    X = data.X[data.mask]
+    assert X.min() >= 0 and X.max() <= 1
+    freq = torch.bincount(data.relevance[data.mask], minlength=3).float() / data.mask.sum()
+    assert abs(freq[0] - 0.74) < 0.02 and freq[2] > 0.03
+    assert torch.equal(synthetic_letor(60, seed=0).X, data.X)
+    with pytest.raises(ValueError, match="min_docs"):
+        synthetic_letor(10, min_docs=1)
+
+
+# ------------------------------------------------------------------------------------------- PDGD
+
+@pytest.mark.parametrize("hidden", [(), (16, 8)])
+def test_pdgd_matches_explicit_pairs(hidden):
+    g = torch.Generator().manual_seed(0)
+    theta = oltr.init_rankers(3, 7, hidden, generator=g) * 3
+    X = torch.rand(3, 6, 7, generator=g)
+    I = torch.tensor([[1, 0, 0, 1, 0, 0], [0, 1, 1, 1, 0, 1], [1, 0, 1, 0, 0, 0]], dtype=torch.float)
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[2, 4:] = False
+    G = oltr.pdgd_gradient(theta, X, I, mask, hidden)
+    for b in range(3):
+        n = int(mask[b].sum())
+        ref = oltr.pdgd_gradient_pairs(theta[b], X[b, :n], I[b, :n], hidden)
+        assert torch.allclose(G[b], ref, atol=1e-5), (b, (G[b] - ref).abs().max())
+
+
+def test_pdgd_differentiable_and_swap_weights():
+    g = torch.Generator().manual_seed(1)
+    theta = oltr.init_rankers(2, 5, (6,), generator=g)
+    X = torch.rand(2, 4, 5, generator=g)
+    z = torch.randn(2, 4, generator=g).requires_grad_(True)
+    oltr.pdgd_gradient(theta, X, torch.sigmoid(z), torch.ones(2, 4, dtype=torch.bool), (6,)).pow(2).sum().backward()
+    assert z.grad is not None and torch.isfinite(z.grad).all() and z.grad.abs().sum() > 0
+    # equal scores: every swap is as likely as the ranking itself, rho = 1/2, c = 1/4
+    w = oltr.pdgd_pair_weights(torch.zeros(1, 4), torch.ones(1, 4, dtype=torch.bool))
+    assert torch.allclose(w, torch.full((1, 4, 4), 0.125))
+
+
+def test_local_update_sequential_steps():
+    g = torch.Generator().manual_seed(2)
+    theta = oltr.init_rankers(2, 5, generator=g)
+    X = torch.rand(2, 2, 4, 5, generator=g)
+    I = torch.tensor([[[1, 0, 0, 0], [0, 1, 0, 1]]] * 2, dtype=torch.float)
+    mask = torch.ones(2, 2, 4, dtype=torch.bool)
+    upd = oltr.local_update(theta, X, I, mask, lr=0.5)
+    t1 = theta + 0.5 * oltr.pdgd_gradient(theta, X[:, 0], I[:, 0], mask[:, 0])
+    t2 = t1 + 0.5 * oltr.pdgd_gradient(t1, X[:, 1], I[:, 1], mask[:, 1])
+    assert torch.allclose(upd, t2 - theta)
+    with pytest.raises(ValueError, match="lr"):
+        oltr.local_update(theta, X, I, mask, lr=0.0)
+
+
+def test_bad_arguments_name_the_argument():
+    with pytest.raises(ValueError, match="num_features"):
+        oltr.num_params(0)
+    with pytest.raises(ValueError, match="hidden"):
+        oltr.init_rankers(2, 3, (0,))
+    with pytest.raises(ValueError, match="name"):
+        oltr.click_probabilities("lazy", 3)
+    with pytest.raises(ValueError, match="num_grades"):
+        oltr.click_probabilities("navigational", 4)
+    with pytest.raises(ValueError, match="k must"):
+        oltr.ndcg_at_k(torch.zeros(1, 2), torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool), k=0)
+    with pytest.raises(ValueError, match="noise_std"):
+        ro.adm_fingerprint(torch.zeros(1, 1, 2, 3), torch.ones(1, 1, 2, dtype=torch.bool), noise_std=-1)
+    with pytest.raises(ValueError, match="max_dead_fraction"):
+        ro.flag_dead_features(torch.zeros(1, 1, 2, 3), torch.ones(1, 1, 2, dtype=torch.bool), max_dead_fraction=1.0)
+    with pytest.raises(ValueError, match="num_clients"):
+        sa.pairwise_masks(1, 3)
+
+
+# ------------------------------------------------------------------------------------ click models
+
+@pytest.mark.parametrize("name", ["navigational", "informational"])
+@pytest.mark.parametrize("grades", [3, 5])
+def test_cascade_click_rates(name, grades):
+    """Without redraws the cascade gives P(click 1) = pc[r1] and P(click 2) = (1 - pc[r1] ps[r1]) pc[r2];
+    empirical rates over N = 200000 lists must be within 5 binomial standard errors."""
+    pc, ps = oltr.click_probabilities(name, grades)
+    N = 200_000
+    for r1, r2 in [(0, grades - 1), (grades - 1, 1), (1, 0)]:
+        rel = torch.tensor([[r1, r2]]).expand(N, -1)
+        clicks = oltr.simulate_clicks(rel, torch.ones(N, 2, dtype=torch.bool), name, num_grades=grades,
+                                      redraw=False, generator=torch.Generator().manual_seed(r1 * 7 + r2))
+        for p, obs in [(pc[r1].item(), clicks[:, 0].mean().item()),
+                       ((1 - pc[r1] * ps[r1]).item() * pc[r2].item(), clicks[:, 1].mean().item())]:
+            se = math.sqrt(max(p * (1 - p), 1e-6) / N)
+            assert abs(obs - p) < 5 * se + 1e-9, (name, grades, r1, r2, p, obs)
+
+
+def test_clicks_redrawn_until_mixed():
+    rel = torch.randint(0, 3, (500, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(500, 10, dtype=torch.bool)
+    mask[:100, 5:] = False
+    c = oltr.simulate_clicks(rel, mask, "navigational", generator=torch.Generator().manual_seed(1))
+    n = c.sum(1)
+    assert (n > 0).all() and (n < mask.sum(1)).all() and (c[~mask] == 0).all()
+    with pytest.raises(ValueError, match="mask"):
+        oltr.simulate_clicks(rel[:, :1], mask[:, :1], "navigational")
+
+
+# ------------------------------------------------------------------------------------------- NDCG
+
+def test_ndcg_hand_computed():
+    scores = torch.tensor([[3.0, 2.0, 1.0], [1.0, 2.0, 3.0], [0.0, 1.0, 2.0]])
+    rel = torch.tensor([[2, 0, 1], [2, 0, 1], [0, 0, 0]])
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    ideal = 3 + 1 / math.log2(3)                              # gains 3, 1 at ranks 1, 2
+    first = (3 + 0 + 1 / 2) / ideal                           # order 2, 0, 1 -> gains 3, 0, 1
+    second = (1 + 0 + 3 / 2) / ideal                          # order 1, 0, 2 -> gains 1, 0, 3
+    out = oltr.ndcg_at_k(scores, rel, mask, k=10)
+    assert torch.allclose(out, torch.tensor([first, second, 0.0], dtype=torch.float64))
+    top1 = oltr.ndcg_at_k(scores, rel, mask, k=1)
+    assert torch.allclose(top1[:2], torch.tensor([1.0, 1 / 3], dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------------- ADM, detectors
+
+def test_adm_fingerprint_blocks_and_gradient_support():
+    alloc = ro.feature_allocation(torch.tensor([4]), 4, 48)[0]
+    assert alloc.sum(1).tolist() == [12] * 4 and (alloc.sum(0) == 1).all()       # Fig. 3
+    assert alloc[1, 12:24].all()
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(2, 4, 5, 48, generator=g)
+    mask = torch.ones(2, 4, 5, dtype=torch.bool)
+    mask[1, 2:] = False                                          # user 1 has 2 queries
+    Xa = ro.adm_fingerprint(X, mask)
+    assert (Xa[0, 1][:, ~alloc[1]] == 0).all() and torch.equal(Xa[0, 1][:, alloc[1]], X[0, 1][:, alloc[1]])
+    assert (Xa[1, 0, :, 24:] == 0).all() and (Xa[1, 1, :, :24] == 0).all() and (Xa[1, 2:] == 0).all()
+    # the linear PDGD gradient of query q lives in query q's block
+    theta = oltr.init_rankers(2, 48, generator=g)
+    I = torch.zeros(2, 5); I[:, 0] = 1
+    grad = oltr.pdgd_gradient(theta, Xa[:, 1], I, mask[:, 1])
+    assert (grad[0, ~alloc[1]] == 0).all() and (grad[0, alloc[1]] != 0).any()
+    noisy = ro.adm_fingerprint(X, mask, noise_std=0.1, generator=g)
+    assert (noisy[0, 1][:, ~alloc[1]] != 0).all()
+
+
+def test_dead_feature_detector(data):
+    honest = ro.make_oltr_case(data, 4, 4, seed=0)
+    adm = ro.make_oltr_case(data, 4, 4, adm=True, seed=0)
+    assert not ro.flag_dead_features(honest.X, honest.mask).any()
+    assert ro.flag_dead_features(adm.X, adm.mask).all()
+    dead = ro.dead_features(adm.X, adm.mask)
+    assert dead.sum(-1)[0].tolist() == [46 - 12, 46 - 11, 46 - 12, 46 - 11]
+
+
+# ------------------------------------------------------------------------------------ SA and PIR
+
+def test_secure_aggregation_masks_cancel():
+    g = torch.Generator().manual_seed(0)
+    masks = sa.pairwise_masks(7, 11, generator=g)
+    assert (torch.remainder(masks.sum(0), 2 ** sa.MODULUS_BITS) == 0).all()
+    x = torch.randn(7, 11, generator=g, dtype=torch.float64)
+    masked = sa.mask_updates(x, generator=g)
+    assert not torch.allclose(sa.decode(masked[0]), x[0], atol=1e-3)      # one masked update hides x
+    assert (sa.unmask_sum(masked) - x.sum(0)).abs().max() < 7 * 2.0 ** -32
+    with pytest.raises(ValueError, match="x"):
+        sa.encode(torch.tensor([1e9]))
+
+
+def test_sa_bypass_recovers_target(data):
+    D = torch.arange(46) < 23
+    g = torch.Generator().manual_seed(0)
+    theta = oltr.init_rankers(1, 46, generator=g)[0]
+    case = ro.make_oltr_case(data, 5, 2, theta0=theta, manipulate=lambda X, m: ro.sa_bypass_features(X, 0, D),
+                             seed=3)
+    agg = sa.secure_sum(case.update.double(), generator=g)
+    rec = ro.sa_recover(agg, D)
+    assert (rec - case.update[0].double()).abs().max() < 1e-6
+    assert not torch.allclose(agg, case.update[0].double())
+    with pytest.raises(ValueError, match="target"):
+        ro.sa_bypass_features(case.X, 9, D)
+
+
+@pytest.mark.parametrize("hidden", [(), (16, 8)])
+def test_pir_detection_without_noise_is_exact(data, hidden):
+    r = ro.pir_experiment(data, 20, hidden, seed=0)
+    assert torch.equal(r["detected"], r["included"])
+
+
+def test_raifle_single_query_recovers_clicks(data):
+    case = ro.make_oltr_case(data, 4, 1, seed=0)
+    auc = ro.attack_oltr(case, max_iter=50, seed=0)
+    assert auc.mean() > 0.95, auc
