@@ -80,6 +80,37 @@ def test_load_letor_from_cache(tmp_path, monkeypatch):
         load_letor("MQ2007", split="dev")
 
 
+def test_load_mslr_from_archive_and_download(tmp_path, monkeypatch):
+    """MSLR-WEB10K: the zip (top-level folder or not) is fetched only with download=True (here from a
+    file:// URL standing in for OneDrive), checked by SHA-256, and the split extracted and normalised."""
+    import zipfile
+    from fedlab.data import letor
+
+    src = tmp_path / "src"
+    src.mkdir()
+    zpath = src / "MSLR-WEB10K.zip"
+    text = LETOR_TEXT.replace("2 qid", "4 qid").replace("3:", "136:")
+    with zipfile.ZipFile(zpath, "w") as zf:
+        zf.writestr("MSLR-WEB10K/Fold1/train.txt", text)
+        zf.writestr("MSLR-WEB10K/Fold2/train.txt", "bad line")
+    monkeypatch.setattr(letor, "MSLR10K_URL", zpath.as_uri())
+    cache = tmp_path / "cache"
+    with pytest.raises(OfflineError, match="download=True"):
+        load_letor("MSLR-WEB10K", cache_dir=cache, archive_sha256=sha256sum(zpath))
+    with pytest.raises(ChecksumError):
+        load_letor("MSLR-WEB10K", cache_dir=cache, download=True, archive_sha256="0" * 64)
+    assert not (cache / "MSLR-WEB10K.zip").exists()            # a bad download is never cached
+    d = load_letor("MSLR-WEB10K", cache_dir=cache, download=True, archive_sha256=sha256sum(zpath))
+    assert (cache / "MSLR-WEB10K" / "Fold1" / "train.txt").is_file()
+    assert d.num_features == 136 and d.num_grades == 5 and d.relevance[0, 0] == 4
+    x = d.X[0, :3]                                              # normalised per query by default
+    assert torch.allclose(x.amax(0)[[0, 1, 135]], torch.ones(3))
+    with pytest.raises(ValueError, match="line 1"):            # Fold2 is malformed
+        load_letor("MSLR-WEB10K", fold=2, cache_dir=cache, archive_sha256=sha256sum(zpath))
+    with pytest.raises(ValueError, match="fold"):
+        load_letor("MSLR-WEB10K", fold=6, cache_dir=cache)
+
+
 def test_synthetic_letor_shape(data):
     assert data.num_features == 46 and data.num_grades == 3
     n = data.docs_per_query()

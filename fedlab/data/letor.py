@@ -7,9 +7,10 @@ normalising the MSLR features. Neither data set may be redistributed, so this mo
 * :func:`parse_svmlight` -- the SVMlight-style format both use, one document per line:
   ``<rel> qid:<id> 1:<v> 2:<v> ... [# comment]``; malformed lines raise ``ValueError`` naming the
   line number;
-* :func:`load_letor` -- reads ``Fold<k>/<split>.txt`` of MQ2007 or MSLR-WEB10K from the fedlab cache
-  (you place the unpacked files there; nothing is downloaded), optionally checks its SHA-256, and
-  min-max normalises every feature within each query (``normalize="query"``, the usual OLTR
+* :func:`load_letor` -- reads ``Fold<k>/<split>.txt`` of MQ2007 or MSLR-WEB10K from the fedlab cache,
+  optionally checks its SHA-256; MSLR-WEB10K's zip archive is downloaded (and checked against
+  :data:`MSLR10K_SHA256`) only when called with ``download=True``, MQ2007 (a RAR archive) must be
+  unpacked into the cache by hand; it min-max normalises every feature within each query (``normalize="query"``, the usual OLTR
   preprocessing and the default for MSLR; the LETOR "QueryLevelNorm" files are already normalised);
 * :func:`synthetic_letor` -- the offline default: queries of 20-60 documents with 46 features in
   [0, 1] (per-query min-max normalised) and 3 relevance grades drawn from a hidden nonlinear scoring
@@ -20,19 +21,26 @@ queries at once.
 """
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .download import OfflineError, verify_sha256
+from .download import OfflineError, fetch, verify_sha256
 
 __all__ = ["LTRData", "parse_svmlight", "load_letor", "synthetic_letor", "normalize_per_query",
-           "LETOR_DATASETS"]
+           "LETOR_DATASETS", "MSLR10K_URL", "MSLR10K_SHA256"]
 
 #: name -> (folder in the cache, number of features, number of relevance grades)
 LETOR_DATASETS = {"MQ2007": ("MQ2007", 46, 3), "MSLR-WEB10K": ("MSLR-WEB10K", 136, 5)}
+
+#: Microsoft's OneDrive share of ``MSLR-WEB10K.zip`` (linked from the MSLR project page) and the
+#: archive's SHA-256 as published by the third-party loaders pytorchltr and ltr_datasets (this
+#: course is built offline and has not downloaded it itself).
+MSLR10K_URL = "https://api.onedrive.com/v1.0/shares/s!AtsMfWUz5l8nbOIoJ6Ks0bEMp78/root/content"
+MSLR10K_SHA256 = "2902142ea33f18c59414f654212de5063033b707d5c3939556124b1120d3a0ba"
 
 
 @dataclass
@@ -176,16 +184,21 @@ def normalize_per_query(data: LTRData) -> LTRData:
 
 def load_letor(name: str = "MQ2007", *, fold: int = 1, split: str = "train",
                normalize: str | None = None, cache_dir: str | Path | None = None,
-               sha256: str | None = None) -> LTRData:
+               sha256: str | None = None, download: bool = False,
+               archive_sha256: str = MSLR10K_SHA256) -> LTRData:
     """MQ2007 (LETOR 4.0) or MSLR-WEB10K from the fedlab cache: ``<cache>/<name>/Fold<fold>/<split>.txt``.
 
-    The archives are distributed by Microsoft Research under terms that forbid redistribution, so
-    unpack them into the cache yourself (``fedlab.data_dir()``). ``sha256`` checks the file if
-    given. ``normalize``: ``"query"`` (per-query min-max, :func:`normalize_per_query`) or ``None``;
+    The archives are distributed by Microsoft Research and may not be redistributed. Unpack MQ2007
+    (a RAR archive) into ``<cache>/MQ2007`` yourself. For MSLR-WEB10K, if the split file is missing,
+    ``MSLR-WEB10K.zip`` is taken from the cache or, with ``download=True``, fetched from
+    :data:`MSLR10K_URL`; either way it is checked against ``archive_sha256`` (default
+    :data:`MSLR10K_SHA256`) and the split file extracted into the cache. ``sha256`` checks the
+    split file itself if given. ``normalize``: ``"query"`` (per-query min-max, :func:`normalize_per_query`) or ``None``;
     by default ``"query"`` for MSLR-WEB10K and ``None`` for MQ2007.
 
-    Raises ``ValueError`` for an unknown ``name``/``split``/``normalize`` or a malformed file,
-    :class:`fedlab.data.OfflineError` if the file is not in the cache, and
+    Raises ``ValueError`` for an unknown ``name``/``split``/``normalize``, ``fold`` outside 1..5 or
+    a malformed file, :class:`fedlab.data.OfflineError` if the file is not in the cache (and, for
+    MSLR-WEB10K, ``download`` is ``False`` or the download fails), and
     :class:`fedlab.data.ChecksumError` on a digest mismatch.
     """
     from ..config import data_dir
@@ -194,6 +207,8 @@ def load_letor(name: str = "MQ2007", *, fold: int = 1, split: str = "train",
         raise ValueError(f"name must be one of {sorted(LETOR_DATASETS)}, got {name!r}")
     if split not in ("train", "vali", "test"):
         raise ValueError(f"split must be 'train', 'vali' or 'test', got {split!r}")
+    if fold not in (1, 2, 3, 4, 5):
+        raise ValueError(f"fold must be in 1..5, got {fold!r}")
     folder, F, G = LETOR_DATASETS[name]
     if normalize is None and name == "MSLR-WEB10K":
         normalize = "query"
@@ -201,6 +216,9 @@ def load_letor(name: str = "MQ2007", *, fold: int = 1, split: str = "train",
         raise ValueError(f"normalize must be 'query' or None, got {normalize!r}")
     root = Path(cache_dir) if cache_dir is not None else data_dir()
     path = root / folder / f"Fold{fold}" / f"{split}.txt"
+    if not path.is_file() and name == "MSLR-WEB10K":
+        archive = fetch(MSLR10K_URL, "MSLR-WEB10K.zip", archive_sha256, download=download, cache_dir=root)
+        _extract_member(archive, f"Fold{fold}/{split}.txt", path)
     if not path.is_file():
         raise OfflineError(f"{path} not found: download {name} from Microsoft Research, unpack it "
                            f"into {root / folder}, and call load_letor again")
@@ -208,6 +226,19 @@ def load_letor(name: str = "MQ2007", *, fold: int = 1, split: str = "train",
         verify_sha256(path, sha256)
     data = parse_svmlight(path.read_text(), num_features=F, num_grades=G, source=name)
     return normalize_per_query(data) if normalize == "query" else data
+
+
+def _extract_member(archive: Path, suffix: str, target: Path) -> None:
+    """Copy the member of ``archive`` whose name ends with ``suffix`` (the archive may or may not
+    have a top-level folder) to ``target``. Raises ``ValueError`` if no member matches."""
+    with zipfile.ZipFile(archive) as zf:
+        names = [n for n in zf.namelist() if n == suffix or n.endswith("/" + suffix)]
+        if not names:
+            raise ValueError(f"archive {archive} has no member {suffix!r}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".part")
+        tmp.write_bytes(zf.read(min(names, key=len)))
+        tmp.replace(target)
 
 
 def synthetic_letor(num_queries: int = 1000, num_features: int = 46, *, min_docs: int = 20,
