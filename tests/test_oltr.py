@@ -184,6 +184,12 @@ def test_bad_arguments_name_the_argument():
         ro.flag_dead_features(torch.zeros(1, 1, 2, 3), torch.ones(1, 1, 2, dtype=torch.bool), max_dead_fraction=1.0)
     with pytest.raises(ValueError, match="num_clients"):
         sa.pairwise_masks(1, 3)
+    with pytest.raises(ValueError, match="tol"):
+        ro.pir_detect(torch.zeros(2, 46), 0, 46, tol=-1.0)
+    with pytest.raises(ValueError, match="feature"):
+        ro.pir_detect(torch.zeros(2, 46), 46, 46)
+    with pytest.raises(ValueError, match="tol"):
+        ro.dead_features(torch.zeros(1, 2, 3), torch.ones(1, 2, dtype=torch.bool), tol=-1.0)
 
 
 # ------------------------------------------------------------------------------------ click models

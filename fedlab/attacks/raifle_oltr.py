@@ -176,6 +176,8 @@ def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip: flo
     ``scores`` of the result are ``[U, Q n]`` (query-major). Raises ``ValueError`` if ``update``
     has the wrong shape.
     """
+    if clip is not None and not clip > 0:
+        raise ValueError(f"clip must be > 0, got {clip}")
     target = case.update if update is None else update
     if target.shape != case.update.shape:
         raise ValueError(f"update must be {tuple(case.update.shape)}, got {tuple(target.shape)}")
@@ -260,7 +262,12 @@ def pir_detect(update: torch.Tensor, feature: int, num_features: int, hidden=(),
                tol: float = 0.0) -> torch.Tensor:
     """Did the user train on the fingerprinted item? ``True`` where the parameters attached to
     ``feature`` moved by more than ``tol`` (any non-zero change without noise). ``update`` [U, P]
-    -> ``[U]`` bool."""
+    -> ``[U]`` bool. Raises ``ValueError`` for ``feature`` outside ``0..num_features-1`` or
+    ``tol < 0``."""
+    if not 0 <= feature < num_features:
+        raise ValueError(f"feature must be in 0..{num_features - 1}, got {feature}")
+    if tol < 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
     D = torch.zeros(num_features, dtype=torch.bool)
     D[feature] = True
     m = first_layer_mask(D, hidden)
@@ -324,6 +331,8 @@ def dead_features(X: torch.Tensor, mask: torch.Tensor, *, tol: float = 0.0) -> t
     ``X`` [..., n, F], ``mask`` [..., n] -> ``[..., F]`` bool (all False for an empty list)."""
     if mask.shape != X.shape[:-1]:
         raise ValueError(f"mask must have shape {tuple(X.shape[:-1])}, got {tuple(mask.shape)}")
+    if tol < 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
     mag = (X.abs() * mask[..., None]).amax(-2)
     return (mag <= tol) & mask.any(-1)[..., None]
 

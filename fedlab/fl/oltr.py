@@ -47,7 +47,7 @@ def click_probabilities(name: str, num_grades: int) -> tuple[torch.Tensor, torch
     if num_grades not in CLICK_MODELS:
         raise ValueError(f"num_grades must be 3 or 5, got {num_grades}")
     if name not in CLICK_MODELS[num_grades]:
-        raise ValueError(f"name must be one of {sorted(CLICK_MODELS[num_grades])}, got {name!r}")
+        raise ValueError(f"click model name must be one of {sorted(CLICK_MODELS[num_grades])}, got {name!r}")
     pc, ps = CLICK_MODELS[num_grades][name]
     return torch.tensor(pc), torch.tensor(ps)
 
