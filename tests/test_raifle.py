@@ -162,3 +162,18 @@ def test_prune_rows_matches_prune_by_magnitude():
     assert (p[1] != 0).sum() == 15 - math.floor(0.5 * 15)
     with pytest.raises(ValueError):
         prune_rows(padded, 1.0)
+
+
+def test_per_user_auc_matches_sklearn_with_ties_and_masks():
+    from sklearn.metrics import roc_auc_score
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 5, (30, 12), generator=g).float()            # many ties
+    labels = (torch.rand(30, 12, generator=g) < 0.4).float()
+    mask = torch.rand(30, 12, generator=g) < 0.8
+    labels[:, 0], labels[:, 1], mask[:, :2] = 1.0, 0.0, True               # both classes present
+    auc = per_user_auc(scores, labels, mask, chunk=7)
+    ref = torch.tensor([roc_auc_score(labels[u][mask[u]].numpy(), scores[u][mask[u]].numpy()) for u in range(30)])
+    assert torch.allclose(auc, ref.float(), atol=1e-6)
+    with pytest.raises(ValueError, match="one class"):
+        per_user_auc(scores[:1], torch.zeros(1, 12), mask[:1])

@@ -6,8 +6,10 @@ The server knows the items ``X`` it showed a user, the global model ``theta`` an
 
 * :func:`raifle` -- Algorithm 1 / Algorithm 2 for a batch of users: interactions parameterised as
   ``sigmoid(z)`` with ``z ~ U(-1, 1)`` (App. B.3), optional joint estimation of the private user
-  embedding (Algorithm 2, App. B.2), L-BFGS (or Adam) on the summed per-user losses, termination by
-  an iteration budget and a loss-improvement threshold, and random restarts keeping each user's best.
+  embedding (Algorithm 2, App. B.2), L-BFGS (or Adam) on the summed per-user losses, or
+  (``optimizer="lbfgs-rows"``) an L-BFGS per user run as one batch (:mod:`.lbfgs_rows`),
+  termination by an iteration budget and a loss-improvement threshold, and random restarts keeping
+  each user's best.
 * :func:`raifle_fcf`, :func:`raifle_fncf` -- the recommender instances of Table 3 (estimate the user
   embedding or not; include the model-parameter update in the loss or not).
 * :func:`matching_loss` -- the RS loss of Sec. 4.1.1: mean L2 distance between matching rows of the
@@ -28,7 +30,6 @@ from typing import Callable
 import torch
 
 from ..fl.interaction import fcf_item_updates, fncf_init, fncf_updates
-from ..metrics import roc_auc
 
 __all__ = ["RaifleResult", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf", "per_user_auc",
            "analytic_fcf_attack", "pointwise_l2_update", "closed_form_interactions", "attack_hessian",
@@ -67,7 +68,10 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, emb_dim: int | 
     each one. Initialisation (App. B.3): ``z ~ U(-1, 1)``, ``I = sigmoid(z)``; ``E ~ N(0,
     emb_init_std^2)``, with restarts in antithetic pairs (restart ``2k+1`` starts from ``-E`` of
     restart ``2k``). Termination: ``max_iter`` function evaluations (L-BFGS) or steps (Adam), or a
-    change of the summed loss below ``tolerance``. Each user keeps its best restart.
+    change of the summed loss below ``tolerance``. ``optimizer="lbfgs-rows"`` runs one L-BFGS per
+    candidate row instead (own curvature history, own line search, own budget of ``max_iter``
+    evaluations and own ``tolerance``; :func:`fedlab.attacks.lbfgs_rows.lbfgs_rows`), so a user's
+    result does not depend on the users it is batched with. Each user keeps its best restart.
 
     Raises ``ValueError`` for non-positive sizes, ``num_restarts < 1`` or an unknown optimizer.
     """
@@ -77,8 +81,8 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, emb_dim: int | 
         raise ValueError(f"num_restarts must be >= 1, got {num_restarts}")
     if max_iter < 1:
         raise ValueError(f"max_iter must be >= 1, got {max_iter}")
-    if optimizer not in ("lbfgs", "adam"):
-        raise ValueError(f"optimizer must be 'lbfgs' or 'adam', got {optimizer!r}")
+    if optimizer not in ("lbfgs", "lbfgs-rows", "adam"):
+        raise ValueError(f"optimizer must be 'lbfgs', 'lbfgs-rows' or 'adam', got {optimizer!r}")
     gen = torch.Generator().manual_seed(seed)
     B = num_restarts * num_users
     rows = torch.arange(B) % num_users
@@ -98,7 +102,20 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, emb_dim: int | 
     def total():
         return loss_fn(torch.sigmoid(z), E, rows).sum()
 
-    if optimizer == "lbfgs":
+    if optimizer == "lbfgs-rows":
+        from .lbfgs_rows import lbfgs_rows
+
+        x0 = torch.cat([z.detach()] + ([] if E is None else [E.detach()]), 1)
+
+        def rows_loss(x, idx):
+            Ex = None if E is None else x[:, num_items:]
+            return loss_fn(torch.sigmoid(x[:, :num_items]), Ex, rows[idx])
+
+        x, _, evals = lbfgs_rows(rows_loss, x0, max_evals=max_iter, history_size=history_size,
+                                 tolerance=tolerance)
+        z = x[:, :num_items]
+        E = None if E is None else x[:, num_items:]
+    elif optimizer == "lbfgs":
         opt = torch.optim.LBFGS(params, lr=lr, max_iter=max_iter, max_eval=max_iter,
                                 tolerance_grad=1e-12, tolerance_change=tolerance,
                                 history_size=history_size, line_search_fn="strong_wolfe")
@@ -166,10 +183,32 @@ def matching_loss(pred_items, target_items, mask, pred_params=None, target_param
     return loss
 
 
-def per_user_auc(scores, labels, mask) -> torch.Tensor:
-    """ROC AUC of every user's reconstruction over its real items: ``[U, m]`` x 3 -> ``[U]``."""
-    out = [roc_auc(labels[u][mask[u]], scores[u][mask[u]]) for u in range(scores.shape[0])]
-    return torch.tensor(out)
+def per_user_auc(scores, labels, mask, *, chunk: int = 256) -> torch.Tensor:
+    """ROC AUC of every user's reconstruction over its real items: ``[U, m]`` x 3 -> ``[U]`` (float32).
+
+    Computed for all users at once as the Mann-Whitney statistic
+    ``P(score_pos > score_neg) + P(tie) / 2`` over every (positive, negative) pair of real items,
+    which is exactly scikit-learn's ``roc_auc_score`` (``tests/test_raifle.py`` compares them);
+    ``chunk`` users at a time bound the memory to ``chunk * m^2`` comparisons. Raises
+    ``ValueError`` for mismatched shapes or a user whose real items are all of one class.
+    """
+    scores, labels, mask = torch.as_tensor(scores), torch.as_tensor(labels), torch.as_tensor(mask, dtype=torch.bool)
+    if scores.dim() != 2 or labels.shape != scores.shape or mask.shape != scores.shape:
+        raise ValueError(f"scores, labels and mask must all be [U, m], got {tuple(scores.shape)}, "
+                         f"{tuple(labels.shape)}, {tuple(mask.shape)}")
+    pos, neg = (labels > 0.5) & mask, (labels <= 0.5) & mask
+    n_pair = pos.sum(1).double() * neg.sum(1).double()
+    if bool((n_pair == 0).any()):
+        bad = torch.nonzero(n_pair == 0).flatten().tolist()
+        raise ValueError(f"labels: users {bad[:5]} have only one class among their real items; no AUC")
+    s = scores.double()
+    out = []
+    for i in range(0, s.shape[0], chunk):
+        sc, p, q = s[i:i + chunk], pos[i:i + chunk], neg[i:i + chunk]
+        diff = sc[:, :, None] - sc[:, None, :]                                   # [c, m, m]
+        win = (diff > 0).double() + 0.5 * (diff == 0).double()
+        out.append((win * (p[:, :, None] & q[:, None, :])).sum((1, 2)))
+    return (torch.cat(out) / n_pair).float()
 
 
 def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=None,

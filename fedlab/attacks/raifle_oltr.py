@@ -8,8 +8,8 @@ batched over users:
 * :func:`make_oltr_case` -- honest users: random rankers, ``Q`` queries of <= 10 displayed documents
   each, cascade clicks, local FPDGD training (optionally on ADM-fingerprinted features);
 * :func:`raifle_oltr` / :func:`attack_oltr` -- RAIFLE with the normalised squared L2 loss
-  ``||g(X, theta, I') - update||^2 / ||update||^2`` and L-BFGS (App. B.3), reusing
-  :func:`fedlab.attacks.raifle.raifle`;
+  ``||g(X, theta, I') - update||^2 / ||update||^2`` and an L-BFGS per user (App. B.3), batched
+  (:mod:`fedlab.attacks.lbfgs_rows`), reusing :func:`fedlab.attacks.raifle.raifle`;
 * :func:`feature_allocation`, :func:`adm_fingerprint` -- ADM by fingerprinting (Sec. 3.3, Fig. 3):
   disjoint feature blocks per query, the rest zeroed (or filled with server-known Gaussian noise,
   the noisy ADM of App. C.5);
@@ -172,12 +172,15 @@ def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip: flo
     ``update`` [U, P] replaces ``case.update`` (e.g. after LDP noise or SA recovery); ``clip``: the
     users' clipping norm, reproduced in the simulated ``g``; ``coords`` [P] bool: match only these
     parameters (e.g. what :func:`sa_recover` can isolate for a network). Keywords go to
-    :func:`fedlab.attacks.raifle.raifle` (``max_iter``, ``num_restarts``, ``seed``...).
+    :func:`fedlab.attacks.raifle.raifle` (``max_iter``, ``num_restarts``, ``seed``...); the default
+    optimizer is ``"lbfgs-rows"``, one L-BFGS per user run as a batch, so that each user is attacked
+    as if alone (RAIFLE attacks users one by one) whatever else shares the batch.
     ``scores`` of the result are ``[U, Q n]`` (query-major). Raises ``ValueError`` if ``update``
     has the wrong shape.
     """
     if clip is not None and not clip > 0:
         raise ValueError(f"clip must be > 0, got {clip}")
+    kwargs.setdefault("optimizer", "lbfgs-rows")
     target = case.update if update is None else update
     if target.shape != case.update.shape:
         raise ValueError(f"update must be {tuple(case.update.shape)}, got {tuple(target.shape)}")
