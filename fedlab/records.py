@@ -16,7 +16,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-__all__ = ["Record", "load_record", "compare_rows"]
+__all__ = ["Record", "load_record", "compare_rows", "describe"]
 
 
 class Record(dict):
@@ -76,3 +76,11 @@ def compare_rows(current: dict, recorded: dict | None, labels: dict) -> list[lis
     (``"n/a"`` where a value is missing), for a quick-vs-paper table."""
     rec = (recorded or {}).get("values", {})
     return [[label, current.get(name, "n/a"), rec.get(name, "n/a")] for name, label in labels.items()]
+
+
+def describe(recorded: dict | None) -> str:
+    """One sentence on a stored run (time, machine, date, commit, torch), or that there is none."""
+    if recorded is None:
+        return "No paper-scale record is stored yet."
+    return (f"The stored {recorded['scale']}-scale run took {recorded['seconds']:.0f} s on {recorded['machine']} "
+            f"({recorded['date']}, commit {recorded['commit']}, torch {recorded['torch']}).")

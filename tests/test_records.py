@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from fedlab.records import Record, compare_rows, load_record
+from fedlab.records import Record, compare_rows, describe, load_record
 
 
 def test_record_round_trip(tmp_path):
@@ -15,6 +15,7 @@ def test_record_round_trip(tmp_path):
     rows = compare_rows({"a": 0.4}, data, {"a": "A", "c": "C"})
     assert rows == [["A", 0.4, 0.5], ["C", "n/a", "n/a"]]
     assert compare_rows({"a": 1}, None, {"a": "A"}) == [["A", 1, "n/a"]]
+    assert describe(data).startswith("The stored paper-scale run took 12 s on ") and "No" in describe(None)
 
 
 def test_record_errors(tmp_path):

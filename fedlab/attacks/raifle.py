@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 
 from ..fl.interaction import fcf_item_updates, fncf_init, fncf_updates
+from ..privacy.ldp import clip_rows  # noqa: F401  (re-exported: the attacks reproduce the users' clipping)
 
 __all__ = ["RaifleResult", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf", "per_user_auc",
            "analytic_fcf_attack", "pointwise_l2_update", "closed_form_interactions", "attack_hessian",
@@ -147,16 +148,6 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, emb_dim: int | 
         pick = best * num_users + torch.arange(num_users)
         return RaifleResult(z.detach()[pick], None if E is None else E.detach()[pick],
                             final.min(0).values, evals)
-
-
-def clip_rows(update: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Per-user L2 clipping of a batched update ``[U, ...]`` (each user's whole tensor scaled to
-    norm <= ``max_norm``); differentiable, so the server can put it inside its simulated ``g``."""
-    if not max_norm > 0:
-        raise ValueError(f"max_norm must be > 0, got {max_norm}")
-    flat = update.reshape(update.shape[0], -1)
-    factor = torch.clamp(max_norm / (flat.norm(dim=1) + 1e-12), max=1.0)
-    return update * factor.reshape(-1, *([1] * (update.dim() - 1)))
 
 
 def matching_loss(pred_items, target_items, mask, pred_params=None, target_params=None,

@@ -364,10 +364,12 @@ def federated_oltr(train, test, hidden=(), *, click_model: str = "informational"
     test NDCG@``k`` every ``eval_every`` rounds (and at the end). Raises ``ValueError`` for
     non-positive sizes or ``epsilon`` without ``clip_norm``.
     """
-    from ..privacy.ldp import gaussian_sigma
+    from ..privacy.ldp import clip_rows, gaussian_sigma, ldp_gaussian
 
     if epsilon is not None and clip_norm is None:
         raise ValueError("clip_norm: LDP (epsilon given) needs a clipping norm")
+    if epsilon is not None:
+        gaussian_sigma(epsilon, delta, clip_norm)          # validates epsilon and delta before training
     if num_rounds < 1 or clients_per_round < 1 or eval_every < 1:
         raise ValueError(f"num_rounds, clients_per_round and eval_every must be >= 1, got "
                          f"{num_rounds}, {clients_per_round}, {eval_every}")
@@ -375,7 +377,6 @@ def federated_oltr(train, test, hidden=(), *, click_model: str = "informational"
     F = train.num_features
     theta = init_rankers(1, F, hidden, generator=gen)[0]
     ok = torch.nonzero(train.mask.sum(1) >= 2).flatten()
-    sigma = gaussian_sigma(epsilon, delta, clip_norm) if epsilon is not None else 0.0
     rounds, ndcg = [], []
     for t in range(num_rounds):
         if t % eval_every == 0:
@@ -389,10 +390,10 @@ def federated_oltr(train, test, hidden=(), *, click_model: str = "informational"
         clicks = simulate_clicks(rel, shown, click_model, num_grades=train.num_grades, generator=gen)
         with torch.no_grad():
             upd = local_update(th, X[:, None], clicks[:, None], shown[:, None], hidden, lr=lr)
-        if clip_norm is not None:       # LDP as fedlab.privacy.ldp.ldp_gaussian, sigma computed once
-            upd = upd * torch.clamp(clip_norm / (upd.norm(dim=1, keepdim=True) + 1e-12), max=1.0)
-        if sigma > 0:
-            upd = upd + sigma * torch.randn(upd.shape, generator=gen)
+        if epsilon is not None:
+            upd = ldp_gaussian(upd, epsilon, delta, clip_norm, generator=gen)
+        elif clip_norm is not None:
+            upd = clip_rows(upd, clip_norm)
         theta = theta + upd.mean(0)
     rounds.append(num_rounds)
     ndcg.append(evaluate_ndcg(theta, test, hidden, k))

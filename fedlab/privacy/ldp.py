@@ -71,6 +71,17 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, *,
     return analytic_gaussian_sigma(epsilon, delta, sensitivity)
 
 
+def clip_rows(update: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Per-user L2 clipping of a batched update ``[U, ...]``: each user's whole tensor is scaled to
+    norm <= ``max_norm``. Differentiable, so an attacker can put it inside its simulated update.
+    Raises ``ValueError`` unless ``max_norm > 0``."""
+    if not max_norm > 0:
+        raise ValueError(f"max_norm must be > 0, got {max_norm}")
+    flat = update.reshape(update.shape[0], -1)
+    factor = torch.clamp(max_norm / (flat.norm(dim=1) + 1e-12), max=1.0)
+    return update * factor.reshape(-1, *([1] * (update.dim() - 1)))
+
+
 def ldp_gaussian(update: torch.Tensor, epsilon: float, delta: float, clip_norm: float, *,
                  mask: torch.Tensor | None = None, sensitivity: float | None = None,
                  generator: torch.Generator | None = None) -> torch.Tensor:
@@ -85,9 +96,7 @@ def ldp_gaussian(update: torch.Tensor, epsilon: float, delta: float, clip_norm: 
     sigma = gaussian_sigma(epsilon, delta, sens)
     if not clip_norm > 0:
         raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
-    flat = update.reshape(update.shape[0], -1)
-    factor = torch.clamp(clip_norm / (flat.norm(dim=1) + 1e-12), max=1.0)
-    clipped = update * factor.reshape(-1, *([1] * (update.dim() - 1)))
+    clipped = clip_rows(update, clip_norm)
     noisy = gaussian_noise(clipped, sigma, generator=generator)
     if mask is not None:
         noisy = noisy * mask.reshape(*mask.shape, *([1] * (update.dim() - mask.dim()))).to(noisy.dtype)
