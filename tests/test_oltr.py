@@ -315,3 +315,17 @@ def test_adm_helps_linear_ranker_with_mslr_sized_features():
     auc = {adm: ro.attack_oltr(ro.make_oltr_case(d, 6, 16, click_model="informational", adm=adm, lr=1.0, seed=5),
                                max_iter=30).mean().item() for adm in (False, True)}
     assert auc[True] > auc[False] + 0.05 and auc[True] > 0.9, auc
+
+
+def test_experiment_helpers_keep_users_fixed(data):
+    """noisy_adm_sweep / adm_query_sweep compare configurations on the same users, lists and clicks."""
+    auc, cases = ro.noisy_adm_sweep(data, (), [0.0, 0.1], 3, 2, lr=1.0, max_iter=3)
+    assert set(auc) == {None, 0.0, 0.1} and all(a.shape == (3,) for a in auc.values())
+    assert torch.equal(cases[None].I, cases[0.1].I) and torch.equal(cases[None].theta0, cases[0.0].theta0)
+    assert not torch.equal(cases[None].X, cases[0.0].X)
+    auc, cases = ro.adm_query_sweep(data, (), [1, 2], ["navigational"], 2, lr=1.0, max_iter=3)
+    assert set(auc) == {(1, "navigational", False), (2, "navigational", False), (2, "navigational", True)}
+    assert torch.equal(cases[(2, "navigational", False)].I, cases[(2, "navigational", True)].I)
+    with pytest.raises(ValueError, match="random_draws"):
+        ro.ldp_sweep(data, (), [1.0], [(1, [False])], 2, delta=1e-8, clip_norm=0.5, lr=1.0, max_iter=2,
+                     random_draws=0, rand_generator=torch.Generator())

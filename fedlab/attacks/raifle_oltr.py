@@ -135,7 +135,6 @@ def make_oltr_case(data, num_users: int, num_queries: int, hidden=(), *, click_m
     X = data.X[qf[:, None], idx] * shown[..., None]
     rel = data.relevance[qf[:, None], idx] * shown
     clicks = simulate_clicks(rel, shown, click_model, num_grades=data.num_grades, generator=gen)
-    n = idx.shape[1]
     pad = Qm - num_queries
 
     def shape(t, *tail):
