@@ -14,9 +14,9 @@ Layered by concept::
 Note: the PyPI name ``fedlab`` belongs to an unrelated project; this package is distributed as
 ``fedlab-privacy-course`` and imported as ``fedlab``.
 """
-from .config import data_dir, device, is_paper_scale, pick, progress_enabled, rng, scale, seed_everything
+from .config import data_dir, default_seed, device, is_paper_scale, pick, progress_enabled, rng, scale, seed_everything
 
 __version__ = "0.1.0"
 
-__all__ = ["scale", "is_paper_scale", "pick", "seed_everything", "rng", "device", "data_dir",
+__all__ = ["scale", "is_paper_scale", "pick", "default_seed", "seed_everything", "rng", "device", "data_dir",
            "progress_enabled", "__version__"]

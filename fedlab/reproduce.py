@@ -1,0 +1,468 @@
+"""``python -m fedlab reproduce``: run a chapter at several seeds and store every glued number.
+
+A chapter notebook states its numbers with myst-nb ``glue``. This module executes a notebook headless
+(nbclient) once per seed with ``FEDLAB_SEED`` and ``FEDLAB_SCALE`` set, collects every glued value of
+each run, and writes **one record** per chapter and scale::
+
+    <out>/<stem>.<scale>.json
+    {"chapter": stem, "title": ..., "scale": "quick" | "paper", "seeds": [0, 1, 2],
+     "values":  {name: [value at seed 0, value at seed 1, ...]},      # null where a seed failed
+     "summary": {name: {"mean", "std", "ci95": [low, high], "n"}},    # numeric values only
+     "seconds": [wall seconds of each seed], "failures": [{"seed", "cell", "line", "error"}],
+     "machine", "python", "torch", "commit", "date", "command"}
+
+``ci95`` is the two-sided 95 % Student-t interval of the mean over the seeds that produced the value
+(``mean ± t_{0.975, n-1} · std / sqrt(n)``, ``std`` with ``ddof=1``); with one seed ``std`` and
+``ci95`` are ``null``. A value glued as a string that reads as a number (``"4.6e-19"``) is summarised
+as that number. Records are only ever written by this command; :mod:`fedlab.records` reads them.
+
+The command exits with status 0 only if every seed ran clean; otherwise it names, on stderr, each
+failing seed, the failing cell (its index among the notebook's code cells and its first source line)
+and the error, still writes the record (a failing seed is a result), and exits with status 1.
+
+Usage::
+
+    python -m fedlab reproduce --list
+    python -m fedlab reproduce 02 --scale quick --seeds 1,2 --out /tmp/rec
+    python -m fedlab reproduce all --scale paper --seeds 0,1,2 --jobs 2
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "summarize", "t_interval",
+           "run_notebook", "reproduce", "main"]
+
+RECORD_FIELDS = ("chapter", "title", "scale", "seeds", "values", "summary", "seconds", "failures", "machine",
+                 "python", "torch", "commit", "date", "command")
+
+
+# --------------------------------------------------------------------------------------------------
+# chapters of the book
+@dataclass(frozen=True)
+class Chapter:
+    """A notebook of the book: ``stem`` (``"02_pac_identifiability"``), its ``path`` and ``title``."""
+
+    stem: str
+    path: Path
+    title: str
+
+
+def find_root(start: str | Path | None = None) -> Path:
+    """The book's root: the first folder, from ``start`` (default: the working directory) upwards, that
+    holds ``_toc.yml``. Raises ``ValueError`` if there is none."""
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "_toc.yml").is_file():
+            return folder
+    raise ValueError(f"no _toc.yml in {here} or any parent: run from the book's folder or pass --root")
+
+
+def _toc_entries(node) -> list[dict]:
+    """Every ``{file, title?}`` entry of a parsed ``_toc.yml``, in reading order."""
+    out: list[dict] = []
+    if isinstance(node, dict):
+        if "file" in node:
+            out.append(node)
+        for key in ("parts", "chapters", "sections"):
+            for child in node.get(key, []) or []:
+                out.extend(_toc_entries(child))
+    elif isinstance(node, list):
+        for child in node:
+            out.extend(_toc_entries(child))
+    return out
+
+
+def _notebook_title(path: Path) -> str:
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return path.stem
+
+
+def list_chapters(root: str | Path | None = None) -> list[Chapter]:
+    """The notebooks listed in ``_toc.yml`` (markdown pages are not chapters to run), in book order.
+    The title is the ``_toc.yml`` title when it has one, else the notebook's first ``# `` heading."""
+    import yaml
+
+    root = find_root(root) if root is None else Path(root)
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    chapters = []
+    for entry in [{"file": toc.get("root")}] + _toc_entries(toc):
+        file = entry.get("file")
+        if not file:
+            continue
+        path = root / (file if file.endswith(".ipynb") else file + ".ipynb")
+        if path.is_file():
+            chapters.append(Chapter(path.stem, path, entry.get("title") or _notebook_title(path)))
+    return chapters
+
+
+def resolve_chapters(name: str, chapters: list[Chapter]) -> list[Chapter]:
+    """``all``, a notebook stem (``02_pac_identifiability``) or a unique prefix of one (``02``,
+    ``03a``). Raises ``ValueError`` naming the choices when ``name`` matches none or several."""
+    if name == "all":
+        return list(chapters)
+    exact = [c for c in chapters if c.stem == name]
+    if exact:
+        return exact
+    hits = [c for c in chapters if c.stem.startswith(name)]
+    if len(hits) == 1:
+        return hits
+    stems = ", ".join(c.stem for c in chapters)
+    if not hits:
+        raise ValueError(f"chapter {name!r} matches no notebook of _toc.yml; choose one of: {stems} (or 'all')")
+    raise ValueError(f"chapter {name!r} is ambiguous ({', '.join(c.stem for c in hits)}); give more of the name")
+
+
+# --------------------------------------------------------------------------------------------------
+# glued values and their summary
+_NP_SCALAR = re.compile(r"^np\.(?:float|int|uint|bool)_?\w*\((.*)\)$", re.S)
+
+
+def _parse_plain(text: str):
+    text = text.strip()
+    m = _NP_SCALAR.match(text)
+    if m:
+        text = m.group(1)
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)  # JSON has no inf/nan: keep them as text
+        return value
+    return text
+
+
+def collect_glued(nb) -> dict:
+    """``name -> value`` for every myst-nb ``glue`` output of an executed notebook (nbformat node or
+    dict). Numbers and strings come back as Python values (``np.float64(0.5)`` -> ``0.5``); glued
+    figures and other non-text outputs are skipped. A later glue of the same name wins."""
+    values: dict = {}
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            meta = (out.get("metadata") or {}).get("scrapbook") or {}
+            name = meta.get("name")
+            prefix = meta.get("mime_prefix") or ""   # display=False glues use "application/papermill.record/"
+            data = {k[len(prefix):] if prefix and k.startswith(prefix) else k: v
+                    for k, v in (out.get("data") or {}).items()}
+            if not name or "text/plain" not in data or any(k.startswith("image/") for k in data):
+                continue
+            text = data["text/plain"]
+            values[name] = _parse_plain("".join(text) if isinstance(text, list) else text)
+    return values
+
+
+def _as_number(value):
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            x = float(value)
+        except ValueError:
+            return None
+        return x if math.isfinite(x) else None
+    return None
+
+
+def t_interval(xs, confidence: float = 0.95) -> tuple[float, float | None, tuple[float, float] | None]:
+    """``(mean, std, (low, high))``: the Student-t interval of the mean of ``xs`` (``std`` with
+    ``ddof=1``). With one value ``std`` and the interval are ``None``. Raises ``ValueError`` for an
+    empty or non-finite ``xs`` or a ``confidence`` outside (0, 1)."""
+    from scipy import stats
+
+    xs = [float(x) for x in xs]
+    if not xs:
+        raise ValueError("xs must hold at least one value")
+    if not all(math.isfinite(x) for x in xs):
+        raise ValueError(f"xs must be finite, got {xs}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    n = len(xs)
+    mean = sum(xs) / n
+    if n == 1:
+        return mean, None, None
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
+    return mean, std, (mean - half, mean + half)
+
+
+def summarize(values: dict[str, list]) -> dict[str, dict]:
+    """For each name whose entries are all numbers (or number-like strings; ``None`` entries from
+    failed seeds are left out): ``{"mean", "std", "ci95": [low, high], "n"}`` (see :func:`t_interval`)."""
+    out = {}
+    for name, entries in values.items():
+        nums = [_as_number(v) for v in entries if v is not None]
+        if not nums or any(x is None for x in nums):
+            continue
+        mean, std, ci = t_interval(nums)
+        out[name] = {"mean": mean, "std": std, "ci95": list(ci) if ci else None, "n": len(nums)}
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# running a notebook
+@dataclass
+class SeedRun:
+    """What one seed of one notebook gave: glued ``values``, wall ``seconds`` and, if a cell raised,
+    ``failure = {"seed", "cell", "line", "error"}``."""
+
+    seed: int
+    values: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    failure: dict | None = None
+
+
+def _first_line(source: str) -> str:
+    for line in source.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            return line.strip()
+    return source.strip().splitlines()[0] if source.strip() else ""
+
+
+def run_notebook(path: str | Path, *, seed: int, scale: str, timeout: int | None = None, progress=None,
+                 kernel_name: str | None = None) -> SeedRun:
+    """Execute the notebook at ``path`` once, headless, with ``FEDLAB_SEED=seed`` and
+    ``FEDLAB_SCALE=scale`` in the kernel's environment (the working directory is the notebook's
+    folder). ``progress`` (optional) is called with no argument after each code cell. Never raises for
+    a failing cell: the failure is returned in :attr:`SeedRun.failure`."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    from .config import SCALES
+
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    if int(seed) != seed or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    code_index = {id(c): i for i, c in enumerate(c for c in nb.cells if c.cell_type == "code")}
+    current: dict = {}
+
+    def on_start(cell, cell_index, **_):
+        current["cell"] = cell
+
+    def on_done(cell, cell_index, **_):
+        if progress is not None and cell.cell_type == "code":
+            progress()
+
+    env = dict(os.environ, FEDLAB_SEED=str(int(seed)), FEDLAB_SCALE=scale, FEDLAB_PROGRESS="0",
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name or "python3",
+                            resources={"metadata": {"path": str(path.parent)}},
+                            on_cell_execute=on_start, on_cell_executed=on_done)
+    run = SeedRun(seed=int(seed))
+    t0 = time.perf_counter()
+    try:
+        client.execute(env=env)
+    except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
+        cell = current.get("cell")
+        ename = getattr(exc, "ename", type(exc).__name__)
+        evalue = getattr(exc, "evalue", None) or str(exc).strip().splitlines()[-1:] or [""]
+        evalue = evalue if isinstance(evalue, str) else evalue[0]
+        run.failure = {"seed": int(seed),
+                       "cell": code_index.get(id(cell)) if cell is not None else None,
+                       "line": _first_line(cell.source) if cell is not None else "",
+                       "error": f"{ename}: {evalue}".strip()}
+    run.seconds = time.perf_counter() - t0
+    run.values = collect_glued(nb)
+    return run
+
+
+def _count_code_cells(path: Path) -> int:
+    import nbformat
+
+    return sum(c.cell_type == "code" for c in nbformat.read(path, as_version=4).cells)
+
+
+def _worker(args):  # top level so that a process pool can pickle it
+    path, seed, scale, timeout, queue = args
+    progress = (lambda: queue.put(1)) if queue is not None else None
+    return run_notebook(path, seed=seed, scale=scale, timeout=timeout, progress=progress)
+
+
+# --------------------------------------------------------------------------------------------------
+# the record
+def _commit(root: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root,
+                             timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=root, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = out.stdout.strip()
+    return (sha + ("-dirty" if dirty else "")) if sha else None
+
+
+def _machine() -> str:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return f"{platform.machine()}, {cpus} CPUs"
+
+
+def build_record(chapter: Chapter, scale: str, runs: list[SeedRun], *, root: Path, command: str) -> dict:
+    """The record of ``runs`` (one per seed, in seed order) in the format of the module docstring."""
+    import torch
+
+    names: list[str] = []
+    for r in runs:
+        names += [n for n in r.values if n not in names]
+    values = {n: [r.values.get(n) for r in runs] for n in names}
+    return {"chapter": chapter.stem, "title": chapter.title, "scale": scale, "seeds": [r.seed for r in runs],
+            "values": values, "summary": summarize(values), "seconds": [round(r.seconds, 1) for r in runs],
+            "failures": [r.failure for r in runs if r.failure], "machine": _machine(),
+            "python": platform.python_version(), "torch": torch.__version__, "commit": _commit(root),
+            "date": _dt.date.today().isoformat(), "command": command}
+
+
+def write_record(record: dict, out: str | Path) -> Path:
+    """Write ``record`` to ``out/<chapter>.<scale>.json`` and return the path."""
+    missing = [k for k in RECORD_FIELDS if k not in record]
+    if missing:
+        raise ValueError(f"record lacks the fields {missing}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{record['chapter']}.{record['scale']}.json"
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+    return path
+
+
+def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: int = 1, out: str | Path,
+              root: Path, timeout: int | None = None, show_progress: bool = True, command: str = "",
+              stderr=None) -> tuple[list[Path], list[dict]]:
+    """Run every chapter at every seed (``jobs`` seeds at a time, each in its own process) and write
+    one record per chapter. Returns the written paths and the failures (empty when all ran clean)."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing as mp
+    import threading
+
+    from tqdm.auto import tqdm
+
+    stderr = stderr or sys.stderr
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+        raise ValueError(f"seeds must be distinct non-negative integers, got {seeds}")
+    paths, failures = [], []
+    for chapter in chapters:
+        total = len(seeds) * _count_code_cells(chapter.path)
+        bar = tqdm(total=total, desc=f"{chapter.stem} [{scale}, seeds {','.join(map(str, seeds))}]",
+                   unit="cell", disable=not show_progress, file=stderr)
+        ctx = mp.get_context("spawn")
+        with ctx.Manager() as manager:
+            queue = manager.Queue()
+
+            def pump():
+                while True:
+                    item = queue.get()
+                    if item is None:
+                        return
+                    bar.update(item)
+
+            thread = threading.Thread(target=pump, daemon=True)
+            thread.start()
+            args = [(chapter.path, s, scale, timeout, queue) for s in seeds]
+            if jobs == 1:
+                runs = [_worker(a) for a in args]
+            else:
+                with ProcessPoolExecutor(max_workers=min(jobs, len(seeds)), mp_context=ctx) as pool:
+                    runs = list(pool.map(_worker, args))
+            queue.put(None)
+            thread.join()
+        bar.close()
+        record = build_record(chapter, scale, runs, root=root, command=command)
+        paths.append(write_record(record, out))
+        for f in record["failures"]:
+            failures.append(dict(f, chapter=chapter.stem))
+            print(f"FAILED {chapter.stem} seed {f['seed']}, code cell {f['cell']} ({f['line']}): {f['error']}",
+                  file=stderr)
+        secs = ", ".join(f"{s:.0f}" for s in record["seconds"])
+        print(f"{chapter.stem}: {len(seeds) - len(record['failures'])}/{len(seeds)} seeds clean, seconds per seed "
+              f"[{secs}] -> {paths[-1]}", file=stderr)
+    return paths, failures
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+def _parse_seeds(text: str) -> list[int]:
+    seeds = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part[1:]:
+            lo, hi = part.split("-", 1)
+            seeds += list(range(int(lo), int(hi) + 1))
+        elif part:
+            seeds.append(int(part))
+    if not seeds:
+        raise argparse.ArgumentTypeError("--seeds needs at least one seed, e.g. 0,1,2 or 0-4")
+    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds must be distinct non-negative integers, got {text!r}")
+    return seeds
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fedlab", description="fedlab command line")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("reproduce", help="run a chapter at several seeds and store its glued numbers",
+                       description=__doc__.split("\n\n")[0])
+    r.add_argument("chapter", nargs="?", help="notebook stem, its prefix (02, 03a) or 'all'")
+    r.add_argument("--list", action="store_true", help="list the chapters of _toc.yml and exit")
+    r.add_argument("--scale", choices=("quick", "paper"), default="quick")
+    r.add_argument("--seeds", type=_parse_seeds, default=[0, 1, 2], help="e.g. 0,1,2 or 0-4 (default 0,1,2)")
+    r.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (default 1)")
+    r.add_argument("--out", default=None, help="folder for the records (default chapters/records/)")
+    r.add_argument("--root", default=None, help="the book's folder (default: found from the working directory)")
+    r.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: no limit)")
+    r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m fedlab`` and of the ``fedlab-course`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    try:
+        root = find_root(args.root) if args.root is None else Path(args.root).resolve()
+        chapters = list_chapters(root)
+        if args.list:
+            for c in chapters:
+                print(f"{c.stem:32s} {c.title}")
+            return 0
+        if not args.chapter:
+            print("error: give a CHAPTER (a stem, its prefix or 'all') or --list", file=sys.stderr)
+            return 2
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        selected = resolve_chapters(args.chapter, chapters)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else root / "chapters" / "records"
+    show = not args.no_progress and os.environ.get("FEDLAB_PROGRESS", "1") not in ("0", "false", "no", "off")
+    _, failures = reproduce(selected, scale=args.scale, seeds=args.seeds, jobs=args.jobs, out=out, root=root,
+                            timeout=args.timeout, show_progress=show,
+                            command="python -m fedlab " + " ".join(argv))
+    return 1 if failures else 0

@@ -1,0 +1,134 @@
+"""``python -m fedlab reproduce`` on a tiny book made here: records, failures, the t interval."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from scipy import stats
+
+from fedlab import reproduce as rp
+
+GOOD = """import os
+from myst_nb import glue
+import fedlab
+SEED = fedlab.default_seed()
+glue("seed_value", SEED * 1.5, display=False)
+glue("const", 7, display=False)
+glue("label", "p = 4.5e-03" if SEED else "p = 1.0e-02", display=False)
+glue("as_text", f"{0.25 + SEED:.2f}", display=False)
+glue("scale", fedlab.scale(), display=False)"""
+
+BAD = """import fedlab
+SEED = fedlab.default_seed()
+from myst_nb import glue
+glue("before", SEED, display=False)"""
+
+BAD_ASSERT = """# the claim
+auc = 0.9 - 0.2 * SEED
+assert auc > 0.8, auc"""
+
+
+def _book(tmp_path: Path) -> Path:
+    (tmp_path / "chapters").mkdir()
+    good = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A good chapter"),
+                                           nbformat.v4.new_code_cell(GOOD)])
+    bad = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A chapter that fails at seed 1"),
+                                          nbformat.v4.new_code_cell(BAD), nbformat.v4.new_code_cell(BAD_ASSERT),
+                                          nbformat.v4.new_code_cell("glue('after', 1, display=False)")])
+    nbformat.write(good, tmp_path / "chapters" / "01_good.ipynb")
+    nbformat.write(bad, tmp_path / "chapters" / "02_bad.ipynb")
+    (tmp_path / "index.md").write_text("# Book\n")
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: index\nparts:\n  - caption: C\n    chapters:\n"
+                                       "      - file: chapters/01_good\n        title: Good one\n"
+                                       "      - file: chapters/02_bad\n")
+    return tmp_path
+
+
+def _cli(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedlab", "reproduce", *args, "--root", str(root), "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_list_and_resolve(tmp_path):
+    root = _book(tmp_path)
+    chapters = rp.list_chapters(root)
+    assert [c.stem for c in chapters] == ["01_good", "02_bad"]
+    assert chapters[0].title == "Good one" and chapters[1].title == "A chapter that fails at seed 1"
+    assert [c.stem for c in rp.resolve_chapters("02", chapters)] == ["02_bad"]
+    assert len(rp.resolve_chapters("all", chapters)) == 2
+    with pytest.raises(ValueError, match="ambiguous"):
+        rp.resolve_chapters("0", chapters)
+    with pytest.raises(ValueError, match="matches no notebook"):
+        rp.resolve_chapters("07", chapters)
+    res = _cli(root, "--list")
+    assert res.returncode == 0 and "01_good" in res.stdout and "Good one" in res.stdout and "02_bad" in res.stdout
+
+
+def test_book_toc_lists_every_notebook():
+    root = Path(__file__).resolve().parents[1]
+    stems = {c.stem for c in rp.list_chapters(root)}
+    on_disk = {p.stem for p in (root / "chapters").glob("*.ipynb")}
+    assert stems == on_disk
+
+
+def test_record_of_a_clean_chapter(tmp_path):
+    root = _book(tmp_path)
+    out = tmp_path / "rec"
+    res = _cli(root, "01", "--seeds", "1,2", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    rec = json.loads((out / "01_good.quick.json").read_text())
+    assert set(rp.RECORD_FIELDS) <= set(rec)
+    assert rec["chapter"] == "01_good" and rec["scale"] == "quick" and rec["seeds"] == [1, 2]
+    assert rec["values"]["seed_value"] == [1.5, 3.0]          # the seed reached the kernel
+    assert rec["values"]["scale"] == ["quick", "quick"]
+    assert rec["values"]["as_text"] == ["1.25", "2.25"]
+    assert len(rec["seconds"]) == 2 and all(s > 0 for s in rec["seconds"]) and rec["failures"] == []
+    s = rec["summary"]["seed_value"]
+    half = stats.t.ppf(0.975, 1) * math.sqrt(((1.5 - 2.25) ** 2 + (3 - 2.25) ** 2) / 1) / math.sqrt(2)
+    assert s["n"] == 2 and s["mean"] == pytest.approx(2.25) and s["ci95"] == pytest.approx([2.25 - half, 2.25 + half])
+    assert rec["summary"]["const"]["std"] == 0 and rec["summary"]["as_text"]["mean"] == pytest.approx(1.75)
+    assert "label" not in rec["summary"] and "scale" not in rec["summary"]   # text that is not a number
+
+
+def test_failing_seed_is_named_and_exit_nonzero(tmp_path):
+    root = _book(tmp_path)
+    out = tmp_path / "rec"
+    res = _cli(root, "02_bad", "--seeds", "0,1", "--out", str(out), "--jobs", "2")
+    assert res.returncode == 1
+    assert "seed 1" in res.stderr and "code cell 1" in res.stderr and "auc = 0.9 - 0.2 * SEED" in res.stderr
+    assert "AssertionError" in res.stderr and "seed 0" not in res.stderr.split("FAILED")[1].split("\n")[0]
+    rec = json.loads((out / "02_bad.quick.json").read_text())
+    assert rec["failures"] == [{"seed": 1, "cell": 1, "line": "auc = 0.9 - 0.2 * SEED",
+                                "error": "AssertionError: 0.7"}]
+    assert rec["values"]["before"] == [0, 1] and rec["values"]["after"] == [1, None]
+    assert rec["summary"]["after"]["n"] == 1 and rec["summary"]["after"]["ci95"] is None
+
+
+def test_t_interval_and_glue_parsing():
+    xs = [0.2, 0.4, 0.9, 0.5]
+    mean, std, (lo, hi) = rp.t_interval(xs)
+    ref = stats.t.interval(0.95, len(xs) - 1, loc=sum(xs) / 4, scale=stats.sem(xs))
+    assert (lo, hi) == pytest.approx(ref) and std == pytest.approx(stats.tstd(xs))
+    # a 10x wrong t quantile (or z instead of t at n = 4) would not match
+    assert hi - mean > 1.2 * 1.96 * std / 2
+    for bad in ([], [1.0, float("nan")]):
+        with pytest.raises(ValueError, match="xs"):
+            rp.t_interval(bad)
+    with pytest.raises(ValueError, match="confidence"):
+        rp.t_interval([1, 2], confidence=1.5)
+    assert rp._parse_plain("np.float64(0.25)") == 0.25 and rp._parse_plain("'a'") == "a"
+    assert rp._parse_plain("inf") == "inf" and rp._parse_plain("<Figure size 1x1>") == "<Figure size 1x1>"
+
+
+def test_bad_arguments(tmp_path):
+    root = _book(tmp_path)
+    assert _cli(root, "01", "--jobs", "0").returncode == 2
+    assert _cli(root, "01", "--seeds", "1,1").returncode == 2
+    assert _cli(root, "nope").returncode == 2
+    with pytest.raises(ValueError, match="scale"):
+        rp.run_notebook(root / "chapters" / "01_good.ipynb", seed=0, scale="huge")
+    with pytest.raises(ValueError, match="seed"):
+        rp.run_notebook(root / "chapters" / "01_good.ipynb", seed=-1, scale="quick")
