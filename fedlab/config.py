@@ -10,6 +10,7 @@ reader can change a setting once (an environment variable) and every notebook an
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from pathlib import Path
@@ -22,6 +23,7 @@ T = TypeVar("T")
 
 SCALES = ("quick", "paper")
 DEFAULT_SEED = 0
+_GLOBAL_NP: np.random.Generator | None = None
 
 
 def scale() -> str:
@@ -77,8 +79,10 @@ def seed_everything(seed: int | None = None) -> torch.Generator:
     seed = int(seed)
     if seed < 0:
         raise ValueError(f"seed must be non-negative, got {seed}")
+    global _GLOBAL_NP
     random.seed(seed)
     np.random.seed(seed % 2**32)
+    _GLOBAL_NP = np.random.default_rng(seed)
     torch.manual_seed(seed)
     if torch.cuda.is_available():  # pragma: no cover - depends on hardware
         torch.cuda.manual_seed_all(seed)
@@ -90,6 +94,35 @@ def seed_everything(seed: int | None = None) -> torch.Generator:
 def rng(seed: int | None = None) -> np.random.Generator:
     """A NumPy ``Generator`` seeded from ``seed`` (or the base seed)."""
     return np.random.default_rng(default_seed() if seed is None else int(seed))
+
+
+def global_rng() -> np.random.Generator:
+    """fedlab's shared NumPy ``Generator``, used by samplers called without a generator.
+
+    It is created from the base seed (``FEDLAB_SEED``) on first use and re-created by every call of
+    :func:`seed_everything`, so a notebook that seeds once gets the same draws on every run, and
+    successive draws differ (never fresh OS entropy, never the same noise twice)."""
+    global _GLOBAL_NP
+    if _GLOBAL_NP is None:
+        _GLOBAL_NP = np.random.default_rng(default_seed())
+    return _GLOBAL_NP
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None):
+    """Context in which torch's global RNG is seeded with ``seed``, restored on exit.
+
+    Model constructors use it so that ``mlp(..., seed=3)`` gives the same initialisation every time
+    without resetting the caller's random stream (no side effect on later draws). ``seed=None`` draws
+    from the global stream as usual (seeded by :func:`seed_everything`)."""
+    if seed is None:
+        yield
+        return
+    if int(seed) != seed or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        yield
 
 
 def device(prefer: str | None = None) -> torch.device:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .config import seeded
+
 __all__ = ["mlp", "logistic_regression", "lenet", "get_params", "flatten_params", "unflatten_params",
            "num_params", "text_classifier"]
 
@@ -24,14 +26,13 @@ def mlp(in_features: int, hidden: tuple[int, ...] | list[int], num_classes: int,
         raise ValueError(f"activation must be one of {sorted(_ACT)}, got {activation!r}")
     if in_features < 1 or num_classes < 1 or any(h < 1 for h in hidden):
         raise ValueError("in_features, hidden sizes and num_classes must be positive")
-    if seed is not None:
-        torch.manual_seed(seed)
     layers: list[nn.Module] = []
     width = in_features
-    for h in hidden:
-        layers += [nn.Linear(width, h), _ACT[activation]()]
-        width = h
-    layers.append(nn.Linear(width, num_classes))
+    with seeded(seed):   # same init for the same seed, no side effect on the caller's random stream
+        for h in hidden:
+            layers += [nn.Linear(width, h), _ACT[activation]()]
+            width = h
+        layers.append(nn.Linear(width, num_classes))
     return nn.Sequential(*layers)
 
 
@@ -47,17 +48,17 @@ def lenet(in_channels: int = 1, num_classes: int = 10, image_size: int = 8, *,
     """
     if activation not in _ACT:
         raise ValueError(f"activation must be one of {sorted(_ACT)}, got {activation!r}")
-    if seed is not None:
-        torch.manual_seed(seed)
     act = _ACT[activation]
     side = image_size
     convs: list[nn.Module] = []
     ch = in_channels
-    for stride in (2, 2, 1):
-        convs += [nn.Conv2d(ch, 12, kernel_size=5, padding=2, stride=stride), act()]
-        ch = 12
-        side = (side + 2 * 2 - 5) // stride + 1
-    return nn.Sequential(*convs, nn.Flatten(), nn.Linear(12 * side * side, num_classes))
+    with seeded(seed):
+        for stride in (2, 2, 1):
+            convs += [nn.Conv2d(ch, 12, kernel_size=5, padding=2, stride=stride), act()]
+            ch = 12
+            side = (side + 2 * 2 - 5) // stride + 1
+        head = nn.Linear(12 * side * side, num_classes)
+    return nn.Sequential(*convs, nn.Flatten(), head)
 
 
 def get_params(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -109,6 +110,5 @@ def text_classifier(vocab_size: int, embed_dim: int = 16, num_classes: int = 2, 
     """
     if vocab_size < 1 or embed_dim < 1 or num_classes < 2:
         raise ValueError("vocab_size and embed_dim must be positive and num_classes >= 2")
-    if seed is not None:
-        torch.manual_seed(seed)
-    return _MeanPoolText(vocab_size, embed_dim, num_classes)
+    with seeded(seed):
+        return _MeanPoolText(vocab_size, embed_dim, num_classes)

@@ -148,3 +148,36 @@ def test_rounds_to_accuracy():
     assert metrics.rounds_to_accuracy(h, 0.99) is None
     with pytest.raises(ValueError, match="target"):
         metrics.rounds_to_accuracy(h, 0.0)
+
+
+def test_model_constructors_leave_the_global_rng_alone():
+    import fedlab
+    from fedlab import models
+    from fedlab.attacks.model_reconstruction import linear_model
+
+    for build in (lambda: models.mlp(4, (3,), 2, seed=5), lambda: models.lenet(1, 10, 8, seed=5),
+                  lambda: models.text_classifier(10, 4, 2, seed=5), lambda: linear_model(3, seed=5)):
+        fedlab.seed_everything(11)
+        expected = torch.rand(3)
+        fedlab.seed_everything(11)
+        a = models.get_params(build())
+        assert torch.equal(torch.rand(3), expected)          # the caller's stream is untouched
+        b = models.get_params(build())
+        assert all(torch.equal(a[k], b[k]) for k in a)         # the seed fixes the initialisation
+    c = models.get_params(models.mlp(4, (3,), 2, seed=6))
+    assert not torch.equal(c["0.weight"], models.get_params(models.mlp(4, (3,), 2, seed=5))["0.weight"])
+    with pytest.raises(ValueError, match="seed"):
+        models.mlp(4, (3,), 2, seed=-1)
+
+
+def test_samplers_without_generator_follow_the_base_seed():
+    import fedlab
+    from fedlab.privacy import dprivacy
+
+    fedlab.seed_everything(3)
+    a1, a2 = dprivacy.sample_euclidean_laplace(4, 1.0), dprivacy.sample_euclidean_laplace(4, 1.0)
+    fedlab.seed_everything(3)
+    b1 = dprivacy.sample_euclidean_laplace(4, 1.0)
+    fedlab.seed_everything(4)
+    c1 = dprivacy.sample_euclidean_laplace(4, 1.0)
+    assert np.array_equal(a1, b1) and not np.array_equal(a1, a2) and not np.array_equal(a1, c1)

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import fl
+from ..config import seeded
 from ..models import flatten_params
 
 __all__ = [
@@ -72,9 +73,8 @@ def linear_model(num_features: int, *, bias: bool = False, dtype: torch.dtype = 
     output ``[n, 1]``. ``seed`` fixes the initial weights."""
     if num_features < 1:
         raise ValueError(f"num_features must be >= 1, got {num_features}")
-    if seed is not None:
-        torch.manual_seed(seed)
-    return nn.Linear(num_features, 1, bias=bias).to(dtype)
+    with seeded(seed):
+        return nn.Linear(num_features, 1, bias=bias).to(dtype)
 
 
 def binary_accuracy(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

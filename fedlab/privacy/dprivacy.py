@@ -52,10 +52,16 @@ def _check_n(n) -> int:
 
 
 def _rng(rng) -> np.random.Generator:
+    """``rng`` as a Generator: an int seeds a new one; ``None`` takes :func:`fedlab.config.global_rng`
+    (seeded from ``FEDLAB_SEED`` / :func:`fedlab.seed_everything`, never OS entropy)."""
     if isinstance(rng, np.random.Generator):
         return rng
-    if rng is None or isinstance(rng, (int, np.integer)):
-        return np.random.default_rng(rng)
+    if rng is None:
+        from ..config import global_rng
+
+        return global_rng()
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        return np.random.default_rng(int(rng))
     raise ValueError(f"rng must be a numpy Generator, an int seed or None, got {type(rng).__name__}")
 
 
@@ -127,7 +133,7 @@ def sample_euclidean_laplace(n: int, epsilon, size: int | None = None, *, rng=No
         ``inf`` gives ``rho = 0``.
     size : int, optional
         Number of draws; ``None`` returns one vector ``[n]``, else ``[size, n]``.
-    rng : numpy Generator or int seed
+    rng : numpy Generator or int seed; ``None`` uses :func:`fedlab.config.global_rng`
 
     Raises ``ValueError`` on ``n < 1``, ``epsilon <= 0`` or an epsilon array whose length is not ``size``.
     """
