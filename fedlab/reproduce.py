@@ -134,6 +134,7 @@ def resolve_chapters(name: str, chapters: list[Chapter]) -> list[Chapter]:
 
 # --------------------------------------------------------------------------------------------------
 # glued values and their summary
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NP_SCALAR = re.compile(r"^np\.(?:float|int|uint|bool)_?\w*\((.*)\)$", re.S)
 
 
@@ -277,16 +278,20 @@ def run_notebook(path: str | Path, *, seed: int, scale: str, timeout: int | None
     run = SeedRun(seed=int(seed))
     t0 = time.perf_counter()
     try:
-        client.execute(env=env)
+        client.execute(env=env, stderr=subprocess.DEVNULL)   # the kernel's own start-up chatter
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
         cell = current.get("cell")
         ename = getattr(exc, "ename", type(exc).__name__)
         evalue = getattr(exc, "evalue", None) or str(exc).strip().splitlines()[-1:] or [""]
         evalue = evalue if isinstance(evalue, str) else evalue[0]
+        error = _ANSI.sub("", f"{ename}: {evalue}").strip().rstrip(":")
+        where = [ln.split("---->", 1)[1].strip() for ln in _ANSI.sub("", str(exc)).splitlines() if "---->" in ln]
+        if where:   # the line that raised, e.g. "7 assert a > b" (line number inside the cell, then the code)
+            error += f" at line {where[-1]}"
         run.failure = {"seed": int(seed),
                        "cell": code_index.get(id(cell)) if cell is not None else None,
                        "line": _first_line(cell.source) if cell is not None else "",
-                       "error": f"{ename}: {evalue}".strip()}
+                       "error": error}
     run.seconds = time.perf_counter() - t0
     run.values = collect_glued(nb)
     return run

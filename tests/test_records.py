@@ -1,37 +1,71 @@
-"""fedlab.records: paper-scale run records written by notebooks and shown by the quick build."""
+"""fedlab.records: reading the records that `python -m fedlab reproduce` writes."""
 import json
 
+import numpy as np
 import pytest
 
-from fedlab.records import Record, compare_rows, describe, load_record
+from fedlab import records
+from fedlab.reproduce import summarize
 
 
-def test_record_round_trip(tmp_path):
-    rec = Record(a=0.5, b="x")
-    path = rec.save(tmp_path / "sub" / "r.paper.json", seconds=12.34, scale="paper")
-    data = load_record(path)
-    assert data["values"] == {"a": 0.5, "b": "x"} and data["seconds"] == 12.3 and data["scale"] == "paper"
-    assert {"date", "python", "torch", "machine", "commit"} <= set(data)
-    rows = compare_rows({"a": 0.4}, data, {"a": "A", "c": "C"})
-    assert rows == [["A", 0.4, 0.5], ["C", "n/a", "n/a"]]
-    assert compare_rows({"a": 1}, None, {"a": "A"}) == [["A", 1, "n/a"]]
-    assert describe(data).startswith("The stored paper-scale run took 12 s on ") and "No" in describe(None)
+def _record(tmp_path, values, seeds=(0, 1, 2), failures=()):
+    rec = {"chapter": "02_x", "title": "X", "scale": "paper", "seeds": list(seeds), "values": values,
+           "summary": summarize(values), "seconds": [10.0] * len(seeds), "failures": list(failures),
+           "machine": "x86_64, 2 CPUs", "python": "3.11", "torch": "2.13.0", "commit": "abc", "date": "2026-11-23",
+           "command": "python -m fedlab reproduce 02"}
+    path = tmp_path / "02_x.paper.json"
+    path.write_text(json.dumps(rec))
+    return path
+
+
+def test_format_and_run(tmp_path):
+    _record(tmp_path, {"auc": [0.5, 0.6, 0.7], "p": ["1.0e-03", "2.0e-03", "3.0e-03"], "src": ["syn", "syn", "syn"],
+                       "one": [0.25, None, None]})
+    run = records.Run("02_x", folder=tmp_path)
+    # 0.6 ± t(0.975, 2) * 0.1 / sqrt(3) = 0.6 ± 0.248
+    assert run.paper("auc") == "0.600 ± 0.248 (n = 3)"
+    assert run.paper("auc", 1, scale_factor=100) == "60.0 ± 24.8 (n = 3)"
+    assert run.paper("p") == "2.00e-03 ± 2.48e-03 (n = 3)"
+    assert run.paper("src") == "syn" and run.paper("one") == "0.250 (n = 1)" and run.paper("zzz") == "not in record"
+    assert "seeds 0, 1, 2 (n = 3)" in run.describe() and "10 s per seed" in run.describe()
+    assert records.Run("03_none", folder=tmp_path).paper("auc") == "no record yet"
+    assert "reproduce 03_none --scale paper" in records.Run("03_none", folder=tmp_path).describe()
+    rows = records.compare_rows({"auc": 0.55}, run.record, {"auc": "AUC", "c": "C"})
+    assert rows == [["AUC", 0.55, "0.600 ± 0.248 (n = 3)"], ["C", "n/a", "not in record"]]
 
 
 def test_record_errors(tmp_path):
-    assert load_record(tmp_path / "missing.json") is None
+    assert records.load_record(tmp_path / "missing.json") is None
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"values": 1}))
-    with pytest.raises(ValueError, match="record"):
-        load_record(bad)
-    with pytest.raises(ValueError, match="seconds"):
-        Record().save(tmp_path / "r.json", seconds=-1, scale="paper")
+    with pytest.raises(ValueError, match="not a fedlab record"):
+        records.load_record(bad)
+    path = _record(tmp_path, {"a": [1, 2, 3]})
+    data = json.loads(path.read_text())
+    data["values"]["a"] = [1, 2]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="one entry per seed"):
+        records.load_record(path)
+    with pytest.raises(ValueError, match="scale"):
+        records.load("02_x", "huge", tmp_path)
 
 
-def test_record_glue_checks_type():
+def test_run_glue_checks_type():
     pytest.importorskip("myst_nb")
-    rec = Record()
+    run = records.Run("nothing", folder="/nonexistent")
     with pytest.raises(ValueError, match="value"):
-        rec.glue("t", [1, 2])
-    rec.glue("n", 3)
-    assert rec == {"n": 3}
+        run.glue("t", [1, 2])
+    assert run.glue("n", np.float64(0.12345), digits=3) == 0.123 and run == {"n": 0.123}
+
+
+def test_stored_records_are_well_formed():
+    """Every record committed under chapters/records/ was written by the command and reads back."""
+    from pathlib import Path
+    from fedlab.reproduce import RECORD_FIELDS
+
+    folder = Path(__file__).resolve().parents[1] / "chapters" / "records"
+    for path in folder.glob("*.json"):
+        rec = records.load_record(path)
+        assert set(RECORD_FIELDS) <= set(rec), path
+        assert path.name == f"{rec['chapter']}.{rec['scale']}.json"
+        assert rec["summary"] == json.loads(json.dumps(summarize(rec["values"]))), path

@@ -102,7 +102,7 @@ def test_failing_seed_is_named_and_exit_nonzero(tmp_path):
     assert "AssertionError" in res.stderr and "seed 0" not in res.stderr.split("FAILED")[1].split("\n")[0]
     rec = json.loads((out / "02_bad.quick.json").read_text())
     assert rec["failures"] == [{"seed": 1, "cell": 1, "line": "auc = 0.9 - 0.2 * SEED",
-                                "error": "AssertionError: 0.7"}]
+                                "error": "AssertionError: 0.7 at line 3 assert auc > 0.8, auc"}]
     assert rec["values"]["before"] == [0, 1] and rec["values"]["after"] == [1, None]
     assert rec["summary"]["after"]["n"] == 1 and rec["summary"]["after"]["ci95"] is None
 
