@@ -135,3 +135,40 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence], *, floatfmt: str 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
     return Markdown("\n".join(lines))
+
+
+def record_errorbars(record: Mapping | None, names: Mapping[str, str], *, current: Mapping | None = None,
+                     xlabel: str = "", title: str = "", ax=None):
+    """Dot-and-whisker plot of a stored multi-seed record (see :mod:`fedlab.reproduce`): for every
+    ``name -> label`` of ``names`` the mean over seeds with its 95 % t interval as an error bar, and,
+    if ``current`` (``name -> value``) is given, this build's value as an open marker beside it.
+    Names missing from the record are drawn from ``current`` only. With no record, the axes say so in
+    words (the page must never show an empty figure). Returns the axes.
+
+    Raises ``ValueError`` if ``names`` is empty."""
+    if not names:
+        raise ValueError("names must hold at least one name -> label")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 0.45 * len(names) + 1.2))
+    summary = (record or {}).get("summary", {})
+    ys = np.arange(len(names))[::-1]
+    for y, (name, label) in zip(ys, names.items()):
+        s = summary.get(name)
+        if s is not None:
+            lo, hi = s["ci95"] if s["ci95"] is not None else (s["mean"], s["mean"])
+            ax.errorbar(s["mean"], y, xerr=[[s["mean"] - lo], [hi - s["mean"]]], fmt="o", color="C0", capsize=3,
+                        label="stored record: mean ± 95 % CI" if y == ys[0] else None)
+        if current is not None and isinstance(current.get(name), (int, float)):
+            ax.plot(current[name], y + 0.18, "o", mfc="none", color="C1",
+                    label="this build" if y == ys[0] else None)
+    ax.set_yticks(ys, list(names.values()))
+    ax.set(xlabel=xlabel, title=title)
+    if record is None:
+        ax.text(0.5, 0.5, "no stored record yet", transform=ax.transAxes, ha="center", va="center", color="gray")
+    else:
+        n = max((summary[k]["n"] for k in names if k in summary), default=0)
+        ax.set_title(title or f"stored {record.get('scale', '')}-scale record, n = {n} seeds")
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(fontsize=8, loc="best")
+    return ax

@@ -65,10 +65,13 @@ def load(stem: str, scale: str = "paper", folder: str | Path | None = None) -> d
     return load_record(Path(folder or records_dir()) / f"{stem}.{scale}.json")
 
 
-def _fmt(x: float, digits: int) -> str:
-    if x != 0 and (abs(x) < 10 ** -digits or abs(x) >= 10 ** 6):
-        return f"{x:.2e}"
-    return f"{x:.{digits}f}"
+def _sci(x: float, digits: int) -> bool:
+    return x != 0 and (abs(x) < 10 ** -(digits - 1) or abs(x) >= 10 ** 6)
+
+
+def _fmt(x: float, digits: int, sci: bool | None = None) -> str:
+    """``x`` with ``digits`` decimals, or in scientific notation when ``sci`` (default: for tiny or huge x)."""
+    return f"{x:.2e}" if (_sci(x, digits) if sci is None else sci) else f"{x:.{digits}f}"
 
 
 def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_factor: float = 1.0) -> str:
@@ -84,7 +87,8 @@ def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_fac
         if s["ci95"] is None:
             return f"{_fmt(mean, digits)} (n = {s['n']})"
         half = (s["ci95"][1] - s["ci95"][0]) / 2 * abs(scale_factor)
-        return f"{_fmt(mean, digits)} ± {_fmt(half, digits)} (n = {s['n']})"
+        sci = _sci(mean, digits)   # the half-width in the mean's notation
+        return f"{_fmt(mean, digits, sci)} ± {_fmt(half, digits, sci)} (n = {s['n']})"
     if name in record.get("values", {}):
         seen = [v for v in record["values"][name] if v is not None]
         distinct = list(dict.fromkeys(str(v) for v in seen))

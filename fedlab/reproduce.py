@@ -445,6 +445,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stored_times(stem: str, folder: Path) -> str:
+    """'  [paper: 3 seeds, 120 s/seed]' for the records stored in ``folder`` (empty when none)."""
+    parts = []
+    for scale in ("quick", "paper"):
+        path = folder / f"{stem}.{scale}.json"
+        if path.is_file():
+            rec = json.loads(path.read_text())
+            secs = rec.get("seconds") or [0]
+            parts.append(f"{scale}: {len(secs)} seeds, {sum(secs) / len(secs):.0f} s/seed")
+    return f"  [{'; '.join(parts)}]" if parts else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m fedlab`` and of the ``fedlab-course`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -453,8 +465,9 @@ def main(argv: list[str] | None = None) -> int:
         root = find_root(args.root) if args.root is None else Path(args.root).resolve()
         chapters = list_chapters(root)
         if args.list:
+            out_dir = Path(args.out) if args.out else root / "chapters" / "records"
             for c in chapters:
-                print(f"{c.stem:32s} {c.title}")
+                print(f"{c.stem:32s} {c.title}{_stored_times(c.stem, out_dir)}")
             return 0
         if not args.chapter:
             print("error: give a CHAPTER (a stem, its prefix or 'all') or --list", file=sys.stderr)

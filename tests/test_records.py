@@ -69,3 +69,20 @@ def test_stored_records_are_well_formed():
         assert set(RECORD_FIELDS) <= set(rec), path
         assert path.name == f"{rec['chapter']}.{rec['scale']}.json"
         assert rec["summary"] == json.loads(json.dumps(summarize(rec["values"]))), path
+
+
+def test_record_errorbars_draws_the_interval(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    from fedlab import plots
+
+    _record(tmp_path, {"auc": [0.5, 0.6, 0.7], "b": [1.0, 1.0, 1.0]})
+    rec = records.load("02_x", folder=tmp_path)
+    ax = plots.record_errorbars(rec, {"auc": "AUC", "b": "B"}, current={"auc": 0.55})
+    bars = [c for c in ax.containers if hasattr(c, "lines")]
+    seg = bars[0].lines[2][0].get_segments()[0]                # the x error segment of "AUC"
+    assert seg[0][0] == pytest.approx(0.6 - 0.2484, abs=1e-3) and seg[1][0] == pytest.approx(0.6 + 0.2484, abs=1e-3)
+    ax2 = plots.record_errorbars(None, {"auc": "AUC"})
+    assert any("no stored record" in t.get_text() for t in ax2.texts)
+    with pytest.raises(ValueError, match="names"):
+        plots.record_errorbars(rec, {})
