@@ -152,22 +152,26 @@ def record_errorbars(record: Mapping | None, names: Mapping[str, str], *, curren
         _, ax = plt.subplots(figsize=(6.5, 0.45 * len(names) + 1.2))
     summary = (record or {}).get("summary", {})
     ys = np.arange(len(names))[::-1]
+    labelled = {"record": False, "current": False}
     for y, (name, label) in zip(ys, names.items()):
         s = summary.get(name)
         if s is not None:
             lo, hi = s["ci95"] if s["ci95"] is not None else (s["mean"], s["mean"])
             ax.errorbar(s["mean"], y, xerr=[[s["mean"] - lo], [hi - s["mean"]]], fmt="o", color="C0", capsize=3,
-                        label="stored record: mean ± 95 % CI" if y == ys[0] else None)
+                        label=None if labelled["record"] else "stored record: mean ± 95 % CI")
+            labelled["record"] = True
         if current is not None and isinstance(current.get(name), (int, float)):
             ax.plot(current[name], y + 0.18, "o", mfc="none", color="C1",
-                    label="this build" if y == ys[0] else None)
+                    label=None if labelled["current"] else "this build")
+            labelled["current"] = True
     ax.set_yticks(ys, list(names.values()))
     ax.set(xlabel=xlabel, title=title)
     if record is None:
         ax.text(0.5, 0.5, "no stored record yet", transform=ax.transAxes, ha="center", va="center", color="gray")
     else:
-        n = max((summary[k]["n"] for k in names if k in summary), default=0)
-        ax.set_title(title or f"stored {record.get('scale', '')}-scale record, n = {n} seeds")
+        ns = sorted({summary[k]["n"] for k in names if k in summary})
+        n_txt = "no value" if not ns else (f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}-{ns[-1]}")
+        ax.set_title(title or f"stored {record.get('scale', '')}-scale record, {n_txt} seeds")
     handles, _ = ax.get_legend_handles_labels()
     if handles:
         ax.legend(fontsize=8, loc="best")

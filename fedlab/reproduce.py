@@ -6,8 +6,8 @@ each run, and writes **one record** per chapter and scale::
 
     <out>/<stem>.<scale>.json
     {"chapter": stem, "title": ..., "scale": "quick" | "paper", "seeds": [0, 1, 2],
-     "values":  {name: [value at seed 0, value at seed 1, ...]},      # null where a seed failed
-     "summary": {name: {"mean", "std", "ci95": [low, high], "n"}},    # numeric values only
+     "values":  {name: [value at seed 0, value at seed 1, ...]},      # null where a seed never glued it
+     "summary": {name: {"mean", "std", "ci95": [low, high], "n"}},    # numeric values, clean seeds only
      "seconds": [wall seconds of each seed], "failures": [{"seed", "cell", "line", "error"}],
      "machine", "python", "torch", "commit", "date", "command"}
 
@@ -16,9 +16,13 @@ each run, and writes **one record** per chapter and scale::
 ``ci95`` are ``null``. A value glued as a string that reads as a number (``"4.6e-19"``) is summarised
 as that number. Records are only ever written by this command; :mod:`fedlab.records` reads them.
 
-The command exits with status 0 only if every seed ran clean; otherwise it names, on stderr, each
-failing seed, the failing cell (its index among the notebook's code cells and its first source line)
-and the error, still writes the record (a failing seed is a result), and exits with status 1.
+A failing seed keeps the values it glued before the failing cell (later ones are ``null``) but is left
+out of ``summary``. The command exits with status 0 only if every seed ran clean; otherwise it names,
+on stderr, each failing seed, the failing cell (its index among the notebook's code cells and the
+cell line that raised) and the error, still writes the record (a failing seed is a result; it goes to
+``<stem>.<scale>.failed.json`` rather than replace a stored clean record, unless ``--force``), and
+exits with status 1. Glued names ending in ``_paper`` or ``_note`` quote a stored record and are not
+collected.
 
 Usage::
 
@@ -44,6 +48,13 @@ from pathlib import Path
 
 __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "summarize", "t_interval",
            "run_notebook", "reproduce", "main"]
+
+#: glued names with these endings quote a stored record (``run.paper(...)``, ``run.describe()``) and
+#: are not collected into a new one
+DERIVED_SUFFIXES = ("_paper", "_note")
+
+#: a cell that runs longer fails its seed (a paper-scale chapter must fit in 30 min per seed)
+DEFAULT_CELL_TIMEOUT = 1800
 
 RECORD_FIELDS = ("chapter", "title", "scale", "seeds", "values", "summary", "seconds", "failures", "machine",
                  "python", "torch", "commit", "date", "command")
@@ -135,14 +146,17 @@ def resolve_chapters(name: str, chapters: list[Chapter]) -> list[Chapter]:
 # --------------------------------------------------------------------------------------------------
 # glued values and their summary
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_NP_SCALAR = re.compile(r"^np\.(?:float|int|uint|bool)_?\w*\((.*)\)$", re.S)
+_NP_SCALAR = re.compile(r"^(-?)np\.(?:float|int|uint|bool|str)_?\w*\((.*)\)$", re.S)
+_NP_BOOL = {"np.True_": True, "np.False_": False}
 
 
 def _parse_plain(text: str):
     text = text.strip()
+    if text in _NP_BOOL:
+        return _NP_BOOL[text]
     m = _NP_SCALAR.match(text)
     if m:
-        text = m.group(1)
+        text = m.group(2) if not m.group(1) else f"-({m.group(2)})"
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -157,7 +171,8 @@ def _parse_plain(text: str):
 def collect_glued(nb) -> dict:
     """``name -> value`` for every myst-nb ``glue`` output of an executed notebook (nbformat node or
     dict). Numbers and strings come back as Python values (``np.float64(0.5)`` -> ``0.5``); glued
-    figures and other non-text outputs are skipped. A later glue of the same name wins."""
+    figures and other non-text outputs are skipped, and so are names ending in
+    :data:`DERIVED_SUFFIXES` (they quote a stored record). A later glue of the same name wins."""
     values: dict = {}
     for cell in nb["cells"]:
         for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
@@ -167,6 +182,8 @@ def collect_glued(nb) -> dict:
             data = {k[len(prefix):] if prefix and k.startswith(prefix) else k: v
                     for k, v in (out.get("data") or {}).items()}
             if not name or "text/plain" not in data or any(k.startswith("image/") for k in data):
+                continue
+            if name.endswith(DERIVED_SUFFIXES):   # text quoting a stored record: not a result of this run
                 continue
             text = data["text/plain"]
             values[name] = _parse_plain("".join(text) if isinstance(text, list) else text)
@@ -209,12 +226,14 @@ def t_interval(xs, confidence: float = 0.95) -> tuple[float, float | None, tuple
     return mean, std, (mean - half, mean + half)
 
 
-def summarize(values: dict[str, list]) -> dict[str, dict]:
-    """For each name whose entries are all numbers (or number-like strings; ``None`` entries from
-    failed seeds are left out): ``{"mean", "std", "ci95": [low, high], "n"}`` (see :func:`t_interval`)."""
+def summarize(values: dict[str, list], clean: list[bool] | None = None) -> dict[str, dict]:
+    """For each name whose entries are all numbers (or number-like strings): ``{"mean", "std",
+    "ci95": [low, high], "n"}`` (see :func:`t_interval`). Only the seeds marked ``True`` in ``clean``
+    (default: all) count: a seed whose run failed is kept in ``values`` but left out of the summary."""
     out = {}
     for name, entries in values.items():
-        nums = [_as_number(v) for v in entries if v is not None]
+        keep = entries if clean is None else [v for v, ok in zip(entries, clean) if ok]
+        nums = [_as_number(v) for v in keep if v is not None]
         if not nums or any(x is None for x in nums):
             continue
         mean, std, ci = t_interval(nums)
@@ -242,7 +261,7 @@ def _first_line(source: str) -> str:
     return source.strip().splitlines()[0] if source.strip() else ""
 
 
-def run_notebook(path: str | Path, *, seed: int, scale: str, timeout: int | None = None, progress=None,
+def run_notebook(path: str | Path, *, seed: int, scale: str, timeout: int | None = DEFAULT_CELL_TIMEOUT, progress=None,
                  kernel_name: str | None = None) -> SeedRun:
     """Execute the notebook at ``path`` once, headless, with ``FEDLAB_SEED=seed`` and
     ``FEDLAB_SCALE=scale`` in the kernel's environment (the working directory is the notebook's
@@ -272,29 +291,45 @@ def run_notebook(path: str | Path, *, seed: int, scale: str, timeout: int | None
 
     env = dict(os.environ, FEDLAB_SEED=str(int(seed)), FEDLAB_SCALE=scale, FEDLAB_PROGRESS="0",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    run = SeedRun(seed=int(seed))
+    t0 = time.perf_counter()
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name or "python3",
                             resources={"metadata": {"path": str(path.parent)}},
                             on_cell_execute=on_start, on_cell_executed=on_done)
-    run = SeedRun(seed=int(seed))
-    t0 = time.perf_counter()
     try:
         client.execute(env=env, stderr=subprocess.DEVNULL)   # the kernel's own start-up chatter
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
-        cell = current.get("cell")
-        ename = getattr(exc, "ename", type(exc).__name__)
-        evalue = getattr(exc, "evalue", None) or str(exc).strip().splitlines()[-1:] or [""]
-        evalue = evalue if isinstance(evalue, str) else evalue[0]
-        error = _ANSI.sub("", f"{ename}: {evalue}").strip().rstrip(":")
-        where = [ln.split("---->", 1)[1].strip() for ln in _ANSI.sub("", str(exc)).splitlines() if "---->" in ln]
-        if where:   # the line that raised, e.g. "7 assert a > b" (line number inside the cell, then the code)
-            error += f" at line {where[-1]}"
-        run.failure = {"seed": int(seed),
-                       "cell": code_index.get(id(cell)) if cell is not None else None,
-                       "line": _first_line(cell.source) if cell is not None else "",
-                       "error": error}
+        _record_failure(run, exc, current.get("cell"), code_index)
+    except Exception as exc:  # the kernel did not start, lost its connection, ...: still a failed seed
+        run.failure = {"seed": run.seed, "cell": None, "line": "", "error": f"{type(exc).__name__}: {exc}"}
     run.seconds = time.perf_counter() - t0
     run.values = collect_glued(nb)
     return run
+
+
+_CELL_LINE = re.compile(r"Cell In\[\d*\], line (\d+)")
+
+
+def _record_failure(run: SeedRun, exc: Exception, cell, code_index: dict) -> None:
+    """Fill ``run.failure`` from an nbclient error: the code-cell index, the cell line that raised (from
+    the traceback's ``Cell In[..], line N`` header; the cell's first line when there is none) and the
+    error."""
+    ename = getattr(exc, "ename", type(exc).__name__)
+    text = _ANSI.sub("", str(exc))
+    lines = [ln for ln in text.strip().splitlines() if ln.strip(" -")]
+    if ename == "CellTimeoutError":
+        evalue = lines[0] if lines else ""
+    else:
+        evalue = getattr(exc, "evalue", None)
+        evalue = (lines[-1] if lines else "") if evalue is None else evalue
+    error = f"{ename}: {evalue}".strip().rstrip(":") if evalue and evalue != ename else ename
+    source = cell.source.splitlines() if cell is not None else []
+    hits = _CELL_LINE.findall(text)
+    line = _first_line(cell.source) if cell is not None else ""
+    if hits and 0 < int(hits[-1]) <= len(source):
+        line = f"line {hits[-1]}: {source[int(hits[-1]) - 1].strip()}"
+    run.failure = {"seed": run.seed, "cell": code_index.get(id(cell)) if cell is not None else None,
+                   "line": line, "error": error}
 
 
 def _count_code_cells(path: Path) -> int:
@@ -336,28 +371,38 @@ def build_record(chapter: Chapter, scale: str, runs: list[SeedRun], *, root: Pat
     for r in runs:
         names += [n for n in r.values if n not in names]
     values = {n: [r.values.get(n) for r in runs] for n in names}
+    clean = [r.failure is None for r in runs]
     return {"chapter": chapter.stem, "title": chapter.title, "scale": scale, "seeds": [r.seed for r in runs],
-            "values": values, "summary": summarize(values), "seconds": [round(r.seconds, 1) for r in runs],
+            "values": values, "summary": summarize(values, clean), "seconds": [round(r.seconds, 1) for r in runs],
             "failures": [r.failure for r in runs if r.failure], "machine": _machine(),
             "python": platform.python_version(), "torch": torch.__version__, "commit": _commit(root),
             "date": _dt.date.today().isoformat(), "command": command}
 
 
-def write_record(record: dict, out: str | Path) -> Path:
-    """Write ``record`` to ``out/<chapter>.<scale>.json`` and return the path."""
+def write_record(record: dict, out: str | Path, *, force: bool = False) -> Path:
+    """Write ``record`` to ``out/<chapter>.<scale>.json`` and return the path. A record with failing
+    seeds never replaces a stored record without failures (unless ``force``): it goes to
+    ``<chapter>.<scale>.failed.json`` beside it instead."""
     missing = [k for k in RECORD_FIELDS if k not in record]
     if missing:
         raise ValueError(f"record lacks the fields {missing}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{record['chapter']}.{record['scale']}.json"
+    if record["failures"] and path.is_file() and not force:
+        try:
+            stored_clean = not json.loads(path.read_text()).get("failures")
+        except (json.JSONDecodeError, AttributeError):
+            stored_clean = False
+        if stored_clean:
+            path = out / f"{record['chapter']}.{record['scale']}.failed.json"
     path.write_text(json.dumps(record, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
     return path
 
 
 def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: int = 1, out: str | Path,
-              root: Path, timeout: int | None = None, show_progress: bool = True, command: str = "",
-              stderr=None) -> tuple[list[Path], list[dict]]:
+              root: Path, timeout: int | None = DEFAULT_CELL_TIMEOUT, show_progress: bool = True, command: str = "",
+              stderr=None, force: bool = False) -> tuple[list[Path], list[dict]]:
     """Run every chapter at every seed (``jobs`` seeds at a time, each in its own process) and write
     one record per chapter. Returns the written paths and the failures (empty when all ran clean)."""
     from concurrent.futures import ProcessPoolExecutor
@@ -394,12 +439,19 @@ def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: in
                 runs = [_worker(a) for a in args]
             else:
                 with ProcessPoolExecutor(max_workers=min(jobs, len(seeds)), mp_context=ctx) as pool:
-                    runs = list(pool.map(_worker, args))
+                    futures = [pool.submit(_worker, a) for a in args]
+                    runs = []
+                    for seed, fut in zip(seeds, futures):
+                        try:
+                            runs.append(fut.result())
+                        except Exception as exc:  # a worker process died: a failed seed, not a crash
+                            runs.append(SeedRun(seed=seed, failure={"seed": seed, "cell": None, "line": "",
+                                                                    "error": f"{type(exc).__name__}: {exc}"}))
             queue.put(None)
             thread.join()
         bar.close()
         record = build_record(chapter, scale, runs, root=root, command=command)
-        paths.append(write_record(record, out))
+        paths.append(write_record(record, out, force=force))
         for f in record["failures"]:
             failures.append(dict(f, chapter=chapter.stem))
             print(f"FAILED {chapter.stem} seed {f['seed']}, code cell {f['cell']} ({f['line']}): {f['error']}",
@@ -414,13 +466,18 @@ def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: in
 # command line
 def _parse_seeds(text: str) -> list[int]:
     seeds = []
-    for part in text.split(","):
-        part = part.strip()
-        if "-" in part[1:]:
-            lo, hi = part.split("-", 1)
-            seeds += list(range(int(lo), int(hi) + 1))
-        elif part:
-            seeds.append(int(part))
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part[1:]:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo:
+                    raise argparse.ArgumentTypeError(f"--seeds range {part!r} runs backwards")
+                seeds += list(range(lo, hi + 1))
+            elif part:
+                seeds.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds must look like 0,1,2 or 0-4, got {text!r}") from None
     if not seeds:
         raise argparse.ArgumentTypeError("--seeds needs at least one seed, e.g. 0,1,2 or 0-4")
     if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
@@ -440,8 +497,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (default 1)")
     r.add_argument("--out", default=None, help="folder for the records (default chapters/records/)")
     r.add_argument("--root", default=None, help="the book's folder (default: found from the working directory)")
-    r.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: no limit)")
+    r.add_argument("--timeout", type=int, default=DEFAULT_CELL_TIMEOUT,
+                   help=f"seconds one cell may run before the seed counts as failed (default {DEFAULT_CELL_TIMEOUT})")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    r.add_argument("--force", action="store_true",
+                   help="let a record with failing seeds replace a stored clean one (default: write <stem>.<scale>.failed.json)")
     return p
 
 
@@ -452,7 +512,8 @@ def _stored_times(stem: str, folder: Path) -> str:
         path = folder / f"{stem}.{scale}.json"
         if path.is_file():
             rec = json.loads(path.read_text())
-            secs = rec.get("seconds") or [0]
+            failed = {f["seed"] for f in rec.get("failures") or []}
+            secs = [t for s, t in zip(rec.get("seeds", []), rec.get("seconds", [])) if s not in failed] or [0]
             parts.append(f"{scale}: {len(secs)} seeds, {sum(secs) / len(secs):.0f} s/seed")
     return f"  [{'; '.join(parts)}]" if parts else ""
 
@@ -463,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         root = find_root(args.root) if args.root is None else Path(args.root).resolve()
+        if not (root / "_toc.yml").is_file():
+            raise ValueError(f"{root} holds no _toc.yml: --root must be the book's folder")
         chapters = list_chapters(root)
         if args.list:
             out_dir = Path(args.out) if args.out else root / "chapters" / "records"
@@ -482,5 +545,5 @@ def main(argv: list[str] | None = None) -> int:
     show = not args.no_progress and os.environ.get("FEDLAB_PROGRESS", "1") not in ("0", "false", "no", "off")
     _, failures = reproduce(selected, scale=args.scale, seeds=args.seeds, jobs=args.jobs, out=out, root=root,
                             timeout=args.timeout, show_progress=show,
-                            command="python -m fedlab " + " ".join(argv))
+                            command="python -m fedlab " + " ".join(argv), force=args.force)
     return 1 if failures else 0

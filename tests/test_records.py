@@ -68,7 +68,12 @@ def test_stored_records_are_well_formed():
         rec = records.load_record(path)
         assert set(RECORD_FIELDS) <= set(rec), path
         assert path.name == f"{rec['chapter']}.{rec['scale']}.json"
-        assert rec["summary"] == json.loads(json.dumps(summarize(rec["values"]))), path
+        failed = {f["seed"] for f in rec["failures"]}
+        clean = [s not in failed for s in rec["seeds"]]
+        assert rec["summary"] == json.loads(json.dumps(summarize(rec["values"], clean))), path
+        # what the book shows must be a clean multi-seed run
+        assert rec["failures"] == [] and len(rec["seeds"]) >= 3, (path, rec["failures"])
+    assert not list(folder.glob("*.failed.json")), "a failed run's record is lying in chapters/records/"
 
 
 def test_record_errorbars_draws_the_interval(tmp_path):

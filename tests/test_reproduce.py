@@ -19,7 +19,13 @@ glue("seed_value", SEED * 1.5, display=False)
 glue("const", 7, display=False)
 glue("label", "p = 4.5e-03" if SEED else "p = 1.0e-02", display=False)
 glue("as_text", f"{0.25 + SEED:.2f}", display=False)
-glue("scale", fedlab.scale(), display=False)"""
+glue("scale", fedlab.scale(), display=False)
+import torch
+from fedlab import models
+from fedlab.privacy import dprivacy
+fedlab.seed_everything(SEED)
+net = models.mlp(3, (2,), 2, seed=SEED)
+glue("draw", round(float(torch.rand(1)) + float(dprivacy.sample_euclidean_laplace(2, 1.0)[0]), 12), display=False)"""
 
 BAD = """import fedlab
 SEED = fedlab.default_seed()
@@ -91,6 +97,11 @@ def test_record_of_a_clean_chapter(tmp_path):
     assert s["n"] == 2 and s["mean"] == pytest.approx(2.25) and s["ci95"] == pytest.approx([2.25 - half, 2.25 + half])
     assert rec["summary"]["const"]["std"] == 0 and rec["summary"]["as_text"]["mean"] == pytest.approx(1.75)
     assert "label" not in rec["summary"] and "scale" not in rec["summary"]   # text that is not a number
+    assert rec["values"]["draw"][0] != rec["values"]["draw"][1]               # two seeds differ
+    again = _cli(root, "01_good", "--seeds", "2", "--out", str(tmp_path / "again"))
+    assert again.returncode == 0, again.stderr
+    rec2 = json.loads((tmp_path / "again" / "01_good.quick.json").read_text())
+    assert rec2["values"]["draw"] == [rec["values"]["draw"][1]]               # one seed, identical numbers
 
 
 def test_failing_seed_is_named_and_exit_nonzero(tmp_path):
@@ -98,13 +109,34 @@ def test_failing_seed_is_named_and_exit_nonzero(tmp_path):
     out = tmp_path / "rec"
     res = _cli(root, "02_bad", "--seeds", "0,1", "--out", str(out), "--jobs", "2")
     assert res.returncode == 1
-    assert "seed 1" in res.stderr and "code cell 1" in res.stderr and "auc = 0.9 - 0.2 * SEED" in res.stderr
+    assert "seed 1" in res.stderr and "code cell 1" in res.stderr and "assert auc > 0.8, auc" in res.stderr
     assert "AssertionError" in res.stderr and "seed 0" not in res.stderr.split("FAILED")[1].split("\n")[0]
     rec = json.loads((out / "02_bad.quick.json").read_text())
-    assert rec["failures"] == [{"seed": 1, "cell": 1, "line": "auc = 0.9 - 0.2 * SEED",
-                                "error": "AssertionError: 0.7 at line 3 assert auc > 0.8, auc"}]
+    assert rec["failures"] == [{"seed": 1, "cell": 1, "line": "line 3: assert auc > 0.8, auc",
+                                "error": "AssertionError: 0.7"}]
     assert rec["values"]["before"] == [0, 1] and rec["values"]["after"] == [1, None]
-    assert rec["summary"]["after"]["n"] == 1 and rec["summary"]["after"]["ci95"] is None
+    # the failed seed keeps its values but is left out of the summary
+    assert rec["summary"]["after"]["n"] == 1 and rec["summary"]["before"] == {"mean": 0.0, "std": None,
+                                                                             "ci95": None, "n": 1}
+    # a failing run never replaces a stored clean record
+    res = _cli(root, "02_bad", "--seeds", "0", "--out", str(out))
+    assert res.returncode == 0 and json.loads((out / "02_bad.quick.json").read_text())["failures"] == []
+    res = _cli(root, "02_bad", "--seeds", "1", "--out", str(out))
+    assert res.returncode == 1 and (out / "02_bad.quick.failed.json").is_file()
+    assert json.loads((out / "02_bad.quick.json").read_text())["failures"] == []
+
+
+def test_failure_names_the_cell_line(tmp_path):
+    long_cell = "\n".join(f"x{i} = {i}" for i in range(11)) + "\nassert x10 < 3"
+    cells = [long_cell, "import json\njson.loads('{')", "assert False"]
+    for src, line, error in [(long_cell, "line 12: assert x10 < 3", "AssertionError"),
+                             (cells[1], "line 2: json.loads('{')", "JSONDecodeError"),
+                             (cells[2], "line 1: assert False", "AssertionError")]:
+        path = tmp_path / "f.ipynb"
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src)]), path)
+        fail = rp.run_notebook(path, seed=0, scale="quick").failure
+        assert fail["line"] == line and fail["error"].startswith(error), fail
+    assert fail["error"] == "AssertionError"
 
 
 def test_t_interval_and_glue_parsing():
@@ -121,6 +153,12 @@ def test_t_interval_and_glue_parsing():
         rp.t_interval([1, 2], confidence=1.5)
     assert rp._parse_plain("np.float64(0.25)") == 0.25 and rp._parse_plain("'a'") == "a"
     assert rp._parse_plain("inf") == "inf" and rp._parse_plain("<Figure size 1x1>") == "<Figure size 1x1>"
+    assert rp._parse_plain("np.str_('a')") == "a" and rp._parse_plain("np.True_") is True
+    assert rp._parse_plain("-np.float64(1.5)") == -1.5 and rp._parse_plain("np.int64(3)") == 3
+    nb = {"cells": [{"cell_type": "code", "outputs": [
+        {"metadata": {"scrapbook": {"name": n, "mime_prefix": ""}}, "data": {"text/plain": v}}
+        for n, v in [("a", "1"), ("a_paper", "'0.5 ± 0.1 (n = 3)'"), ("b_note", "'x'")]]}]}
+    assert rp.collect_glued(nb) == {"a": 1}
 
 
 def test_bad_arguments(tmp_path):
@@ -128,7 +166,21 @@ def test_bad_arguments(tmp_path):
     assert _cli(root, "01", "--jobs", "0").returncode == 2
     assert _cli(root, "01", "--seeds", "1,1").returncode == 2
     assert _cli(root, "nope").returncode == 2
+    assert _cli(root, "01", "--seeds", "3-1").returncode == 2
+    res = subprocess.run([sys.executable, "-m", "fedlab", "reproduce", "--list", "--root", str(tmp_path / "chapters")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "_toc.yml" in res.stderr and "Traceback" not in res.stderr
     with pytest.raises(ValueError, match="scale"):
         rp.run_notebook(root / "chapters" / "01_good.ipynb", seed=0, scale="huge")
     with pytest.raises(ValueError, match="seed"):
         rp.run_notebook(root / "chapters" / "01_good.ipynb", seed=-1, scale="quick")
+
+
+def test_a_cell_past_the_timeout_fails_its_seed(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(30)")])
+    path = tmp_path / "slow.ipynb"
+    nbformat.write(nb, path)
+    run = rp.run_notebook(path, seed=0, scale="quick", timeout=2)
+    assert run.failure is not None and run.failure["cell"] == 0 and run.failure["line"] == "import time"
+    assert run.failure["error"].startswith("CellTimeoutError: ") and "timed out" in run.failure["error"], run.failure
+    assert run.seconds < 25
