@@ -1,10 +1,11 @@
-"""Metrics shared by all chapters: accuracy, ROC AUC (scikit-learn), MSE and PSNR for images."""
+"""Metrics shared by all chapters: accuracy, ROC AUC (scikit-learn; batched per row), MSE and PSNR for images."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-__all__ = ["accuracy", "roc_auc", "roc_curve", "mse", "psnr", "rounds_to_accuracy"]
+__all__ = ["accuracy", "roc_auc", "roc_auc_rows", "roc_curve", "mse", "psnr", "psnr_from_mse", "matched_psnr",
+           "rounds_to_accuracy"]
 
 
 def _np(x):
@@ -41,6 +42,34 @@ def roc_auc(labels, scores) -> float:
     return float(roc_auc_score(labels, scores))
 
 
+def roc_auc_rows(scores, labels, mask, *, chunk: int = 256) -> torch.Tensor:
+    """ROC AUC of every user's reconstruction over its real items: ``[U, m]`` x 3 -> ``[U]`` (float32).
+
+    Computed for all users at once as the Mann-Whitney statistic
+    ``P(score_pos > score_neg) + P(tie) / 2`` over every (positive, negative) pair of real items,
+    which is exactly scikit-learn's ``roc_auc_score`` (``tests/test_raifle.py`` compares them); RAIFLE reports it per user;
+    ``chunk`` users at a time bound the memory to ``chunk * m^2`` comparisons. Raises
+    ``ValueError`` for mismatched shapes or a user whose real items are all of one class.
+    """
+    scores, labels, mask = torch.as_tensor(scores), torch.as_tensor(labels), torch.as_tensor(mask, dtype=torch.bool)
+    if scores.dim() != 2 or labels.shape != scores.shape or mask.shape != scores.shape:
+        raise ValueError(f"scores, labels and mask must all be [U, m], got {tuple(scores.shape)}, "
+                         f"{tuple(labels.shape)}, {tuple(mask.shape)}")
+    pos, neg = (labels > 0.5) & mask, (labels <= 0.5) & mask
+    n_pair = pos.sum(1).double() * neg.sum(1).double()
+    if bool((n_pair == 0).any()):
+        bad = torch.nonzero(n_pair == 0).flatten().tolist()
+        raise ValueError(f"labels: users {bad[:5]} have only one class among their real items; no AUC")
+    s = scores.double()
+    out = []
+    for i in range(0, s.shape[0], chunk):
+        sc, p, q = s[i:i + chunk], pos[i:i + chunk], neg[i:i + chunk]
+        diff = sc[:, :, None] - sc[:, None, :]                                   # [c, m, m]
+        win = (diff > 0).double() + 0.5 * (diff == 0).double()
+        out.append((win * (p[:, :, None] & q[:, None, :])).sum((1, 2)))
+    return (torch.cat(out) / n_pair).float()
+
+
 def roc_curve(labels, scores):
     """False- and true-positive rates (scikit-learn's ``roc_curve``): ``(fpr, tpr)``."""
     from sklearn.metrics import roc_curve as _rc
@@ -57,6 +86,24 @@ def mse(x, x_ref) -> float:
     return float(np.mean((x - x_ref) ** 2))
 
 
+def psnr_from_mse(mse_value, data_range: float = 1.0, *, min_mse: float = 0.0):
+    """``10 log10(data_range^2 / max(mse, min_mse))`` in dB, elementwise for an array of MSEs
+    (``inf`` where the error is 0 and ``min_mse = 0``). The one PSNR formula of the book.
+
+    Raises ``ValueError`` if ``data_range <= 0``, ``min_mse < 0`` or an MSE is negative or NaN."""
+    if not data_range > 0:
+        raise ValueError(f"data_range must be > 0, got {data_range}")
+    if not min_mse >= 0:
+        raise ValueError(f"min_mse must be >= 0, got {min_mse}")
+    m = np.asarray(mse_value, dtype=np.float64)
+    if np.isnan(m).any() or (m < 0).any():
+        raise ValueError(f"mse must be >= 0, got {mse_value}")
+    m = np.maximum(m, min_mse)
+    with np.errstate(divide="ignore"):
+        out = 10.0 * np.log10(data_range ** 2 / m)
+    return float(out) if out.ndim == 0 else out
+
+
 def psnr(x, x_ref, data_range: float = 1.0) -> float:
     """Peak signal-to-noise ratio in dB, ``10 log10(data_range^2 / MSE)`` (``inf`` when identical).
 
@@ -64,8 +111,30 @@ def psnr(x, x_ref, data_range: float = 1.0) -> float:
     """
     if not data_range > 0:
         raise ValueError(f"data_range must be > 0, got {data_range}")
-    m = mse(x, x_ref)
-    return float("inf") if m == 0 else float(10.0 * np.log10(data_range**2 / m))
+    return psnr_from_mse(mse(x, x_ref), data_range)
+
+
+def matched_psnr(x_rec: torch.Tensor, x_true: torch.Tensor, data_range: float = 1.0) -> np.ndarray:
+    """PSNR (dB) of every true image against the reconstruction assigned to it.
+
+    A batch attack returns the images in an arbitrary order, so reconstructions are matched to true
+    images by the assignment of smallest total MSE (Hungarian algorithm). ``x_rec`` and ``x_true``:
+    ``[batch, ...]`` with the same shape. Returns an array ``[batch]``.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    if tuple(x_rec.shape) != tuple(x_true.shape):
+        raise ValueError(f"x_rec and x_true must have the same shape, got {tuple(x_rec.shape)} "
+                         f"and {tuple(x_true.shape)}")
+    if not data_range > 0:
+        raise ValueError(f"data_range must be > 0, got {data_range}")
+    a = x_rec.detach().reshape(len(x_rec), -1).double()
+    b = x_true.detach().reshape(len(x_true), -1).double()
+    cost = ((a[:, None, :] - b[None, :, :]) ** 2).mean(-1).numpy()  # [rec, true]
+    rows, cols = linear_sum_assignment(cost)
+    m = np.empty(len(b))
+    m[cols] = cost[rows, cols]
+    return psnr_from_mse(m, data_range, min_mse=1e-12)
 
 
 def rounds_to_accuracy(history: dict, target: float) -> int | None:

@@ -6,12 +6,14 @@ parameter dictionary, which :mod:`torch.func` can differentiate through and ``vm
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import seeded
 
-__all__ = ["mlp", "logistic_regression", "lenet", "get_params", "flatten_params", "unflatten_params",
-           "num_params", "text_classifier"]
+__all__ = ["mlp", "logistic_regression", "linear_model", "lenet", "get_params", "flatten_params",
+           "unflatten_params", "flatten_stacked", "unflatten_stacked", "num_params", "text_classifier",
+           "squared_error", "logistic_loss"]
 
 _ACT = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
 
@@ -83,6 +85,25 @@ def unflatten_params(theta: torch.Tensor, like: dict[str, torch.Tensor]) -> dict
     return out
 
 
+def flatten_stacked(stacked: dict) -> torch.Tensor:
+    """Stacked parameter dict ``{name: [m, ...]}`` -> matrix ``[m, n]`` (``flatten_params`` per row)."""
+    return torch.cat([v.reshape(v.shape[0], -1) for v in stacked.values()], dim=1)
+
+
+def unflatten_stacked(theta: torch.Tensor, like: dict) -> dict:
+    """Matrix ``[m, n]`` -> stacked dict ``{name: [m, *like[name].shape]}``.
+
+    Raises ``ValueError`` if ``n`` differs from the number of parameters in ``like``."""
+    total = sum(v.numel() for v in like.values())
+    if theta.ndim != 2 or theta.shape[1] != total:
+        raise ValueError(f"theta must have shape [m, {total}], got {tuple(theta.shape)}")
+    out, i = {}, 0
+    for name, v in like.items():
+        out[name] = theta[:, i:i + v.numel()].reshape(theta.shape[0], *v.shape)
+        i += v.numel()
+    return out
+
+
 def num_params(model_or_params) -> int:
     """Number of scalar parameters of a module or parameter dict."""
     if isinstance(model_or_params, nn.Module):
@@ -112,3 +133,29 @@ def text_classifier(vocab_size: int, embed_dim: int = 16, num_classes: int = 2, 
         raise ValueError("vocab_size and embed_dim must be positive and num_classes >= 2")
     with seeded(seed):
         return _MeanPoolText(vocab_size, embed_dim, num_classes)
+
+
+# --------------------------------------------------------------------------------------------
+# one linear unit and per-sample losses (least squares and binary logistic regression)
+# --------------------------------------------------------------------------------------------
+def squared_error(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-sample squared error ``(x^T theta - y)^2`` (shape ``[batch]``); its batch mean is the
+    local loss ``||X theta - y||^2 / m`` of Xu & Neglia (2021), Eq. (2)."""
+    return (out.reshape(out.shape[0], -1)[:, 0] - y.to(out.dtype)) ** 2
+
+
+def logistic_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-sample binary cross-entropy of a one-logit model (labels 0/1), shape ``[batch]``."""
+    return F.binary_cross_entropy_with_logits(out.reshape(out.shape[0], -1)[:, 0], y.to(out.dtype),
+                                              reduction="none")
+
+
+def linear_model(num_features: int, *, bias: bool = False, dtype: torch.dtype = torch.float64,
+                 seed: int | None = None) -> nn.Module:
+    """One linear unit ``x -> x^T theta (+ b)``: least squares (``bias=False``, the paper's Eq. 2) or
+    binary logistic regression (``bias=True`` with :func:`logistic_loss`). Input ``[n, num_features]``,
+    output ``[n, 1]``. ``seed`` fixes the initial weights."""
+    if num_features < 1:
+        raise ValueError(f"num_features must be >= 1, got {num_features}")
+    with seeded(seed):
+        return nn.Linear(num_features, 1, bias=bias).to(dtype)

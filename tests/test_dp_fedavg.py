@@ -8,6 +8,7 @@ import torch
 from fedlab import fl, models
 from fedlab.fl import personalization as pers
 from fedlab.privacy import dp_fedavg as dpf
+from fedlab.fl.dp_fedavg import dp_fedavg
 
 torch.set_num_threads(1)
 
@@ -105,24 +106,24 @@ def _clients(K=6, n=8, seed=0):
 
 def test_dp_fedavg_without_noise_or_clipping_is_fedavg():
     net = models.mlp(5, (4,), 3, seed=0); p = models.get_params(net); cd = _clients()
-    a = dpf.dp_fedavg(net, cd, num_rounds=3, sampling_prob=1.0, noise_multiplier=0.0, clip_norm=None,
+    a = dp_fedavg(net, cd, num_rounds=3, sampling_prob=1.0, noise_multiplier=0.0, clip_norm=None,
                       batch_size=4, lr=0.1, params=p, seed=1)
     b = fl.fedavg(net, cd, num_rounds=3, batch_size=4, lr=0.1, params=p, seed=1)
     # same client schedule: FedAvg also draws a permutation first, so compare one round by hand instead
-    one = dpf.dp_fedavg(net, cd, num_rounds=1, sampling_prob=1.0, noise_multiplier=0.0, clip_norm=None,
+    one = dp_fedavg(net, cd, num_rounds=1, sampling_prob=1.0, noise_multiplier=0.0, clip_norm=None,
                         batch_size=None, lr=0.1, params=p, seed=1)
     loc = fl.clients_update(net, p, cd, lr=0.1, batch_size=None)
     want = fl.weighted_average(loc, cd.n.float())
     assert all(torch.allclose(one.params[k], want[k], atol=1e-6) for k in p)
     assert set(a.params) == set(b.params)
     with pytest.raises(ValueError, match="sampling_prob"):
-        dpf.dp_fedavg(net, cd, num_rounds=1, sampling_prob=0.0, noise_multiplier=1.0, clip_norm=1.0)
+        dp_fedavg(net, cd, num_rounds=1, sampling_prob=0.0, noise_multiplier=1.0, clip_norm=1.0)
 
 
 def test_dp_fedavg_records_noise_std_and_clipped_norm():
     net = models.mlp(5, (4,), 3, seed=0); cd = _clients(K=10)
     recs = []
-    dpf.dp_fedavg(net, cd, num_rounds=2, sampling_prob=0.5, noise_multiplier=1.0, clip_norm=0.01,
+    dp_fedavg(net, cd, num_rounds=2, sampling_prob=0.5, noise_multiplier=1.0, clip_norm=0.01,
                   batch_size=4, lr=0.5, params=models.get_params(net), callback=recs.append)
     assert recs[0].noise_std == pytest.approx(1.0 * 0.01 / 5)
     m = len(recs[0].selected)

@@ -9,6 +9,7 @@ from scipy import integrate, stats
 from torch import nn
 
 from fedlab.privacy import dprivacy as dp
+from fedlab.experiments import chapter5 as ex5
 
 N_SAMPLES = 100_000
 
@@ -143,8 +144,8 @@ def test_first_order_bound_of_prop_3_2():
     # linear model: the Jacobian is X, the constant is ||X||_2 / sqrt(|Z|)
     assert bound == pytest.approx(float(torch.linalg.matrix_norm(X.double(), 2)) / math.sqrt(50), rel=1e-5)
     rho = dp.sample_euclidean_laplace(3, 2.0, 5000, rng=3)
-    base = dp.rmse(model, theta, X, y)
-    increase = dp.rmse(model, theta + rho, X, y) - base
+    base = ex5.rmse(model, theta, X, y)
+    increase = ex5.rmse(model, theta + rho, X, y) - base
     assert (increase <= bound * torch.linalg.vector_norm(rho, dim=1) + 1e-5).all()
 
 

@@ -1,7 +1,6 @@
 """FedAvg / FedSGD / selective SGD checked against hand computations (McMahan et al. 2017)."""
 import math
 
-import numpy as np
 import pytest
 import torch
 from torch import nn

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedlab import fl, models
+from fedlab import models
 from fedlab.data import OfflineError, clustered
 from fedlab.fl import ifca as I
 

@@ -7,7 +7,6 @@ from torch import nn
 
 from fedlab import fl, models
 from fedlab.attacks import membership as mia
-from fedlab.metrics import roc_auc
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import fedlab.data as D
 from fedlab import fl
 from fedlab.attacks import model_reconstruction as mr
 from fedlab.data.leaf import XU_NEGLIA_SIZES, make_leaf_synthetic
-from fedlab.data.splits import adult_phd_split
+from fedlab.experiments.chapter4 import adult_phd_split
 
 
 @pytest.fixture(autouse=True)

@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from fedlab.attacks import raifle_oltr as ro
+from fedlab.experiments import chapter3b as ex
 from fedlab.data import ChecksumError, OfflineError, sha256sum
 from fedlab.data.letor import load_letor, normalize_per_query, parse_svmlight, synthetic_letor
 from fedlab.fl import oltr
+from oracles import pdgd_gradient_pairs
 from fedlab.privacy import secure_aggregation as sa
 
 LETOR_TEXT = """2 qid:10 1:0.5 2:0.25 3:1.0 #docid = A
@@ -137,7 +139,7 @@ def test_pdgd_matches_explicit_pairs(hidden):
     G = oltr.pdgd_gradient(theta, X, I, mask, hidden)
     for b in range(3):
         n = int(mask[b].sum())
-        ref = oltr.pdgd_gradient_pairs(theta[b], X[b, :n], I[b, :n], hidden)
+        ref = pdgd_gradient_pairs(theta[b], X[b, :n], I[b, :n], hidden)
         assert torch.allclose(G[b], ref, atol=1e-5), (b, (G[b] - ref).abs().max())
 
 
@@ -319,13 +321,13 @@ def test_adm_helps_linear_ranker_with_mslr_sized_features():
 
 def test_experiment_helpers_keep_users_fixed(data):
     """noisy_adm_sweep / adm_query_sweep compare configurations on the same users, lists and clicks."""
-    auc, cases = ro.noisy_adm_sweep(data, (), [0.0, 0.1], 3, 2, lr=1.0, max_iter=3)
+    auc, cases = ex.noisy_adm_sweep(data, (), [0.0, 0.1], 3, 2, lr=1.0, max_iter=3)
     assert set(auc) == {None, 0.0, 0.1} and all(a.shape == (3,) for a in auc.values())
     assert torch.equal(cases[None].I, cases[0.1].I) and torch.equal(cases[None].theta0, cases[0.0].theta0)
     assert not torch.equal(cases[None].X, cases[0.0].X)
-    auc, cases = ro.adm_query_sweep(data, (), [1, 2], ["navigational"], 2, lr=1.0, max_iter=3)
+    auc, cases = ex.adm_query_sweep(data, (), [1, 2], ["navigational"], 2, lr=1.0, max_iter=3)
     assert set(auc) == {(1, "navigational", False), (2, "navigational", False), (2, "navigational", True)}
     assert torch.equal(cases[(2, "navigational", False)].I, cases[(2, "navigational", True)].I)
     with pytest.raises(ValueError, match="random_draws"):
-        ro.ldp_sweep(data, (), [1.0], [(1, [False])], 2, delta=1e-8, clip_norm=0.5, lr=1.0, max_iter=2,
+        ex.ldp_sweep(data, (), [1.0], [(1, [False])], 2, delta=1e-8, clip_norm=0.5, lr=1.0, max_iter=2,
                      random_draws=0, rand_generator=torch.Generator())

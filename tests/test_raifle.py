@@ -7,7 +7,8 @@ import torch
 from fedlab.attacks.raifle import (analytic_fcf_attack, attack_hessian, closed_form_interactions,
                                    per_user_auc, pointwise_l2_update, raifle, raifle_fcf)
 from fedlab.fl.interaction import (fcf_client_train, fcf_item_update, fcf_item_updates, fncf_client_train,
-                                   fncf_init, fncf_update, fncf_updates, fncf_updates_vmap)
+                                   fncf_init, fncf_update, fncf_updates)
+from oracles import fncf_updates_vmap
 from fedlab.privacy import prune_by_magnitude
 from fedlab.privacy.ldp import (analytic_gaussian_delta, classical_gaussian_sigma, gaussian_sigma,
                                 ldp_gaussian, prune_rows)

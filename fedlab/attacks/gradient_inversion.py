@@ -17,7 +17,6 @@ reconstruction and a history of the objective (and of the PSNR when the true ima
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +26,7 @@ from torch import nn
 from torch.func import functional_call
 
 from .. import fl
+from ..metrics import matched_psnr
 
 __all__ = [
     "InversionResult",
@@ -414,29 +414,6 @@ def client_update_as_gradient(model: nn.Module, params: dict, X: torch.Tensor, y
         raise ValueError(f"lr must be > 0, got {lr}")
     new = fl.client_update(model, params, X, y, lr=lr, local_epochs=int(local_steps), batch_size=None)
     return {k: (params[k] - new[k]).detach() / (lr * local_steps) for k in params}
-
-
-def matched_psnr(x_rec: torch.Tensor, x_true: torch.Tensor, data_range: float = 1.0) -> np.ndarray:
-    """PSNR (dB) of every true image against the reconstruction assigned to it.
-
-    A batch attack returns the images in an arbitrary order, so reconstructions are matched to true
-    images by the assignment of smallest total MSE (Hungarian algorithm). ``x_rec`` and ``x_true``:
-    ``[batch, ...]`` with the same shape. Returns an array ``[batch]``.
-    """
-    from scipy.optimize import linear_sum_assignment
-
-    if tuple(x_rec.shape) != tuple(x_true.shape):
-        raise ValueError(f"x_rec and x_true must have the same shape, got {tuple(x_rec.shape)} "
-                         f"and {tuple(x_true.shape)}")
-    if not data_range > 0:
-        raise ValueError(f"data_range must be > 0, got {data_range}")
-    a = x_rec.detach().reshape(len(x_rec), -1).double()
-    b = x_true.detach().reshape(len(x_true), -1).double()
-    cost = ((a[:, None, :] - b[None, :, :]) ** 2).mean(-1).numpy()  # [rec, true]
-    rows, cols = linear_sum_assignment(cost)
-    m = np.empty(len(b))
-    m[cols] = cost[rows, cols]
-    return 10.0 * np.log10(data_range ** 2 / np.maximum(m, 1e-12))
 
 
 def success_rate(psnrs, threshold: float) -> float:

@@ -33,12 +33,11 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import fl
-from ..config import seeded
-from ..models import flatten_params
+from ..models import flatten_params, linear_model, logistic_loss
+from ..models import squared_error as squared_loss
 
 __all__ = [
     "squared_loss", "logistic_loss", "linear_model", "affine_update_map", "AffineEstimate",
@@ -46,7 +45,7 @@ __all__ = [
     "hard_instance_clients", "noisy_local_gd", "obs5_rate", "obs6_lower_bound", "max_lr",
     "minibatch_gradient_variance", "minibatch_local_sgd", "ols_error_curve", "Eavesdropper", "run_eavesdropped_fedavg", "MappingNet",
     "fit_mapping", "minimise_mapping", "HeuristicResult", "reconstruct_heuristic",
-    "binary_accuracy", "leaf_table1", "adult_experiment", "relative_distances", "local_optimum",
+    "binary_accuracy", "relative_distances", "local_optimum",
     "fit_local_logistic",
 ]
 
@@ -54,29 +53,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # models and losses used with fedlab.fl
 # --------------------------------------------------------------------------------------------
-def squared_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-sample squared error ``(x^T theta - y)^2`` (shape ``[batch]``); its batch mean is the
-    local loss ``||X theta - y||^2 / m`` of Xu & Neglia (2021), Eq. (2)."""
-    return (out.reshape(out.shape[0], -1)[:, 0] - y.to(out.dtype)) ** 2
-
-
-def logistic_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-sample binary cross-entropy of a one-logit model (labels 0/1), shape ``[batch]``."""
-    return F.binary_cross_entropy_with_logits(out.reshape(out.shape[0], -1)[:, 0], y.to(out.dtype),
-                                              reduction="none")
-
-
-def linear_model(num_features: int, *, bias: bool = False, dtype: torch.dtype = torch.float64,
-                 seed: int | None = None) -> nn.Module:
-    """One linear unit ``x -> x^T theta (+ b)``: least squares (``bias=False``, the paper's Eq. 2) or
-    binary logistic regression (``bias=True`` with :func:`logistic_loss`). Input ``[n, num_features]``,
-    output ``[n, 1]``. ``seed`` fixes the initial weights."""
-    if num_features < 1:
-        raise ValueError(f"num_features must be >= 1, got {num_features}")
-    with seeded(seed):
-        return nn.Linear(num_features, 1, bias=bias).to(dtype)
-
-
 def binary_accuracy(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Accuracy of logistic models ``theta = [w (d_x), b]`` on ``(X, y)``.
 
@@ -545,56 +521,6 @@ def reconstruct_heuristic(theta_in: torch.Tensor, theta_out: torch.Tensor, *, hi
 # --------------------------------------------------------------------------------------------
 # Sec. 4 experiments
 # --------------------------------------------------------------------------------------------
-def _logistic_fedavg(clients, *, num_rounds, local_steps, batch_size, lr, seed, client_fraction=1.0):
-    """FedAvg on binary logistic regression with an eavesdropper on every client. Returns the
-    final global theta ``[d]`` and the observations ``(theta_in [K, n, d], theta_out [K, n, d])``."""
-    d_x = clients[0].X.shape[1]
-    model = linear_model(d_x, bias=True, dtype=torch.float32, seed=seed)
-    pairs = [(c.X.float(), c.y) for c in clients]
-    res, spy = run_eavesdropped_fedavg(model, pairs, num_rounds=num_rounds, local_epochs=1,
-                                       local_steps=local_steps, batch_size=batch_size, lr=lr,
-                                       seed=seed, loss_fn=logistic_loss, client_fraction=client_fraction)
-    obs = [spy.observations(k) for k in range(len(clients))]
-    return flatten_params(res.params).double(), obs
-
-
-def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequence[int] = range(10),
-                num_rounds: int = 100, batch_size: int = 256, lr: float = 0.01, hidden: int = 1000,
-                fit_steps: int = 1000, decode_steps: int = 1000) -> dict:
-    """Xu & Neglia (2021), Table 1: train accuracy on each client's data of the last model it
-    returned (``theta_tilde_c``) and of the model decoded by Algorithm 3 (``hat theta_c*``).
-
-    FedAvg with every client in every round, ``local_steps`` SGD steps of ``batch_size`` per round,
-    binary logistic regression; one run per seed (model initialisation, batches, mapping init).
-    All ``len(seeds) * K`` attacks of a local-step setting are trained as one batch.
-
-    Returns ``{"local_steps": [L], "last": [L, S, K], "decoded": [L, S, K], "mapping_loss": [L, S, K]}``
-    (accuracies in [0, 1]).
-    """
-    K = len(clients)
-    last = np.zeros((len(local_steps), len(seeds), K))
-    dec = np.zeros_like(last)
-    mloss = np.zeros_like(last)
-    for i, E in enumerate(local_steps):
-        tin, tout = [], []
-        for s in seeds:
-            _, obs = _logistic_fedavg(clients, num_rounds=num_rounds, local_steps=E,
-                                      batch_size=batch_size, lr=lr, seed=int(s))
-            tin += [o[0] for o in obs]
-            tout += [o[1] for o in obs]
-        tin, tout = torch.stack(tin).double(), torch.stack(tout).double()   # [S*K, n, d]
-        res = reconstruct_heuristic(tin, tout, hidden=hidden, fit_steps=fit_steps,
-                                    decode_steps=decode_steps, seed=i)
-        for j in range(len(seeds)):
-            for k in range(K):
-                p = j * K + k
-                X, y = clients[k].X, clients[k].y
-                last[i, j, k] = float(binary_accuracy(tout[p, -1], X, y))
-                dec[i, j, k] = float(binary_accuracy(res.theta[p], X, y))
-                mloss[i, j, k] = float(res.mapping_loss[p])
-    return {"local_steps": list(local_steps), "last": last, "decoded": dec, "mapping_loss": mloss}
-
-
 def relative_distances(thetas: torch.Tensor) -> torch.Tensor:
     """Relative Euclidean distances ``||theta_i - theta_j|| / ||theta_i||`` between models
     (``[K, d]`` -> ``[K, K]``), as in Xu & Neglia (2021), Figure 1a."""
@@ -611,44 +537,3 @@ def fit_local_logistic(clients, *, num_steps: int = 500, lr: float = 0.5) -> tor
     local, _ = fl.train_standalone(model, [(c.X.float(), c.y) for c in clients], num_epochs=num_steps,
                                    batch_size=None, lr=lr, params=zero, loss_fn=logistic_loss)
     return torch.cat([local["weight"].reshape(len(clients), -1), local["bias"].reshape(-1, 1)], 1).double()
-
-
-def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0, 1, 2),
-                     batch_sizes: Sequence[int] = (16, 64, 256), seeds: Sequence[int] = range(3),
-                     num_rounds: int = 100, lr: float = 0.001, hidden: int = 1000,
-                     fit_steps: int = 1000, decode_steps: int = 1000) -> dict:
-    """Xu & Neglia (2021), Figure 1b-c on the Adult split: FedAvg with one local step, step ``lr``;
-    for each batch size and seed, attack the ``targets`` with Algorithm 3 and report the relative
-    mapping loss and the test accuracy (on each target's own test records) of the decoded model
-    and of the last returned model.
-
-    Returns ``{"batch_sizes", "mapping_loss": [B, S, T], "test_decoded": [B, S, T],
-    "test_last": [B, S, T], "train_decoded", "train_last", "test_global": [B, S, T]}``.
-    """
-    T = len(targets)
-    shape = (len(batch_sizes), len(seeds), T)
-    out = {k: np.zeros(shape) for k in ("mapping_loss", "test_decoded", "test_last", "train_decoded",
-                                        "train_last", "test_global")}
-    for i, B in enumerate(batch_sizes):
-        tin, tout, glob = [], [], []
-        for s in seeds:
-            g, obs = _logistic_fedavg(train_clients, num_rounds=num_rounds, local_steps=1,
-                                      batch_size=B, lr=lr, seed=int(s))
-            tin += [obs[t][0] for t in targets]
-            tout += [obs[t][1] for t in targets]
-            glob.append(g)
-        tin, tout = torch.stack(tin).double(), torch.stack(tout).double()
-        res = reconstruct_heuristic(tin, tout, hidden=hidden, fit_steps=fit_steps,
-                                    decode_steps=decode_steps, seed=i)
-        for j in range(len(seeds)):
-            for k, t in enumerate(targets):
-                p = j * T + k
-                te, tr = test_clients[t], train_clients[t]
-                out["mapping_loss"][i, j, k] = float(res.mapping_loss[p])
-                out["test_decoded"][i, j, k] = float(binary_accuracy(res.theta[p], te.X, te.y))
-                out["test_last"][i, j, k] = float(binary_accuracy(tout[p, -1], te.X, te.y))
-                out["test_global"][i, j, k] = float(binary_accuracy(glob[j], te.X, te.y))
-                out["train_decoded"][i, j, k] = float(binary_accuracy(res.theta[p], tr.X, tr.y))
-                out["train_last"][i, j, k] = float(binary_accuracy(tout[p, -1], tr.X, tr.y))
-    out["batch_sizes"] = list(batch_sizes)
-    return out

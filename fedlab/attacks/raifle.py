@@ -29,12 +29,13 @@ from typing import Callable
 
 import torch
 
-from ..fl.interaction import fcf_item_updates, fncf_init, fncf_updates
-from ..privacy.ldp import clip_rows  # noqa: F401  (re-exported: the attacks reproduce the users' clipping)
+from ..fl.interaction import fcf_item_updates, fncf_updates
+from ..metrics import roc_auc_rows as per_user_auc
+from ..privacy.defenses import clip_rows  # noqa: F401  (re-exported: the attacks reproduce the users' clipping)
 
 __all__ = ["RaifleResult", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf", "per_user_auc",
            "analytic_fcf_attack", "pointwise_l2_update", "closed_form_interactions", "attack_hessian",
-           "clip_rows", "RecsysCase", "make_recsys_case", "attack_case"]
+           "clip_rows"]
 
 
 @dataclass
@@ -174,34 +175,6 @@ def matching_loss(pred_items, target_items, mask, pred_params=None, target_param
     return loss
 
 
-def per_user_auc(scores, labels, mask, *, chunk: int = 256) -> torch.Tensor:
-    """ROC AUC of every user's reconstruction over its real items: ``[U, m]`` x 3 -> ``[U]`` (float32).
-
-    Computed for all users at once as the Mann-Whitney statistic
-    ``P(score_pos > score_neg) + P(tie) / 2`` over every (positive, negative) pair of real items,
-    which is exactly scikit-learn's ``roc_auc_score`` (``tests/test_raifle.py`` compares them);
-    ``chunk`` users at a time bound the memory to ``chunk * m^2`` comparisons. Raises
-    ``ValueError`` for mismatched shapes or a user whose real items are all of one class.
-    """
-    scores, labels, mask = torch.as_tensor(scores), torch.as_tensor(labels), torch.as_tensor(mask, dtype=torch.bool)
-    if scores.dim() != 2 or labels.shape != scores.shape or mask.shape != scores.shape:
-        raise ValueError(f"scores, labels and mask must all be [U, m], got {tuple(scores.shape)}, "
-                         f"{tuple(labels.shape)}, {tuple(mask.shape)}")
-    pos, neg = (labels > 0.5) & mask, (labels <= 0.5) & mask
-    n_pair = pos.sum(1).double() * neg.sum(1).double()
-    if bool((n_pair == 0).any()):
-        bad = torch.nonzero(n_pair == 0).flatten().tolist()
-        raise ValueError(f"labels: users {bad[:5]} have only one class among their real items; no AUC")
-    s = scores.double()
-    out = []
-    for i in range(0, s.shape[0], chunk):
-        sc, p, q = s[i:i + chunk], pos[i:i + chunk], neg[i:i + chunk]
-        diff = sc[:, :, None] - sc[:, None, :]                                   # [c, m, m]
-        win = (diff > 0).double() + 0.5 * (diff == 0).double()
-        out.append((win * (p[:, :, None] & q[:, None, :])).sum((1, 2)))
-    return (torch.cat(out) / n_pair).float()
-
-
 def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=None,
                alpha: float = 0.0, lr: float = 1.0, clip: float | None = None, squared: bool = False,
                **kwargs) -> RaifleResult:
@@ -255,18 +228,12 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
             dX = clip_rows(dX, clip_items)
         if use_model_params:
             if clip_params is not None:
-                dT = _clip_dict(dT, clip_params)
+                dT = clip_rows(dT, clip_params)
             return matching_loss(dX, item_updates[rows], mask[rows], dT,
                                  {k: v[rows] for k, v in param_updates.items()}, squared=squared)
         return matching_loss(dX, item_updates[rows], mask[rows], squared=squared)
 
     return raifle(loss_fn, U, m, emb_dim=d if estimate_embedding else None, **kwargs)
-
-
-def _clip_dict(stacked: dict, max_norm: float) -> dict:
-    flat = torch.cat([v.flatten(1) for v in stacked.values()], 1)
-    factor = torch.clamp(max_norm / (flat.norm(dim=1) + 1e-12), max=1.0)
-    return {k: v * factor.reshape(-1, *([1] * (v.dim() - 1))) for k, v in stacked.items()}
 
 
 # ------------------------------------------------------------------------------- analytic FCF attack
@@ -356,87 +323,3 @@ def attack_hessian(jac):
 
 
 # ------------------------------------------------------------------------ experiment driver (Table 3)
-
-@dataclass
-class RecsysCase:
-    """One honest round of federated recommendation for a set of users (RAIFLE Sec. 4.1).
-
-    ``X`` [U, m, d] the items each user trains on (public), ``E`` [U, d] the private user
-    embeddings, ``I`` [U, m] the private 0/1 interactions, ``mask`` [U, m]; FCF's item update
-    ``fcf`` [U, m, d]; FNCF's network ``model, theta`` and its updates ``fncf_items`` [U, m, d] and
-    ``fncf_params`` {name: [U, ...]}; the users' local settings ``fncf_lr``, ``local_steps``.
-    """
-
-    X: torch.Tensor
-    E: torch.Tensor
-    I: torch.Tensor
-    mask: torch.Tensor
-    fcf: torch.Tensor
-    model: torch.nn.Module
-    theta: dict
-    fncf_items: torch.Tensor
-    fncf_params: dict
-    fncf_lr: float
-    local_steps: int
-
-    def __len__(self) -> int:
-        return int(self.I.shape[0])
-
-
-def make_recsys_case(user_items, num_items: int, *, dim: int = 64, fncf_lr: float = 1.0,
-                     local_steps: int = 2, seed: int = 0) -> RecsysCase:
-    """Random item and user embeddings (N(0, 1), as ``nn.Embedding`` initialises them; RAIFLE
-    Sec. 4.1.3), the FNCF network, and every user's honest FCF and FNCF updates.
-    ``user_items``: a :class:`fedlab.data.movielens.UserItems`."""
-    g = torch.Generator().manual_seed(seed)
-    item_emb = torch.randn(num_items, dim, generator=g)
-    E = torch.randn(len(user_items), dim, generator=g)
-    mask = user_items.mask
-    X = item_emb[user_items.items] * mask[..., None]
-    I = user_items.interactions
-    model, theta = fncf_init(dim, seed=seed)
-    fcf = fcf_item_updates(X, E, I, mask)
-    dX, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=fncf_lr, local_steps=local_steps)
-    return RecsysCase(X, E, I, mask, fcf, model, theta, dX, dT, fncf_lr, local_steps)
-
-
-def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, use_model_params: bool = False,
-                fcf=None, fncf_items=None, fncf_params=None, clip=None, batch_size: int = 64,
-                **kwargs) -> dict:
-    """Run one Table 3 configuration on every user of ``case`` in batches of ``batch_size`` users
-    (users sorted by their number of items so each batch is padded little).
-
-    ``algorithm``: ``"fcf"`` or ``"fncf"``. ``fcf`` / ``fncf_items`` / ``fncf_params`` replace the
-    honest updates (e.g. after LDP or pruning); ``clip`` = the clipping norm(s) the users applied
-    (float for FCF, ``(items, params)`` for FNCF). Returns ``{"auc": [U], "emb_error": [U] or None,
-    "loss": [U]}``; ``emb_error`` is the mean squared error of the estimated user embedding.
-    """
-    if algorithm not in ("fcf", "fncf"):
-        raise ValueError(f"algorithm must be 'fcf' or 'fncf', got {algorithm!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    fcf = case.fcf if fcf is None else fcf
-    fncf_items = case.fncf_items if fncf_items is None else fncf_items
-    fncf_params = case.fncf_params if fncf_params is None else fncf_params
-    order = torch.argsort(case.mask.sum(1), stable=True)
-    auc = torch.empty(len(case))
-    err = torch.empty(len(case))
-    loss = torch.empty(len(case))
-    for start in range(0, len(case), batch_size):
-        idx = order[start:start + batch_size]
-        m = int(case.mask[idx].sum(1).max())
-        X, mk = case.X[idx, :m], case.mask[idx, :m]
-        if algorithm == "fcf":
-            res = raifle_fcf(X, fcf[idx, :m], mk, estimate_embedding=estimate_embedding, clip=clip, **kwargs)
-        else:
-            ci, cp = clip if clip is not None else (None, None)
-            res = raifle_fncf(case.model, case.theta, X, fncf_items[idx, :m],
-                              {k: v[idx] for k, v in fncf_params.items()}, mk,
-                              estimate_embedding=estimate_embedding, use_model_params=use_model_params,
-                              lr=case.fncf_lr, local_steps=case.local_steps, clip_items=ci,
-                              clip_params=cp, **kwargs)
-        auc[idx] = per_user_auc(res.scores, case.I[idx, :m], mk)
-        loss[idx] = res.loss
-        if res.user_emb is not None:
-            err[idx] = ((res.user_emb - case.E[idx]) ** 2).mean(1)
-    return {"auc": auc, "emb_error": err if estimate_embedding else None, "loss": loss}

@@ -15,9 +15,9 @@ batched over users:
   the noisy ADM of App. C.5);
 * :func:`sa_bypass_features`, :func:`sa_recover` -- bypassing secure aggregation (Sec. 3.4.2, Fig. 4);
 * :func:`pir_fingerprint`, :func:`pir_detect` -- bypassing PIR (Sec. 3.4.3);
-* :func:`dead_features`, :func:`flag_dead_features` -- the data-validation countermeasure of Sec. 5.1;
-* :func:`adm_query_sweep`, :func:`noisy_adm_sweep`, :func:`sa_bypass_experiment`, :func:`ldp_sweep` --
-  the experiments of Sec. 4 (Figs. 5-7 and 11, Tables 4-5) as the chapter runs them.
+* :func:`dead_features`, :func:`flag_dead_features` -- the data-validation countermeasure of Sec. 5.1.
+
+The sweeps of Sec. 4 as chapter 3b runs them live in :mod:`fedlab.experiments.chapter3b`.
 """
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..fl.oltr import init_rankers, local_update, num_params, present, simulate_clicks
-from .raifle import RaifleResult, clip_rows, per_user_auc, raifle
+from ..metrics import roc_auc_rows as per_user_auc
+from ..privacy.defenses import clip_rows
+from .raifle import RaifleResult, raifle
 
 __all__ = ["OltrCase", "feature_allocation", "adm_fingerprint", "make_oltr_case", "cat_cases",
            "oltr_matching_loss", "raifle_oltr", "attack_oltr", "sa_bypass_features", "sa_recover",
-           "first_layer_mask", "pir_fingerprint", "pir_detect", "pir_experiment", "dead_features", "flag_dead_features",
-           "adm_query_sweep", "noisy_adm_sweep", "sa_bypass_experiment", "ldp_sweep"]
+           "first_layer_mask", "pir_fingerprint", "pir_detect", "pir_experiment", "dead_features", "flag_dead_features"]
 
 
 @dataclass
@@ -352,108 +353,3 @@ def flag_dead_features(X: torch.Tensor, mask: torch.Tensor, *, max_dead_fraction
         raise ValueError(f"max_dead_fraction must be in [0, 1), got {max_dead_fraction}")
     frac = dead_features(X, mask, tol=tol).float().mean(-1)                           # [U, Q]
     return (frac > max_dead_fraction).any(-1)
-
-
-# ----------------------------------------------------------------- the experiments of RAIFLE Sec. 4
-
-def adm_query_sweep(data, hidden, queries, click_models, num_users: int, *, lr: float, max_iter: int,
-                    seed: int = 0) -> tuple[dict, dict]:
-    """RAIFLE Fig. 5 for one ranker: per-user AUC against the number of queries, with and without ADM.
-
-    For every ``Q`` in ``queries`` and click model, ``num_users`` users are simulated once
-    (:func:`make_oltr_case`; the seed depends on ``Q``, the click model and the ranker but not on ADM,
-    so ADM and no ADM are measured on the same users, lists and clicks) and attacked without ADM and,
-    for ``Q > 1``, with ADM, all configurations of one ``Q`` in one batch (:func:`attack_oltr`).
-    Returns ``(auc, cases)``, both keyed ``(Q, click_model, adm)``: ``auc`` [num_users] tensors and
-    the simulated :class:`OltrCase` objects.
-    """
-    click_models = list(click_models)
-    auc_out, cases_out = {}, {}
-    for Q in queries:
-        cfgs = [(c, a) for c in click_models for a in ([False] if Q == 1 else [False, True])]
-        cases = [make_oltr_case(data, num_users, Q, hidden, click_model=c, adm=a, lr=lr, group=g,
-                                seed=seed + 1000 * Q + 10 * click_models.index(c) + len(hidden))
-                 for g, (c, a) in enumerate(cfgs)]
-        case = cat_cases(cases)
-        auc = attack_oltr(case, max_iter=max_iter, seed=seed)
-        for g, (c, a) in enumerate(cfgs):
-            auc_out[(Q, c, a)], cases_out[(Q, c, a)] = auc[case.group == g], cases[g]
-    return auc_out, cases_out
-
-
-def noisy_adm_sweep(data, hidden, noise_stds, num_users: int, num_queries: int, *,
-                    click_model: str = "informational", lr: float, max_iter: int,
-                    seed: int = 0) -> tuple[dict, dict]:
-    """RAIFLE App. C.5 (Fig. 11): the same users attacked without ADM (key ``None``) and with ADM
-    whose unallocated features are filled with server-known noise of each std in ``noise_stds``
-    (0 = exact zeros). Returns ``(auc, cases)`` keyed by the std: [num_users] AUC tensors, cases."""
-    keys = [None] + list(noise_stds)
-    cases = [make_oltr_case(data, num_users, num_queries, hidden, click_model=click_model, adm=s is not None,
-                            noise_std=s or 0.0, lr=lr, group=g, seed=seed + 50) for g, s in enumerate(keys)]
-    case = cat_cases(cases)
-    auc = attack_oltr(case, max_iter=max_iter, seed=seed)
-    return {s: auc[case.group == g] for g, s in enumerate(keys)}, dict(zip(keys, cases))
-
-
-def sa_bypass_experiment(data, hidden, group_size: int, D: torch.Tensor, *, lr: float, max_iter: int,
-                         generator: torch.Generator, seed: int = 0) -> dict:
-    """RAIFLE Sec. 3.4.2 end to end: a group of ``group_size`` users (user 0 the target) trains one
-    query from a shared global ranker on features manipulated by :func:`sa_bypass_features`, sends
-    its updates through secure aggregation (:mod:`fedlab.privacy.secure_aggregation`), and the server
-    recovers the target's share (:func:`sa_recover`) and attacks it on those coordinates.
-
-    Returns ``{"err": max abs error of the recovered coordinates, "auc": the target's AUC,
-    "num_recovered", "num_params", "case", "masked": what the users sent}``. ``generator`` draws the
-    global ranker and the masks.
-    """
-    from ..fl.oltr import init_rankers
-    from ..privacy import secure_aggregation as sa
-
-    theta = init_rankers(1, data.num_features, hidden, generator=generator)[0]
-    case = make_oltr_case(data, group_size, 1, hidden, lr=lr, theta0=theta, seed=seed + 7,
-                          manipulate=lambda X, m: sa_bypass_features(X, 0, D))
-    masked = sa.mask_updates(case.update.double(), generator=generator)
-    recovered = sa_recover(sa.unmask_sum(masked), D, hidden).float()
-    coords = first_layer_mask(D, hidden)
-    err = (recovered[coords] - case.update[0, coords]).abs().max().item()
-    auc = attack_oltr(case.subset([0]), recovered[None], coords=coords, max_iter=max_iter, seed=seed)
-    return {"err": err, "auc": auc.item(), "num_recovered": int(coords.sum()), "num_params": coords.numel(),
-            "case": case, "masked": masked}
-
-
-def ldp_sweep(data, hidden, epsilons, configs, num_users: int, *, delta: float, clip_norm: float,
-              lr: float, max_iter: int, click_model: str = "informational", random_draws: int = 10,
-              rand_generator: torch.Generator, seed: int = 0) -> tuple[dict, dict]:
-    """RAIFLE Figs. 6-7 and Tables 4-5 for one ranker: RAIFLE against LDP updates.
-
-    ``configs``: ``[(Q, [adm, ...]), ...]``. For each ``Q`` the same ``num_users`` users are simulated
-    with and without ADM, every update is clipped and noised once per ``epsilon``
-    (:func:`fedlab.privacy.ldp.ldp_gaussian`), and all (ADM, epsilon) blocks are attacked in one batch
-    with the clipping reproduced (one L-BFGS per user, so the blocks do not interact). The random
-    baseline scores the *same* users' items ``random_draws`` times with uniform guesses (drawn from
-    ``rand_generator``), so it has the spread of a real attack on those lists.
-
-    Returns ``(auc, random_auc)``: ``auc[(Q, adm, epsilon)]`` [num_users] and
-    ``random_auc[(Q, adm)]`` [num_users * random_draws].
-    """
-    from ..privacy.ldp import ldp_gaussian
-
-    if random_draws < 1:
-        raise ValueError(f"random_draws must be >= 1, got {random_draws}")
-    epsilons = list(epsilons)
-    auc_out, random_out = {}, {}
-    for Q, adms in configs:
-        bases = [make_oltr_case(data, num_users, Q, hidden, click_model=click_model, adm=a, lr=lr, seed=seed + 300 + Q)
-                 for a in adms]
-        gen = torch.Generator().manual_seed(seed)
-        case = cat_cases([b for b in bases for _ in epsilons])
-        noisy = torch.cat([ldp_gaussian(b.update, e, delta, clip_norm, generator=gen) for b in bases for e in epsilons])
-        auc = attack_oltr(case, noisy, clip=clip_norm, max_iter=max_iter, seed=seed)
-        auc = auc.reshape(len(adms), len(epsilons), num_users)
-        for j, (adm, base) in enumerate(zip(adms, bases)):
-            for i, e in enumerate(epsilons):
-                auc_out[(Q, adm, e)] = auc[j, i]
-            I = base.I.reshape(num_users, -1).repeat(random_draws, 1)
-            m = base.mask.reshape(num_users, -1).repeat(random_draws, 1)
-            random_out[(Q, adm)] = per_user_auc(torch.rand(I.shape, generator=rand_generator), I, m)
-    return auc_out, random_out

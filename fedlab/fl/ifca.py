@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from ..models import get_params
+from ..models import flatten_stacked as stack_to_flat, get_params, squared_error
+from ..models import unflatten_stacked as flat_to_stack
 from ..privacy.dprivacy import PrivacyAccountant, sanitize_update
 from . import ClientData, clients_update, cross_entropy, stack_clients
 
@@ -34,31 +35,6 @@ __all__ = ["squared_error", "hypothesis_losses", "evaluate_hypotheses", "kmeans_
            "server_view", "early_stop_round"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def squared_error(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-sample squared error of a single-output regressor: ``out`` ``[B, 1]`` or ``[B]``, ``y``
-    ``[B]``; returns ``[B]``. Its mean is the MSE whose square root is the RMSE of Galli et al. Eq. 15."""
-    return (out.reshape(y.shape) - y) ** 2
-
-
-def stack_to_flat(stacked: dict) -> torch.Tensor:
-    """Stacked parameter dict ``{name: [m, ...]}`` -> matrix ``[m, n]`` (``flatten_params`` per row)."""
-    return torch.cat([v.reshape(v.shape[0], -1) for v in stacked.values()], dim=1)
-
-
-def flat_to_stack(theta: torch.Tensor, like: dict) -> dict:
-    """Matrix ``[m, n]`` -> stacked dict ``{name: [m, *like[name].shape]}``.
-
-    Raises ``ValueError`` if ``n`` differs from the number of parameters in ``like``."""
-    total = sum(v.numel() for v in like.values())
-    if theta.ndim != 2 or theta.shape[1] != total:
-        raise ValueError(f"theta must have shape [m, {total}], got {tuple(theta.shape)}")
-    out, i = {}, 0
-    for name, v in like.items():
-        out[name] = theta[:, i:i + v.numel()].reshape(theta.shape[0], *v.shape)
-        i += v.numel()
-    return out
 
 
 def _per_client_stats(model, like, hyps: torch.Tensor, data: ClientData, loss_fn):

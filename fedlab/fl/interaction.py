@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad
 
 from ..models import get_params, mlp
 
 __all__ = ["fcf_item_update", "fcf_item_updates", "fcf_client_train", "fncf_init", "fncf_scores",
-           "fncf_update", "fncf_updates", "fncf_updates_vmap", "fncf_client_train"]
+           "fncf_update", "fncf_updates", "fncf_client_train"]
 
 
 def _check_fcf(X, e, I):
@@ -202,15 +202,6 @@ def fncf_updates(model, theta, X, E, I, mask, *, lr: float = 1.0, local_steps: i
     if not create_graph:
         dX, dT, Ec = dX.detach(), {k: v.detach() for k, v in dT.items()}, Ec.detach()
     return dX, dT, Ec
-
-
-def fncf_updates_vmap(model, theta, X, E, I, mask, *, lr: float = 1.0, local_steps: int = 3):
-    """The same batch computed as ``vmap(fncf_update)`` (kept to check :func:`fncf_updates`)."""
-
-    def one(x, e, i, k):
-        return fncf_update(model, theta, x, e, i, k, lr=lr, local_steps=local_steps)
-
-    return vmap(one)(X, E, I, mask)
 
 
 def fncf_client_train(model, theta, X, e, I, *, lr: float = 1.0, local_steps: int = 3):

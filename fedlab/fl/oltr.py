@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["CLICK_MODELS", "click_probabilities", "num_params", "init_rankers", "ranker_scores",
-           "log_ranking_prob", "pdgd_pair_weights", "pdgd_gradient", "pdgd_gradient_pairs",
+           "pdgd_pair_weights", "pdgd_gradient",
            "local_update", "present", "simulate_clicks", "ndcg_at_k", "evaluate_ndcg",
            "federated_oltr", "FedOLTRResult"]
 
@@ -127,15 +127,6 @@ def _vjp(acts, mats, v):
 
 # --------------------------------------------------------------------------------------------- PDGD
 
-def log_ranking_prob(f: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Plackett-Luce log-probability of the displayed order (position = index) of the real items:
-    ``sum_k f_k - logsumexp(f_k, ..., f_last)``. ``f`` [..., n], ``mask`` [..., n] with the real
-    items first -> ``[...]``."""
-    big = torch.where(mask, f, torch.full_like(f, -1e4))
-    suffix = torch.logcumsumexp(big.flip(-1), -1).flip(-1)
-    return ((f - suffix) * mask).sum(-1)
-
-
 def pdgd_pair_weights(f: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``rho_ij * c_ij`` for every pair of displayed items (Oosterhuis & de Rijke 2018, eq. 9-13).
 
@@ -190,35 +181,6 @@ def pdgd_gradient(theta: torch.Tensor, X: torch.Tensor, I: torch.Tensor, mask: t
     A = W * pdgd_pair_weights(f, mask)
     v = A.sum(2) - A.sum(1)
     return _vjp(acts, mats, v)
-
-
-def pdgd_gradient_pairs(theta: torch.Tensor, X: torch.Tensor, clicks: torch.Tensor, hidden=()) -> torch.Tensor:
-    """Reference PDGD for ONE user and ONE query with 0/1 ``clicks`` [n]: an explicit loop over every
-    (clicked i, not clicked j) pair, each ranking swap built explicitly and ``grad f`` taken with
-    autograd. ``theta`` [P], ``X`` [n, F] -> ``[P]``. Slow; for tests."""
-    hidden = _check_hidden(hidden)
-    n = X.shape[0]
-    th = theta.detach().clone().requires_grad_(True)
-    f = _forward(th[None], X[None], hidden)[0][0]
-    jac = [torch.autograd.grad(f[i], th, retain_graph=True)[0] for i in range(n)]
-    f = f.detach()
-
-    def logp(order):
-        s = f[order]
-        return sum(s[k] - torch.logsumexp(s[k:], 0) for k in range(n))
-
-    base = list(range(n))
-    out = torch.zeros_like(theta)
-    for i in range(n):
-        for j in range(n):
-            if clicks[i] == 1 and clicks[j] == 0:
-                sw = list(base)
-                sw[i], sw[j] = sw[j], sw[i]
-                lp, lps = logp(base), logp(sw)
-                rho = torch.exp(lps - torch.logaddexp(lp, lps))
-                c = torch.sigmoid(f[i] - f[j]) * torch.sigmoid(f[j] - f[i])
-                out = out + rho * c * (jac[i] - jac[j])
-    return out
 
 
 def local_update(theta0: torch.Tensor, X: torch.Tensor, I: torch.Tensor, mask: torch.Tensor,

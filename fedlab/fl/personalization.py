@@ -18,16 +18,15 @@ client-agreement metric (:func:`client_agreement`).
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from . import ClientData, batch_plan, cross_entropy, train_standalone
-from ..privacy.dp_fedavg import DPRoundRecord, dp_aggregate, noise_std
+from ..privacy.dp_fedavg import dp_aggregate, noise_std
+from .dp_fedavg import DPRoundRecord
 
 __all__ = ["make_representation_task", "head_names_of", "partial_clients_update", "evaluate_clients",
            "local_only", "finetune", "centaur", "per_layer_snr", "client_agreement"]

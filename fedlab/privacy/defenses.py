@@ -5,11 +5,10 @@ or a parameter dict of tensors treated as one concatenated vector, and return th
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
-__all__ = ["gaussian_noise", "prune_by_magnitude", "clip_by_norm", "global_norm"]
+__all__ = ["gaussian_noise", "prune_by_magnitude", "prune_rows", "clip_by_norm", "clip_rows", "global_norm"]
 
 
 def _as_list(update):
@@ -47,22 +46,12 @@ def prune_by_magnitude(update, fraction: float):
     """Gradient pruning (Zhu et al. 2019): set the ``fraction`` of coordinates with the smallest
     absolute value to zero, ranked over the whole update (all tensors of a dict together).
 
-    ``fraction`` in ``[0, 1)``: 0 keeps everything, 0.9 keeps the top 10 % by magnitude.
+    ``fraction`` in ``[0, 1)``: 0 keeps everything, 0.9 keeps the top 10 % by magnitude. This is
+    :func:`prune_rows` on a batch of one update.
     """
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
     keys, ts = _as_list(update)
-    flat = torch.cat([t.reshape(-1) for t in ts])
-    n_prune = int(math.floor(fraction * flat.numel()))
-    if n_prune == 0:
-        return _pack(keys, [t.clone() for t in ts])
-    keep = torch.ones(flat.numel(), dtype=torch.bool)
-    keep[flat.abs().argsort()[:n_prune]] = False
-    out, i = [], 0
-    for t in ts:
-        out.append(torch.where(keep[i:i + t.numel()].reshape(t.shape), t, torch.zeros_like(t)))
-        i += t.numel()
-    return _pack(keys, out)
+    out = prune_rows(_pack(keys, [t[None] for t in ts]), fraction)
+    return {k: v[0] for k, v in out.items()} if keys is not None else out[0]
 
 
 def clip_by_norm(update, max_norm: float):
@@ -73,3 +62,54 @@ def clip_by_norm(update, max_norm: float):
     keys, ts = _as_list(update)
     factor = torch.clamp(max_norm / (global_norm(update) + 1e-12), max=1.0)
     return _pack(keys, [t * factor for t in ts])
+
+
+def clip_rows(update, max_norm: float):
+    """Per-row L2 clipping of a batched update: ``update`` is a tensor ``[U, ...]`` or a dict of
+    tensors ``[U, ...]`` (row ``u`` of every tensor together is user ``u``'s update); each row is scaled
+    by ``min(1, max_norm / ||row||)``. Differentiable, so an attacker can put it inside a simulated
+    update (RAIFLE 4.1.1). Returns the same type. Raises ``ValueError`` unless ``max_norm > 0``."""
+    if not max_norm > 0:
+        raise ValueError(f"max_norm must be > 0, got {max_norm}")
+    keys, ts = _as_list(update)
+    flat = torch.cat([t.flatten(1) for t in ts], 1) if keys is not None else ts[0].reshape(ts[0].shape[0], -1)
+    factor = torch.clamp(max_norm / (flat.norm(dim=1) + 1e-12), max=1.0)
+    return _pack(keys, [t * factor.reshape(-1, *([1] * (t.dim() - 1))) for t in ts])
+
+
+def prune_rows(update, fraction: float, *, mask: torch.Tensor | None = None):
+    """Gradient pruning per user (Zhu et al. 2019; RAIFLE App. C.4), vectorised over users.
+
+    ``update``: a tensor [U, ...] or a dict of tensors [U, ...] (each user's tensors ranked
+    together; :func:`prune_by_magnitude` is this function on one user). In each
+    user's update the ``floor(fraction * n_real)`` entries of smallest magnitude become 0, where
+    ``n_real`` counts the real entries (``mask`` [U, m] marks real item rows of ``[U, m, d]``
+    tensors; padding is never counted). Raises ``ValueError`` unless ``0 <= fraction < 1``.
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
+    is_dict = isinstance(update, dict)
+    tensors = list(update.values()) if is_dict else [update]
+    U = tensors[0].shape[0]
+    flats, valid = [], []
+    for t in tensors:
+        flats.append(t.reshape(U, -1))
+        if mask is not None and t.dim() >= 2 and t.shape[:2] == mask.shape:
+            valid.append(mask.reshape(*mask.shape, *([1] * (t.dim() - 2))).expand_as(t).reshape(U, -1))
+        else:
+            valid.append(torch.ones(U, flats[-1].shape[1], dtype=torch.bool))
+    flat, ok = torch.cat(flats, 1), torch.cat(valid, 1)
+    n_real = ok.sum(1)
+    k = (n_real.double() * fraction).floor().long() + (~ok).sum(1)      # padding sorts first
+    mag = torch.where(ok, flat.abs(), torch.full_like(flat, -1.0))
+    order = mag.argsort(dim=1, stable=True)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(flat.shape[1]).expand(U, -1).contiguous())
+    keep = ranks >= k[:, None]
+    out_flat = torch.where(keep, flat, torch.zeros_like(flat))
+    out, i = [], 0
+    for t in tensors:
+        n = t[0].numel()
+        out.append(out_flat[:, i:i + n].reshape(t.shape))
+        i += n
+    return dict(zip(update.keys(), out)) if is_dict else out[0]

@@ -1,6 +1,8 @@
-"""Client-level differentially private FedAvg (McMahan, Ramage, Talwar & Zhang 2018, "Learning
-differentially private recurrent language models", Algorithm 1 "DP-FedAvg"; Shokri's CS5562
-lecture, "Client-level differentially private federated averaging").
+"""The mechanism and the accountant of client-level differentially private FedAvg (McMahan, Ramage,
+Talwar & Zhang 2018, "Learning differentially private recurrent language models", Algorithm 1
+"DP-FedAvg"; Shokri's CS5562 lecture, "Client-level differentially private federated averaging").
+The round loop that uses them is :func:`fedlab.fl.dp_fedavg.dp_fedavg` (``privacy`` imports nothing
+from ``fl``).
 
 The server is trusted. Each round it
 
@@ -20,23 +22,17 @@ accounting by hand.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
-
-import numpy as np
 import torch
-from torch import nn
 from torch.func import vmap
 
-from .. import fl
-from .defenses import clip_by_norm
+from .defenses import clip_by_norm, gaussian_noise
 
 #: Renyi orders used by every accountant here (integers: fast and numerically stable for the
 #: Poisson-subsampled Gaussian; the fractional orders below 2 only matter for epsilon << 1)
 RDP_ORDERS = tuple(range(2, 65)) + (80, 96, 128, 256, 512)
 
-__all__ = ["RDP_ORDERS", "noise_std", "clip_updates", "dp_aggregate", "DPRoundRecord", "dp_fedavg",
-           "dp_event", "epsilon_spent", "noise_multiplier_for_epsilon"]
+__all__ = ["RDP_ORDERS", "noise_std", "clip_updates", "dp_aggregate", "dp_event", "epsilon_spent",
+           "noise_multiplier_for_epsilon"]
 
 
 def _check_dp_args(noise_multiplier, clip_norm, expected_clients):
@@ -90,89 +86,8 @@ def dp_aggregate(updates: dict, *, clip_norm: float | None, noise_multiplier: fl
         clipped = clip_updates(updates, clip_norm)
         clipped_mean = {k: v.sum(0) / expected_clients for k, v in clipped.items()}
     sigma = 0.0 if noise_multiplier == 0 else noise_std(noise_multiplier, clip_norm, expected_clients)
-    noisy = {k: v + sigma * torch.randn(v.shape, generator=generator, dtype=v.dtype) if sigma > 0 else v.clone()
-             for k, v in clipped_mean.items()}
+    noisy = gaussian_noise(clipped_mean, sigma, generator=generator)
     return noisy, clipped_mean
-
-
-def _log(history, model, params, t, eval_data, loss_fn):
-    if eval_data is not None:
-        ev = fl.evaluate(model, params, eval_data.X, eval_data.y, loss_fn)
-        history["round"].append(t)
-        history["accuracy"].append(ev["accuracy"])
-        history["loss"].append(ev["loss"])
-
-
-@dataclass
-class DPRoundRecord:
-    """One DP round as the trusted server sees it: ``global_params`` sent, ``selected`` clients,
-    raw ``updates`` ``{name: [m, ...]}`` (before clipping), their ``clipped_mean`` (no noise), the
-    per-coordinate ``noise_std`` and the ``new_params`` released after the round."""
-
-    round: int
-    global_params: dict
-    selected: np.ndarray
-    updates: dict
-    clipped_mean: dict
-    noise_std: float
-    new_params: dict
-
-
-def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: float,
-              noise_multiplier: float, clip_norm: float | None, local_epochs: int = 1,
-              batch_size: int | None = 10, lr: float = 0.1, server_lr: float = 1.0,
-              params: dict | None = None, seed: int = 0, eval_data=None,
-              loss_fn=fl.cross_entropy, callback: Callable[[DPRoundRecord], None] | None = None) -> fl.FLResult:
-    """DP-FedAvg (McMahan et al. 2018, Alg. 1) with the functional, vmapped client update of
-    :mod:`fedlab.fl`.
-
-    Parameters
-    ----------
-    clients : ClientData or list of per-client data sets (``K`` clients)
-    sampling_prob : float in (0, 1]
-        ``q``, each client's independent chance to be sampled in a round.
-    noise_multiplier : float >= 0
-        ``z``; the noise std on the average is ``z * clip_norm / (q K)``. 0 gives clipped FedAvg.
-    clip_norm : float or None
-        ``S``, the L2 bound on each client's update (``None``: no clipping, only with ``z = 0``).
-
-    Returns an :class:`fedlab.fl.FLResult` (final parameters, test history when ``eval_data``).
-    The privacy spent is :func:`epsilon_spent` ``(noise_multiplier, sampling_prob, num_rounds, delta)``.
-    """
-    if int(num_rounds) != num_rounds or num_rounds < 0:
-        raise ValueError(f"num_rounds must be a non-negative integer, got {num_rounds}")
-    if not 0.0 < sampling_prob <= 1.0:
-        raise ValueError(f"sampling_prob must be in (0, 1], got {sampling_prob}")
-    if not server_lr > 0:
-        raise ValueError(f"server_lr must be > 0, got {server_lr}")
-    data = clients if isinstance(clients, fl.ClientData) else fl.stack_clients(clients)
-    K = data.num_clients
-    m = sampling_prob * K
-    _check_dp_args(noise_multiplier, clip_norm, m)
-    if noise_multiplier > 0 and clip_norm is None:
-        raise ValueError("noise_multiplier > 0 needs a finite clip_norm")
-    gen = torch.Generator().manual_seed(seed)
-    w = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}
-    result = fl.FLResult(w)
-    _log(result.history, model, w, 0, eval_data, loss_fn)
-    sigma = 0.0 if noise_multiplier == 0 else noise_std(noise_multiplier, clip_norm, m)
-    for t in range(1, int(num_rounds) + 1):
-        selected = torch.nonzero(torch.rand(K, generator=gen) < sampling_prob).flatten()
-        if len(selected):
-            local = fl.clients_update(model, w, data.select(selected), lr=lr, local_epochs=local_epochs,
-                                      batch_size=batch_size, generator=gen, loss_fn=loss_fn)
-            updates = {k: (local[k] - w[k]).detach() for k in w}
-        else:
-            updates = {k: torch.zeros((0, *v.shape)) for k, v in w.items()}
-        noisy, clipped_mean = dp_aggregate(updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                                           expected_clients=m, generator=gen, like=w)
-        new_w = {k: w[k] + server_lr * noisy[k] for k in w}
-        if callback is not None:
-            callback(DPRoundRecord(t, w, selected.numpy(), updates, clipped_mean, sigma, new_w))
-        w = new_w
-        _log(result.history, model, w, t, eval_data, loss_fn)
-    result.params = w
-    return result
 
 
 # --------------------------------------------------------------------------------------------

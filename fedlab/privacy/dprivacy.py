@@ -34,7 +34,7 @@ from scipy.special import gammaln
 __all__ = [
     "laplace_constant", "log_laplace_density", "log_likelihood_ratio", "radius_distribution",
     "expected_radius", "component_variance", "sample_euclidean_laplace", "sanitize_update",
-    "SanitizedUpdate", "PrivacyAccountant", "rmse", "rmse_increase_bound",
+    "SanitizedUpdate", "PrivacyAccountant", "rmse_increase_bound",
 ]
 
 
@@ -291,24 +291,6 @@ class PrivacyAccountant:
 # ------------------------------------------------------------------------------------------------
 # Proposition 3.2: first-order bound on the increase of the RMSE under noise
 # ------------------------------------------------------------------------------------------------
-def rmse(model, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """RMSE of Galli et al. Eq. 15, ``||f(X, theta) - Y||_2 / sqrt(|Z|)``, for a flat parameter
-    vector ``theta`` ``[n]`` of ``model`` (a module with a single output). ``theta`` may also be
-    ``[m, n]`` (returns ``[m]``)."""
-    from torch.func import functional_call, vmap
-
-    from ..models import unflatten_params
-
-    like = {k: v.detach() for k, v in model.named_parameters()}
-
-    def one(t):
-        out = functional_call(model, unflatten_params(t, like), (X,)).reshape(-1)
-        return torch.sqrt(((out - y.reshape(-1)) ** 2).mean())
-
-    theta = torch.as_tensor(theta, dtype=torch.float32)
-    return vmap(one)(theta) if theta.ndim == 2 else one(theta)
-
-
 def rmse_increase_bound(model, theta: torch.Tensor, X: torch.Tensor) -> float:
     """First-order constant of Proposition 3.2: ``||J_f(X, theta)||_2 / sqrt(|Z|)``, with ``J_f`` the
     ``[|Z|, n]`` Jacobian of the predictions with respect to the parameters. To first order,

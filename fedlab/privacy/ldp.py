@@ -6,7 +6,7 @@ Each user clips its update to L2 norm ``clip_norm`` and adds Gaussian noise cali
 privacy-loss-distribution accountant is exact for one Gaussian release -- and the classical
 ``sigma = Delta sqrt(2 ln(1.25/delta)) / epsilon`` of Dwork & Roth (2014, Thm. A.1) for
 ``epsilon <= 1``. The noise itself is :func:`fedlab.privacy.defenses.gaussian_noise`; pruning per
-user has the semantics of :func:`fedlab.privacy.defenses.prune_by_magnitude`, vectorised over users.
+user is :func:`fedlab.privacy.defenses.prune_rows` and clipping :func:`fedlab.privacy.defenses.clip_rows`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import math
 import torch
 from scipy.stats import norm
 
-from .defenses import gaussian_noise
+from .defenses import clip_rows, gaussian_noise, prune_rows  # noqa: F401  (part of this module's API)
 
 __all__ = ["classical_gaussian_sigma", "analytic_gaussian_sigma", "gaussian_sigma",
            "analytic_gaussian_delta", "ldp_gaussian", "prune_rows"]
@@ -71,17 +71,6 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, *,
     return analytic_gaussian_sigma(epsilon, delta, sensitivity)
 
 
-def clip_rows(update: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Per-user L2 clipping of a batched update ``[U, ...]``: each user's whole tensor is scaled to
-    norm <= ``max_norm``. Differentiable, so an attacker can put it inside its simulated update.
-    Raises ``ValueError`` unless ``max_norm > 0``."""
-    if not max_norm > 0:
-        raise ValueError(f"max_norm must be > 0, got {max_norm}")
-    flat = update.reshape(update.shape[0], -1)
-    factor = torch.clamp(max_norm / (flat.norm(dim=1) + 1e-12), max=1.0)
-    return update * factor.reshape(-1, *([1] * (update.dim() - 1)))
-
-
 def ldp_gaussian(update: torch.Tensor, epsilon: float, delta: float, clip_norm: float, *,
                  mask: torch.Tensor | None = None, sensitivity: float | None = None,
                  generator: torch.Generator | None = None) -> torch.Tensor:
@@ -101,41 +90,3 @@ def ldp_gaussian(update: torch.Tensor, epsilon: float, delta: float, clip_norm: 
     if mask is not None:
         noisy = noisy * mask.reshape(*mask.shape, *([1] * (update.dim() - mask.dim()))).to(noisy.dtype)
     return noisy
-
-
-def prune_rows(update, fraction: float, *, mask: torch.Tensor | None = None):
-    """Gradient pruning per user (Zhu et al. 2019; RAIFLE App. C.4), vectorised over users.
-
-    ``update``: a tensor [U, ...] or a dict of tensors [U, ...] (each user's tensors ranked
-    together, as :func:`fedlab.privacy.defenses.prune_by_magnitude` does for one user). In each
-    user's update the ``floor(fraction * n_real)`` entries of smallest magnitude become 0, where
-    ``n_real`` counts the real entries (``mask`` [U, m] marks real item rows of ``[U, m, d]``
-    tensors; padding is never counted). Raises ``ValueError`` unless ``0 <= fraction < 1``.
-    """
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
-    is_dict = isinstance(update, dict)
-    tensors = list(update.values()) if is_dict else [update]
-    U = tensors[0].shape[0]
-    flats, valid = [], []
-    for t in tensors:
-        flats.append(t.reshape(U, -1))
-        if mask is not None and t.dim() >= 2 and t.shape[:2] == mask.shape:
-            valid.append(mask.reshape(*mask.shape, *([1] * (t.dim() - 2))).expand_as(t).reshape(U, -1))
-        else:
-            valid.append(torch.ones(U, flats[-1].shape[1], dtype=torch.bool))
-    flat, ok = torch.cat(flats, 1), torch.cat(valid, 1)
-    n_real = ok.sum(1)
-    k = (n_real.double() * fraction).floor().long() + (~ok).sum(1)      # padding sorts first
-    mag = torch.where(ok, flat.abs(), torch.full_like(flat, -1.0))
-    order = mag.argsort(dim=1, stable=True)
-    ranks = torch.empty_like(order)
-    ranks.scatter_(1, order, torch.arange(flat.shape[1]).expand(U, -1).contiguous())
-    keep = ranks >= k[:, None]
-    out_flat = torch.where(keep, flat, torch.zeros_like(flat))
-    out, i = [], 0
-    for t in tensors:
-        n = t[0].numel()
-        out.append(out_flat[:, i:i + n].reshape(t.shape))
-        i += n
-    return dict(zip(update.keys(), out)) if is_dict else out[0]

@@ -1,0 +1,90 @@
+"""Imports inside fedlab run one way: experiments -> attacks -> fl -> privacy, data, models, metrics -> config.
+
+Every import statement of every module (module level and inside functions) is checked, so a new
+cycle fails here before it confuses a reader.
+"""
+import ast
+from pathlib import Path
+
+
+PKG = Path(__file__).resolve().parents[1] / "fedlab"
+
+#: rank of each part of the package; a module may import only parts of lower or equal rank, except
+#: that the parts of rank 1 are leaves towards each other as listed in SAME_RANK_FORBIDDEN
+RANK = {"config": 0, "privacy": 1, "data": 1, "models": 1, "metrics": 1, "optim": 1, "plots": 1,
+        "fl": 2, "attacks": 3, "experiments": 4,
+        # the page and command-line layer sits on top and may use everything
+        "book": 5, "records": 5, "reproduce": 5, "__main__": 6, "__init__": 6}
+SAME_RANK_FORBIDDEN = {"data": {"privacy", "models", "metrics"}, "models": {"privacy", "data", "metrics"},
+                       "metrics": {"privacy", "data", "models"}, "config": set()}
+
+
+def _part(module: str) -> str:
+    """'fedlab.privacy.ldp' -> 'privacy'; 'fedlab' -> '__init__'."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path):
+    """(line, imported fedlab module) for every import statement in ``path``."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "fedlab":
+                    yield node.lineno, a.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "fedlab":
+                continue
+            if node.module is None or target.count(".") == 0:   # "from . import x": x may be a submodule
+                for a in node.names:
+                    yield node.lineno, f"{target}.{a.name}"
+            else:
+                yield node.lineno, target
+
+
+def _violations():
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        src = _part(_module_name(path)) if _module_name(path) != "fedlab" else "__init__"
+        if path.parent == PKG and path.stem not in ("__init__",):
+            src = path.stem
+        for line, target in _imports(path):
+            dst = _part(target)
+            if dst not in RANK or src not in RANK:
+                bad.append(f"{path.relative_to(PKG.parent)}:{line} imports {target}: unknown part of fedlab")
+            elif RANK[dst] > RANK[src] or dst in SAME_RANK_FORBIDDEN.get(src, set()) or (src == "config" and dst != "config"):
+                bad.append(f"{path.relative_to(PKG.parent)}:{line} ({src}) imports {target} ({dst})")
+    return bad
+
+
+def test_imports_run_one_way():
+    assert _violations() == []
+
+
+def test_the_checker_sees_a_backward_import(tmp_path, monkeypatch):
+    fake = tmp_path / "fedlab"
+    (fake / "privacy").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "privacy" / "__init__.py").write_text("")
+    (fake / "privacy" / "bad.py").write_text("def f():\n    from ..fl import fedavg\n")
+    (fake / "data.py").write_text("from .privacy import bad\n")
+    monkeypatch.setattr(__import__(__name__), "PKG", fake)
+    found = _violations()
+    assert any("privacy/bad.py:2" in v and "fedlab.fl" in v for v in found), found
+    assert any("data.py:1" in v and "(data)" in v for v in found), found
