@@ -110,7 +110,7 @@ def _notebook_title(path: Path) -> str:
 
 def list_chapters(root: str | Path | None = None) -> list[Chapter]:
     """The notebooks listed in ``_toc.yml`` (markdown pages are not chapters to run), in book order.
-    The title is the ``_toc.yml`` title when it has one, else the notebook's first ``# `` heading."""
+    The title is the ``_toc.yml`` title when it has one, else the notebook's first level-1 heading."""
     import yaml
 
     root = find_root(root) if root is None else Path(root)

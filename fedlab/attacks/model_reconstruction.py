@@ -501,10 +501,10 @@ def reconstruct_heuristic(theta_in: torch.Tensor, theta_out: torch.Tensor, *, hi
                           seed: int = 0) -> HeuristicResult:
     """Algorithm 3 of Xu & Neglia (2021): local model reconstruction for any model and local rule.
 
-    1. ``Delta M^c = {(theta, theta - theta_c)}`` from the eavesdropped pairs;
-    2.-3. fit the mapping ``G^c`` (:func:`fit_mapping`, Eq. 9);
-    4. ``hat theta_c* = argmin ||G^c(theta)||^2`` (:func:`minimise_mapping`, Eq. 10), started from
-       ``init`` (default: the last model the client returned).
+    * steps 1-3: from the eavesdropped pairs ``Delta M^c = {(theta, theta - theta_c)}``, fit the mapping
+      ``G^c`` (:func:`fit_mapping`, Eq. 9);
+    * step 4: ``hat theta_c* = argmin ||G^c(theta)||^2`` (:func:`minimise_mapping`, Eq. 10), started from
+      ``init`` (default: the last model the client returned).
 
     ``theta_in``, ``theta_out``: ``[n, d]`` or ``[P, n, d]``. Raises ``ValueError`` on bad shapes.
     """

@@ -136,17 +136,25 @@ def load_cms_inpatient(path: str | Path | None = None, *, zip_coords: dict | Non
     path : path, optional
         A CSV file; by default ``CMS_FILENAME`` in :func:`fedlab.data_dir`, obtained through
         :func:`fedlab.data.download.fetch` (offline unless ``download=True``).
-    zip_coords : dict ``{zip: (longitude, latitude)}``, optional
+    zip_coords : dict, optional
+        ``{zip: (longitude, latitude)}``.
         ZIP-code geocoding (the paper's step ii). ZIP codes missing from it drop their rows; without it
         the 5-digit ZIP divided by 1e5 replaces both coordinates (a crude but monotone location).
     conditions : sequence of str
         DRG definitions to keep, in the order that defines the condition index.
 
-    Returns ``(clients, provider_ids)``: a list of :class:`Dataset` (``X`` float32 ``[n_c, 3]``, ``y``
-    float32 ``[n_c]``) and the matching provider ids.
+    Returns
+    -------
+    tuple
+        ``(clients, provider_ids)``: a list of :class:`Dataset` (``X`` float32 ``[n_c, 3]``, ``y`` float32
+        ``[n_c]``) and the matching provider ids.
 
-    Raises ``OfflineError`` if the file is not cached and ``download`` is False, ``ValueError`` if a
-    required column is missing or no row matches ``conditions``.
+    Raises
+    ------
+    fedlab.data.download.OfflineError
+        If the file is not cached and ``download`` is False.
+    ValueError
+        If a required column is missing or no row matches ``conditions``.
     """
     if path is None:
         path = fetch(CMS_URL, CMS_FILENAME, sha256, download=download)

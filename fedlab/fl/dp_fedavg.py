@@ -51,7 +51,9 @@ def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: floa
     clip_norm : float or None
         ``S``, the L2 bound on each client's update (``None``: no clipping, only with ``z = 0``).
 
-    Returns an :class:`fedlab.fl.FLResult` (final parameters, test history when ``eval_data``).
+    Returns
+    -------
+    An :class:`fedlab.fl.FLResult` (final parameters, test history when ``eval_data``).
     The privacy spent is :func:`fedlab.privacy.dp_fedavg.epsilon_spent` ``(noise_multiplier, sampling_prob, num_rounds, delta)``.
     """
     if int(num_rounds) != num_rounds or num_rounds < 0:

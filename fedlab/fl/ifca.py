@@ -205,15 +205,20 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
     clients : ClientData or list of per-client data sets (``K`` clients)
     num_clusters : int >= 1
         ``k``, the number of hypotheses.
-    init : ``[k, n]`` tensor, optional
-        Initial hypotheses; default ``N(0, init_std^2)`` per coordinate (the paper's Sec. 4.1 choice).
-    val_clients : held-out clients; when given, evaluated every round (each picks its best
-        hypothesis) and, with ``patience``, training stops after ``patience`` rounds without a lower
-        validation loss; the returned ``hypotheses`` are those of the best round.
-    kmeans_backend : ``"sklearn"`` (default) or ``"lloyd"`` (same algorithm, see :func:`kmeans_clusters`).
+    init : tensor, optional
+        Initial hypotheses ``[k, n]``; default ``N(0, init_std^2)`` per coordinate (the paper's Sec. 4.1 choice).
+    val_clients : ClientData, optional
+        Held-out clients; when given, evaluated every round (each picks its best hypothesis) and, with
+        ``patience``, training stops after ``patience`` rounds without a lower validation loss; the
+        returned ``hypotheses`` are those of the best round.
+    kmeans_backend : str
+        ``"sklearn"`` (default) or ``"lloyd"`` (same algorithm, see :func:`kmeans_clusters`).
 
-    Raises ``ValueError`` on ``num_clusters < 1``, ``clients_per_round`` outside ``[1, K]``,
-    ``nu <= 0``, an unknown ``clustering`` or an ``init`` of the wrong shape.
+    Raises
+    ------
+    ValueError
+        On ``num_clusters < 1``, ``clients_per_round`` outside ``[1, K]``, ``nu <= 0``, an unknown
+        ``clustering`` or an ``init`` of the wrong shape.
     """
     if int(num_clusters) != num_clusters or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1, got {num_clusters}")
