@@ -21,8 +21,10 @@ out of ``summary``. The command exits with status 0 only if every seed ran clean
 on stderr, each failing seed, the failing cell (its index among the notebook's code cells and the
 cell line that raised) and the error, still writes the record (a failing seed is a result; it goes to
 ``<stem>.<scale>.failed.json`` rather than replace a stored clean record, unless ``--force``), and
-exits with status 1. Glued names ending in ``_paper`` or ``_note`` quote a stored record and are not
-collected.
+exits with status 1. A seed whose cell runs past the time limit (300 s a cell at quick scale, 1800 s
+at paper scale) or whose kernel dies is run once more before it counts as failed (``retries`` in the
+record lists the first failures). Glued names ending in ``_paper`` or ``_note`` quote a stored record
+and are not collected.
 
 Usage::
 
@@ -53,8 +55,14 @@ __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "sum
 #: are not collected into a new one
 DERIVED_SUFFIXES = ("_paper", "_note")
 
-#: a cell that runs longer fails its seed (a paper-scale chapter must fit in 30 min per seed)
-DEFAULT_CELL_TIMEOUT = 1800
+#: seconds a cell may run, by scale, before its seed counts as failed (the book build allows 300 s a
+#: cell at quick scale; a paper-scale chapter must fit in 30 min per seed)
+CELL_TIMEOUT = {"quick": 300, "paper": 1800}
+DEFAULT_CELL_TIMEOUT = None   # None: take CELL_TIMEOUT[scale]
+
+#: errors after which a seed is run once more: a kernel that stops answering (seen here, rarely, when
+#: several kernels start at once on a loaded machine) is not a result; a second failure is reported
+RETRY_ERRORS = ("CellTimeoutError", "DeadKernelError")
 
 RECORD_FIELDS = ("chapter", "title", "scale", "seeds", "values", "summary", "seconds", "failures", "machine",
                  "python", "torch", "commit", "date", "command")
@@ -252,6 +260,7 @@ class SeedRun:
     values: dict = field(default_factory=dict)
     seconds: float = 0.0
     failure: dict | None = None
+    retried: dict | None = None   # the failure of a first attempt that was run again
 
 
 def _first_line(source: str) -> str:
@@ -293,6 +302,7 @@ def run_notebook(path: str | Path, *, seed: int, scale: str, timeout: int | None
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     run = SeedRun(seed=int(seed))
     t0 = time.perf_counter()
+    timeout = CELL_TIMEOUT[scale] if timeout is None else timeout
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name or "python3",
                             resources={"metadata": {"path": str(path.parent)}},
                             on_cell_execute=on_start, on_cell_executed=on_done)
@@ -339,9 +349,15 @@ def _count_code_cells(path: Path) -> int:
 
 
 def _worker(args):  # top level so that a process pool can pickle it
-    path, seed, scale, timeout, queue = args
+    path, seed, scale, timeout, queue, slot = args
     progress = (lambda: queue.put(1)) if queue is not None else None
-    return run_notebook(path, seed=seed, scale=scale, timeout=timeout, progress=progress)
+    time.sleep(2.0 * slot)   # stagger the kernels' start when several jobs begin together
+    run = run_notebook(path, seed=seed, scale=scale, timeout=timeout, progress=progress)
+    if run.failure and run.failure["error"].split(":")[0] in RETRY_ERRORS:
+        first = run
+        run = run_notebook(path, seed=seed, scale=scale, timeout=timeout, progress=None)
+        run.retried = first.failure
+    return run
 
 
 # --------------------------------------------------------------------------------------------------
@@ -374,7 +390,8 @@ def build_record(chapter: Chapter, scale: str, runs: list[SeedRun], *, root: Pat
     clean = [r.failure is None for r in runs]
     return {"chapter": chapter.stem, "title": chapter.title, "scale": scale, "seeds": [r.seed for r in runs],
             "values": values, "summary": summarize(values, clean), "seconds": [round(r.seconds, 1) for r in runs],
-            "failures": [r.failure for r in runs if r.failure], "machine": _machine(),
+            "failures": [r.failure for r in runs if r.failure],
+            "retries": [r.retried for r in runs if r.retried], "machine": _machine(),
             "python": platform.python_version(), "torch": torch.__version__, "commit": _commit(root),
             "date": _dt.date.today().isoformat(), "command": command}
 
@@ -434,7 +451,7 @@ def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: in
 
             thread = threading.Thread(target=pump, daemon=True)
             thread.start()
-            args = [(chapter.path, s, scale, timeout, queue) for s in seeds]
+            args = [(chapter.path, s, scale, timeout, queue, i % jobs if i < jobs else 0) for i, s in enumerate(seeds)]
             if jobs == 1:
                 runs = [_worker(a) for a in args]
             else:
@@ -452,6 +469,8 @@ def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: in
         bar.close()
         record = build_record(chapter, scale, runs, root=root, command=command)
         paths.append(write_record(record, out, force=force))
+        for f in record["retries"]:
+            print(f"note: {chapter.stem} seed {f['seed']} was run a second time after {f['error']}", file=stderr)
         for f in record["failures"]:
             failures.append(dict(f, chapter=chapter.stem))
             print(f"FAILED {chapter.stem} seed {f['seed']}, code cell {f['cell']} ({f['line']}): {f['error']}",
@@ -498,7 +517,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, help="folder for the records (default chapters/records/)")
     r.add_argument("--root", default=None, help="the book's folder (default: found from the working directory)")
     r.add_argument("--timeout", type=int, default=DEFAULT_CELL_TIMEOUT,
-                   help=f"seconds one cell may run before the seed counts as failed (default {DEFAULT_CELL_TIMEOUT})")
+                   help="seconds one cell may run before the seed counts as failed (default: 300 quick, 1800 paper); "
+                        "a seed whose cell times out or whose kernel dies is run once more")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     r.add_argument("--force", action="store_true",
                    help="let a record with failing seeds replace a stored clean one (default: write <stem>.<scale>.failed.json)")

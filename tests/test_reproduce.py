@@ -184,3 +184,13 @@ def test_a_cell_past_the_timeout_fails_its_seed(tmp_path):
     assert run.failure is not None and run.failure["cell"] == 0 and run.failure["line"] == "import time"
     assert run.failure["error"].startswith("CellTimeoutError: ") and "timed out" in run.failure["error"], run.failure
     assert run.seconds < 25
+
+
+def test_a_timed_out_seed_is_run_once_more(tmp_path):
+    root = _book(tmp_path)
+    slow = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(20)")])
+    nbformat.write(slow, root / "chapters" / "01_good.ipynb")
+    res = _cli(root, "01", "--seeds", "0", "--timeout", "2", "--out", str(tmp_path / "r"))
+    assert res.returncode == 1 and "run a second time" in res.stderr
+    rec = json.loads((tmp_path / "r" / "01_good.quick.json").read_text())
+    assert len(rec["retries"]) == 1 and rec["failures"][0]["error"].startswith("CellTimeoutError")
