@@ -91,3 +91,18 @@ def test_record_errorbars_draws_the_interval(tmp_path):
     assert any("no stored record" in t.get_text() for t in ax2.texts)
     with pytest.raises(ValueError, match="names"):
         plots.record_errorbars(rec, {})
+
+
+def test_readme_quotes_the_stored_records():
+    """The README's table of stored records is what `python -m fedlab reproduce --list` prints."""
+    import re
+    from pathlib import Path
+    from fedlab.reproduce import _stored_times, list_chapters
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    block = re.search(r"<!-- reproduce --list -->\n```text\n(.*?)```", text, re.S)
+    assert block, "README lacks the block of `reproduce --list` output"
+    want = "".join(f"{c.stem:32s} {c.title}{_stored_times(c.stem, root / 'chapters' / 'records')}\n"
+                   for c in list_chapters(root))
+    assert block.group(1) == want
