@@ -21,7 +21,7 @@ out of ``summary``. The command exits with status 0 only if every seed ran clean
 on stderr, each failing seed, the failing cell (its index among the notebook's code cells and the
 cell line that raised) and the error, still writes the record (a failing seed is a result; it goes to
 ``<stem>.<scale>.failed.json`` rather than replace a stored clean record, unless ``--force``), and
-exits with status 1. A seed whose cell runs past the time limit (300 s a cell at quick scale, 1800 s
+exits with status 1. A seed whose cell runs past the time limit (300 s a cell at quick scale, 1200 s
 at paper scale) or whose kernel dies is run once more before it counts as failed (``retries`` in the
 record lists the first failures). Glued names ending in ``_paper`` or ``_note`` quote a stored record
 and are not collected.
@@ -57,7 +57,7 @@ DERIVED_SUFFIXES = ("_paper", "_note")
 
 #: seconds a cell may run, by scale, before its seed counts as failed (the book build allows 300 s a
 #: cell at quick scale; a paper-scale chapter must fit in 30 min per seed)
-CELL_TIMEOUT = {"quick": 300, "paper": 1800}
+CELL_TIMEOUT = {"quick": 300, "paper": 1200}
 DEFAULT_CELL_TIMEOUT = None   # None: take CELL_TIMEOUT[scale]
 
 #: errors after which a seed is run once more: a kernel that stops answering (seen here, rarely, when
@@ -517,7 +517,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, help="folder for the records (default chapters/records/)")
     r.add_argument("--root", default=None, help="the book's folder (default: found from the working directory)")
     r.add_argument("--timeout", type=int, default=DEFAULT_CELL_TIMEOUT,
-                   help="seconds one cell may run before the seed counts as failed (default: 300 quick, 1800 paper); "
+                   help="seconds one cell may run before the seed counts as failed (default: 300 quick, 1200 paper); "
                         "a seed whose cell times out or whose kernel dies is run once more")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     r.add_argument("--force", action="store_true",
