@@ -60,8 +60,9 @@ DERIVED_SUFFIXES = ("_paper", "_note")
 CELL_TIMEOUT = {"quick": 300, "paper": 1200}
 DEFAULT_CELL_TIMEOUT = None   # None: take CELL_TIMEOUT[scale]
 
-#: errors after which a seed is run once more: a kernel that stops answering (seen here, rarely, when
-#: several kernels start at once on a loaded machine) is not a result; a second failure is reported
+#: errors after which a seed is run once more: a kernel that stops answering is not a result (seen here
+#: 5 times in about 250 headless runs, with ipykernel 7.4 and 6.31 alike: the kernel idle, nbclient
+#: waiting for a reply that never comes; cause not found); a second failure is reported
 RETRY_ERRORS = ("CellTimeoutError", "DeadKernelError")
 
 RECORD_FIELDS = ("chapter", "title", "scale", "seeds", "values", "summary", "seconds", "failures", "machine",
@@ -348,9 +349,32 @@ def _count_code_cells(path: Path) -> int:
     return sum(c.cell_type == "code" for c in nbformat.read(path, as_version=4).cells)
 
 
+def _exit_with_parent(parent: int) -> None:
+    """In a worker process: end this process (and so its kernel, which watches us) once the command
+    that started it is gone, instead of running on as an orphan (seen here after a kill)."""
+    import threading
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(2.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+_PROGRESS_QUEUE = None   # set in each worker process by _init_worker
+
+
+def _init_worker(queue, parent: int) -> None:
+    global _PROGRESS_QUEUE
+    _PROGRESS_QUEUE = queue
+    _exit_with_parent(parent)
+
+
 def _worker(args):  # top level so that a process pool can pickle it
-    path, seed, scale, timeout, queue, slot = args
-    progress = (lambda: queue.put(1)) if queue is not None else None
+    path, seed, scale, timeout, slot, progress = args
+    if progress is None and _PROGRESS_QUEUE is not None:
+        progress = lambda: _PROGRESS_QUEUE.put(1)  # noqa: E731
     time.sleep(2.0 * slot)   # stagger the kernels' start when several jobs begin together
     run = run_notebook(path, seed=seed, scale=scale, timeout=timeout, progress=progress)
     if run.failure and run.failure["error"].split(":")[0] in RETRY_ERRORS:
@@ -439,33 +463,26 @@ def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: in
         bar = tqdm(total=total, desc=f"{chapter.stem} [{scale}, seeds {','.join(map(str, seeds))}]",
                    unit="cell", disable=not show_progress, file=stderr)
         ctx = mp.get_context("spawn")
-        with ctx.Manager() as manager:
-            queue = manager.Queue()
-
-            def pump():
-                while True:
-                    item = queue.get()
-                    if item is None:
-                        return
-                    bar.update(item)
-
-            thread = threading.Thread(target=pump, daemon=True)
-            thread.start()
-            args = [(chapter.path, s, scale, timeout, queue, i % jobs if i < jobs else 0) for i, s in enumerate(seeds)]
-            if jobs == 1:
-                runs = [_worker(a) for a in args]
-            else:
-                with ProcessPoolExecutor(max_workers=min(jobs, len(seeds)), mp_context=ctx) as pool:
-                    futures = [pool.submit(_worker, a) for a in args]
-                    runs = []
-                    for seed, fut in zip(seeds, futures):
-                        try:
-                            runs.append(fut.result())
-                        except Exception as exc:  # a worker process died: a failed seed, not a crash
-                            runs.append(SeedRun(seed=seed, failure={"seed": seed, "cell": None, "line": "",
-                                                                    "error": f"{type(exc).__name__}: {exc}"}))
+        if jobs == 1:
+            runs = [_worker((chapter.path, s, scale, timeout, 0, lambda: bar.update(1))) for s in seeds]
+        else:
+            # a plain queue handed to the workers at start-up (no manager process that could outlive us)
+            queue = ctx.Queue()
+            pump = threading.Thread(target=lambda: [bar.update(n) for n in iter(queue.get, None)], daemon=True)
+            pump.start()
+            args = [(chapter.path, s, scale, timeout, i if i < jobs else 0, None) for i, s in enumerate(seeds)]
+            with ProcessPoolExecutor(max_workers=min(jobs, len(seeds)), mp_context=ctx, initializer=_init_worker,
+                                     initargs=(queue, os.getpid())) as pool:
+                futures = [pool.submit(_worker, a) for a in args]
+                runs = []
+                for seed, fut in zip(seeds, futures):
+                    try:
+                        runs.append(fut.result())
+                    except Exception as exc:  # a worker process died: a failed seed, not a crash
+                        runs.append(SeedRun(seed=seed, failure={"seed": seed, "cell": None, "line": "",
+                                                                "error": f"{type(exc).__name__}: {exc}"}))
             queue.put(None)
-            thread.join()
+            pump.join()
         bar.close()
         record = build_record(chapter, scale, runs, root=root, command=command)
         paths.append(write_record(record, out, force=force))

@@ -194,3 +194,24 @@ def test_a_timed_out_seed_is_run_once_more(tmp_path):
     assert res.returncode == 1 and "run a second time" in res.stderr
     rec = json.loads((tmp_path / "r" / "01_good.quick.json").read_text())
     assert len(rec["retries"]) == 1 and rec["failures"][0]["error"].startswith("CellTimeoutError")
+
+
+def test_workers_do_not_outlive_a_killed_command(tmp_path):
+    import os
+    import signal
+    import time
+
+    root = _book(tmp_path)
+    slow = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(120)")])
+    nbformat.write(slow, root / "chapters" / "01_good.ipynb")
+    proc = subprocess.Popen([sys.executable, "-m", "fedlab", "reproduce", "01", "--seeds", "0,1", "--jobs", "2",
+                             "--root", str(root), "--no-progress", "--out", str(tmp_path / "r")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(15)                                   # workers and kernels are up
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert children, "the command started no worker"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(8)
+    alive = [c for c in children if os.path.exists(f"/proc/{c}") and "zombie" not in open(f"/proc/{c}/status").read().lower()]
+    assert alive == [], alive
