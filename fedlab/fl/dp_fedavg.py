@@ -15,7 +15,7 @@ from torch import nn
 from ..privacy.dp_fedavg import _check_dp_args, dp_aggregate, noise_std
 from . import ClientData, FLResult, _log, clients_update, cross_entropy, stack_clients
 
-__all__ = ["DPRoundRecord", "dp_fedavg"]
+__all__ = ["DPRoundRecord", "poisson_sample", "dp_server_step", "dp_fedavg"]
 
 
 @dataclass
@@ -31,6 +31,31 @@ class DPRoundRecord:
     clipped_mean: dict
     noise_std: float
     new_params: dict
+
+
+def poisson_sample(num_clients: int, sampling_prob: float, generator: torch.Generator) -> torch.Tensor:
+    """Indices of the clients sampled in a round, each independently with probability ``sampling_prob``
+    (Poisson sampling, McMahan et al. 2018, Alg. 1); draws ``num_clients`` uniforms from ``generator``."""
+    return torch.nonzero(torch.rand(num_clients, generator=generator) < sampling_prob).flatten()
+
+
+def dp_server_step(t: int, params: dict, selected: torch.Tensor, updates: dict | None, *, clip_norm: float | None,
+                   noise_multiplier: float, expected_clients: float, server_lr: float,
+                   generator: torch.Generator, callback: Callable[[DPRoundRecord], None] | None = None) -> dict:
+    """The trusted server's round ``t`` of DP-FedAvg (and of Centaur, on the shared part only): clip the
+    stacked client ``updates`` ``{name: [m, ...]}`` (``None`` when no client was sampled), average with
+    the fixed denominator ``expected_clients``, add Gaussian noise
+    (:func:`fedlab.privacy.dp_fedavg.dp_aggregate`) and step ``params`` by ``server_lr``. Calls
+    ``callback`` with the round's :class:`DPRoundRecord`; returns the new parameters."""
+    if updates is None:
+        updates = {k: torch.zeros((0, *v.shape)) for k, v in params.items()}
+    noisy, clipped_mean = dp_aggregate(updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                                       expected_clients=expected_clients, generator=generator, like=params)
+    new = {k: params[k] + server_lr * noisy[k] for k in params}
+    if callback is not None:
+        sigma = 0.0 if noise_multiplier == 0 else noise_std(noise_multiplier, clip_norm, expected_clients)
+        callback(DPRoundRecord(t, params, selected.numpy(), updates, clipped_mean, sigma, new))
+    return new
 
 
 def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: float,
@@ -72,21 +97,15 @@ def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: floa
     w = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}
     result = FLResult(w)
     _log(result.history, model, w, 0, eval_data, loss_fn)
-    sigma = 0.0 if noise_multiplier == 0 else noise_std(noise_multiplier, clip_norm, m)
     for t in range(1, int(num_rounds) + 1):
-        selected = torch.nonzero(torch.rand(K, generator=gen) < sampling_prob).flatten()
+        selected = poisson_sample(K, sampling_prob, gen)
+        updates = None
         if len(selected):
             local = clients_update(model, w, data.select(selected), lr=lr, local_epochs=local_epochs,
-                                      batch_size=batch_size, generator=gen, loss_fn=loss_fn)
+                                   batch_size=batch_size, generator=gen, loss_fn=loss_fn)
             updates = {k: (local[k] - w[k]).detach() for k in w}
-        else:
-            updates = {k: torch.zeros((0, *v.shape)) for k, v in w.items()}
-        noisy, clipped_mean = dp_aggregate(updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                                           expected_clients=m, generator=gen, like=w)
-        new_w = {k: w[k] + server_lr * noisy[k] for k in w}
-        if callback is not None:
-            callback(DPRoundRecord(t, w, selected.numpy(), updates, clipped_mean, sigma, new_w))
-        w = new_w
+        w = dp_server_step(t, w, selected, updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                           expected_clients=m, server_lr=server_lr, generator=gen, callback=callback)
         _log(result.history, model, w, t, eval_data, loss_fn)
     result.params = w
     return result

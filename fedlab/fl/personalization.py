@@ -25,8 +25,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from . import ClientData, batch_plan, cross_entropy, train_standalone
-from ..privacy.dp_fedavg import dp_aggregate, noise_std
-from .dp_fedavg import DPRoundRecord
+from .dp_fedavg import DPRoundRecord, dp_server_step, poisson_sample
 
 __all__ = ["make_representation_task", "head_names_of", "partial_clients_update", "evaluate_clients",
            "local_only", "finetune", "centaur", "per_layer_snr", "client_agreement"]
@@ -174,9 +173,9 @@ def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, sampling_pr
     rep = [k for k in w0 if k not in heads]
     b = {k: w0[k] for k in rep}
     head_state = {k: v for k, v in _stack(w0, K).items() if k in heads}
-    sigma = 0.0 if noise_multiplier == 0 else noise_std(noise_multiplier, clip_norm, m)
     for t in range(1, int(num_rounds) + 1):
-        sel = torch.nonzero(torch.rand(K, generator=gen) < sampling_prob).flatten()
+        sel = poisson_sample(K, sampling_prob, gen)
+        updates = None
         if len(sel):
             sub = train.select(sel)
             p = {**_stack(b, len(sel)), **{k: head_state[k][sel] for k in heads}}
@@ -187,14 +186,8 @@ def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, sampling_pr
             p = partial_clients_update(model, p, sub, rep, lr=lr, local_epochs=rep_epochs,
                                        batch_size=batch_size, generator=gen)             # Phase 2
             updates = {k: p[k] - b[k] for k in rep}                                      # Phase 3
-        else:
-            updates = {k: torch.zeros((0, *v.shape)) for k, v in b.items()}
-        noisy, clipped_mean = dp_aggregate(updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                                           expected_clients=m, generator=gen, like=b)
-        new_b = {k: b[k] + server_lr * noisy[k] for k in rep}
-        if callback is not None:
-            callback(DPRoundRecord(t, b, sel.numpy(), updates, clipped_mean, sigma, new_b))
-        b = new_b
+        b = dp_server_step(t, b, sel, updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                           expected_clients=m, server_lr=server_lr, generator=gen, callback=callback)
     final = {**_stack(b, K), **head_state}
     final = {k: final[k] for k in w0}
     return partial_clients_update(model, final, train, heads, lr=lr,
