@@ -7,8 +7,8 @@ App. B.3: an L-BFGS per user, here with a backtracking Armijo line search).
 Running ``torch.optim.LBFGS`` on the *sum* of many problems' losses is cheaper than a Python loop,
 but it is not the same algorithm: the quasi-Newton scalars and the line-search step are then shared
 by all problems, so an easy problem's progress depends on which hard problems share its batch. Here
-every scalar is kept per row: the curvature memory :class:`Memory` (``[B, m, n]`` pairs, newest
-first) and the two-loop recursion :func:`lbfgs_direction` (Nocedal & Wright, Algorithm 7.4, with
+every scalar is kept per row: the curvature memory :class:`Memory` (``[B, m, n]`` pairs in a ring
+buffer per row) and the two-loop recursion :func:`lbfgs_direction` (Nocedal & Wright, Algorithm 7.4, with
 ``[B]``-shaped ``rho``, ``alpha``, ``beta`` and initial scaling ``gamma``). One batched function
 evaluation serves all rows, and a row's path is the path it would follow alone
 (``tests/test_optim.py`` checks this).
@@ -33,36 +33,45 @@ __all__ = ["Memory", "lbfgs_direction", "lbfgs_rows", "lbfgs_fixed_step"]
 CURVATURE_EPS = 1e-10
 
 
-def lbfgs_direction(g: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, valid: torch.Tensor,
-                    h_diag: torch.Tensor) -> torch.Tensor:
+def lbfgs_direction(g: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, ys: torch.Tensor, head: torch.Tensor,
+                    count: torch.Tensor, h_diag: torch.Tensor) -> torch.Tensor:
     """The L-BFGS search direction ``-H g`` per row: the two-loop recursion (Nocedal & Wright,
     Algorithm 7.4) batched over rows.
 
-    ``g``: ``[B, n]``; ``S``, ``Y``: ``[B, m, n]`` curvature pairs with slot 0 the newest; ``valid``:
-    ``[B, m]`` which slots hold a pair; ``h_diag``: ``[B]`` the initial scaling ``gamma``. Returns
-    ``[B, n]``. Slots past the longest memory of the batch are skipped."""
-    ys = (S * Y).sum(-1)
-    rho = torch.where(valid, 1.0 / ys.clamp_min(CURVATURE_EPS), torch.zeros_like(ys))
+    ``g``: ``[B, n]``; ``S``, ``Y``: ``[B, m, n]`` ring buffers of curvature pairs, ``ys`` ``[B, m]``
+    their ``s^T y``; row ``b``'s newest pair is in slot ``head[b] - 1`` (mod ``m``), and it holds
+    ``count[b] <= m`` pairs; ``h_diag``: ``[B]`` the initial scaling ``gamma``. Returns ``[B, n]``.
+    Steps past the longest memory of the batch are skipped."""
+    B, m = ys.shape
+    rows = torch.arange(B)
     q = -g
-    m = int(valid.sum(1).max()) if valid.any() else 0
-    alpha = torch.zeros_like(ys)
-    for i in range(m):                      # newest -> oldest
-        alpha[:, i] = rho[:, i] * (S[:, i] * q).sum(-1)
-        q = q - alpha[:, i:i + 1] * Y[:, i]
+    steps = int(count.max()) if B else 0
+    pairs = []
+    for j in range(steps):                  # newest -> oldest
+        slot = (head - 1 - j) % m
+        s_j, y_j = S[rows, slot], Y[rows, slot]
+        rho = torch.where(j < count, 1.0 / ys[rows, slot].clamp_min(CURVATURE_EPS), torch.zeros_like(h_diag))
+        alpha = rho * (s_j * q).sum(-1)
+        q = q - alpha[:, None] * y_j
+        pairs.append((s_j, y_j, rho, alpha))
     d = q * h_diag[:, None]
-    for i in reversed(range(m)):            # oldest -> newest
-        beta = rho[:, i] * (Y[:, i] * d).sum(-1)
-        d = d + S[:, i] * (alpha[:, i] - beta)[:, None]
+    for s_j, y_j, rho, alpha in reversed(pairs):   # oldest -> newest
+        beta = rho * (y_j * d).sum(-1)
+        d = d + s_j * (alpha - beta)[:, None]
     return d
 
 
 @dataclass
 class Memory:
-    """The last ``m`` curvature pairs of each of ``B`` rows (slot 0 the newest) and each row's
-    initial inverse-Hessian scaling ``gamma = s^T y / y^T y`` of its newest pair (1 while empty)."""
+    """The last ``m`` curvature pairs of each of ``B`` rows in a ring buffer (row ``b``'s newest in
+    slot ``head[b] - 1`` mod ``m``; storing a pair writes one slot, nothing is shifted), their
+    ``s^T y``, how many each row holds, and each row's initial inverse-Hessian scaling ``gamma = s^T
+    y / y^T y`` of its newest pair (1 while empty)."""
     S: torch.Tensor        # [B, m, n]
     Y: torch.Tensor        # [B, m, n]
-    valid: torch.Tensor    # [B, m] bool
+    ys: torch.Tensor       # [B, m]
+    head: torch.Tensor     # [B] long: the slot the next pair goes to
+    count: torch.Tensor    # [B] long: pairs held (<= m)
     h_diag: torch.Tensor   # [B]
 
     @classmethod
@@ -70,24 +79,28 @@ class Memory:
         if rows < 1 or size < 1 or dim < 1:
             raise ValueError(f"rows, size (history_size) and dim must be >= 1, got {rows}, {size}, {dim}")
         z = torch.zeros(rows, size, dim, dtype=dtype)
-        return cls(z, z.clone(), torch.zeros(rows, size, dtype=torch.bool), torch.ones(rows, dtype=dtype))
+        zl = torch.zeros(rows, dtype=torch.long)
+        return cls(z, z.clone(), torch.ones(rows, size, dtype=dtype), zl, zl.clone(), torch.ones(rows, dtype=dtype))
 
     def push(self, s: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Store the pair ``(s, y)`` [B, n] for the rows in ``mask`` [B] whose ``s^T y`` exceeds
         :data:`CURVATURE_EPS` (the oldest pair drops out). Returns the rows that stored a pair."""
         ys = (y * s).sum(1)
         accept = (ys > CURVATURE_EPS) & mask
-        a3 = accept[:, None, None]
-        self.S = torch.where(a3, torch.cat([s[:, None], self.S[:, :-1]], 1), self.S)
-        self.Y = torch.where(a3, torch.cat([y[:, None], self.Y[:, :-1]], 1), self.Y)
-        shifted = torch.cat([torch.ones_like(self.valid[:, :1]), self.valid[:, :-1]], 1)
-        self.valid = torch.where(accept[:, None], shifted, self.valid)
+        idx = torch.nonzero(accept).flatten()
+        if idx.numel():
+            slot = self.head[idx]
+            self.S[idx, slot] = s[idx]
+            self.Y[idx, slot] = y[idx]
+            self.ys[idx, slot] = ys[idx]
+            self.head[idx] = (slot + 1) % self.ys.shape[1]
+            self.count[idx] = torch.clamp(self.count[idx] + 1, max=self.ys.shape[1])
         self.h_diag = torch.where(accept, ys / (y * y).sum(1).clamp_min(1e-20), self.h_diag)
         return accept
 
     def direction(self, g: torch.Tensor) -> torch.Tensor:
         """``-H g`` for every row (:func:`lbfgs_direction`)."""
-        return lbfgs_direction(g, self.S, self.Y, self.valid, self.h_diag)
+        return lbfgs_direction(g, self.S, self.Y, self.ys, self.head, self.count, self.h_diag)
 
 
 def _first_step(g: torch.Tensor) -> torch.Tensor:

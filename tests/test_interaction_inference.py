@@ -4,15 +4,16 @@ import math
 import pytest
 import torch
 
-from fedlab.attacks.interaction_inference.recsys import (analytic_fcf_attack, attack_hessian, closed_form_interactions,
-                                                        pointwise_l2_update, raifle, raifle_fcf)
+from fedlab.attacks.interaction_inference.recsys import (_guess_embeddings, analytic_fcf_attack, attack_hessian,
+                                                        closed_form_interactions, matching_loss,
+                                                        pointwise_l2_update, raifle, raifle_fcf, raifle_fncf)
 from fedlab.metrics import roc_auc_rows
 from fedlab.fl.recsys.interactions import fcf_item_updates, fncf_init, fncf_updates
 from oracles import fcf_client_train, fcf_item_update, fncf_client_train, fncf_update, fncf_updates_vmap
 from fedlab.privacy import prune_by_magnitude
 from fedlab.privacy.ldp import (analytic_gaussian_delta, classical_gaussian_sigma, gaussian_sigma,
                                 ldp_gaussian)
-from fedlab.privacy.defenses import prune_rows
+from fedlab.privacy.defenses import clip_rows, prune_rows
 
 torch.set_num_threads(1)
 
@@ -66,6 +67,62 @@ def test_fncf_differentiable_in_interactions():
     dX, dT, _ = fncf_updates(model, theta, X, E, Ip, mask, lr=0.5, local_steps=2)
     dX.sum().backward()
     assert Ip.grad is not None and Ip.grad.abs().sum() > 0
+
+
+def test_fncf_one_step_written_out_matches_autograd():
+    """local_steps=1 runs the written-out backward pass (fncf_backprop): the same update as the
+    vmapped autograd oracle, and the same derivative with respect to I and E as differentiating
+    that oracle (autograd's double backward)."""
+    X, E, I, mask = _users(U=3, m=20, d=6)
+    model, theta = fncf_init(6, seed=2)
+    a = fncf_updates(model, theta, X, E, I, mask, lr=0.7, local_steps=1)
+    v = fncf_updates_vmap(model, theta, X, E, I, mask, lr=0.7, local_steps=1)
+    assert torch.allclose(a[0], v[0], atol=1e-6) and torch.allclose(a[2], v[2], atol=1e-6)
+    assert all(torch.allclose(a[1][k], v[1][k], atol=1e-6) for k in theta)
+    Ip, Ep = I.clone().requires_grad_(True), E.clone().requires_grad_(True)
+
+    def objective(fn):
+        dX, dT, En = fn(Ip, Ep)
+        return (dX ** 3).sum() + sum((t ** 2).sum() for t in dT.values()) + (En ** 2).sum()
+
+    g1 = torch.autograd.grad(objective(lambda i, e: fncf_updates(model, theta, X, e, i, mask, lr=0.7, local_steps=1)),
+                             [Ip, Ep])
+    g2 = torch.autograd.grad(objective(lambda i, e: fncf_updates_vmap(model, theta, X, e, i, mask, lr=0.7,
+                                                                      local_steps=1)), [Ip, Ep])
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(g1, g2))
+
+
+@pytest.mark.parametrize("algorithm", ["fcf", "fncf"])
+def test_raifle_losses_equal_the_matching_loss_of_the_simulated_update(algorithm):
+    """raifle_fcf (rank-one expansion in float64) and raifle_fncf (first-layer row space) never form
+    the simulated [m, d] update; their loss must still be matching_loss of that update against a
+    noisy target (components outside the simulated update's span, as under LDP), with and without
+    the users' clipping and the model-parameter term. max_iter=1 returns the starting point."""
+    X, E, I, mask = _users(U=4, m=30, d=24, seed=4)     # d > 16 hidden units: a remainder outside W1x's rows
+    model, theta = fncf_init(24, seed=3)
+    noise = 0.1 * torch.randn(X.shape, generator=torch.Generator().manual_seed(0)) * mask[..., None]   # as after LDP
+    for est in (True, False):
+        for ump in ((False,) if algorithm == "fcf" else (False, True)):
+            for clip in (None, (0.05, 0.02)):
+                kw = dict(estimate_embedding=est, max_iter=1, num_restarts=1, seed=7)
+                if algorithm == "fcf":
+                    upd = fcf_item_updates(X, E, I, mask, alpha=1.5) + noise
+                    res = raifle_fcf(X, upd, mask, alpha=1.5, clip_norm=clip and clip[0], **kw)
+                else:
+                    upd, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=1.0, local_steps=1)
+                    upd = upd + noise * upd.abs().mean()
+                    res = raifle_fncf(model, theta, X, upd, dT, mask, use_model_params=ump,
+                                      items_clip_norm=clip and clip[0], params_clip_norm=clip and clip[1], **kw)
+                Eu = res.user_emb if est else _guess_embeddings(4, 24, 7, None)
+                if algorithm == "fcf":
+                    pX, pT = fcf_item_updates(X, Eu, res.interactions, mask, alpha=1.5), None
+                else:
+                    pX, pT, _ = fncf_updates(model, theta, X, Eu, res.interactions, mask, lr=1.0, local_steps=1)
+                if clip:
+                    pX = clip_rows(pX, clip[0])
+                    pT = pT if pT is None else clip_rows(pT, clip[1])
+                ref = matching_loss(pX, upd, mask, pT if ump else None, dT if ump else None)
+                assert torch.allclose(res.loss, ref, rtol=1e-5, atol=1e-6), (est, ump, clip, res.loss, ref)
 
 
 def test_analytic_attack_recovers_planted_user_vector():

@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ...fl.recsys.interactions import fcf_item_updates, fncf_updates
+from ...fl.recsys.interactions import fcf_item_updates, fncf_backprop, fncf_first_layer, fncf_updates
 from ...optim import lbfgs_rows
 from ...privacy.defenses import clip_rows
 
@@ -138,24 +138,53 @@ def matching_loss(pred_items, target_items, mask, pred_params=None, target_param
     parameter tensors. Shapes: items ``[B, m, d]``, ``mask`` [B, m]; params dicts of ``[B, ...]``.
     """
     w = mask.to(pred_items.dtype)
-    sq = ((pred_items - target_items) ** 2).sum(-1)
-    tn = target_items.norm(dim=-1)
-    if squared:
-        dist, scale = sq * w, (tn ** 2 * w).sum(1) / w.sum(1) + 1e-12
-    else:
-        dist, scale = torch.sqrt(sq + 1e-12) * w, (tn * w).sum(1) / w.sum(1) + 1e-12
-    loss = dist.sum(1) / w.sum(1) / scale
+    loss = _items_distance(((pred_items - target_items) ** 2).sum(-1), target_items.norm(dim=-1), w, squared)
     if pred_params is not None:
-        num = sum(((pred_params[k] - target_params[k]) ** 2).flatten(1).sum(1) for k in target_params)
-        den = sum((target_params[k] ** 2).flatten(1).sum(1) for k in target_params) + 1e-12
-        loss = loss + params_weight * num / den
+        loss = loss + _params_distance(pred_params, target_params, params_weight)
     return loss
+
+
+def _items_distance(sq, target_norm, w, squared: bool):
+    """The item part of :func:`matching_loss` from the squared row distances ``sq`` [B, m] and the
+    target row norms [B, m]; ``w`` [B, m] 0/1 real items."""
+    if squared:
+        dist, scale = sq * w, (target_norm ** 2 * w).sum(1) / w.sum(1) + 1e-12
+    else:
+        dist, scale = torch.sqrt(sq + 1e-12) * w, (target_norm * w).sum(1) / w.sum(1) + 1e-12
+    return dist.sum(1) / w.sum(1) / scale
+
+
+def _params_distance(pred_params, target_params, params_weight: float = 1.0):
+    num = sum(((pred_params[k] - target_params[k]) ** 2).flatten(1).sum(1) for k in target_params)
+    den = sum((target_params[k] ** 2).flatten(1).sum(1) for k in target_params) + 1e-12
+    return params_weight * num / den
 
 
 def _guess_embeddings(num_users: int, dim: int, seed: int, user_ids) -> torch.Tensor:
     """Algorithm 1's stand-in for the unknown embeddings: ``N(0, I)`` per user from its own generator."""
     ids = torch.arange(num_users) if user_ids is None else torch.as_tensor(user_ids).flatten()
     return torch.stack([torch.randn(dim, generator=user_generator(seed, u, -1 % 2**31)) for u in ids.tolist()])
+
+
+def _rows_matvec(T, rows, v):
+    """``T[rows] @ v`` per row: ``T`` [U, m, d], ``rows`` [k] user indices, ``v`` [k, d] -> [k, m].
+    When ``rows`` is every user once per restart (``0..U-1`` repeated, the usual case while all
+    candidates are running) ``T`` is broadcast over the restarts instead of gathered."""
+    U = T.shape[0]
+    k = rows.numel()
+    if k % U == 0 and torch.equal(rows, torch.arange(U).repeat(k // U)):
+        return torch.einsum("umd,rud->rum", T, v.reshape(k // U, U, -1)).reshape(k, -1)
+    return torch.einsum("kmd,kd->km", T[rows], v)
+
+
+def _rows_tmatmul(T, rows, a):
+    """``a^T @ T[rows]`` per row: ``T`` [U, m, d], ``a`` [k, m, h] -> [k, h, d], broadcasting ``T`` over
+    the restarts as :func:`_rows_matvec` does."""
+    U = T.shape[0]
+    k = rows.numel()
+    if k % U == 0 and torch.equal(rows, torch.arange(U).repeat(k // U)):
+        return torch.einsum("rumh,umd->ruhd", a.reshape(k // U, U, *a.shape[1:]), T).reshape(k, a.shape[2], -1)
+    return a.transpose(1, 2) @ T[rows]
 
 
 def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=None,
@@ -178,14 +207,64 @@ def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=N
     if not estimate_embedding and guess_emb is None:
         guess_emb = _guess_embeddings(U, d, kwargs.get("seed", 0), kwargs.get("user_ids"))
 
+    w = mask.to(X.dtype)
+    G = updates.double()
+    G_sq = (G ** 2).sum(-1)                                       # [U, m] float64
+    target_norm = updates.norm(dim=-1)
+
     def loss_fn(I, E, rows):
+        # the simulated update is rho_i e (fcf_item_updates; rank one), so each row's squared distance
+        # ||rho_i e - G_i||^2 = rho_i^2 ||e||^2 - 2 rho_i G_i.e + ||G_i||^2 needs G e and X e, never an
+        # [m, d] prediction; float64 keeps the cancellation near a perfect match far below the loss
         Eu = E if estimate_embedding else guess_emb[rows]
-        pred = fcf_item_updates(X[rows], Eu, I, mask[rows], alpha=alpha, lr=user_lr)
-        if clip_norm is not None:
-            pred = clip_rows(pred, clip_norm)
-        return matching_loss(pred, updates[rows], mask[rows], squared=squared)
+        wr = w[rows]
+        rho = user_lr * (1.0 + alpha * I) * (I - _rows_matvec(X, rows, Eu)) * wr
+        e64 = Eu.double()
+        e_sq = (e64 ** 2).sum(1, keepdim=True)
+        rho = rho.double()
+        if clip_norm is not None:                                  # clip_rows on the [m, d] update
+            norm = torch.sqrt((rho ** 2).sum(1, keepdim=True) * e_sq)
+            rho = rho * torch.clamp(clip_norm / (norm + 1e-12), max=1.0)
+        sq = rho ** 2 * e_sq - 2 * rho * _rows_matvec(G, rows, e64) + G_sq[rows]
+        return _items_distance(sq.clamp_min(0).to(X.dtype), target_norm[rows], wr, squared)
 
     return raifle(loss_fn, U, m, dim=d if estimate_embedding else None, **kwargs)
+
+
+def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, guess_emb, use_model_params,
+                         user_lr, items_clip_norm, params_clip_norm, squared):
+    """:func:`matching_loss` of a simulated one-step FNCF update, computed in the row space of the
+    first layer's item weights. The item update of item ``i`` is ``-lr W1x^T delta_i`` with
+    ``delta_i`` in ``R^h1`` (:func:`fedlab.fl.recsys.interactions.fncf_backprop`), so it lies in the
+    ``h1``-dimensional span of ``W1x^T = Q R``; splitting the target ``T_i`` into its coordinates
+    ``Q^T T_i`` and the rest gives ``||dX_i - T_i||^2 = ||-lr R delta_i - Q^T T_i||^2 + ||T_i - Q Q^T
+    T_i||^2`` exactly. The server computes ``X W1x^T``, ``Q^T T_i`` and the remainders once, so an
+    evaluation touches ``[k, m, h1]`` tensors instead of ``[k, m, d]`` ones (h1 = 16, d = 64)."""
+    d = X.shape[2]
+    W1e, W1x, layers = fncf_first_layer(model, theta, d)
+    Q, R = torch.linalg.qr(W1x.T)                                 # W1x^T [d, h1] = Q [d, h1] R [h1, h1]
+    w = mask.to(X.dtype)
+    XW = X @ W1x.T                                                # [U, m, h1]
+    coords = item_updates @ Q                                     # [U, m, h1]
+    rest = ((item_updates - coords @ Q.T) ** 2).sum(-1)           # [U, m]
+    target_norm = item_updates.norm(dim=-1)
+
+    def loss_fn(I, E, rows):
+        Eu = E if guess_emb is None else guess_emb[rows]
+        delta, _, grads = fncf_backprop(layers, theta, XW[rows], Eu, I, w[rows],
+                                        X=(lambda dl: _rows_tmatmul(X, rows, dl)) if use_model_params else None)
+        pred = -user_lr * (delta @ R.T)                           # coordinates of dX_i in the basis Q
+        if items_clip_norm is not None:
+            pred = clip_rows(pred, items_clip_norm)               # ||dX|| = ||pred||: Q is orthonormal
+        loss = _items_distance(((pred - coords[rows]) ** 2).sum(-1) + rest[rows], target_norm[rows], w[rows], squared)
+        if use_model_params:
+            dT = {k: -user_lr * g for k, g in grads.items()}
+            if params_clip_norm is not None:
+                dT = clip_rows(dT, params_clip_norm)
+            loss = loss + _params_distance(dT, {k: v[rows] for k, v in param_updates.items()})
+        return loss
+
+    return loss_fn
 
 
 def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_embedding: bool = True,
@@ -206,6 +285,14 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
         raise ValueError(f"item_updates must be {tuple(X.shape)} and mask {(U, m)}")
     if not estimate_embedding and guess_emb is None:
         guess_emb = _guess_embeddings(U, d, kwargs.get("seed", 0), kwargs.get("user_ids"))
+
+    if local_steps == 1:
+        loss_fn = _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask,
+                                       guess_emb=None if estimate_embedding else guess_emb,
+                                       use_model_params=use_model_params, user_lr=user_lr,
+                                       items_clip_norm=items_clip_norm, params_clip_norm=params_clip_norm,
+                                       squared=squared)
+        return raifle(loss_fn, U, m, dim=d if estimate_embedding else None, **kwargs)
 
     def loss_fn(I, E, rows):
         Eu = E if estimate_embedding else guess_emb[rows]

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ...models import get_params, mlp
 
-__all__ = ["fcf_item_updates", "fncf_init", "fncf_updates"]
+__all__ = ["fcf_item_updates", "fncf_init", "fncf_updates", "fncf_first_layer", "fncf_backprop"]
 
 
 def fcf_item_updates(X, E, I, mask, *, alpha: float = 0.0, lr: float = 1.0):
@@ -85,6 +85,57 @@ def _batched_fncf_loss(layers, E, X, Theta, I, w):
     return (bce.sum(1) / w.sum(1)).sum()
 
 
+def fncf_first_layer(model, theta, dim: int):
+    """``(W1e [h1, d], W1x [h1, d], names)`` of the FNCF network's first layer: the columns acting on
+    the user embedding and on the item embedding (the input is ``[e_u, x_i]``), and the
+    ``(weight, bias)`` names of every layer. Raises ``ValueError`` if the first layer is not
+    ``[h1, 2 dim]``."""
+    layers = _mlp_layers(model)
+    W1 = theta[layers[0][0]].detach()
+    if W1.dim() != 2 or W1.shape[1] != 2 * dim:
+        raise ValueError(f"the first layer must be [h1, 2*dim={2 * dim}], got {tuple(W1.shape)}")
+    return W1[:, :dim], W1[:, dim:], layers
+
+
+def fncf_backprop(layers, theta, XW, E, I, w, *, X=None):
+    """The backward pass of one FNCF step written out (ReLU hidden layers, ``theta`` shared by the
+    users; RAIFLE Sec. 4.1.3), for a batch of users.
+
+    ``XW`` [U, m, h1] = ``X @ W1x^T`` (the item part of the first pre-activation; constant for a
+    server that knows ``X`` and ``theta``, so it is computed once), ``E`` [U, d], ``I``, ``w``
+    [U, m] (``w`` 0/1 real items). The loss is each user's mean binary cross-entropy over its real
+    items. Returns ``(delta [U, m, h1], grad_E [U, d], grads)``: ``delta`` the loss gradient with
+    respect to the first pre-activation (the item gradient is ``delta @ W1x``), and the parameter
+    gradients ``{name: [U, ...]}`` when the items ``X`` [U, m, d] are given (else ``None``; ``X``
+    may also be a function ``delta -> delta^T X`` [U, h1, d], for a caller that avoids gathering ``X``).
+    Differentiable in ``I`` and ``E`` with one autograd pass (no double backward); matches autograd
+    (``tests/test_interaction_inference.py``).
+    """
+    d = E.shape[1]
+    n = w.sum(1)
+    (w1, b1) = layers[0]
+    W1e = theta[w1].detach()[:, :d]
+    a = [XW + (E @ W1e.T + theta[b1].detach())[:, None, :]]      # pre-activations [U, m, h]
+    z = [None]
+    for (wk, bk) in layers[1:]:
+        z.append(torch.relu(a[-1]))
+        a.append(z[-1] @ theta[wk].detach().T + theta[bk].detach())
+    delta = ((torch.sigmoid(a[-1].squeeze(-1)) - I) * w / n[:, None])[..., None]   # dL/dlogit [U, m, 1]
+    grads = {} if X is not None else None
+    for k in range(len(layers) - 1, 0, -1):                      # layer k's input is z[k]
+        wk, bk = layers[k]
+        if grads is not None:
+            grads[wk] = delta.transpose(1, 2) @ z[k]             # [U, out, in]
+            grads[bk] = delta.sum(1)
+        delta = (delta @ theta[wk].detach()) * (a[k - 1] > 0).to(delta.dtype)
+    g1 = delta.sum(1)                                            # [U, h1]
+    if grads is not None:
+        dXt = X(delta) if callable(X) else delta.transpose(1, 2) @ X        # [U, h1, d]
+        grads[w1] = torch.cat([g1[:, :, None] * E[:, None, :], dXt], 2)
+        grads[b1] = g1
+    return delta, g1 @ W1e, grads
+
+
 def fncf_updates(model, theta, X, E, I, mask, *, lr: float = 1.0, local_steps: int = 3,
                  create_graph: bool | None = None):
     """FNCF local training (Perifanis & Efraimidis 2022; RAIFLE Sec. 4.1.3) for a batch of users at
@@ -96,8 +147,10 @@ def fncf_updates(model, theta, X, E, I, mask, *, lr: float = 1.0, local_steps: i
     delta_theta {name: [U, ...]}, E_new [U, d])``. Instead of vmapping a one-user update (``tests/oracles.py``) (same
     numbers, see the tests) every user gets its own copy of ``theta`` stacked on dim 0 and one
     autograd pass differentiates the sum of the users' losses, which is several times faster on a
-    CPU. ``create_graph`` (default: whether ``I`` or ``E`` requires grad) keeps the graph so the
-    server can differentiate the result with respect to ``I`` and ``E``.
+    CPU. With ``local_steps=1`` (RAIFLE's setting) the backward pass is written out instead
+    (:func:`fncf_backprop`; the same numbers), several times faster for an attacker that
+    differentiates it. ``create_graph`` (default: whether ``I`` or ``E`` requires grad) keeps the
+    graph so the server can differentiate the result with respect to ``I`` and ``E``.
     """
     if X.dim() != 3 or E.dim() != 2 or I.dim() != 2 or mask.shape != I.shape:
         raise ValueError(f"expected X [U,m,d], E [U,d], I and mask [U,m]; got {tuple(X.shape)}, "
@@ -111,6 +164,14 @@ def fncf_updates(model, theta, X, E, I, mask, *, lr: float = 1.0, local_steps: i
     U = X.shape[0]
     layers = _mlp_layers(model)
     w = mask.to(X.dtype)
+    if local_steps == 1:
+        W1e, W1x, _ = fncf_first_layer(model, theta, X.shape[2])
+        with torch.set_grad_enabled(create_graph):
+            delta, gE, grads = fncf_backprop(layers, theta, X @ W1x.T, E, I, w, X=X)
+            dX, dT, E_new = -lr * (delta @ W1x), {k: -lr * grads[k] for k in theta}, E - lr * gE
+        if not create_graph:
+            dX, dT, E_new = dX.detach(), {k: v.detach() for k, v in dT.items()}, E_new.detach()
+        return dX, dT, E_new
     with torch.enable_grad():
         Ec = E if E.requires_grad else E.detach().clone().requires_grad_(True)
         Xc = X.detach().clone().requires_grad_(True)
