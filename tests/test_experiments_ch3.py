@@ -66,27 +66,71 @@ def test_prune_sweep_at_zero_is_the_honest_attack(case):
 
 
 def test_ldp_attack_sweep_and_ks_table(case, run):
-    clip = {"fcf": 100.0, "fncf_items": 0.005}
-    out = ch3a.ldp_attack_sweep(case, [1.0, 500.0], delta=1e-8, sensitivity=clip, fcf_max_iter=4, fncf_max_iter=2,
-                                num_restarts=1, seed=0)
+    clip = {"fcf": 100.0, "fncf_items": 0.005, "fncf_params": 0.7}
+    kw = dict(delta=1e-8, sensitivity=clip, fcf_max_iter=4, fncf_max_iter=2, num_restarts=1)
+    out = ch3a.ldp_attack_sweep(case, [1.0, 500.0], seed=0, **kw)
     assert set(out) == {1.0, 500.0} and all(a.shape == (len(case),) for r in out.values() for a in r.values())
-    again = ch3a.ldp_attack_sweep(case, [1.0], delta=1e-8, sensitivity=clip, fcf_max_iter=4, fncf_max_iter=2, num_restarts=1)
+    assert set(out[1.0]) == set(ch3a.PAPER_TABLE6)                          # all six variants of Table 6
+    again = ch3a.ldp_attack_sweep(case, [1.0], configs=[("FNCF", True, False)], **kw)
+    assert list(again[1.0]) == ["FNCF emb"]
     assert torch.equal(again[1.0]["FNCF emb"], out[1.0]["FNCF emb"])      # one generator per epsilon
-    with pytest.raises(ValueError, match="fncf_items"):
-        ch3a.ldp_attack_sweep(case, [1.0], delta=1e-8, sensitivity={"fcf": 1.0}, fcf_max_iter=1, fncf_max_iter=1,
-                              num_restarts=1)
+    with pytest.raises(ValueError, match="fncf_params"):
+        ch3a.ldp_attack_sweep(case, [1.0], delta=1e-8, sensitivity={"fcf": 1.0, "fncf_items": 1.0}, fcf_max_iter=1,
+                              fncf_max_iter=1, num_restarts=1)
+    ks = ch3a.ks_values(again, out[1.0]["FCF emb"], [1.0])
+    assert set(ks) == {"ch3a_ks_fncf_emb_eps1"}                             # only what was swept
     ks = ch3a.ks_values(out, out[1.0]["FCF emb"], [1.0, 500.0])
-    assert set(ks) == {"ch3a_ks_fcf_emb_eps1", "ch3a_ks_fcf_emb_eps500", "ch3a_ks_fncf_emb_eps1",
-                       "ch3a_ks_fncf_emb_eps500"}
-    assert ks["ch3a_ks_fcf_emb_eps1"] == 1.0                               # the same sample
+    assert len(ks) == 12 and ks["ch3a_ks_fcf_emb_eps1"] == 1.0             # the same sample
     five = [1.0, 10.0, 20.0, 100.0, 500.0]
     ks.update({f"ch3a_ks_{n}_eps{e:g}": 0.5 for n in ("fcf_emb", "fncf_emb") for e in five[1:4]})
     headers, rows = ch3a.table6_table(ks, five, run)
-    assert headers[2:] == ["ε=1", "ε=10", "ε=20", "ε=100", "ε=500"] and len(rows) == 6
-    assert all(len(r) == len(headers) for r in rows) and rows[1][2] == "1.00e+00"
-    assert rows[0][2:] == [f"{v:.2e}" for v in ch3a.PAPER_TABLE6["FCF emb"]]
+    assert headers[2:] == ["ε=1", "ε=10", "ε=20", "ε=100", "ε=500"] and len(rows) == 18
+    assert all(len(r) == len(headers) for r in rows)
+    r = {(row[0], row[1]): row for row in rows}
+    assert r[("FCF emb", "ours")][2] == "1.00e+00" and r[("FNCF", "ours")][3] == "—"   # not swept at eps 10
+    assert r[("FNCF model", "paper")][2:] == [f"{v:.2e}" for v in ch3a.PAPER_TABLE6["FNCF model"]]
     with pytest.raises(ValueError, match="epsilons"):
         ch3a.table6_table(ks, [1.0, 500.0], run)
+
+
+def test_ldp_updates_clip_and_noise_each_part(case):
+    sens = {"fcf": 100.0, "fncf_items": 0.005, "fncf_params": 0.7}
+    upd = ch3a.ldp_updates(case, 1e6, delta=1e-8, sensitivity=sens, seed=0)    # almost no noise: the clipping shows
+    params = torch.cat([v.flatten(1) for v in upd["fncf_params"].values()], 1)
+    assert (params.norm(dim=1) <= 0.35 * 1.001).all()                          # clipped to Delta_2 / 2
+    assert torch.allclose(upd["fncf_items"].flatten(1).norm(dim=1), torch.full((3,), 0.0025), rtol=0.01)
+    assert upd["fcf"][~case.mask].abs().max() == 0                              # padding never sent
+    with pytest.raises(ValueError, match="sensitivity"):
+        ch3a.ldp_updates(case, 1.0, delta=1e-8, sensitivity={"fcf": 1.0})
+
+
+def test_clip_knowledge_rows():
+    a = {1.0: {"FCF emb": torch.tensor([0.5, 0.7]), "FNCF emb": torch.tensor([0.9, 0.9])}}
+    b = {1.0: {"FCF emb": torch.tensor([0.5, 0.5]), "FNCF emb": torch.tensor([0.6, 0.6])}}
+    rows = ch3a.clip_knowledge_rows(a, b, [1.0])
+    assert rows == [["FCF emb", "yes", 0.6], ["FCF emb", "no", 0.5], ["FNCF emb", "yes", 0.9], ["FNCF emb", "no", 0.6]]
+    with pytest.raises(ValueError, match="blind"):
+        ch3a.clip_knowledge_rows(a, {1.0: {"FCF emb": b[1.0]["FCF emb"]}}, [1.0])
+
+
+def test_table7_compares_the_papers_pairs(case, run):
+    res = ch3a.table3(case, fcf_max_iter=5, fncf_max_iter=3, num_restarts=1, seed=0)
+    vals = ch3a.table7_values(res)
+    assert set(vals) == {"ch3a_t7_fncf_emb_vs_fncf", "ch3a_t7_fncf_emb_vs_fncf_model",
+                         "ch3a_t7_fncf_emb_model_vs_fncf_emb", "ch3a_t7_fncf_model_vs_fncf"}
+    assert all(0 <= v <= 1 for v in vals.values())
+    headers, rows = ch3a.table7_table(vals, run)
+    assert len(rows) == 4 and rows[0][2] == "7.89e-94" and rows[0][4] == "no record yet"
+
+
+def test_subset_keeps_users_and_trims_padding(case):
+    sub = case.subset([2])
+    assert len(sub) == 1 and sub.X.shape[1] == 9 and torch.equal(sub.fcf, case.fcf[2:3, :9])
+    assert torch.equal(sub.fncf_params["0.weight"], case.fncf_params["0.weight"][2:3])
+    with pytest.raises(ValueError, match="users"):
+        case.subset([3])
+    with pytest.raises(ValueError, match="users"):
+        case.subset([])
 
 
 def test_ldp_sigma_rows():

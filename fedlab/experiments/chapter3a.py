@@ -11,13 +11,15 @@ import torch
 
 from ..attacks.interaction_inference.recsys import raifle_fcf, raifle_fncf
 from ..fl.recsys.interactions import fcf_item_updates, fncf_init, fncf_updates
-from ..metrics import roc_auc_rows
+from ..metrics import ks_pvalue, roc_auc_rows
 from ..privacy import ldp
 from ..privacy.defenses import prune_rows
+from .._checks import positive_int
 
 __all__ = ["RecsysCase", "make_recsys_case", "attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
-           "table3", "table3_summary", "table3_values", "table3_table", "table3_boxplot", "linear_case",
-           "loop_vs_batch", "PAPER_TABLE6", "ldp_sigma_rows", "ldp_attack_sweep", "ks_values", "table6_table",
+           "VARIANTS", "attack_budget", "run_config", "table3", "table3_summary", "table3_values", "table3_table",
+           "table3_boxplot", "linear_case", "loop_vs_batch", "PAPER_TABLE6", "PAPER_TABLE7", "ldp_sigma_rows",
+           "ldp_updates", "ldp_attack_sweep", "clip_knowledge_rows", "ks_values", "table6_table", "table7_values", "table7_table",
            "prune_sweep", "defense_boxplots"]
 
 
@@ -45,6 +47,19 @@ class RecsysCase:
 
     def __len__(self) -> int:
         return int(self.I.shape[0])
+
+    def subset(self, users) -> "RecsysCase":
+        """The same round restricted to ``users`` (indices into this case), padding trimmed to their
+        longest item list. Raises ``ValueError`` for an empty selection or an index out of range."""
+        idx = torch.as_tensor(users, dtype=torch.long).flatten()
+        if idx.numel() == 0:
+            raise ValueError("users must not be empty")
+        if int(idx.min()) < 0 or int(idx.max()) >= len(self):
+            raise ValueError(f"users must lie in [0, {len(self)}), got {idx.min().item()}..{idx.max().item()}")
+        m = int(self.mask[idx].sum(1).max())
+        return RecsysCase(self.X[idx, :m], self.E[idx], self.I[idx, :m], self.mask[idx, :m], self.fcf[idx, :m],
+                          self.model, self.theta, self.fncf_items[idx, :m], {k: v[idx] for k, v in self.fncf_params.items()},
+                          self.fncf_lr, self.local_steps)
 
 
 def make_recsys_case(user_items, num_items: int, *, dim: int = 64, fncf_lr: float = 1.0,
@@ -125,29 +140,48 @@ PAPER_TABLE3 = {("FCF", False, False): (0.489, None), ("FCF", True, False): (0.9
                 ("FNCF", False, True): (0.977, None), ("FNCF", True, True): (0.990, 2.00)}
 
 
-def _check_positive(**named) -> None:
-    for name, value in named.items():
-        if int(value) < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+#: RAIFLE's names of the six variants (Tables 6-7, Fig. 8), by configuration
+VARIANTS = {("FCF", False, False): "FCF", ("FCF", True, False): "FCF emb", ("FNCF", False, False): "FNCF",
+            ("FNCF", True, False): "FNCF emb", ("FNCF", False, True): "FNCF model",
+            ("FNCF", True, True): "FNCF emb model"}
+
+
+def attack_budget(config, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int) -> dict:
+    """The L-BFGS budget of one configuration: FCF gets ``fcf_max_iter`` evaluations and
+    ``num_restarts`` restarts when it estimates the embedding, ``fcf_max_iter // 5`` and one start
+    when it does not (it cannot succeed, see the chapter); FNCF gets ``fncf_max_iter`` and
+    ``num_restarts``. Raises ``ValueError`` naming a budget below 1."""
+    for name, value in (("fcf_max_iter", fcf_max_iter), ("fncf_max_iter", fncf_max_iter), ("num_restarts", num_restarts)):
+        positive_int(name, value)
+    alg, est, _ = config
+    if alg == "FCF":
+        return {"max_iter": fcf_max_iter if est else max(1, fcf_max_iter // 5), "num_restarts": num_restarts if est else 1}
+    return {"max_iter": fncf_max_iter, "num_restarts": num_restarts}
+
+
+def run_config(case: RecsysCase, config, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int,
+               fcf=None, fncf_items=None, fncf_params=None, clip_norm=None, seed: int = 0, **kwargs) -> dict:
+    """One configuration of :data:`TABLE3_CONFIGS` on every user of ``case`` with its
+    :func:`attack_budget`, through :func:`attack_case` (which see for ``fcf``, ``fncf_items``,
+    ``fncf_params``, ``clip_norm`` and the result). Raises ``ValueError`` for an unknown
+    configuration."""
+    if config not in VARIANTS:
+        raise ValueError(f"config must be one of {list(VARIANTS)}, got {config!r}")
+    alg, est, ump = config
+    budget = attack_budget(config, fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts)
+    return attack_case(case, alg.lower(), estimate_embedding=est, use_model_params=ump, fcf=fcf, fncf_items=fncf_items,
+                       fncf_params=fncf_params, clip_norm=clip_norm, seed=seed, **budget, **kwargs)
 
 
 def table3(case: RecsysCase, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int, seed: int = 0) -> dict:
     """RAIFLE Table 3 (Sec. 4.2, Algorithms 1-2): every configuration of :data:`TABLE3_CONFIGS` run on
-    all users of ``case`` with :func:`attack_case`, in that order.
-
-    FCF gets ``fcf_max_iter`` L-BFGS evaluations and ``num_restarts`` restarts when it estimates the
-    embedding (``fcf_max_iter // 5`` and one start when it does not: it cannot succeed, see the
-    chapter); FNCF gets ``fncf_max_iter`` evaluations and ``num_restarts`` restarts. Returns ``{config: attack_case(...) result}``. Raises ``ValueError`` naming ``fcf_max_iter``,
-    ``fncf_max_iter`` or ``num_restarts`` when below 1.
+    all users of ``case`` with :func:`run_config`, in that order. Returns ``{config: attack_case(...)
+    result}``. Raises ``ValueError`` naming ``fcf_max_iter``, ``fncf_max_iter`` or ``num_restarts``
+    when below 1.
     """
-    _check_positive(fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts)
-    out = {}
-    for alg, est, ump in TABLE3_CONFIGS:
-        kw = ({"max_iter": fcf_max_iter if est else fcf_max_iter // 5, "num_restarts": num_restarts if est else 1}
-              if alg == "FCF" else {"max_iter": fncf_max_iter, "num_restarts": num_restarts})
-        out[(alg, est, ump)] = attack_case(case, alg.lower(), estimate_embedding=est, use_model_params=ump,
-                                           seed=seed, **kw)
-    return out
+    attack_budget(TABLE3_CONFIGS[0], fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts)
+    return {c: run_config(case, c, fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts,
+                          seed=seed) for c in TABLE3_CONFIGS}
 
 
 def table3_summary(results: dict) -> tuple[dict, dict]:
@@ -208,7 +242,8 @@ def linear_case(m: int, p: int, *, generator: torch.Generator):
     N(0, 1) entries (float64), base predictions ``f0 = 0`` [m] and interactions [m], 1 with
     probability 0.2, both drawn from ``generator`` in that order. Returns ``(J, f0, I)``.
     Raises ``ValueError`` naming ``m`` or ``p`` when below 1."""
-    _check_positive(m=m, p=p)
+    positive_int("m", m)
+    positive_int("p", p)
     J = torch.randn(m, p, generator=generator, dtype=torch.float64)
     I = (torch.rand(m, generator=generator) < 0.2).double()
     return J, torch.zeros(m, dtype=torch.float64), I
@@ -243,10 +278,18 @@ def loop_vs_batch(case: RecsysCase, users, *, max_iter: int, seed: int = 0) -> t
 # Defenses: LDP (RAIFLE Sec. 4.1.1, Fig. 8, Table 6) and gradient pruning (App. C.4, Fig. 10)
 # ---------------------------------------------------------------------------------------------------
 
-#: RAIFLE Table 6 (MovieLens-100K): K-S p-values of the attack's AUCs against random guessing at
+#: RAIFLE Table 6 (MovieLens-100K): K-S p-values of each variant's AUCs against random guessing at
 #: epsilon = 1, 10, 20, 100, 500
-PAPER_TABLE6 = {"FCF emb": [8.58e-01, 8.80e-01, 8.80e-01, 1.54e-01, 8.55e-03],
-                "FNCF emb": [5.99e-01, 2.94e-01, 9.47e-04, 1.69e-45, 2.53e-170]}
+PAPER_TABLE6 = {"FCF": [8.12e-01, 9.99e-01, 9.18e-01, 9.74e-01, 9.96e-01],
+                "FCF emb": [8.58e-01, 8.80e-01, 8.80e-01, 1.54e-01, 8.55e-03],
+                "FNCF": [8.12e-01, 4.10e-01, 6.90e-05, 6.65e-41, 1.27e-158],
+                "FNCF emb": [5.99e-01, 2.94e-01, 9.47e-04, 1.69e-45, 2.53e-170],
+                "FNCF emb model": [4.36e-01, 5.43e-01, 6.41e-03, 2.62e-36, 5.06e-158],
+                "FNCF model": [8.99e-01, 5.43e-01, 1.85e-03, 2.74e-47, 3.27e-187]}
+
+#: RAIFLE Table 7 (MovieLens-100K, no defense): K-S p-values between pairs of variants' AUCs
+PAPER_TABLE7 = [("FNCF emb", "FNCF", 7.89e-94), ("FNCF emb", "FNCF model", 5.96e-93),
+                ("FNCF emb model", "FNCF emb", 6.27e-01), ("FNCF model", "FNCF", 9.74e-01)]
 
 
 def ldp_sigma_rows(epsilons, delta: float) -> list[list]:
@@ -261,35 +304,43 @@ def ldp_sigma_rows(epsilons, delta: float) -> list[list]:
     return rows
 
 
-def ldp_attack_sweep(case: RecsysCase, epsilons, *, delta: float, sensitivity: dict, fcf_max_iter: int,
-                     fncf_max_iter: int, num_restarts: int, attacker_knows_clip: bool = True, seed: int = 0) -> dict:
-    """RAIFLE Fig. 8 / Table 6: for each epsilon, every user releases its FCF item update and its
-    FNCF item update through the local Gaussian mechanism (:func:`fedlab.privacy.ldp.ldp_gaussian`:
-    clipped to ``Delta_2 / 2``, noise for sensitivity ``Delta_2``; one generator seeded ``seed`` per
-    epsilon, FCF first), and RAIFLE with embedding estimation attacks both, reproducing the users'
-    clipping in its simulated update when ``attacker_knows_clip``.
-
-    ``sensitivity``: the paper's ``Delta_2`` per update, ``{"fcf": ..., "fncf_items": ...}``. FCF
-    gets ``fcf_max_iter`` evaluations, FNCF ``fncf_max_iter``, both ``num_restarts`` restarts. Returns
-    ``{epsilon: {"FCF emb": auc [U], "FNCF emb": auc [U]}}``. Raises ``ValueError`` for a
-    ``sensitivity`` without those keys.
-    """
-    missing = {"fcf", "fncf_items"} - set(sensitivity)
+def ldp_updates(case: RecsysCase, eps: float, *, delta: float, sensitivity: dict, seed: int = 0) -> dict:
+    """Every user's three updates released through the local Gaussian mechanism
+    (:func:`fedlab.privacy.ldp.ldp_gaussian`: clipped to ``Delta_2 / 2``, noise for sensitivity
+    ``Delta_2``), each with its own ``(eps, delta)`` mechanism as in RAIFLE Sec. 4.1.1 (so an FNCF
+    user sending items and network spends ``2 eps`` by basic composition). ``sensitivity``: the
+    paper's ``Delta_2`` per update, ``{"fcf", "fncf_items", "fncf_params"}``. One generator seeded
+    ``seed`` draws FCF's noise, then FNCF's items, then its network. Returns ``{"fcf", "fncf_items",
+    "fncf_params"}``. Raises ``ValueError`` for a ``sensitivity`` without those keys."""
+    missing = {"fcf", "fncf_items", "fncf_params"} - set(sensitivity)
     if missing:
         raise ValueError(f"sensitivity lacks {sorted(missing)}")
+    gen = torch.Generator().manual_seed(seed)
+    return {"fcf": ldp.ldp_gaussian(case.fcf, eps, delta, sensitivity["fcf"], mask=case.mask, generator=gen),
+            "fncf_items": ldp.ldp_gaussian(case.fncf_items, eps, delta, sensitivity["fncf_items"], mask=case.mask,
+                                           generator=gen),
+            "fncf_params": ldp.ldp_gaussian(case.fncf_params, eps, delta, sensitivity["fncf_params"], generator=gen)}
+
+
+def ldp_attack_sweep(case: RecsysCase, epsilons, *, delta: float, sensitivity: dict, fcf_max_iter: int,
+                     fncf_max_iter: int, num_restarts: int, configs=None, attacker_knows_clip: bool = True,
+                     seed: int = 0) -> dict:
+    """RAIFLE Fig. 8 / Table 6: for each epsilon every user releases its updates through
+    :func:`ldp_updates` and RAIFLE attacks them in each configuration of ``configs`` (default: all
+    six of :data:`TABLE3_CONFIGS`) with :func:`run_config`'s budgets, reproducing the users' clipping
+    in its simulated update when ``attacker_knows_clip``. Returns ``{epsilon: {variant name
+    (:data:`VARIANTS`): auc [U]}}``.
+    """
+    configs = TABLE3_CONFIGS if configs is None else list(configs)
     clip = {k: ldp.ldp_clip_norm(v) if attacker_knows_clip else None for k, v in sensitivity.items()}
     out = {}
     for eps in epsilons:
-        gen = torch.Generator().manual_seed(seed)
-        fcf = ldp.ldp_gaussian(case.fcf, eps, delta, sensitivity["fcf"], mask=case.mask, generator=gen)
-        items = ldp.ldp_gaussian(case.fncf_items, eps, delta, sensitivity["fncf_items"], mask=case.mask,
-                                 generator=gen)
-        out[eps] = {"FCF emb": attack_case(case, "fcf", estimate_embedding=True, fcf=fcf,
-                                           clip_norm=clip["fcf"], max_iter=fcf_max_iter,
-                                           num_restarts=num_restarts, seed=seed)["auc"],
-                    "FNCF emb": attack_case(case, "fncf", estimate_embedding=True, fncf_items=items,
-                                            clip_norm=(clip["fncf_items"], None), max_iter=fncf_max_iter,
-                                            num_restarts=num_restarts, seed=seed)["auc"]}
+        upd = ldp_updates(case, eps, delta=delta, sensitivity=sensitivity, seed=seed)
+        out[eps] = {}
+        for c in configs:
+            clip_norm = clip["fcf"] if c[0] == "FCF" else (clip["fncf_items"], clip["fncf_params"])
+            out[eps][VARIANTS[c]] = run_config(case, c, fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter,
+                                               num_restarts=num_restarts, clip_norm=clip_norm, seed=seed, **upd)["auc"]
     return out
 
 
@@ -298,28 +349,59 @@ def _ks_name(attack: str, eps: float) -> str:
 
 
 def ks_values(ldp_auc: dict, random_auc: torch.Tensor, epsilons) -> dict:
-    """RAIFLE Table 6: the two-sample Kolmogorov-Smirnov p-value of each attack's per-user AUCs at
-    each epsilon (``ldp_auc`` from :func:`ldp_attack_sweep`) against those of random guessing
-    (``random_auc`` [U]), as the glued names ``ch3a_ks_<attack>_eps<epsilon>`` -> float."""
-    from scipy.stats import ks_2samp
-
-    return {_ks_name(name, e): float(ks_2samp(ldp_auc[e][name].numpy(), random_auc.numpy()).pvalue)
-            for name in PAPER_TABLE6 for e in epsilons}
+    """RAIFLE Table 6: the two-sample Kolmogorov-Smirnov p-value (:func:`fedlab.metrics.ks_pvalue`) of
+    each swept variant's per-user AUCs at each epsilon (``ldp_auc`` from :func:`ldp_attack_sweep`)
+    against those of random guessing (``random_auc`` [U]), as the glued names
+    ``ch3a_ks_<variant>_eps<epsilon>`` -> float."""
+    return {_ks_name(name, e): ks_pvalue(ldp_auc[e][name], random_auc)
+            for name in PAPER_TABLE6 for e in epsilons if name in ldp_auc[e]}
 
 
 def table6_table(ks: dict, epsilons, run) -> tuple[list, list]:
     """``(headers, rows)`` of RAIFLE Table 6: the paper's p-values (:data:`PAPER_TABLE6`), ours
-    (``ks`` from :func:`ks_values`) and the stored paper-scale record (``run.paper``). ``epsilons``
-    must be the paper's five (1, 10, 20, 100, 500); raises ``ValueError`` otherwise."""
+    (``ks`` from :func:`ks_values`; "—" for a variant not swept) and the stored paper-scale record
+    (``run.paper``). ``epsilons`` must be the paper's five (1, 10, 20, 100, 500); raises
+    ``ValueError`` otherwise."""
     if list(epsilons) != [1.0, 10.0, 20.0, 100.0, 500.0]:
         raise ValueError(f"epsilons must be the paper's [1, 10, 20, 100, 500], got {list(epsilons)}")
     rows = []
     for name, paper in PAPER_TABLE6.items():
         tags = [_ks_name(name, e) for e in epsilons]
         rows.append([name, "paper"] + [f"{v:.2e}" for v in paper])
-        rows.append([name, "ours"] + [f"{ks[t]:.2e}" for t in tags])
+        rows.append([name, "ours"] + [f"{ks[t]:.2e}" if t in ks else "—" for t in tags])
         rows.append([name, "ours, paper scale (mean ± 95 % CI, n seeds)"] + [run.paper(t) for t in tags])
-    return ["attack", "source"] + [f"ε={e:g}" for e in epsilons], rows
+    return ["variant", "source"] + [f"ε={e:g}" for e in epsilons], rows
+
+
+def clip_knowledge_rows(knows: dict, blind: dict, epsilons, variants=("FCF emb", "FNCF emb")) -> list[list]:
+    """Rows ``[variant, "yes" | "no", mean AUC at each epsilon]`` comparing an attacker that
+    reproduces the users' clipping (``knows``) with one that does not (``blind``), both results of
+    :func:`ldp_attack_sweep` on the same users. Raises ``ValueError`` for a variant or epsilon
+    missing from either."""
+    for res, name in ((knows, "knows"), (blind, "blind")):
+        missing = [(e, v) for e in epsilons for v in variants if e not in res or v not in res[e]]
+        if missing:
+            raise ValueError(f"{name} lacks (epsilon, variant) {missing}")
+    return [[v, label] + [round(res[e][v].mean().item(), 3) for e in epsilons]
+            for v in variants for label, res in (("yes", knows), ("no", blind))]
+
+
+def _t7_name(a: str, b: str) -> str:
+    return f"ch3a_t7_{a.lower().replace(' ', '_')}_vs_{b.lower().replace(' ', '_')}"
+
+
+def table7_values(results: dict) -> dict:
+    """RAIFLE Table 7: for each pair of :data:`PAPER_TABLE7`, the K-S p-value between the two
+    variants' per-user AUCs of a :func:`table3` result, as ``ch3a_t7_<a>_vs_<b>`` -> float."""
+    auc = {VARIANTS[c]: r["auc"] for c, r in results.items()}
+    return {_t7_name(a, b): ks_pvalue(auc[a], auc[b]) for a, b, _ in PAPER_TABLE7}
+
+
+def table7_table(values: dict, run) -> tuple[list, list]:
+    """``(headers, rows)`` of RAIFLE Table 7: paper, ours (``values`` from :func:`table7_values`) and
+    the stored paper-scale record."""
+    rows = [[a, b, f"{p:.2e}", f"{values[_t7_name(a, b)]:.2e}", run.paper(_t7_name(a, b))] for a, b, p in PAPER_TABLE7]
+    return ["variant 1", "variant 2", "paper p", "our p", "our p, paper scale (mean ± 95 % CI, n seeds)"], rows
 
 
 def prune_sweep(case: RecsysCase, fractions, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int,

@@ -16,7 +16,7 @@ from ..attacks.interaction_inference.oltr import (attack_oltr, cat_cases, first_
                                                   sa_recover)
 from ..fl.oltr import (click_probabilities, federated_oltr, init_rankers, local_update, pdgd_gradient, present,
                        simulate_clicks)
-from ..metrics import roc_auc_rows
+from ..metrics import ks_pvalue, roc_auc_rows
 from ..privacy import secure_aggregation as sa
 from ..privacy.defenses import prune_rows
 from ..privacy.ldp import gaussian_sigma, ldp_clip_norm, ldp_gaussian
@@ -602,12 +602,10 @@ def ks_pvalues(ldp_auc: dict, random_auc: dict, epsilons, num_queries: int, *,
     against the same users' random guesses at each epsilon (the paper's multi-query rows are run at
     ``num_queries`` queries). Returns ``{(ranker, Q, adm): [p per epsilon]}`` keyed as the paper's
     table. Raises ``ValueError`` for another ``click_model``."""
-    from scipy.stats import ks_2samp
-
     ks = {}
     for model, Q, adm in _paper_ks(click_model):
         key = (model, num_queries if Q > 1 else 1, adm)
-        ks[(model, Q, adm)] = [ks_2samp(ldp_auc[(*key, e)].numpy(), random_auc[key].numpy()).pvalue for e in epsilons]
+        ks[(model, Q, adm)] = [ks_pvalue(ldp_auc[(*key, e)], random_auc[key]) for e in epsilons]
     return ks
 
 
