@@ -26,7 +26,7 @@ __all__ = ["SETTINGS", "SETTING_LABELS", "settings_grid", "update_drift", "order
            "click_model_rows", "fig5_grid", "fig5_plot", "fig5_mean", "fig5_summary", "PAPER_FIG5", "FIG5_NAMES",
            "fig5_table", "adm_gain", "noisy_adm_grid", "noisy_adm_plot", "PAPER_FIG11", "noisy_name", "noisy_values",
            "noisy_table", "pir_experiment", "pir_grid", "ldp_grid", "ldp_plot", "PAPER_KS", "PAPER_KS_NAV", "ks_pvalues", "ks_values",
-           "ks_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "prune_grid", "prune_plot",
+           "ks_table", "ks_queries_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "prune_grid", "prune_plot",
            "PAPER_FIG9", "prune_values", "prune_table", "flag_rounds", "ldp_boxplot", "RECORD_LABELS"]
 
 
@@ -561,12 +561,24 @@ def ldp_plot(ldp_auc: dict, random_auc: dict, rankers, epsilons, num_queries: in
 
 #: RAIFLE Tables 4 and 5 (MSLR-WEB10K, informational clicks): K-S p-values against random guessing at
 #: epsilon = 1, 10, 20, 100, 500, keyed (ranker, queries, ADM)
-PAPER_KS = {("linear", 1, False): [2.35e-02, 1.40e-62, 1.39e-171, 0.0, 0.0],
+PAPER_KS = {("linear", 1, False): [2.35e-02, 1.40e-62, 1.39e-171, 0.00e+00, 0.00e+00],
+            ("linear", 4, False): [2.68e-05, 1.13e-52, 4.27e-91, 0.00e+00, 0.00e+00],
             ("linear", 8, False): [1.25e-03, 8.03e-28, 2.97e-46, 4.84e-143, 4.51e-229],
+            ("linear", 12, False): [1.27e-01, 1.41e-13, 7.48e-25, 1.20e-81, 3.55e-122],
+            ("linear", 16, False): [6.37e-02, 1.41e-11, 6.75e-17, 4.33e-36, 2.26e-76],
+            ("linear", 4, True): [3.51e-01, 3.33e-30, 2.12e-55, 3.44e-297, 0.00e+00],
             ("linear", 8, True): [5.96e-02, 2.42e-13, 3.48e-30, 7.15e-120, 2.10e-255],
-            ("neural", 1, False): [9.83e-01, 8.31e-01, 9.11e-04, 6.83e-128, 0.0],
+            ("linear", 12, True): [7.10e-01, 5.14e-08, 1.67e-19, 1.36e-73, 5.48e-160],
+            ("linear", 16, True): [3.87e-01, 5.57e-06, 1.39e-08, 6.17e-43, 6.55e-112],
+            ("neural", 1, False): [9.83e-01, 8.31e-01, 9.11e-04, 6.83e-128, 0.00e+00],
+            ("neural", 4, False): [3.95e-01, 6.67e-01, 7.66e-01, 2.85e-04, 2.83e-02],
             ("neural", 8, False): [8.71e-01, 1.56e-01, 7.34e-02, 3.29e-02, 8.27e-01],
-            ("neural", 8, True): [8.71e-01, 3.96e-01, 1.75e-01, 4.08e-08, 2.23e-38]}
+            ("neural", 12, False): [4.28e-01, 7.93e-01, 9.62e-01, 5.13e-01, 8.49e-01],
+            ("neural", 16, False): [4.10e-01, 5.32e-01, 1.12e-01, 4.10e-01, 8.67e-01],
+            ("neural", 4, True): [5.63e-03, 2.80e-01, 7.77e-01, 3.20e-10, 2.31e-79],
+            ("neural", 8, True): [8.71e-01, 3.96e-01, 1.75e-01, 4.08e-08, 2.23e-38],
+            ("neural", 12, True): [1.01e-01, 5.56e-01, 7.31e-01, 3.30e-04, 1.50e-20],
+            ("neural", 16, True): [8.47e-01, 5.57e-01, 6.34e-01, 1.57e-01, 1.41e-11]}
 
 
 def _check_paper_epsilons(epsilons, paper) -> None:
@@ -575,12 +587,24 @@ def _check_paper_epsilons(epsilons, paper) -> None:
 
 
 #: the same for navigational clicks (RAIFLE Tables 4 and 5, rows "nav")
-PAPER_KS_NAV = {("linear", 1, False): [2.46e-01, 9.29e-43, 3.01e-120, 0.0, 0.0],
+PAPER_KS_NAV = {("linear", 1, False): [2.46e-01, 9.29e-43, 3.01e-120, 0.00e+00, 0.00e+00],
+                ("linear", 4, False): [2.62e-04, 2.70e-50, 5.22e-117, 0.00e+00, 0.00e+00],
                 ("linear", 8, False): [1.72e-04, 2.03e-25, 4.13e-49, 1.01e-147, 4.48e-254],
+                ("linear", 12, False): [1.36e-01, 4.42e-15, 8.22e-32, 9.28e-75, 1.75e-127],
+                ("linear", 16, False): [9.33e-02, 3.41e-11, 1.39e-16, 2.89e-45, 4.32e-78],
+                ("linear", 4, True): [4.41e-01, 1.46e-17, 4.23e-54, 8.64e-206, 0.00e+00],
                 ("linear", 8, True): [2.28e-01, 9.90e-11, 1.56e-27, 5.50e-78, 7.08e-218],
-                ("neural", 1, False): [8.04e-01, 1.38e-01, 6.02e-02, 8.66e-118, 0.0],
+                ("linear", 12, True): [5.17e-02, 2.71e-06, 3.28e-19, 8.62e-60, 1.44e-130],
+                ("linear", 16, True): [3.44e-01, 5.83e-10, 1.32e-09, 2.52e-36, 3.55e-89],
+                ("neural", 1, False): [8.04e-01, 1.38e-01, 6.02e-02, 8.66e-118, 0.00e+00],
+                ("neural", 4, False): [9.80e-01, 4.30e-01, 3.30e-01, 4.06e-01, 2.99e-01],
                 ("neural", 8, False): [7.80e-01, 7.12e-01, 3.96e-01, 4.45e-01, 3.96e-01],
-                ("neural", 8, True): [5.32e-01, 7.12e-01, 1.09e-01, 4.15e-05, 1.88e-40]}
+                ("neural", 12, False): [9.32e-02, 9.62e-01, 6.23e-01, 5.64e-02, 6.89e-01],
+                ("neural", 16, False): [8.86e-01, 6.34e-01, 1.02e-01, 9.36e-01, 4.34e-01],
+                ("neural", 4, True): [8.83e-01, 3.16e-02, 9.53e-01, 6.22e-15, 1.50e-73],
+                ("neural", 8, True): [5.32e-01, 7.12e-01, 1.09e-01, 4.15e-05, 1.88e-40],
+                ("neural", 12, True): [8.67e-01, 4.70e-01, 3.50e-01, 8.60e-02, 3.68e-21],
+                ("neural", 16, True): [3.87e-01, 6.84e-01, 3.87e-01, 3.47e-04, 2.53e-10]}
 
 
 def _paper_ks(click_model: str) -> dict:
@@ -595,18 +619,15 @@ def _ks_name(model: str, Q: int, adm: bool, eps: float, click_model: str = "info
     return f"ch3b_ks_{model}_{Q}q{'_adm' if adm else ''}{nav}_eps{eps:g}"
 
 
-def ks_pvalues(ldp_auc: dict, random_auc: dict, epsilons, num_queries: int, *,
-               click_model: str = "informational") -> dict:
+def ks_pvalues(ldp_auc: dict, random_auc: dict, epsilons, *, click_model: str = "informational") -> dict:
     """Tables 4-5: for every row of the paper's table for ``click_model`` (:data:`PAPER_KS`,
-    :data:`PAPER_KS_NAV`), the two-sample Kolmogorov-Smirnov p-value of the attack's per-user AUCs
-    against the same users' random guesses at each epsilon (the paper's multi-query rows are run at
-    ``num_queries`` queries). Returns ``{(ranker, Q, adm): [p per epsilon]}`` keyed as the paper's
-    table. Raises ``ValueError`` for another ``click_model``."""
-    ks = {}
-    for model, Q, adm in _paper_ks(click_model):
-        key = (model, num_queries if Q > 1 else 1, adm)
-        ks[(model, Q, adm)] = [ks_pvalue(ldp_auc[(*key, e)], random_auc[key]) for e in epsilons]
-    return ks
+    :data:`PAPER_KS_NAV`) that ``ldp_auc`` holds (the grid may run only some numbers of queries),
+    the two-sample Kolmogorov-Smirnov p-value (:func:`fedlab.metrics.ks_pvalue`) of the attack's
+    per-user AUCs against the same users' random guesses at each epsilon. Returns ``{(ranker, Q,
+    adm): [p per epsilon]}`` keyed as the paper's table. Raises ``ValueError`` for another
+    ``click_model``."""
+    return {key: [ks_pvalue(ldp_auc[(*key, e)], random_auc[key]) for e in epsilons]
+            for key in _paper_ks(click_model) if all((*key, e) in ldp_auc for e in epsilons)}
 
 
 def ks_values(ks: dict, epsilons, *, click_model: str = "informational") -> dict:
@@ -617,23 +638,46 @@ def ks_values(ks: dict, epsilons, *, click_model: str = "informational") -> dict
     return {_ks_name(*key, e, click_model): f"{v:.1e}" for key, ps in ks.items() for e, v in zip(epsilons, ps)}
 
 
-def ks_table(ks: dict, epsilons, run, *, ks_nav: dict | None = None) -> tuple[list, list]:
-    """``(headers, rows)`` of Tables 4-5: the paper's p-values (:data:`PAPER_KS`), ours and the stored
-    paper-scale record (``run.paper``), for informational clicks (``ks``) and, if given, navigational
-    clicks (``ks_nav``, :data:`PAPER_KS_NAV`). ``epsilons`` must be the paper's five (1, 10, 20,
-    100, 500); raises ``ValueError`` otherwise."""
+def ks_table(ks: dict, epsilons, run, *, ks_nav: dict | None = None, queries=(1, 8)) -> tuple[list, list]:
+    """``(headers, rows)`` of Tables 4-5 for the rows with ``Q`` in ``queries``: the paper's p-values
+    (:data:`PAPER_KS`), ours ("—" where not run at this scale) and the stored paper-scale record
+    (``run.paper``), for informational clicks (``ks``) and, if given, navigational clicks (``ks_nav``,
+    :data:`PAPER_KS_NAV`). ``epsilons`` must be the paper's five (1, 10, 20, 100, 500); raises
+    ``ValueError`` otherwise."""
     _check_paper_epsilons(epsilons, [1.0, 10.0, 20.0, 100.0, 500.0])
     rows = []
     for click, res in [("informational", ks), ("navigational", ks_nav)]:
         if res is None:
             continue
         for (model, Q, adm), paper in _paper_ks(click).items():
+            if Q not in queries:
+                continue
             label = f"{model}, {click[:3]}, {Q} q{', ADM' if adm else ''}"
             names = [_ks_name(model, Q, adm, e, click) for e in epsilons]
+            ours = res.get((model, Q, adm))
             rows.append([label, "paper"] + [f"{v:.2e}" for v in paper])
-            rows.append([label, "ours"] + [f"{v:.1e}" for v in res[(model, Q, adm)]])
+            rows.append([label, "ours"] + ([f"{v:.1e}" for v in ours] if ours is not None else ["—"] * len(epsilons)))
             rows.append([label, "ours, paper scale (mean ± 95 % CI)"] + [run.paper(n, 2) for n in names])
     return ["attack", "source"] + [f"ε={e:g}" for e in epsilons], rows
+
+
+def ks_queries_table(run, epsilon: float, queries=(4, 8, 12, 16)) -> tuple[list, list]:
+    """``(headers, rows)``: Tables 4-5 across the number of queries at one ``epsilon``, one row per
+    (ranker, click model, ADM), each cell "paper p / our paper-scale p" (``run.paper``, mean over the
+    record's seeds). Raises ``ValueError`` for an epsilon outside the paper's five."""
+    eps = [1.0, 10.0, 20.0, 100.0, 500.0]
+    if epsilon not in eps:
+        raise ValueError(f"epsilon must be one of the paper's {eps}, got {epsilon}")
+    j = eps.index(epsilon)
+    rows = []
+    for click in ("informational", "navigational"):
+        paper = _paper_ks(click)
+        for model in ("linear", "neural"):
+            for adm in (False, True):
+                cells = [f"{paper[(model, Q, adm)][j]:.1e} / {run.paper(_ks_name(model, Q, adm, epsilon, click), 2)}"
+                         if (model, Q, adm) in paper else "—" for Q in queries]
+                rows.append([model, click[:3], "yes" if adm else "no"] + cells)
+    return ["ranker", "clicks", "ADM"] + [f"{Q} queries: paper / ours" for Q in queries], rows
 
 
 def utility_grid(train, test, rankers: dict, epsilons, *, num_rounds: int, clients_per_round: int, lr: float,
