@@ -252,6 +252,9 @@ def test_grids_run_every_ranker(data):
     assert set(noisy) == {("linear", None), ("linear", 0.0)} and all(isinstance(v, float) for v in noisy.values())
     flags = ch3b.flag_rounds([noisy_cases[("linear", None)], noisy_cases[("linear", 0.0)]])
     assert flags.tolist() == [False, False, True, True]                   # exact-zero ADM leaves dead features
+    _, nav_cases = ch3b.noisy_adm_grid(data, {"linear": ()}, [0.0], 2, 2, lr=1.0, max_iter=2, click_model="navigational")
+    nav = ch3b.make_oltr_case(data, 2, 2, (), click_model="navigational", adm=False, lr=1.0, group=0, seed=50)
+    assert torch.equal(nav_cases[("linear", None)].I, nav.I)             # the click model reaches the users
     ldp_auc, rnd = ch3b.ldp_grid(data, {"linear": ()}, [1.0], [(1, [False])], 2, delta=1e-8, sensitivity=0.5, lr=1.0,
                                  max_iter=2, random_draws=2, rand_generator=torch.Generator().manual_seed(0))
     assert set(ldp_auc) == {("linear", 1, False, 1.0)} and rnd[("linear", 1, False)].shape == (4,)

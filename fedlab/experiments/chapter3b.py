@@ -381,14 +381,15 @@ def settings_values(grid: dict, cases: dict, rankers) -> dict:
 # ---------------------------------------------------------------------------------------------------
 
 def noisy_adm_grid(data, rankers: dict, noise_stds, num_users: int, num_queries: int, *, lr: float,
-                   max_iter: int, seed: int = 0) -> tuple[dict, dict]:
-    """RAIFLE App. C.5 (Fig. 11) for every ranker: :func:`noisy_adm_sweep` per ranker. Returns
+                   max_iter: int, click_model: str = "informational", seed: int = 0) -> tuple[dict, dict]:
+    """RAIFLE App. C.5 (Fig. 11) for every ranker: :func:`noisy_adm_sweep` per ranker (clicks by
+    ``click_model``). Returns
     ``(mean_auc, cases)`` keyed ``(ranker, std)`` (std ``None``: the same users without ADM): the mean
     AUC over users as a float, and the simulated cases."""
     noisy, noisy_cases = {}, {}
     for model, hidden in _rankers(rankers).items():
-        auc, cases = noisy_adm_sweep(data, hidden, noise_stds, num_users, num_queries, lr=lr, max_iter=max_iter,
-                                     seed=seed)
+        auc, cases = noisy_adm_sweep(data, hidden, noise_stds, num_users, num_queries, click_model=click_model,
+                                     lr=lr, max_iter=max_iter, seed=seed)
         noisy.update({(model, s): a.mean().item() for s, a in auc.items()})
         noisy_cases.update({(model, s): c for s, c in cases.items()})
     return noisy, noisy_cases
