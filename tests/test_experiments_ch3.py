@@ -266,7 +266,7 @@ def test_grids_run_every_ranker(data):
 
 def test_pir_and_utility_grids(data):
     pir = ch3b.pir_grid(data, {"linear": ()}, 6, epsilons=[None], lr=1.0, seed=0)
-    assert pir == {("linear", None): (1.0, 0.0)}                         # exact without noise (Sec. 3.4.3)
+    assert pir == {("linear", None): (1.0, 0.0, 1.0)}                    # exact without noise (Sec. 3.4.3)
     train, test = data.split(0.2, seed=0)
     ndcg = ch3b.utility_grid(train, test, {"linear": ()}, [None], num_rounds=2, clients_per_round=4, lr=1.0,
                              delta=1e-8, sensitivity=0.5)

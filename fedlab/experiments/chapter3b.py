@@ -467,8 +467,11 @@ def pir_experiment(data, num_users: int, hidden=(), *, pool_size: int = 20, k: i
     its FPDGD update, optionally with LDP (``epsilon``; the local Gaussian mechanism of L2 sensitivity
     ``sensitivity``, :func:`fedlab.privacy.ldp.ldp_gaussian`). The server fingerprinted the item of
     interest with ``feature`` (:func:`pir_fingerprint`) and runs :func:`pir_detect` with ``tol``.
-    Returns ``{"included": [U] bool, "detected": [U] bool}``. Raises ``ValueError`` if
-    ``k >= pool_size`` or no query has ``pool_size`` documents.
+    Returns ``{"included": [U] bool, "detected": [U] bool, "detected_exact": [U] bool}``;
+    ``detected_exact``: the same detection on the same users' updates computed in float64 and without
+    noise. A document far below the only click gets a tiny PDGD weight ``rho * c`` (1e-7 in a case
+    we checked), and a float32 client adding ``lr * rho * c`` to a weight near 0.5 rounds the move
+    away; float64 keeps it. Raises ``ValueError`` if ``k >= pool_size`` or no query has ``pool_size`` documents.
     """
     if not 2 <= k < pool_size:
         raise ValueError(f"need 2 <= k < pool_size, got k={k}, pool_size={pool_size}")
@@ -497,9 +500,12 @@ def pir_experiment(data, num_users: int, hidden=(), *, pool_size: int = 20, k: i
     clicks = simulate_clicks(rel, shown, click_model, num_grades=data.num_grades, generator=gen)
     with torch.no_grad():
         update = local_update(theta, X[:, None], clicks[:, None], shown[:, None], hidden, lr=lr)
+        exact = local_update(theta.double(), X.double()[:, None], clicks.double()[:, None], shown[:, None], hidden,
+                             lr=lr)
     if epsilon is not None:
         update = ldp_gaussian(update, epsilon, delta, sensitivity, generator=gen)
-    return {"included": included, "detected": pir_detect(update, feature, data.num_features, hidden, tol=tol)}
+    return {"included": included, "detected": pir_detect(update, feature, data.num_features, hidden, tol=tol),
+            "detected_exact": pir_detect(exact, feature, data.num_features, hidden)}
 
 
 def pir_grid(data, rankers: dict, num_users: int, *, epsilons=(None, 100.0), delta: float = 1e-8,
@@ -508,7 +514,8 @@ def pir_grid(data, rankers: dict, num_users: int, *, epsilons=(None, 100.0), del
     :func:`pir_experiment` with ``num_users`` users, detecting with
     threshold 0 without noise and 3 noise standard deviations (of the user's Gaussian mechanism,
     ``delta``, ``sensitivity``) under LDP. Returns ``{(ranker, epsilon): (true-positive rate,
-    false-positive rate)}``."""
+    false-positive rate, true-positive rate of the float64 noiseless updates)}`` (see
+    :func:`pir_experiment`'s ``detected_exact``)."""
     pir = {}
     for model, hidden in _rankers(rankers).items():
         for eps in epsilons:
@@ -517,7 +524,8 @@ def pir_grid(data, rankers: dict, num_users: int, *, epsilons=(None, 100.0), del
                                tol=tol, seed=seed)
             tpr = r["detected"][r["included"]].float().mean().item()
             fpr = r["detected"][~r["included"]].float().mean().item()
-            pir[(model, eps)] = (tpr, fpr)
+            tpr_exact = r["detected_exact"][r["included"]].float().mean().item()
+            pir[(model, eps)] = (tpr, fpr, tpr_exact)
     return pir
 
 
