@@ -123,6 +123,55 @@ def test_raifle_losses_equal_the_matching_loss_of_the_simulated_update(algorithm
                     pT = pT if pT is None else clip_rows(pT, clip[1])
                 ref = matching_loss(pX, upd, mask, pT if ump else None, dT if ump else None)
                 assert torch.allclose(res.loss, ref, rtol=1e-5, atol=1e-6), (est, ump, clip, res.loss, ref)
+    with pytest.raises(ValueError, match="alpha"):
+        raifle_fcf(X, X, mask, alpha=-1.0, max_iter=1)
+
+
+def test_raifle_fast_losses_have_the_gradient_of_the_matching_loss():
+    """The gradient the optimiser follows (w.r.t. the interactions and the embedding) of the fast FCF
+    and FNCF losses equals that of matching_loss on the simulated update, clipping included."""
+    import fedlab.attacks.interaction_inference.recsys as rs
+
+    X, E, I, mask = _users(U=3, m=25, d=24, seed=6)
+    model, theta = fncf_init(24, seed=4)
+    noise = 0.1 * torch.randn(X.shape, generator=torch.Generator().manual_seed(1)) * mask[..., None]
+    fcf_upd = fcf_item_updates(X, E, I, mask) + noise
+    fncf_upd, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=1.0, local_steps=1)
+    fncf_upd = fncf_upd + noise * fncf_upd.abs().mean()
+    captured = {}
+
+    def grab(loss_fn, *args, **kwargs):
+        captured["fn"] = loss_fn
+        return None
+
+    Ip = torch.rand(6, 25, generator=torch.Generator().manual_seed(2))
+    Ep = torch.randn(6, 24, generator=torch.Generator().manual_seed(3))
+    rows = torch.tensor([0, 1, 2, 0, 1, 2])                    # two restarts: the broadcast branch
+    orig = rs.raifle
+    try:
+        rs.raifle = grab
+        raifle_fcf(X, fcf_upd, mask, clip_norm=5.0)
+        fast_fcf = captured["fn"]
+        raifle_fncf(model, theta, X, fncf_upd, dT, mask, use_model_params=True, items_clip_norm=0.01,
+                    params_clip_norm=0.05)
+        fast_fncf = captured["fn"]
+    finally:
+        rs.raifle = orig
+
+    def slow_fcf(I_, E_, r):
+        return matching_loss(clip_rows(fcf_item_updates(X[r], E_, I_, mask[r]), 5.0), fcf_upd[r], mask[r])
+
+    def slow_fncf(I_, E_, r):
+        pX, pT, _ = fncf_updates(model, theta, X[r], E_, I_, mask[r], lr=1.0, local_steps=1)
+        return matching_loss(clip_rows(pX, 0.01), fncf_upd[r], mask[r], clip_rows(pT, 0.05), {k: v[r] for k, v in dT.items()})
+
+    for fast, slow in ((fast_fcf, slow_fcf), (fast_fncf, slow_fncf)):
+        for r in (rows, torch.tensor([2, 0])):                # all rows, then a subset (gather branch)
+            grads = []
+            for fn in (fast, slow):
+                I_, E_ = Ip[:len(r)].clone().requires_grad_(True), Ep[:len(r)].clone().requires_grad_(True)
+                grads.append(torch.autograd.grad(fn(I_, E_, r).sum(), [I_, E_]))
+            assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(*grads))
 
 
 def test_analytic_attack_recovers_planted_user_vector():

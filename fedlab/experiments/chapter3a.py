@@ -307,8 +307,8 @@ def ldp_sigma_rows(epsilons, delta: float) -> list[list]:
 def ldp_updates(case: RecsysCase, eps: float, *, delta: float, sensitivity: dict, seed: int = 0) -> dict:
     """Every user's three updates released through the local Gaussian mechanism
     (:func:`fedlab.privacy.ldp.ldp_gaussian`: clipped to ``Delta_2 / 2``, noise for sensitivity
-    ``Delta_2``), each with its own ``(eps, delta)`` mechanism as in RAIFLE Sec. 4.1.1 (so an FNCF
-    user sending items and network spends ``2 eps`` by basic composition). ``sensitivity``: the
+    ``Delta_2``), each with its own ``(eps, delta)`` mechanism as in RAIFLE Sec. 4.1.1 and its code
+    (so an FNCF user sending items and network is ``(2 eps, 2 delta)``-LDP by basic composition). ``sensitivity``: the
     paper's ``Delta_2`` per update, ``{"fcf", "fncf_items", "fncf_params"}``. One generator seeded
     ``seed`` draws FCF's noise, then FNCF's items, then its network. Returns ``{"fcf", "fncf_items",
     "fncf_params"}``. Raises ``ValueError`` for a ``sensitivity`` without those keys."""

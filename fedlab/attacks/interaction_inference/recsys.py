@@ -204,6 +204,8 @@ def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=N
     if updates.shape != X.shape or mask.shape != (U, m):
         raise ValueError(f"updates must be {tuple(X.shape)} and mask {(U, m)}, got "
                          f"{tuple(updates.shape)}, {tuple(mask.shape)}")
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
     if not estimate_embedding and guess_emb is None:
         guess_emb = _guess_embeddings(U, d, kwargs.get("seed", 0), kwargs.get("user_ids"))
 
