@@ -150,3 +150,59 @@ def test_chapter2_argument_validation():
         ch2.probe_defense(None, None, num_interactions=0, batch_size=1, lr=0.1, loss="log", num_items=10)
     with pytest.raises(ValueError, match="cohorts"):
         ch2.secagg_experiment(None, None, [0, 2], num_interactions=1, batch_size=1, lr=0.1, loss="log", num_items=10)
+
+
+# ------------------------------------------------------------------ chapter 2: checks a wrong constant breaks
+def _laws(seed=4):
+    d = rec.make_synthetic(1, 200, 4, 20, 0.2, seed=seed)
+    kw = dict(pref_rate=0.2, num_rated=20, lr=1.0, loss="hinge", num_draws=20000, seed=0)
+    return (pac.AttackLaw(d.user_vectors[0], d.item_vectors, batch_size=5, sigma=0.1, protocol=2, **kw),
+            pac.AttackLaw(d.user_vectors[0], d.item_vectors, batch_size=10, sigma=0.2, protocol=3, **kw))
+
+
+def _all_pass(checks):
+    return all(measured <= allowed for _, measured, allowed in checks.values())
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_bound_checks_pass_at_the_theorems_T(seed):
+    law2, law3 = _laws(seed)
+    checks = ch2.bound_checks(law2, law3, epsilon=0.1, delta=0.05)
+    assert set(checks) == {"thm1", "thm2_E1", "thm2_E2", "thm2_error", "thm3_events", "thm3_error"}
+    assert _all_pass(checks), checks
+
+
+def _shrunk(orig, which):
+    def bound(*a, **k):
+        out = orig(*a, **k)
+        if not isinstance(out, tuple):
+            return 0.2 * out
+        T, t1, t2 = out
+        t1, t2 = (0.2 * t1 if which in ("all", "t1") else t1), (0.2 * t2 if which in ("all", "t2") else t2)
+        return (max(t1, t2), t1, t2)
+    return bound
+
+
+@pytest.mark.parametrize("bound,which", [("theorem1_num_interactions", "all"), ("theorem2_num_interactions", "all"),
+                                         ("theorem2_num_interactions", "t1"), ("theorem2_num_interactions", "t2"),
+                                         ("theorem3_num_interactions", "all")])
+def test_a_bound_five_times_too_small_fails_a_check(monkeypatch, bound, which):
+    """Mutation test (issue 17): multiply a bound's T (or one term of Theorem 2's maximum) by 0.2 and
+    the chapter's checks must fail."""
+    law2, law3 = _laws()
+    monkeypatch.setattr(pac, bound, _shrunk(getattr(pac, bound), which))
+    assert not _all_pass(ch2.bound_checks(law2, law3, epsilon=0.1, delta=0.05))
+
+
+def test_slack_chain_factors_multiply_to_the_total():
+    law2, law3 = _laws()
+    for law in (law2, law3):
+        r = ch2.slack_chain(law, epsilon=0.1, delta=0.05)
+        T = list(r["T"].values())
+        assert all(a >= b for a, b in zip(T, T[1:])), r["T"]
+        assert math.prod(r["factor"].values()) == pytest.approx(r["total"])
+        assert r["T"]["paper"] == pytest.approx(law.bound(0.1, 0.05, beta=0.5 * law.multiplier)
+                                                if law.protocol == 2 else law.bound(0.1, 0.05))
+    assert ch2.slack_chain(law3, epsilon=0.1, delta=0.05)["factor"]["beta"] == 1.0
+    with pytest.raises(ValueError, match="law2"):
+        ch2.bound_checks(law3, law3, epsilon=0.1, delta=0.05)

@@ -246,6 +246,36 @@ def test_zero_vector_defense_refuses_the_probe_but_not_a_tiny_one():
     assert pac.detect_zero_probe(torch.zeros(5, 4), torch.tensor([[0, 1]])).all()
 
 
+def test_one_nonzero_item_does_not_defeat_the_zero_probe_check():
+    """Issue 17.6: with a check on *all* rated items one non-zero vector among zeros would pass."""
+    d = _data(num_users=20)
+    probe = torch.zeros(d.num_items, 4, dtype=F64)
+    probe[d.items[:, 0]] = 1.0                       # every client's first rated item is non-zero
+    for atol in [0.0, 1e-3, 0.5]:
+        assert pac.detect_zero_probe(probe, d.items, atol).all()
+    blocked = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=5, batch_size=5, lr=1.0,
+                                   probe=probe, client=pac.guarded_client_update, num_items=d.num_items)
+    assert not blocked.final.any()
+    # lifting every rated item just above atol passes (exercise ch2-ex-tiny)
+    atol = 1e-3
+    lifted = 2 * atol * torch.nn.functional.normalize(torch.randn(d.num_items, 4, dtype=F64,
+                                                                  generator=torch.Generator().manual_seed(0)), dim=1)
+    assert not pac.detect_zero_probe(lifted, d.items, atol).any()
+    honest = torch.randn(d.num_items, 4, dtype=F64, generator=torch.Generator().manual_seed(1))
+    assert not pac.detect_zero_probe(honest, d.items, 1e-6).any()
+    with pytest.raises(ValueError, match="atol"):
+        pac.detect_zero_probe(honest, d.items, -1.0)
+
+
+def test_proposition1_on_the_rated_items():
+    d = _data(num_users=30)
+    g = torch.Generator().manual_seed(0)
+    u_hat = d.user_vectors + 0.8 * torch.randn(30, 4, dtype=F64, generator=g)
+    out = pac.proposition1_check(u_hat, d.user_vectors, d.item_vectors, d.y, items=d.items)
+    assert out["holds"].all() and not out["eta"].any()              # the generating u_c fits its labels
+    assert torch.allclose(out["err_hat"], out["eps"])               # so the error is the disagreement
+
+
 # ------------------------------------------------------------------ bad input
 def test_bad_arguments_raise_value_errors_naming_them():
     d = _data(num_users=4)
@@ -274,3 +304,98 @@ def test_bad_arguments_raise_value_errors_naming_them():
     with pytest.raises(ValueError, match="batch_size"):
         rec.protocol3_client_update(d.user_vectors, torch.zeros(d.num_items, 4, dtype=F64), d.items, d.y,
                                  local_epochs=1, batch_size=3, lr=0.1)
+
+
+# ------------------------------------------------------------------ the exact law of the estimate (App. A.3-A.4)
+def test_likes_pmf_is_the_convolution_of_hypergeometric_batches():
+    for T in [1, 3, 70, 130]:                       # 130 * 5 labels: the FFT branch
+        pmf = pac.likes_pmf(T, 0.3, 5, 20)
+        direct = np.array([1.0])
+        one = stats.hypergeom.pmf(np.arange(6), 20, 6, 5)
+        for _ in range(T):
+            direct = np.convolve(direct, one)
+        assert pmf.shape == (5 * T + 1,) and np.allclose(pmf, direct, atol=1e-13)
+    # B = 1: binomial
+    assert np.allclose(pac.likes_pmf(40, 0.35, 1, 20), stats.binom.pmf(np.arange(41), 40, 0.35), atol=1e-13)
+    with pytest.raises(ValueError, match="num_interactions"):
+        pac.likes_pmf(0, 0.3, 5, 20)
+
+
+def test_event_E1_of_the_real_attack_matches_its_exact_probability():
+    """Noise-free Protocol 2 returns m_T u_c exactly; the frequency of m_T <= beta (not E1, Eq. 6) over
+    independent runs matches label_mean_tail."""
+    p, B, N, trials, beta, T = 0.3, 2, 20, 4000, 0.2, 12
+    d = rec.make_synthetic(1, 60, 3, N, p, seed=1)
+    U = d.user_vectors.expand(trials, -1)
+    res = pac.protocol2_attack(U, d.items.expand(trials, -1), d.y.expand(trials, -1), num_interactions=T,
+                               batch_size=B, lr=1.0, generator=torch.Generator().manual_seed(3))
+    m = (res.final * U).sum(1) / (U * U).sum(1)
+    exact = pac.label_mean_tail([T], p, B, N, beta)[0]
+    assert 0.05 < exact < 0.5
+    assert abs(float((m <= beta + 1e-12).double().mean()) - exact) < 4 * math.sqrt(exact * (1 - exact) / trials)
+    assert pac.label_mean_tail([T], p, B, N, 0.0)[0] == pac.theorem1_exact_failure([T], p, B, N)[0]
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_attack_law_matches_the_simulated_attack(protocol):
+    """AttackLaw's failure probabilities equal the frequencies of the real, simulated attack."""
+    d = rec.make_synthetic(1, 120, 4, 20, 0.2, seed=4)
+    sigma, B, trials, eps = (0.3, 5, 3000, 0.05) if protocol == 2 else (0.6, 10, 3000, 0.05)
+    law = pac.AttackLaw(d.user_vectors[0], d.item_vectors, pref_rate=0.2, num_rated=20, batch_size=B, sigma=sigma,
+                        lr=1.0, loss="hinge", protocol=protocol, num_draws=40000, seed=0)
+    T_grid = [2, 8]
+    T, err = pac.attack_error_curve(d.user_vectors, d.items, d.y, d.item_vectors, num_trials=trials,
+                                    num_interactions=8, batch_size=B, lr=1.0, loss="hinge", sigma=sigma,
+                                    record_at=T_grid, protocol=protocol, seed=5)
+    for j, t in enumerate(T_grid):
+        want = law.fail(t, "error", epsilon=eps)
+        got = float((err[j, 0] > eps).double().mean())
+        assert 0.02 < want < 0.98 or t == 8
+        assert abs(got - want) < 4 * math.sqrt(want * (1 - want) / trials) + 0.01, (t, got, want)
+    if protocol == 3:   # the noise term (b) is u_hat - (1 - 2 p_c) u_c: event E of Eq. (10), measured
+        U, tau = d.user_vectors.expand(trials, -1), law.tau(0.1)
+        T_half = law.needed("E2", 0.5, tau=tau)                 # where E fails about half the time
+        res = pac.protocol3_attack(U, d.items.expand(trials, -1), d.y.expand(trials, -1), num_interactions=T_half,
+                                   batch_size=B, lr=1.0, loss="hinge", sigma=sigma,
+                                   generator=torch.Generator().manual_seed(6))
+        noise = res.final - law.multiplier * U
+        got = float(((noise @ d.item_vectors.T).abs().max(1).values >= law.multiplier * tau).double().mean())
+        want = law.fail(T_half, "E2", tau=tau)
+        assert 0.05 < want < 0.95 and abs(got - want) < 4 * math.sqrt(want * (1 - want) / trials) + 0.01
+
+
+def test_attack_law_events_are_nested_and_validate():
+    d = rec.make_synthetic(1, 150, 4, 20, 0.2, seed=0)
+    law = pac.AttackLaw(d.user_vectors[0], d.item_vectors, pref_rate=0.2, num_rated=20, batch_size=5, sigma=0.2,
+                        lr=1.0, loss="hinge", num_draws=5000)
+    tau, beta = law.tau(0.1), 0.3
+    assert tau == pytest.approx(float(pac.tau_c(0.1, d.user_vectors, d.item_vectors)[0]))
+    for T in [1, 5, 20, 80]:
+        f = {e: law.fail(T, e, epsilon=0.1, tau=tau, beta=beta) for e in law.EVENTS}
+        # E1 and E2 imply every item above tau is right, which implies error <= eps (tau_c is a supremum
+        # and Eqs. 6-7 are strict: the item at tau itself is right)
+        assert f["error"] <= f["above_tau"] + 1e-12 <= f["E1E2"] + 2e-12
+        assert max(f["E1"], f["E2"]) <= f["E1E2"] + 1e-12
+    assert law.needed("error", 0.05, epsilon=0.1) <= law.needed("E1E2", 0.05, tau=tau, beta=beta)
+    with pytest.raises(ValueError, match="event"):
+        law.fail(3, "E3")
+    with pytest.raises(ValueError, match="beta"):
+        law.fail(3, "E1")
+    with pytest.raises(ValueError, match="protocol"):
+        pac.AttackLaw(d.user_vectors[0], d.item_vectors, pref_rate=0.2, num_rated=20, batch_size=5, sigma=0.2,
+                      lr=1.0, loss="hinge", protocol=1)
+    with pytest.raises(ValueError, match="sigma"):
+        pac.AttackLaw(d.user_vectors[0], d.item_vectors, pref_rate=0.2, num_rated=20, batch_size=5, sigma=0.0,
+                      lr=1.0, loss="hinge")
+
+
+def test_theorem2_optimal_beta_minimises_the_bound():
+    kw = dict(pref_rate=0.2, batch_size=5, delta=0.05, sigma=0.2, item_norm_bound=2.0, num_items=100, lr=1.0,
+              loss="hinge", tau=0.1)
+    b = pac.theorem2_optimal_beta(**kw)
+    T, t1, t2 = pac.theorem2_num_interactions(beta=b, return_terms=True, **kw)
+    assert t1 == pytest.approx(t2)
+    grid = np.linspace(0.001, 0.599, 500)
+    assert T <= min(pac.theorem2_num_interactions(beta=float(g), **kw) for g in grid) + 1e-9
+    with pytest.raises(ValueError, match="sigma"):
+        pac.theorem2_optimal_beta(**{**kw, "sigma": 0.0})

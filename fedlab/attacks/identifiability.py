@@ -25,7 +25,8 @@ from fedlab.fl.recsys.ratings import (DTYPE, protocol1_client_update, protocol3_
 
 __all__ = ["PACAttackResult", "protocol2_attack", "protocol3_attack", "estimate_user_vectors", "sign_rule",
            "sign_error", "tau_c", "max_item_norm", "theorem1_num_interactions", "theorem1_failure_bound",
-           "theorem1_exact_failure", "theorem2_num_interactions", "theorem3_num_interactions",
+           "theorem1_exact_failure", "likes_pmf", "label_mean_tail", "theorem2_num_interactions",
+           "theorem2_optimal_beta", "theorem3_num_interactions", "AttackLaw",
            "proposition1_check", "detect_zero_probe", "guarded_client_update",
            "attack_error_curve"]
 
@@ -302,27 +303,81 @@ def theorem1_failure_bound(num_interactions, pref_rate, batch_size: int):
     return np.exp(-2 * T * batch_size * (0.5 - p) ** 2)
 
 
+def _hypergeom_pmf(pref_rate: float, batch_size: int, num_rated: int) -> np.ndarray:
+    """``[B + 1]`` pmf of the number of likes in one batch of ``B`` of the ``N`` rated items drawn without
+    replacement (``round(p_c N)`` likes in ``S_c``)."""
+    K = int(round(pref_rate * num_rated))
+    return np.array([math.comb(K, x) * math.comb(num_rated - K, batch_size - x) for x in range(batch_size + 1)],
+                    dtype=float) / math.comb(num_rated, batch_size)
+
+
+def _conv_power(pmf1: np.ndarray, T: int) -> np.ndarray:
+    """The ``T``-fold convolution of a pmf (binary powers; FFT convolution once arrays are long, with
+    round-off below ``1e-15`` clipped to zero)."""
+    from scipy.signal import fftconvolve
+
+    def conv(a, b):
+        if min(a.size, b.size) < 64:
+            return np.convolve(a, b)
+        out = np.clip(fftconvolve(a, b), 0.0, None)
+        return out / out.sum()
+
+    out, base, t = np.array([1.0]), pmf1, int(T)
+    while t:
+        if t & 1:
+            out = conv(out, base)
+        t >>= 1
+        if t:
+            base = conv(base, base)
+    return out
+
+
+def likes_pmf(num_interactions: int, pref_rate: float, batch_size: int, num_rated: int) -> np.ndarray:
+    """Exact pmf ``[T B + 1]`` of the number of likes among the ``T B`` labels that Protocol 2 uses in
+    ``T`` interactions (London 2020, App. A.2): each batch draws ``B`` of the ``N = num_rated`` items
+    without replacement (hypergeometric), batches are independent, so the law is a ``T``-fold
+    convolution. ``pref_rate`` may lie anywhere in ``(0, 1)`` here.
+    Raises ``ValueError`` for ``num_interactions < 1``, ``batch_size`` outside ``[1, num_rated]`` or
+    ``pref_rate`` outside ``(0, 1)``."""
+    T = int(num_interactions)
+    if T < 1:
+        raise ValueError(f"num_interactions must be >= 1, got {num_interactions}")
+    if not 1 <= batch_size <= num_rated:
+        raise ValueError(f"batch_size must be in [1, num_rated={num_rated}], got {batch_size}")
+    if not 0 < pref_rate < 1:
+        raise ValueError(f"pref_rate must lie in (0, 1), got {pref_rate}")
+    return _conv_power(_hypergeom_pmf(float(pref_rate), int(batch_size), int(num_rated)), T)
+
+
+def label_mean_tail(num_interactions: Sequence[int], pref_rate: float, batch_size: int, num_rated: int,
+                    level: float = 0.0) -> np.ndarray:
+    """Exact probability that the label multiplier of Protocol 2, ``m_T = -(1/TB) sum_t sum_{i in B_t} y_i
+    = 1 - 2 p_hat``, is at most ``level`` (London 2020, App. A.2-A.3): ``level = 0`` is the failure of
+    Theorem 1, ``level = beta`` the event ``not E1`` of Eq. (6) in the proof of Theorem 2.
+    Returns ``[len(num_interactions)]``. Raises ``ValueError`` for ``pref_rate`` outside ``(0, 1/2)``,
+    ``level`` outside ``[0, 1)`` and the errors of :func:`likes_pmf`."""
+    p = float(_check_pref_rate(pref_rate))
+    if not 0 <= level < 1:
+        raise ValueError(f"level must lie in [0, 1), got {level}")
+    out = []
+    for t in [int(t) for t in num_interactions]:
+        pmf = likes_pmf(t, p, batch_size, num_rated)
+        likes = np.arange(pmf.size)
+        # m_T <= level  <=>  likes >= T B (1 - level) / 2
+        out.append(float(pmf[likes >= t * batch_size * (1 - level) / 2 - 1e-9].sum()))
+    return np.array(out)
+
+
 def theorem1_exact_failure(num_interactions: Sequence[int], pref_rate: float, batch_size: int,
                            num_rated: int) -> np.ndarray:
     """Exact probability that Protocol 2 fails to recover the signs (noise-free): the number of likes
-    among the ``T B`` labels used is at least ``T B / 2``. Each batch draws ``B`` of the ``N`` rated items
-    without replacement (hypergeometric number of likes, ``p_c N`` likes in ``S_c``); batches are
-    independent, so the total is the ``T``-fold convolution. Returns ``[len(num_interactions)]``.
+    among the ``T B`` labels used is at least ``T B / 2`` (:func:`label_mean_tail` at ``level = 0``).
+    Returns ``[len(num_interactions)]``. Raises ``ValueError`` as :func:`label_mean_tail`.
     """
     p = float(_check_pref_rate(pref_rate))
     if not 1 <= batch_size <= num_rated:
         raise ValueError(f"batch_size must be in [1, num_rated={num_rated}], got {batch_size}")
-    K = int(round(p * num_rated))
-    pmf1 = np.array([math.comb(K, x) * math.comb(num_rated - K, batch_size - x) for x in range(batch_size + 1)],
-                    dtype=float) / math.comb(num_rated, batch_size)            # hypergeometric pmf
-    Ts = [int(t) for t in num_interactions]
-    out, pmf, t_cur = {}, np.array([1.0]), 0
-    for t in sorted(set(Ts)):
-        while t_cur < t:
-            pmf, t_cur = np.convolve(pmf, pmf1), t_cur + 1
-        likes = np.arange(pmf.size)
-        out[t] = float(pmf[2 * likes >= t * batch_size].sum())
-    return np.array([out[t] for t in Ts])
+    return label_mean_tail(num_interactions, p, batch_size, num_rated, 0.0)
 
 
 def theorem2_num_interactions(pref_rate: float, batch_size: int, delta: float, beta: float, sigma: float,
@@ -365,37 +420,265 @@ def theorem3_num_interactions(pref_rate: float, num_rated: int, delta: float, si
         num_rated * (lr * (1 - 2 * p) * loss_derivative_at_zero(loss) * tau) ** 2)
 
 
+def theorem2_optimal_beta(pref_rate: float, batch_size: int, delta: float, sigma: float, item_norm_bound: float,
+                          num_items: int, lr: float, loss: str, tau: float) -> float:
+    """The ``beta`` in ``(0, 1 - 2 p_c)`` that minimises Theorem 2's ``T`` (London 2020, Sec. 4.2).
+
+    The first term ``c1 / (a - beta)^2`` grows and the second ``c2 / beta^2`` falls with ``beta``
+    (``a = 1 - 2 p_c``), so the maximum is smallest where they are equal:
+    ``beta* = a sqrt(c2) / (sqrt(c1) + sqrt(c2))``. Raises ``ValueError`` naming the argument
+    (``sigma`` must be > 0: without noise the best ``beta`` tends to 0 and Theorem 1 applies)."""
+    p = float(_check_pref_rate(pref_rate))
+    _check_open_unit("delta", delta)
+    _check_positive("sigma", sigma)
+    _check_positive("tau", tau)
+    _check_positive("lr", lr)
+    c1 = 2 * math.log(2 / delta) / batch_size
+    c2 = 2 * sigma ** 2 * item_norm_bound ** 2 * math.log(4 * num_items / delta) / (
+        batch_size * (lr * loss_derivative_at_zero(loss) * tau) ** 2)
+    a = 1 - 2 * p
+    return a * math.sqrt(c2) / (math.sqrt(c1) + math.sqrt(c2))
+
+
+class AttackLaw:
+    """The exact law of the server's estimate after ``T`` interactions of Protocol 2 (``protocol=2``,
+    Theorem 2) or Protocol 3 (``protocol=3``, Theorem 3) against one client (London 2020, App. A.3-A.4).
+
+    The proofs split the sign-corrected estimate into (a) + (b): ``u_hat = m_T u_c + s_T g`` with
+    ``m_T = 1 - 2 p_hat`` (Protocol 2: ``p_hat`` the like rate of the ``T B`` labels used, whose exact
+    law is :func:`likes_pmf`; Protocol 3: ``m_T = 1 - 2 p_c`` exactly), ``g ~ N(0, I_k)`` independent of
+    the labels, and ``s_T = sigma / (|lr l'(0)| sqrt(T n))`` with ``n = B`` (Protocol 2) or ``N``
+    (Protocol 3). Only ``g`` is Monte Carlo (``num_draws`` draws, seeded); everything that depends on
+    the labels is exact. ``tests/test_identifiability.py`` checks this law against the simulated attack.
+
+    :meth:`fail` gives the probability that an event of the proof, or the attack itself, fails at ``T``;
+    :meth:`needed` the smallest ``T`` at which that probability is at most ``delta``.
+
+    Shapes: ``user_vector [k]``, ``item_vectors [I, k]`` (the catalog of Definition 1). Raises
+    ``ValueError`` naming the argument for ``protocol`` not 2 or 3, ``sigma <= 0``, ``num_draws < 1``,
+    mismatched ``k``, ``pref_rate`` outside ``(0, 1/2)``, ``batch_size`` outside ``[1, num_rated]``.
+    """
+
+    EVENTS = ("E1", "E2", "E1E2", "above_tau", "error")
+
+    def __init__(self, user_vector: torch.Tensor, item_vectors: torch.Tensor, *, pref_rate: float, num_rated: int,
+                 batch_size: int, sigma: float, lr: float, loss: str, protocol: int = 2, num_draws: int = 20000,
+                 seed: int = 0):
+        if protocol not in (2, 3):
+            raise ValueError(f"protocol must be 2 or 3, got {protocol}")
+        _check_positive("sigma", sigma)
+        _check_positive("lr", lr)
+        if int(num_draws) < 1:
+            raise ValueError(f"num_draws must be >= 1, got {num_draws}")
+        if not 1 <= batch_size <= num_rated:
+            raise ValueError(f"batch_size must be in [1, num_rated={num_rated}], got {batch_size}")
+        u = torch.as_tensor(user_vector, dtype=DTYPE).reshape(-1)
+        if item_vectors.ndim != 2 or item_vectors.shape[1] != u.numel():
+            raise ValueError(f"item_vectors must be [I, k={u.numel()}], got {tuple(item_vectors.shape)}")
+        self.pref_rate = float(_check_pref_rate(pref_rate))
+        self.num_rated, self.batch_size, self.protocol = int(num_rated), int(batch_size), int(protocol)
+        self.sigma, self.lr, self.loss = float(sigma), float(lr), loss
+        V = item_vectors.to(DTYPE).numpy()
+        self.margins = V @ u.numpy()                                          # a_i = u_c . v_i, [I]
+        self.norms = np.linalg.norm(V, axis=1)                                # ||v_i||, [I]
+        self.num_items, self.item_norm_bound = V.shape[0], float(self.norms.max())   # I and M
+        self._pmf_cache: dict = {}
+        g = np.random.default_rng(int(seed)).standard_normal((int(num_draws), u.numel()))
+        proj = g @ V.T                                                        # g . v_i, [S, I]
+        self.max_proj = np.abs(proj).max(axis=1)                              # [S]
+        # item i flips sign iff s / m >= |a_i| / |g . v_i| and g . v_i opposes a_i
+        with np.errstate(divide="ignore"):
+            thr = np.where(proj * self.margins < 0, np.abs(self.margins) / np.abs(proj), np.inf)
+        self.thresholds = np.sort(thr, axis=1)                                # [S, I]
+        self._thr_unsorted = thr
+        self._lp0 = abs(lr * loss_derivative_at_zero(loss))
+        self._n = self.batch_size if protocol == 2 else self.num_rated
+        self.multiplier = 1 - 2 * round(self.pref_rate * self.num_rated) / self.num_rated   # 1 - 2 p_c
+
+    def tau(self, epsilon: float) -> float:
+        """``tau_c(epsilon)`` of this client on this catalog, as :func:`tau_c` computes it (from the
+        margins this object holds, so that the item at ``tau`` counts as ``>= tau``)."""
+        if not 0 <= epsilon <= 1:
+            raise ValueError(f"epsilon must lie in [0, 1], got {epsilon}")
+        j = int(math.floor(epsilon * self.num_items + 1e-9))    # as tau_c, on the same float64 margins
+        return math.inf if j >= self.num_items else float(np.sort(np.abs(self.margins))[j])
+
+    def bound(self, epsilon: float, delta: float, beta: float | None = None, return_terms: bool = False):
+        """The theorem's ``T`` for this client (Theorem 2 through :func:`theorem2_num_interactions` with
+        ``beta``, default :func:`theorem2_optimal_beta`; Theorem 3 through :func:`theorem3_num_interactions`).
+        With ``return_terms`` (Theorem 2 only) returns ``(T, t1, t2)``."""
+        tau = self.tau(epsilon)
+        if self.protocol == 3:
+            return theorem3_num_interactions(self.pref_rate, self.num_rated, delta, self.sigma, self.item_norm_bound,
+                                             self.num_items, self.lr, self.loss, tau)
+        if beta is None:
+            beta = theorem2_optimal_beta(self.pref_rate, self.batch_size, delta, self.sigma, self.item_norm_bound,
+                                         self.num_items, self.lr, self.loss, tau)
+        return theorem2_num_interactions(self.pref_rate, self.batch_size, delta, beta, self.sigma,
+                                         self.item_norm_bound, self.num_items, self.lr, self.loss, tau,
+                                         return_terms=return_terms)
+
+    def noise_scale(self, num_interactions) -> np.ndarray:
+        """``s_T = sigma / (|lr l'(0)| sqrt(T n))``: the std of term (b) per coordinate."""
+        return self.sigma / (self._lp0 * np.sqrt(np.asarray(num_interactions, dtype=float) * self._n))
+
+    def _prob_multiplier_at_most(self, T: int, x: np.ndarray) -> np.ndarray:
+        """``P(m_T <= x)`` for each entry of ``x``: exact, except that a probability Hoeffding's
+        inequality puts below ``1e-13`` (or above ``1 - 1e-13``) is returned as 0 (or 1) without
+        computing the law of the label count."""
+        x = np.asarray(x, dtype=float)
+        if self.protocol == 3:
+            return (self.multiplier <= x).astype(float)
+        TB, p = T * self.batch_size, self.pref_rate
+        gap = (1 - x) / 2 - p                      # m <= x  <=>  p_hat >= p + gap
+        hoeff = np.exp(-2 * TB * gap ** 2)
+        out = np.where(gap > 0, 0.0, 1.0)
+        unsure = hoeff >= 1e-13
+        if not unsure.any():
+            return out
+        if T not in self._pmf_cache:
+            pmf = likes_pmf(T, p, self.batch_size, self.num_rated)
+            self._pmf_cache[T] = np.concatenate([np.cumsum(pmf[::-1])[::-1], [0.0]])   # sf[L] = P(likes >= L)
+        sf = self._pmf_cache[T]
+        L0 = np.ceil(np.clip(TB * (1 - x[unsure]) / 2 - 1e-9, 0, TB + 1)).astype(int)  # likes >= TB(1-x)/2
+        out[unsure] = sf[np.minimum(L0, TB + 1)]
+        return out
+
+    def _tau_threshold(self, tau: float) -> np.ndarray:
+        above = np.abs(self.margins) >= tau
+        return self._thr_unsorted[:, above].min(axis=1) if above.any() else np.full(len(self.max_proj), np.inf)
+
+    def fail(self, num_interactions: int, event: str = "error", *, epsilon: float | None = None,
+             tau: float | None = None, beta: float | None = None) -> float:
+        """Probability that ``event`` fails after ``T = num_interactions`` interactions:
+
+        * ``"E1"``: Eq. (6) fails, ``m_T <= beta`` (exact; Protocol 2);
+        * ``"E2"``: Eq. (7) (Protocol 2, needs ``beta``) or Eq. (10) (Protocol 3, level ``1 - 2 p_c``)
+          fails for some item, ``s_T max_i |g . v_i| >= level * tau``;
+        * ``"E1E2"``: ``not (E1 and E2)`` (labels and noise are independent; Protocol 3: as ``"E2"``);
+        * ``"above_tau"``: some item with ``|u_c . v_i| >= tau`` gets the wrong sign (what E1 and E2
+          are sufficient for);
+        * ``"error"``: Definition 1's error exceeds ``epsilon`` (what the theorem promises).
+
+        ``m_T <= 0`` counts as a failure of the last two (every sign flips when ``m_T < 0``). ``beta``
+        may be a sequence: the events are then read at the ``beta`` where they fail least (the proof
+        holds for every ``beta``, so the server may pick the best one).
+        Raises ``ValueError`` for an unknown event or a missing ``epsilon`` / ``tau`` / ``beta``."""
+        T = int(num_interactions)
+        if T < 1:
+            raise ValueError(f"num_interactions must be >= 1, got {num_interactions}")
+        if event not in self.EVENTS:
+            raise ValueError(f"event must be one of {self.EVENTS}, got {event!r}")
+        s = float(self.noise_scale(T))
+        if event in ("E1", "E2", "E1E2"):
+            if self.protocol == 2 and beta is None:
+                raise ValueError("beta is needed for the events E1 and E2 of Theorem 2")
+            if event != "E1" and tau is None:
+                raise ValueError("tau is needed for the event E2")
+            level = np.atleast_1d(np.asarray(beta if self.protocol == 2 else self.multiplier, dtype=float))
+            p1 = self._prob_multiplier_at_most(T, level) if self.protocol == 2 else np.zeros(1)
+            if event == "E1":
+                return float(p1.min())
+            p2 = np.mean(s * self.max_proj[:, None] >= level[None] * tau, axis=0)
+            return float(p2.min() if event == "E2" else (1 - (1 - p1) * (1 - p2)).min())
+        if event == "above_tau":
+            if tau is None:
+                raise ValueError("tau is needed for the event above_tau")
+            h = self._tau_threshold(tau)
+        else:
+            if epsilon is None or not 0 <= epsilon <= 1:
+                raise ValueError(f"epsilon must lie in [0, 1], got {epsilon}")
+            j = int(math.floor(epsilon * self.margins.size + 1e-9))
+            if j >= self.margins.size:
+                return 0.0
+            h = self.thresholds[:, j]                    # the (j+1)-th item to flip
+        with np.errstate(divide="ignore"):
+            x = np.where(np.isinf(h), 0.0, s / h)
+        return float(np.mean(self._prob_multiplier_at_most(T, x)))
+
+    def needed(self, event: str = "error", delta: float = 0.05, *, t_max: int = 10 ** 9, **kw) -> int:
+        """The smallest ``T`` with :meth:`fail` ``<= delta`` (doubling, then bisection; the failure
+        probability falls with ``T`` up to the lattice wiggles of the label count). Raises ``ValueError``
+        for ``delta`` outside (0, 1) or when no ``T <= t_max`` suffices."""
+        _check_open_unit("delta", delta)
+        ok = lambda t: self.fail(t, event, **kw) <= delta     # noqa: E731
+        if ok(1):
+            return 1
+        lo, hi = 1, 2
+        while not ok(hi):
+            lo, hi = hi, 2 * hi
+            if hi > t_max:
+                raise ValueError(f"no T <= t_max={t_max} makes {event} fail with probability <= {delta}")
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+        return hi
+
+    def union_bound_needed(self, level: float, tau: float, share: float, norms: np.ndarray | None = None) -> float:
+        """The smallest real ``T`` at which the proofs' union bound
+        ``sum_i 2 exp(-(level tau)^2 / (2 s_T^2 ||v_i||^2)) <= share`` holds, with the items' own norms
+        (default) or any ``norms [I]`` (``M`` for every item gives the theorems' term back)."""
+        nv = self.norms if norms is None else np.asarray(norms, dtype=float)
+        c = (level * tau) ** 2 * self._lp0 ** 2 * self._n / (2 * self.sigma ** 2)     # exponent per unit T
+        f = lambda t: np.sum(2 * np.exp(-c * t / nv ** 2)) - share        # noqa: E731
+        lo, hi = 1e-9, 1.0
+        while f(hi) > 0:
+            hi *= 2
+        for _ in range(200):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (lo, mid) if f(mid) <= 0 else (mid, hi)
+            if hi / lo < 1 + 1e-12:
+                break
+        return hi
+
+
 def proposition1_check(u_hat: torch.Tensor, user_vectors: torch.Tensor, item_vectors: torch.Tensor,
-                       labels: torch.Tensor) -> dict:
-    """Proposition 1 (London 2020): if ``u_c`` errs on a fraction ``eta`` of the catalog labels and
-    ``u_hat`` disagrees with ``u_c`` in sign on a fraction ``eps`` (Definition 1), then ``u_hat`` errs on
-    at most ``eps + eta``. Returns per-user tensors ``eps``, ``eta``, ``err_hat`` (``[C]``) and ``holds``
-    (bool ``[C]``, ``err_hat <= eps + eta``)."""
+                       labels: torch.Tensor, items: torch.Tensor | None = None) -> dict:
+    """Proposition 1 (London 2020): if ``u_c`` errs on a fraction ``eta`` of the labels and ``u_hat``
+    disagrees with ``u_c`` in sign on a fraction ``eps`` of the same items, then ``u_hat`` errs on at
+    most ``eps + eta``. This is a triangle inequality that holds item by item (App. A.1), so the check
+    is deterministic: it tests the code, not the attack.
+
+    Over the catalog (``labels [C, I]``) or, with ``items [C, N]``, over each client's rated items
+    ``S_c`` (``labels [C, N]``): how well the stolen vector predicts the client's own data. Returns
+    per-user tensors ``eps``, ``eta``, ``err_hat`` (``[C]``) and ``holds`` (bool ``[C]``)."""
     from fedlab.fl.recsys.ratings import prediction_error
 
-    eps = sign_error(u_hat, user_vectors, item_vectors)
-    eta = prediction_error(user_vectors, item_vectors, labels)
-    err_hat = prediction_error(u_hat, item_vectors, labels)
+    if items is None:
+        eps = sign_error(u_hat, user_vectors, item_vectors)
+    else:
+        V = item_vectors.to(DTYPE)
+        truth = torch.sign(user_vectors.to(DTYPE) @ V.T).gather(1, items)
+        eps = (torch.sign(u_hat.to(DTYPE) @ V.T).gather(1, items) != truth).to(DTYPE).mean(1)
+    eta = prediction_error(user_vectors, item_vectors, labels, items)
+    err_hat = prediction_error(u_hat, item_vectors, labels, items)
     return {"eps": eps, "eta": eta, "err_hat": err_hat, "holds": err_hat <= eps + eta + 1e-12}
 
 
 # ----------------------------------------------------------------------------------------------
 # defense
 def detect_zero_probe(item_vectors: torch.Tensor, items: torch.Tensor, atol: float = 0.0) -> torch.Tensor:
-    """Client-side check (London 2020, Sec. 4.1: the attack is easy to detect): ``True`` for each client
-    whose received vectors of all its rated items have norm ``<= atol``. ``item_vectors [I, k]`` or
-    ``[C, I, k]``, ``items [C, N]``; returns bool ``[C]``."""
+    """Client-side check (London 2020, Sec. 4.1: the attack is straightforward for a client to detect):
+    ``True`` for each client that received a vector of norm ``<= atol`` for *any* of its rated items.
+
+    A check on *all* rated items would be defeated by one non-zero item vector among the zeros, for
+    any ``atol``; with *any*, the server has to lift every rated item above ``atol`` (the tiny probe
+    of exercise ch2-ex-tiny). An honestly trained catalog has no zero item vector, so honest rounds
+    pass. ``item_vectors [I, k]`` or ``[C, I, k]``, ``items [C, N]``; returns bool ``[C]``.
+    Raises ``ValueError`` for ``atol < 0``."""
+    if not atol >= 0:
+        raise ValueError(f"atol must be >= 0, got {atol}")
     if item_vectors.ndim == 2:
         V = item_vectors[items]
     else:
         V = item_vectors.gather(1, items[..., None].expand(-1, -1, item_vectors.shape[-1]))
-    return (V.norm(dim=-1) <= atol).all(dim=-1)
+    return (V.norm(dim=-1) <= atol).any(dim=-1)
 
 
 def guarded_client_update(user_vectors, item_vectors, items, y, *, local_steps, batch_size, lr, loss="log",
                           generator=None, atol: float = 0.0):
-    """:func:`~fedlab.fl.recsys.ratings.protocol1_client_update` behind the zero-vector check: a client that
-    receives all-zero item vectors (norm ``<= atol``) for its rated items refuses to train and returns
+    """:func:`~fedlab.fl.recsys.ratings.protocol1_client_update` behind :func:`detect_zero_probe`: a client
+    that receives a vector of norm ``<= atol`` for any of its rated items refuses to train and returns
     zero deltas with its user vector unchanged. Same signature and return value."""
     u_new, deltas = protocol1_client_update(user_vectors, item_vectors, items, y, local_steps=local_steps,
                                   batch_size=batch_size, lr=lr, loss=loss, generator=generator)

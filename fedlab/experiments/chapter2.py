@@ -22,7 +22,8 @@ from ..fl.recsys import ratings as rec
 
 __all__ = ["Theorem1Row", "theorem1_sweep", "plot_theorem1", "theorem1_rows", "theorem1_fail_name",
            "theorem1_table", "noisy_error_curves", "noisy_panels", "noisy_summary", "attack_error_panel",
-           "probe_defense", "secagg_experiment"]
+           "probe_defense", "secagg_experiment", "slack_chain", "bound_checks",
+           "bound_checks_table", "slack_table", "epsilon_sweep", "plot_epsilon_sweep"]
 
 
 def _grid(t_max: int, bounds) -> list[int]:
@@ -209,13 +210,169 @@ def noisy_summary(T, err: torch.Tensor, sigmas: Sequence[float], T_bound: Mappin
     return out
 
 
+def slack_chain(law: "pac.AttackLaw", *, epsilon: float, delta: float, beta_grid: int = 49) -> dict:
+    """Where the slack of Theorem 2 (``law.protocol == 2``) or Theorem 3 (``3``) goes, one step of the
+    proof (London 2020, App. A.3-A.4) at a time: each stage is the smallest ``T`` at which a weaker
+    requirement holds with probability ``>= 1 - delta``.
+
+    * ``"paper"``: the theorem's ``T`` (Theorem 2 with the chapter's ``beta = (1 - 2 p_c) / 2``);
+    * ``"beta*"``: the theorem with the best ``beta`` (:func:`~fedlab.attacks.identifiability.theorem2_optimal_beta`;
+      Theorem 3 has no ``beta``);
+    * ``"norms"``: the union bound with each item's own ``||v_i||`` instead of ``M`` (``beta`` re-optimised);
+    * ``"events"``: the exact probability of the proof's events (E1 and E2, or Eq. 10 for all items): no
+      Hoeffding, Gaussian tail or union bound, no split of ``delta`` (``beta`` the best of a grid);
+    * ``"above_tau"``: every item with ``|u_c . v_i| >= tau_c(eps)`` gets the right sign (what the
+      events are sufficient for);
+    * ``"error"``: Definition 1's error is at most ``eps`` (what the theorem promises).
+
+    Returns ``{"T": {stage: T}, "factor": {"beta", "M", "tails", "events", "epsilon": ratio of
+    consecutive stages}, "total": paper / error, "tau": tau_c(eps), "beta": the grid's best beta}``; the
+    factors multiply to the total. Raises ``ValueError`` for ``delta`` outside (0, 1) or ``epsilon``
+    outside [0, 1)."""
+    delta = in_range("delta", delta, 0.0, 1.0)
+    epsilon = in_range("epsilon", epsilon, 0.0, 1.0, low_closed=True)
+    tau = law.tau(epsilon)
+    a = law.multiplier
+    if law.protocol == 2:
+        T_paper = law.bound(epsilon, delta, beta=0.5 * a)
+        T_beta = law.bound(epsilon, delta)
+        c1 = 2 * math.log(2 / delta) / law.batch_size                  # t1 = c1 / (a - beta)^2
+        U1 = law.union_bound_needed(1.0, tau, delta / 2)                 # union term = U1 / beta^2
+        b = a * math.sqrt(U1) / (math.sqrt(c1) + math.sqrt(U1))
+        T_norms = max(c1 / (a - b) ** 2, U1 / b ** 2)
+        betas = a * np.linspace(0.02, 0.98, beta_grid)
+        T_events = law.needed("E1E2", delta, tau=tau, beta=betas)
+        best_beta = float(betas[np.argmin([law.fail(T_events, "E1E2", tau=tau, beta=bb) for bb in betas])])
+    else:
+        T_paper = T_beta = law.bound(epsilon, delta)
+        T_norms = law.union_bound_needed(a, tau, delta)
+        T_events, best_beta = law.needed("E1E2", delta, tau=tau), None
+    T = {"paper": T_paper, "beta*": T_beta, "norms": T_norms, "events": float(T_events),
+         "above_tau": float(law.needed("above_tau", delta, tau=tau)),
+         "error": float(law.needed("error", delta, epsilon=epsilon))}
+    names = ["beta", "M", "tails", "events", "epsilon"]
+    vals = list(T.values())
+    factor = {n: vals[i] / vals[i + 1] for i, n in enumerate(names)}
+    return {"T": T, "factor": factor, "total": T_paper / T["error"], "tau": tau, "beta": best_beta}
+
+
+def bound_checks(law2: "pac.AttackLaw", law3: "pac.AttackLaw", *, epsilon: float, delta: float,
+                 thm1_pref_rate: float = 0.4, thm1_num_rated: int = 20) -> dict:
+    """Checks of Theorems 1-3 that a wrong constant breaks (London 2020, App. A.2-A.4): each theorem's
+    ``T`` (and each term of Theorem 2's maximum on its own) is read from the bound functions of
+    :mod:`fedlab.attacks.identifiability`, and the probability that the event that term controls
+    fails there is computed exactly or by :class:`~fedlab.attacks.identifiability.AttackLaw`:
+
+    * ``"thm1"``: Theorem 1 at ``p_c = thm1_pref_rate``, ``B = 1`` (where Hoeffding is nearly tight),
+      exact failure, allowed ``delta``;
+    * ``"thm2_E1"``: ``not E1`` at the first term ``t1`` (``beta*``), allowed ``delta / 2``;
+    * ``"thm2_E2"``: ``not E2`` at the second term ``t2``, allowed ``delta / 2``;
+    * ``"thm2_error"``, ``"thm3_error"``: Definition 1's error above ``epsilon`` at the theorem's ``T``,
+      allowed ``delta`` (these pass even for a bound 5x too small: the slack of :func:`slack_chain`);
+    * ``"thm3_events"``: Eq. (10) fails for some item at Theorem 3's ``T``, allowed ``delta``.
+
+    Returns ``{name: (T, measured failure, allowed)}``. Raises ``ValueError`` for a ``law2`` that is
+    not Protocol 2 or a ``law3`` that is not Protocol 3."""
+    if law2.protocol != 2 or law3.protocol != 3:
+        raise ValueError(f"law2 must be Protocol 2 and law3 Protocol 3, got {law2.protocol} and {law3.protocol}")
+    delta = in_range("delta", delta, 0.0, 1.0)
+    T1 = math.ceil(pac.theorem1_num_interactions(thm1_pref_rate, 1, delta))
+    out = {"thm1": (T1, float(pac.theorem1_exact_failure([T1], thm1_pref_rate, 1, thm1_num_rated)[0]), delta)}
+    tau2, tau3 = law2.tau(epsilon), law3.tau(epsilon)
+    beta = pac.theorem2_optimal_beta(law2.pref_rate, law2.batch_size, delta, law2.sigma, law2.item_norm_bound,
+                                     law2.num_items, law2.lr, law2.loss, tau2)
+    T2, t1, t2 = (math.ceil(x) for x in law2.bound(epsilon, delta, beta=beta, return_terms=True))
+    out["thm2_E1"] = (t1, law2.fail(t1, "E1", beta=beta), delta / 2)
+    out["thm2_E2"] = (t2, law2.fail(t2, "E2", beta=beta, tau=tau2), delta / 2)
+    out["thm2_error"] = (T2, law2.fail(T2, "error", epsilon=epsilon), delta)
+    T3 = math.ceil(law3.bound(epsilon, delta))
+    out["thm3_events"] = (T3, law3.fail(T3, "E2", tau=tau3), delta)
+    out["thm3_error"] = (T3, law3.fail(T3, "error", epsilon=epsilon), delta)
+    return out
+
+
+CHECK_LABELS = {"thm1": "Theorem 1, $p_c$ = 0.4, $B$ = 1: P(error > 0) (exact)",
+                "thm2_E1": "Theorem 2, first term $t_1$ alone: P(not $E_1$) (exact)",
+                "thm2_E2": "Theorem 2, second term $t_2$ alone: P(not $E_2$)",
+                "thm2_error": "Theorem 2, $T$: P(error > $\\epsilon$)",
+                "thm3_events": "Theorem 3, $T$: P(Eq. 10 fails for some item)",
+                "thm3_error": "Theorem 3, $T$: P(error > $\\epsilon$)"}
+SLACK_LABELS = {"beta": "$\\beta=(1-2p_c)/2$ vs best $\\beta$", "M": "worst-case norm $M$ vs each $\\|\\mathbf v_i\\|$",
+                "tails": "Hoeffding, Gaussian tail, union bound, $\\delta/2$ split vs exact P($E_1\\wedge E_2$)",
+                "events": "one $\\beta$, one $\\tau$ for all items vs every item above $\\tau_c$ right",
+                "epsilon": "every item above $\\tau_c$ right vs only error $\\le\\epsilon$"}
+
+
+def bound_checks_table(checks: Mapping) -> str:
+    """:func:`bound_checks` as a Markdown table: the check, the ``T`` it is read at, the measured
+    failure probability, what the proof allows there, and the failure at ``0.2 T``'s bound is not
+    shown (the mutation test of ``tests/test_experiments_ch1b_2.py`` runs it)."""
+    head = "| check | $T$ | failure probability | allowed |\n|---|---|---|---|\n"
+    return head + "\n".join(f"| {CHECK_LABELS.get(k, k)} | {T} | {f:.4f} | {a:.3f} |" for k, (T, f, a) in checks.items())
+
+
+def slack_table(chains: Mapping) -> str:
+    """Markdown table of :func:`slack_chain` results ``{column title: chain}``: one row per factor,
+    the ``T`` of the theorem and the ``T`` needed, and the total."""
+    cols = list(chains)
+    head = "| | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n"
+    rows = [f"| $T$ of the theorem (paper's $\\beta$) | " + " | ".join(f"{c['T']['paper']:.0f}" for c in chains.values()) + " |"]
+    rows += [f"| factor: {SLACK_LABELS[n]} | " + " | ".join(f"{c['factor'][n]:.2f}" for c in chains.values()) + " |"
+             for n in SLACK_LABELS]
+    rows += ["| $T$ needed for P(error > $\\epsilon$) $\\le\\delta$ | " +
+             " | ".join(f"{c['T']['error']:.0f}" for c in chains.values()) + " |",
+             "| total: theorem / needed | " + " | ".join(f"{c['total']:.1f}" for c in chains.values()) + " |"]
+    return head + "\n".join(rows)
+
+
+def epsilon_sweep(laws: Mapping, epsilons: Sequence[float], *, delta: float) -> dict:
+    """For each ``{name: AttackLaw}`` and ``eps``: ``tau_c(eps)``, the theorem's ``T`` (Theorem 2 at
+    ``beta = (1 - 2 p_c) / 2`` and at the best ``beta``) and the ``T`` the attack needs for
+    P(error > eps) <= delta (:meth:`~fedlab.attacks.identifiability.AttackLaw.needed`).
+    Returns ``{name: {"tau", "paper", "best_beta", "needed": [len(epsilons)] arrays}}``."""
+    delta = in_range("delta", delta, 0.0, 1.0)
+    out = {}
+    for name, law in laws.items():
+        rows = {"tau": [], "paper": [], "best_beta": [], "needed": []}
+        for eps in epsilons:
+            rows["tau"].append(law.tau(eps))
+            rows["paper"].append(law.bound(eps, delta, beta=0.5 * law.multiplier) if law.protocol == 2
+                                 else law.bound(eps, delta))
+            rows["best_beta"].append(law.bound(eps, delta))
+            rows["needed"].append(law.needed("error", delta, epsilon=eps))
+        out[name] = {k: np.array(v, dtype=float) for k, v in rows.items()}
+    return out
+
+
+def plot_epsilon_sweep(sweep: Mapping, epsilons: Sequence[float]):
+    """The theorem's ``T`` and the ``T`` needed against ``eps`` (log scale), one colour per law of
+    :func:`epsilon_sweep`; ``eps = 0`` is drawn at the left edge. Returns ``(fig, ax)``."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import PALETTE
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    x = np.arange(len(epsilons))
+    for j, (name, r) in enumerate(sweep.items()):
+        col = PALETTE[j]
+        ax.plot(x, r["paper"], "--", color=col, label=f"{name}: theorem's T")
+        if not np.allclose(r["paper"], r["best_beta"]):
+            ax.plot(x, r["best_beta"], ":", color=col, label=f"{name}: theorem, best $\\beta$")
+        ax.plot(x, r["needed"], "o-", color=col, label=f"{name}: needed (exact law)")
+    ax.set(yscale="log", xticks=x, xticklabels=[f"{e:g}" for e in epsilons], xlabel="$\\epsilon$",
+           ylabel="interactions T", title="How many interactions: the theorems against what the attack needs")
+    ax.legend(fontsize=8)
+    return fig, ax
+
+
 def attack_error_panel(pref_rate: float = 0.2, sigma: float = 0.1, batch_size: int = 5, num_interactions: int = 100,
                        *, eps: float, delta: float, num_trials: int, user_seed: int, seed: int, ax=None) -> torch.Tensor:
     """The chapter's widget: Protocol 2 with Eq. (3) noise ``sigma`` against one synthetic user
     (200 items, ``k = 4``, 20 rated, like rate ``pref_rate``; drawn with ``user_seed``), ``num_trials``
     runs of ``num_interactions`` interactions with batches of ``batch_size``, hinge loss, ``alpha = 1``.
     Draws the mean error and P(error > ``eps``) against ``T`` on ``ax`` (a new figure when ``None``)
-    with Theorem 1's ``T`` (``sigma = 0``) or Theorem 2's (``beta = (1 - 2 p_c) / 2``) dotted.
+    with Theorem 2's ``T`` (``beta = (1 - 2 p_c) / 2``) dotted, or, for ``sigma = 0``, P(error > 0) and
+    Theorem 1's ``T`` (which promises error 0); a ``T`` beyond the axis is written, not drawn.
     Returns the errors ``[J, 1, num_trials]``. Raises ``ValueError`` for ``pref_rate`` outside (0, 1/2)."""
     import matplotlib.pyplot as plt
 
@@ -227,6 +384,7 @@ def attack_error_panel(pref_rate: float = 0.2, sigma: float = 0.1, batch_size: i
     Ts, err = pac.attack_error_curve(user.user_vectors, user.items, user.y, user.item_vectors,
                                      num_trials=num_trials, num_interactions=T, batch_size=B, lr=1.0,
                                      loss="hinge", sigma=sigma, record_at=grid, seed=seed)
+    eps = 0.0 if sigma == 0 else eps          # Theorem 1 promises error 0, not error <= eps
     tau_u = float(pac.tau_c(eps, user.user_vectors, user.item_vectors)[0])
     bound = (pac.theorem1_num_interactions(p, B, delta) if sigma == 0 else
              pac.theorem2_num_interactions(p, B, delta, 0.5 * (1 - 2 * p), sigma,
@@ -234,8 +392,12 @@ def attack_error_panel(pref_rate: float = 0.2, sigma: float = 0.1, batch_size: i
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 3.8))
     ax.plot(Ts, err[:, 0].mean(-1).numpy(), label="mean error")
-    ax.plot(Ts, (err[:, 0] > eps).double().mean(-1).numpy(), label="P(error > $\\epsilon$)")
-    ax.axvline(bound, color="k", ls=":", label=f"theorem's T = {bound:.0f}")
+    ax.plot(Ts, (err[:, 0] > eps).double().mean(-1).numpy(), label=f"P(error > {eps:g})")
+    if bound <= T:
+        ax.axvline(bound, color="k", ls=":", label=f"theorem's T = {bound:.0f}")
+    else:
+        ax.annotate(f"theorem's T = {bound:.0f} (beyond the axis)", xy=(T, 0.5), xytext=(0.98, 0.55),
+                    textcoords="axes fraction", ha="right", fontsize=8, arrowprops=dict(arrowstyle="->"))
     ax.axhline(eps, color="gray", ls="--", lw=0.8)
     ax.set(xscale="log", xlim=(1, T), ylim=(-0.02, 1.02), xlabel="interactions T",
            title=f"$p_c$={p}, $\\sigma$={sigma}, B={B}")
