@@ -149,7 +149,24 @@ def test_chapter2_argument_validation():
     with pytest.raises(ValueError, match="num_interactions"):
         ch2.probe_defense(None, None, num_interactions=0, batch_size=1, lr=0.1, loss="log", num_items=10)
     with pytest.raises(ValueError, match="cohorts"):
-        ch2.secagg_experiment(None, None, [0, 2], num_interactions=1, batch_size=1, lr=0.1, loss="log", num_items=10)
+        ch2.secagg_experiment(None, None, [0, 2], batch_size=1, lr=0.1, loss="log", num_items=10)
+
+
+def test_secagg_experiment_and_label_leak_on_a_small_population():
+    data = rec.make_synthetic(40, 60, 4, 20, torch.linspace(0.05, 0.45, 40), seed=1)
+    honest = rec.train_protocol1(data, num_rounds=5, clients_per_round=20, local_steps=2, batch_size=5, lr=0.3,
+                                 loss="log", init_scale=0.3, seed=1)
+    sa = ch2.secagg_experiment(honest, data, [1, 4, 40], batch_size=5, lr=0.3, loss="log", num_items=60, repeats=3,
+                               seed=0)
+    assert sa[1]["exposed"].shape == (120,) and bool((sa[1]["exposed"] == 1).all())   # no cohort: all exposed
+    assert sa[40]["exposed"].shape == (3,) and float(sa[40]["exposed"].mean()) < float(sa[4]["exposed"].mean())
+    rows = ch2.secagg_rows(sa)
+    assert [r[0] for r in rows] == [1, 4, 40] and rows[0][1].startswith("1.000 ± 0.000") and rows[2][2] == 3
+    leak = ch2.label_leak(honest, data, batch_size=5, lr=0.3, loss="log", seed=0)
+    assert leak["revealed"] == 0.25 and leak["all_or_nothing"] == 1.0                  # B = 5 of N = 20
+    assert leak["accuracy"] == pytest.approx(leak["clients_right"])
+    with pytest.raises(ValueError, match="repeats"):
+        ch2.secagg_experiment(honest, data, [2], batch_size=5, lr=0.3, loss="log", num_items=60, repeats=0)
 
 
 # ------------------------------------------------------------------ chapter 2: checks a wrong constant breaks

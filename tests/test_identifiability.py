@@ -399,3 +399,49 @@ def test_theorem2_optimal_beta_minimises_the_bound():
     assert T <= min(pac.theorem2_num_interactions(beta=float(g), **kw) for g in grid) + 1e-9
     with pytest.raises(ValueError, match="sigma"):
         pac.theorem2_optimal_beta(**{**kw, "sigma": 0.0})
+
+
+# ------------------------------------------------------------------ secure aggregation per item, label leakage
+def test_secure_aggregation_reveals_per_item_sums():
+    msgs = torch.arange(4 * 3 * 2, dtype=F64).view(4, 3, 2)
+    items = torch.tensor([[0, 1, 2], [1, 2, 3], [0, 3, 4], [4, 0, 1]])
+    out = pac.secure_aggregate_items(msgs, items, 5, 2)
+    want = torch.zeros(2, 5, 2, dtype=F64)
+    for c in range(4):
+        for n in range(3):
+            want[c // 2, items[c, n]] += msgs[c, n]
+    assert torch.equal(out, want)
+    with pytest.raises(ValueError, match="cohort_size"):
+        pac.secure_aggregate_items(msgs, items, 5, 3)
+    with pytest.raises(ValueError, match="items"):
+        pac.secure_aggregate_items(msgs, items, 4, 2)
+
+
+def test_an_item_one_member_trained_on_exposes_its_vector():
+    u = torch.tensor([[1.0, 2.0, 0.0], [0.0, 1.0, -1.0]], dtype=F64)
+    msgs = torch.stack([torch.stack([0.3 * u[0], -0.1 * u[0]]), torch.stack([0.2 * u[1], 0.5 * u[1]])])
+    shared = pac.secure_aggregate_items(msgs, torch.tensor([[0, 1], [0, 1]]), 3, 2)     # both items shared
+    assert not pac.exposed_members(shared, u).any()
+    alone = pac.secure_aggregate_items(msgs, torch.tensor([[0, 2], [0, 1]]), 3, 2)      # item 2: member 0 only
+    assert pac.exposed_members(alone, u).tolist() == [[True, True]]                      # item 1: member 1 only
+    one = pac.secure_aggregate_items(msgs, torch.tensor([[1, 2], [1, 1]]), 3, 2)      # item 2: member 0 only
+    assert pac.exposed_members(one, u).tolist() == [[True, False]]
+    with pytest.raises(ValueError, match="user_vectors"):
+        pac.exposed_members(alone, u[:, :2])
+
+
+def test_one_honest_message_leaks_every_trained_label_up_to_one_sign():
+    d = _data(num_users=40)
+    V = torch.randn(d.num_items, 4, dtype=F64, generator=torch.Generator().manual_seed(2))
+    _, deltas = rec.protocol1_client_update(d.user_vectors, V, d.items, d.y, local_steps=1, batch_size=5, lr=0.1,
+                                            generator=torch.Generator().manual_seed(3))
+    guess = pac.leaked_labels(deltas)
+    shown = guess != 0
+    assert (shown.sum(1) == 5).all()                              # the B trained items, nothing else
+    agree = (guess * d.y.to(guess.dtype))[shown].view(40, 5)
+    assert ((agree == 1).all(1) | (agree == -1).all(1)).all()     # right up to one sign per client
+    assert ((guess == -1) & shown).sum(1).ge((guess == 1).sum(1)).all()   # the majority rule: more -1
+    flipped = pac.leaked_labels(deltas, leaning="positive")
+    assert torch.equal(flipped, -guess)
+    with pytest.raises(ValueError, match="leaning"):
+        pac.leaked_labels(deltas, leaning="up")

@@ -28,7 +28,7 @@ __all__ = ["PACAttackResult", "protocol2_attack", "protocol3_attack", "estimate_
            "theorem1_exact_failure", "likes_pmf", "label_mean_tail", "theorem2_num_interactions",
            "theorem2_optimal_beta", "theorem3_num_interactions", "AttackLaw",
            "proposition1_check", "detect_zero_probe", "guarded_client_update",
-           "attack_error_curve"]
+           "attack_error_curve", "secure_aggregate_items", "exposed_members", "leaked_labels"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -657,6 +657,67 @@ def proposition1_check(u_hat: torch.Tensor, user_vectors: torch.Tensor, item_vec
 
 # ----------------------------------------------------------------------------------------------
 # defense
+def secure_aggregate_items(messages: torch.Tensor, items: torch.Tensor, num_items: int,
+                           cohort_size: int) -> torch.Tensor:
+    """What secure aggregation (Bonawitz et al. 2017) reveals of one round of Protocol 1 messages: for
+    every cohort of ``cohort_size`` consecutive clients, the *per-item* sum of their item deltas, the
+    ``[I, k]`` update the server needs to apply (London 2020, Sec. 6), not one vector per cohort.
+
+    ``messages`` [C, N, k] (client ``c``'s delta for its ``n``-th rated item), ``items`` [C, N] item
+    ids in ``0..num_items-1`` -> ``[C / cohort_size, num_items, k]``. Raises ``ValueError`` naming
+    ``cohort_size`` (must divide ``C``), ``items`` (shape or range) or ``num_items``."""
+    C, N, k = messages.shape
+    if int(cohort_size) < 1 or C % int(cohort_size):
+        raise ValueError(f"cohort_size must divide the number of clients {C}, got {cohort_size}")
+    if items.shape != (C, N):
+        raise ValueError(f"items must be [C, N] = {(C, N)}, got {tuple(items.shape)}")
+    if int(num_items) < 1 or int(items.min()) < 0 or int(items.max()) >= int(num_items):
+        raise ValueError(f"items must lie in [0, num_items={num_items})")
+    G, I = C // int(cohort_size), int(num_items)
+    slot = (torch.arange(C) // int(cohort_size))[:, None] * I + items                  # [C, N] -> cohort x item
+    out = torch.zeros(G * I, k, dtype=messages.dtype)
+    out.index_add_(0, slot.reshape(-1), messages.reshape(-1, k))
+    return out.view(G, I, k)
+
+
+def exposed_members(item_sums: torch.Tensor, user_vectors: torch.Tensor, *, tol: float = 1e-9) -> torch.Tensor:
+    """Which cohort members' private vectors appear, up to sign and scale, among the per-item sums of
+    :func:`secure_aggregate_items`: member ``c`` of cohort ``g`` is exposed when some non-zero sum
+    ``S_gi`` has ``|cos(S_gi, u_c)| >= 1 - tol``. Under the zero probe every delta of client ``c`` is
+    a multiple of ``u_c``, so an item only ``c`` trained on in its cohort gives ``S_gi = a u_c``.
+
+    ``item_sums`` [G, I, k], ``user_vectors`` [G * m, k] (cohorts consecutive) -> ``[G, m]`` bool.
+    Raises ``ValueError`` when the shapes do not match."""
+    G, I, k = item_sums.shape
+    if user_vectors.shape[1] != k or user_vectors.shape[0] % G:
+        raise ValueError(f"user_vectors must be [G*m, k={k}] for G={G} cohorts, got {tuple(user_vectors.shape)}")
+    m = user_vectors.shape[0] // G
+    U = torch.nn.functional.normalize(user_vectors.view(G, m, k), dim=-1)
+    norms = item_sums.norm(dim=-1, keepdim=True)
+    S = torch.where(norms > 0, item_sums / norms.clamp_min(1e-300), torch.zeros_like(item_sums))
+    cos = torch.einsum("gik,gmk->gim", S, U).abs()                                   # [G, I, m]
+    return (cos >= 1 - tol).any(1)
+
+
+def leaked_labels(deltas: torch.Tensor, leaning: str = "negative") -> torch.Tensor:
+    """The labels one Protocol 1 message gives away (London 2020, Sec. 4's remark on recovering
+    ``S_c``). Every item delta of one local step is ``-alpha l'(y_i <u_c, v_i>) y_i u_c`` (Eq. 2), and
+    ``-l' > 0`` for the losses of Assumption 2: all non-zero rows are multiples of one vector, with the
+    sign of ``y_i``. The signs against the longest row give the labels up to one global sign, which
+    the class prior fixes as :func:`sign_rule` does (``leaning="negative"``: most labels are ``-1``).
+
+    ``deltas`` [C, N, k] -> ``[C, N]`` in {-1, 0, +1} (0: the item did not change, nothing leaked).
+    Raises ``ValueError`` for a non-3-D ``deltas`` or an unknown ``leaning``."""
+    if deltas.dim() != 3:
+        raise ValueError(f"deltas must be [C, N, k], got shape {tuple(deltas.shape)}")
+    if leaning not in ("negative", "positive"):
+        raise ValueError(f"leaning must be 'negative' or 'positive', got {leaning!r}")
+    ref = deltas.gather(1, deltas.norm(dim=-1).argmax(1)[:, None, None].expand(-1, 1, deltas.shape[-1]))  # [C, 1, k]
+    s = torch.sign((deltas * ref).sum(-1))                                                            # [C, N]
+    flip = s.sum(1, keepdim=True) > 0 if leaning == "negative" else s.sum(1, keepdim=True) < 0
+    return torch.where(flip, -s, s)
+
+
 def detect_zero_probe(item_vectors: torch.Tensor, items: torch.Tensor, atol: float = 0.0) -> torch.Tensor:
     """Client-side check (London 2020, Sec. 4.1: the attack is straightforward for a client to detect):
     ``True`` for each client that received a vector of norm ``<= atol`` for *any* of its rated items.

@@ -22,7 +22,7 @@ from ..fl.recsys import ratings as rec
 
 __all__ = ["Theorem1Row", "theorem1_sweep", "plot_theorem1", "theorem1_rows", "theorem1_fail_name",
            "theorem1_table", "noisy_error_curves", "noisy_panels", "noisy_summary", "attack_error_panel",
-           "probe_defense", "secagg_experiment", "slack_chain", "bound_checks",
+           "probe_defense", "secagg_experiment", "secagg_rows", "label_leak", "slack_chain", "bound_checks",
            "bound_checks_table", "slack_table", "epsilon_sweep", "plot_epsilon_sweep"]
 
 
@@ -442,23 +442,67 @@ def probe_defense(honest, data, *, num_interactions: int, batch_size: int, lr: f
     return defense, abs_cos
 
 
-def secagg_experiment(honest, data, cohorts: Sequence[int], *, num_interactions: int, batch_size: int, lr: float,
-                      loss: str, num_items: int, seed: int = 0) -> tuple[dict, float]:
-    """Protocol 2 through secure aggregation (London 2020, Sec. 6; Bonawitz et al. 2017): the server
-    sees only the sum of the messages of cohorts of ``m`` clients and attacks the first member of each.
+def secagg_experiment(honest, data, cohorts: Sequence[int], *, batch_size: int, lr: float, loss: str,
+                      num_items: int, repeats: int = 1, seed: int = 0) -> dict:
+    """One honest round of Protocol 1 (the real item vectors, ``R = 1``) through secure aggregation
+    (London 2020, Sec. 6; Bonawitz et al. 2017), which reveals per cohort of ``m`` clients the
+    per-item sum of their deltas (:func:`~fedlab.attacks.identifiability.secure_aggregate_items`).
+    Each client's deltas are multiples of its ``u_c``, so an item trained on by one member only
+    exposes that member's vector up to sign (:func:`~fedlab.attacks.identifiability.exposed_members`).
 
-    Returns ``(secagg, pop_err)``: ``{m: mean sign error on the first cohort members}`` and the error of
-    the population-average user vector (what a server learns when cohorts are large). Every run draws
-    from a generator seeded with ``seed``. Raises ``ValueError`` for a cohort size below 1.
+    Every repeat shuffles the clients into cohorts and runs the round again (one generator seeded
+    ``seed``). Returns ``{m: {"exposed": [cohorts * repeats] fraction of each cohort's members
+    exposed, "single": [cohorts * repeats] number of per-item sums with exactly one contributor}}``.
+    Raises ``ValueError`` for a cohort size below 1 or one that does not divide the clients.
     """
     if any(int(m) != m or m < 1 for m in cohorts):
         raise ValueError(f"cohorts must be positive integers, got {list(cohorts)}")
-    kw = dict(num_interactions=num_interactions, batch_size=batch_size, lr=lr, loss=loss, num_items=num_items)
+    repeats = positive_int("repeats", repeats)
+    g = torch.Generator().manual_seed(seed)
     u, V = honest.user_vectors, honest.item_vectors
-    secagg = {}
+    out = {}
     for m in cohorts:
-        r = pac.protocol2_attack(u, data.items, data.y, cohort_size=m, generator=torch.Generator().manual_seed(seed), **kw)
-        secagg[m] = float(pac.sign_error(r.final, u[::m], V).mean())
-    u_bar = u.mean(0, keepdim=True).expand_as(u)
-    pop_err = float(pac.sign_error(u_bar, u, V).mean())
-    return secagg, pop_err
+        exposed, single = [], []
+        for _ in range(repeats):
+            perm = torch.randperm(u.shape[0], generator=g)
+            _, deltas = rec.protocol1_client_update(u[perm], V, data.items[perm], data.y[perm], local_steps=1,
+                                                    batch_size=batch_size, lr=lr, loss=loss, generator=g)
+            sums = pac.secure_aggregate_items(deltas, data.items[perm], num_items, int(m))
+            exposed.append(pac.exposed_members(sums, u[perm]).double().mean(1))
+            trained = rec.touched_items(deltas)[..., None].to(deltas.dtype)                # [C, N, 1]
+            counts = pac.secure_aggregate_items(trained, data.items[perm], num_items, int(m))[..., 0]
+            single.append((counts == 1).sum(1).double())
+        out[int(m)] = {"exposed": torch.cat(exposed), "single": torch.cat(single)}
+    return out
+
+
+def label_leak(honest, data, *, batch_size: int, lr: float, loss: str, seed: int = 0) -> dict:
+    """The labels one honest round of Protocol 1 (``R = 1``) gives away
+    (:func:`~fedlab.attacks.identifiability.leaked_labels`). Returns ``{"revealed": fraction of the
+    rated items whose label leaked, "accuracy": fraction of those labels right, "clients_right":
+    fraction of clients with every leaked label right, "all_or_nothing": fraction of clients whose
+    leaked labels are all right or all flipped (one global sign per client)}``."""
+    _, deltas = rec.protocol1_client_update(honest.user_vectors, honest.item_vectors, data.items, data.y,
+                                            local_steps=1, batch_size=batch_size, lr=lr, loss=loss,
+                                            generator=torch.Generator().manual_seed(seed))
+    guess = pac.leaked_labels(deltas)
+    shown = guess != 0
+    right = (guess == data.y.to(guess.dtype)) | ~shown
+    wrong = (guess == -data.y.to(guess.dtype)) | ~shown
+    return {"revealed": float(shown.double().mean()), "accuracy": float(right[shown].double().mean()),
+            "clients_right": float(right.all(1).double().mean()),
+            "all_or_nothing": float((right.all(1) | wrong.all(1)).double().mean())}
+
+
+def secagg_rows(sa: Mapping) -> list[list]:
+    """Rows ``[m, mean fraction of members exposed ± 95 % t half-width over cohorts, number of cohorts,
+    median number of single-contributor item sums per cohort]`` of a :func:`secagg_experiment`
+    result."""
+    from scipy import stats
+
+    rows = []
+    for m, v in sa.items():
+        x = v["exposed"].numpy()
+        hw = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
+        rows.append([m, f"{x.mean():.3f} ± {hw:.3f}", len(x), int(v["single"].median())])
+    return rows
