@@ -445,3 +445,20 @@ def test_one_honest_message_leaks_every_trained_label_up_to_one_sign():
     assert torch.equal(flipped, -guess)
     with pytest.raises(ValueError, match="leaning"):
         pac.leaked_labels(deltas, leaning="up")
+
+
+def test_bounds_for_a_majority_of_likes_mirror_the_minority_case():
+    """Issue 17.5: p_c > 1/2 is p_c' = 1 - p_c under y -> -y (sign rule leaning 'positive')."""
+    assert pac.theorem1_num_interactions(0.8, 5, 0.05) == pytest.approx(pac.theorem1_num_interactions(0.2, 5, 0.05))
+    assert pac.theorem1_failure_bound([10], 0.7, 5)[0] == pytest.approx(pac.theorem1_failure_bound([10], 0.3, 5)[0])
+    kw = dict(batch_size=5, delta=0.05, sigma=0.2, item_norm_bound=2.0, num_items=100, lr=1.0, loss="hinge", tau=0.1)
+    assert pac.theorem2_num_interactions(0.9, beta=0.3, **kw) == pytest.approx(pac.theorem2_num_interactions(0.1, beta=0.3, **kw))
+    for bad in (0.5, 0.0, 1.0):
+        with pytest.raises(ValueError, match="pref_rate"):
+            pac.theorem1_num_interactions(bad, 5, 0.05)
+    d = rec.make_synthetic(30, 80, 4, 20, 0.2, seed=2)
+    U, Y = -d.user_vectors, -d.y                                       # the mirror image: each user likes 80 %
+    res = pac.protocol2_attack(U, d.items, Y, num_interactions=int(
+        math.ceil(pac.theorem1_num_interactions(0.8, 5, 0.05))), batch_size=5, lr=1.0, leaning="positive",
+        generator=torch.Generator().manual_seed(0))
+    assert float((pac.sign_error(res.final, U, d.item_vectors) == 0).double().mean()) >= 0.95

@@ -40,6 +40,19 @@ def _check_pref_rate(pref_rate) -> np.ndarray:
     return p
 
 
+def _mirror_pref_rate(pref_rate) -> np.ndarray:
+    """``min(p_c, 1 - p_c)`` for the bounds. A client with ``p_c > 1/2`` (more likes than dislikes)
+    is the mirror image of one with ``1 - p_c`` under ``y -> -y``: the attack is the same with the
+    sign rule leaning the other way (:func:`sign_rule` with ``leaning="positive"``), and every bound
+    depends on ``p_c`` through that symmetric distance from 1/2. Raises ``ValueError`` for ``p_c``
+    outside (0, 1) or equal to 1/2, where no sign rule can work."""
+    p = np.asarray(pref_rate, dtype=float)
+    if not np.all((p > 0) & (p < 1) & (p != 0.5)):
+        raise ValueError(f"pref_rate must lie in (0, 1) and differ from 1/2 (London 2020, Assumption 1; "
+                         f"p_c > 1/2 is the mirror image of 1 - p_c), got {pref_rate}")
+    return np.minimum(p, 1 - p)
+
+
 def _check_open_unit(name, value):
     if not 0 < value < 1:
         raise ValueError(f"{name} must lie in (0, 1), got {value}")
@@ -284,10 +297,10 @@ def max_item_norm(item_vectors: torch.Tensor) -> float:
 def theorem1_num_interactions(pref_rate, batch_size: int, delta: float):
     """Theorem 1 (London 2020): exact (eps = 0) identification with probability ``>= 1 - delta`` after
     ``T >= 2 ln(1/delta) / (B (1 - 2 p_c)^2)`` interactions. Returns the bound (float or array, not
-    rounded up). Raises ``ValueError`` for ``pref_rate`` outside ``(0, 1/2)``, ``delta`` outside (0, 1),
-    ``batch_size < 1``.
+    rounded up). Raises ``ValueError`` for ``pref_rate`` outside (0, 1) or equal to 1/2 (``p_c > 1/2`` uses
+    ``1 - p_c``, :func:`_mirror_pref_rate`), ``delta`` outside (0, 1), ``batch_size < 1``.
     """
-    p = _check_pref_rate(pref_rate)
+    p = _mirror_pref_rate(pref_rate)
     _check_open_unit("delta", delta)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -298,7 +311,7 @@ def theorem1_num_interactions(pref_rate, batch_size: int, delta: float):
 def theorem1_failure_bound(num_interactions, pref_rate, batch_size: int):
     """Hoeffding's bound in the proof of Theorem 1 (App. A.2): the probability that the labels used in
     ``T`` interactions are *not* a strict negative majority is at most ``exp(-2 T B (1/2 - p_c)^2)``."""
-    p = _check_pref_rate(pref_rate)
+    p = _mirror_pref_rate(pref_rate)
     T = np.asarray(num_interactions, dtype=float)
     return np.exp(-2 * T * batch_size * (0.5 - p) ** 2)
 
@@ -390,7 +403,7 @@ def theorem2_num_interactions(pref_rate: float, batch_size: int, delta: float, b
     ``beta`` must lie in ``(0, 1 - 2 p_c)``; ``tau = tau_c(eps)`` from :func:`tau_c`. With
     ``return_terms`` returns ``(T, label_term, noise_term)``. Raises ``ValueError`` naming the argument.
     """
-    p = float(_check_pref_rate(pref_rate))
+    p = float(_mirror_pref_rate(pref_rate))
     _check_open_unit("delta", delta)
     if not 0 < beta < 1 - 2 * p:
         raise ValueError(f"beta must lie in (0, 1 - 2 p_c) = (0, {1 - 2 * p:.3g}), got {beta}")
@@ -410,7 +423,7 @@ def theorem3_num_interactions(pref_rate: float, num_rated: int, delta: float, si
     """Theorem 3 (London 2020, Protocol 3 with Eq. 3 noise), Eq. (4):
     ``T >= 2 sigma^2 M^2 ln(2 I / delta) / (N (lr (1 - 2 p_c) l'(0) tau_c(eps))^2)``.
     Raises ``ValueError`` naming the argument."""
-    p = float(_check_pref_rate(pref_rate))
+    p = float(_mirror_pref_rate(pref_rate))
     _check_open_unit("delta", delta)
     if not sigma >= 0:
         raise ValueError(f"sigma must be >= 0, got {sigma}")
@@ -428,7 +441,7 @@ def theorem2_optimal_beta(pref_rate: float, batch_size: int, delta: float, sigma
     (``a = 1 - 2 p_c``), so the maximum is smallest where they are equal:
     ``beta* = a sqrt(c2) / (sqrt(c1) + sqrt(c2))``. Raises ``ValueError`` naming the argument
     (``sigma`` must be > 0: without noise the best ``beta`` tends to 0 and Theorem 1 applies)."""
-    p = float(_check_pref_rate(pref_rate))
+    p = float(_mirror_pref_rate(pref_rate))
     _check_open_unit("delta", delta)
     _check_positive("sigma", sigma)
     _check_positive("tau", tau)
