@@ -462,3 +462,22 @@ def test_bounds_for_a_majority_of_likes_mirror_the_minority_case():
         math.ceil(pac.theorem1_num_interactions(0.8, 5, 0.05))), batch_size=5, lr=1.0, leaning="positive",
         generator=torch.Generator().manual_seed(0))
     assert float((pac.sign_error(res.final, U, d.item_vectors) == 0).double().mean()) >= 0.95
+
+
+def test_a_loss_with_zero_slope_at_zero_defeats_the_zero_probe():
+    """Issue 17.5: Assumption 2 is needed. With l(z) = max(0, -z)^2, l'(0) = 0: under the zero probe
+    every message is exactly zero, and the estimator and the bounds refuse instead of dividing by 0."""
+    assert rec.loss_derivative_at_zero("squared_perceptron") == 0.0
+    z = torch.linspace(-2, 2, 9, dtype=F64, requires_grad=True)
+    (g,) = torch.autograd.grad(rec.margin_loss(z, "squared_perceptron").sum(), z)
+    assert torch.allclose(g, rec.margin_loss_grad(z.detach(), "squared_perceptron"))
+    d = _data(num_users=10)
+    _, msg = rec.protocol1_client_update(d.user_vectors, torch.zeros(d.num_items, 4, dtype=F64), d.items, d.y,
+                                         local_steps=1, batch_size=5, lr=1.0, loss="squared_perceptron")
+    assert msg.abs().max() == 0
+    with pytest.raises(ValueError, match="Assumption 2"):
+        pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=3, batch_size=5, lr=1.0,
+                             loss="squared_perceptron")
+    with pytest.raises(ValueError, match="Assumption 2"):
+        pac.theorem2_num_interactions(0.2, 5, 0.05, 0.3, 0.2, 2.0, 100, 1.0, "squared_perceptron", 0.1)
+    assert "squared_perceptron" not in rec.LOSSES

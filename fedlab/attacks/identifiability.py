@@ -89,6 +89,16 @@ class PACAttackResult:
         return self.estimates[-1]
 
 
+def _lprime0(loss: str) -> float:
+    """``l'(0)`` of ``loss``; raises ``ValueError`` naming ``loss`` when it is 0 (Assumption 2 fails:
+    under the zero probe every message is exactly zero and there is nothing to estimate or bound)."""
+    g = loss_derivative_at_zero(loss)
+    if g == 0:
+        raise ValueError(f"loss {loss!r} has l'(0) = 0, which breaks Assumption 2 of London 2020: the "
+                         "zero-probe messages are all zero")
+    return g
+
+
 def estimate_user_vectors(sum_deltas: torch.Tensor, *, lr: float, loss: str, num_interactions: int,
                           batch_size: float | torch.Tensor) -> torch.Tensor:
     """Protocol 2, line 4: ``u_hat = (lr * l'(0) * T * B)^{-1} * sum_t sum_i Delta v_i^(t)``.
@@ -96,7 +106,7 @@ def estimate_user_vectors(sum_deltas: torch.Tensor, *, lr: float, loss: str, num
     ``sum_deltas`` is ``[C, k]`` (the deltas already summed over items and interactions). For
     Protocol 3 pass the number of touched items ``N`` as ``batch_size`` (a float or a ``[C]`` tensor).
     """
-    scale = lr * loss_derivative_at_zero(loss) * num_interactions
+    scale = lr * _lprime0(loss) * num_interactions
     b = torch.as_tensor(batch_size, dtype=DTYPE)
     if b.ndim == 1:
         b = b[:, None]
@@ -413,7 +423,7 @@ def theorem2_num_interactions(pref_rate: float, batch_size: int, delta: float, b
     _check_positive("lr", lr)
     t1 = 2 * math.log(2 / delta) / (batch_size * (1 - 2 * p - beta) ** 2)
     t2 = 2 * sigma ** 2 * item_norm_bound ** 2 * math.log(4 * num_items / delta) / (
-        batch_size * (lr * beta * loss_derivative_at_zero(loss) * tau) ** 2)
+        batch_size * (lr * beta * _lprime0(loss) * tau) ** 2)
     T = max(t1, t2)
     return (T, t1, t2) if return_terms else T
 
@@ -430,7 +440,7 @@ def theorem3_num_interactions(pref_rate: float, num_rated: int, delta: float, si
     _check_positive("tau", tau)
     _check_positive("lr", lr)
     return 2 * sigma ** 2 * item_norm_bound ** 2 * math.log(2 * num_items / delta) / (
-        num_rated * (lr * (1 - 2 * p) * loss_derivative_at_zero(loss) * tau) ** 2)
+        num_rated * (lr * (1 - 2 * p) * _lprime0(loss) * tau) ** 2)
 
 
 def theorem2_optimal_beta(pref_rate: float, batch_size: int, delta: float, sigma: float, item_norm_bound: float,
@@ -448,7 +458,7 @@ def theorem2_optimal_beta(pref_rate: float, batch_size: int, delta: float, sigma
     _check_positive("lr", lr)
     c1 = 2 * math.log(2 / delta) / batch_size
     c2 = 2 * sigma ** 2 * item_norm_bound ** 2 * math.log(4 * num_items / delta) / (
-        batch_size * (lr * loss_derivative_at_zero(loss) * tau) ** 2)
+        batch_size * (lr * _lprime0(loss) * tau) ** 2)
     a = 1 - 2 * p
     return a * math.sqrt(c2) / (math.sqrt(c1) + math.sqrt(c2))
 
@@ -504,7 +514,7 @@ class AttackLaw:
             thr = np.where(proj * self.margins < 0, np.abs(self.margins) / np.abs(proj), np.inf)
         self.thresholds = np.sort(thr, axis=1)                                # [S, I]
         self._thr_unsorted = thr
-        self._lp0 = abs(lr * loss_derivative_at_zero(loss))
+        self._lp0 = abs(lr * _lprime0(loss))
         self._n = self.batch_size if protocol == 2 else self.num_rated
         self.multiplier = 1 - 2 * round(self.pref_rate * self.num_rated) / self.num_rated   # 1 - 2 p_c
 

@@ -22,18 +22,20 @@ import torch
 from ...privacy.defenses import gaussian_noise
 from ..rounds import run_rounds
 
-__all__ = ["LOSSES", "margin_loss", "margin_loss_grad", "loss_derivative_at_zero", "RecData",
+__all__ = ["LOSSES", "COUNTEREXAMPLE_LOSSES", "margin_loss", "margin_loss_grad", "loss_derivative_at_zero", "RecData",
            "make_synthetic", "protocol1_client_update", "protocol3_client_update", "noisy_message", "to_dense",
            "touched_items", "prediction_error", "train_protocol1", "RecResult"]
 
 #: the three margin losses of London 2020, Assumption 2
 LOSSES = ("negative_margin", "hinge", "log")
+#: a margin loss that breaks Assumption 2 (``l'(0) = 0``): the counterexample of the chapter
+COUNTEREXAMPLE_LOSSES = ("squared_perceptron",)
 DTYPE = torch.float64
 
 
 def _check_loss(loss: str) -> None:
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if loss not in LOSSES + COUNTEREXAMPLE_LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES + COUNTEREXAMPLE_LOSSES}, got {loss!r}")
 
 
 def margin_loss(z: torch.Tensor, loss: str = "log") -> torch.Tensor:
@@ -41,7 +43,9 @@ def margin_loss(z: torch.Tensor, loss: str = "log") -> torch.Tensor:
 
     * ``"negative_margin"``: ``l(z) = -z``;
     * ``"hinge"``: ``l(z) = max(0, 1 - z)``;
-    * ``"log"``: ``l(z) = ln(1 + e^{-z})`` (binary cross-entropy).
+    * ``"log"``: ``l(z) = ln(1 + e^{-z})`` (binary cross-entropy);
+    * ``"squared_perceptron"``: ``l(z) = max(0, -z)^2``, a margin loss with ``l'(0) = 0`` that breaks
+      Assumption 2 (not in :data:`LOSSES`).
 
     Raises ``ValueError`` for an unknown ``loss``.
     """
@@ -51,6 +55,8 @@ def margin_loss(z: torch.Tensor, loss: str = "log") -> torch.Tensor:
         return -z
     if loss == "hinge":
         return torch.clamp(1.0 - z, min=0.0)
+    if loss == "squared_perceptron":
+        return torch.clamp(-z, min=0.0) ** 2
     return torch.nn.functional.softplus(-z)
 
 
@@ -65,6 +71,8 @@ def margin_loss_grad(z: torch.Tensor, loss: str = "log") -> torch.Tensor:
         return -torch.ones_like(z)
     if loss == "hinge":
         return -(z < 1.0).to(z.dtype)
+    if loss == "squared_perceptron":
+        return -2.0 * torch.clamp(-z, min=0.0)
     return -torch.sigmoid(-z)
 
 
