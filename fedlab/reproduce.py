@@ -48,6 +48,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .metrics import t_interval
+
 __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "summarize", "t_interval",
            "run_notebook", "reproduce", "main"]
 
@@ -211,28 +213,6 @@ def _as_number(value):
             return None
         return x if math.isfinite(x) else None
     return None
-
-
-def t_interval(xs, confidence: float = 0.95) -> tuple[float, float | None, tuple[float, float] | None]:
-    """``(mean, std, (low, high))``: the Student-t interval of the mean of ``xs`` (``std`` with
-    ``ddof=1``). With one value ``std`` and the interval are ``None``. Raises ``ValueError`` for an
-    empty or non-finite ``xs`` or a ``confidence`` outside (0, 1)."""
-    from scipy import stats
-
-    xs = [float(x) for x in xs]
-    if not xs:
-        raise ValueError("xs must hold at least one value")
-    if not all(math.isfinite(x) for x in xs):
-        raise ValueError(f"xs must be finite, got {xs}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    n = len(xs)
-    mean = sum(xs) / n
-    if n == 1:
-        return mean, None, None
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
-    return mean, std, (mean - half, mean + half)
 
 
 def summarize(values: dict[str, list], clean: list[bool] | None = None) -> dict[str, dict]:

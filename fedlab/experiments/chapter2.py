@@ -19,6 +19,7 @@ import torch
 from .._checks import in_range, positive_int
 from ..attacks import identifiability as pac
 from ..fl.recsys import ratings as rec
+from ..metrics import t_interval
 
 __all__ = ["Theorem1Row", "theorem1_sweep", "plot_theorem1", "theorem1_rows", "theorem1_fail_name",
            "theorem1_table", "noisy_error_curves", "noisy_panels", "noisy_summary", "attack_error_panel",
@@ -498,11 +499,9 @@ def secagg_rows(sa: Mapping) -> list[list]:
     """Rows ``[m, mean fraction of members exposed ± 95 % t half-width over cohorts, number of cohorts,
     median number of single-contributor item sums per cohort]`` of a :func:`secagg_experiment`
     result."""
-    from scipy import stats
-
     rows = []
     for m, v in sa.items():
-        x = v["exposed"].numpy()
-        hw = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
-        rows.append([m, f"{x.mean():.3f} ± {hw:.3f}", len(x), int(v["single"].median())])
+        mean, _, ci = t_interval(v["exposed"].tolist())
+        hw = float("nan") if ci is None else (ci[1] - ci[0]) / 2
+        rows.append([m, f"{mean:.3f} ± {hw:.3f}", len(v["exposed"]), int(v["single"].median())])
     return rows

@@ -166,24 +166,28 @@ def _guess_embeddings(num_users: int, dim: int, seed: int, user_ids) -> torch.Te
     return torch.stack([torch.randn(dim, generator=user_generator(seed, u, -1 % 2**31)) for u in ids.tolist()])
 
 
+def _restarts(rows, num_users: int) -> int:
+    """``R`` when ``rows`` is every user once per restart (``0..U-1`` repeated ``R`` times), else 0."""
+    k = rows.numel()
+    return k // num_users if k % num_users == 0 and torch.equal(rows, torch.arange(num_users).repeat(k // num_users)) else 0
+
+
 def _rows_matvec(T, rows, v):
     """``T[rows] @ v`` per row: ``T`` [U, m, d], ``rows`` [k] user indices, ``v`` [k, d] -> [k, m].
     When ``rows`` is every user once per restart (``0..U-1`` repeated, the usual case while all
     candidates are running) ``T`` is broadcast over the restarts instead of gathered."""
-    U = T.shape[0]
-    k = rows.numel()
-    if k % U == 0 and torch.equal(rows, torch.arange(U).repeat(k // U)):
-        return torch.einsum("umd,rud->rum", T, v.reshape(k // U, U, -1)).reshape(k, -1)
+    R = _restarts(rows, T.shape[0])
+    if R:
+        return torch.einsum("umd,rud->rum", T, v.reshape(R, T.shape[0], -1)).reshape(rows.numel(), -1)
     return torch.einsum("kmd,kd->km", T[rows], v)
 
 
 def _rows_tmatmul(T, rows, a):
     """``a^T @ T[rows]`` per row: ``T`` [U, m, d], ``a`` [k, m, h] -> [k, h, d], broadcasting ``T`` over
     the restarts as :func:`_rows_matvec` does."""
-    U = T.shape[0]
-    k = rows.numel()
-    if k % U == 0 and torch.equal(rows, torch.arange(U).repeat(k // U)):
-        return torch.einsum("rumh,umd->ruhd", a.reshape(k // U, U, *a.shape[1:]), T).reshape(k, a.shape[2], -1)
+    R = _restarts(rows, T.shape[0])
+    if R:
+        return torch.einsum("rumh,umd->ruhd", a.reshape(R, T.shape[0], *a.shape[1:]), T).reshape(rows.numel(), a.shape[2], -1)
     return a.transpose(1, 2) @ T[rows]
 
 
