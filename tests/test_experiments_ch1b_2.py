@@ -223,3 +223,28 @@ def test_slack_chain_factors_multiply_to_the_total():
     assert ch2.slack_chain(law3, epsilon=0.1, delta=0.05)["factor"]["beta"] == 1.0
     with pytest.raises(ValueError, match="law2"):
         ch2.bound_checks(law3, law3, epsilon=0.1, delta=0.05)
+
+
+def test_dp_composition_budget_is_the_same_at_every_noise_level_and_above_dps_floor():
+    from fedlab.privacy import ldp
+
+    data = rec.make_synthetic(1, 200, 4, 20, 0.2, seed=4)
+    kw = dict(pref_rate=0.2, num_rated=20, lr=1.0, loss="hinge", seed=0, sigma=1.0)
+    laws = {"P2": pac.AttackLaw(data.user_vectors[0], data.item_vectors, batch_size=5, protocol=2, **kw),
+            "P3": pac.AttackLaw(data.user_vectors[0], data.item_vectors, batch_size=10, protocol=3, **kw)}
+    comp = ch2.dp_composition(laws, [0.5, 1.0, 2.0], clip_norm=1.0, epsilon=0.1, delta=0.05, dp_delta=1e-5)
+    floor = ldp.gaussian_composed_epsilon(1 / ldp.gdp_mu_to_distinguish(0.95), 1, 1e-5)
+    for r in comp.values():
+        assert np.ptp(r["mu_needed"]) < 0.01 * r["mu_needed"].mean()        # T needed grows like z^2
+        assert (r["needed"] >= 100).all() and (r["bound"] > r["needed"]).all()
+        assert (r["eps_needed"] > 10 * floor).all() and (r["eps_bound"] > r["eps_needed"]).all()
+        # sigma is 2 z C sqrt(n): the multiplier the accountant is told is the one the message has
+        n = 5 if r is comp["P2"] else 20
+        assert np.allclose([ldp.ldp_noise_multiplier(s, 1.0, n) for s in r["sigma"]], r["z"])
+    goals = ch2.dp_error_targets(laws["P2"], [0.05, 0.1, 0.3], noise_multiplier=0.5, clip_norm=1.0, delta=0.05,
+                                 dp_delta=1e-5)
+    assert (np.diff(goals["eps_needed"]) < 0).all()                       # coarser goals cost less
+    with pytest.raises(ValueError, match="noise_multipliers"):
+        ch2.dp_composition(laws, [0.0], clip_norm=1.0, epsilon=0.1, delta=0.05, dp_delta=1e-5)
+    with pytest.raises(ValueError, match="dp_delta"):
+        ch2.dp_composition(laws, [1.0], clip_norm=1.0, epsilon=0.1, delta=0.05, dp_delta=0.0)

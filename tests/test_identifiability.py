@@ -481,3 +481,66 @@ def test_a_loss_with_zero_slope_at_zero_defeats_the_zero_probe():
     with pytest.raises(ValueError, match="Assumption 2"):
         pac.theorem2_num_interactions(0.2, 5, 0.05, 0.3, 0.2, 2.0, 100, 1.0, "squared_perceptron", 0.1)
     assert "squared_perceptron" not in rec.LOSSES
+
+
+# ------------------------------------------------------------------ clipping: Eq. (3) as a Gaussian mechanism
+def test_noisy_message_clips_each_changed_item_and_keeps_zeros():
+    deltas = torch.zeros(2, 5, 3, dtype=F64)
+    deltas[0, 1] = torch.tensor([3.0, 4.0, 0.0], dtype=F64)          # norm 5 -> clipped to 1
+    deltas[1, 3] = torch.tensor([0.3, 0.0, 0.4], dtype=F64)          # norm 0.5 -> kept
+    out = rec.noisy_message(deltas, 0.0, clip_norm=1.0)
+    assert torch.allclose(out[0, 1], torch.tensor([0.6, 0.8, 0.0], dtype=F64))
+    assert torch.equal(out[1, 3], deltas[1, 3])
+    noisy = rec.noisy_message(deltas, 0.7, clip_norm=1.0, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(rec.touched_items(noisy), rec.touched_items(deltas))   # zeros stay exact zeros
+    with pytest.raises(ValueError, match="clip_norm"):
+        rec.noisy_message(deltas, 0.1, clip_norm=0.0)
+
+
+def test_clipped_attack_follows_the_law_at_the_clipped_sigma_and_not_at_sigma():
+    """pac.clipped_sigma: clipping every delta by one factor = the unclipped attack at a larger sigma.
+    The simulated clipped attack's failure rate matches the law at that sigma; at the raw sigma the
+    law would be far off (so the check can fail)."""
+    data = rec.make_synthetic(1, 200, 4, 20, 0.2, seed=4)
+    law = pac.AttackLaw(data.user_vectors[0], data.item_vectors, pref_rate=0.2, num_rated=20, batch_size=5,
+                        sigma=1.0, lr=1.0, loss="hinge", protocol=2, seed=0)
+    clip, sigma, T, trials = 1.0, 1.0, 40, 2000
+    assert law.user_norm > 2 * clip                                  # clipping is active for this user
+    _, err = pac.attack_error_curve(data.user_vectors, data.items, data.y, data.item_vectors, num_trials=trials,
+                                    num_interactions=T, batch_size=5, lr=1.0, loss="hinge", sigma=sigma,
+                                    clip_norm=clip, seed=1)
+    sim = float((err[-1] > 0.1).double().mean())
+    right = law.with_sigma(pac.clipped_sigma(sigma, clip, law.user_norm, lr=1.0, loss="hinge")).fail(T, "error",
+                                                                                                   epsilon=0.1)
+    wrong = law.with_sigma(sigma).fail(T, "error", epsilon=0.1)
+    se = math.sqrt(right * (1 - right) / trials)
+    assert 0.1 < right < 0.9 and abs(sim - right) < 4 * se, (sim, right)
+    assert abs(sim - wrong) > 10 * se, (sim, wrong)
+
+
+def test_clipped_sigma_values_and_errors():
+    # hinge: |l'(0)| = 1; ||u|| = 3, lr = 0.5 -> delta norm 1.5; clip 0.5 scales by 1/3
+    assert pac.clipped_sigma(0.2, 0.5, 3.0, lr=0.5, loss="hinge") == pytest.approx(0.6)
+    assert pac.clipped_sigma(0.2, 5.0, 3.0, lr=0.5, loss="hinge") == pytest.approx(0.2)   # no clipping
+    for bad in ("sigma", "clip_norm", "user_norm"):
+        kw = dict(sigma=0.2, clip_norm=0.5, user_norm=3.0)
+        kw[bad] = 0.0
+        with pytest.raises(ValueError, match=bad):
+            pac.clipped_sigma(kw["sigma"], kw["clip_norm"], kw["user_norm"], lr=0.5, loss="hinge")
+
+
+def test_with_sigma_shares_draws_and_matches_a_fresh_law():
+    data = rec.make_synthetic(1, 120, 4, 20, 0.2, seed=3)
+    kw = dict(pref_rate=0.2, num_rated=20, batch_size=5, lr=1.0, loss="hinge", protocol=2, seed=0)
+    a = pac.AttackLaw(data.user_vectors[0], data.item_vectors, sigma=0.3, **kw).with_sigma(0.8)
+    b = pac.AttackLaw(data.user_vectors[0], data.item_vectors, sigma=0.8, **kw)
+    assert a.sigma == 0.8 and [a.fail(t, "error", epsilon=0.1) for t in (1, 5, 30)] == \
+        [b.fail(t, "error", epsilon=0.1) for t in (1, 5, 30)]
+
+
+def test_exact_label_law_refuses_what_it_cannot_hold():
+    data = rec.make_synthetic(1, 120, 4, 20, 0.2, seed=3)
+    law = pac.AttackLaw(data.user_vectors[0], data.item_vectors, pref_rate=0.2, num_rated=20, batch_size=5,
+                        sigma=0.3, lr=1.0, loss="hinge", protocol=2, seed=0)
+    with pytest.raises(ValueError, match="exact law"):
+        law.fail(10 ** 8, "E1", beta=0.59999)

@@ -9,11 +9,14 @@ claimed delta (up to the sampling error of the measurement: a factor 2, which a 
 sensitivity already exceeds). The same check fails for the first edition's calibration (clip to
 Delta_2, noise for Delta_2: half the noise the guarantee needs).
 """
+import math
+
 import pytest
 import torch
 from dp_accounting.pld import privacy_loss_distribution as pld
 
 from fedlab.privacy import ldp
+from fedlab.privacy.defenses import clip_rows
 
 DELTA = 1e-8
 N = 200_000
@@ -59,3 +62,73 @@ def test_bad_parameters(args, match):
         ldp.ldp_gaussian(torch.ones(2, 3), *args)
     with pytest.raises(ValueError, match="mask"):
         ldp.ldp_gaussian(torch.ones(2, 3, 4), 1.0, 1e-8, 1.0, mask=torch.ones(3, 3, dtype=torch.bool))
+
+
+# ------------------------------------------------------------------ composition (Chapter 2's DP link)
+@pytest.mark.parametrize("z,T", [(1.0, 1), (1.0, 10), (4.0, 1000), (0.8, 3)])
+def test_composed_epsilon_equals_dp_accountings_pld(z, T):
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    acc = PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), T))
+    assert ldp.gaussian_composed_epsilon(z, T, 1e-5) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-3)
+
+
+@pytest.mark.parametrize("z,T", [(0.25, 200), (4.0, 50_000), (1.0, 3000)])
+def test_composed_epsilon_is_below_the_renyi_bound_and_close_to_it(z, T):
+    import dp_accounting
+    from dp_accounting import rdp
+
+    acc = rdp.RdpAccountant()
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), T))
+    eps_rdp = acc.get_epsilon(1e-5)
+    eps = ldp.gaussian_composed_epsilon(z, T, 1e-5)
+    assert eps <= eps_rdp <= 1.15 * eps          # RDP is an upper bound, a few per cent loose
+
+
+def test_composed_epsilon_depends_on_sqrt_T_over_z_only():
+    a = ldp.gaussian_composed_epsilon(0.5, 100, 1e-5)
+    assert ldp.gaussian_composed_epsilon(2.0, 1600, 1e-5) == pytest.approx(a, rel=1e-9)
+    assert ldp.gaussian_composed_epsilon(2.0, 1601, 1e-5) > a
+    assert ldp.gaussian_composed_epsilon(1e3, 1, 0.5) == 0.0          # already (0, delta)-DP
+
+
+def test_large_epsilon_does_not_overflow():
+    eps = ldp.gaussian_composed_epsilon(0.01, 100, 1e-5)               # mu = 1000
+    assert math.isfinite(eps) and eps > 4e5
+    assert ldp.analytic_gaussian_delta(0.001, eps, 1.0) <= 1e-5
+
+
+def test_ldp_noise_multiplier_is_sigma_over_local_sensitivity():
+    # n rows clipped to C: two inputs differ by 2C per row, 2C sqrt(n) in all
+    assert ldp.ldp_noise_multiplier(3.0, 0.5, 9) == pytest.approx(3.0 / (2 * 0.5 * 3))
+    x = torch.randn(5, 4, dtype=torch.float64) * 100
+    rows = clip_rows(x, 0.5)
+    assert float((rows - clip_rows(-x, 0.5)).norm()) == pytest.approx(2 * 0.5 * math.sqrt(5))
+
+
+def test_gdp_mu_to_distinguish_is_the_gaussian_test():
+    from scipy.stats import norm
+
+    mu = ldp.gdp_mu_to_distinguish(0.95)
+    # N(0,1) vs N(mu,1), threshold mu/2: both errors Phi(-mu/2) = 0.05; any smaller mu cannot do it
+    assert norm.cdf(-mu / 2) == pytest.approx(0.05)
+    assert norm.cdf(-0.9 * mu / 2) > 0.05
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: ldp.gaussian_composed_epsilon(0.0, 3, 1e-5), "noise_multiplier"),
+    (lambda: ldp.gaussian_composed_epsilon(float("nan"), 3, 1e-5), "noise_multiplier"),
+    (lambda: ldp.gaussian_composed_epsilon(1.0, 0, 1e-5), "num_compositions"),
+    (lambda: ldp.gaussian_composed_epsilon(1.0, 2.5, 1e-5), "num_compositions"),
+    (lambda: ldp.gaussian_composed_epsilon(1.0, 3, 1.0), "delta"),
+    (lambda: ldp.ldp_noise_multiplier(-1.0, 1.0), "sigma"),
+    (lambda: ldp.ldp_noise_multiplier(1.0, float("inf")), "clip_norm"),
+    (lambda: ldp.ldp_noise_multiplier(1.0, 1.0, 0), "num_rows"),
+    (lambda: ldp.gdp_mu_to_distinguish(0.5), "success"),
+    (lambda: ldp.analytic_gaussian_delta(1.0, -0.1), "epsilon"),
+])
+def test_composition_helpers_reject_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -13,6 +13,7 @@ client-side defense that refuses all-zero item vectors. Everything is batched ov
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -28,7 +29,7 @@ __all__ = ["PACAttackResult", "protocol2_attack", "protocol3_attack", "estimate_
            "theorem1_exact_failure", "likes_pmf", "label_mean_tail", "theorem2_num_interactions",
            "theorem2_optimal_beta", "theorem3_num_interactions", "AttackLaw",
            "proposition1_check", "detect_zero_probe", "guarded_client_update",
-           "attack_error_curve", "secure_aggregate_items", "exposed_members", "leaked_labels"]
+           "attack_error_curve", "clipped_sigma", "secure_aggregate_items", "exposed_members", "leaked_labels"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def sign_rule(u_hat: torch.Tensor, leaning: str = "negative") -> torch.Tensor:
 
 
 def _run_attack(step: Callable, user_vectors, *, num_interactions, sigma, record_at, cohort_size,
-                generator, restore: Callable | None):
+                generator, restore: Callable | None, clip_norm: float | None = None):
     if int(num_interactions) < 1:
         raise ValueError(f"num_interactions must be >= 1, got {num_interactions}")
     if not bool((torch.as_tensor(sigma) >= 0).all()):
@@ -146,7 +147,7 @@ def _run_attack(step: Callable, user_vectors, *, num_interactions, sigma, record
     sums, want = [], set(record)
     for t in range(1, T + 1):
         u, deltas = step(u)
-        message = noisy_message(deltas, sigma, generator=generator)       # client side, Eq. (3)
+        message = noisy_message(deltas, sigma, clip_norm=clip_norm, generator=generator)   # client, Eq. (3)
         total += message.sum(dim=1)
         touched += touched_items(message).sum(dim=1)
         if t in want:
@@ -161,13 +162,15 @@ def protocol2_attack(user_vectors: torch.Tensor, items: torch.Tensor, y: torch.T
                      num_items: int | None = None, sigma: float = 0.0, probe: torch.Tensor | None = None,
                      record_at: Sequence[int] | None = None, leaning: str = "negative", cohort_size: int = 1,
                      restore_items: torch.Tensor | None = None, client: Callable = protocol1_client_update,
-                     local_steps: int = 1, generator: torch.Generator | None = None) -> PACAttackResult:
+                     local_steps: int = 1, clip_norm: float | None = None,
+                     generator: torch.Generator | None = None) -> PACAttackResult:
     """Protocol 2 of London 2020 (Sec. 4.1), the attack behind Theorems 1 and 2, for ``C`` clients.
 
     For ``t = 1..T`` the server asks each client to run CLIENTUPDATE with ``R = 1`` on a fake global
     model (``probe``, default all-zero ``[num_items, k]``); the client (``client``, by default the honest
     :func:`~fedlab.fl.recsys.ratings.protocol1_client_update`) returns its item deltas, corrupted by Eq. (3) when
-    ``sigma > 0``. The server sums the messages and applies :func:`estimate_user_vectors` and
+    ``sigma > 0`` (each item's delta clipped to L2 norm ``clip_norm`` first when given: the clipped
+    Gaussian mechanism of the paper's footnote 5). The server sums the messages and applies :func:`estimate_user_vectors` and
     :func:`sign_rule`. Optionally the real model ``restore_items`` is pushed back with ``R = 0``.
 
     With ``cohort_size = m > 1`` the server only sees the *sum* of the messages of consecutive groups of
@@ -199,7 +202,7 @@ def protocol2_attack(user_vectors: torch.Tensor, items: torch.Tensor, y: torch.T
     client(user_vectors, probe, items, y, local_steps=0, batch_size=batch_size, lr=lr, loss=loss)
     record, sums, u, touched = _run_attack(step, user_vectors, num_interactions=num_interactions, sigma=sigma,
                                            record_at=record_at, cohort_size=cohort_size, generator=generator,
-                                           restore=restore)
+                                           restore=restore, clip_norm=clip_norm)
     est = torch.stack([sign_rule(estimate_user_vectors(s, lr=lr, loss=loss, num_interactions=t,
                                                        batch_size=batch_size), leaning)
                        for t, s in zip(record, sums)])
@@ -209,12 +212,14 @@ def protocol2_attack(user_vectors: torch.Tensor, items: torch.Tensor, y: torch.T
 def protocol3_attack(user_vectors: torch.Tensor, items: torch.Tensor, y: torch.Tensor, *,
                      num_interactions: int, batch_size: int, lr: float, loss: str = "log",
                      num_items: int | None = None, sigma: float = 0.0, record_at: Sequence[int] | None = None,
-                     leaning: str = "negative", generator: torch.Generator | None = None) -> PACAttackResult:
+                     leaning: str = "negative", clip_norm: float | None = None,
+                     generator: torch.Generator | None = None) -> PACAttackResult:
     """The attack of London 2020, App. A.4 (Theorem 3) against Protocol 3 (SGD without replacement).
 
     As Protocol 2 with ``E = 1`` epoch instead of ``R = 1`` step; the estimate divides by
     ``lr * l'(0) * T * N`` where the server reads ``N`` off the number of items whose message is
     non-zero (averaged over interactions). Noise-free, ``u_hat = (1 - 2 p_c) u_c`` exactly.
+    ``clip_norm`` clips each item's delta before the noise, as in :func:`protocol2_attack`.
     Shapes and errors as :func:`protocol2_attack`; ``batch_size`` must divide ``N``.
     """
     C, k = user_vectors.shape
@@ -227,7 +232,8 @@ def protocol3_attack(user_vectors: torch.Tensor, items: torch.Tensor, y: torch.T
 
     protocol3_client_update(user_vectors, probe, items, y, local_epochs=0, batch_size=batch_size, lr=lr, loss=loss)
     record, sums, u, touched = _run_attack(step, user_vectors, num_interactions=num_interactions, sigma=sigma,
-                                           record_at=record_at, cohort_size=1, generator=generator, restore=None)
+                                           record_at=record_at, cohort_size=1, generator=generator, restore=None,
+                                           clip_norm=clip_norm)
     est = torch.stack([sign_rule(estimate_user_vectors(s, lr=lr, loss=loss, num_interactions=t,
                                                        batch_size=touched), leaning)
                        for t, s in zip(record, sums)])
@@ -237,13 +243,14 @@ def protocol3_attack(user_vectors: torch.Tensor, items: torch.Tensor, y: torch.T
 def attack_error_curve(user_vectors: torch.Tensor, items: torch.Tensor, y: torch.Tensor,
                        item_vectors: torch.Tensor, *, num_trials: int, num_interactions: int, batch_size: int,
                        lr: float, loss: str = "log", sigma=0.0, record_at: Sequence[int] | None = None,
-                       protocol: int = 2, seed: int = 0):
+                       protocol: int = 2, clip_norm: float | None = None, seed: int = 0):
     """Run the attack on ``num_trials`` independent copies of each of ``C`` clients in one batch and
     measure Definition 1's error after each ``T`` in ``record_at``.
 
     ``user_vectors [C, k]``, ``items, y [C, N]``, ``item_vectors [I, k]`` (the catalog on which the error is
     measured); ``sigma`` a float or ``[C]`` (one noise level per client); ``protocol`` 2 (Protocol 2,
-    ``R = 1``) or 3 (Protocol 3, ``E = 1``). Returns ``(record, errors)`` with ``errors [J, C, num_trials]``.
+    ``R = 1``) or 3 (Protocol 3, ``E = 1``); ``clip_norm`` clips each item's delta before the noise.
+    Returns ``(record, errors)`` with ``errors [J, C, num_trials]``.
     """
     if int(num_trials) < 1:
         raise ValueError(f"num_trials must be >= 1, got {num_trials}")
@@ -256,7 +263,7 @@ def attack_error_curve(user_vectors: torch.Tensor, items: torch.Tensor, y: torch
     U = rep(user_vectors.to(DTYPE))
     attack = protocol2_attack if protocol == 2 else protocol3_attack
     res = attack(U, rep(items), rep(y), num_interactions=num_interactions, batch_size=batch_size, lr=lr, loss=loss,
-                 num_items=item_vectors.shape[0], sigma=sig, record_at=record_at,
+                 num_items=item_vectors.shape[0], sigma=sig, record_at=record_at, clip_norm=clip_norm,
                  generator=torch.Generator().manual_seed(int(seed)))
     err = sign_error(res.estimates, U, item_vectors)
     return res.num_interactions, err.view(len(res.num_interactions), C, int(num_trials))
@@ -483,6 +490,7 @@ class AttackLaw:
     """
 
     EVENTS = ("E1", "E2", "E1E2", "above_tau", "error")
+    MAX_LABELS = 50_000_000      # the longest label-count pmf computed exactly (400 MB of float64)
 
     def __init__(self, user_vector: torch.Tensor, item_vectors: torch.Tensor, *, pref_rate: float, num_rated: int,
                  batch_size: int, sigma: float, lr: float, loss: str, protocol: int = 2, num_draws: int = 20000,
@@ -505,6 +513,7 @@ class AttackLaw:
         self.margins = V @ u.numpy()                                          # a_i = u_c . v_i, [I]
         self.norms = np.linalg.norm(V, axis=1)                                # ||v_i||, [I]
         self.num_items, self.item_norm_bound = V.shape[0], float(self.norms.max())   # I and M
+        self.user_norm = float(u.norm())                                      # ||u_c||
         self._pmf_cache: dict = {}
         g = np.random.default_rng(int(seed)).standard_normal((int(num_draws), u.numel()))
         proj = g @ V.T                                                        # g . v_i, [S, I]
@@ -517,6 +526,15 @@ class AttackLaw:
         self._lp0 = abs(lr * _lprime0(loss))
         self._n = self.batch_size if protocol == 2 else self.num_rated
         self.multiplier = 1 - 2 * round(self.pref_rate * self.num_rated) / self.num_rated   # 1 - 2 p_c
+
+    def with_sigma(self, sigma: float) -> "AttackLaw":
+        """The same law at another noise level, sharing this object's Gaussian draws (so that laws at
+        several ``sigma`` are compared on common random numbers). Raises ``ValueError`` unless
+        ``sigma > 0``."""
+        _check_positive("sigma", sigma)
+        other = copy.copy(self)
+        other.sigma, other._pmf_cache = float(sigma), self._pmf_cache
+        return other
 
     def tau(self, epsilon: float) -> float:
         """``tau_c(epsilon)`` of this client on this catalog, as :func:`tau_c` computes it (from the
@@ -560,6 +578,9 @@ class AttackLaw:
         if not unsure.any():
             return out
         if T not in self._pmf_cache:
+            if TB > self.MAX_LABELS:
+                raise ValueError(f"the exact law of T*B = {TB} labels needs more than {self.MAX_LABELS} floats; "
+                                 f"ask for fewer interactions (a larger sigma or error target, or a smaller one)")
             pmf = likes_pmf(T, p, self.batch_size, self.num_rated)
             self._pmf_cache[T] = np.concatenate([np.cumsum(pmf[::-1])[::-1], [0.0]])   # sf[L] = P(likes >= L)
         sf = self._pmf_cache[T]
@@ -653,6 +674,23 @@ class AttackLaw:
             if hi / lo < 1 + 1e-12:
                 break
         return hi
+
+
+def clipped_sigma(sigma: float, clip_norm: float, user_norm: float, *, lr: float, loss: str) -> float:
+    """The noise level at which the *unclipped* attack behaves exactly like the attack on messages
+    clipped to ``clip_norm`` per item before Eq. (3)'s noise ``sigma`` (London 2020, footnote 5).
+
+    Under the zero probe every item delta is ``-lr l'(0) y_i u_c`` (Eq. 2), of norm
+    ``a = |lr l'(0)| ||u_c||`` whatever the label; clipping scales every delta by the same
+    ``min(1, clip_norm / a)``, which neither the sign rule nor Definition 1's error can see, so the
+    clipped attack is the unclipped one with noise ``sigma / min(1, clip_norm / a)``. Feed the result to
+    :class:`AttackLaw` (``tests/test_identifiability.py`` checks this against the simulated clipped
+    attack). Raises ``ValueError`` for ``sigma``, ``clip_norm``, ``user_norm`` or ``lr`` not positive.
+    """
+    for name, value in (("sigma", sigma), ("clip_norm", clip_norm), ("user_norm", user_norm), ("lr", lr)):
+        _check_positive(name, value)
+    a = abs(lr * _lprime0(loss)) * float(user_norm)
+    return float(sigma) / min(1.0, float(clip_norm) / a)
 
 
 def proposition1_check(u_hat: torch.Tensor, user_vectors: torch.Tensor, item_vectors: torch.Tensor,

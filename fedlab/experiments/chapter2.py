@@ -20,11 +20,13 @@ from .._checks import in_range, positive_int
 from ..attacks import identifiability as pac
 from ..fl.recsys import ratings as rec
 from ..metrics import t_interval
+from ..privacy import ldp
 
 __all__ = ["Theorem1Row", "theorem1_sweep", "plot_theorem1", "theorem1_rows", "theorem1_fail_name",
            "theorem1_table", "noisy_error_curves", "noisy_panels", "noisy_summary", "attack_error_panel",
            "probe_defense", "secagg_experiment", "secagg_rows", "label_leak", "slack_chain", "bound_checks",
-           "bound_checks_table", "slack_table", "epsilon_sweep", "plot_epsilon_sweep"]
+           "bound_checks_table", "slack_table", "epsilon_sweep", "plot_epsilon_sweep", "dp_composition", "dp_error_targets",
+           "plot_dp_composition"]
 
 
 def _grid(t_max: int, bounds) -> list[int]:
@@ -364,6 +366,98 @@ def plot_epsilon_sweep(sweep: Mapping, epsilons: Sequence[float]):
            ylabel="interactions T", title="How many interactions: the theorems against what the attack needs")
     ax.legend(fontsize=8)
     return fig, ax
+
+
+def _dp_point(law: "pac.AttackLaw", z: float, *, clip_norm: float, epsilon: float, delta: float,
+              dp_delta: float, bound: bool) -> dict:
+    """One noise multiplier ``z``: Eq. (3)'s ``sigma`` for it, the attack's ``T`` and its DP cost."""
+    n = law.batch_size if law.protocol == 2 else law.num_rated     # items one message changes
+    sigma = 2.0 * z * clip_norm * math.sqrt(n)                     # ldp_noise_multiplier(sigma, C, n) = z
+    equiv = law.with_sigma(pac.clipped_sigma(sigma, clip_norm, law.user_norm, lr=law.lr, loss=law.loss))
+    out = {"z": z, "sigma": sigma, "needed": equiv.needed("error", delta, epsilon=epsilon)}
+    out["eps_needed"] = ldp.gaussian_composed_epsilon(z, out["needed"], dp_delta)
+    out["mu_needed"] = math.sqrt(out["needed"]) / z
+    if bound:
+        out["bound"] = math.ceil(equiv.bound(epsilon, delta))
+        out["eps_bound"] = ldp.gaussian_composed_epsilon(z, out["bound"], dp_delta)
+    return out
+
+
+def dp_composition(laws: Mapping, noise_multipliers: Sequence[float], *, clip_norm: float, epsilon: float,
+                   delta: float, dp_delta: float) -> dict:
+    """London 2020, footnote 5: Eq. (3) with each item's delta clipped to ``clip_norm`` is a Gaussian
+    mechanism. For each ``{name: AttackLaw}`` and noise multiplier ``z``, the client's ``sigma`` is the
+    one that makes a message ``z``-noisy for its local-DP sensitivity
+    (:func:`~fedlab.privacy.ldp.ldp_noise_multiplier`: ``2 C sqrt(n)``, ``n`` = the items one message
+    changes, ``B`` for Protocol 2 and ``N`` for Protocol 3); the attack's exact law
+    (:func:`~fedlab.attacks.identifiability.clipped_sigma`) gives the ``T`` it needs for
+    ``P(error > epsilon) <= delta``, the theorem the ``T`` it promises, and
+    :func:`~fedlab.privacy.ldp.gaussian_composed_epsilon` the ``epsilon_DP`` (at ``dp_delta``) that
+    ``T`` messages cost the client. Returns ``{name: {key: array [len(noise_multipliers)]}}`` with keys
+    ``z, sigma, needed, eps_needed, mu_needed, bound, eps_bound``. Raises ``ValueError`` for
+    ``clip_norm`` or a multiplier not positive, ``delta`` / ``dp_delta`` outside (0, 1)."""
+    in_range("delta", delta, 0.0, 1.0)
+    in_range("dp_delta", dp_delta, 0.0, 1.0)
+    if not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+    if not all(z > 0 for z in noise_multipliers):
+        raise ValueError(f"noise_multipliers must all be > 0, got {list(noise_multipliers)}")
+    out = {}
+    for name, law in laws.items():
+        rows = [_dp_point(law, float(z), clip_norm=clip_norm, epsilon=epsilon, delta=delta, dp_delta=dp_delta,
+                          bound=True) for z in noise_multipliers]
+        out[name] = {k: np.array([r[k] for r in rows], dtype=float) for k in rows[0]}
+    return out
+
+
+def dp_error_targets(law: "pac.AttackLaw", targets: Sequence[float], *, noise_multiplier: float,
+                     clip_norm: float, delta: float, dp_delta: float) -> dict:
+    """The ``epsilon_DP`` the attack of :func:`dp_composition` must cost the client before
+    ``P(error > target) <= delta``, for each error target of Definition 1 (at one noise multiplier).
+    Returns ``{"target", "needed", "eps_needed", "mu_needed"}`` arrays ``[len(targets)]``."""
+    in_range("delta", delta, 0.0, 1.0)
+    rows = [_dp_point(law, float(noise_multiplier), clip_norm=clip_norm, epsilon=float(t), delta=delta,
+                      dp_delta=dp_delta, bound=False) for t in targets]
+    out = {k: np.array([r[k] for r in rows], dtype=float) for k in ("needed", "eps_needed", "mu_needed")}
+    out["target"] = np.asarray(targets, dtype=float)
+    return out
+
+
+def plot_dp_composition(comp: Mapping, targets: Mapping, *, floor_eps: float, epsilon: float, delta: float,
+                        dp_delta: float):
+    """Left: interactions the attack needs (filled) and the theorem's ``T`` (open) against the
+    composed ``epsilon_DP``, one point per noise multiplier, one colour per law of
+    :func:`dp_composition`, with the floor below which no attack can succeed. Right: the
+    ``epsilon_DP`` needed against the error target (:func:`dp_error_targets`). Returns ``(fig, axes)``."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import PALETTE
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    ax = axes[0]
+    for j, (name, r) in enumerate(comp.items()):
+        col, mk = PALETTE[j], "ox+^"[j % 4]
+        ax.plot(r["eps_needed"], r["needed"], mk + "-", color=col, ms=7, label=f"{name}: attack needs (exact law)")
+        ax.plot(r["eps_bound"], r["bound"], mk + "--", color=col, ms=7, mfc="none", label=f"{name}: theorem's T")
+        if j == 0:
+            for z, e, t in zip(r["z"], r["eps_needed"], r["needed"]):
+                ax.annotate(f"z = {z:g}", (e, t), xytext=(-8, 0), textcoords="offset points", ha="right",
+                            va="center", fontsize=8)
+    ax.axvspan(1.0, floor_eps, color="0.85", zorder=0,
+               label=f"no attack reaches {1 - delta:g} (DP floor)")
+    ax.set(xscale="log", yscale="log", xlabel=f"composed $\\epsilon_{{DP}}$ at $\\delta$ = {dp_delta:g}",
+           ylabel="interactions T", title=f"P(error > {epsilon:g}) $\\leq$ {delta:g}: one point per noise multiplier z")
+    ax.set_xlim(left=1.0)
+    ax.legend(fontsize=8, loc="upper left")
+    ax = axes[1]
+    for j, (name, r) in enumerate(targets.items()):
+        ax.plot(r["target"], r["eps_needed"], "ox+^"[j % 4] + "-", color=PALETTE[j], ms=7, label=name)
+    ax.axhline(floor_eps, color="0.4", ls=":", label="DP floor (any attack)")
+    ax.set(yscale="log", xlabel="error target $\\epsilon$ of Definition 1",
+           ylabel="composed $\\epsilon_{DP}$ the attack needs", title="Coarser goals cost less budget")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, axes
 
 
 def attack_error_panel(pref_rate: float = 0.2, sigma: float = 0.1, batch_size: int = 5, num_interactions: int = 100,

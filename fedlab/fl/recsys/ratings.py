@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...privacy.defenses import gaussian_noise
+from ...privacy.defenses import clip_rows, gaussian_noise
 from ..rounds import run_rounds
 
 __all__ = ["LOSSES", "COUNTEREXAMPLE_LOSSES", "margin_loss", "margin_loss_grad", "loss_derivative_at_zero", "RecData",
@@ -303,20 +303,29 @@ def touched_items(deltas: torch.Tensor) -> torch.Tensor:
     return (deltas != 0).any(dim=-1)
 
 
-def noisy_message(deltas: torch.Tensor, sigma: float, *, generator: torch.Generator | None = None):
+def noisy_message(deltas: torch.Tensor, sigma: float, *, clip_norm: float | None = None,
+                  generator: torch.Generator | None = None):
     """The corrupted message of London 2020, Eq. (3): add ``N(0, sigma^2 I_k)`` to the delta of every
     item whose vector changed, and send exactly zero for the items that did not change.
 
+    With ``clip_norm = C`` each item's delta is first scaled to L2 norm at most ``C`` (the gradient
+    clipping of the paper's footnote 5, which turns Eq. (3) into a Gaussian mechanism; see
+    :func:`fedlab.privacy.ldp.ldp_noise_multiplier`). Clipping never turns a changed item into an
+    unchanged one.
+
     ``deltas`` is ``[C, N, k]``; ``sigma`` a float or a ``[C]`` tensor (one noise level per client, to
     run several noise levels in one batch). Returns a new tensor of the same shape. Raises
-    ``ValueError`` if ``sigma < 0`` or has the wrong shape.
+    ``ValueError`` if ``sigma < 0`` or has the wrong shape, or ``clip_norm <= 0``.
     """
     sig = torch.as_tensor(sigma, dtype=deltas.dtype)
     if not bool((sig >= 0).all()):
         raise ValueError(f"sigma must be >= 0, got {sigma}")
     if sig.ndim > 1 or (sig.ndim == 1 and sig.shape[0] != deltas.shape[0]):
         raise ValueError(f"sigma must be a float or a [C={deltas.shape[0]}] tensor, got shape {tuple(sig.shape)}")
-    out = deltas.clone()
+    if clip_norm is not None and not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0 or None, got {clip_norm}")
+    out = deltas.clone() if clip_norm is None else clip_rows(deltas.reshape(-1, deltas.shape[-1]),
+                                                              float(clip_norm)).reshape(deltas.shape)
     if not bool((sig > 0).any()):
         return out
     mask = touched_items(deltas)
