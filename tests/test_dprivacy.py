@@ -174,6 +174,8 @@ def test_sanitize_update_leakage_is_n_over_nu():
     single = dp.sanitize_update(theta_global.clone(), theta_global, nu, rng=0)
     assert single.theta.shape == (n,) and torch.equal(single.theta, theta_global)
     assert math.isinf(float(single.leakage)) and math.isinf(float(single.epsilon))
+    with pytest.raises(ValueError, match="leakage"):
+        dp.PrivacyAccountant(1).spend(0, single.leakage)
 
 
 def test_safe_release_is_default_snapped_and_keeps_the_noise_law():
@@ -314,6 +316,46 @@ def test_accountant_composes_by_summation_and_refuses_past_budget():
     lax = dp.PrivacyAccountant(1, budget=1.0, refuse_past_budget=False)
     lax.spend(0, 5.0)
     assert lax.total(0) == 5.0
+
+
+def test_accountant_budget_at_a_fixed_radius():
+    # two releases of one client: ||delta|| = 1 then 0.1 with nu = 5, n = 2 -> eps = 0.4 then 4;
+    # the ledger says 0.8 (n / nu twice) but at radius 1 the composed loss is 4.4
+    acct = dp.PrivacyAccountant(2)
+    acct.spend([0], 0.4, round=1, epsilon=0.4)
+    acct.spend([0], 0.4, round=2, epsilon=4.0)
+    assert acct.total(0) == pytest.approx(0.8)
+    np.testing.assert_allclose(acct.budget_at_radius(1.0), [4.4, 0.0])
+    s = acct.summary(radius=1.0)
+    assert s["max_at_radius"] == pytest.approx(4.4) and s["max"] == pytest.approx(0.8)
+    # a release recorded without its epsilon makes the fixed-radius budget unknown (NaN), not wrong
+    acct.spend([1], 0.4)
+    assert np.isnan(acct.budget_at_radius(1.0)[1])
+    # with sanitize_update's output
+    out = dp.sanitize_update(torch.tensor([[1.0, 0.0], [0.0, 0.1]]), torch.zeros(2), 5.0, rng=0)
+    b = dp.PrivacyAccountant(2)
+    b.spend([0, 1], out.leakage.numpy(), epsilon=out.epsilon.numpy())
+    np.testing.assert_allclose(b.budget_at_radius(0.5), 0.5 * out.epsilon.numpy())
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda a: a.spend([0, 0], 0.1), "clients"),
+    (lambda a: a.spend([1, 2, 1], [0.1, 0.2, 0.3]), "clients"),
+    (lambda a: a.allowed([0, 0], 0.1), "clients"),
+    (lambda a: a.spend([0], float("nan")), "leakage"),
+    (lambda a: a.spend([0, 1], [0.1, float("inf")]), "leakage"),
+    (lambda a: a.allowed([0], float("nan")), "leakage"),
+    (lambda a: a.spend([0, 1], [0.1, 0.2, 0.3]), "leakage"),
+    (lambda a: a.spend([0], 0.1, epsilon=float("nan")), "epsilon"),
+    (lambda a: a.spend([0], 0.1, epsilon=0.0), "epsilon"),
+    (lambda a: a.budget_at_radius(-1.0), "radius"),
+])
+def test_accountant_rejects_repeated_ids_and_non_finite_leakage(call, name):
+    acct = dp.PrivacyAccountant(3, budget=10.0)
+    with pytest.raises(ValueError, match=name):
+        call(acct)
+    # nothing was recorded
+    assert (acct.spent == 0).all() and (acct.participations == 0).all() and acct.log == []
 
 
 def test_first_order_bound_of_prop_3_2():

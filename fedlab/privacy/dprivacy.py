@@ -384,7 +384,7 @@ def sanitize_update(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: f
 
     A client whose update is exactly zero gets ``eps = inf`` and is released exactly. That release
     tells the server ``delta = 0``, which no finite budget covers, so its ``leakage`` is ``inf``
-    (use :func:`sanitize_update_clipped`,
+    (:meth:`PrivacyAccountant.spend` refuses to record it; use :func:`sanitize_update_clipped`,
     which noises every update, or leave the client out).
 
     Raises ``ValueError`` on ``nu <= 0``, shape mismatch or non-finite parameters.
@@ -616,72 +616,137 @@ def privacy_loss_check(theta_1: torch.Tensor, theta_2: torch.Tensor, theta_globa
 class PrivacyAccountant:
     """Per-client d-privacy ledger (Galli et al., Theorem 3.1 and Sec. 4.1).
 
-    Independent releases compose by summation: after participations with leakages ``l_1, l_2, ...``
-    a client is ``sum_i l_i``-d-private with respect to its neighbourhood. With a ``budget``, a client
-    refuses (``refuse_past_budget=True``) any participation that would push its total above it; the
-    decision is made before the client releases anything.
+    Releases compose by summation: after participations with leakages ``l_i = eps_i r_i`` a client is
+    credited ``sum_i l_i`` (``spent``), the paper's number. Read it with care:
 
-    Attributes: ``spent`` float64 array ``[num_clients]``; ``participations`` int array; ``log`` a list
-    of ``(round, client, leakage)``.
+    * ``l_i = eps_i ||delta_i||`` is the loss towards vectors in the ``||delta_i||``-ball of *that round*;
+      the ball shrinks as training converges, so the sum protects a different, shrinking neighbourhood
+      each round. For a fixed radius ``r`` the composed loss is ``r * sum_i eps_i``
+      (:meth:`budget_at_radius`), available when :meth:`spend` is given the ``epsilon`` of each release.
+    * Theorem 3.1 is stated for an *independent* composition; in IFCA the rounds are adaptive (round
+      ``t`` trains on models built from earlier releases, and the clients' secrets change every
+      round). Sequential composition of pure guarantees also holds adaptively when each round's eps
+      is fixed before the secret is seen (the likelihood ratio of the transcript factorises round by
+      round), but the paper does not state or prove that version, and it does not apply when eps is
+      computed from the secret, as in the adaptive :func:`sanitize_update`: there the ledger's
+      number is a bookkeeping convention, not a guarantee. :func:`sanitize_update_clipped` fixes eps.
+    * "Group privacy" in Galli et al. means indistinguishability among clients whose parameters lie
+      in one neighbourhood (a cluster). It is *not* DP's group privacy (the ``k * eps`` bound for
+      datasets differing in ``k`` records).
+
+    With a ``budget``, a client refuses (``refuse_past_budget=True``) any participation that would
+    push its total above it; the decision is made before the client releases anything.
+
+    Attributes: ``spent`` float64 array ``[num_clients]``; ``epsilon_spent`` float64 ``[num_clients]``
+    (sum of the eps of the releases, NaN once a release was recorded without one);
+    ``participations`` int array; ``log`` a list of ``(round, client, leakage)``.
     """
 
     num_clients: int
     budget: float | None = None
     refuse_past_budget: bool = True
     spent: np.ndarray = field(init=False)
+    epsilon_spent: np.ndarray = field(init=False)
     participations: np.ndarray = field(init=False)
     log: list = field(init=False, default_factory=list)
 
     def __post_init__(self):
-        if int(self.num_clients) != self.num_clients or self.num_clients < 1:
+        if isinstance(self.num_clients, bool) or int(self.num_clients) != self.num_clients or self.num_clients < 1:
             raise ValueError(f"num_clients must be a positive integer, got {self.num_clients}")
-        if self.budget is not None and not self.budget > 0:
-            raise ValueError(f"budget must be > 0 or None, got {self.budget}")
+        if self.budget is not None and not (self.budget > 0 and math.isfinite(self.budget)):
+            raise ValueError(f"budget must be a finite number > 0 or None, got {self.budget}")
         self.spent = np.zeros(int(self.num_clients))
+        self.epsilon_spent = np.zeros(int(self.num_clients))
         self.participations = np.zeros(int(self.num_clients), dtype=np.int64)
 
-    def _clients(self, clients) -> np.ndarray:
-        c = np.atleast_1d(np.asarray(clients, dtype=np.int64))
+    def _clients(self, clients, *, unique: bool = True) -> np.ndarray:
+        c = np.atleast_1d(np.asarray(clients))
+        if c.ndim != 1 or (c.size and not np.issubdtype(c.dtype, np.integer)):
+            raise ValueError(f"clients must be an integer id or a 1-D array of ids, got {clients!r}")
+        c = c.astype(np.int64)
         if c.size and (c.min() < 0 or c.max() >= self.num_clients):
-            raise ValueError(f"client ids must lie in [0, {self.num_clients}), got {c.tolist()}")
+            raise ValueError(f"clients must lie in [0, {self.num_clients}), got {c.tolist()}")
+        if unique and np.unique(c).size != c.size:
+            raise ValueError(f"clients must not repeat within one call, got {c.tolist()}")
         return c
 
+    def _leakage(self, c, leakage) -> np.ndarray:
+        lk = np.asarray(leakage, dtype=np.float64)
+        if lk.ndim > 1 or (lk.ndim == 1 and lk.size != c.size):
+            raise ValueError(f"leakage must be a scalar or have one value per client ({c.size}), "
+                             f"got shape {lk.shape}")
+        lk = np.broadcast_to(lk, c.shape)
+        if not np.all(np.isfinite(lk)):
+            raise ValueError("leakage must be finite (NaN or inf would poison the ledger; an "
+                             "adaptive release of a zero update has inf leakage)")
+        if np.any(lk < 0):
+            raise ValueError("leakage must be >= 0")
+        return lk
+
     def allowed(self, clients, leakage) -> np.ndarray:
-        """Boolean mask: which ``clients`` may release a contribution of ``leakage`` (scalar or one
-        per client) without exceeding the budget. All ``True`` without a budget or refusal."""
+        """Boolean mask: which ``clients`` (distinct ids) may release a contribution of ``leakage``
+        (scalar or one per client) without exceeding the budget. All ``True`` without a budget or
+        refusal. Raises ``ValueError`` on unknown or repeated ids, or NaN / inf / negative leakage."""
         c = self._clients(clients)
-        lk = np.broadcast_to(np.asarray(leakage, dtype=np.float64), c.shape)
+        lk = self._leakage(c, leakage)
         if self.budget is None or not self.refuse_past_budget:
             return np.ones(c.shape, dtype=bool)
         return self.spent[c] + lk <= self.budget * (1 + 1e-12)
 
-    def spend(self, clients, leakage, round: int | None = None) -> None:
-        """Record that ``clients`` released updates with the given ``leakage`` (scalar or ``[m]``).
+    def spend(self, clients, leakage, round: int | None = None, *, epsilon=None) -> None:
+        """Record that ``clients`` (distinct ids ``[m]``) released updates with the given ``leakage``
+        (scalar or ``[m]``) and, optionally, the ``epsilon`` of each release (scalar or ``[m]``, for
+        :meth:`budget_at_radius`).
 
-        Raises ``ValueError`` on a negative leakage, unknown client ids, or (with refusal on) a
-        release that would exceed the budget.
+        Raises ``ValueError`` on a negative, NaN or infinite leakage, a non-positive or non-finite
+        epsilon, unknown or repeated client ids (one release per client per call), or (with refusal
+        on) a release that would exceed the budget. Nothing is recorded when it raises.
         """
         c = self._clients(clients)
-        lk = np.broadcast_to(np.asarray(leakage, dtype=np.float64), c.shape)
-        if np.any(lk < 0):
-            raise ValueError("leakage must be >= 0")
+        lk = self._leakage(c, leakage)
+        if epsilon is None:
+            ep = np.full(c.shape, np.nan)
+        else:
+            ep = np.asarray(epsilon, dtype=np.float64)
+            if ep.ndim > 1 or (ep.ndim == 1 and ep.size != c.size):
+                raise ValueError(f"epsilon must be a scalar or have one value per client ({c.size})")
+            ep = np.broadcast_to(ep, c.shape)
+            if not np.all(np.isfinite(ep) & (ep > 0)):
+                raise ValueError("epsilon must be finite and > 0")
         if not np.all(self.allowed(c, lk)):
             raise ValueError("a release would exceed the privacy budget; call allowed() first")
-        np.add.at(self.spent, c, lk)
-        np.add.at(self.participations, c, 1)
+        self.spent[c] += lk
+        self.epsilon_spent[c] += ep
+        self.participations[c] += 1
         self.log.extend((round, int(ci), float(li)) for ci, li in zip(c, lk))
 
     def total(self, client: int) -> float:
         """Composed leakage of one client (Theorem 3.1: the sum of its leakages)."""
         return float(self.spent[self._clients(client)][0])
 
-    def summary(self) -> dict:
+    def budget_at_radius(self, radius: float) -> np.ndarray:
+        """Composed loss of every client towards parameter vectors at distance ``radius``:
+        ``radius * sum_i eps_i`` (Theorem 3.1 with ``d = radius``), float64 ``[num_clients]``; NaN for
+        a client with a release recorded without its epsilon. Unlike ``spent``, this protects the same
+        neighbourhood in every round. Raises ``ValueError`` on ``radius < 0`` or non-finite."""
+        if not (radius >= 0 and math.isfinite(radius)):
+            raise ValueError(f"radius must be a finite number >= 0, got {radius}")
+        return radius * self.epsilon_spent
+
+    def summary(self, radius: float | None = None) -> dict:
         """Median and maximum budget over the clients that participated at least once (the two
-        statistics of Galli et al., Table 1), and how many participated."""
-        used = self.spent[self.participations > 0]
-        if used.size == 0:
-            return {"median": 0.0, "max": 0.0, "clients": 0}
-        return {"median": float(np.median(used)), "max": float(used.max()), "clients": int(used.size)}
+        statistics of Galli et al., Table 1), and how many participated. With ``radius``, also
+        ``"median_at_radius"`` and ``"max_at_radius"`` from :meth:`budget_at_radius`."""
+        used = self.participations > 0
+        out = {"median": 0.0, "max": 0.0, "clients": 0}
+        if used.any():
+            out = {"median": float(np.median(self.spent[used])), "max": float(self.spent[used].max()),
+                   "clients": int(used.sum())}
+        if radius is not None:
+            at = self.budget_at_radius(radius)[used]
+            out["median_at_radius"] = float(np.median(at)) if at.size else 0.0
+            out["max_at_radius"] = float(at.max()) if at.size else 0.0
+        return out
 
 
 # ------------------------------------------------------------------------------------------------
