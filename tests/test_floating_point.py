@@ -76,6 +76,15 @@ def test_attack_fails_against_the_snapping_release():
     # every released vector is a grid point reachable from either secret
     assert res.interval_a[0] <= res.interval_b[1] and res.interval_b[0] <= res.interval_a[1]
     assert res.p_a == res.p_b == 0.0
+    # with secrets (0.6, 0.8) and (0.8, 0.6) in float32 some grid points are out of the plain
+    # release's reach from secret B (fl(0.8 + r) never equals -16), so the event is not empty under
+    # the snapping release either: it is just as likely under both secrets
+    a, b = torch.tensor([0.6, 0.8]), torch.tensor([0.8, 0.6])
+    plain = fp.distinguishing_event_probabilities(_release(safe=False), a, b, num_samples=50_000, rng=3)
+    assert plain.p_b == 0.0 and plain.interval_a[0] > 0.3 and plain.distinguishes
+    snap = fp.distinguishing_event_probabilities(_release(safe=True), a, b, num_samples=200_000, rng=3)
+    assert snap.count_a > 200 and snap.count_b > 200 and not snap.distinguishes
+    assert abs(np.log(snap.p_a / snap.p_b)) < 0.4
     # and the snapped outputs' distribution itself is within eps d + eps_fp of the other secret's,
     # cell by cell (outputs are on the grid Lambda = 4: bins centred on it)
     m = 200_000

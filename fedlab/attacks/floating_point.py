@@ -15,7 +15,11 @@ probability exactly 0 under ``x_B`` and a positive probability under ``x_A``: th
 infinite, whatever epsilon says. :func:`distinguishing_event_probabilities` estimates both
 probabilities from samples with exact binomial intervals. The snapping release
 (:func:`fedlab.privacy.dprivacy.release_euclidean_laplace`, ``safe=True``) puts every output on a
-power-of-two grid reachable from any secret, and the event loses its power.
+power-of-two grid whose law depends on the secret only through the exact Laplace density, and the
+event loses its power: with secrets ``(1, 0)`` and ``(0, 1)`` every grid point is reachable from both
+(probability 0 under both); with ``(0.6, 0.8)`` and ``(0.8, 0.6)`` in float32 a few grid points (such
+as ``-16``, which ``fl(0.8 + r)`` never equals) are out of the plain release's reach from the second
+secret, and the snapping release produces them about equally often from either secret.
 """
 from __future__ import annotations
 
