@@ -1,0 +1,113 @@
+"""Mironov's floating-point attack on the Euclidean Laplace release (fedlab.attacks.floating_point)
+and the snapping release that defeats it (issue 20, item 1)."""
+import numpy as np
+import pytest
+import torch
+
+from fedlab.attacks import floating_point as fp
+from fedlab.privacy import dprivacy as dp
+
+NU = 5.0
+THETA_GLOBAL = torch.zeros(2)
+# two secrets of the same norm, hence the same epsilon n / (nu ||delta||) = 0.4
+SECRET_A, SECRET_B = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+
+
+def _release(safe):
+    def release(x, m, gen):
+        return dp.sanitize_update(x.expand(m, -1), THETA_GLOBAL.expand(m, -1), NU, rng=gen, safe=safe).theta
+    return release
+
+
+def _floats_between(lo, hi, dtype=np.float32):
+    """Every float of ``dtype`` in [lo, hi) for 0 < lo < hi."""
+    itype = np.int32 if dtype == np.float32 else np.int64
+    a, b = np.array(lo, dtype).view(itype), np.array(hi, dtype).view(itype)
+    return np.arange(a, b, dtype=itype).view(dtype)
+
+
+@pytest.mark.parametrize("x, r_lo, r_hi, y_lo, y_hi", [
+    (1.0, 0.5, 2.0, -1.0, 0.5),      # y = 1 + r for r in [-2, -0.5): every such y in [-1, 0.5)
+    (0.3, 0.05, 0.6, -0.29, 0.24),
+])
+def test_reachable_matches_exhaustive_enumeration(x, r_lo, r_hi, y_lo, y_hi):
+    x = np.float32(x)
+    r = -_floats_between(r_lo, r_hi)                  # every float32 noise value that can land in [y_lo, y_hi)
+    ys = x + r                                        # float32 addition, round to nearest even
+    reach = np.unique(ys[(ys >= y_lo) & (ys < y_hi)])
+    gen = np.random.default_rng(0)
+    # candidates: random bit patterns (dense near 0) and random reals (dense where the mass is)
+    bits = gen.integers(np.float32(1e-30).view(np.int32), np.float32(max(-y_lo, y_hi)).view(np.int32), 100_000)
+    cand = np.concatenate([bits.astype(np.int32).view(np.float32) * gen.choice([-1, 1], 100_000).astype(np.float32),
+                           gen.uniform(y_lo, y_hi, 100_000).astype(np.float32), reach[::97]])
+    cand = cand[(cand >= y_lo) & (cand < y_hi)]
+    truth = np.isin(cand, reach)
+    got = fp.reachable(cand, x)
+    assert np.array_equal(got, truth)
+    assert 0.05 < truth.mean() < 0.95                 # both kinds are present: the test can fail
+
+
+def test_reachable_from_the_secret_itself_and_float64():
+    gen = np.random.default_rng(1)
+    x = gen.standard_normal((1000, 5)).astype(np.float32)
+    y = x + (gen.standard_normal((1000, 5)) * 3).astype(np.float32)
+    assert fp.reachable(y, x).all() and not fp.unreachable_from(y, x).any()
+    x64 = gen.standard_normal((1000, 5))
+    y64 = x64 + gen.standard_normal((1000, 5)) * 3
+    assert fp.reachable(y64, x64).all()
+    # float64: 1 + r is exact for r in [-2, -1), so y = -0.75 + 2^-53 (not a multiple of 2^-52) is out of reach
+    assert not fp.reachable(np.array([-0.75 + 2.0**-53]), np.array([1.0]))[0]
+    assert fp.reachable(np.array([-0.75 + 2.0**-53]), np.array([0.0]))[0]
+
+
+def test_attack_distinguishes_the_plain_float32_release():
+    res = fp.distinguishing_event_probabilities(_release(safe=False), SECRET_A, SECRET_B, num_samples=50_000, rng=0)
+    assert res.count_b == 0 and res.p_b == 0.0           # the event is impossible under secret B
+    assert res.interval_a[0] > 0.1                        # and likely under secret A (~0.21)
+    assert res.distinguishes
+    # symmetric: the roles of the secrets swap
+    rev = fp.distinguishing_event_probabilities(_release(safe=False), SECRET_B, SECRET_A, num_samples=50_000, rng=1)
+    assert rev.p_b == 0.0 and rev.interval_a[0] > 0.1
+
+
+def test_attack_fails_against_the_snapping_release():
+    res = fp.distinguishing_event_probabilities(_release(safe=True), SECRET_A, SECRET_B, num_samples=50_000, rng=0)
+    assert not res.distinguishes
+    # every released vector is a grid point reachable from either secret
+    assert res.interval_a[0] <= res.interval_b[1] and res.interval_b[0] <= res.interval_a[1]
+    assert res.p_a == res.p_b == 0.0
+    # with secrets (0.6, 0.8) and (0.8, 0.6) in float32 some grid points are out of the plain
+    # release's reach from secret B (fl(0.8 + r) never equals -16), so the event is not empty under
+    # the snapping release either: it is just as likely under both secrets
+    a, b = torch.tensor([0.6, 0.8]), torch.tensor([0.8, 0.6])
+    plain = fp.distinguishing_event_probabilities(_release(safe=False), a, b, num_samples=50_000, rng=3)
+    assert plain.p_b == 0.0 and plain.interval_a[0] > 0.3 and plain.distinguishes
+    snap = fp.distinguishing_event_probabilities(_release(safe=True), a, b, num_samples=200_000, rng=3)
+    assert snap.count_a > 200 and snap.count_b > 200 and not snap.distinguishes
+    assert abs(np.log(snap.p_a / snap.p_b)) < 0.4
+    # and the snapped outputs' distribution itself is within eps d + eps_fp of the other secret's,
+    # cell by cell (outputs are on the grid Lambda = 4: bins centred on it)
+    m = 200_000
+    gen = np.random.default_rng(2)
+    ya, yb = _release(True)(SECRET_A, m, gen), _release(True)(SECRET_B, m, gen)
+    assert torch.equal(torch.remainder(ya, 4.0), torch.zeros_like(ya))
+    u = (SECRET_B - SECRET_A) / torch.linalg.vector_norm(SECRET_B - SECRET_A)
+    emp = dp.empirical_privacy_loss((ya @ u).numpy(), (yb @ u).numpy(), np.arange(-42.0, 43.0, 4.0) * 2 ** -0.5,
+                                    level=0.99)
+    eps = 2 / NU                                         # both secrets have ||delta|| = 1
+    assert emp["max_lower"] <= eps * float(torch.linalg.vector_norm(SECRET_A - SECRET_B)) + float(dp.snapping_extra_epsilon(2, eps))
+
+
+def test_attack_result_and_bad_input():
+    res = fp.FloatingPointAttack(0.2, 0.0, (0.19, 0.21), (0.0, 1e-4), 20, 0, 100, 0.95)
+    assert res.distinguishes
+    with pytest.raises(ValueError, match="secret_a"):
+        fp.distinguishing_event_probabilities(_release(False), torch.zeros(2), torch.zeros(3))
+    with pytest.raises(ValueError, match="num_samples"):
+        fp.distinguishing_event_probabilities(_release(False), SECRET_A, SECRET_B, num_samples=0)
+    with pytest.raises(ValueError, match="release"):
+        fp.distinguishing_event_probabilities(lambda x, m, g: torch.zeros(m, 3), SECRET_A, SECRET_B, num_samples=10)
+    with pytest.raises(ValueError, match="y"):
+        fp.reachable(np.array([1, 2]), np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="rng"):
+        fp.distinguishing_event_probabilities(_release(False), SECRET_A, SECRET_B, num_samples=10, rng="seed")
