@@ -111,3 +111,15 @@ def test_attack_result_and_bad_input():
         fp.reachable(np.array([1, 2]), np.array([1.0, 2.0]))
     with pytest.raises(ValueError, match="rng"):
         fp.distinguishing_event_probabilities(_release(False), SECRET_A, SECRET_B, num_samples=10, rng="seed")
+
+
+def test_chapter5_guarantee_gaps_shows_each_gap():
+    from fedlab.experiments import chapter5 as ex
+
+    g = ex.guarantee_gaps(5.0, num_samples=20_000, seed=3)
+    assert g["float"][False].distinguishes and g["float"][False].p_b == 0
+    assert not g["float"][True].distinguishes
+    assert g["adaptive"]["interval"][0] > 0.2 and g["clipped"]["violation_rate"] == 0
+    assert g["norm"][650]["median_relative_error"] < g["norm"][2]["median_relative_error"]
+    with pytest.raises(ValueError, match="nu"):
+        ex.guarantee_gaps(0.0, num_samples=10, seed=0)

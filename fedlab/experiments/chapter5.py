@@ -22,7 +22,8 @@ __all__ = ["rmse", "dist_to_optima", "private_ifca_runs", "private_distances", "
            "server_view_panel", "LAPLACE_SETTINGS", "laplace_sampler_checks", "laplace_checks_markdown",
            "plot_laplace_samples", "loss_increase_draws", "plot_loss_increase", "logistic_hypotheses",
            "digits_grid", "PAPER_TABLE2", "table2_name", "table2_values", "table2_markdown", "budget_markdown",
-           "sanitised_gradient", "plot_dlg_reconstructions", "plot_dlg_psnr", "dlg_markdown"]
+           "sanitised_gradient", "plot_dlg_reconstructions", "plot_dlg_psnr", "dlg_markdown",
+           "guarantee_gaps"]
 
 
 def rmse(model, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -403,3 +404,44 @@ def dlg_markdown(psnr: dict, rate: dict, nus: Sequence[float], *, success_db: fl
     return ("| ν | " + " | ".join(f"{nu:g}" for nu in nus) + " |\n|---" + "|---" * len(nus) + "|\n"
             + "| median PSNR (dB) | " + " | ".join(f"{np.median(psnr[nu]):.1f}" for nu in nus) + " |\n"
             + f"| recovered (≥ {success_db:g} dB) | " + " | ".join(f"{rate[nu]:.2f}" for nu in nus) + " |")
+
+
+def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequence[int] = (2, 650),
+                   clip_radius: float = 1.0) -> dict:
+    """What SanitizeUpdate's guarantee covers (issue-level checks of Galli et al., Sec. 3.2), at ``nu``:
+
+    * ``"float"``: Mironov's (2012) attack on two secrets of equal norm, ``(0.6, 0.8)`` and ``(0.8, 0.6)``,
+      released in float32 from ``theta_global = 0`` by the plain (``safe=False``) and the snapping
+      (``safe=True``) release: ``{safe: FloatingPointAttack}``;
+    * ``"norm"``: how well one plain release reveals ``||delta||`` (median relative error of
+      :func:`~fedlab.privacy.dprivacy.estimate_update_norm`) for ``n`` in ``norm_dims``;
+    * ``"adaptive"``: the privacy loss between secrets of norms 1.1 and 1.0 (0.1 apart) against the
+      promised ``eps d`` (:func:`~fedlab.privacy.dprivacy.privacy_loss_check`);
+    * ``"clipped"``: the same for the fixed-eps variant clipped to ``clip_radius`` on a worst-case pair
+      (secrets far outside the ball, on opposite sides).
+
+    ``num_samples`` releases per estimate, all from ``seed``. Raises ``ValueError`` for ``nu <= 0``."""
+    from ..attacks import floating_point as fp
+
+    if not nu > 0:
+        raise ValueError(f"nu must be > 0, got {nu}")
+    m = positive_int("num_samples", num_samples)
+
+    def release(safe):
+        def f(x, size, g):
+            x32 = x.to(torch.float32).expand(size, -1)
+            return dp.sanitize_update(x32, torch.zeros_like(x32), nu, rng=g, safe=safe).theta
+        return f
+
+    a, b = torch.tensor([0.6, 0.8]), torch.tensor([0.8, 0.6])
+    out = {"float": {safe: fp.distinguishing_event_probabilities(release(safe), a, b, num_samples=m, rng=seed)
+                     for safe in (False, True)}}
+    out["norm"] = {n: dp.norm_disclosure(n, nu, num_trials=max(m // 25, 10), safe=False, rng=seed)
+                   for n in norm_dims}
+    vec = lambda *v: torch.tensor(v, dtype=torch.float64)     # noqa: E731
+    zero = vec(0.0, 0.0)
+    out["adaptive"] = dp.privacy_loss_check(vec(1.1, 0.0), vec(1.0, 0.0), zero, nu, num_samples=m, rng=seed)
+    out["clipped"] = dp.privacy_loss_check(vec(5 * clip_radius, 0.0), vec(-5 * clip_radius, 0.0), zero, nu,
+                                           radius=clip_radius, num_samples=m, rng=seed)
+    return out
+
