@@ -433,7 +433,7 @@ def plot_dp_composition(comp: Mapping, targets: Mapping, *, floor_eps: float, ep
 
     from ..plots import PALETTE
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), layout="constrained")
     ax = axes[0]
     for j, (name, r) in enumerate(comp.items()):
         col, mk = PALETTE[j], "ox+^"[j % 4]
@@ -456,7 +456,6 @@ def plot_dp_composition(comp: Mapping, targets: Mapping, *, floor_eps: float, ep
     ax.set(yscale="log", xlabel="error target $\\epsilon$ of Definition 1",
            ylabel="composed $\\epsilon_{DP}$ the attack needs", title="Coarser goals cost less budget")
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig, axes
 
 

@@ -263,13 +263,10 @@ def release_euclidean_laplace(x: torch.Tensor, epsilon, *, rng=None, safe: bool 
     :func:`snapping_extra_epsilon`; clamping is a projection onto a box, which does not increase
     Euclidean distances. Rows with ``eps = inf`` are released exactly (clamped when ``safe``).
 
-    Parameters
-    ----------
-    x : ``[n]`` or ``[m, n]`` float tensor, the secrets
-    epsilon : scalar or array ``[m]``, ``> 0`` (``inf`` allowed)
-    rng : numpy Generator, int seed or ``None`` (:func:`fedlab.config.global_rng`)
-    safe : snapping (``True``) or the plain float addition (``False``)
-    bound : clamp bound ``B > 0`` of the safe release
+    Arguments: ``x``, the secrets, a float tensor ``[n]`` or ``[m, n]``; ``epsilon``, a scalar or an
+    array ``[m]``, ``> 0`` (``inf`` allowed); ``rng``, a numpy Generator, an int seed or ``None``
+    (:func:`fedlab.config.global_rng`); ``safe``, snapping (``True``) or the plain float addition
+    (``False``); ``bound``, the clamp bound ``B > 0`` of the safe release.
 
     Returns the released tensor, same shape and dtype as ``x``. Raises ``ValueError`` on a ``x`` that is
     not ``[n]`` / ``[m, n]`` floating point or not finite, bad ``epsilon`` (length not ``m``) or ``bound``.
@@ -371,16 +368,10 @@ def sanitize_update(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: f
     often the loss exceeds the promised ``eps * d``. :func:`sanitize_update_clipped` is the
     data-independent variant with a real guarantee.
 
-    Parameters
-    ----------
-    theta_local : ``[n]`` or ``[K, n]``
-        Locally updated parameters ``theta_{j,c}``.
-    theta_global : ``[n]`` or ``[K, n]``
-        The hypothesis each client started from ``theta_j``.
-    nu : float > 0
-        Noise multiplier; ``E ||rho|| = nu ||delta||``.
-    rng : numpy Generator, int seed or ``None``
-    safe, bound : see :func:`release_euclidean_laplace`
+    Arguments: ``theta_local``, the locally updated parameters ``theta_{j,c}``, ``[n]`` or ``[K, n]``;
+    ``theta_global``, the hypothesis ``theta_j`` each client started from, same shape; ``nu > 0``, the
+    noise multiplier (``E ||rho|| = nu ||delta||``); ``rng``, a numpy Generator, an int seed or
+    ``None``; ``safe`` and ``bound`` as in :func:`release_euclidean_laplace`.
 
     A client whose update is exactly zero gets ``eps = inf`` and is released exactly. That release
     tells the server ``delta = 0``, which no finite budget covers, so its ``leakage`` is ``inf``
