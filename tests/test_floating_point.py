@@ -1,6 +1,8 @@
 """Mironov's floating-point attack on the Euclidean Laplace release (fedlab.attacks.floating_point)
 and the snapping release that defeats it (issue 20, item 1)."""
 import numpy as np
+import math
+
 import pytest
 import torch
 
@@ -83,8 +85,8 @@ def test_attack_fails_against_the_snapping_release():
     plain = fp.distinguishing_event_probabilities(_release(safe=False), a, b, num_samples=50_000, rng=3)
     assert plain.p_b == 0.0 and plain.interval_a[0] > 0.3 and plain.distinguishes
     snap = fp.distinguishing_event_probabilities(_release(safe=True), a, b, num_samples=200_000, rng=3)
-    assert snap.count_a > 200 and snap.count_b > 200 and not snap.distinguishes
-    assert abs(np.log(snap.p_a / snap.p_b)) < 0.4
+    eps_d = 2 / NU * float(torch.linalg.vector_norm(a - b)) + float(dp.snapping_extra_epsilon(2, 2 / NU))
+    assert snap.count_a > 200 and snap.count_b > 200 and not snap.violates(eps_d) and plain.violates(eps_d)
     # and the snapped outputs' distribution itself is within eps d + eps_fp of the other secret's,
     # cell by cell (outputs are on the grid Lambda = 4: bins centred on it)
     m = 200_000
@@ -100,7 +102,11 @@ def test_attack_fails_against_the_snapping_release():
 
 def test_attack_result_and_bad_input():
     res = fp.FloatingPointAttack(0.2, 0.0, (0.19, 0.21), (0.0, 1e-4), 20, 0, 100, 0.95)
-    assert res.distinguishes
+    assert res.distinguishes and res.violates(1.0) and not res.violates(10.0)
+    close = fp.FloatingPointAttack(0.2, 0.1, (0.19, 0.21), (0.09, 0.11), 20, 10, 100, 0.95)
+    assert close.distinguishes and not close.violates(math.log(2.5)) and close.violates(math.log(1.5))
+    with pytest.raises(ValueError, match="eps_d"):
+        res.violates(-1.0)
     with pytest.raises(ValueError, match="secret_a"):
         fp.distinguishing_event_probabilities(_release(False), torch.zeros(2), torch.zeros(3))
     with pytest.raises(ValueError, match="num_samples"):
@@ -117,8 +123,8 @@ def test_chapter5_guarantee_gaps_shows_each_gap():
     from fedlab.experiments import chapter5 as ex
 
     g = ex.guarantee_gaps(5.0, num_samples=20_000, seed=3)
-    assert g["float"][False].distinguishes and g["float"][False].p_b == 0
-    assert not g["float"][True].distinguishes
+    assert g["float"][False].violates(g["float_eps_d"]) and g["float"][False].p_b == 0
+    assert not g["float"][True].violates(g["float_eps_d"])
     assert g["adaptive"]["interval"][0] > 0.2 and g["clipped"]["violation_rate"] == 0
     assert g["norm"][650]["median_relative_error"] < g["norm"][2]["median_relative_error"]
     with pytest.raises(ValueError, match="nu"):

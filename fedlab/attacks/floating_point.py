@@ -23,6 +23,8 @@ secret, and the snapping release produces them about equally often from either s
 """
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -114,6 +116,17 @@ class FloatingPointAttack:
         """True when the intervals are disjoint: the event's probability differs under the two secrets
         beyond sampling error (at ``level`` per interval)."""
         return self.interval_a[0] > self.interval_b[1] or self.interval_b[0] > self.interval_a[1]
+
+    def violates(self, eps_d: float) -> bool:
+        """True when the counts establish (at ``level`` per interval) that the event breaks the
+        guarantee ``P_A[E] <= exp(eps_d) P_B[E]`` or the same with the secrets swapped, i.e. the
+        lower end of one interval exceeds ``exp(eps_d)`` times the upper end of the other. A private
+        mechanism may make ``P_A`` and ``P_B`` differ (by up to that factor), so this, not
+        :attr:`distinguishes`, is the test of the claim. Raises ``ValueError`` for ``eps_d < 0``."""
+        if not eps_d >= 0:
+            raise ValueError(f"eps_d must be >= 0, got {eps_d}")
+        f = math.exp(eps_d)
+        return self.interval_a[0] > f * self.interval_b[1] or self.interval_b[0] > f * self.interval_a[1]
 
 
 def distinguishing_event_probabilities(release: Callable, secret_a, secret_b, *,

@@ -412,7 +412,8 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
 
     * ``"float"``: Mironov's (2012) attack on two secrets of equal norm, ``(0.6, 0.8)`` and ``(0.8, 0.6)``,
       released in float32 from ``theta_global = 0`` by the plain (``safe=False``) and the snapping
-      (``safe=True``) release: ``{safe: FloatingPointAttack}``;
+      (``safe=True``) release: ``{safe: FloatingPointAttack}``, and ``"float_eps_d"``, the ``eps d``
+      (plus the snapping's extra eps) that the guarantee allows between them;
     * ``"norm"``: how well one plain release reveals ``||delta||`` (median relative error of
       :func:`~fedlab.privacy.dprivacy.estimate_update_norm`) for ``n`` in ``norm_dims``;
     * ``"adaptive"``: the privacy loss between secrets of norms 1.1 and 1.0 (0.1 apart) against the
@@ -436,6 +437,8 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
     a, b = torch.tensor([0.6, 0.8]), torch.tensor([0.8, 0.6])
     out = {"float": {safe: fp.distinguishing_event_probabilities(release(safe), a, b, num_samples=m, rng=seed)
                      for safe in (False, True)}}
+    eps = 2 / nu                                               # both secrets have ||delta|| = 1, n = 2
+    out["float_eps_d"] = eps * float(torch.linalg.vector_norm(a - b)) + float(dp.snapping_extra_epsilon(2, eps))
     out["norm"] = {n: dp.norm_disclosure(n, nu, num_trials=max(m // 25, 10), safe=False, rng=seed)
                    for n in norm_dims}
     vec = lambda *v: torch.tensor(v, dtype=torch.float64)     # noqa: E731
