@@ -265,7 +265,7 @@ def digits_grid(model, train_clients, val_clients, *, ks: Sequence[int], nus: Se
     """The question of Galli et al.'s Fig. 3 and Tables 1-2 on the rotated digits: (private) IFCA
     (:func:`fedlab.fl.ifca.ifca`) for every number of hypotheses ``k`` of ``ks`` and noise multiplier
     ``nu`` of ``nus`` (``0``: no sanitisation and the clients' argmin assignment; otherwise
-    SanitizeUpdate and the server's k-means, torch Lloyd backend), started from
+    SanitizeUpdate and the server's k-means, :func:`fedlab.fl.ifca.kmeans_clusters`), started from
     :func:`logistic_hypotheses` ``(k, seed=seed)``. Returns ``{(k, nu): IFCAResult}``, run in the order
     of ``ks`` then ``nus``. Raises ``ValueError`` for an empty ``ks`` or ``nus`` or a negative ``nu``."""
     if not ks or not nus:
@@ -278,7 +278,7 @@ def digits_grid(model, train_clients, val_clients, *, ks: Sequence[int], nus: Se
             grid[(k, nu)] = IF.ifca(model, train_clients, num_clusters=k, init=logistic_hypotheses(k, seed=seed),
                                     num_rounds=num_rounds, clients_per_round=clients_per_round, lr=lr,
                                     batch_size=batch_size, nu=nu or None,
-                                    clustering="kmeans" if nu else "argmin", kmeans_backend="lloyd",
+                                    clustering="kmeans" if nu else "argmin",
                                     val_clients=val_clients, seed=seed)
     return grid
 
