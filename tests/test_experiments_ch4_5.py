@@ -136,6 +136,21 @@ def test_dist_to_optima_and_private_distances():
         ex5.private_distances({7: run}, optima, patience=0)
 
 
+def test_convergence_counts_and_markdown():
+    d = {"patience 30": {0: 0.1, 1: 0.4, 2: 0.6, 3: 0.2}, "patience 6": {0: 3.0, 1: 0.49, 2: 0.5, 3: 9.0}}
+    c = ex5.convergence_counts(d, threshold=0.5)
+    assert (c["patience 30"]["success"], c["patience 30"]["seeds"]) == (3, 4) and c["patience 6"]["success"] == 1
+    lo, hi = c["patience 30"]["interval"]
+    ref = dp.clopper_pearson(3, 4)
+    assert lo == pytest.approx(float(ref[0])) and hi == pytest.approx(float(ref[1])) and lo < 0.75 < hi
+    md = ex5.convergence_markdown(c)
+    assert "| patience 30 | 3 / 4 | 0.75 |" in md and md.count("\n") == 3
+    for kwargs, name in [(dict(distances={}), "distances"), (dict(distances={"a": {}}), "distances"),
+                         (dict(distances=d, threshold=0), "threshold"), (dict(distances=d, level=1.5), "level")]:
+        with pytest.raises(ValueError, match=name):
+            ex5.convergence_counts(**kwargs)
+
+
 def test_table2_names_values_and_markdown():
     assert ex5.table2_name("acc", 0.1) == "ch5_t2_acc_nu0p1" and ex5.table2_name("rel", 15) == "ch5_t2_rel_nu15"
     acc = {(2, 0): 0.8, (2, 1): 0.6, (1, 0): 0.5, (1, 1): 0.4}

@@ -18,7 +18,8 @@ from ..fl import ifca as IF
 from ..models import flatten_params, get_params, logistic_regression, num_params, unflatten_params
 from ..privacy import dprivacy as dp
 
-__all__ = ["rmse", "dist_to_optima", "private_ifca_runs", "private_distances", "plot_released",
+__all__ = ["rmse", "dist_to_optima", "private_ifca_runs", "private_distances", "convergence_counts",
+           "convergence_markdown", "plot_released",
            "server_view_panel", "LAPLACE_SETTINGS", "laplace_sampler_checks", "laplace_checks_markdown",
            "plot_laplace_samples", "loss_increase_draws", "plot_loss_increase", "logistic_hypotheses",
            "digits_grid", "PAPER_TABLE2", "table2_name", "table2_values", "table2_markdown", "budget_markdown",
@@ -85,6 +86,44 @@ def private_distances(runs: dict, optima: torch.Tensor, *, patience: int = 6) ->
         dist_short[s] = dist_to_optima(r.rounds[best - 1].hypotheses if best > 0 else r.rounds[0].hypotheses,
                                        optima).max()
     return dist_long, dist_short
+
+
+def convergence_counts(distances: dict, *, threshold: float = 0.5, level: float = 0.95) -> dict:
+    """How many seeds of Galli et al.'s Sec. 4.1 experiment end with every optimum within ``threshold``
+    of a hypothesis: for each named entry of ``distances`` (``{name: {seed: distance}}``, e.g. the two
+    outputs of :func:`private_distances` as ``{"patience 30": long, "patience 6": short}``), the
+    count, the number of seeds, the fraction and its exact (Clopper-Pearson) interval at ``level``
+    (:func:`fedlab.privacy.dprivacy.clopper_pearson`). Returns ``{name: {"success", "seeds",
+    "fraction", "interval"}}``. Raises ``ValueError`` for an empty ``distances`` or entry, a
+    ``threshold <= 0`` or a ``level`` outside (0, 1)."""
+    from .._checks import in_range
+
+    if not distances:
+        raise ValueError("distances must name at least one set of runs")
+    if not threshold > 0:
+        raise ValueError(f"threshold must be > 0, got {threshold}")
+    in_range("level", level, 0, 1)
+    out = {}
+    for name, d in distances.items():
+        if not d:
+            raise ValueError(f"distances[{name!r}] holds no seed")
+        k, m = int(sum(float(v) < threshold for v in d.values())), len(d)
+        lo, hi = dp.clopper_pearson(k, m, level)
+        out[name] = {"success": k, "seeds": m, "fraction": k / m, "interval": (float(lo), float(hi))}
+    return out
+
+
+def convergence_markdown(counts: dict, *, threshold: float = 0.5) -> str:
+    """:func:`convergence_counts`' output as a Markdown table: one row per name, the seeds within
+    ``threshold`` of both optima and the 95 % interval of that fraction."""
+    if not counts:
+        raise ValueError("counts must hold at least one row")
+    lines = [f"| early stopping | seeds within {threshold:g} of both θ* | fraction | 95 % interval |",
+             "|---|---|---|---|"]
+    for name, c in counts.items():
+        lo, hi = c["interval"]
+        lines.append(f"| {name} | {c['success']} / {c['seeds']} | {c['fraction']:.2f} | [{lo:.2f}, {hi:.2f}] |")
+    return "\n".join(lines)
 
 
 def plot_released(rows: dict, optima: torch.Tensor):
@@ -265,7 +304,7 @@ def digits_grid(model, train_clients, val_clients, *, ks: Sequence[int], nus: Se
     """The question of Galli et al.'s Fig. 3 and Tables 1-2 on the rotated digits: (private) IFCA
     (:func:`fedlab.fl.ifca.ifca`) for every number of hypotheses ``k`` of ``ks`` and noise multiplier
     ``nu`` of ``nus`` (``0``: no sanitisation and the clients' argmin assignment; otherwise
-    SanitizeUpdate and the server's k-means, torch Lloyd backend), started from
+    SanitizeUpdate and the server's k-means, :func:`fedlab.fl.ifca.kmeans_clusters`), started from
     :func:`logistic_hypotheses` ``(k, seed=seed)``. Returns ``{(k, nu): IFCAResult}``, run in the order
     of ``ks`` then ``nus``. Raises ``ValueError`` for an empty ``ks`` or ``nus`` or a negative ``nu``."""
     if not ks or not nus:
@@ -278,7 +317,7 @@ def digits_grid(model, train_clients, val_clients, *, ks: Sequence[int], nus: Se
             grid[(k, nu)] = IF.ifca(model, train_clients, num_clusters=k, init=logistic_hypotheses(k, seed=seed),
                                     num_rounds=num_rounds, clients_per_round=clients_per_round, lr=lr,
                                     batch_size=batch_size, nu=nu or None,
-                                    clustering="kmeans" if nu else "argmin", kmeans_backend="lloyd",
+                                    clustering="kmeans" if nu else "argmin",
                                     val_clients=val_clients, seed=seed)
     return grid
 

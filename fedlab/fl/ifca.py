@@ -31,7 +31,7 @@ from ..privacy.dprivacy import PrivacyAccountant, sanitize_update
 from . import ClientData, clients_update, cross_entropy, stack_clients
 from .rounds import History, run_rounds
 
-__all__ = ["squared_error", "hypothesis_losses", "evaluate_hypotheses", "kmeans_clusters", "lloyd_kmeans",
+__all__ = ["squared_error", "hypothesis_losses", "evaluate_hypotheses", "kmeans_clusters",
            "IFCARound", "IFCAResult", "ifca", "private_ifca", "stack_to_flat", "flat_to_stack",
            "server_view", "early_stop_round"]
 
@@ -87,53 +87,33 @@ def evaluate_hypotheses(model: nn.Module, hypotheses: torch.Tensor, clients, *,
             "accuracy": float(acc.gather(1, j[:, None]).mean()), "assignment": j.numpy()}
 
 
-def lloyd_kmeans(X: torch.Tensor, init: torch.Tensor, *, max_iter: int = 300) -> np.ndarray:
-    """Lloyd's k-means in torch, started at ``init`` ``[k, n]``, on ``X`` ``[m, n]``: alternate
-    nearest-centre assignment and centre = mean of its points until the assignment stops changing
-    (an empty cluster keeps its centre). On well-separated data it returns the labels of
-    scikit-learn's ``KMeans(init=init, n_init=1)`` (checked in ``tests/test_ifca.py``); when a cluster
-    empties, scikit-learn relocates its centre to a far point instead, so noisy runs may differ. It
-    avoids scikit-learn's ~50 ms per-call overhead, which matters when k-means runs once per round.
-    Returns labels ``[m]``."""
-    X, C = X.detach().double(), init.detach().double().clone()
-    labels = None
-    for _ in range(max_iter):
-        new = torch.cdist(X, C).argmin(1)
-        if labels is not None and torch.equal(new, labels):
-            break
-        labels = new
-        for j in range(C.shape[0]):
-            members = labels == j
-            if members.any():
-                C[j] = X[members].mean(0)
-    return labels.numpy().astype(np.int64)
+def kmeans_clusters(released: torch.Tensor, hypotheses: torch.Tensor, *, seed: int = 0) -> np.ndarray:
+    """Server-side clustering of Galli et al. Algorithm 1 (Sec. 3): scikit-learn's
+    ``KMeans(n_clusters=k, init=hypotheses, n_init=1)`` (Lloyd's iteration) on the released vectors
+    ``[m, n]``, initialised at the current hypotheses ``[k, n]`` so that cluster ``j`` continues
+    hypothesis ``j``. When a cluster empties during the iteration scikit-learn moves its centre to the
+    point farthest from its assigned centre; this one backend runs at every scale, so quick and paper
+    runs follow the same rule. ``seed`` is scikit-learn's ``random_state``. Returns labels ``[m]``. With fewer
+    distinct vectors than clusters each vector joins its nearest hypothesis.
 
+    Raises ``ValueError`` if ``released`` and ``hypotheses`` are not 2-D with the same number of
+    columns, or hold a non-finite value."""
+    from sklearn.cluster import KMeans
 
-def kmeans_clusters(released: torch.Tensor, hypotheses: torch.Tensor, *, seed: int = 0,
-                    backend: str = "sklearn") -> np.ndarray:
-    """Server-side clustering of Galli et al. Algorithm 1: k-means on the released vectors ``[m, n]``,
-    initialised at the current hypotheses ``[k, n]`` so that cluster ``j`` continues hypothesis ``j``.
-    ``backend="sklearn"`` uses scikit-learn's ``KMeans`` (Lloyd); ``"lloyd"`` the equivalent
-    :func:`lloyd_kmeans`. Returns labels ``[m]``. With fewer distinct vectors than clusters each
-    vector joins its nearest hypothesis.
-
-    Raises ``ValueError`` on a dimension mismatch or an unknown backend."""
-    if backend not in ("sklearn", "lloyd"):
-        raise ValueError(f"backend must be 'sklearn' or 'lloyd', got {backend!r}")
-    X = released.detach().double()
+    X = torch.as_tensor(released).detach().double()
     C = torch.as_tensor(hypotheses).detach().double()
     if X.ndim != 2 or C.ndim != 2 or X.shape[1] != C.shape[1]:
         raise ValueError(f"released [m, n] and hypotheses [k, n] must share n, got "
                          f"{tuple(X.shape)} and {tuple(C.shape)}")
+    if C.shape[0] < 1:
+        raise ValueError("hypotheses must hold at least one row")
+    if not (torch.isfinite(X).all() and torch.isfinite(C).all()):
+        raise ValueError("released and hypotheses must be finite")
     k = C.shape[0]
     if k == 1:
         return np.zeros(len(X), dtype=np.int64)
     if len(X) < k or len(torch.unique(X, dim=0)) < k:
         return torch.cdist(X, C).argmin(1).numpy().astype(np.int64)
-    if backend == "lloyd":
-        return lloyd_kmeans(X, C)
-    from sklearn.cluster import KMeans
-
     km = KMeans(n_clusters=k, init=C.numpy(), n_init=1, random_state=seed, tol=0.0).fit(X.numpy())
     return km.labels_.astype(np.int64)
 
@@ -185,12 +165,16 @@ def _check_hyps(h: torch.Tensor, like: dict) -> torch.Tensor:
     return h
 
 
+def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """The client-schedule and the noise generators of a run with ``seed`` (see :func:`ifca`)."""
+    return np.random.default_rng(seed), np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
+
+
 def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clients_per_round: int,
          local_epochs: int = 1, batch_size: int | None = 10, lr: float = 0.1, nu: float | None = None,
          clustering: str = "argmin", init: torch.Tensor | None = None, init_std: float = 1.0,
          val_clients=None, patience: int | None = None, loss_fn: LossFn = cross_entropy,
-         budget: float | None = None, refuse_past_budget: bool = True, kmeans_backend: str = "sklearn",
-         seed: int = 0) -> IFCAResult:
+         budget: float | None = None, refuse_past_budget: bool = True, seed: int = 0) -> IFCAResult:
     """IFCA (Ghosh et al. 2020) and, with ``nu`` and ``clustering="kmeans"``, Galli et al. Algorithm 1.
 
     Each round ``t``: sample ``U = clients_per_round`` clients; each computes ``F_c(theta_j)`` for all
@@ -212,8 +196,12 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
         Held-out clients; when given, evaluated every round (each picks its best hypothesis) and, with
         ``patience``, training stops after ``patience`` rounds without a lower validation loss; the
         returned ``hypotheses`` are those of the best round.
-    kmeans_backend : str
-        ``"sklearn"`` (default) or ``"lloyd"`` (same algorithm, see :func:`kmeans_clusters`).
+    seed : int
+        Derives three independent random streams: ``torch.Generator().manual_seed(seed)`` for the
+        default ``init`` and the local mini-batches, ``np.random.default_rng(seed)`` for the client
+        schedule, and the first child of ``np.random.SeedSequence(seed)`` for the noise. The schedule
+        never depends on ``nu``: runs with and without noise (and with different ``nu``) sample the
+        same clients each round, up to budget refusals.
 
     Raises
     ------
@@ -238,7 +226,7 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
     like = get_params(model)
     n = sum(v.numel() for v in like.values())
     gen = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
+    schedule_rng, noise_rng = _streams(seed)
     if init is None:
         hyps = init_std * torch.randn(k, n, generator=gen)
     else:
@@ -253,7 +241,7 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
     pending = {}
 
     def step(t, hyps):
-        selected = np.sort(rng.choice(K, size=int(clients_per_round), replace=False))
+        selected = np.sort(schedule_rng.choice(K, size=int(clients_per_round), replace=False))
         refused = np.array([], dtype=np.int64)
         if acct is not None:
             ok = acct.allowed(selected, n / nu)
@@ -271,13 +259,13 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
                 model, flat_to_stack(start, like), sub, lr=lr, local_epochs=local_epochs,
                 batch_size=batch_size, generator=gen, loss_fn=loss_fn, stacked=True)).detach()
             if nu is not None:
-                san = sanitize_update(local, start, nu, rng=rng)
+                san = sanitize_update(local, start, nu, rng=noise_rng)
                 released, leak = san.theta, san.leakage.numpy()
                 acct.spend(selected, leak, round=t)
             else:
                 released, leak = local, np.array([])
             labels = (chosen if clustering == "argmin"
-                      else kmeans_clusters(released, hyps, seed=seed + t, backend=kmeans_backend))
+                      else kmeans_clusters(released, hyps, seed=seed + t))
             new = hyps.clone()
             for j in range(k):
                 members = labels == j
