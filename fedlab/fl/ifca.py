@@ -261,7 +261,7 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
             if nu is not None:
                 san = sanitize_update(local, start, nu, rng=noise_rng)
                 released, leak = san.theta, san.leakage.numpy()
-                acct.spend(selected, leak, round=t)
+                acct.spend(selected, leak, round=t, epsilon=san.epsilon.numpy())   # for budget_at_radius
             else:
                 released, leak = local, np.array([])
             labels = (chosen if clustering == "argmin"
