@@ -108,6 +108,19 @@ def global_rng() -> np.random.Generator:
     return _GLOBAL_NP
 
 
+def as_generator(rng) -> np.random.Generator:
+    """``rng`` as a NumPy ``Generator``: a Generator is returned as is, an int seeds a new one and
+    ``None`` takes :func:`global_rng` (never OS entropy). Raises ``ValueError`` naming ``rng`` for
+    anything else (a bool included)."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if rng is None:
+        return global_rng()
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        return np.random.default_rng(int(rng))
+    raise ValueError(f"rng must be a numpy Generator, an int seed or None, got {type(rng).__name__}")
+
+
 @contextlib.contextmanager
 def seeded(seed: int | None):
     """Context in which torch's global RNG is seeded with ``seed``, restored on exit.

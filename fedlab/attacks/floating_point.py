@@ -31,23 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import global_rng
+from ..config import as_generator
 from ..privacy.dprivacy import clopper_pearson
 
 __all__ = ["FloatingPointAttack", "distinguishing_event_probabilities", "reachable", "unreachable_from"]
 
 #: how many neighbouring floats on each side of ``fl(y - x)`` are tried as the noise value
 _NEIGHBOURS = 3
-
-
-def _generator(rng) -> np.random.Generator:
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if rng is None:
-        return global_rng()
-    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
-        return np.random.default_rng(int(rng))
-    raise ValueError(f"rng must be a numpy Generator, an int seed or None, got {type(rng).__name__}")
 
 
 def _as_float_array(name: str, v) -> np.ndarray:
@@ -155,7 +145,7 @@ def distinguishing_event_probabilities(release: Callable, secret_a, secret_b, *,
         raise ValueError(f"num_samples must be a positive integer, got {num_samples}")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    gen = _generator(rng)
+    gen = as_generator(rng)
     m = int(num_samples)
     counts = []
     for secret in (a, b):

@@ -68,17 +68,11 @@ def _check_n(n) -> int:
 
 
 def _rng(rng) -> np.random.Generator:
-    """``rng`` as a Generator: an int seeds a new one; ``None`` takes :func:`fedlab.config.global_rng`
-    (seeded from ``FEDLAB_SEED`` / :func:`fedlab.seed_everything`, never OS entropy)."""
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if rng is None:
-        from ..config import global_rng
+    """``rng`` as a Generator (:func:`fedlab.config.as_generator`: an int seeds a new one, ``None``
+    takes the seeded :func:`fedlab.config.global_rng`, never OS entropy)."""
+    from ..config import as_generator
 
-        return global_rng()
-    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
-        return np.random.default_rng(int(rng))
-    raise ValueError(f"rng must be a numpy Generator, an int seed or None, got {type(rng).__name__}")
+    return as_generator(rng)
 
 
 def laplace_constant(n: int, epsilon: float, *, log: bool = False) -> float:
