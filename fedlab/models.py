@@ -11,7 +11,7 @@ from torch import nn
 
 from .config import seeded
 
-__all__ = ["mlp", "logistic_regression", "linear_model", "lenet", "get_params", "flatten_params",
+__all__ = ["mlp", "logistic_regression", "linear_model", "lenet", "small_cnn", "get_params", "flatten_params",
            "unflatten_params", "flatten_stacked", "unflatten_stacked", "num_params", "text_classifier",
            "squared_error", "logistic_loss"]
 
@@ -61,6 +61,27 @@ def lenet(in_channels: int = 1, num_classes: int = 10, image_size: int = 8, *,
             side = (side + 2 * 2 - 5) // stride + 1
         head = nn.Linear(12 * side * side, num_classes)
     return nn.Sequential(*convs, nn.Flatten(), head)
+
+
+def small_cnn(in_channels: int = 1, num_classes: int = 10, image_size: int = 8, *,
+              channels: tuple[int, int] = (32, 64), hidden: int = 128, seed: int | None = None) -> nn.Module:
+    """The CNN of Galli et al. (2022, Table 3, their FEMNIST model): two 2x2 convolutions with stride 1
+    and ReLU (``channels[0]``, ``channels[1]`` feature maps), a 2x2 max pool, a fully connected ReLU
+    layer of ``hidden`` units and a linear output of ``num_classes`` logits. The paper's widths are
+    the defaults; smaller ``channels`` / ``hidden`` give the same architecture with fewer parameters.
+    Input ``[batch, in_channels, image_size, image_size]``; output ``[batch, num_classes]``.
+    Raises ``ValueError`` for non-positive sizes or an image smaller than 4 pixels."""
+    sizes = (in_channels, num_classes, image_size, hidden, *channels)
+    if len(channels) != 2 or any(isinstance(v, bool) or int(v) != v or v < 1 for v in sizes):
+        raise ValueError(f"in_channels, num_classes, image_size, hidden and the two channels must be "
+                         f"positive integers, got {sizes}")
+    if image_size < 4:
+        raise ValueError(f"image_size must be >= 4, got {image_size}")
+    side = (image_size - 2) // 2
+    with seeded(seed):
+        return nn.Sequential(nn.Conv2d(in_channels, channels[0], 2), nn.ReLU(),
+                             nn.Conv2d(channels[0], channels[1], 2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                             nn.Linear(channels[1] * side * side, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
 
 
 def get_params(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -5,6 +5,9 @@
 * :func:`rotated_digits_clients` -- scikit-learn digits dealt to clients, each client's images rotated
   by 90 degrees with probability 1/2 (the rotation trick Galli et al. apply to FEMNIST, Sec. 4.3,
   after Ghosh et al. 2020).
+* :func:`diabetes_clients` -- scikit-learn's bundled diabetes regression data (real, offline) dealt to
+  small "clinics" of patients of one sex and similar age: the offline stand-in for the paper's
+  hospital-charge clients (Sec. 4.2).
 * :func:`load_cms_inpatient` -- the CMS inpatient charge data (Galli et al., Sec. 4.2 and appendix):
   a real loader for the CSV format, cached and never downloaded unless asked.
 """
@@ -19,7 +22,8 @@ import torch
 from . import Dataset, load_digits
 from .download import fetch
 
-__all__ = ["THETA_STAR", "synthetic_linear_clusters", "rotated_digits_clients", "CMS_URL",
+__all__ = ["THETA_STAR", "synthetic_linear_clusters", "rotated_digits_clients", "DIABETES_INPUTS",
+           "DIABETES_TARGET_SCALE", "diabetes_clients", "CMS_URL",
            "CMS_FILENAME", "CMS_CONDITIONS", "load_cms_inpatient"]
 
 #: optimal parameters of the two synthetic clusters (Galli et al., Sec. 4.1)
@@ -95,6 +99,61 @@ def rotated_digits_clients(num_clients: int = 60, *, p_rotate: float = 0.5, seed
         clients.append(Dataset(X.contiguous(), digits.y[torch.from_numpy(idx)], [],
                                {"rotated": bool(rotated[c])}))
     return clients, rotated
+
+
+#: inputs of :func:`diabetes_clients`: column of scikit-learn's unscaled diabetes data -> (reference,
+#: scale), fixed round constants (body-mass index in kg/m^2, mean blood pressure in mm Hg, log serum
+#: triglycerides), never estimated from the clients' data
+DIABETES_INPUTS = {"bmi": (25.0, 5.0), "bp": (90.0, 15.0), "s5": (4.5, 0.5)}
+#: the target (disease progression after one year, 25..346) is divided by this constant
+DIABETES_TARGET_SCALE = 100.0
+
+
+def diabetes_clients(patients_per_client: int = 4, *, inputs: dict | None = None, seed: int = 0):
+    """scikit-learn's diabetes data (442 patients, real, shipped in the wheel) as clinics: the offline
+    stand-in for the hospital-charge clients of Galli et al. (Sec. 4.2 and appendix), whose providers
+    hold at most four rows each.
+
+    How the clients are formed: the patients are sorted by sex, then age, and dealt in consecutive
+    blocks of about ``patients_per_client`` (``numpy.array_split`` into ``442 // patients_per_client``
+    blocks), so a clinic serves patients of one sex and similar age; sex and age are *not* inputs,
+    so they act as the hidden group the hypotheses may pick up. Inputs are the columns of ``inputs``
+    (default :data:`DIABETES_INPUTS`: BMI, blood pressure, log triglycerides) as ``(x - reference) /
+    scale`` with fixed constants, and the target is progression / :data:`DIABETES_TARGET_SCALE`:
+    like the paper, no normalisation estimated from the data. The clinics are returned in an order
+    shuffled with ``seed``, so any prefix is a random subset (e.g. 70 % for training, the paper's split).
+
+    Returns ``(clients, info)``: a list of :class:`Dataset` (``X`` float32 ``[n_c, len(inputs)]``, ``y``
+    float32 ``[n_c]``) and a dict of arrays ``[K]``: ``"sex"`` (1 or 2, the majority in the clinic),
+    ``"age"`` (mean age). Raises ``ValueError`` for ``patients_per_client`` outside ``[1, 221]`` or an
+    unknown input column."""
+    from sklearn.datasets import load_diabetes
+
+    if isinstance(patients_per_client, bool) or int(patients_per_client) != patients_per_client \
+            or not 1 <= patients_per_client <= 221:
+        raise ValueError(f"patients_per_client must be an integer in [1, 221], got {patients_per_client!r}")
+    inputs = DIABETES_INPUTS if inputs is None else dict(inputs)
+    raw = load_diabetes(scaled=False)
+    names = list(raw.feature_names)
+    unknown = [c for c in inputs if c not in names]
+    if unknown or not inputs:
+        raise ValueError(f"inputs must name columns among {names}, got {list(inputs)}")
+    data, target = raw.data, raw.target
+    sex, age = data[:, names.index("sex")], data[:, names.index("age")]
+    order = np.lexsort((age, sex))
+    ref = np.array([inputs[c][0] for c in inputs])
+    scale = np.array([inputs[c][1] for c in inputs])
+    X_all = (data[:, [names.index(c) for c in inputs]] - ref) / scale
+    blocks = np.array_split(order, len(order) // int(patients_per_client))
+    perm = np.random.default_rng(seed).permutation(len(blocks))
+    clients, info = [], {"sex": np.zeros(len(blocks), dtype=np.int64), "age": np.zeros(len(blocks))}
+    for c, b in enumerate(blocks[i] for i in perm):
+        info["sex"][c] = int(np.round(np.median(sex[b])))
+        info["age"][c] = float(age[b].mean())
+        clients.append(Dataset(torch.tensor(X_all[b], dtype=torch.float32),
+                               torch.tensor(target[b] / DIABETES_TARGET_SCALE, dtype=torch.float32),
+                               list(inputs), {"sex": int(info["sex"][c]), "age": info["age"][c]}))
+    return clients, info
 
 
 # ------------------------------------------------------------------------------------------------

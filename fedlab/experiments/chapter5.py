@@ -1,29 +1,36 @@
 """Chapter 5's experiments (Galli et al. 2022, personalized FL with d-privacy): the RMSE of Eq. 15
 for flat parameter vectors, as the chapter measures the utility cost of the Euclidean Laplace noise
 against Proposition 3.2's bound (:func:`fedlab.privacy.dprivacy.rmse_increase_bound`); the checks of
-Proposition 3.1's sampler; the seeds of private IFCA (Algorithm 1) on the synthetic task; the rotated
-digits grid behind Tables 1-2; the sanitised update DLG attacks (Sec. 4.3); and the tables and figures
-the chapter shows.
+Proposition 3.1's sampler; the seeds of private IFCA (Algorithm 1) on the synthetic task; the grids of
+(private) IFCA over the number of hypotheses and the noise multiplier behind Fig. 3-4 and Tables 1-2
+(the diabetes clinics, the rotated digits); the sanitised update DLG attacks (Sec. 4.3); and the tables
+and figures the chapter shows.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 from torch.func import functional_call, vmap
 
 from .._checks import positive_int
+from ..fl import cross_entropy
 from ..fl import ifca as IF
-from ..models import flatten_params, get_params, logistic_regression, num_params, unflatten_params
+from ..metrics import t_interval
+from ..models import flatten_params, get_params, num_params, unflatten_params
+from ..privacy import defenses
 from ..privacy import dprivacy as dp
+from .tables import markdown_table, mean_interval
 
 __all__ = ["rmse", "dist_to_optima", "private_ifca_runs", "private_distances", "convergence_counts",
            "convergence_markdown", "plot_released",
            "server_view_panel", "LAPLACE_SETTINGS", "laplace_sampler_checks", "laplace_checks_markdown",
-           "plot_laplace_samples", "loss_increase_draws", "plot_loss_increase", "logistic_hypotheses",
-           "digits_grid", "PAPER_TABLE2", "table2_name", "table2_values", "table2_markdown", "budget_markdown",
-           "sanitised_gradient", "plot_dlg_reconstructions", "plot_dlg_psnr", "dlg_markdown",
+           "plot_laplace_samples", "output_privacy_loss", "loss_increase_draws", "plot_loss_increase", "model_hypotheses", "ifca_grid",
+           "grid_values", "grid_budgets", "plot_grid_metric", "PAPER_TABLE1", "table1_markdown",
+           "plot_budget_histogram", "PAPER_TABLE2", "table2_name", "table2_values", "table2_markdown",
+           "dlg_on_sanitised", "plot_dlg_reconstructions", "plot_dlg_psnr", "dlg_markdown",
            "guarantee_gaps"]
 
 
@@ -253,6 +260,38 @@ def plot_laplace_samples(settings: Sequence[tuple] = LAPLACE_SETTINGS, *, seed: 
     return axes
 
 
+def output_privacy_loss(n: int, epsilon: float, distance: float, *, num_draws: int = 200_000, seed: int = 0,
+                        safe: bool = True, level: float = 0.99) -> dict:
+    """Galli et al.'s Eq. 5 checked on the mechanism's *outputs*, not on its density formula:
+    ``num_draws`` releases (:func:`fedlab.privacy.dprivacy.release_euclidean_laplace`, ``safe`` as
+    there) of each of two secrets in ``R^n``, ``0`` and ``distance * e_1``, at ``epsilon``, projected on
+    the line through them and histogrammed (bins of about ``0.5 / epsilon``, whole multiples of the
+    snapping grid when ``safe``); :func:`fedlab.privacy.dprivacy.empirical_privacy_loss` gives each
+    bin's log ratio with simultaneous ``level`` bounds. Returns that dict plus ``"bound"``, the loss
+    the guarantee allows (``epsilon * distance``, plus the snapping's extra epsilon when ``safe``), and
+    ``"edges"``. Raises ``ValueError`` for ``n < 1``, ``epsilon <= 0``, ``distance <= 0`` or
+    ``num_draws < 1``."""
+    n, m = positive_int("n", n), positive_int("num_draws", num_draws)
+    if not epsilon > 0 or not distance > 0:
+        raise ValueError(f"epsilon and distance must be > 0, got {epsilon} and {distance}")
+    x1 = torch.zeros(n, dtype=torch.float64)
+    x2 = x1.clone()
+    x2[0] = distance
+    gen = np.random.default_rng(seed)
+    t1 = dp.release_euclidean_laplace(x1.expand(m, -1).clone(), epsilon, rng=gen, safe=safe)[:, 0].double().numpy()
+    t2 = dp.release_euclidean_laplace(x2.expand(m, -1).clone(), epsilon, rng=gen, safe=safe)[:, 0].double().numpy()
+    if safe:
+        grid = float(np.asarray(dp.snapping_grid(epsilon)).ravel()[0])
+        width = grid * max(1, round(0.5 / epsilon / grid))
+        edges = (np.arange(np.floor(-10 / epsilon / width), np.ceil((distance + 10 / epsilon) / width) + 1) - 0.5) * width
+        extra = float(np.asarray(dp.snapping_extra_epsilon(n, epsilon)).ravel()[0])
+    else:
+        edges, extra = np.arange(-10 / epsilon, distance + 10 / epsilon + 0.5 / epsilon, 0.5 / epsilon), 0.0
+    out = dp.empirical_privacy_loss(t1, t2, edges, level=level)
+    out.update(bound=epsilon * distance + extra, edges=edges)
+    return out
+
+
 def loss_increase_draws(model, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor,
                         epsilons: Sequence[float], *, num_draws: int = 2000, seed: int = 0) -> dict:
     """Galli et al. (2022), Proposition 3.2 measured: ``num_draws`` Euclidean Laplace draws ``rho`` per
@@ -288,38 +327,141 @@ def plot_loss_increase(panels: dict):
 
 
 # --------------------------------------------------------------------------------------------------
-# rotated digits (the offline stand-in for Galli et al.'s FEMNIST, Sec. 4.3)
-def logistic_hypotheses(k: int, *, num_features: int = 64, num_classes: int = 10, seed: int = 0) -> torch.Tensor:
-    """``k`` initial IFCA hypotheses ``[k, n]``: the flat parameters of
-    :func:`fedlab.models.logistic_regression` initialised with seeds ``seed, ..., seed + k - 1``.
-    Raises ``ValueError`` for ``k < 1``."""
+# real clustered tasks: Fig. 3, Tables 1-2 and Fig. 4 (Galli et al., Sec. 4.2-4.3)
+def model_hypotheses(make_model: Callable[[int], nn.Module], k: int, *, seed: int = 0) -> torch.Tensor:
+    """``k`` initial IFCA hypotheses ``[k, n]``: the flat parameters of ``make_model(seed + j)`` for
+    ``j = 0, ..., k - 1`` (``make_model`` maps a seed to a freshly initialised module, e.g.
+    ``lambda s: models.mlp(3, (2,), 1, seed=s)``). Raises ``ValueError`` for ``k < 1``."""
     k = positive_int("k", k)
-    return torch.stack([flatten_params(get_params(logistic_regression(num_features, num_classes, seed=seed + j)))
-                        for j in range(k)])
+    return torch.stack([flatten_params(get_params(make_model(seed + j))) for j in range(k)])
 
 
-def digits_grid(model, train_clients, val_clients, *, ks: Sequence[int], nus: Sequence[float],
-                num_rounds: int, clients_per_round: int = 10, lr: float = 0.5, batch_size: int = 10,
-                seed: int = 0) -> dict:
-    """The question of Galli et al.'s Fig. 3 and Tables 1-2 on the rotated digits: (private) IFCA
-    (:func:`fedlab.fl.ifca.ifca`) for every number of hypotheses ``k`` of ``ks`` and noise multiplier
-    ``nu`` of ``nus`` (``0``: no sanitisation and the clients' argmin assignment; otherwise
-    SanitizeUpdate and the server's k-means, :func:`fedlab.fl.ifca.kmeans_clusters`), started from
-    :func:`logistic_hypotheses` ``(k, seed=seed)``. Returns ``{(k, nu): IFCAResult}``, run in the order
-    of ``ks`` then ``nus``. Raises ``ValueError`` for an empty ``ks`` or ``nus`` or a negative ``nu``."""
-    if not ks or not nus:
-        raise ValueError("ks and nus must each hold at least one value")
-    if min(nus) < 0:
-        raise ValueError(f"every nu must be >= 0 (0: no noise), got {list(nus)}")
+def ifca_grid(make_model: Callable[[int], nn.Module], train_clients, val_clients, *,
+              settings: Sequence[tuple], seeds: Sequence[int], num_rounds: int, clients_per_round: int,
+              lr: float, batch_size: int | None = 10, loss_fn=cross_entropy, patience: int | None = None) -> dict:
+    """The experiment behind Galli et al.'s Fig. 3 and Tables 1-2 (Sec. 4.2-4.3): (private) IFCA
+    (:func:`fedlab.fl.ifca.ifca`) for every ``(k, nu)`` of ``settings`` and every seed ``s`` of ``seeds``.
+    ``nu = 0`` is IFCA without sanitisation (the clients' argmin assignment); ``nu > 0`` is Algorithm 1
+    (SanitizeUpdate, the server's k-means). A run starts from :func:`model_hypotheses` ``(make_model,
+    k, seed=100 * s)``, runs with ``seed=s`` (so for one ``s`` every ``nu`` samples the same clients),
+    keeps its best validation round and stops after ``patience`` rounds without improvement.
+
+    Returns ``{(k, nu, s): IFCAResult}``. Raises ``ValueError`` for empty ``settings`` or ``seeds``, a
+    ``k < 1`` or a negative ``nu``."""
+    settings, seeds = [(int(k), float(nu)) for k, nu in settings], list(seeds)
+    if not settings or not seeds:
+        raise ValueError("settings and seeds must each hold at least one entry")
+    bad = [(k, nu) for k, nu in settings if k < 1 or not nu >= 0]
+    if bad:
+        raise ValueError(f"settings must be (k >= 1, nu >= 0) pairs (nu = 0: no noise), got {bad}")
+    model = make_model(0)
     grid = {}
-    for k in ks:
-        for nu in nus:
-            grid[(k, nu)] = IF.ifca(model, train_clients, num_clusters=k, init=logistic_hypotheses(k, seed=seed),
-                                    num_rounds=num_rounds, clients_per_round=clients_per_round, lr=lr,
-                                    batch_size=batch_size, nu=nu or None,
-                                    clustering="kmeans" if nu else "argmin",
-                                    val_clients=val_clients, seed=seed)
+    for k, nu in settings:
+        for s in seeds:
+            grid[(k, nu, s)] = IF.ifca(model, train_clients, num_clusters=k,
+                                       init=model_hypotheses(make_model, k, seed=100 * s), num_rounds=num_rounds,
+                                       clients_per_round=clients_per_round, lr=lr, batch_size=batch_size,
+                                       nu=nu or None, clustering="kmeans" if nu else "argmin", loss_fn=loss_fn,
+                                       val_clients=val_clients, patience=patience, seed=s)
     return grid
+
+
+def grid_values(grid: dict, metric: str = "val_rmse") -> dict:
+    """The validation ``metric`` (a column of the runs' history: ``val_rmse``, ``val_accuracy``,
+    ``val_loss``) at each run's best round, gathered over seeds: ``{(k, nu): float array [seeds]}``
+    from the ``{(k, nu, seed): IFCAResult}`` of :func:`ifca_grid`. Raises ``ValueError`` for an
+    unknown ``metric``."""
+    out: dict = {}
+    for (k, nu, _), r in grid.items():
+        if metric not in r.history:
+            raise ValueError(f"metric must be a history column such as 'val_rmse', got {metric!r}")
+        out.setdefault((k, nu), []).append(float(r.history[metric][r.best_round]))
+    return {key: np.asarray(v) for key, v in out.items()}
+
+
+def grid_budgets(grid: dict) -> dict:
+    """Galli et al.'s Table 1 statistics for each private run of :func:`ifca_grid`: the median and the
+    maximum composed budget over the clients that took part (``PrivacyAccountant.summary``), per
+    seed: ``{(k, nu): {"median": [seeds], "max": [seeds]}}`` (runs without noise are left out)."""
+    out: dict = {}
+    for (k, nu, _), r in grid.items():
+        if r.accountant is None:
+            continue
+        summ = r.accountant.summary()
+        entry = out.setdefault((k, nu), {"median": [], "max": []})
+        entry["median"].append(summ["median"])
+        entry["max"].append(summ["max"])
+    return {key: {m: np.asarray(v) for m, v in e.items()} for key, e in out.items()}
+
+
+def plot_grid_metric(values: dict, ks: Sequence[int], nus: Sequence[float], *, ylabel: str, title: str = "",
+                     ax=None):
+    """Galli et al.'s Fig. 3 as we draw it: the mean over seeds of ``values`` (``{(k, nu): [seeds]}``,
+    :func:`grid_values`) against the noise multiplier, one line per ``k``, with the 95 % Student-t
+    interval over seeds as error bars (the paper shows +-1 standard deviation). Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    x = np.arange(len(nus))
+    for i, k in enumerate(ks):
+        stats = [t_interval(values[(k, float(nu))]) for nu in nus]
+        mean = np.array([m for m, _, _ in stats])
+        half = np.array([0.0 if ci is None else (ci[1] - ci[0]) / 2 for _, _, ci in stats])
+        ax.errorbar(x + 0.06 * (i - (len(ks) - 1) / 2), mean, yerr=half, marker="o", capsize=3, label=f"k = {k}")
+    ax.set_xticks(x, [f"{nu:g}" for nu in nus])
+    ax.set(xlabel="noise multiplier ν (0: no sanitisation)", ylabel=ylabel, title=title)
+    ax.legend()
+    return ax
+
+
+#: Galli et al. (2022), Table 1: hospital charge data, (median, max) budget per client over 10 seeds
+PAPER_TABLE1 = {0.1: {7: (517.0, 1551.0), 5: (418.0, 1342.0), 3: (473.0, 1386.0), 1: (528.0, 1540.0)},
+                1: {7: (36.3, 126.5), 5: (40.7, 127.6), 3: (44.0, 138.6), 1: (49.5, 147.4)},
+                2: {7: (15.4, 57.8), 5: (14.3, 54.5), 3: (22.0, 69.3), 1: (21.5, 66.6)},
+                3: {7: (7.7, 32.3), 5: (8.4, 36.7), 3: (12.5, 40.0), 1: (12.1, 40.0)},
+                5: {7: (5.7, 21.3), 5: (5.9, 22.0), 3: (5.5, 21.6), 1: (5.3, 20.9)}}
+
+
+def table1_markdown(budgets: dict, ks: Sequence[int], nus: Sequence[float], *, paper_table: dict | None = None) -> str:
+    """Galli et al.'s Table 1 beside ours: one row per private ``(nu, k)`` (``nu > 0``) with the paper's
+    median and maximum budget per client (``paper_table``, default :data:`PAPER_TABLE1`; ``n/a`` where
+    it has no entry) and ours from :func:`grid_budgets`, mean ± 95 % interval over seeds.
+    Raises ``ValueError`` if ``budgets`` lacks a requested ``(k, nu)``."""
+    paper_table = PAPER_TABLE1 if paper_table is None else paper_table
+    rows = []
+    for nu in nus:
+        if not nu > 0:
+            continue
+        for k in ks:
+            if (k, float(nu)) not in budgets:
+                raise ValueError(f"budgets lacks (k, nu) = {(k, nu)}")
+            b = budgets[(k, float(nu))]
+            paper = paper_table.get(nu, {}).get(k)
+            rows.append([f"{nu:g}", k, "n/a" if paper is None else f"{paper[0]:.1f}",
+                         "n/a" if paper is None else f"{paper[1]:.1f}", mean_interval(b["median"], 1),
+                         mean_interval(b["max"], 1)])
+    return markdown_table(["ν", "k", "paper: median", "paper: max", "ours: median (mean ± 95 % CI)",
+                           "ours: max (mean ± 95 % CI)"], rows)
+
+
+def plot_budget_histogram(result, *, ax=None, title: str = ""):
+    """Galli et al.'s Fig. 4: the histogram, over the clients that took part, of the composed budget
+    of one private run (``result.accountant.spent``; each participation costs ``n / nu``, so the bars
+    sit at multiples of it). Returns the axes. Raises ``ValueError`` for a run without noise."""
+    import matplotlib.pyplot as plt
+
+    acct = result.accountant
+    if acct is None:
+        raise ValueError("result must be a private run (it has no accountant)")
+    spent = acct.spent[acct.participations > 0]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.6))
+    step = float(np.min(spent)) / max(int(acct.participations[acct.participations > 0].min()), 1)
+    edges = (np.arange(0, acct.participations.max() + 2) - 0.5) * step
+    ax.hist(spent, bins=edges, alpha=0.8)
+    ax.set(xlabel="composed budget ε·r per client", ylabel="clients", title=title)
+    return ax
 
 
 #: Galli et al. (2022), Table 2 (cross-entropy column): FEMNIST validation accuracy vs noise multiplier
@@ -327,9 +469,10 @@ PAPER_TABLE2 = {0: 0.832, 1e-3: 0.843, 1e-2: 0.832, 0.1: 0.834, 1: 0.834, 3: 0.8
 
 
 def table2_name(what: str, nu: float) -> str:
-    """The glued name of a Table 2 number: ``ch5_t2_{what}_nu{nu}`` with ``.`` written ``p``
-    (``table2_name("acc", 0.1) == "ch5_t2_acc_nu0p1"``)."""
-    return f"ch5_t2_{what}_nu" + f"{nu:g}".replace(".", "p")
+    """The glued name of a Table 2 number of the rotated-digits CNN: ``ch5_t2cnn_{what}_nu{nu}`` with
+    ``.`` written ``p`` (``table2_name("acc", 0.1) == "ch5_t2cnn_acc_nu0p1"``; the ``ch5_t2_*`` names of
+    earlier records belong to the logistic model the chapter used before)."""
+    return f"ch5_t2cnn_{what}_nu" + f"{nu:g}".replace(".", "p")
 
 
 def table2_values(acc: dict, nus: Sequence[float], k: int) -> dict:
@@ -358,54 +501,35 @@ def table2_markdown(acc: dict, nus: Sequence[float], k: int, paper=None, paper_t
         raise ValueError(f"paper_table has no entry for nu {absent}")
     stored = (lambda name: paper(name)) if paper is not None else (lambda name: "n/a")
     ps = "paper scale (mean ± 95 % CI, n seeds)"
-    lines = [f"| ν | paper acc. (FEMNIST, Table 2) | paper acc. / acc. at ν=0 | ours (digits, k={k}) | ours, {ps} "
-             f"| ours / ours at ν=0 | ours / ours at ν=0, {ps} |", "|---|---|---|---|---|---|---|"]
-    for nu in nus:
-        lines.append(f"| {nu:g} | {paper_table[nu]:.3f} | {paper_table[nu] / paper_table[0]:.3f} | "
-                     f"{acc[(k, nu)]:.3f} | {stored(table2_name('acc', nu))} | "
-                     f"{acc[(k, nu)] / acc[(k, 0)]:.3f} | {stored(table2_name('rel', nu))} |")
-    return "\n".join(lines)
-
-
-def budget_markdown(grid: dict, ks: Sequence[int], nus: Sequence[float]) -> str:
-    """Galli et al.'s Table 1 for our runs: the median and maximum composed privacy budget per
-    client of each run of :func:`digits_grid` (``–`` without sanitisation), as a Markdown table."""
-    lines = ["| ν | " + " | ".join(f"k = {k}: median, max" for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
-    for nu in nus:
-        cells = []
-        for k in ks:
-            a = grid[(k, nu)].accountant
-            cells.append("–, –" if a is None else f"{a.summary()['median']:.1f}, {a.summary()['max']:.1f}")
-        lines.append(f"| {nu:g} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [[f"{nu:g}", paper_table[nu], paper_table[nu] / paper_table[0], acc[(k, nu)], stored(table2_name("acc", nu)),
+             acc[(k, nu)] / acc[(k, 0)], stored(table2_name("rel", nu))] for nu in nus]
+    return markdown_table(["ν", "paper acc. (FEMNIST, Table 2)", "paper acc. / acc. at ν=0", f"ours (digits, k={k})",
+                           f"ours, {ps}", "ours / ours at ν=0", f"ours / ours at ν=0, {ps}"], rows)
 
 
 # --------------------------------------------------------------------------------------------------
 # DLG against the mechanism (Galli et al., Sec. 4.3, Fig. 5)
-def sanitised_gradient(nu: float, theta0: torch.Tensor, *, lr: float, rng):
-    """The defense of Galli et al.'s Sec. 4.3 (Fig. 5) as :func:`fedlab.attacks.gradient_inversion.attack_grid`
-    takes it (a map from the gradient dict to what the server recovers): the client takes one SGD
-    step of size ``lr`` from the flat parameters ``theta0`` ``[n]``, releases SanitizeUpdate's output
-    (Algorithm 2, :func:`fedlab.privacy.dprivacy.sanitize_update`, noise multiplier ``nu``, noise drawn
-    from ``rng``), and the server rescales it back to a gradient, ``(theta0 - released) / lr``. With
-    ``nu == 0`` the gradient passes unchanged. One ``rng`` (a NumPy ``Generator``) shared by several
-    defenses is drawn in the order they are called. Raises ``ValueError`` for ``nu < 0`` or ``lr <= 0``.
+def dlg_on_sanitised(model, X: torch.Tensor, y: torch.Tensor, nus: Sequence[float], *, lr: float,
+                     max_iter: int, num_classes: int = 10, seed: int = 0) -> dict:
+    """Galli et al. (2022), Sec. 4.3 (Fig. 5): DLG (:func:`fedlab.attacks.gradient_inversion.attack_grid`,
+    one victim per image of ``X`` ``[m, C, H, W]`` with labels ``y`` ``[m]``, label unknown to the
+    attacker, ``max_iter`` L-BFGS iterations) against the sanitised one-step update of each victim:
+    for every noise multiplier of ``nus`` the client steps with ``lr`` from ``model``'s parameters and
+    releases SanitizeUpdate's output, which the server rescales to a gradient
+    (:func:`fedlab.privacy.defenses.sanitised_gradient`; ``nu = 0``: the plain gradient). One noise
+    stream ``np.random.default_rng(seed)`` serves every release, drawn in the order of ``nus``.
+    Returns ``{nu: {"psnr": [m], "x": reconstructions}}``. Raises ``ValueError`` for an empty ``nus``,
+    a negative ``nu`` or ``lr <= 0``."""
+    from ..attacks import gradient_inversion as gi
 
-    (A candidate for :mod:`fedlab.privacy.dprivacy`; it lives here until the library takes it.)
-    """
-    if nu < 0:
-        raise ValueError(f"nu must be >= 0 (0: no noise), got {nu}")
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
-
-    def release(g):
-        if nu == 0:
-            return g
-        flat = flatten_params(g)
-        out = dp.sanitize_update(theta0 - lr * flat, theta0, nu, rng=rng)
-        return unflatten_params((theta0 - out.theta) / lr, g)
-
-    return release
+    if len(nus) == 0:
+        raise ValueError("nus must hold at least one noise multiplier")
+    params = get_params(model)
+    theta0 = flatten_params(params)
+    noise = np.random.default_rng(seed)
+    settings = {nu: {"defense": defenses.sanitised_gradient(nu, theta0, lr=lr, rng=noise)} for nu in nus}
+    return gi.attack_grid(model, params, X, y, num_classes=num_classes, max_iter=max_iter,
+                          seed=seed, settings=settings)
 
 
 def plot_dlg_reconstructions(private_images: torch.Tensor, results: dict, nus: Sequence[float],

@@ -123,7 +123,10 @@ class IFCARound:
     """What happened in one round: ``selected`` clients that released (ids), ``refused`` ids (past
     budget), ``chosen`` hypothesis per released client ``[m]``, ``released`` vectors ``[m, n]`` (what
     the server saw), ``labels`` the server's clusters ``[m]``, ``hypotheses`` after aggregation
-    ``[k, n]``, ``leakage`` per released client ``[m]`` (empty without noise), ``val`` metrics."""
+    ``[k, n]``, ``leakage`` per released client ``[m]`` (empty without noise), ``val`` metrics, and
+    ``idle``: ids of sampled clients of a private run whose local update was exactly zero (e.g. a ReLU
+    network with every unit inactive on their data): SanitizeUpdate would release such a model
+    exactly (``eps = inf``), so they send nothing that round and spend nothing."""
 
     round: int
     selected: np.ndarray
@@ -134,6 +137,7 @@ class IFCARound:
     hypotheses: torch.Tensor
     leakage: np.ndarray
     val: dict
+    idle: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
 
 
 @dataclass
@@ -181,7 +185,7 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
     ``k`` hypotheses, picks ``j = argmin``, runs LocalUpdate (``local_epochs`` E, step ``lr`` s, batch
     ``batch_size`` B_s) from ``theta_j``; with ``nu`` it releases SanitizeUpdate(theta_{j,c}; nu) and
     pays ``n / nu`` to its :class:`~fedlab.privacy.dprivacy.PrivacyAccountant` (or refuses, past
-    ``budget``). The server groups the released vectors (``"argmin"``: by the clients' own choices, as
+    ``budget``; a client whose update is exactly zero sends nothing, see :class:`IFCARound`). The server groups the released vectors (``"argmin"``: by the clients' own choices, as
     in IFCA; ``"kmeans"``: k-means initialised at the hypotheses, as in Algorithm 1) and sets each
     ``theta_j`` to the mean of its group (an empty group keeps its hypothesis).
 
@@ -246,12 +250,10 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
         if acct is not None:
             ok = acct.allowed(selected, n / nu)
             selected, refused = selected[ok], selected[~ok]
-        if len(selected) == 0:
-            leak = np.array([])
-            chosen = np.array([], dtype=np.int64)
-            released = torch.zeros(0, n)
-            labels = np.array([], dtype=np.int64)
-        else:
+        idle = np.array([], dtype=np.int64)
+        chosen = np.array([], dtype=np.int64)
+        released, leak, labels = torch.zeros(0, n), np.array([]), np.array([], dtype=np.int64)
+        if len(selected) > 0:
             sub = data.select(selected)
             chosen = _per_client_stats(model, like, hyps, sub, loss_fn)[0].argmin(1).numpy()
             start = hyps[torch.from_numpy(chosen)]
@@ -259,11 +261,18 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
                 model, flat_to_stack(start, like), sub, lr=lr, local_epochs=local_epochs,
                 batch_size=batch_size, generator=gen, loss_fn=loss_fn, stacked=True)).detach()
             if nu is not None:
+                # a zero update would be released exactly (eps = inf): such a client sends nothing
+                moved = (local != start).any(1).numpy()
+                idle = selected[~moved]
+                selected, chosen = selected[moved], chosen[moved]
+                start, local = start[torch.from_numpy(moved)], local[torch.from_numpy(moved)]
+        if len(selected) > 0:
+            if nu is not None:
                 san = sanitize_update(local, start, nu, rng=noise_rng)
                 released, leak = san.theta, san.leakage.numpy()
                 acct.spend(selected, leak, round=t, epsilon=san.epsilon.numpy())   # for budget_at_radius
             else:
-                released, leak = local, np.array([])
+                released = local
             labels = (chosen if clustering == "argmin"
                       else kmeans_clusters(released, hyps, seed=seed + t))
             new = hyps.clone()
@@ -277,7 +286,7 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
             hist["max_leakage"].append([float(acct.spent[last_choice == j].max(initial=0.0))
                                         for j in range(k)])
         pending.update(selected=selected, refused=refused, chosen=chosen, released=released, labels=labels,
-                       leak=leak)
+                       leak=leak, idle=idle)
         return hyps
 
     def validate(h):
@@ -290,7 +299,7 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
         ev = {key[4:]: v for key, v in history.last.items() if key.startswith("val_")} if val is not None else {}
         p = pending
         res.rounds.append(IFCARound(t, p["selected"], p["refused"], p["chosen"], p["released"], p["labels"],
-                                    hyps.clone(), p["leak"], ev))
+                                    hyps.clone(), p["leak"], ev, p["idle"]))
         if val is None:
             res.hypotheses, res.best_round = hyps.clone(), t
             return False

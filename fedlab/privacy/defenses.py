@@ -10,7 +10,8 @@ import math
 
 import torch
 
-__all__ = ["gaussian_noise", "prune_by_magnitude", "prune_rows", "clip_by_norm", "clip_rows", "global_norm"]
+__all__ = ["gaussian_noise", "prune_by_magnitude", "prune_rows", "clip_by_norm", "clip_rows", "global_norm",
+           "sanitised_gradient"]
 
 
 def _as_list(update):
@@ -128,3 +129,37 @@ def prune_rows(update, fraction: float, *, mask: torch.Tensor | None = None):
         out.append(out_flat[:, i:i + n].reshape(t.shape))
         i += n
     return dict(zip(update.keys(), out)) if is_dict else out[0]
+
+
+def sanitised_gradient(nu: float, theta0: torch.Tensor, *, lr: float, rng=None, safe: bool = True):
+    """The defense of Galli et al. (2022), Sec. 4.3 (Fig. 5) in the form the gradient-inversion
+    attacks take (:func:`fedlab.attacks.gradient_inversion.attack_grid`: a map from the gradient dict
+    to what the server recovers). The client takes one SGD step of size ``lr`` from the flat
+    parameters ``theta0`` ``[n]``, releases SanitizeUpdate's output (Algorithm 2,
+    :func:`fedlab.privacy.dprivacy.sanitize_update`, noise multiplier ``nu``, ``safe`` release, noise
+    from ``rng``), and the server rescales it back to a gradient, ``(theta0 - released) / lr =
+    grad - rho / lr``. With ``nu == 0`` the gradient passes unchanged.
+
+    Returns ``release(g)``: a function of a gradient dict (shaped like the model's parameters, ``n``
+    entries in all) returning the recovered gradient dict. One ``rng`` (a NumPy ``Generator``) shared
+    by several defenses is drawn in the order they are called. Raises ``ValueError`` for ``nu < 0``,
+    ``lr <= 0`` or a ``theta0`` that is not a vector."""
+    from ..models import flatten_params, unflatten_params
+    from .dprivacy import sanitize_update
+
+    if not nu >= 0:
+        raise ValueError(f"nu must be >= 0 (0: no noise), got {nu}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    theta0 = torch.as_tensor(theta0)
+    if theta0.ndim != 1:
+        raise ValueError(f"theta0 must be a flat parameter vector [n], got shape {tuple(theta0.shape)}")
+
+    def release(g):
+        if nu == 0:
+            return g
+        flat = flatten_params(g)
+        out = sanitize_update(theta0 - lr * flat, theta0, nu, rng=rng, safe=safe)
+        return unflatten_params((theta0 - out.theta) / lr, g)
+
+    return release
