@@ -12,6 +12,7 @@ from fedlab import models
 from fedlab.attacks import model_reconstruction as mr
 from fedlab.experiments import chapter4 as ex4
 from fedlab.experiments import chapter5 as ex5
+from fedlab.privacy import defenses
 from fedlab.privacy import dprivacy as dp
 
 
@@ -90,8 +91,8 @@ def _grads(seed=0):
 
 def test_sanitised_gradient_is_sanitize_update_rescaled():
     theta0, g = _grads()
-    assert ex5.sanitised_gradient(0, theta0, lr=0.1, rng=np.random.default_rng(0))(g) is g
-    out = ex5.sanitised_gradient(2.0, theta0, lr=0.1, rng=np.random.default_rng(5))(g)
+    assert defenses.sanitised_gradient(0, theta0, lr=0.1, rng=np.random.default_rng(0))(g) is g
+    out = defenses.sanitised_gradient(2.0, theta0, lr=0.1, rng=np.random.default_rng(5))(g)
     assert out.keys() == g.keys() and all(out[k].shape == g[k].shape for k in g)
     flat = models.flatten_params(g)
     ref = dp.sanitize_update(theta0 - 0.1 * flat, theta0, 2.0, rng=np.random.default_rng(5))
@@ -103,7 +104,7 @@ def test_sanitised_gradient_is_sanitize_update_rescaled():
 def test_sanitised_gradient_shares_one_stream_in_call_order():
     theta0, g = _grads()
     rng = np.random.default_rng(3)
-    a, b = ex5.sanitised_gradient(1.0, theta0, lr=0.1, rng=rng), ex5.sanitised_gradient(5.0, theta0, lr=0.1, rng=rng)
+    a, b = defenses.sanitised_gradient(1.0, theta0, lr=0.1, rng=rng), defenses.sanitised_gradient(5.0, theta0, lr=0.1, rng=rng)
     first, second = models.flatten_params(a(g)), models.flatten_params(b(g))
     rng2 = np.random.default_rng(3)
     flat = models.flatten_params(g)
@@ -117,7 +118,7 @@ def test_sanitised_gradient_shares_one_stream_in_call_order():
 def test_sanitised_gradient_rejects_bad_arguments(nu, lr, name):
     theta0, _ = _grads()
     with pytest.raises(ValueError, match=name):
-        ex5.sanitised_gradient(nu, theta0, lr=lr, rng=np.random.default_rng(0))
+        defenses.sanitised_gradient(nu, theta0, lr=lr, rng=np.random.default_rng(0))
 
 
 def test_dist_to_optima_and_private_distances():
@@ -152,10 +153,10 @@ def test_convergence_counts_and_markdown():
 
 
 def test_table2_names_values_and_markdown():
-    assert ex5.table2_name("acc", 0.1) == "ch5_t2_acc_nu0p1" and ex5.table2_name("rel", 15) == "ch5_t2_rel_nu15"
+    assert ex5.table2_name("acc", 0.1) == "ch5_t2cnn_acc_nu0p1" and ex5.table2_name("rel", 15) == "ch5_t2cnn_rel_nu15"
     acc = {(2, 0): 0.8, (2, 1): 0.6, (1, 0): 0.5, (1, 1): 0.4}
-    assert ex5.table2_values(acc, [0, 1], 2) == {"ch5_t2_acc_nu0": 0.8, "ch5_t2_rel_nu0": 1.0,
-                                                  "ch5_t2_acc_nu1": 0.6, "ch5_t2_rel_nu1": 0.6 / 0.8}
+    assert ex5.table2_values(acc, [0, 1], 2) == {"ch5_t2cnn_acc_nu0": 0.8, "ch5_t2cnn_rel_nu0": 1.0,
+                                                  "ch5_t2cnn_acc_nu1": 0.6, "ch5_t2cnn_rel_nu1": 0.6 / 0.8}
     with pytest.raises(ValueError, match="acc"):
         ex5.table2_values(acc, [0, 5], 2)
     md = ex5.table2_markdown(acc, [0, 1], 2)
@@ -182,8 +183,81 @@ def test_laplace_checks_and_hypotheses():
     assert ex5.laplace_checks_markdown(checks).count("\n") == 2 + len(c) - 1
     with pytest.raises(ValueError, match="num_draws"):
         ex5.laplace_sampler_checks(num_draws=1)
-    h = ex5.logistic_hypotheses(3, seed=4)
+    make = lambda s: models.logistic_regression(64, 10, seed=s)   # noqa: E731
+    h = ex5.model_hypotheses(make, 3, seed=4)
     assert h.shape == (3, 650)
-    torch.testing.assert_close(h[1], models.flatten_params(models.get_params(models.logistic_regression(64, 10, seed=5))))
+    torch.testing.assert_close(h[1], models.flatten_params(models.get_params(make(5))))
     with pytest.raises(ValueError, match="k"):
-        ex5.logistic_hypotheses(0)
+        ex5.model_hypotheses(make, 0)
+
+
+# --- the grids behind Fig. 3-4 and Tables 1-2 ---
+@pytest.fixture(scope="module")
+def small_grid():
+    from fedlab.data import clustered
+
+    tr, _ = clustered.synthetic_linear_clusters(20, 10, seed=0)
+    va, _ = clustered.synthetic_linear_clusters(10, 10, seed=1)
+    make = lambda s: models.mlp(2, (), 1, seed=s)   # noqa: E731  (linear with intercept, n = 3)
+    return ex5.ifca_grid(make, tr, va, settings=[(1, 0), (2, 0), (2, 5.0)], seeds=[0, 1], num_rounds=6,
+                         clients_per_round=5, lr=0.1, loss_fn=models.squared_error)
+
+
+def test_ifca_grid_runs_every_setting_and_seed_on_one_schedule(small_grid):
+    assert sorted(small_grid) == [(1, 0.0, 0), (1, 0.0, 1), (2, 0.0, 0), (2, 0.0, 1), (2, 5.0, 0), (2, 5.0, 1)]
+    for s in (0, 1):   # one seed: the same clients every round, with and without noise
+        plain, noisy = small_grid[(2, 0.0, s)], small_grid[(2, 5.0, s)]
+        assert [r.selected.tolist() for r in plain.rounds] == [r.selected.tolist() for r in noisy.rounds]
+        assert plain.accountant is None and noisy.accountant is not None
+    vals = ex5.grid_values(small_grid, "val_rmse")
+    assert set(vals) == {(1, 0.0), (2, 0.0), (2, 5.0)} and vals[(2, 5.0)].shape == (2,)
+    r = small_grid[(2, 0.0, 1)]
+    assert vals[(2, 0.0)][1] == r.history["val_rmse"][r.best_round]
+    with pytest.raises(ValueError, match="metric"):
+        ex5.grid_values(small_grid, "val_auc")
+    with pytest.raises(ValueError, match="settings"):
+        ex5.ifca_grid(lambda s: nn.Linear(2, 1), [], [], settings=[(0, 1.0)], seeds=[0], num_rounds=1,
+                      clients_per_round=1, lr=0.1)
+
+
+def test_grid_budgets_table1_and_fig4(small_grid):
+    b = ex5.grid_budgets(small_grid)
+    assert set(b) == {(2, 5.0)}
+    acct = small_grid[(2, 5.0, 0)].accountant
+    assert b[(2, 5.0)]["median"][0] == pytest.approx(acct.summary()["median"])
+    assert b[(2, 5.0)]["max"][0] == pytest.approx(acct.participations.max() * 3 / 5.0)
+    md = ex5.table1_markdown(b, [2], [0, 5.0])
+    assert md.count("\n") == 2 and md.splitlines()[2].startswith("| 5 | 2 | n/a | n/a | ")
+    md = ex5.table1_markdown({(3, 5.0): b[(2, 5.0)]}, [3], [5.0])   # the paper's entry for nu = 5, k = 3
+    assert md.splitlines()[2].startswith("| 5 | 3 | 5.5 | 21.6 | ")
+    with pytest.raises(ValueError, match="budgets"):
+        ex5.table1_markdown(b, [3], [5.0])
+    ax = ex5.plot_budget_histogram(small_grid[(2, 5.0, 0)])
+    assert sum(p.get_height() for p in ax.patches) == (acct.participations > 0).sum()
+    with pytest.raises(ValueError, match="private"):
+        ex5.plot_budget_histogram(small_grid[(2, 0.0, 0)])
+    ax = ex5.plot_grid_metric(ex5.grid_values(small_grid), [2], [0, 5.0], ylabel="RMSE")
+    assert len(ax.get_xticks()) == 2
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_output_privacy_loss_within_the_bound_with_power(safe):
+    res = ex5.output_privacy_loss(3, 1.0, 1.5, num_draws=100_000, seed=0, safe=safe)
+    assert res["max_lower"] <= res["bound"] and res["bound"] >= 1.5
+    well = res["counts"].min(0) >= 200
+    assert np.nanmax(np.abs(res["log_ratio"][well])) > 0.7 * res["bound"]
+    for kwargs, name in [(dict(n=0), "n"), (dict(epsilon=0.0), "epsilon"), (dict(num_draws=0), "num_draws")]:
+        with pytest.raises(ValueError, match=name):
+            ex5.output_privacy_loss(**{**dict(n=3, epsilon=1.0, distance=1.5), **kwargs})
+
+
+def test_dlg_on_sanitised_attacks_every_noise_level():
+    from fedlab.attacks import gradient_inversion as gi
+    from fedlab.data import images
+
+    cnn = gi.dlg_init_(models.lenet(1, 10, 8), seed=0)
+    victims = images.digit_images(1, seed=0)
+    res = ex5.dlg_on_sanitised(cnn, victims.X, victims.y, [0, 1.0], lr=0.1, max_iter=3, seed=0)
+    assert set(res) == {0, 1.0} and res[0]["psnr"].shape == (1,)
+    with pytest.raises(ValueError, match="nus"):
+        ex5.dlg_on_sanitised(cnn, victims.X, victims.y, [], lr=0.1, max_iter=3)

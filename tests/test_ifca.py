@@ -160,6 +160,41 @@ def test_private_ifca_converges_to_the_optima_for_small_noise(synthetic, nu):
     assert res.history["val_rmse"][res.best_round] < 0.8 < res.history["val_rmse"][0]
 
 
+def test_a_zero_update_sends_nothing(synthetic):
+    tr, _, _ = synthetic
+    init = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
+    flat = lambda out, y: 0.0 * out[:, 0]   # noqa: E731  a loss with zero gradient: every update is zero
+    res = I.private_ifca(_linear(), tr, num_clusters=2, nu=5.0, num_rounds=3, clients_per_round=7, init=init,
+                         loss_fn=flat, seed=0)
+    for rd in res.rounds:
+        assert len(rd.idle) == 7 and len(rd.selected) == 0 and rd.released.shape == (0, 2)
+    assert res.accountant.spent.sum() == 0 and torch.equal(res.final, init)
+    # without noise a zero update is released as it is
+    plain = I.ifca(_linear(), tr, num_clusters=2, num_rounds=1, clients_per_round=7, init=init, loss_fn=flat, seed=0)
+    assert len(plain.rounds[0].selected) == 7 and len(plain.rounds[0].idle) == 0
+
+
+def test_diabetes_clinics():
+    clients, info = clustered.diabetes_clients(4, seed=0)
+    assert len(clients) == 110 and sum(len(c) for c in clients) == 442
+    assert {len(c) for c in clients} <= {4, 5} and clients[0].X.shape[1] == 3 == len(clustered.DIABETES_INPUTS)
+    # a clinic serves one sex (but for the block that straddles the boundary) and a narrow age band
+    assert set(info["sex"].tolist()) == {1, 2}
+    from sklearn.datasets import load_diabetes
+
+    raw = load_diabetes(scaled=False)
+    y = np.sort(np.concatenate([c.y.numpy() for c in clients]))
+    np.testing.assert_allclose(y, np.sort(raw.target / clustered.DIABETES_TARGET_SCALE), rtol=1e-6)
+    bmi = raw.data[:, raw.feature_names.index("bmi")]
+    x0 = np.sort(np.concatenate([c.X[:, 0].numpy() for c in clients]))
+    np.testing.assert_allclose(x0, np.sort((bmi - 25.0) / 5.0), rtol=1e-5, atol=1e-6)
+    other, _ = clustered.diabetes_clients(4, seed=1)
+    assert not torch.equal(other[0].y, clients[0].y)           # the order of the clinics follows the seed
+    for kwargs in (dict(patients_per_client=0), dict(patients_per_client=300), dict(inputs={"height": (0, 1)})):
+        with pytest.raises(ValueError):
+            clustered.diabetes_clients(**kwargs)
+
+
 def test_rotated_digits():
     clients, rot = clustered.rotated_digits_clients(20, seed=0)
     assert 0 < rot.sum() < 20 and clients[0].X.shape[1] == 64
