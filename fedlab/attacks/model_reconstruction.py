@@ -538,3 +538,84 @@ def fit_local_logistic(clients, *, num_epochs: int = 500, lr: float = 0.5) -> to
     local, _ = fl.train_standalone(model, [(c.X.float(), c.y) for c in clients], num_epochs=num_epochs,
                                    batch_size=None, lr=lr, params=zero, loss_fn=logistic_loss)
     return flatten_stacked(local).double()
+
+
+# --------------------------------------------------------------------------------------------
+# Sec. 4 diagnostics: is the local optimum defined, and how much do the observed models vary?
+# --------------------------------------------------------------------------------------------
+def logistic_local_optimum(X: torch.Tensor, y: torch.Tensor, *, weight_decay: float,
+                           max_iter: int = 100, tol: float = 1e-10) -> torch.Tensor:
+    """The local optimum ``theta_c* = argmin mean BCE(x^T w + b, y) + lambda/2 ||(w, b)||^2`` of binary
+    logistic regression with ``weight_decay`` lambda > 0: the target of Algorithm 3 of Xu & Neglia
+    (2021, Sec. 3.2) when the clients of :func:`fedlab.fl.fedavg` train with the same ``weight_decay``.
+    Without it a linearly separable client (:func:`linearly_separable`) has no minimiser at all: the
+    loss keeps falling as ``||theta||`` grows.
+
+    Damped Newton in float64 (backtracking on the objective), to gradient norm ``tol``. ``X``
+    ``[m, d_x]``, ``y`` ``[m]`` in {0, 1}. Returns ``[d_x + 1]`` (weights, then the bias, the order of
+    :func:`fedlab.models.linear_model` flattened). Raises ``ValueError`` for ``weight_decay <= 0``, bad
+    shapes, labels outside {0, 1}, non-finite inputs or no convergence in ``max_iter`` steps."""
+    if not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay) and weight_decay > 0):
+        raise ValueError(f"weight_decay must be a finite number > 0 (a separable client has no optimum "
+                         f"without it), got {weight_decay!r}")
+    X, y = torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+    if X.ndim != 2 or y.shape != (X.shape[0],) or X.shape[0] == 0:
+        raise ValueError(f"X must be [m, d_x] and y [m] with m >= 1, got {tuple(X.shape)} and {tuple(y.shape)}")
+    if not (torch.isfinite(X).all() and ((y == 0) | (y == 1)).all()):
+        raise ValueError("X must be finite and y must hold labels 0 and 1")
+    X1 = torch.cat([X, torch.ones(len(X), 1, dtype=torch.float64)], 1)
+    eye = torch.eye(X1.shape[1], dtype=torch.float64)
+
+    def objective(t):
+        return float(nn.functional.binary_cross_entropy_with_logits(X1 @ t, y) + weight_decay / 2 * t @ t)
+
+    theta = torch.zeros(X1.shape[1], dtype=torch.float64)
+    for _ in range(max_iter):
+        p = torch.sigmoid(X1 @ theta)
+        g = X1.T @ (p - y) / len(y) + weight_decay * theta
+        if float(g.norm()) <= tol:
+            return theta
+        H = (X1.T * (p * (1 - p))) @ X1 / len(y) + weight_decay * eye
+        step, a, f0 = torch.linalg.solve(H, g), 1.0, objective(theta)
+        while objective(theta - a * step) > f0 - 1e-4 * a * float(g @ step) and a > 1e-12:
+            a /= 2
+        theta = theta - a * step
+    raise ValueError(f"Newton's method did not reach gradient norm {tol} in {max_iter} steps")
+
+
+def linearly_separable(X: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether some affine classifier ``x^T w + b`` puts every record of ``(X [m, d_x], y [m])`` strictly
+    on the side of its label (an exact linear-programming feasibility check, ``y_i (x_i^T w + b) >= 1``
+    with signs ``+-1``). A client for which this holds has no unregularised logistic local optimum
+    (Xu & Neglia 2021, Sec. 4, Table 1's target). One-class data count as separable. Raises
+    ``ValueError`` for bad shapes, non-finite ``X`` or labels outside {0, 1}."""
+    from scipy.optimize import linprog
+
+    X, y = np.asarray(X, dtype=np.float64), np.asarray(y)
+    if X.ndim != 2 or y.shape != (X.shape[0],) or X.shape[0] == 0:
+        raise ValueError(f"X must be [m, d_x] and y [m] with m >= 1, got {X.shape} and {y.shape}")
+    if not (np.isfinite(X).all() and np.isin(y, (0, 1)).all()):
+        raise ValueError("X must be finite and y must hold labels 0 and 1")
+    s = 2.0 * y - 1.0
+    A = -s[:, None] * np.concatenate([X, np.ones((len(X), 1))], 1)
+    res = linprog(np.zeros(X.shape[1] + 1), A_ub=A, b_ub=-np.ones(len(X)), bounds=(None, None), method="highs")
+    return bool(res.status == 0)
+
+
+def trajectory_flatness(theta_in: torch.Tensor) -> torch.Tensor:
+    """The share of the spread of the observed server models that lies along their first principal
+    direction, ``s_1^2 / sum_i s_i^2`` for the singular values ``s`` of the centred ``theta_in``
+    (``[n, d]`` -> scalar, or ``[P, n, d]`` -> ``[P]``). Near 1 the models lie on a line, so the update
+    map is observed along one direction only and Algorithm 3 (Xu & Neglia 2021, Sec. 3.2) must
+    extrapolate in the other ``d - 1``. Raises ``ValueError`` for fewer than 2 observations, bad shapes
+    or non-finite values."""
+    t = torch.as_tensor(theta_in, dtype=torch.float64)
+    if t.ndim not in (2, 3) or t.shape[-2] < 2:
+        raise ValueError(f"theta_in must be [n, d] or [P, n, d] with n >= 2, got {tuple(t.shape)}")
+    if not torch.isfinite(t).all():
+        raise ValueError("theta_in must be finite")
+    s = torch.linalg.svdvals(t - t.mean(-2, keepdim=True))
+    return s[..., 0] ** 2 / (s ** 2).sum(-1).clamp_min(1e-300)
+
+
+__all__ += ["logistic_local_optimum", "linearly_separable", "trajectory_flatness"]

@@ -16,10 +16,10 @@ from ..attacks.model_reconstruction import (binary_accuracy, hard_instance_clien
                                             squared_loss)
 from ..models import flatten_params, linear_model, logistic_loss
 
-__all__ = ["BACHELOR_OR_ABOVE", "adult_phd_split", "adult_phd_clients", "leaf_table1", "adult_experiment",
+__all__ = ["BACHELOR_OR_ABOVE", "adult_phd_split", "adult_phd_clients", "leaf_table1", "adult_experiment", "adult_movement",
            "hard_instance_transcript", "obs56_curves", "plot_obs56", "PAPER_TABLE1", "table1_values",
-           "table1_markdown", "PAPER_ADULT_COUNTS", "adult_split_counts", "adult_counts_markdown",
-           "phd_distance_means", "plot_distance_matrix", "plot_adult_figure1"]
+           "table1_markdown", "PAPER_ADULT_COUNTS", "adult_split_counts", "adult_counts_markdown", "adult_count_variants", "adult_variants_markdown",
+           "phd_distance_means", "plot_distance_matrix", "plot_adult_figure1", "adult_values"]
 
 
 #: Adult education levels at least "bachelor" (Xu & Neglia 2021, Sec. 4)
@@ -83,94 +83,140 @@ def adult_phd_clients(split: str = "train", *, num_other_clients: int = 7, seed:
     return client_datasets(ds, parts)
 
 
-def _logistic_fedavg(clients, *, num_rounds, local_steps, batch_size, lr, seed, client_fraction=1.0):
+def _logistic_fedavg(clients, *, num_rounds, local_steps, batch_size, lr, seed, client_fraction=1.0,
+                     weight_decay=0.0):
     """FedAvg on binary logistic regression with an eavesdropper on every client. Returns the
-    final global theta ``[d]`` and the observations ``(theta_in [K, n, d], theta_out [K, n, d])``."""
+    final global theta ``[d]`` and the observations ``(theta_in [n_c, d], theta_out [n_c, d], rounds)``
+    of each client."""
     d_x = clients[0].X.shape[1]
     model = linear_model(d_x, bias=True, dtype=torch.float32, seed=seed)
     pairs = [(c.X.float(), c.y) for c in clients]
     res, spy = run_eavesdropped_fedavg(model, pairs, num_rounds=num_rounds, local_epochs=1,
                                        local_steps=local_steps, batch_size=batch_size, lr=lr,
-                                       seed=seed, loss_fn=logistic_loss, client_fraction=client_fraction)
+                                       seed=seed, loss_fn=logistic_loss, client_fraction=client_fraction,
+                                       weight_decay=weight_decay)
     obs = [spy.observations(k) for k in range(len(clients))]
     return flatten_params(res.params).double(), obs
 
 
+def _attack_batch(runs, *, hidden, fit_max_iter, decode_max_iter, seed):
+    """Algorithm 3 on many eavesdropped transcripts at once. ``runs``: list of ``(theta_in [n_p, d],
+    theta_out [n_p, d])``. With client sampling the clients are seen a different number of times; all
+    attacks then use their last ``min n_p`` observations (the most recent, nearest the end of
+    training). Returns ``(HeuristicResult, theta_in [P, n, d], last returned [P, d])``."""
+    n = min(len(ti) for ti, _ in runs)
+    if n < 2:
+        raise ValueError(f"a client was observed in {n} round(s): run more rounds")
+    tin = torch.stack([ti[-n:] for ti, _ in runs]).double()
+    tout = torch.stack([to[-n:] for _, to in runs]).double()
+    res = reconstruct_heuristic(tin, tout, hidden=hidden, fit_max_iter=fit_max_iter,
+                                decode_max_iter=decode_max_iter, seed=seed)
+    return res, tin, tout[:, -1]
+
+
 def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequence[int] = range(10),
-                num_rounds: int = 100, batch_size: int = 256, lr: float = 0.01, hidden: int = 1000,
-                fit_max_iter: int = 1000, decode_max_iter: int = 1000) -> dict:
+                num_rounds: int = 100, batch_size: int = 256, lr: float = 0.01, client_fraction: float = 1.0,
+                weight_decay: float = 0.01, hidden: int = 1000, fit_max_iter: int = 1000,
+                decode_max_iter: int = 1000) -> dict:
     """Xu & Neglia (2021), Table 1: train accuracy on each client's data of the last model it
-    returned (``theta_tilde_c``) and of the model decoded by Algorithm 3 (``hat theta_c*``).
+    returned (``theta_tilde_c``) and of the model decoded by Algorithm 3 (``hat theta_c*``), beside
+    the target itself (the *oracle*, the true local optimum ``theta_c*``).
 
-    FedAvg with every client in every round, ``local_steps`` SGD steps of ``batch_size`` per round,
-    binary logistic regression; one run per seed (model initialisation, batches, mapping init).
-    All ``len(seeds) * K`` attacks of a local-step setting are trained as one batch.
+    FedAvg on binary logistic regression with a fraction ``client_fraction`` of the clients per
+    round, ``local_steps`` SGD steps of ``batch_size`` per round, step ``lr``. Each client's local
+    objective is ``mean loss + weight_decay/2 ||theta||^2`` (our stated choice: most LEAF clients
+    are linearly separable, see :func:`fedlab.attacks.model_reconstruction.linearly_separable`, and
+    then have no unregularised optimum); ``theta_c*`` is its exact minimiser
+    (:func:`~fedlab.attacks.model_reconstruction.logistic_local_optimum`). One FedAvg run per seed
+    (model initialisation, client sampling, batches); all ``len(local_steps) * len(seeds) * K``
+    attacks are trained as one batch (see :func:`_attack_batch` for unequal observation counts).
 
-    Returns ``{"local_steps": [L], "last": [L, S, K], "decoded": [L, S, K], "mapping_loss": [L, S, K]}``
-    (accuracies in [0, 1]).
-    """
-    K = len(clients)
-    last = np.zeros((len(local_steps), len(seeds), K))
-    dec = np.zeros_like(last)
-    mloss = np.zeros_like(last)
-    for i, E in enumerate(local_steps):
-        tin, tout = [], []
+    Returns ``{"local_steps": [L], "last", "decoded": [L, S, K] accuracies in [0, 1], "oracle": [K],
+    "dist_last", "dist_decoded": [L, S, K] relative distances ||theta - theta_c*|| / ||theta_c*||,
+    "flatness": [L, S, K] (:func:`~fedlab.attacks.model_reconstruction.trajectory_flatness` of the
+    server models the attack used), "mapping_loss": [L, S, K], "num_obs": int, "separable": [K] bool}``.
+    Raises ``ValueError`` for ``weight_decay <= 0`` or a client observed fewer than 2 times."""
+    from ..attacks.model_reconstruction import linearly_separable, logistic_local_optimum, trajectory_flatness
+
+    K, L, S = len(clients), len(local_steps), len(seeds)
+    stars = torch.stack([logistic_local_optimum(c.X, c.y, weight_decay=weight_decay) for c in clients])
+    runs = []
+    for E in local_steps:
         for s in seeds:
-            _, obs = _logistic_fedavg(clients, num_rounds=num_rounds, local_steps=E,
-                                      batch_size=batch_size, lr=lr, seed=int(s))
-            tin += [o[0] for o in obs]
-            tout += [o[1] for o in obs]
-        tin, tout = torch.stack(tin).double(), torch.stack(tout).double()   # [S*K, n, d]
-        res = reconstruct_heuristic(tin, tout, hidden=hidden, fit_max_iter=fit_max_iter,
-                                    decode_max_iter=decode_max_iter, seed=i)
-        for j in range(len(seeds)):
-            for k in range(K):
-                p = j * K + k
-                X, y = clients[k].X, clients[k].y
-                last[i, j, k] = float(binary_accuracy(tout[p, -1], X, y))
-                dec[i, j, k] = float(binary_accuracy(res.theta[p], X, y))
-                mloss[i, j, k] = float(res.mapping_loss[p])
-    return {"local_steps": list(local_steps), "last": last, "decoded": dec, "mapping_loss": mloss}
+            _, obs = _logistic_fedavg(clients, num_rounds=num_rounds, local_steps=E, batch_size=batch_size,
+                                      lr=lr, seed=int(s), client_fraction=client_fraction,
+                                      weight_decay=weight_decay)
+            runs += [(o[0], o[1]) for o in obs]
+    res, tin, last_theta = _attack_batch(runs, hidden=hidden, fit_max_iter=fit_max_iter,
+                                         decode_max_iter=decode_max_iter, seed=0)
+    shape = (L, S, K)
+    star = stars.repeat(L * S, 1)                                      # [P, d], client index fastest
+    rel = lambda th: ((th - star).norm(dim=1) / star.norm(dim=1)).reshape(shape).numpy()  # noqa: E731
+    acc = lambda th: np.array([float(binary_accuracy(th[p], clients[p % K].X, clients[p % K].y))  # noqa: E731
+                               for p in range(len(th))]).reshape(shape)
+    return {"local_steps": list(local_steps), "last": acc(last_theta), "decoded": acc(res.theta),
+            "oracle": np.array([float(binary_accuracy(stars[k], c.X, c.y)) for k, c in enumerate(clients)]),
+            "dist_last": rel(last_theta), "dist_decoded": rel(res.theta),
+            "flatness": trajectory_flatness(tin).reshape(shape).numpy(),
+            "mapping_loss": res.mapping_loss.reshape(shape).numpy(), "num_obs": int(tin.shape[1]),
+            "separable": np.array([linearly_separable(c.X, c.y) for c in clients])}
 
 
-def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0, 1, 2),
+def adult_movement(train_clients, *, lr: float, num_rounds: int, batch_size: int, seed: int = 0,
+                   weight_decay: float = 0.01) -> float:
+    """How far FedAvg moves the global model on the Adult split, ``||theta_T - theta_0||``, with one
+    local step of ``batch_size`` and step ``lr`` for ``num_rounds`` rounds (the setting of
+    :func:`adult_experiment`). At the paper's ``lr = 0.001`` (Xu & Neglia 2021, Fig. 1) the model barely
+    leaves its initialisation; this number says by how much."""
+    g, obs = _logistic_fedavg(train_clients, num_rounds=num_rounds, local_steps=1, batch_size=batch_size,
+                              lr=lr, seed=seed, weight_decay=weight_decay)
+    return float((g - obs[0][0][0]).norm())
+
+
+def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0, 1, 2, 3, 4, 5),
                      batch_sizes: Sequence[int] = (16, 64, 256), seeds: Sequence[int] = range(3),
-                     num_rounds: int = 100, lr: float = 0.001, hidden: int = 1000,
+                     num_rounds: int = 100, lr: float = 0.1, weight_decay: float = 0.01, hidden: int = 1000,
                      fit_max_iter: int = 1000, decode_max_iter: int = 1000) -> dict:
-    """Xu & Neglia (2021), Figure 1b-c on the Adult split: FedAvg with one local step, step ``lr``;
-    for each batch size and seed, attack the ``targets`` with Algorithm 3 and report the relative
-    mapping loss and the test accuracy (on each target's own test records) of the decoded model
-    and of the last returned model.
+    """Xu & Neglia (2021), Figure 1b-c on the Adult split: FedAvg with every client in every round,
+    one local SGD step of ``batch_size`` with step ``lr`` on the local objective ``mean loss +
+    weight_decay/2 ||theta||^2``; for each batch size and seed, attack the ``targets`` with Algorithm 3
+    (all ``B * S * T`` attacks in one batch) and report the relative mapping loss and accuracies on
+    each target's own test and train records of the decoded model, the last returned model and the
+    final global model. Clients 0-2 of :func:`adult_phd_clients` are the non-iid PhD clients, the
+    others an iid control.
 
-    Returns ``{"batch_sizes", "mapping_loss": [B, S, T], "test_decoded": [B, S, T],
-    "test_last": [B, S, T], "train_decoded", "train_last", "test_global": [B, S, T]}``.
-    """
-    T = len(targets)
-    shape = (len(batch_sizes), len(seeds), T)
-    out = {k: np.zeros(shape) for k in ("mapping_loss", "test_decoded", "test_last", "train_decoded",
-                                        "train_last", "test_global")}
+    Returns ``{"batch_sizes", "targets", "mapping_loss", "test_decoded", "test_last", "test_global",
+    "train_decoded", "train_last": [B, S, T], "majority": [T] (test accuracy of always predicting
+    the target's majority train label), "moved": [B, S] (||theta_T - theta_0|| of the global model),
+    "init_norm": [S] (||theta_0||)}``. Raises ``ValueError`` for a target outside the clients."""
+    K = len(train_clients)
+    bad = [t for t in targets if not 0 <= int(t) < K]
+    if bad or len(test_clients) != K:
+        raise ValueError(f"targets must index the {K} clients (and test_clients match them), got {list(targets)}")
+    T, shape = len(targets), (len(batch_sizes), len(seeds), len(targets))
+    runs, glob, moved, init = [], [], np.zeros(shape[:2]), np.zeros(len(seeds))
     for i, B in enumerate(batch_sizes):
-        tin, tout, glob = [], [], []
-        for s in seeds:
-            g, obs = _logistic_fedavg(train_clients, num_rounds=num_rounds, local_steps=1,
-                                      batch_size=B, lr=lr, seed=int(s))
-            tin += [obs[t][0] for t in targets]
-            tout += [obs[t][1] for t in targets]
+        for j, s in enumerate(seeds):
+            g, obs = _logistic_fedavg(train_clients, num_rounds=num_rounds, local_steps=1, batch_size=B,
+                                      lr=lr, seed=int(s), weight_decay=weight_decay)
+            runs += [(obs[t][0], obs[t][1]) for t in targets]
             glob.append(g)
-        tin, tout = torch.stack(tin).double(), torch.stack(tout).double()
-        res = reconstruct_heuristic(tin, tout, hidden=hidden, fit_max_iter=fit_max_iter,
-                                    decode_max_iter=decode_max_iter, seed=i)
-        for j in range(len(seeds)):
-            for k, t in enumerate(targets):
-                p = j * T + k
-                te, tr = test_clients[t], train_clients[t]
-                out["mapping_loss"][i, j, k] = float(res.mapping_loss[p])
-                out["test_decoded"][i, j, k] = float(binary_accuracy(res.theta[p], te.X, te.y))
-                out["test_last"][i, j, k] = float(binary_accuracy(tout[p, -1], te.X, te.y))
-                out["test_global"][i, j, k] = float(binary_accuracy(glob[j], te.X, te.y))
-                out["train_decoded"][i, j, k] = float(binary_accuracy(res.theta[p], tr.X, tr.y))
-                out["train_last"][i, j, k] = float(binary_accuracy(tout[p, -1], tr.X, tr.y))
-    out["batch_sizes"] = list(batch_sizes)
+            moved[i, j], init[j] = float((g - obs[0][0][0]).norm()), float(obs[0][0][0].norm())
+    res, _, last = _attack_batch(runs, hidden=hidden, fit_max_iter=fit_max_iter,
+                                 decode_max_iter=decode_max_iter, seed=0)
+    out = {k: np.zeros(shape) for k in ("mapping_loss", "test_decoded", "test_last", "test_global",
+                                        "train_decoded", "train_last")}
+    for p in range(len(runs)):
+        i, j, k = np.unravel_index(p, shape)
+        te, tr = test_clients[targets[k]], train_clients[targets[k]]
+        out["mapping_loss"][i, j, k] = float(res.mapping_loss[p])
+        for name, th in (("decoded", res.theta[p]), ("last", last[p])):
+            out[f"test_{name}"][i, j, k] = float(binary_accuracy(th, te.X, te.y))
+            out[f"train_{name}"][i, j, k] = float(binary_accuracy(th, tr.X, tr.y))
+        out["test_global"][i, j, k] = float(binary_accuracy(glob[i * len(seeds) + j], te.X, te.y))
+    major = [float(train_clients[t].y.float().mean()) >= 0.5 for t in targets]
+    out["majority"] = np.array([float((test_clients[t].y == int(m)).float().mean()) for t, m in zip(targets, major)])
+    out.update(batch_sizes=list(batch_sizes), targets=list(targets), moved=moved, init_norm=init)
     return out
 
 
@@ -242,46 +288,62 @@ PAPER_TABLE1 = {1: {"last": [53.9, 49.7, 85.1, 28.3, 75.8, 58.6], "decoded": [67
                 5: {"last": [60.1, 54.6, 87.6, 33.6, 79.2, 63.0], "decoded": [65.6, 72.9, 76.9, 72.5, 86.2, 74.8]},
                 10: {"last": [69.4, 60.4, 90.6, 42.3, 83.9, 69.3], "decoded": [67.5, 79.5, 78.1, 75.8, 88.9, 78.0]}}
 
-#: the short names of the two models in the glued names (``ch4-t1-last1``, ``ch4-t1-dec1-c0``)
-_T1_SHORT = {"last": "last", "decoded": "dec"}
+_T1_KEYS = {"local_steps", "last", "decoded", "oracle", "dist_last", "dist_decoded", "flatness", "separable"}
 
 
-def table1_values(t1: dict) -> dict:
-    """The numbers the chapter quotes from :func:`leaf_table1`'s output ``t1``: for every local-step
-    setting ``E`` and model (``last``, ``dec``), the train accuracy in % (one decimal) averaged over
-    seeds and clients (``ch4-t1-{model}{E}``) and over seeds for each client ``c``
-    (``ch4-t1-{model}{E}-c{c}``). Raises ``ValueError`` if ``t1`` lacks a key of :func:`leaf_table1`."""
-    missing = {"local_steps", "last", "decoded"} - set(t1)
+def table1_values(t1: dict, prefix: str = "ch4-t1") -> dict:
+    """The numbers the chapter quotes from :func:`leaf_table1`'s output ``t1``, named ``{prefix}-...``:
+    for every local-step setting ``E``, the train accuracy in % (one decimal, mean over runs and
+    clients) of the last returned (``last{E}``) and decoded (``dec{E}``) models, their mean relative
+    distances to the local optimum (``dlast{E}``, ``ddec{E}``, 3 decimals) and the flatness of the
+    observed server models (``flat{E}``); the oracle's accuracy (``oracle``) and the number of linearly
+    separable clients (``sep``). Raises ``ValueError`` if ``t1`` lacks a key of :func:`leaf_table1`."""
+    missing = _T1_KEYS - set(t1)
     if missing:
         raise ValueError(f"t1 lacks {sorted(missing)}: pass the output of leaf_table1")
-    means = {key: 100 * t1[key].mean((1, 2)) for key in _T1_SHORT}
-    out = {}
+    out = {f"{prefix}-oracle": round(100 * float(np.mean(t1["oracle"])), 1),
+           f"{prefix}-sep": int(np.sum(t1["separable"]))}
     for i, E in enumerate(t1["local_steps"]):
-        for key, short in _T1_SHORT.items():
-            out[f"ch4-t1-{short}{E}"] = round(float(means[key][i]), 1)
-            for c, o in enumerate((100 * t1[key][i].mean(0)).tolist()):
-                out[f"ch4-t1-{short}{E}-c{c}"] = round(o, 1)
+        out[f"{prefix}-last{E}"] = round(100 * float(t1["last"][i].mean()), 1)
+        out[f"{prefix}-dec{E}"] = round(100 * float(t1["decoded"][i].mean()), 1)
+        out[f"{prefix}-dlast{E}"] = round(float(t1["dist_last"][i].mean()), 3)
+        out[f"{prefix}-ddec{E}"] = round(float(t1["dist_decoded"][i].mean()), 3)
+        out[f"{prefix}-flat{E}"] = round(float(t1["flatness"][i].mean()), 3)
     return out
 
 
-def table1_markdown(t1: dict, paper=None, paper_table: dict | None = None) -> str:
-    """Xu & Neglia (2021), Table 1 beside ours, as a Markdown table: train accuracy (%) per client and
-    mean, ``paper / **ours**``, and the stored paper-scale record of the mean, ``paper(name, digits)``
-    (e.g. :meth:`fedlab.records.Run.paper`; ``n/a`` when ``None``). ``paper_table`` defaults to
-    :data:`PAPER_TABLE1`. Raises ``ValueError`` for a local-step setting the paper table lacks."""
+def table1_markdown(tables: dict, paper=None, paper_table: dict | None = None) -> str:
+    """Xu & Neglia (2021), Table 1 beside ours, as a Markdown table. ``tables`` maps a setting's label
+    to ``(t1, prefix)`` (:func:`leaf_table1`'s output and its :func:`table1_values` prefix). Per setting
+    and local-step count: the paper's mean train accuracy (last returned, decoded), ours as mean ± 95 %
+    interval over the runs (each run's mean over clients), the oracle ``theta_c*``, both models' mean
+    relative distance to it and the flatness of the server models; the last column is the stored
+    paper-scale record ``paper(name, digits)`` of the two means (e.g. :meth:`fedlab.records.Run.paper`;
+    ``n/a`` when ``None``). ``paper_table`` defaults to :data:`PAPER_TABLE1`. Raises ``ValueError`` for
+    a local-step setting the paper table lacks."""
+    from .tables import markdown_table, mean_interval
+
     paper_table = PAPER_TABLE1 if paper_table is None else paper_table
-    absent = [E for E in t1["local_steps"] if E not in paper_table]
-    if absent:
-        raise ValueError(f"paper_table has no row for local_steps {absent}")
-    rows = ["| local steps | model | c=0 | c=1 | c=2 | c=3 | c=4 | mean | mean, ours at paper scale (mean ± 95 % CI, n seeds) |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    for i, E in enumerate(t1["local_steps"]):
-        for key, name in (("last", r"last returned $\tilde\theta_c$"), ("decoded", r"decoded $\hat\theta_c^*$")):
-            ours = 100 * t1[key][i].mean(0)
-            cells = [f"{p:.1f} / **{o:.1f}**" for p, o in zip(paper_table[E][key], list(ours) + [ours.mean()])]
-            stored = paper(f"ch4-t1-{_T1_SHORT[key]}{E}", 1) if paper is not None else "n/a"
-            rows.append(f"| {E} | {name} | " + " | ".join(cells) + f" | {stored} |")
-    return "Train accuracy (%), paper / **ours**\n\n" + "\n".join(rows)
+    rows = []
+    for label, (t1, prefix) in tables.items():
+        absent = [E for E in t1["local_steps"] if E not in paper_table]
+        if absent:
+            raise ValueError(f"paper_table has no row for local_steps {absent}")
+        for i, E in enumerate(t1["local_steps"]):
+            pt = paper_table[E]
+            stored = ("n/a" if paper is None else
+                      f"{paper(f'{prefix}-last{E}', 1)} / {paper(f'{prefix}-dec{E}', 1)}")
+            rows.append([label, E, f"{pt['last'][-1]:.1f} / {pt['decoded'][-1]:.1f}",
+                         mean_interval(100 * t1["last"][i].mean(1), 1),
+                         mean_interval(100 * t1["decoded"][i].mean(1), 1),
+                         100 * float(np.mean(t1["oracle"])), float(t1["dist_last"][i].mean()),
+                         float(t1["dist_decoded"][i].mean()), float(t1["flatness"][i].mean()), stored])
+    header = ["setting", "local steps", "paper: last / decoded", "ours: last returned", "ours: decoded",
+              "oracle $\\theta_c^*$", "distance, last", "distance, decoded", "flatness",
+              "ours at paper scale: last / decoded (mean ± 95 % CI, n seeds)"]
+    return ("Mean train accuracy over the five clients (%); distances are "
+            "$\\lVert\\theta-\\theta_c^*\\rVert/\\lVert\\theta_c^*\\rVert$\n\n"
+            + markdown_table(header, rows, digits=2))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -306,6 +368,30 @@ def adult_split_counts(train_clients) -> dict:
     kept = len(np.concatenate(adult_phd_split(full.meta["education"], full.meta["age"])))
     ours = [kept, *[len(c) for c in train_clients[:3]]]
     return {name: int(o) for name, o in zip(PAPER_ADULT_COUNTS, ours)}
+
+
+def adult_count_variants() -> list[list]:
+    """Which reading of Adult gives the paper's PhD client sizes (126, 258, 134; Xu & Neglia 2021,
+    Sec. 4)? Rows ``[file, missing-value rows, n(age < 38), n(38..52), n(age > 52)]`` of the Doctorate
+    records for the train file, the test file and both, with the rows holding a ``?`` dropped or kept
+    (:func:`fedlab.data.load_adult`)."""
+    from ..data import load_adult
+
+    rows = []
+    for split, label in (("train", "adult.data"), ("test", "adult.test"), ("all", "both files")):
+        for drop in (True, False):
+            ds = load_adult(split, drop_missing=drop)
+            age = np.asarray(ds.meta["age"])[np.asarray(ds.meta["education"]).astype(str) == "Doctorate"]
+            rows.append([label, "dropped" if drop else "kept", int((age < 38).sum()),
+                         int(((age >= 38) & (age <= 52)).sum()), int((age > 52).sum())])
+    return rows
+
+
+def adult_variants_markdown(rows) -> str:
+    """:func:`adult_count_variants`'s rows as a Markdown table."""
+    from .tables import markdown_table
+
+    return markdown_table(["file", "rows with '?'", "PhD, age < 38", "38-52", "> 52"], rows)
 
 
 def adult_counts_markdown(counts: dict, paper=None) -> str:
@@ -351,20 +437,71 @@ def plot_distance_matrix(dist, ax=None):
     return ax
 
 
-def plot_adult_figure1(fig1: dict):
+def _band(values):
+    """Mean and 95 % t half-width over axis 0 (seeds) of ``values`` ``[S, ...]``; half-width 0 for S = 1."""
+    from ..metrics import t_interval
+
+    values = np.asarray(values, dtype=float)
+    flat = values.reshape(values.shape[0], -1)
+    mean = flat.mean(0)
+    half = np.zeros_like(mean)
+    if values.shape[0] > 1:
+        for c in range(flat.shape[1]):
+            lo, hi = t_interval(flat[:, c])[2]
+            half[c] = (hi - lo) / 2
+    return mean.reshape(values.shape[1:]), half.reshape(values.shape[1:])
+
+
+def adult_values(fig1: dict, num_phd: int = 3) -> dict:
+    """The numbers the chapter quotes from :func:`adult_experiment`'s output: test accuracy in %
+    (mean over seeds and targets) of the decoded, last returned and global models and the majority
+    baseline for the PhD targets (the first ``num_phd`` of ``fig1["targets"]`` must be clients below
+    ``num_phd``) and the iid control, at the smallest and largest batch size, and the relative mapping
+    loss there; ``ch4-fig1-moved`` is ``||theta_T - theta_0||``. Raises ``ValueError`` for an output
+    without both groups."""
+    tg = np.asarray(fig1["targets"])
+    phd, ctl = tg < num_phd, tg >= num_phd
+    if not phd.any() or not ctl.any():
+        raise ValueError(f"fig1 must attack PhD clients (< {num_phd}) and control clients, got targets {tg.tolist()}")
+    out = {"ch4-fig1-moved": round(float(fig1["moved"].mean()), 3),
+           "ch4-fig1-init": round(float(fig1["init_norm"].mean()), 3)}
+    for grp, m in (("phd", phd), ("iid", ctl)):
+        out[f"ch4-fig1-{grp}-major"] = round(100 * float(fig1["majority"][m].mean()), 1)
+        for i, tag in ((0, "small"), (-1, "large")):
+            for model in ("decoded", "last", "global"):
+                out[f"ch4-fig1-{grp}-{model}-{tag}"] = round(100 * float(fig1[f"test_{model}"][i][:, m].mean()), 1)
+            out[f"ch4-fig1-{grp}-mloss-{tag}"] = round(float(fig1["mapping_loss"][i][:, m].mean()), 3)
+    return out
+
+
+def plot_adult_figure1(fig1: dict, num_phd: int = 3):
     """Xu & Neglia (2021), Figure 1b-c from :func:`adult_experiment`'s output: (b) the relative mapping
-    loss and (c) the PhD clients' test accuracy of the decoded and last returned models, against the
-    batch size (means over seeds and targets). Returns the two axes."""
+    loss against the batch size, for the PhD clients (non-iid) and the iid control; (c) the PhD clients'
+    test accuracy of the decoded, last returned and final global models with the majority-class
+    baseline. Means over seeds and targets, bands the 95 % t interval over seeds (none for one seed).
+    Returns the two axes."""
     import matplotlib.pyplot as plt
 
-    from .. import plots
+    bs = np.asarray(fig1["batch_sizes"])
+    tg = np.asarray(fig1["targets"])
+    phd, ctl = tg < num_phd, tg >= num_phd
+    _, axs = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
 
-    bs = fig1["batch_sizes"]
-    _, axs = plt.subplots(1, 2, figsize=(11, 4))
-    plots.line_plot(bs, {"mapping loss (Eq. 9, relative)": fig1["mapping_loss"].mean((1, 2))}, ax=axs[0], logx=True,
-                    xlabel="batch size", ylabel="relative mapping loss", title="(b) fitting the update map")
-    plots.line_plot(bs, {"decoded": 100 * fig1["test_decoded"].mean((1, 2)),
-                         "last returned": 100 * fig1["test_last"].mean((1, 2))},
-                    ax=axs[1], logx=True, xlabel="batch size", ylabel="test accuracy (%)",
-                    title="(c) PhD clients' test data", styles={"last returned": {"ls": "--"}})
+    def curve(ax, key, mask, label, **kw):
+        m, h = _band(np.moveaxis(fig1[key][:, :, mask].mean(2), 1, 0))     # [S, B] -> [B]
+        scale = 100 if key.startswith("test") else 1
+        line, = ax.plot(bs, scale * m, marker="o", label=label, **kw)
+        ax.fill_between(bs, scale * (m - h), scale * (m + h), color=line.get_color(), alpha=0.2)
+
+    curve(axs[0], "mapping_loss", phd, "PhD clients (non-iid)")
+    curve(axs[0], "mapping_loss", ctl, "other clients (iid control)", ls="--")
+    axs[0].set(xscale="log", xlabel="batch size", ylabel="relative mapping loss (Eq. 9)",
+               title="(b) fitting the update map")
+    for key, label, kw in (("test_decoded", "decoded", {}), ("test_last", "last returned", {"ls": "--"}),
+                           ("test_global", "final global", {"ls": ":"})):
+        curve(axs[1], key, phd, label, **kw)
+    axs[1].axhline(100 * fig1["majority"][phd].mean(), color="k", lw=1, label="majority class")
+    axs[1].set(xscale="log", xlabel="batch size", ylabel="test accuracy (%)", title="(c) PhD clients' test data")
+    for ax in axs:
+        ax.legend(fontsize=8)
     return axs

@@ -173,8 +173,10 @@ def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int,
     return idx, weight
 
 
-def _step_fn(model: nn.Module, loss_fn: LossFn, lr: float):
-    """One masked SGD step of one client: ``params <- params - lr * grad(mean loss over batch)``."""
+def _step_fn(model: nn.Module, loss_fn: LossFn, lr: float, weight_decay: float = 0.0):
+    """One masked SGD step of one client: ``params <- params - lr * grad(mean loss over batch)``;
+    with ``weight_decay`` lambda > 0 the gradient of the local objective ``mean loss + lambda/2 ||params||^2``
+    (every parameter, biases included)."""
 
     def batch_loss(params, X, y, idx, w):
         out = functional_call(model, params, (X[idx],))
@@ -182,28 +184,41 @@ def _step_fn(model: nn.Module, loss_fn: LossFn, lr: float):
 
     g = grad(batch_loss)
 
-    def step(params, X, y, idx, w):
-        gr = g(params, X, y, idx, w)
-        return {k: params[k] - lr * gr[k] for k in params}
+    if weight_decay == 0:
+        def step(params, X, y, idx, w):
+            gr = g(params, X, y, idx, w)
+            return {k: params[k] - lr * gr[k] for k in params}
+    else:
+        def step(params, X, y, idx, w):
+            gr = g(params, X, y, idx, w)
+            return {k: params[k] - lr * (gr[k] + weight_decay * params[k]) for k in params}
 
     return step
+
+
+def _check_weight_decay(weight_decay) -> None:
+    if isinstance(weight_decay, bool) or not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay)
+                                              and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
 
 
 def client_update(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, *, lr: float,
                   local_epochs: int = 1, batch_size: int | None = None,
                   generator: torch.Generator | None = None, loss_fn: LossFn = cross_entropy,
-                  local_steps: int | None = None) -> dict:
+                  local_steps: int | None = None, weight_decay: float = 0.0) -> dict:
     """ClientUpdate(k, w) of McMahan et al. (2017, Alg. 1): ``local_epochs`` passes of mini-batch
     SGD with step ``lr`` over ``(X, y)``. Pure function of ``params``: differentiable with
     ``torch.func`` and safe to call inside ``vmap``. ``local_steps`` (optional): a fixed number of
-    SGD steps instead of epochs (see :func:`batch_plan`).
+    SGD steps instead of epochs (see :func:`batch_plan`). ``weight_decay`` lambda >= 0: the client
+    minimises ``mean loss + lambda/2 ||params||^2`` (0, the default, is plain SGD).
 
     ``X``: ``[n, ...]``, ``y``: ``[n]``. Returns the new parameter dict.
     """
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr}")
+    _check_weight_decay(weight_decay)
     idx, w = batch_plan(torch.tensor([len(X)]), batch_size, local_epochs, generator, local_steps)
-    step = _step_fn(model, loss_fn, lr)
+    step = _step_fn(model, loss_fn, lr, weight_decay)
     for s in range(idx.shape[1]):
         params = step(params, X, y, idx[0, s], w[0, s])
     return params
@@ -216,7 +231,7 @@ def _expand(params: dict, K: int) -> dict:
 def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: float,
                    local_epochs: int = 1, batch_size: int | None = None,
                    generator: torch.Generator | None = None, loss_fn: LossFn = cross_entropy,
-                   stacked: bool = False, local_steps: int | None = None) -> dict:
+                   stacked: bool = False, local_steps: int | None = None, weight_decay: float = 0.0) -> dict:
     """Run :func:`client_update` for all ``K`` clients of ``data`` at once with ``torch.func.vmap``.
 
     ``params`` is one parameter dict broadcast to every client, or (``stacked=True``) a dict whose
@@ -233,8 +248,9 @@ def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: floa
         p = {k: v.clone() for k, v in params.items()}
     else:
         p = _expand(params, K)
+    _check_weight_decay(weight_decay)
     idx, w = batch_plan(data.n, batch_size, local_epochs, generator, local_steps)
-    step = _step_fn(model, loss_fn, lr)
+    step = _step_fn(model, loss_fn, lr, weight_decay)
     if K == 1:  # vmap's bookkeeping costs more than it saves for a single client
         q = {k: v[0] for k, v in p.items()}
         for s in range(idx.shape[1]):
@@ -303,7 +319,8 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
            local_epochs: int = 1, batch_size: int | None = 10, lr: float = 0.1,
            params: dict | None = None, seed: int = 0, eval_data=None, eval_every: int = 1,
            loss_fn: LossFn = cross_entropy, callback: Callable[[RoundRecord], None] | None = None,
-           progress: bool | None = None, local_steps: int | None = None) -> FLResult:
+           progress: bool | None = None, local_steps: int | None = None,
+           weight_decay: float = 0.0) -> FLResult:
     """FederatedAveraging (McMahan et al. 2017; Shokri's CS5562 lecture, Algorithm 1).
 
     Each round ``t``: the server samples ``m = max(C*K, 1)`` clients, each runs ClientUpdate from the
@@ -323,6 +340,8 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
         Called with a :class:`RoundRecord` after each round.
     local_steps : int, optional
         Run exactly this many SGD steps per client and round instead of ``local_epochs`` epochs.
+    weight_decay : float
+        lambda >= 0: each client's local objective is ``mean loss + lambda/2 ||w||^2`` (0: none).
 
     Returns
     -------
@@ -341,7 +360,7 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
         sub = data.select(selected)
         local = clients_update(model, w, sub, lr=lr, local_epochs=local_epochs,
                                batch_size=batch_size, generator=gen, loss_fn=loss_fn,
-                               local_steps=local_steps)
+                               local_steps=local_steps, weight_decay=weight_decay)
         weights = sub.n.float()
         if callback is not None:
             callback(RoundRecord(t, w, selected.numpy(), local, weights))
