@@ -52,6 +52,32 @@ def test_observation1_recovers_W_and_the_local_optimum_exactly():
     assert torch.allclose(est.theta, torch.linalg.solve(H, X.T @ y), atol=1e-9)
 
 
+def test_observation1_needs_lr_below_m_over_lambda_max():
+    """W = I - (I - 2 lr H / m)^E is singular when lr = m / lambda_max and E is even (the factor of the
+    top eigenvalue is -1 and (-1)^2 = 1): the paper's Lemma 4 misses this case. Just below, the
+    decoding is exact again."""
+    X, y = _client(m=30, d=4, seed=6)
+    d, m, E = X.shape[1], X.shape[0], 2
+    lam_max = float(torch.linalg.eigvalsh(X.T @ X).max())
+    star = mr.local_optimum(X, y)
+    server = torch.randn(d + 1, d, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    lr_edge = m / lam_max
+    W, _, _ = mr.affine_update_map(X, y, lr=lr_edge, local_steps=E)
+    assert float(torch.linalg.svdvals(W).min()) < 1e-12 * float(torch.linalg.svdvals(W).max())
+    assert int(torch.linalg.matrix_rank(W, rtol=1e-10)) == d - 1
+    est = mr.solve_affine(server, _observe(X, y, server, lr=lr_edge, local_epochs=E))
+    assert est.identifiable                     # (W, v) are still determined by the d + 1 rounds ...
+    assert float((est.theta - star).norm() / star.norm()) > 1e-3   # ... but W^{-1} v is not theta_c*
+    for lr in (0.99 * lr_edge, 0.9 * lr_edge):
+        W, _, _ = mr.affine_update_map(X, y, lr=lr, local_steps=E)
+        assert int(torch.linalg.matrix_rank(W, rtol=1e-10)) == d
+        est = mr.solve_affine(server, _observe(X, y, server, lr=lr, local_epochs=E))
+        assert float((est.theta - star).norm() / star.norm()) < 1e-8
+    # an odd number of steps keeps W invertible even at the edge
+    W3, _, _ = mr.affine_update_map(X, y, lr=lr_edge, local_steps=3)
+    assert int(torch.linalg.matrix_rank(W3, rtol=1e-10)) == d
+
+
 def test_d_rounds_do_not_identify_the_local_model():
     X, y = _client()
     d = X.shape[1]
@@ -74,9 +100,16 @@ def test_hard_instance_structure_and_optimum():
     assert torch.allclose(H, want)
     assert torch.allclose(X.T @ y, 0.5 * torch.eye(d, dtype=H.dtype)[0])
     assert torch.allclose(mr.local_optimum(X, y), mr.hard_instance_optimum(d))
-    Xt, _ = mr.hard_instance(d, truncated=True)
+    Xt, yt = mr.hard_instance(d, truncated=True)
     Ht = Xt.T @ Xt
-    assert torch.equal(Ht[-1], torch.zeros(d, dtype=H.dtype)) and torch.allclose(Ht[:-1, :-1], H[:-1, :-1])
+    # the alternative client: H with the last coupling removed, still full rank with its own optimum
+    want_t = want.clone()
+    want_t[-1, -2] = want_t[-2, -1] = 0.0
+    assert torch.allclose(Ht, want_t) and torch.allclose(Xt.T @ yt, X.T @ y)
+    assert int(torch.linalg.matrix_rank(Ht)) == d and float(torch.linalg.eigvalsh(Ht).min()) > 0.1
+    star_t = torch.linalg.solve(Ht, Xt.T @ yt)
+    assert torch.allclose(star_t, mr.hard_instance_optimum(d, truncated=True))
+    assert float((star_t - mr.hard_instance_optimum(d)).norm()) > 0.1
     with pytest.raises(ValueError, match="d must"):
         mr.hard_instance(1)
 
@@ -157,6 +190,27 @@ def test_eavesdropper_sees_only_rounds_with_the_target():
     assert 0 < len(rounds) < 12 and ti.shape == to.shape == (len(rounds), 4)
     with pytest.raises(ValueError, match="never observed"):
         spy.observations(0)
+
+
+def test_eavesdropped_fedavg_reveals_the_local_optimum_exactly():
+    """Observation 1 end to end: FedAvg with client sampling and full-batch local GD through
+    fedlab.fl.fedavg; d + 1 rounds seen by the Eavesdropper give the target's local optimum."""
+    d = 4
+    clients = [_client(m=30 + 10 * k, d=d, seed=20 + k) for k in range(4)]
+    _, spy = mr.run_eavesdropped_fedavg(mr.linear_model(d, seed=0), clients, targets=[2], num_rounds=40,
+                                        client_fraction=0.5, local_epochs=3, batch_size=None, lr=0.02,
+                                        loss_fn=mr.squared_loss, seed=1)
+    assert spy.num_observations(2) >= d + 1
+    ti, to, rounds = spy.observations(2, max_obs=d + 1)
+    assert ti.shape == to.shape == (d + 1, d) and (np.diff(rounds) > 0).all()
+    star = mr.local_optimum(*clients[2])
+    est = mr.solve_affine(ti, to)
+    assert est.identifiable
+    assert float((est.theta - star).norm() / star.norm()) < 1e-8
+    W, _, _ = mr.affine_update_map(*clients[2], lr=0.02, local_steps=3)
+    assert torch.allclose(est.W, W, atol=1e-8)
+    # d rounds are not enough: the minimum-norm decoding is off
+    assert not mr.solve_affine(ti[:d], to[:d]).identifiable
 
 
 def test_bad_inputs_raise():

@@ -185,8 +185,14 @@ def hard_instance(d: int, *, truncated: bool = False, dtype: torch.dtype = torch
     ``H = X^T X`` is tridiagonal with 1 on the diagonal and -1/2 beside it, and ``X^T y = e_1 / 2``.
     We take ``X = D / sqrt(2)`` with ``D`` the ``(d + 1) x d`` first-difference matrix (``D_ii = 1``,
     ``D_{i+1,i} = -1``) and ``y = e_1 / sqrt(2)``, so ``m = d + 1`` and every product keeps exact zeros.
-    ``truncated=True`` zeroes the last column of ``X``: then ``H'`` equals ``H`` with its last row and
-    column set to zero, the alternative client the adversary cannot tell apart before round ``d``.
+
+    ``truncated=True`` builds the alternative client the adversary cannot tell apart before round ``d``:
+    the last column of ``X`` becomes ``e_{d+1}`` (a feature seen only in the last record, where
+    ``y = 0``). Then ``H' = diag(T_{d-1}, 1)``: ``H`` with the coupling ``H_{d-1,d} = H_{d,d-1} = -1/2``
+    removed. ``H'`` is positive definite (full rank, unique optimum ``(1 - i/d)_{i<d}`` followed by 0,
+    see :func:`hard_instance_optimum`), and ``H' theta = H theta`` for every ``theta`` supported on the
+    first ``d - 2`` coordinates, so the two clients answer identically in rounds ``1..d-1``; in round
+    ``d`` the server model reaches coordinate ``d - 1`` and the answers differ.
 
     Returns ``X [d + 1, d]`` and ``y [d + 1]``. Raises ``ValueError`` if ``d < 2``.
     """
@@ -199,13 +205,20 @@ def hard_instance(d: int, *, truncated: bool = False, dtype: torch.dtype = torch
     X = D / math.sqrt(2.0)
     if truncated:
         X[:, -1] = 0.0
+        X[d, -1] = 1.0
     y = torch.zeros(d + 1, dtype=dtype)
     y[0] = 1.0 / math.sqrt(2.0)
     return X, y
 
 
-def hard_instance_optimum(d: int, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """``theta_c* = H^{-1} X^T y`` of the hard instance: ``1 - i / (d + 1)``, ``i = 1..d`` (shape ``[d]``)."""
+def hard_instance_optimum(d: int, *, truncated: bool = False, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``theta_c* = H^{-1} X^T y`` of :func:`hard_instance` (Xu & Neglia 2021, proof of Observation 2):
+    ``1 - i / (d + 1)``, ``i = 1..d``; with ``truncated=True`` (``H' = diag(T_{d-1}, 1)``) it is
+    ``1 - i / d`` for ``i < d`` and 0 for ``i = d``. Shape ``[d]``. Raises ``ValueError`` if ``d < 2``."""
+    if int(d) != d or d < 2:
+        raise ValueError(f"d must be an integer >= 2, got {d}")
+    if truncated:
+        return torch.cat([1.0 - torch.arange(1, d, dtype=dtype) / d, torch.zeros(1, dtype=dtype)])
     return 1.0 - torch.arange(1, d + 1, dtype=dtype) / (d + 1)
 
 
