@@ -1,4 +1,6 @@
 """Local model reconstruction (Xu & Neglia 2021) checked against closed forms and known values."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -149,6 +151,39 @@ def test_observation6_lower_bound_and_ols_rate():
         mr.ols_error_curve(X, y, [10], lr=lr)
     with pytest.raises(ValueError, match="n_obs"):
         mr.obs6_lower_bound(3, [0], lr=lr, sigma=1.0, local_steps=1)
+
+
+def test_observation6_bound_is_nearly_tight_for_isotropic_H_and_fails_beyond():
+    """H = lambda I, lr = m / (4 lambda), S = 10 local steps: the known-W risk equals
+    4 d lr^2 sigma^2 (1 - 4^-S) / (555 n) times 185 / (d (1 - 2^-S)^2), so the printed bound is nearly
+    attained at d = 185 and exceeds what OLS achieves at d = 250 (its proof counts d twice)."""
+    S = 10
+    for d, n, lo, hi in ((185, 2500, 0.95, 1.25), (250, 3000, 0.6, 0.95)):
+        X = math.sqrt(d) / 2 * torch.eye(d, dtype=torch.float64)          # lambda = d / 4, lr = m / (4 lambda) = 1
+        y = X @ torch.randn(d, generator=torch.Generator().manual_seed(d), dtype=torch.float64)
+        lr = mr.max_lr(X, 4.0)
+        assert lr == pytest.approx(1.0)
+        exact = mr.obs6_known_map_risk(X, [n], lr=lr, sigma=1.0, local_steps=S)
+        lower = mr.obs6_lower_bound(d, [n], lr=lr, sigma=1.0, local_steps=S)
+        assert exact[0] / lower[0] == pytest.approx(185 / (d * (1 - 2.0 ** -S) ** 2), rel=1e-9)
+        mse = mr.ols_error_curve(X, y, [n], lr=lr, sigma=1.0, local_steps=S, trials=3, seed=0)["mse"]
+        assert lo < mse[0] / lower[0] < hi, (d, mse[0] / lower[0])
+        assert 1.0 < mse[0] / exact[0] < 1.2, (d, mse[0] / exact[0])
+
+
+def test_ols_attains_the_known_map_risk_on_a_random_design():
+    X, y = _client(m=200, d=6, seed=11)
+    lr = mr.max_lr(X, 4.0)
+    r = mr.ols_error_curve(X, y, [300], lr=lr, sigma=1.0, local_steps=2, trials=300, seed=0)
+    exact = mr.obs6_known_map_risk(X, [300], lr=lr, sigma=1.0, local_steps=2)
+    assert 0.95 < r["mse"][0] / exact[0] < 1.15, r["mse"][0] / exact[0]
+    with pytest.raises(ValueError, match="singular"):
+        mr.obs6_known_map_risk(X, [10], lr=X.shape[0] / float(torch.linalg.eigvalsh(X.T @ X).max()),
+                               sigma=1.0, local_steps=2)
+    with pytest.raises(ValueError, match="n_obs"):
+        mr.obs6_known_map_risk(X, [0], lr=lr, sigma=1.0, local_steps=1)
+    with pytest.raises(ValueError, match="local_steps"):
+        mr.obs6_known_map_risk(X, [5], lr=lr, sigma=1.0, local_steps=0)
 
 
 def test_minibatch_local_sgd_matches_client_update_and_variance_formula():

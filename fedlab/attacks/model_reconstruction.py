@@ -43,7 +43,7 @@ from ..privacy.defenses import gaussian_noise
 __all__ = [
     "squared_loss", "logistic_loss", "linear_model", "affine_update_map", "AffineEstimate",
     "solve_affine", "consistent_decoding", "hard_instance", "hard_instance_optimum",
-    "hard_instance_clients", "noisy_local_gd", "obs5_rate", "obs6_lower_bound", "max_lr",
+    "hard_instance_clients", "noisy_local_gd", "obs5_rate", "obs6_lower_bound", "obs6_known_map_risk", "max_lr",
     "minibatch_gradient_variance", "minibatch_local_sgd", "ols_error_curve", "Eavesdropper", "run_eavesdropped_fedavg", "MappingNet",
     "fit_mapping", "minimise_mapping", "HeuristicResult", "reconstruct_heuristic",
     "binary_accuracy", "relative_distances", "local_optimum",
@@ -278,11 +278,49 @@ def obs5_rate(theta_in: torch.Tensor, *, lr: float, sigma: float, local_steps: i
 def obs6_lower_bound(d: int, n_obs, *, lr: float, sigma: float, local_steps: int):
     """Observation 6 (Xu & Neglia 2021, Eq. 28): for every estimator,
     ``E ||theta_c* - hat theta||^2 >= 4 d lr^2 sigma^2 / (555 n_c) * (1 - 4^{-S})`` when
-    ``lr <= m / (4 lambda_max(H))``. ``n_obs`` may be an array; the result has its shape."""
+    ``lr <= m / (4 lambda_max(H))``. ``n_obs`` may be an array; the result has its shape.
+
+    As printed, the bound counts ``d`` twice (proof step (24)) and is not valid for large ``d``: for
+    ``H = lambda I``, ``lr = m / (4 lambda)`` the exact risk :func:`obs6_known_map_risk` equals it at
+    ``d = 185 / (1 - 2^{-S})^2`` and falls below it for larger ``d``."""
     n_obs = np.asarray(n_obs, dtype=np.float64)
     if (n_obs < 1).any():
         raise ValueError("n_obs must be >= 1")
     return 4.0 * d * lr ** 2 * sigma ** 2 / (555.0 * n_obs) * (1.0 - 0.25 ** local_steps)
+
+
+def obs6_known_map_risk(X: torch.Tensor, n_obs, *, lr: float, sigma: float, local_steps: int):
+    """The exact minimax risk behind Observation 6 (Xu & Neglia 2021, Appendix A, proof of Obs. 6):
+    ``E ||hat theta - theta_c*||^2 = tr(W^{-1} Sigma_gamma W^{-1}) / n_c`` of the best estimator that even
+    knows ``W``, under the noise model of Eq. (11) (``eps ~ N(0, sigma^2 / d I)``), where
+    ``Sigma_gamma = lr^2 sigma^2 / d * sum_{k<S} A^{2k}``, ``A = I - 2 lr H / m``, ``S = local_steps``.
+
+    With ``W`` known the observations ``W theta(t) - Delta(t) = v - gamma_t`` are i.i.d. Gaussian around
+    ``v = W theta_c*``; their mean is minimax for ``theta_c* = W^{-1} v``, so no estimator (in particular
+    none that has to learn ``W``) has a smaller worst-case risk. The proof's (22)-(23) bound this
+    quantity from below; its step (24) multiplies the per-coordinate variance by ``d`` once more, so the
+    printed bound :func:`obs6_lower_bound` exceeds this exact risk when ``d > 185 / (1 - 2^{-S})^2``
+    (``H = lambda I``, ``lr = m / (4 lambda)``).
+
+    ``X``: ``[m, d]`` of rank ``d``; ``n_obs`` a number or array. Returns a float array of its shape.
+    Raises ``ValueError`` if ``lr <= 0``, ``sigma < 0``, ``local_steps`` is not a positive integer,
+    some ``n_obs < 1``, or ``W`` is singular.
+    """
+    if not lr > 0 or sigma < 0:
+        raise ValueError(f"need lr > 0 and sigma >= 0, got lr={lr}, sigma={sigma}")
+    if int(local_steps) != local_steps or local_steps < 1:
+        raise ValueError(f"local_steps must be a positive integer, got {local_steps}")
+    n_obs = np.asarray(n_obs, dtype=np.float64)
+    if (n_obs < 1).any():
+        raise ValueError("n_obs must be >= 1")
+    m, d = X.shape
+    lam, U = torch.linalg.eigh(X.T @ X)
+    a = 1.0 - 2.0 * lr / m * lam                                   # eigenvalues of A (A, W, Sigma commute)
+    w = 1.0 - a ** int(local_steps)
+    if float(w.abs().min()) <= 1e-12 * float(w.abs().max()):
+        raise ValueError("W is singular (lr = m / lambda_i with an even number of steps): theta_c* is not identifiable")
+    var = lr ** 2 * sigma ** 2 / d * sum(a ** (2 * k) for k in range(int(local_steps)))
+    return float((var / w ** 2).sum()) / n_obs
 
 
 def minibatch_gradient_variance(X: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
