@@ -51,9 +51,10 @@ def test_obs56_curves_follow_one_over_n_and_stay_above_the_lower_bound():
     c = ex4.obs56_curves(X, y, n_obs, lr=mr.max_lr(X, 4.0), sigma=1.0, local_steps=2, trials=30, seed=0)
     assert c["n_obs"] == n_obs and c["upper"][0] == pytest.approx(c["mse"][0])
     assert (c["mse"] >= c["lower"]).all() and -1.6 < c["slope"] < -0.6
-    # the OLS decoder sits close to the exact risk of an estimator that knows W
+    # the OLS decoder pays for learning W when n_c is close to d, then approaches the known-W risk
     assert np.allclose(c["exact"], mr.obs6_known_map_risk(X, n_obs, lr=mr.max_lr(X, 4.0), sigma=1.0, local_steps=2))
-    assert (0.7 < c["mse"] / c["exact"]).all() and (c["mse"] / c["exact"] < 1.6).all(), c["mse"] / c["exact"]
+    ratio = c["mse"] / c["exact"]
+    assert (ratio > 0.7).all() and 0.8 < ratio[-1] < 1.4 and ratio[0] > ratio[-1], ratio
     with pytest.raises(ValueError, match="n_obs"):
         ex4.obs56_curves(X, y, [40], lr=0.01, sigma=1.0, local_steps=1, trials=2)
 
