@@ -94,6 +94,25 @@ def test_d_rounds_do_not_identify_the_local_model():
         mr.consistent_decoding(torch.cat([server, server[:1] + 1]), torch.cat([out, out[:1]]), target)
 
 
+def test_symmetry_of_W_leaves_exactly_one_free_direction_at_d_rounds():
+    X, y = _client()
+    d = X.shape[1]
+    server = torch.randn(d + 1, d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    dims = [mr.symmetric_null_dimension(server[:n]) for n in (d - 1, d, d + 1)]
+    assert dims == [3, 1, 0], dims          # k (k + 1) / 2 free directions with k = d + 1 - n
+    # the free direction at d rounds: W + c z z^T, v + c z_0 z fits the data, stays symmetric, and
+    # moves the decoded model off theta_c*
+    out = _observe(X, y, server[:d], lr=0.05, local_epochs=2)
+    W, v, star = mr.affine_update_map(X, y, lr=0.05, local_steps=2)
+    A = torch.cat([server[:d], -torch.ones(d, 1, dtype=torch.float64)], 1)
+    z = torch.linalg.svd(A, full_matrices=True).Vh[-1]
+    W2, v2 = W + 0.3 * torch.outer(z[:d], z[:d]), v + 0.3 * z[d] * z[:d]
+    assert torch.allclose(W2, W2.T) and torch.allclose(server[:d] @ W2.T - v2, server[:d] - out, atol=1e-10)
+    assert float((torch.linalg.solve(W2, v2) - star).norm()) > 1e-3
+    with pytest.raises(ValueError, match="theta_in"):
+        mr.symmetric_null_dimension(server[None])
+
+
 def test_hard_instance_structure_and_optimum():
     d = 6
     X, y = mr.hard_instance(d)

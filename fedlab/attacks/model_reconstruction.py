@@ -42,7 +42,7 @@ from ..privacy.defenses import gaussian_noise
 
 __all__ = [
     "squared_loss", "logistic_loss", "linear_model", "affine_update_map", "AffineEstimate",
-    "solve_affine", "consistent_decoding", "hard_instance", "hard_instance_optimum",
+    "solve_affine", "consistent_decoding", "symmetric_null_dimension", "hard_instance", "hard_instance_optimum",
     "hard_instance_clients", "noisy_local_gd", "obs5_rate", "obs6_lower_bound", "obs6_known_map_risk", "max_lr",
     "minibatch_gradient_variance", "minibatch_local_sgd", "ols_error_curve", "Eavesdropper", "run_eavesdropped_fedavg", "MappingNet",
     "fit_mapping", "minimise_mapping", "HeuristicResult", "reconstruct_heuristic",
@@ -174,6 +174,38 @@ def consistent_decoding(theta_in: torch.Tensor, theta_out: torch.Tensor, target:
         raise ValueError("target lies on the affine hull of the observed server models")
     a = (v0 - W0 @ target) / denom
     return W0 + torch.outer(a, z[:d]), v0 + z[d] * a
+
+
+def symmetric_null_dimension(theta_in: torch.Tensor) -> int:
+    """How many directions of ``(W, v)`` with ``W`` *symmetric* the observations leave free
+    (Xu & Neglia 2021, Obs. 1: ``W = I - (I - 2 lr H / m)^E`` is symmetric because ``H`` is).
+
+    The linear map ``(W = W^T, v) -> [W theta(t) - v]_t`` has ``d (d + 1) / 2 + d`` unknowns and ``n d``
+    equations; this returns the dimension of its null space. With ``n = d`` affinely independent server
+    models it is exactly 1 (the unconstrained solutions are ``W + a z_theta^T`` for a null vector ``z`` of
+    ``[theta_in, -1]``, and ``a z_theta^T`` is symmetric only for ``a = c z_theta``), so a decoder that uses
+    the symmetry is one scalar short at ``d`` rounds, and ``d + 1`` rounds are still needed.
+
+    ``theta_in``: ``[n, d]``. Raises ``ValueError`` if it is not a 2-d tensor.
+    """
+    if theta_in.ndim != 2:
+        raise ValueError(f"theta_in must be [n, d], got shape {tuple(theta_in.shape)}")
+    n, d = theta_in.shape
+    iu = torch.triu_indices(d, d)
+    k = iu.shape[1]
+    M = torch.zeros(n * d, k + d, dtype=torch.float64)
+    th = theta_in.to(torch.float64)
+    for j, (a, b) in enumerate(iu.T.tolist()):   # basis matrix E_ab + E_ba (E_aa on the diagonal)
+        col = torch.zeros(n, d, dtype=torch.float64)
+        col[:, a] += th[:, b]
+        if a != b:
+            col[:, b] += th[:, a]
+        M[:, j] = col.reshape(-1)
+    for i in range(d):                            # -v
+        col = torch.zeros(n, d, dtype=torch.float64)
+        col[:, i] = -1.0
+        M[:, k + i] = col.reshape(-1)
+    return int(k + d - torch.linalg.matrix_rank(M))
 
 
 # --------------------------------------------------------------------------------------------
