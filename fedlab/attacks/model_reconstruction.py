@@ -12,10 +12,12 @@ What is here, in the paper's order:
   least-squares loss the update ``theta - theta_c = W theta - v`` is affine; ``d + 1`` observed rounds
   fix ``W`` and ``v`` and ``theta_c* = W^{-1} v``. With more rounds the same solve is the ordinary
   least-squares (OLS) estimator of Observation 5. :func:`consistent_decoding` shows that ``d`` rounds
-  do not suffice.
+  do not suffice, and :func:`symmetric_null_dimension` that they do not even when the decoder uses the
+  symmetry of ``W`` (one direction stays free).
 * :func:`hard_instance` -- the tridiagonal instance of Observation 2 (after Nesterov 2004, Sec. 2.1.2).
-* :func:`noisy_local_gd`, :func:`obs5_rate`, :func:`obs6_lower_bound`,
-  :func:`minibatch_gradient_variance` -- Observations 5 and 6 (stochastic gradients).
+* :func:`noisy_local_gd`, :func:`obs5_rate`, :func:`obs6_lower_bound`, :func:`obs6_known_map_risk`,
+  :func:`minibatch_gradient_variance` -- Observations 5 and 6 (stochastic gradients); the last but one is
+  the exact risk the proof of Observation 6 bounds, which shows the printed bound counts ``d`` twice.
 * :func:`fit_mapping`, :func:`minimise_mapping`, :func:`reconstruct_heuristic` -- Algorithm 3:
   learn a map ``G(theta) ~ theta - theta_c`` (one hidden layer of 1000 ReLU units, Adam) and return
   ``argmin ||G(theta)||^2``. Many independent attacks (seeds x clients) are trained in one batch.
@@ -77,6 +79,10 @@ def affine_update_map(X: torch.Tensor, y: torch.Tensor, *, lr: float, local_step
     ``local_steps`` full-batch GD steps of size ``lr`` on ``||X theta - y||^2 / m`` send a server
     model ``theta`` to ``theta_c`` with ``theta - theta_c = W theta - v``, where
     ``W = I - (I - 2 lr H / m)^E``, ``H = X^T X``, ``v = W theta_c*`` (Eqs. 4-5).
+
+    ``W`` is invertible, and ``theta_c* = W^{-1} v``, when every factor ``1 - 2 lr lambda_i / m`` lies in
+    ``(-1, 1)``, i.e. ``H`` positive definite and ``lr < m / lambda_max(H)``. The paper's Lemma 4 assumes
+    ``H`` positive definite only: with ``lr = m / lambda_i`` and ``E`` even, ``W`` is singular.
 
     ``X``: ``[m, d]``, ``y``: ``[m]``. Returns ``(W [d, d], v [d], theta_star [d])``.
     """
