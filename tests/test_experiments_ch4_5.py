@@ -26,6 +26,10 @@ def test_hard_instance_support_grows_one_coordinate_a_round_and_truncation_hides
     t_in, t_out, _ = ex4.hard_instance_transcript(d, truncated=True)
     same = [bool(torch.equal(h_in[k], t_in[k]) and torch.equal(h_out[k], t_out[k])) for k in range(d)]
     assert same.index(False) + 1 == d
+    # the alternative client is full rank and has another local optimum
+    Xt, yt = mr.hard_instance(d, truncated=True)
+    assert int(torch.linalg.matrix_rank(Xt.T @ Xt)) == d
+    assert not torch.allclose(mr.local_optimum(Xt, yt), mr.hard_instance_optimum(d))
     # E local steps: the support grows by E a round
     _, e_out, _ = ex4.hard_instance_transcript(d, num_rounds=2, local_epochs=3)
     assert [int(torch.count_nonzero(e_out[k])) for k in range(2)] == [3, 6]
@@ -47,6 +51,10 @@ def test_obs56_curves_follow_one_over_n_and_stay_above_the_lower_bound():
     c = ex4.obs56_curves(X, y, n_obs, lr=mr.max_lr(X, 4.0), sigma=1.0, local_steps=2, trials=30, seed=0)
     assert c["n_obs"] == n_obs and c["upper"][0] == pytest.approx(c["mse"][0])
     assert (c["mse"] >= c["lower"]).all() and -1.6 < c["slope"] < -0.6
+    # the OLS decoder pays for learning W when n_c is close to d, then approaches the known-W risk
+    assert np.allclose(c["exact"], mr.obs6_known_map_risk(X, n_obs, lr=mr.max_lr(X, 4.0), sigma=1.0, local_steps=2))
+    ratio = c["mse"] / c["exact"]
+    assert (ratio > 0.7).all() and 0.8 < ratio[-1] < 1.4 and ratio[0] > ratio[-1], ratio
     with pytest.raises(ValueError, match="n_obs"):
         ex4.obs56_curves(X, y, [40], lr=0.01, sigma=1.0, local_steps=1, trials=2)
 

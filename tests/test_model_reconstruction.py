@@ -1,4 +1,6 @@
 """Local model reconstruction (Xu & Neglia 2021) checked against closed forms and known values."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -52,6 +54,32 @@ def test_observation1_recovers_W_and_the_local_optimum_exactly():
     assert torch.allclose(est.theta, torch.linalg.solve(H, X.T @ y), atol=1e-9)
 
 
+def test_observation1_needs_lr_below_m_over_lambda_max():
+    """W = I - (I - 2 lr H / m)^E is singular when lr = m / lambda_max and E is even (the factor of the
+    top eigenvalue is -1 and (-1)^2 = 1): the paper's Lemma 4 misses this case. Just below, the
+    decoding is exact again."""
+    X, y = _client(m=30, d=4, seed=6)
+    d, m, E = X.shape[1], X.shape[0], 2
+    lam_max = float(torch.linalg.eigvalsh(X.T @ X).max())
+    star = mr.local_optimum(X, y)
+    server = torch.randn(d + 1, d, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    lr_edge = m / lam_max
+    W, _, _ = mr.affine_update_map(X, y, lr=lr_edge, local_steps=E)
+    assert float(torch.linalg.svdvals(W).min()) < 1e-12 * float(torch.linalg.svdvals(W).max())
+    assert int(torch.linalg.matrix_rank(W, rtol=1e-10)) == d - 1
+    est = mr.solve_affine(server, _observe(X, y, server, lr=lr_edge, local_epochs=E))
+    assert est.identifiable                     # (W, v) are still determined by the d + 1 rounds ...
+    assert float((est.theta - star).norm() / star.norm()) > 1e-3   # ... but W^{-1} v is not theta_c*
+    for lr in (0.99 * lr_edge, 0.9 * lr_edge):
+        W, _, _ = mr.affine_update_map(X, y, lr=lr, local_steps=E)
+        assert int(torch.linalg.matrix_rank(W, rtol=1e-10)) == d
+        est = mr.solve_affine(server, _observe(X, y, server, lr=lr, local_epochs=E))
+        assert float((est.theta - star).norm() / star.norm()) < 1e-8
+    # an odd number of steps keeps W invertible even at the edge
+    W3, _, _ = mr.affine_update_map(X, y, lr=lr_edge, local_steps=3)
+    assert int(torch.linalg.matrix_rank(W3, rtol=1e-10)) == d
+
+
 def test_d_rounds_do_not_identify_the_local_model():
     X, y = _client()
     d = X.shape[1]
@@ -66,6 +94,25 @@ def test_d_rounds_do_not_identify_the_local_model():
         mr.consistent_decoding(torch.cat([server, server[:1] + 1]), torch.cat([out, out[:1]]), target)
 
 
+def test_symmetry_of_W_leaves_exactly_one_free_direction_at_d_rounds():
+    X, y = _client()
+    d = X.shape[1]
+    server = torch.randn(d + 1, d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    dims = [mr.symmetric_null_dimension(server[:n]) for n in (d - 1, d, d + 1)]
+    assert dims == [3, 1, 0], dims          # k (k + 1) / 2 free directions with k = d + 1 - n
+    # the free direction at d rounds: W + c z z^T, v + c z_0 z fits the data, stays symmetric, and
+    # moves the decoded model off theta_c*
+    out = _observe(X, y, server[:d], lr=0.05, local_epochs=2)
+    W, v, star = mr.affine_update_map(X, y, lr=0.05, local_steps=2)
+    A = torch.cat([server[:d], -torch.ones(d, 1, dtype=torch.float64)], 1)
+    z = torch.linalg.svd(A, full_matrices=True).Vh[-1]
+    W2, v2 = W + 0.3 * torch.outer(z[:d], z[:d]), v + 0.3 * z[d] * z[:d]
+    assert torch.allclose(W2, W2.T) and torch.allclose(server[:d] @ W2.T - v2, server[:d] - out, atol=1e-10)
+    assert float((torch.linalg.solve(W2, v2) - star).norm()) > 1e-3
+    with pytest.raises(ValueError, match="theta_in"):
+        mr.symmetric_null_dimension(server[None])
+
+
 def test_hard_instance_structure_and_optimum():
     d = 6
     X, y = mr.hard_instance(d)
@@ -74,9 +121,16 @@ def test_hard_instance_structure_and_optimum():
     assert torch.allclose(H, want)
     assert torch.allclose(X.T @ y, 0.5 * torch.eye(d, dtype=H.dtype)[0])
     assert torch.allclose(mr.local_optimum(X, y), mr.hard_instance_optimum(d))
-    Xt, _ = mr.hard_instance(d, truncated=True)
+    Xt, yt = mr.hard_instance(d, truncated=True)
     Ht = Xt.T @ Xt
-    assert torch.equal(Ht[-1], torch.zeros(d, dtype=H.dtype)) and torch.allclose(Ht[:-1, :-1], H[:-1, :-1])
+    # the alternative client: H with the last coupling removed, still full rank with its own optimum
+    want_t = want.clone()
+    want_t[-1, -2] = want_t[-2, -1] = 0.0
+    assert torch.allclose(Ht, want_t) and torch.allclose(Xt.T @ yt, X.T @ y)
+    assert int(torch.linalg.matrix_rank(Ht)) == d and float(torch.linalg.eigvalsh(Ht).min()) > 0.1
+    star_t = torch.linalg.solve(Ht, Xt.T @ yt)
+    assert torch.allclose(star_t, mr.hard_instance_optimum(d, truncated=True))
+    assert float((star_t - mr.hard_instance_optimum(d)).norm()) > 0.1
     with pytest.raises(ValueError, match="d must"):
         mr.hard_instance(1)
 
@@ -118,6 +172,39 @@ def test_observation6_lower_bound_and_ols_rate():
         mr.obs6_lower_bound(3, [0], lr=lr, sigma=1.0, local_steps=1)
 
 
+def test_observation6_bound_is_nearly_tight_for_isotropic_H_and_fails_beyond():
+    """H = lambda I, lr = m / (4 lambda), S = 10 local steps: the known-W risk equals
+    4 d lr^2 sigma^2 (1 - 4^-S) / (555 n) times 185 / (d (1 - 2^-S)^2), so the printed bound is nearly
+    attained at d = 185 and exceeds what OLS achieves at d = 250 (its proof counts d twice)."""
+    S = 10
+    for d, n, lo, hi in ((185, 2500, 0.95, 1.25), (250, 3000, 0.6, 0.95)):
+        X = math.sqrt(d) / 2 * torch.eye(d, dtype=torch.float64)          # lambda = d / 4, lr = m / (4 lambda) = 1
+        y = X @ torch.randn(d, generator=torch.Generator().manual_seed(d), dtype=torch.float64)
+        lr = mr.max_lr(X, 4.0)
+        assert lr == pytest.approx(1.0)
+        exact = mr.obs6_known_map_risk(X, [n], lr=lr, sigma=1.0, local_steps=S)
+        lower = mr.obs6_lower_bound(d, [n], lr=lr, sigma=1.0, local_steps=S)
+        assert exact[0] / lower[0] == pytest.approx(185 / (d * (1 - 2.0 ** -S) ** 2), rel=1e-9)
+        mse = mr.ols_error_curve(X, y, [n], lr=lr, sigma=1.0, local_steps=S, trials=3, seed=0)["mse"]
+        assert lo < mse[0] / lower[0] < hi, (d, mse[0] / lower[0])
+        assert 1.0 < mse[0] / exact[0] < 1.2, (d, mse[0] / exact[0])
+
+
+def test_ols_attains_the_known_map_risk_on_a_random_design():
+    X, y = _client(m=200, d=6, seed=11)
+    lr = mr.max_lr(X, 4.0)
+    r = mr.ols_error_curve(X, y, [300], lr=lr, sigma=1.0, local_steps=2, trials=300, seed=0)
+    exact = mr.obs6_known_map_risk(X, [300], lr=lr, sigma=1.0, local_steps=2)
+    assert 0.95 < r["mse"][0] / exact[0] < 1.15, r["mse"][0] / exact[0]
+    with pytest.raises(ValueError, match="singular"):
+        mr.obs6_known_map_risk(X, [10], lr=X.shape[0] / float(torch.linalg.eigvalsh(X.T @ X).max()),
+                               sigma=1.0, local_steps=2)
+    with pytest.raises(ValueError, match="n_obs"):
+        mr.obs6_known_map_risk(X, [0], lr=lr, sigma=1.0, local_steps=1)
+    with pytest.raises(ValueError, match="local_steps"):
+        mr.obs6_known_map_risk(X, [5], lr=lr, sigma=1.0, local_steps=0)
+
+
 def test_minibatch_local_sgd_matches_client_update_and_variance_formula():
     X, y = _client(m=12, d=3, seed=4)
     server = torch.randn(2, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -157,6 +244,27 @@ def test_eavesdropper_sees_only_rounds_with_the_target():
     assert 0 < len(rounds) < 12 and ti.shape == to.shape == (len(rounds), 4)
     with pytest.raises(ValueError, match="never observed"):
         spy.observations(0)
+
+
+def test_eavesdropped_fedavg_reveals_the_local_optimum_exactly():
+    """Observation 1 end to end: FedAvg with client sampling and full-batch local GD through
+    fedlab.fl.fedavg; d + 1 rounds seen by the Eavesdropper give the target's local optimum."""
+    d = 4
+    clients = [_client(m=30 + 10 * k, d=d, seed=20 + k) for k in range(4)]
+    _, spy = mr.run_eavesdropped_fedavg(mr.linear_model(d, seed=0), clients, targets=[2], num_rounds=40,
+                                        client_fraction=0.5, local_epochs=3, batch_size=None, lr=0.02,
+                                        loss_fn=mr.squared_loss, seed=1)
+    assert spy.num_observations(2) >= d + 1
+    ti, to, rounds = spy.observations(2, max_obs=d + 1)
+    assert ti.shape == to.shape == (d + 1, d) and (np.diff(rounds) > 0).all()
+    star = mr.local_optimum(*clients[2])
+    est = mr.solve_affine(ti, to)
+    assert est.identifiable
+    assert float((est.theta - star).norm() / star.norm()) < 1e-8
+    W, _, _ = mr.affine_update_map(*clients[2], lr=0.02, local_steps=3)
+    assert torch.allclose(est.W, W, atol=1e-8)
+    # d rounds are not enough: the minimum-norm decoding is off
+    assert not mr.solve_affine(ti[:d], to[:d]).identifiable
 
 
 def test_bad_inputs_raise():

@@ -12,10 +12,12 @@ What is here, in the paper's order:
   least-squares loss the update ``theta - theta_c = W theta - v`` is affine; ``d + 1`` observed rounds
   fix ``W`` and ``v`` and ``theta_c* = W^{-1} v``. With more rounds the same solve is the ordinary
   least-squares (OLS) estimator of Observation 5. :func:`consistent_decoding` shows that ``d`` rounds
-  do not suffice.
+  do not suffice, and :func:`symmetric_null_dimension` that they do not even when the decoder uses the
+  symmetry of ``W`` (one direction stays free).
 * :func:`hard_instance` -- the tridiagonal instance of Observation 2 (after Nesterov 2004, Sec. 2.1.2).
-* :func:`noisy_local_gd`, :func:`obs5_rate`, :func:`obs6_lower_bound`,
-  :func:`minibatch_gradient_variance` -- Observations 5 and 6 (stochastic gradients).
+* :func:`noisy_local_gd`, :func:`obs5_rate`, :func:`obs6_lower_bound`, :func:`obs6_known_map_risk`,
+  :func:`minibatch_gradient_variance` -- Observations 5 and 6 (stochastic gradients); the last but one is
+  the exact risk the proof of Observation 6 bounds, which shows the printed bound counts ``d`` twice.
 * :func:`fit_mapping`, :func:`minimise_mapping`, :func:`reconstruct_heuristic` -- Algorithm 3:
   learn a map ``G(theta) ~ theta - theta_c`` (one hidden layer of 1000 ReLU units, Adam) and return
   ``argmin ||G(theta)||^2``. Many independent attacks (seeds x clients) are trained in one batch.
@@ -42,8 +44,8 @@ from ..privacy.defenses import gaussian_noise
 
 __all__ = [
     "squared_loss", "logistic_loss", "linear_model", "affine_update_map", "AffineEstimate",
-    "solve_affine", "consistent_decoding", "hard_instance", "hard_instance_optimum",
-    "hard_instance_clients", "noisy_local_gd", "obs5_rate", "obs6_lower_bound", "max_lr",
+    "solve_affine", "consistent_decoding", "symmetric_null_dimension", "hard_instance", "hard_instance_optimum",
+    "hard_instance_clients", "noisy_local_gd", "obs5_rate", "obs6_lower_bound", "obs6_known_map_risk", "max_lr",
     "minibatch_gradient_variance", "minibatch_local_sgd", "ols_error_curve", "Eavesdropper", "run_eavesdropped_fedavg", "MappingNet",
     "fit_mapping", "minimise_mapping", "HeuristicResult", "reconstruct_heuristic",
     "binary_accuracy", "relative_distances", "local_optimum",
@@ -77,6 +79,10 @@ def affine_update_map(X: torch.Tensor, y: torch.Tensor, *, lr: float, local_step
     ``local_steps`` full-batch GD steps of size ``lr`` on ``||X theta - y||^2 / m`` send a server
     model ``theta`` to ``theta_c`` with ``theta - theta_c = W theta - v``, where
     ``W = I - (I - 2 lr H / m)^E``, ``H = X^T X``, ``v = W theta_c*`` (Eqs. 4-5).
+
+    ``W`` is invertible, and ``theta_c* = W^{-1} v``, when every factor ``1 - 2 lr lambda_i / m`` lies in
+    ``(-1, 1)``, i.e. ``H`` positive definite and ``lr < m / lambda_max(H)``. The paper's Lemma 4 assumes
+    ``H`` positive definite only: with ``lr = m / lambda_i`` and ``E`` even, ``W`` is singular.
 
     ``X``: ``[m, d]``, ``y``: ``[m]``. Returns ``(W [d, d], v [d], theta_star [d])``.
     """
@@ -176,6 +182,38 @@ def consistent_decoding(theta_in: torch.Tensor, theta_out: torch.Tensor, target:
     return W0 + torch.outer(a, z[:d]), v0 + z[d] * a
 
 
+def symmetric_null_dimension(theta_in: torch.Tensor) -> int:
+    """How many directions of ``(W, v)`` with ``W`` *symmetric* the observations leave free
+    (Xu & Neglia 2021, Obs. 1: ``W = I - (I - 2 lr H / m)^E`` is symmetric because ``H`` is).
+
+    The linear map ``(W = W^T, v) -> [W theta(t) - v]_t`` has ``d (d + 1) / 2 + d`` unknowns and ``n d``
+    equations; this returns the dimension of its null space. With ``n = d`` affinely independent server
+    models it is exactly 1 (the unconstrained solutions are ``W + a z_theta^T`` for a null vector ``z`` of
+    ``[theta_in, -1]``, and ``a z_theta^T`` is symmetric only for ``a = c z_theta``), so a decoder that uses
+    the symmetry is one scalar short at ``d`` rounds, and ``d + 1`` rounds are still needed.
+
+    ``theta_in``: ``[n, d]``. Raises ``ValueError`` if it is not a 2-d tensor.
+    """
+    if theta_in.ndim != 2:
+        raise ValueError(f"theta_in must be [n, d], got shape {tuple(theta_in.shape)}")
+    n, d = theta_in.shape
+    iu = torch.triu_indices(d, d)
+    k = iu.shape[1]
+    M = torch.zeros(n * d, k + d, dtype=torch.float64)
+    th = theta_in.to(torch.float64)
+    for j, (a, b) in enumerate(iu.T.tolist()):   # basis matrix E_ab + E_ba (E_aa on the diagonal)
+        col = torch.zeros(n, d, dtype=torch.float64)
+        col[:, a] += th[:, b]
+        if a != b:
+            col[:, b] += th[:, a]
+        M[:, j] = col.reshape(-1)
+    for i in range(d):                            # -v
+        col = torch.zeros(n, d, dtype=torch.float64)
+        col[:, i] = -1.0
+        M[:, k + i] = col.reshape(-1)
+    return int(k + d - torch.linalg.matrix_rank(M))
+
+
 # --------------------------------------------------------------------------------------------
 # Observation 2: the tridiagonal hard instance
 # --------------------------------------------------------------------------------------------
@@ -185,8 +223,14 @@ def hard_instance(d: int, *, truncated: bool = False, dtype: torch.dtype = torch
     ``H = X^T X`` is tridiagonal with 1 on the diagonal and -1/2 beside it, and ``X^T y = e_1 / 2``.
     We take ``X = D / sqrt(2)`` with ``D`` the ``(d + 1) x d`` first-difference matrix (``D_ii = 1``,
     ``D_{i+1,i} = -1``) and ``y = e_1 / sqrt(2)``, so ``m = d + 1`` and every product keeps exact zeros.
-    ``truncated=True`` zeroes the last column of ``X``: then ``H'`` equals ``H`` with its last row and
-    column set to zero, the alternative client the adversary cannot tell apart before round ``d``.
+
+    ``truncated=True`` builds the alternative client the adversary cannot tell apart before round ``d``:
+    the last column of ``X`` becomes ``e_{d+1}`` (a feature seen only in the last record, where
+    ``y = 0``). Then ``H' = diag(T_{d-1}, 1)``: ``H`` with the coupling ``H_{d-1,d} = H_{d,d-1} = -1/2``
+    removed. ``H'`` is positive definite (full rank, unique optimum ``(1 - i/d)_{i<d}`` followed by 0,
+    see :func:`hard_instance_optimum`), and ``H' theta = H theta`` for every ``theta`` supported on the
+    first ``d - 2`` coordinates, so the two clients answer identically in rounds ``1..d-1``; in round
+    ``d`` the server model reaches coordinate ``d - 1`` and the answers differ.
 
     Returns ``X [d + 1, d]`` and ``y [d + 1]``. Raises ``ValueError`` if ``d < 2``.
     """
@@ -199,13 +243,20 @@ def hard_instance(d: int, *, truncated: bool = False, dtype: torch.dtype = torch
     X = D / math.sqrt(2.0)
     if truncated:
         X[:, -1] = 0.0
+        X[d, -1] = 1.0
     y = torch.zeros(d + 1, dtype=dtype)
     y[0] = 1.0 / math.sqrt(2.0)
     return X, y
 
 
-def hard_instance_optimum(d: int, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """``theta_c* = H^{-1} X^T y`` of the hard instance: ``1 - i / (d + 1)``, ``i = 1..d`` (shape ``[d]``)."""
+def hard_instance_optimum(d: int, *, truncated: bool = False, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``theta_c* = H^{-1} X^T y`` of :func:`hard_instance` (Xu & Neglia 2021, proof of Observation 2):
+    ``1 - i / (d + 1)``, ``i = 1..d``; with ``truncated=True`` (``H' = diag(T_{d-1}, 1)``) it is
+    ``1 - i / d`` for ``i < d`` and 0 for ``i = d``. Shape ``[d]``. Raises ``ValueError`` if ``d < 2``."""
+    if int(d) != d or d < 2:
+        raise ValueError(f"d must be an integer >= 2, got {d}")
+    if truncated:
+        return torch.cat([1.0 - torch.arange(1, d, dtype=dtype) / d, torch.zeros(1, dtype=dtype)])
     return 1.0 - torch.arange(1, d + 1, dtype=dtype) / (d + 1)
 
 
@@ -265,11 +316,49 @@ def obs5_rate(theta_in: torch.Tensor, *, lr: float, sigma: float, local_steps: i
 def obs6_lower_bound(d: int, n_obs, *, lr: float, sigma: float, local_steps: int):
     """Observation 6 (Xu & Neglia 2021, Eq. 28): for every estimator,
     ``E ||theta_c* - hat theta||^2 >= 4 d lr^2 sigma^2 / (555 n_c) * (1 - 4^{-S})`` when
-    ``lr <= m / (4 lambda_max(H))``. ``n_obs`` may be an array; the result has its shape."""
+    ``lr <= m / (4 lambda_max(H))``. ``n_obs`` may be an array; the result has its shape.
+
+    As printed, the bound counts ``d`` twice (proof step (24)) and is not valid for large ``d``: for
+    ``H = lambda I``, ``lr = m / (4 lambda)`` the exact risk :func:`obs6_known_map_risk` equals it at
+    ``d = 185 / (1 - 2^{-S})^2`` and falls below it for larger ``d``."""
     n_obs = np.asarray(n_obs, dtype=np.float64)
     if (n_obs < 1).any():
         raise ValueError("n_obs must be >= 1")
     return 4.0 * d * lr ** 2 * sigma ** 2 / (555.0 * n_obs) * (1.0 - 0.25 ** local_steps)
+
+
+def obs6_known_map_risk(X: torch.Tensor, n_obs, *, lr: float, sigma: float, local_steps: int):
+    """The exact minimax risk behind Observation 6 (Xu & Neglia 2021, Appendix A, proof of Obs. 6):
+    ``E ||hat theta - theta_c*||^2 = tr(W^{-1} Sigma_gamma W^{-1}) / n_c`` of the best estimator that even
+    knows ``W``, under the noise model of Eq. (11) (``eps ~ N(0, sigma^2 / d I)``), where
+    ``Sigma_gamma = lr^2 sigma^2 / d * sum_{k<S} A^{2k}``, ``A = I - 2 lr H / m``, ``S = local_steps``.
+
+    With ``W`` known the observations ``W theta(t) - Delta(t) = v - gamma_t`` are i.i.d. Gaussian around
+    ``v = W theta_c*``; their mean is minimax for ``theta_c* = W^{-1} v``, so no estimator (in particular
+    none that has to learn ``W``) has a smaller worst-case risk. The proof's (22)-(23) bound this
+    quantity from below; its step (24) multiplies the per-coordinate variance by ``d`` once more, so the
+    printed bound :func:`obs6_lower_bound` exceeds this exact risk when ``d > 185 / (1 - 2^{-S})^2``
+    (``H = lambda I``, ``lr = m / (4 lambda)``).
+
+    ``X``: ``[m, d]`` of rank ``d``; ``n_obs`` a number or array. Returns a float array of its shape.
+    Raises ``ValueError`` if ``lr <= 0``, ``sigma < 0``, ``local_steps`` is not a positive integer,
+    some ``n_obs < 1``, or ``W`` is singular.
+    """
+    if not lr > 0 or sigma < 0:
+        raise ValueError(f"need lr > 0 and sigma >= 0, got lr={lr}, sigma={sigma}")
+    if int(local_steps) != local_steps or local_steps < 1:
+        raise ValueError(f"local_steps must be a positive integer, got {local_steps}")
+    n_obs = np.asarray(n_obs, dtype=np.float64)
+    if (n_obs < 1).any():
+        raise ValueError("n_obs must be >= 1")
+    m, d = X.shape
+    lam, U = torch.linalg.eigh(X.T @ X)
+    a = 1.0 - 2.0 * lr / m * lam                                   # eigenvalues of A (A, W, Sigma commute)
+    w = 1.0 - a ** int(local_steps)
+    if float(w.abs().min()) <= 1e-12 * float(w.abs().max()):
+        raise ValueError("W is singular (lr = m / lambda_i with an even number of steps): theta_c* is not identifiable")
+    var = lr ** 2 * sigma ** 2 / d * sum(a ** (2 * k) for k in range(int(local_steps)))
+    return float((var / w ** 2).sum()) / n_obs
 
 
 def minibatch_gradient_variance(X: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,

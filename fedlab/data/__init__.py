@@ -109,7 +109,7 @@ def load_adult(split: str = "train", *, drop_missing: bool = True) -> Dataset:
     Returns
     -------
     Dataset
-        ``X`` float32 ``[n, 105]``: the six numeric columns standardised with the training split's mean
+        ``X`` float32 ``[n, 104]``: the six numeric columns standardised with the training split's mean
         and std, then one-hot categorical columns (categories taken from the training split);
         ``y`` int64 ``[n]`` (1 for income > 50K). ``meta`` holds the raw ``age`` (int array) and
         ``education`` (str array) columns.

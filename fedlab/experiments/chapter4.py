@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .._checks import positive_int
-from ..attacks.model_reconstruction import (binary_accuracy, hard_instance_clients, obs6_lower_bound,
+from ..attacks.model_reconstruction import (binary_accuracy, hard_instance_clients, obs6_known_map_risk, obs6_lower_bound,
                                             ols_error_curve, reconstruct_heuristic, run_eavesdropped_fedavg,
                                             squared_loss)
 from ..models import flatten_params, linear_model, logistic_loss
@@ -251,10 +251,11 @@ def obs56_curves(X: torch.Tensor, y: torch.Tensor, n_obs: Sequence[int], *, lr: 
     """Xu & Neglia (2021), Observations 5 and 6: the measured squared error of the OLS decoder
     (:func:`fedlab.attacks.model_reconstruction.ols_error_curve` under the noise model of the proof)
     against the number ``n_obs`` of observed rounds, Observation 5's rate rescaled to meet the first
-    measured point (its constant is unknown), Observation 6's lower bound, and the log-log slope of the
-    measured curve.
+    measured point (its constant is unknown), Observation 6's lower bound as printed, the exact risk of
+    the best estimator that knows ``W`` (:func:`fedlab.attacks.model_reconstruction.obs6_known_map_risk`,
+    the quantity the proof of Observation 6 bounds), and the log-log slope of the measured curve.
 
-    ``X`` ``[m, d]``, ``y`` ``[m]``. Returns ``{"n_obs", "mse", "rate", "upper", "lower" (each
+    ``X`` ``[m, d]``, ``y`` ``[m]``. Returns ``{"n_obs", "mse", "rate", "upper", "lower", "exact" (each
     ``[len(n_obs)]``), "slope"}``. Raises ``ValueError`` if ``n_obs`` has fewer than two entries.
     """
     if len(n_obs) < 2:
@@ -263,21 +264,25 @@ def obs56_curves(X: torch.Tensor, y: torch.Tensor, n_obs: Sequence[int], *, lr: 
     lower = obs6_lower_bound(X.shape[1], n_obs, lr=lr, sigma=sigma, local_steps=local_steps)
     upper = curve["rate"] * curve["mse"][0] / curve["rate"][0]
     slope = float(np.polyfit(np.log(n_obs), np.log(curve["mse"]), 1)[0])
+    exact = obs6_known_map_risk(X, n_obs, lr=lr, sigma=sigma, local_steps=local_steps)
     return {"n_obs": list(n_obs), "mse": curve["mse"], "rate": curve["rate"], "upper": upper, "lower": lower,
-            "slope": slope}
+            "exact": exact, "slope": slope}
 
 
 def plot_obs56(curves: dict, ax=None):
-    """The figure of Observations 5 and 6: measured error, rescaled Observation 5 rate and Observation 6
-    lower bound against the rounds observed, log-log. ``curves``: the output of :func:`obs56_curves`.
-    Returns the axes."""
+    """The figure of Observations 5 and 6 (Xu & Neglia 2021, Sec. 3.3): measured error, rescaled
+    Observation 5 rate, Observation 6 lower bound and the exact known-``W`` risk against the rounds
+    observed, log-log. ``curves``: the output of :func:`obs56_curves`. Returns the axes."""
     from .. import plots
 
-    return plots.line_plot(curves["n_obs"], {"measured (OLS decoder)": curves["mse"],
-                                             "Obs. 5 rate (rescaled)": curves["upper"],
-                                             "Obs. 6 lower bound": curves["lower"]}, ax=ax, logx=True, logy=True,
+    lines = {"measured (OLS decoder)": curves["mse"], "Obs. 5 rate (rescaled)": curves["upper"],
+             "Obs. 6 lower bound": curves["lower"]}
+    if "exact" in curves:
+        lines["best estimator knowing W"] = curves["exact"]
+    return plots.line_plot(curves["n_obs"], lines, ax=ax, logx=True, logy=True,
                            xlabel="rounds observed $n_c$", ylabel=r"$E\|\hat\theta_c^*-\theta_c^*\|^2$",
                            styles={"Obs. 6 lower bound": {"ls": "--", "color": "k"},
+                                   "best estimator knowing W": {"ls": "-.", "color": "0.5"},
                                    "Obs. 5 rate (rescaled)": {"ls": ":"}})
 
 
