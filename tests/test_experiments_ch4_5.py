@@ -59,21 +59,130 @@ def test_obs56_curves_follow_one_over_n_and_stay_above_the_lower_bound():
         ex4.obs56_curves(X, y, [40], lr=0.01, sigma=1.0, local_steps=1, trials=2)
 
 
-def test_table1_values_names_and_rounding():
-    t1 = {"local_steps": [1, 5], "last": np.full((2, 3, 5), 0.5), "decoded": np.full((2, 3, 5), 0.5),
-          "mapping_loss": np.zeros((2, 3, 5))}
+def _fake_t1(L=2, S=3, K=5):
+    t1 = {"local_steps": [1, 5][:L], "last": np.full((L, S, K), 0.5), "decoded": np.full((L, S, K), 0.5),
+          "mapping_loss": np.zeros((L, S, K)), "oracle": np.full(K, 0.9), "dist_last": np.ones((L, S, K)),
+          "dist_decoded": np.full((L, S, K), 0.8), "flatness": np.full((L, S, K), 0.99),
+          "separable": np.array([True, True, False, True, False])[:K]}
     t1["decoded"][1, :, 2] = 0.12345
+    return t1
+
+
+def test_table1_values_names_and_rounding():
+    t1 = _fake_t1()
     v = ex4.table1_values(t1)
-    assert len(v) == 2 * 2 * (1 + 5)
-    assert list(v)[:7] == ["ch4-t1-last1"] + [f"ch4-t1-last1-c{c}" for c in range(5)] + ["ch4-t1-dec1"]
-    assert v["ch4-t1-last5"] == 50.0 and v["ch4-t1-dec5-c2"] == 12.3
+    assert len(v) == 2 + 2 * 5
+    assert v["ch4-t1-last5"] == 50.0 and v["ch4-t1-oracle"] == 90.0 and v["ch4-t1-sep"] == 3
     assert v["ch4-t1-dec5"] == round(float(100 * t1["decoded"][1].mean()), 1)
-    md = ex4.table1_markdown(t1)
+    assert v["ch4-t1-ddec1"] == 0.8 and v["ch4-t1-flat5"] == 0.99
+    assert set(ex4.table1_values(t1, "x")) == {k.replace("ch4-t1", "x") for k in v}
+    md = ex4.table1_markdown({"a": (t1, "ch4-t1"), "b": (t1, "x")})
     assert md.count("\n| ") == 2 * 2 + 1 and "n/a" in md
+    assert "0.5" not in md.split("\n")[4] or "50.0 ± 0.0" in md      # ours as mean ± interval over runs
+    seen = []
+    ex4.table1_markdown({"a": (t1, "p")}, paper=lambda name, digits: seen.append(name) or "R")
+    assert seen == ["p-last1", "p-dec1", "p-last5", "p-dec5"]
     with pytest.raises(ValueError, match="t1"):
         ex4.table1_values({"last": t1["last"]})
     with pytest.raises(ValueError, match="paper_table"):
-        ex4.table1_markdown({**t1, "local_steps": [1, 7]})
+        ex4.table1_markdown({"a": ({**t1, "local_steps": [1, 7]}, "p")})
+
+
+def test_leaf_table1_small_run_reports_oracle_distances_and_flatness():
+    from fedlab.data.leaf import make_leaf_synthetic
+
+    leaf = make_leaf_synthetic((60, 40, 50), seed=3)
+    t1 = ex4.leaf_table1(leaf, local_steps=(1, 2), seeds=[0, 1], num_rounds=12, batch_size=32, lr=0.05,
+                         client_fraction=2 / 3, hidden=16, fit_max_iter=20, decode_max_iter=20)
+    assert t1["last"].shape == t1["decoded"].shape == t1["flatness"].shape == (2, 2, 3)
+    assert ((0 <= t1["last"]) & (t1["last"] <= 1)).all() and t1["oracle"].shape == (3,)
+    # every client was seen, the attacks used the same number of (most recent) observations
+    assert 2 <= t1["num_obs"] < 12
+    # the oracle is the exact regularised optimum: its accuracy matches an independent fit
+    for k, c in enumerate(leaf):
+        star = mr.logistic_local_optimum(c.X, c.y, weight_decay=0.01)
+        assert t1["oracle"][k] == pytest.approx(float(mr.binary_accuracy(star, c.X, c.y)))
+    assert (t1["dist_last"] > 0).all() and ((0 < t1["flatness"]) & (t1["flatness"] <= 1 + 1e-12)).all()
+    with pytest.raises(ValueError, match="weight_decay"):
+        ex4.leaf_table1(leaf, seeds=[0], num_rounds=3, weight_decay=0.0)
+
+
+def test_logistic_local_optimum_is_the_regularised_minimiser():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(80, 3, generator=g, dtype=torch.float64)
+    y = (X[:, 0] + 0.5 * torch.randn(80, generator=g, dtype=torch.float64) > 0).long()
+    lam = 0.05
+    th = mr.logistic_local_optimum(X, y, weight_decay=lam)
+    X1 = torch.cat([X, torch.ones(80, 1, dtype=torch.float64)], 1)
+    grad = X1.T @ (torch.sigmoid(X1 @ th) - y.double()) / 80 + lam * th
+    assert float(grad.norm()) < 1e-9
+    # it is what FedAvg's local SGD with the same weight decay converges to (one client, full batch)
+    model = models.linear_model(3, bias=True, dtype=torch.float64, seed=0)
+    res = mr.fl.fedavg(model, [(X, y)], num_rounds=400, local_epochs=5, batch_size=None, lr=0.5,
+                       loss_fn=models.logistic_loss, weight_decay=lam, progress=False)
+    assert torch.allclose(models.flatten_params(res.params), th, atol=1e-6)
+    # a separable client: the optimum exists only with weight decay, and its norm grows as lambda falls
+    ys = (X[:, 0] > 0).long()
+    assert mr.linearly_separable(X, ys) and not mr.linearly_separable(X, y)
+    norms = [float(mr.logistic_local_optimum(X, ys, weight_decay=w).norm()) for w in (1e-1, 1e-2, 1e-3)]
+    assert norms[0] < norms[1] < norms[2] and norms[2] > 3 * norms[0]
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="weight_decay"):
+            mr.logistic_local_optimum(X, y, weight_decay=bad)
+    with pytest.raises(ValueError, match="labels"):
+        mr.logistic_local_optimum(X, y + 1, weight_decay=lam)
+
+
+def test_trajectory_flatness_line_and_cloud():
+    g = torch.Generator().manual_seed(0)
+    line = torch.linspace(0, 1, 20, dtype=torch.float64)[:, None] * torch.randn(6, generator=g, dtype=torch.float64)
+    cloud = torch.randn(4000, 6, generator=g, dtype=torch.float64)
+    f = mr.trajectory_flatness(torch.stack([line, cloud[:20]]))
+    assert f.shape == (2,) and float(f[0]) == pytest.approx(1.0)
+    assert float(mr.trajectory_flatness(cloud)) == pytest.approx(1 / 6, abs=0.05)
+    with pytest.raises(ValueError, match="theta_in"):
+        mr.trajectory_flatness(torch.zeros(1, 3))
+
+
+def test_weight_decay_in_fedavg_is_the_regularised_gradient_step_and_zero_changes_nothing():
+    from fedlab import fl
+
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(10, 3, generator=g), (torch.rand(10, generator=g) > 0.5).long()
+    model = models.linear_model(3, bias=True, dtype=torch.float32, seed=0)
+    p0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+    run = lambda **kw: fl.client_update(model, p0, X, y, lr=0.1, batch_size=None, loss_fn=models.logistic_loss,  # noqa: E731
+                                        generator=torch.Generator().manual_seed(1), **kw)
+    plain, same = run(), run(weight_decay=0)
+    assert all(torch.equal(plain[k], same[k]) for k in plain)
+    wd = run(weight_decay=0.5)
+    for k in plain:     # one step: theta - lr * (grad + lambda theta) = plain - lr * lambda * theta
+        assert torch.allclose(wd[k], plain[k] - 0.1 * 0.5 * p0[k], atol=1e-7)
+    for bad in (-0.1, float("inf"), True):
+        with pytest.raises(ValueError, match="weight_decay"):
+            fl.client_update(model, p0, X, y, lr=0.1, weight_decay=bad)
+
+
+def test_adult_experiment_values_and_count_variants():
+    train = ex4.adult_phd_clients("train", num_other_clients=3)
+    test = ex4.adult_phd_clients("test", num_other_clients=3)
+    f = ex4.adult_experiment(train, test, targets=(0, 3), batch_sizes=(16, 64), seeds=[0, 1], num_rounds=4,
+                             hidden=8, fit_max_iter=5, decode_max_iter=5)
+    assert f["test_decoded"].shape == f["mapping_loss"].shape == (2, 2, 2) and f["moved"].shape == (2, 2)
+    # the majority baseline: always the target's majority train label, scored on its test records
+    y_tr, y_te = train[3].y.float(), test[3].y
+    assert f["majority"][1] == pytest.approx(float((y_te == int(y_tr.mean() >= 0.5)).float().mean()))
+    v = ex4.adult_values(f)
+    assert v["ch4-fig1-phd-decoded-small"] == round(100 * float(f["test_decoded"][0][:, 0].mean()), 1)
+    assert v["ch4-fig1-iid-mloss-large"] == round(float(f["mapping_loss"][-1][:, 1].mean()), 3)
+    with pytest.raises(ValueError, match="targets"):
+        ex4.adult_values({**f, "targets": [0, 1]})
+    with pytest.raises(ValueError, match="targets"):
+        ex4.adult_experiment(train, test, targets=(7,), seeds=[0], num_rounds=2)
+    rows = ex4.adult_count_variants()
+    assert [r[:2] for r in rows if r[4] == 134] == [["adult.data", "kept"]]
+    assert rows[0] == ["adult.data", "dropped", len(train[0]), len(train[1]), len(train[2])]
+    assert ex4.adult_variants_markdown(rows).count("\n") == len(rows) + 1
 
 
 def test_phd_distance_means_and_counts_table():
