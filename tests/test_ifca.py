@@ -258,3 +258,16 @@ def test_flat_stack_roundtrip():
     torch.testing.assert_close(I.stack_to_flat(st), theta)
     with pytest.raises(ValueError):
         I.flat_to_stack(theta[:, :-1], p)
+
+
+def test_a_run_whose_local_training_blows_up_stops_and_keeps_its_best_finite_hypotheses(synthetic):
+    tr, _, va = synthetic
+    # a step far above 1/L makes gradient descent on the MSE diverge to inf/NaN within a few rounds
+    res = I.ifca(_linear(), tr, num_clusters=2, num_rounds=200, clients_per_round=10, batch_size=None, lr=50.0,
+                 init=torch.tensor([[1.0, 1.0], [-1.0, 1.0]]), loss_fn=I.squared_error, val_clients=va, seed=0)
+    assert res.diverged is not None and res.stopped_early and len(res.rounds) == res.diverged < 200
+    assert torch.isfinite(res.hypotheses).all() and res.best_round < res.diverged
+    assert len(res.rounds[-1].selected) == 0                  # nothing was released in that round
+    ok = I.ifca(_linear(), tr, num_clusters=2, num_rounds=3, clients_per_round=10, lr=0.1, loss_fn=I.squared_error,
+                seed=0)
+    assert ok.diverged is None

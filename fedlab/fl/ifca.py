@@ -145,7 +145,9 @@ class IFCAResult:
     """``hypotheses`` ``[k, n]`` at the best validation round (the last round without validation),
     ``final`` ``[k, n]`` after the last round, ``history`` lists (``round``, ``val_loss``, ``val_rmse``,
     ``val_accuracy``, ``max_leakage`` ``[k]`` per round), per-round records, the accountant (private
-    runs), ``best_round`` and ``stopped_early``."""
+    runs), ``best_round``, ``stopped_early`` and ``diverged``: the round in which a client's local
+    training produced a non-finite model (e.g. SGD from a hypothesis blown up by noise), after which the
+    run stops and keeps its best validated hypotheses; ``None`` if it never happened."""
 
     hypotheses: torch.Tensor
     final: torch.Tensor
@@ -154,6 +156,7 @@ class IFCAResult:
     accountant: PrivacyAccountant | None = None
     best_round: int = 0
     stopped_early: bool = False
+    diverged: int | None = None
 
     def params(self, j: int, model: nn.Module) -> dict:
         """Hypothesis ``j`` as a parameter dict of ``model``."""
@@ -260,7 +263,11 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
             local = stack_to_flat(clients_update(
                 model, flat_to_stack(start, like), sub, lr=lr, local_epochs=local_epochs,
                 batch_size=batch_size, generator=gen, loss_fn=loss_fn, stacked=True)).detach()
-            if nu is not None:
+            if not torch.isfinite(local).all():
+                # local SGD blew up: nothing is released, the run stops after this round (see IFCAResult)
+                res.diverged = t
+                selected = chosen = np.array([], dtype=np.int64)
+            elif nu is not None:
                 # a zero update would be released exactly (eps = inf): such a client sends nothing
                 moved = (local != start).any(1).numpy()
                 idle = selected[~moved]
@@ -302,7 +309,10 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
                                     hyps.clone(), p["leak"], ev, p["idle"]))
         if val is None:
             res.hypotheses, res.best_round = hyps.clone(), t
-            return False
+            return res.diverged is not None
+        if res.diverged is not None:
+            res.stopped_early = True
+            return True
         if t == 1:
             track["best"] = history["val_loss"][0]
         if ev["loss"] < track["best"] - 1e-12:
