@@ -393,13 +393,18 @@ def minibatch_local_sgd(theta_in: torch.Tensor, X: torch.Tensor, y: torch.Tensor
     N = theta_in.shape[0]
     yv = y.to(X.dtype)
     theta = theta_in.clone()
+    chunk = max(1, (1 << 22) // (m * d))        # rounds per slice: the gathered batches stay <= 4M entries
     for _ in range(int(local_epochs)):
-        perm = torch.argsort(torch.rand(N, m, generator=generator), dim=1)
-        for start in range(0, m, batch_size):
-            idx = perm[:, start:start + batch_size]                 # [N, b]
-            Xb, yb = X[idx], yv[idx]                                 # [N, b, d], [N, b]
-            r = torch.einsum("nbd,nd->nb", Xb, theta) - yb
-            theta = theta - lr * 2.0 / idx.shape[1] * torch.einsum("nbd,nb->nd", Xb, r)
+        keys = torch.rand(N, m, generator=generator)     # one draw for all rounds: chunking changes nothing
+        for lo in range(0, N, chunk):
+            perm = torch.argsort(keys[lo:lo + chunk], dim=1)
+            th = theta[lo:lo + chunk]
+            for start in range(0, m, batch_size):
+                idx = perm[:, start:start + batch_size]             # [c, b]
+                Xb, yb = X[idx], yv[idx]                             # [c, b, d], [c, b]
+                r = torch.einsum("nbd,nd->nb", Xb, th) - yb
+                th = th - lr * 2.0 / idx.shape[1] * torch.einsum("nbd,nb->nd", Xb, r)
+            theta[lo:lo + chunk] = th
     return theta
 
 
