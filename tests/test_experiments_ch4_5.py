@@ -378,3 +378,20 @@ def test_dlg_on_sanitised_attacks_every_noise_level():
     assert set(res) == {0, 1.0} and res[0]["psnr"].shape == (1,)
     with pytest.raises(ValueError, match="nus"):
         ex5.dlg_on_sanitised(cnn, victims.X, victims.y, [], lr=0.1, max_iter=3)
+
+
+def test_fedavg_ols_curve_exact_at_full_batch_and_not_with_mini_batches():
+    g = torch.Generator().manual_seed(0)
+    clients = []
+    for k in range(3):
+        X = torch.randn(30 + 10 * k, 3, generator=g, dtype=torch.float64) + 0.3 * k
+        clients.append((X, X @ torch.randn(3, generator=g, dtype=torch.float64)
+                        + 0.1 * torch.randn(len(X), generator=g, dtype=torch.float64)))
+    full = ex4.fedavg_ols_curve(clients, [3, 4, 10], batch_size=None, lr=0.02, local_epochs=2, seeds=[0, 1])
+    assert full["rel_err"].shape == full["rho"].shape == (2, 3)
+    assert (full["rel_err"][:, 1:] < 1e-8).all() and (full["rel_err"][:, 0] > 1e-3).all()   # d + 1 = 4 rounds
+    assert (full["rho"][:, 0] < 1e-12).all() and (full["rho"][:, 1:] > 0).all()              # rank-deficient at d
+    mb = ex4.fedavg_ols_curve(clients, [4, 40], batch_size=5, lr=0.02, local_epochs=2, seeds=[0, 1])
+    assert (mb["rel_err"] > 1e-4).all()
+    with pytest.raises(ValueError, match="n_obs"):
+        ex4.fedavg_ols_curve(clients, [10, 4])

@@ -11,12 +11,13 @@ import numpy as np
 import torch
 
 from .._checks import positive_int
-from ..attacks.model_reconstruction import (binary_accuracy, hard_instance_clients, obs6_known_map_risk, obs6_lower_bound,
-                                            ols_error_curve, reconstruct_heuristic, run_eavesdropped_fedavg,
+from ..attacks.model_reconstruction import (binary_accuracy, hard_instance_clients, local_optimum,
+                                            obs6_known_map_risk, obs6_lower_bound, ols_error_curve,
+                                            reconstruct_heuristic, run_eavesdropped_fedavg, solve_affine,
                                             squared_loss)
 from ..models import flatten_params, linear_model, logistic_loss
 
-__all__ = ["BACHELOR_OR_ABOVE", "adult_phd_split", "adult_phd_clients", "leaf_table1", "adult_experiment", "adult_movement",
+__all__ = ["BACHELOR_OR_ABOVE", "adult_phd_split", "adult_phd_clients", "leaf_table1", "adult_experiment", "adult_movement", "fedavg_ols_curve",
            "hard_instance_transcript", "obs56_curves", "plot_obs56", "PAPER_TABLE1", "table1_values",
            "table1_markdown", "PAPER_ADULT_COUNTS", "adult_split_counts", "adult_counts_markdown", "adult_count_variants", "adult_variants_markdown",
            "phd_distance_means", "plot_distance_matrix", "plot_adult_figure1", "adult_values"]
@@ -218,6 +219,43 @@ def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0
     out["majority"] = np.array([float((test_clients[t].y == int(m)).float().mean()) for t, m in zip(targets, major)])
     out.update(batch_sizes=list(batch_sizes), targets=list(targets), moved=moved, init_norm=init)
     return out
+
+
+def fedavg_ols_curve(clients, n_obs: Sequence[int], *, target: int = 0, batch_size: int | None = 10,
+                     lr: float = 0.01, local_epochs: int = 1, client_fraction: float = 0.6,
+                     seeds: Sequence[int] = (0,)) -> dict:
+    """Observation 5's OLS decoder (:func:`~fedlab.attacks.model_reconstruction.solve_affine`) on the
+    transcript of a *real* FedAvg run (Xu & Neglia 2021, Sec. 3.1): least-squares clients ``(X, y)``,
+    ``local_epochs`` epochs of SGD with ``batch_size`` (``None``: full batch) and step ``lr``, a
+    fraction ``client_fraction`` of the clients per round, the eavesdropper on ``target``. Unlike the
+    server models of :func:`obs56_curves`, drawn with a fixed spread, FedAvg's server models converge,
+    so the design ``[theta(t), -1]`` flattens as training goes on.
+
+    For each seed and each prefix length ``n`` of ``n_obs`` returns the relative error
+    ``||hat theta - theta_c*|| / ||theta_c*||`` and ``rho = s_min / s_max`` of the design of the first ``n``
+    observations (its ``d + 1``-th singular value over its first, 0 when ``n <= d``): ``{"n_obs": [N], "rel_err": [S, N], "rho": [S, N]}``. Raises ``ValueError`` for an
+    empty or non-increasing ``n_obs`` or one below 2."""
+    n_obs = [int(n) for n in n_obs]
+    if not n_obs or n_obs[0] < 2 or any(b <= a for a, b in zip(n_obs, n_obs[1:])):
+        raise ValueError(f"n_obs must be increasing integers >= 2, got {n_obs}")
+    X, y = clients[target]
+    star = local_optimum(X, y)
+    num_rounds = int(np.ceil(1.3 * n_obs[-1] / client_fraction)) + 30     # ~4 sd above what n_obs needs
+    err, rho = np.zeros((len(seeds), len(n_obs))), np.zeros((len(seeds), len(n_obs)))
+    for i, s in enumerate(seeds):
+        _, spy = run_eavesdropped_fedavg(linear_model(X.shape[1], seed=int(s)), clients, targets=[target],
+                                         num_rounds=num_rounds, client_fraction=client_fraction,
+                                         local_epochs=local_epochs, batch_size=batch_size, lr=lr,
+                                         loss_fn=squared_loss, seed=int(s))
+        ti, to, _ = spy.observations(target)
+        if len(ti) < n_obs[-1]:
+            raise ValueError(f"client {target} was observed {len(ti)} times, fewer than {n_obs[-1]}")
+        for j, n in enumerate(n_obs):
+            est = solve_affine(ti[:n], to[:n])
+            err[i, j] = float((est.theta - star).norm() / star.norm())
+            sv = torch.linalg.svdvals(torch.cat([ti[:n], -torch.ones(n, 1, dtype=ti.dtype)], 1))
+            rho[i, j] = float(sv[-1] / sv[0]) if n > X.shape[1] else 0.0     # rank < d + 1: a null direction
+    return {"n_obs": n_obs, "rel_err": err, "rho": rho}
 
 
 # --------------------------------------------------------------------------------------------------
