@@ -175,6 +175,9 @@ def test_adult_experiment_values_and_count_variants():
     v = ex4.adult_values(f)
     assert v["ch4-fig1-phd-decoded-small"] == round(100 * float(f["test_decoded"][0][:, 0].mean()), 1)
     assert v["ch4-fig1-iid-mloss-large"] == round(float(f["mapping_loss"][-1][:, 1].mean()), 3)
+    star = mr.logistic_local_optimum(train[0].X, train[0].y, weight_decay=0.01)
+    assert v["ch4-obs7-oracle"] == round(100 * float(mr.binary_accuracy(star, train[0].X, train[0].y)), 1)
+    assert v["ch4-obs7-global"] == round(100 * float(f["train_global"][-1][:, 0].mean()), 1)
     with pytest.raises(ValueError, match="targets"):
         ex4.adult_values({**f, "targets": [0, 1]})
     with pytest.raises(ValueError, match="targets"):

@@ -187,13 +187,17 @@ def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0
     others an iid control.
 
     Returns ``{"batch_sizes", "targets", "mapping_loss", "test_decoded", "test_last", "test_global",
-    "train_decoded", "train_last": [B, S, T], "majority": [T] (test accuracy of always predicting
-    the target's majority train label), "moved": [B, S] (||theta_T - theta_0|| of the global model),
+    "train_decoded", "train_last", "train_global": [B, S, T], "majority": [T] (test accuracy of always
+    predicting the target's majority train label), "train_oracle": [T] (train accuracy of the target's
+    local optimum, Observation 7's best attribute-inference model), "moved": [B, S] (``||theta_T -
+    theta_0||`` of the global model),
     "init_norm": [S] (||theta_0||)}``. Raises ``ValueError`` for a target outside the clients."""
     K = len(train_clients)
     bad = [t for t in targets if not 0 <= int(t) < K]
     if bad or len(test_clients) != K:
         raise ValueError(f"targets must index the {K} clients (and test_clients match them), got {list(targets)}")
+    from ..attacks.model_reconstruction import logistic_local_optimum
+
     T, shape = len(targets), (len(batch_sizes), len(seeds), len(targets))
     runs, glob, moved, init = [], [], np.zeros(shape[:2]), np.zeros(len(seeds))
     for i, B in enumerate(batch_sizes):
@@ -206,7 +210,7 @@ def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0
     res, _, last = _attack_batch(runs, hidden=hidden, fit_max_iter=fit_max_iter,
                                  decode_max_iter=decode_max_iter, seed=0)
     out = {k: np.zeros(shape) for k in ("mapping_loss", "test_decoded", "test_last", "test_global",
-                                        "train_decoded", "train_last")}
+                                        "train_decoded", "train_last", "train_global")}
     for p in range(len(runs)):
         i, j, k = np.unravel_index(p, shape)
         te, tr = test_clients[targets[k]], train_clients[targets[k]]
@@ -215,8 +219,12 @@ def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0
             out[f"test_{name}"][i, j, k] = float(binary_accuracy(th, te.X, te.y))
             out[f"train_{name}"][i, j, k] = float(binary_accuracy(th, tr.X, tr.y))
         out["test_global"][i, j, k] = float(binary_accuracy(glob[i * len(seeds) + j], te.X, te.y))
+        out["train_global"][i, j, k] = float(binary_accuracy(glob[i * len(seeds) + j], tr.X, tr.y))
     major = [float(train_clients[t].y.float().mean()) >= 0.5 for t in targets]
     out["majority"] = np.array([float((test_clients[t].y == int(m)).float().mean()) for t, m in zip(targets, major)])
+    out["train_oracle"] = np.array([float(binary_accuracy(
+        logistic_local_optimum(train_clients[t].X, train_clients[t].y, weight_decay=weight_decay),
+        train_clients[t].X, train_clients[t].y)) for t in targets])
     out.update(batch_sizes=list(batch_sizes), targets=list(targets), moved=moved, init_norm=init)
     return out
 
@@ -514,6 +522,10 @@ def adult_values(fig1: dict, num_phd: int = 3) -> dict:
             for model in ("decoded", "last", "global"):
                 out[f"ch4-fig1-{grp}-{model}-{tag}"] = round(100 * float(fig1[f"test_{model}"][i][:, m].mean()), 1)
             out[f"ch4-fig1-{grp}-mloss-{tag}"] = round(float(fig1["mapping_loss"][i][:, m].mean()), 3)
+    # Observation 7 on Adult: infer the income of the client's own records, largest batch size
+    for model in ("decoded", "last", "global"):
+        out[f"ch4-obs7-{model}"] = round(100 * float(fig1[f"train_{model}"][-1][:, phd].mean()), 1)
+    out["ch4-obs7-oracle"] = round(100 * float(fig1["train_oracle"][phd].mean()), 1)
     return out
 
 
