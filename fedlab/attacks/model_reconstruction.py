@@ -303,14 +303,16 @@ def noisy_local_gd(theta_in: torch.Tensor, X: torch.Tensor, y: torch.Tensor, *, 
 
 
 def obs5_rate(theta_in: torch.Tensor, *, lr: float, sigma: float, local_steps: int) -> torch.Tensor:
-    """The rate of Observation 5's bound on the OLS error (Eq. 16),
-    ``d lr^2 sigma^2 S / (n_c rho_min([theta_in, -1] / sqrt(n_c)))``, without its unknown constant.
+    """The rate of Observation 5's bound on the OLS error (Eq. 16), corrected:
+    ``d lr^2 sigma^2 S / (n_c rho_min([theta_in, -1] / sqrt(n_c))^2)``, without its unknown constant.
+    The paper defines ``rho_min`` as the smallest *singular value* and writes it to the first power; the
+    OLS risk ``sigma^2 tr((A^T A)^{-1}) <= sigma^2 (d + 1) / s_min(A)^2`` needs its square.
 
     ``theta_in``: ``[n_c, d]`` or ``[P, n_c, d]``; returns a scalar tensor or ``[P]``."""
     n, d = theta_in.shape[-2:]
     A = torch.cat([theta_in, -torch.ones(*theta_in.shape[:-1], 1, dtype=theta_in.dtype)], dim=-1)
     rho = torch.linalg.svdvals(A / math.sqrt(n))[..., -1]
-    return d * lr ** 2 * sigma ** 2 * local_steps / (n * rho)
+    return d * lr ** 2 * sigma ** 2 * local_steps / (n * rho ** 2)
 
 
 def obs6_lower_bound(d: int, n_obs, *, lr: float, sigma: float, local_steps: int):
@@ -713,3 +715,58 @@ def trajectory_flatness(theta_in: torch.Tensor) -> torch.Tensor:
 
 
 __all__ += ["logistic_local_optimum", "linearly_separable", "trajectory_flatness"]
+
+
+def heldout_mapping_loss(theta_in: torch.Tensor, theta_out: torch.Tensor, *, holdout: float = 0.2,
+                         hidden: int = 1000, max_iter: int = 1000, lr: float = 1e-3, seed: int = 0) -> torch.Tensor:
+    """Does Algorithm 3's mapping ``G^c`` (Xu & Neglia 2021, Eq. 9) generalise, or only interpolate the
+    observed pairs? Fits :func:`fit_mapping` on a random ``1 - holdout`` share of the observations
+    (the same rounds for every attack, drawn with ``seed``) and returns the relative mapping loss
+    ``sum ||G(theta) - Delta||^2 / sum ||Delta||^2`` on the held-out rounds, ``[P]`` (or a scalar for
+    ``[n, d]`` input). A value near the in-sample loss means ``G`` predicts updates it never saw; a value
+    near 1 or above means it does not. Raises ``ValueError`` for ``holdout`` outside (0, 1) or fewer
+    than 2 observations on either side."""
+    ti, to, single = _batched(theta_in, theta_out)
+    if not 0 < holdout < 1:
+        raise ValueError(f"holdout must be in (0, 1), got {holdout}")
+    n = ti.shape[1]
+    k = int(round(holdout * n))
+    if k < 2 or n - k < 2:
+        raise ValueError(f"holdout={holdout} of {n} observations leaves fewer than 2 on one side")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    test, train = perm[:k], perm[k:]
+    G, _ = fit_mapping(ti[:, train], to[:, train], hidden=hidden, max_iter=max_iter, lr=lr, seed=seed)
+    with torch.no_grad():
+        delta = (ti[:, test] - to[:, test]).float()
+        loss = (G(ti[:, test].float()) - delta).pow(2).sum((1, 2)) / delta.pow(2).sum((1, 2)).clamp_min(1e-30)
+    return loss[0] if single else loss
+
+
+def logistic_positive_control(X: torch.Tensor, y: torch.Tensor, *, num_obs: int = 100, spread: float = 1.0,
+                              local_steps: int = 5, lr: float = 0.5, weight_decay: float = 0.01,
+                              seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A transcript on which Algorithm 3 (Xu & Neglia 2021, Sec. 3.2) *should* work: ``num_obs`` server
+    models drawn around the client's regularised local optimum ``theta_c*``
+    (:func:`logistic_local_optimum`) as ``theta_c* + spread * ||theta_c*|| / sqrt(d) * N(0, I)``, each
+    answered by ``local_steps`` full-batch gradient steps of size ``lr`` on the client's regularised
+    logistic loss. The observations surround the optimum in every direction, the opposite of a FedAvg
+    trajectory, so a decoder that fails here is broken. Returns ``(theta_in [n, d], theta_out [n, d],
+    theta_c* [d])`` in float64. Raises ``ValueError`` for ``num_obs < 2`` or non-positive ``spread``,
+    ``local_steps`` or ``lr``."""
+    if num_obs < 2 or not spread > 0 or local_steps < 1 or not lr > 0:
+        raise ValueError(f"need num_obs >= 2 and positive spread, local_steps, lr; got {num_obs}, {spread}, "
+                         f"{local_steps}, {lr}")
+    star = logistic_local_optimum(X, y, weight_decay=weight_decay)
+    X1 = torch.cat([torch.as_tensor(X, dtype=torch.float64), torch.ones(len(X), 1, dtype=torch.float64)], 1)
+    yv = torch.as_tensor(y, dtype=torch.float64)
+    d = X1.shape[1]
+    g = torch.Generator().manual_seed(seed)
+    theta_in = star + spread * star.norm() / math.sqrt(d) * torch.randn(num_obs, d, generator=g, dtype=torch.float64)
+    theta = theta_in.clone()
+    for _ in range(int(local_steps)):
+        grad = (torch.sigmoid(theta @ X1.T) - yv) @ X1 / len(yv) + weight_decay * theta
+        theta = theta - lr * grad
+    return theta_in, theta, star
+
+
+__all__ += ["heldout_mapping_loss", "logistic_positive_control"]

@@ -17,7 +17,7 @@ from ..attacks.model_reconstruction import (binary_accuracy, hard_instance_clien
                                             squared_loss)
 from ..models import flatten_params, linear_model, logistic_loss
 
-__all__ = ["BACHELOR_OR_ABOVE", "adult_phd_split", "adult_phd_clients", "leaf_table1", "adult_experiment", "adult_movement", "fedavg_ols_curve",
+__all__ = ["BACHELOR_OR_ABOVE", "adult_phd_split", "adult_phd_clients", "leaf_table1", "positive_control", "adult_experiment", "adult_movement", "fedavg_ols_curve",
            "hard_instance_transcript", "obs56_curves", "plot_obs56", "PAPER_TABLE1", "table1_values",
            "table1_markdown", "PAPER_ADULT_COUNTS", "adult_split_counts", "adult_counts_markdown", "adult_count_variants", "adult_variants_markdown",
            "phd_distance_means", "plot_distance_matrix", "plot_adult_figure1", "adult_values"]
@@ -135,9 +135,12 @@ def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequ
     Returns ``{"local_steps": [L], "last", "decoded": [L, S, K] accuracies in [0, 1], "oracle": [K],
     "dist_last", "dist_decoded": [L, S, K] relative distances ||theta - theta_c*|| / ||theta_c*||,
     "flatness": [L, S, K] (:func:`~fedlab.attacks.model_reconstruction.trajectory_flatness` of the
-    server models the attack used), "mapping_loss": [L, S, K], "num_obs": int, "separable": [K] bool}``.
+    server models the attack used), "mapping_loss": [L, S, K] (in sample), "heldout_loss": [L, S, K] (on
+    20 % of the rounds left out of a second fit, :func:`~fedlab.attacks.model_reconstruction.heldout_mapping_loss`),
+    "num_obs": int, "separable": [K] bool}``.
     Raises ``ValueError`` for ``weight_decay <= 0`` or a client observed fewer than 2 times."""
-    from ..attacks.model_reconstruction import linearly_separable, logistic_local_optimum, trajectory_flatness
+    from ..attacks.model_reconstruction import (heldout_mapping_loss, linearly_separable, logistic_local_optimum,
+                                                trajectory_flatness)
 
     K, L, S = len(clients), len(local_steps), len(seeds)
     stars = torch.stack([logistic_local_optimum(c.X, c.y, weight_decay=weight_decay) for c in clients])
@@ -150,6 +153,9 @@ def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequ
             runs += [(o[0], o[1]) for o in obs]
     res, tin, last_theta = _attack_batch(runs, hidden=hidden, fit_max_iter=fit_max_iter,
                                          decode_max_iter=decode_max_iter, seed=0)
+    n = tin.shape[1]
+    heldout = heldout_mapping_loss(tin, torch.stack([to[-n:] for _, to in runs]).double(), hidden=hidden,
+                                   max_iter=fit_max_iter, seed=1)
     shape = (L, S, K)
     star = stars.repeat(L * S, 1)                                      # [P, d], client index fastest
     rel = lambda th: ((th - star).norm(dim=1) / star.norm(dim=1)).reshape(shape).numpy()  # noqa: E731
@@ -159,7 +165,8 @@ def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequ
             "oracle": np.array([float(binary_accuracy(stars[k], c.X, c.y)) for k, c in enumerate(clients)]),
             "dist_last": rel(last_theta), "dist_decoded": rel(res.theta),
             "flatness": trajectory_flatness(tin).reshape(shape).numpy(),
-            "mapping_loss": res.mapping_loss.reshape(shape).numpy(), "num_obs": int(tin.shape[1]),
+            "mapping_loss": res.mapping_loss.reshape(shape).numpy(), "heldout_loss": heldout.reshape(shape).numpy(),
+            "num_obs": int(tin.shape[1]),
             "separable": np.array([linearly_separable(c.X, c.y) for c in clients])}
 
 
@@ -334,12 +341,39 @@ def plot_obs56(curves: dict, ax=None):
 
 # --------------------------------------------------------------------------------------------------
 # Table 1: the page's numbers and table
+def positive_control(clients, *, num_obs: int = 100, spread: float = 1.0, local_steps: int = 5, lr: float = 0.5,
+                     weight_decay: float = 0.01, hidden: int = 1000, fit_max_iter: int = 1000,
+                     decode_max_iter: int = 1000, seed: int = 0) -> dict:
+    """Algorithm 3 (Xu & Neglia 2021, Sec. 3.2) where it should succeed: for every client, server models
+    drawn around its local optimum
+    (:func:`~fedlab.attacks.model_reconstruction.logistic_positive_control`), all clients attacked in one
+    batch. A decoder that fails here is broken; one that succeeds here but not on FedAvg's transcripts
+    fails because of what FedAvg lets it observe.
+
+    Returns ``{"decoded", "last", "oracle": [K] train accuracies, "dist_decoded", "dist_last": [K]
+    relative distances to theta_c*, "mapping_loss", "heldout_loss": [K]}``."""
+    from ..attacks.model_reconstruction import heldout_mapping_loss, logistic_positive_control
+
+    obs = [logistic_positive_control(c.X, c.y, num_obs=num_obs, spread=spread, local_steps=local_steps, lr=lr,
+                                     weight_decay=weight_decay, seed=seed + k) for k, c in enumerate(clients)]
+    tin, tout, star = (torch.stack([o[i] for o in obs]) for i in range(3))
+    res = reconstruct_heuristic(tin, tout, hidden=hidden, fit_max_iter=fit_max_iter,
+                                decode_max_iter=decode_max_iter, seed=seed)
+    acc = lambda th: np.array([float(binary_accuracy(th[k], c.X, c.y)) for k, c in enumerate(clients)])  # noqa: E731
+    rel = lambda th: ((th - star).norm(dim=1) / star.norm(dim=1)).numpy()  # noqa: E731
+    return {"decoded": acc(res.theta), "last": acc(tout[:, -1]), "oracle": acc(star),
+            "dist_decoded": rel(res.theta), "dist_last": rel(tout[:, -1]),
+            "mapping_loss": res.mapping_loss.numpy(),
+            "heldout_loss": heldout_mapping_loss(tin, tout, hidden=hidden, max_iter=fit_max_iter, seed=seed + 1).numpy()}
+
+
 #: Xu & Neglia (2021), Table 1: mean train accuracy (%) over 10 runs, clients c = 0..4, then the mean
 PAPER_TABLE1 = {1: {"last": [53.9, 49.7, 85.1, 28.3, 75.8, 58.6], "decoded": [67.0, 74.3, 80.6, 77.9, 91.0, 78.1]},
                 5: {"last": [60.1, 54.6, 87.6, 33.6, 79.2, 63.0], "decoded": [65.6, 72.9, 76.9, 72.5, 86.2, 74.8]},
                 10: {"last": [69.4, 60.4, 90.6, 42.3, 83.9, 69.3], "decoded": [67.5, 79.5, 78.1, 75.8, 88.9, 78.0]}}
 
-_T1_KEYS = {"local_steps", "last", "decoded", "oracle", "dist_last", "dist_decoded", "flatness", "separable"}
+_T1_KEYS = {"local_steps", "last", "decoded", "oracle", "dist_last", "dist_decoded", "flatness", "separable",
+            "mapping_loss", "heldout_loss"}
 
 
 def table1_values(t1: dict, prefix: str = "ch4-t1") -> dict:
@@ -360,6 +394,7 @@ def table1_values(t1: dict, prefix: str = "ch4-t1") -> dict:
         out[f"{prefix}-dlast{E}"] = round(float(t1["dist_last"][i].mean()), 3)
         out[f"{prefix}-ddec{E}"] = round(float(t1["dist_decoded"][i].mean()), 3)
         out[f"{prefix}-flat{E}"] = round(float(t1["flatness"][i].mean()), 3)
+        out[f"{prefix}-held{E}"] = round(float(t1["heldout_loss"][i].mean()), 3)
     return out
 
 
@@ -388,9 +423,11 @@ def table1_markdown(tables: dict, paper=None, paper_table: dict | None = None) -
                          mean_interval(100 * t1["last"][i].mean(1), 1),
                          mean_interval(100 * t1["decoded"][i].mean(1), 1),
                          100 * float(np.mean(t1["oracle"])), float(t1["dist_last"][i].mean()),
-                         float(t1["dist_decoded"][i].mean()), float(t1["flatness"][i].mean()), stored])
+                         float(t1["dist_decoded"][i].mean()), float(t1["flatness"][i].mean()),
+                         f"{float(t1['mapping_loss'][i].mean()):.3f} / {float(t1['heldout_loss'][i].mean()):.2f}", stored])
     header = ["setting", "local steps", "paper: last / decoded", "ours: last returned", "ours: decoded",
               "oracle $\\theta_c^*$", "distance, last", "distance, decoded", "flatness",
+              "mapping loss: fitted / held out",
               "ours at paper scale: last / decoded (mean ± 95 % CI, n seeds)"]
     return ("Mean train accuracy over the five clients (%); distances are "
             "$\\lVert\\theta-\\theta_c^*\\rVert/\\lVert\\theta_c^*\\rVert$\n\n"
