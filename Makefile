@@ -28,5 +28,14 @@ book: $(STAMP)
 test: $(STAMP)
 	$(RUNENV) FEDLAB_SCALE=$${FEDLAB_SCALE:-quick} $(PY) -m pytest tests/ chapters/ --nbval-lax --nbval-current-env -q
 
+# headless Chromium over every built page (run `make book` first): one PNG per page in _build/screenshots/
+screenshots:
+	test -f _build/html/index.html || { echo "build the book first: make book"; exit 1; }
+	mkdir -p _build/screenshots
+	for page in _build/html/index.html _build/html/chapters/*.html _build/html/book/*.html; do \
+	  scripts/screenshot.sh "$$page" "_build/screenshots/$$(basename "$$page" .html).png" 4000 >/dev/null || exit 1; \
+	done
+	@echo "Screenshots in $(CURDIR)/_build/screenshots"
+
 clean:
 	rm -rf _build

@@ -7,7 +7,7 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 
-__all__ = ["use_style", "PALETTE", "line_plot", "bar_plot", "image_grid", "partition_heatmap", "md_table"]
+__all__ = ["use_style", "PALETTE", "line_plot", "bar_plot", "image_grid", "partition_heatmap", "md_table", "MarkdownText"]
 
 #: colour-blind-safe palette (Okabe & Ito) used in that order by every figure
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -118,14 +118,25 @@ def partition_heatmap(y, parts, *, num_classes: int | None = None, ax=None, titl
     return ax
 
 
-def md_table(headers: Sequence[str], rows: Sequence[Sequence], *, floatfmt: str = "{:.3f}"):
+class MarkdownText(str):
+    """A string that Jupyter, and the book's notebooks, render as Markdown (``_repr_markdown_``), without
+    importing IPython: the package works where the notebook stack is not installed."""
+
+    def _repr_markdown_(self) -> str:
+        return str(self)
+
+    @property
+    def data(self) -> str:
+        """The Markdown source (the attribute IPython's ``Markdown`` objects have)."""
+        return str(self)
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence], *, floatfmt: str = "{:.3f}") -> MarkdownText:
     """A Markdown table (rendered by Jupyter and by the book) from a header and rows of values.
 
     Floats are formatted with ``floatfmt``; everything else with ``str``. Use it for every
-    "paper vs ours" table so that the numbers shown are the numbers computed.
-    """
-    from IPython.display import Markdown
-
+    "paper vs ours" table so that the numbers shown are the numbers computed. Returns a
+    :class:`MarkdownText` (a ``str``). Raises ``ValueError`` for a row of the wrong length."""
     if any(len(r) != len(headers) for r in rows):
         raise ValueError("every row must have one value per header")
 
@@ -134,7 +145,7 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence], *, floatfmt: str 
 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
-    return Markdown("\n".join(lines))
+    return MarkdownText("\n".join(lines))
 
 
 def record_errorbars(record: Mapping | None, names: Mapping[str, str], *, current: Mapping | None = None,

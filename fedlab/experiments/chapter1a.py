@@ -40,9 +40,9 @@ WEI_RATES = {"batch size 1": 1.00, "batch size 16": 0.13, "local steps 1": 1.00,
 
 
 def _markdown(text: str):
-    from IPython.display import Markdown
+    from ..plots import MarkdownText
 
-    return Markdown(text)
+    return MarkdownText(text)
 
 
 # --- 1. embedding-layer leakage -------------------------------------------------------------------

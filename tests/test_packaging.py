@@ -1,0 +1,50 @@
+"""Packaging claims of the README: the library works without the notebook stack, the import-name
+clash with SMILELab's FedLab is detected, the pinned ranges are what the code needs."""
+import importlib.metadata
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import fedlab
+from fedlab import plots
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_md_table_needs_no_ipython_and_renders_as_markdown():
+    t = plots.md_table(["a", "b"], [[1, 0.5]])
+    assert isinstance(t, str) and t._repr_markdown_() == "| a | b |\n|---|---|\n| 1 | 0.500 |"
+    code = ("import sys; sys.modules['IPython'] = None; sys.modules['myst_nb'] = None\n"
+            "from fedlab import plots; from fedlab.privacy import ldp, dp_fedavg\n"
+            "print(plots.md_table(['x'], [[1]]), ldp.gaussian_sigma(10, 1e-5) > 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("True")
+
+
+def test_a_distribution_named_fedlab_stops_the_import(monkeypatch):
+    class Other:
+        version = "1.3.0"
+
+    def fake(name):
+        if name == "fedlab":
+            return Other()
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", fake)
+    with pytest.raises(ImportError, match="SMILELab"):
+        fedlab._check_no_other_fedlab()
+
+
+def test_dependencies_hold_what_the_library_imports_and_the_extras_match_their_use():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = " ".join(meta["dependencies"])
+    assert "dp-accounting" in core and "matplotlib>=3.9" in core
+    extras = meta["optional-dependencies"]
+    assert {"book", "test", "lab"} <= set(extras)
+    assert not any("jupyterlab" in r for r in extras["book"] + extras["test"])   # not needed to build or test
+    assert any("jupyter-book" in r for r in extras["book"]) and any("nbval" in r for r in extras["test"])
+    assert (ROOT / "LICENSE").read_text().count("CC BY 4.0") >= 1 and meta["license-files"] == ["LICENSE"]
