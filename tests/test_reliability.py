@@ -123,3 +123,77 @@ def test_clipping_rejects_bad_clip_norm(c):
 def test_clipping_an_integer_update_names_the_argument():
     with pytest.raises(ValueError, match="update"):
         defenses.clip_rows(torch.ones(2, 2, dtype=torch.long), 1.0)
+
+
+# ---------------------------------------------------------------------- 3. the accountant (already fixed)
+def test_accountant_rejects_repeated_ids_nan_leakage_and_float_ids():
+    from fedlab.privacy.dprivacy import PrivacyAccountant
+
+    acc = PrivacyAccountant(3, budget=1.0)
+    with pytest.raises(ValueError, match="repeat"):
+        acc.spend([1, 1], 0.6)
+    with pytest.raises(ValueError, match="leakage must be finite"):
+        acc.spend([1], math.nan)
+    with pytest.raises(ValueError, match="clients"):
+        acc.spend(1.7, 0.5)
+    assert acc.spent.tolist() == [0.0, 0.0, 0.0] and acc.log == []
+
+
+# ---------------------------------------------------------------------- 4. samplers
+def test_sample_euclidean_laplace_rejects_integer_dtype_and_fractional_size():
+    from fedlab.privacy.dprivacy import sample_euclidean_laplace
+
+    with pytest.raises(ValueError, match="dtype"):
+        sample_euclidean_laplace(3, 1.0, rng=0, dtype=torch.int64)
+    for size in (2.7, True, 0, -1):
+        with pytest.raises(ValueError, match="size"):
+            sample_euclidean_laplace(3, 1.0, size=size, rng=0)
+    assert sample_euclidean_laplace(3, 1.0, size=2.0, rng=0).shape == (2, 3)
+
+
+def test_sample_euclidean_laplace_refuses_noise_that_overflows_its_dtype():
+    from fedlab.privacy.dprivacy import sample_euclidean_laplace
+
+    with pytest.raises(ValueError, match="epsilon"):
+        sample_euclidean_laplace(3, 1e-39, rng=0)                      # float32: +-inf
+    assert bool(torch.isfinite(sample_euclidean_laplace(3, 1e-39, rng=0, dtype=torch.float64)).all())
+
+
+def test_sanitize_update_of_integer_parameters_adds_unrounded_noise():
+    # already fixed before issue 21: integer parameters are cast to float, NaN ones are refused
+    from fedlab.privacy.dprivacy import sanitize_update
+
+    out = sanitize_update(torch.tensor([1, 2, 3]), torch.tensor([0, 0, 0]), 1.0, rng=0, safe=False)
+    assert out.theta.is_floating_point() and not torch.equal(out.theta, out.theta.round())
+    with pytest.raises(ValueError, match="finite"):
+        sanitize_update(torch.tensor([math.nan, 2.0, 3.0]), torch.zeros(3), 1.0, rng=0)
+
+
+def test_gaussian_noise_on_integers_names_the_argument_and_refuses_overflow():
+    with pytest.raises(ValueError, match="update"):
+        defenses.gaussian_noise(torch.tensor([1, 2]), 1.0)
+    with pytest.raises(ValueError, match="sigma"):
+        defenses.gaussian_noise(torch.ones(3), 1e39)                  # float32 noise would be inf
+    assert bool(torch.isfinite(defenses.gaussian_noise(torch.ones(3, dtype=torch.float64), 1e39)).all())
+
+
+def test_ldp_gaussian_refuses_an_epsilon_whose_noise_overflows():
+    from fedlab.privacy import ldp
+
+    with pytest.raises(ValueError, match="epsilon"):
+        ldp.ldp_gaussian(torch.ones(2, 3), 1e-40, 1e-5, 1.0, generator=torch.Generator().manual_seed(0))
+
+
+def test_analytic_gaussian_delta_input_checks_and_large_epsilon():
+    # already fixed before issue 21
+    from fedlab.privacy import ldp
+
+    with pytest.raises(ValueError, match="epsilon"):
+        ldp.analytic_gaussian_delta(1.0, -1.0)
+    with pytest.raises(ValueError, match="sensitivity"):
+        ldp.analytic_gaussian_delta(1.0, 1.0, -1.0)
+    for eps in (709.0, 710.0, 1000.0, 1e6):
+        d = ldp.analytic_gaussian_delta(1.0, eps)
+        assert 0.0 <= d <= 1.0 and math.isfinite(d)
+    with pytest.raises(ValueError, match="epsilon"):
+        ldp.analytic_gaussian_delta(1.0, math.inf)

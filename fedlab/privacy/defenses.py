@@ -40,9 +40,14 @@ def gaussian_noise(update, sigma, *, generator: torch.Generator | None = None):
 
     ``sigma``: a float, or a ``[rows]`` tensor giving each row of a tensor ``update [rows, ...]`` its
     own standard deviation (several noise levels in one batch). Raises ``ValueError`` for a negative
-    or non-finite ``sigma`` or a ``[rows]`` tensor that does not match the update. ``sigma = 0``
-    returns an unchanged copy.
+    or non-finite ``sigma``, a ``[rows]`` tensor that does not match the update, an integer update, or
+    a ``sigma`` so large that a finite update's noisy copy overflows its dtype. ``sigma = 0`` returns
+    an unchanged copy.
     """
+    keys, ts = _as_list(update)
+    if any(not t.is_floating_point() for t in ts):
+        raise ValueError(f"update must be floating point (noise on integers would be rounded), got "
+                         f"{[t.dtype for t in ts if not t.is_floating_point()][0]}")
     if isinstance(sigma, torch.Tensor) and sigma.ndim > 0:
         if sigma.ndim != 1 or not isinstance(update, torch.Tensor) or update.shape[0] != sigma.shape[0]:
             raise ValueError(f"sigma as a tensor must be [rows] for a tensor update [rows, ...], got "
@@ -50,13 +55,22 @@ def gaussian_noise(update, sigma, *, generator: torch.Generator | None = None):
         if not bool(torch.isfinite(sigma).all()) or not bool((sigma >= 0).all()):
             raise ValueError("sigma must be finite and >= 0")
         scale = sigma.to(update.dtype).reshape(-1, *([1] * (update.dim() - 1)))
-        return update + scale * torch.randn(update.shape, generator=generator, dtype=update.dtype)
+        return _finite_noise(update + scale * torch.randn(update.shape, generator=generator, dtype=update.dtype),
+                             update, float(sigma.max()))
     if not sigma >= 0 or not math.isfinite(float(sigma)):
         raise ValueError(f"sigma must be finite and >= 0, got {sigma}")
-    keys, ts = _as_list(update)
-    out = [t + sigma * torch.randn(t.shape, generator=generator, dtype=t.dtype) if sigma > 0 else t.clone()
-           for t in ts]
+    out = [_finite_noise(t + sigma * torch.randn(t.shape, generator=generator, dtype=t.dtype), t, sigma)
+           if sigma > 0 else t.clone() for t in ts]
     return _pack(keys, out)
+
+
+def _finite_noise(noisy: torch.Tensor, clean: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``noisy``, after checking that the noise did not overflow ``clean``'s dtype (a finite update
+    must stay finite): raises ``ValueError`` naming ``sigma`` otherwise."""
+    if not bool(torch.isfinite(noisy).all()) and bool(torch.isfinite(clean).all()):
+        raise ValueError(f"sigma={sigma:g} is too large for {clean.dtype}: the noisy update overflows to inf "
+                         f"(use float64 or a smaller sigma)")
+    return noisy
 
 
 def prune_by_magnitude(update, fraction: float):

@@ -145,14 +145,18 @@ def sample_euclidean_laplace(n: int, epsilon, size: int | None = None, *, rng=No
         Number of draws; ``None`` returns one vector ``[n]``, else ``[size, n]``.
     rng : numpy Generator or int seed; ``None`` uses :func:`fedlab.config.global_rng`
 
-    Raises ``ValueError`` on ``n < 1``, ``epsilon <= 0`` or an epsilon array whose length is not ``size``.
+    Raises ``ValueError`` on ``n < 1``, ``epsilon <= 0``, an epsilon array whose length is not ``size``,
+    a ``size`` that is not a positive integer, a ``dtype`` that is not floating point, or noise that
+    overflows ``dtype`` (an epsilon below about ``1e-38`` in float32).
     """
     n = _check_n(n)
     eps = _check_eps(epsilon)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating-point torch dtype (integer noise would be truncated), got {dtype}")
+    if size is not None and (isinstance(size, bool) or int(size) != size or size < 1):
+        raise ValueError(f"size must be a positive integer or None, got {size!r}")
     gen = _rng(rng)
     m = 1 if size is None else int(size)
-    if m < 1:
-        raise ValueError(f"size must be a positive integer or None, got {size}")
     if eps.ndim > 0 and eps.size not in (1, m):
         raise ValueError(f"epsilon has {eps.size} values but size is {m}")
     eps = np.broadcast_to(eps.reshape(-1) if eps.ndim else eps, (m,))
@@ -164,6 +168,9 @@ def sample_euclidean_laplace(n: int, epsilon, size: int | None = None, *, rng=No
     else:
         direction = stats.uniform_direction(n).rvs(size=m, random_state=gen).reshape(m, n)
     rho = torch.from_numpy(radius[:, None] * direction).to(dtype)
+    if not bool(torch.isfinite(rho).all()):
+        raise ValueError(f"epsilon too small for {dtype}: the noise overflows to inf (smallest epsilon "
+                         f"{float(eps.min()):g}; use float64 or a larger epsilon)")
     return rho[0] if size is None else rho
 
 
