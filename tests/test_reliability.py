@@ -197,3 +197,169 @@ def test_analytic_gaussian_delta_input_checks_and_large_epsilon():
         assert 0.0 <= d <= 1.0 and math.isfinite(d)
     with pytest.raises(ValueError, match="epsilon"):
         ldp.analytic_gaussian_delta(1.0, math.inf)
+
+
+# ---------------------------------------------------------------------- 5. metrics and FL
+def test_accuracy_refuses_non_finite_scores():
+    from fedlab.metrics import accuracy
+
+    with pytest.raises(ValueError, match="pred"):
+        accuracy(torch.full((3, 2), math.nan), torch.tensor([0, 0, 0]))
+    with pytest.raises(ValueError, match="pred"):
+        accuracy(np.array([0.0, math.nan]), np.array([0, 1]))
+    assert accuracy(torch.tensor([[0.0, 1.0], [2.0, 1.0]]), torch.tensor([1, 1])) == 0.5
+
+
+def test_mse_and_psnr_refuse_empty_and_non_finite_arrays():
+    from fedlab.metrics import mse, psnr
+
+    for f in (mse, psnr):
+        with pytest.raises(ValueError, match="empty"):
+            f(np.zeros(0), np.zeros(0))
+        with pytest.raises(ValueError, match="finite"):
+            f(np.array([1.0, math.nan]), np.zeros(2))
+        with pytest.raises(ValueError, match="finite"):
+            f(np.zeros(2), np.array([math.inf, 0.0]))
+    assert mse(np.ones(3), np.zeros(3)) == 1.0
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_weighted_average_refuses_non_finite_weights(bad):
+    from fedlab.fl import weighted_average
+
+    with pytest.raises(ValueError, match="weights"):
+        weighted_average({"a": torch.ones(2, 2)}, torch.tensor([bad, 1.0]))
+
+
+def test_stack_clients_refuses_mixed_dtypes():
+    from fedlab.fl import stack_clients
+
+    a = (torch.ones(2, 3), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="dtype"):
+        stack_clients([a, (torch.ones(2, 3, dtype=torch.float64), torch.tensor([0, 1]))])
+    with pytest.raises(ValueError, match="dtype"):
+        stack_clients([a, (torch.ones(2, 3), torch.tensor([0.5, 1.7]))])
+    assert stack_clients([a, a]).X.dtype == torch.float32
+
+
+def test_selective_sgd_and_fedavg_refuse_negative_rounds():
+    from fedlab.fl import fedavg, selective_sgd
+
+    model = torch.nn.Linear(3, 2)
+    clients = [(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))] * 2
+    for f in (selective_sgd, fedavg):
+        with pytest.raises(ValueError, match="num_rounds"):
+            f(model, clients, num_rounds=-3, progress=False)
+
+
+def test_client_update_and_batch_plan_on_empty_data_name_the_argument():
+    from fedlab.fl import batch_plan, client_update
+
+    with pytest.raises(ValueError, match="n"):
+        batch_plan(torch.tensor([0]), 2, 1)
+    with pytest.raises(ValueError, match="n"):
+        batch_plan(torch.tensor([3, 0]), None, 1)
+    with pytest.raises(ValueError, match="n"):
+        batch_plan(torch.tensor([], dtype=torch.long), 2, 1)
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="X"):
+        client_update(model, dict(model.named_parameters()), torch.zeros(0, 3), torch.zeros(0, dtype=torch.long),
+                      lr=0.1)
+
+
+def test_subset_takes_a_boolean_mask_as_a_mask():
+    from fedlab.data import Dataset
+
+    d = Dataset(torch.arange(8.0).reshape(4, 2), torch.arange(4))
+    s = d.subset([True, False, True, False])
+    assert s.y.tolist() == [0, 2]
+    assert d.subset(torch.tensor([False, False, False, True])).y.tolist() == [3]
+    assert d.subset([1, 3]).y.tolist() == [1, 3]
+    with pytest.raises(ValueError, match="idx"):
+        d.subset([True, False])                                         # mask of the wrong length
+
+
+def test_ndcg_refuses_non_finite_scores_on_real_entries():
+    from fedlab.fl.oltr import ndcg_at_k
+
+    rel = torch.tensor([[1, 0, 1, 0]])
+    mask = torch.tensor([[True, True, True, False]])
+    with pytest.raises(ValueError, match="scores"):
+        ndcg_at_k(torch.full((1, 4), math.nan), rel, mask)
+    ok = ndcg_at_k(torch.tensor([[1.0, 0.0, 0.5, math.nan]]), rel, mask)  # padding may hold anything
+    assert float(ok[0]) == pytest.approx(1.0)
+
+
+def test_simulate_clicks_refuses_lists_that_can_never_have_a_pair():
+    from fedlab.fl.oltr import simulate_clicks
+
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="relevance"):               # perfect model: relevance 0 is never clicked
+        simulate_clicks(torch.zeros(2, 4, dtype=torch.long), mask, "perfect", generator=gen)
+    with pytest.raises(ValueError, match="relevance"):               # ... and relevance 2 always is, never stopping
+        simulate_clicks(torch.full((2, 4), 2), mask, "perfect", generator=gen)
+    clicks = simulate_clicks(torch.tensor([[0, 2, 0, 1], [2, 0, 0, 0]]), mask, "perfect", generator=gen)
+    assert bool(((clicks.sum(1) > 0) & (clicks.sum(1) < 4)).all())
+    # redraw=False keeps the old behaviour: whatever the cascade gives
+    assert simulate_clicks(torch.zeros(2, 4, dtype=torch.long), mask, "perfect", redraw=False,
+                           generator=gen).sum() == 0
+
+
+@pytest.mark.parametrize("call", [
+    lambda idn: idn.theorem1_failure_bound(-3, 0.3, 5),
+    lambda idn: idn.theorem1_failure_bound([1, -1], 0.3, 5),
+    lambda idn: idn.theorem1_failure_bound(3, 0.3, 0),
+    lambda idn: idn.theorem1_failure_bound(3, 0.3, -2),
+    lambda idn: idn.theorem1_failure_bound(math.nan, 0.3, 2),
+])
+def test_theorem_helpers_refuse_negative_interactions_or_batch_size(call):
+    from fedlab.attacks import identifiability as idn
+
+    with pytest.raises(ValueError, match="num_interactions|batch_size"):
+        call(idn)
+
+
+def test_theorem2_and_3_refuse_non_positive_counts():
+    from fedlab.attacks import identifiability as idn
+
+    kw = dict(delta=0.1, sigma=1.0, item_norm_bound=1.0, num_items=10, lr=0.1, loss="log", tau=0.1)
+    with pytest.raises(ValueError, match="batch_size"):
+        idn.theorem2_num_interactions(0.3, 0, beta=0.1, **kw)
+    with pytest.raises(ValueError, match="num_rated"):
+        idn.theorem3_num_interactions(0.3, -1, **kw)
+    assert idn.theorem2_num_interactions(0.3, 5, beta=0.1, **kw) > 0
+
+
+def test_letor_and_movielens_subsets_take_boolean_masks():
+    from fedlab.data.letor import LTRData
+    from fedlab.data.movielens import UserItems
+
+    X = torch.randn(3, 4, 2)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    d = LTRData(X, torch.zeros(3, 4, dtype=torch.long), mask, ["a", "b", "c"], 3, "test")
+    assert d.subset([False, True, True]).qids == ["b", "c"]
+    u = UserItems(torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4), mask, torch.arange(3))
+    assert u.subset(np.array([True, False, True])).users.tolist() == [0, 2]
+    with pytest.raises(ValueError, match="idx"):
+        u.subset([True])
+
+
+# ---------------------------------------------------------------------- 7. the vendored Adult
+def test_load_adult_checks_the_vendored_files(tmp_path, monkeypatch):
+    import gzip
+    import shutil
+
+    import fedlab.data as data
+
+    for name in ("adult.data.gz", "adult.test.gz"):
+        shutil.copy(data.VENDOR / name, tmp_path / name)
+    # a valid gzip holding only the first half of the training rows used to load 15,081 rows silently
+    lines = gzip.open(data.VENDOR / "adult.data.gz", "rt").read().splitlines(keepends=True)
+    with gzip.open(tmp_path / "adult.data.gz", "wt") as fh:
+        fh.writelines(lines[: len(lines) // 2])
+    monkeypatch.setattr(data, "VENDOR", tmp_path)
+    with pytest.raises(data.ChecksumError, match="adult.data.gz"):
+        data.load_adult()
+    monkeypatch.undo()
+    assert len(data.load_adult()) == 30162

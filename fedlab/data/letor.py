@@ -72,7 +72,9 @@ class LTRData:
 
     def subset(self, idx) -> "LTRData":
         """Queries ``idx`` (array-like of query positions), trimmed to their longest list."""
-        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        from . import as_index
+
+        idx = as_index(idx, len(self))
         m = int(self.mask[idx].sum(1).max())
         return LTRData(self.X[idx, :m], self.relevance[idx, :m], self.mask[idx, :m],
                        [self.qids[i] for i in idx.tolist()], self.num_grades, self.source)

@@ -172,7 +172,9 @@ class UserItems:
 
     def subset(self, idx) -> "UserItems":
         """Rows ``idx`` (a list/array/tensor of row positions), trimmed to their longest row."""
-        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        from . import as_index
+
+        idx = as_index(idx, len(self))
         m = int(self.mask[idx].sum(1).max())
         return UserItems(self.items[idx, :m], self.interactions[idx, :m], self.mask[idx, :m],
                          self.users[idx])
