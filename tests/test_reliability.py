@@ -363,3 +363,35 @@ def test_load_adult_checks_the_vendored_files(tmp_path, monkeypatch):
         data.load_adult()
     monkeypatch.undo()
     assert len(data.load_adult()) == 30162
+
+
+# ---------------------------------------------------------------------- 9. environment switches
+def test_the_dead_device_switch_is_gone():
+    from pathlib import Path
+
+    import fedlab
+    import fedlab.config
+
+    assert not hasattr(fedlab, "device") and not hasattr(fedlab.config, "device")
+    root = Path(fedlab.__file__).resolve().parent.parent
+    for path in [root / "README.md", *sorted((root / "fedlab").rglob("*.py"))]:
+        text = path.read_text()
+        assert "FEDLAB_DEVICE" not in text.replace("an earlier\n``FEDLAB_DEVICE``", ""), path
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("off", False), ("False", False), ("1", True),
+                                       ("yes", True), (" ON ", True)])
+def test_fedlab_progress_values(monkeypatch, value, on):
+    from fedlab.config import progress_enabled
+
+    monkeypatch.setenv("FEDLAB_PROGRESS", value)
+    assert progress_enabled() is on
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "nope", "0.5"])
+def test_fedlab_progress_rejects_other_values(monkeypatch, value):
+    from fedlab.config import progress_enabled
+
+    monkeypatch.setenv("FEDLAB_PROGRESS", value)
+    with pytest.raises(ValueError, match="FEDLAB_PROGRESS"):
+        progress_enabled()
