@@ -395,3 +395,20 @@ def test_fedlab_progress_rejects_other_values(monkeypatch, value):
     monkeypatch.setenv("FEDLAB_PROGRESS", value)
     with pytest.raises(ValueError, match="FEDLAB_PROGRESS"):
         progress_enabled()
+
+
+# ---------------------------------------------------------------------- found by tests/test_properties.py
+@pytest.mark.parametrize("v", [1e-299, 1e200])
+def test_sanitize_update_measures_tiny_and_huge_updates_without_under_or_overflow(v):
+    # the squared norm of [1e-299, 1e-299] underflowed to 0 in float64: the non-zero update was
+    # released exactly with leakage inf, as if it were zero; [1e200, 1e200] overflowed to eps = 0
+    from fedlab.privacy.dprivacy import clip_update, estimate_update_norm, sanitize_update
+
+    x = torch.tensor([[v, v]], dtype=torch.float64)
+    out = sanitize_update(x, torch.zeros(2, dtype=torch.float64), 1.0, rng=0, safe=False)
+    assert float(out.leakage[0]) == 2.0
+    assert float(out.epsilon[0]) == pytest.approx(2.0 / (v * math.sqrt(2)))
+    assert not torch.equal(out.theta, x)
+    c = clip_update(x, torch.zeros(2, dtype=torch.float64), 0.5 * v)
+    assert float(torch.linalg.vector_norm(c / v)) == pytest.approx(0.5)
+    assert float(estimate_update_norm(x, torch.zeros(2, dtype=torch.float64), 1.0)[0]) > 0

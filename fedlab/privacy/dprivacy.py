@@ -320,6 +320,20 @@ class SanitizedUpdate:
     grid: torch.Tensor | None = None
 
 
+def _vector_norm(v: torch.Tensor, *, keepdim: bool = False) -> torch.Tensor:
+    """``torch.linalg.vector_norm(v, dim=-1)``, except where its squares over- or underflow: a row
+    whose norm came out ``inf``, or ``0`` while it has non-zero entries, is recomputed as
+    ``m * ||v / m||`` with ``m`` its largest absolute entry (other rows are bit for bit unchanged)."""
+    norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    odd = torch.isinf(norm) | (norm == 0)
+    if bool(odd.any()):
+        m = v.abs().amax(-1, keepdim=True)
+        fix = odd & (m > 0) & torch.isfinite(m)
+        safe_m = torch.where(fix, m, torch.ones_like(m))
+        norm = torch.where(fix, torch.linalg.vector_norm(v / safe_m, dim=-1, keepdim=True) * safe_m, norm)
+    return norm if keepdim else norm.squeeze(-1)
+
+
 def _check_pair(theta_local, theta_global):
     theta_local = torch.as_tensor(theta_local)
     if not theta_local.is_floating_point():
@@ -387,7 +401,7 @@ def sanitize_update(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: f
     single = theta_local.ndim == 1
     tl = theta_local.reshape(-1, theta_local.shape[-1])
     n = tl.shape[-1]
-    norm = torch.linalg.vector_norm((tl - theta_global).double(), dim=-1)
+    norm = _vector_norm((tl - theta_global).double())
     eps = torch.where(norm > 0, n / (nu * norm), torch.full_like(norm, math.inf))
     leakage = torch.where(norm > 0, torch.full_like(norm, n / nu), torch.full_like(norm, math.inf))
     return _sanitized(tl, tl, eps, leakage, rng=rng, safe=safe, bound=bound, single=single)
@@ -402,7 +416,7 @@ def clip_update(theta_local: torch.Tensor, theta_global: torch.Tensor, radius: f
         raise ValueError(f"radius must be a finite number > 0, got {radius}")
     theta_local, theta_global = _check_pair(theta_local, theta_global)
     delta = (theta_local - theta_global).double()
-    norm = torch.linalg.vector_norm(delta, dim=-1, keepdim=True)
+    norm = _vector_norm(delta, keepdim=True)
     scale = torch.clamp(radius / torch.where(norm > 0, norm, torch.ones_like(norm)), max=1.0)
     return (theta_global.double() + delta * scale).to(theta_local.dtype)
 
@@ -457,7 +471,7 @@ def estimate_update_norm(released: torch.Tensor, theta_global: torch.Tensor, nu:
         raise ValueError(f"nu must be a finite number > 0, got {nu}")
     released, theta_global = _check_pair(released, theta_global)
     n = released.shape[-1]
-    dist = torch.linalg.vector_norm((released - theta_global).double(), dim=-1)
+    dist = _vector_norm((released - theta_global).double())
     return dist / math.sqrt(1 + nu**2 * (n + 1) / n)
 
 
