@@ -142,10 +142,12 @@ def seeded(seed: int | None):
         yield
 
 
-def data_dir() -> Path:
+def data_dir(*, create: bool = True) -> Path:
     """Directory where data sets are cached: ``FEDLAB_DATA`` or ``<user cache dir>/fedlab``.
 
-    The directory is created on first use.
+    The directory is created on first use (``create=False`` only names it: looking a file up must not
+    create an empty cache). Raises ``ValueError`` naming ``FEDLAB_DATA`` when the path exists but is
+    not a directory, or cannot be created.
     """
     env = os.environ.get("FEDLAB_DATA")
     if env:
@@ -154,7 +156,23 @@ def data_dir() -> Path:
         from platformdirs import user_cache_dir
 
         path = Path(user_cache_dir("fedlab"))
-    path.mkdir(parents=True, exist_ok=True)
+    return ensure_cache_dir(path, "FEDLAB_DATA") if create else _check_cache_dir(path, "FEDLAB_DATA")
+
+
+def _check_cache_dir(path: Path, name: str) -> Path:
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name}: the data cache {path} exists but is not a directory (set {name} to a directory)")
+    return path
+
+
+def ensure_cache_dir(path: Path, name: str = "FEDLAB_DATA") -> Path:
+    """Create the cache directory ``path`` (and parents) if needed; raises ``ValueError`` naming
+    ``name`` when it is a file or cannot be created or written."""
+    _check_cache_dir(path, name)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot create the data cache {path} ({exc})") from exc
     return path
 
 

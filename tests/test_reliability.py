@@ -412,3 +412,46 @@ def test_sanitize_update_measures_tiny_and_huge_updates_without_under_or_overflo
     c = clip_update(x, torch.zeros(2, dtype=torch.float64), 0.5 * v)
     assert float(torch.linalg.vector_norm(c / v)) == pytest.approx(0.5)
     assert float(estimate_update_norm(x, torch.zeros(2, dtype=torch.float64), 1.0)[0]) > 0
+
+
+# ---------------------------------------------------------------------- 6 (part, without pooch). the data cache
+def test_fedlab_data_pointing_at_a_file_names_the_variable(monkeypatch, tmp_path):
+    from fedlab.config import data_dir
+    from fedlab.data import fetch
+
+    f = tmp_path / "not_a_dir"
+    f.write_text("x")
+    monkeypatch.setenv("FEDLAB_DATA", str(f))
+    with pytest.raises(ValueError, match="FEDLAB_DATA"):
+        data_dir()
+    with pytest.raises(ValueError, match="FEDLAB_DATA"):
+        fetch("https://example.invalid/x.zip", "x.zip", None)
+
+
+def test_fetch_does_not_create_a_missing_cache_just_to_find_a_file_missing(monkeypatch, tmp_path):
+    from fedlab.data import OfflineError, fetch
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FEDLAB_DATA", str(cache))
+    with pytest.raises(OfflineError):
+        fetch("https://example.invalid/x.zip", "x.zip", None)
+    assert not cache.exists()
+    with pytest.raises(OfflineError):
+        fetch("https://example.invalid/x.zip", "x.zip", None, cache_dir=tmp_path / "other")
+    assert not (tmp_path / "other").exists()
+
+
+def test_offline_loaders_leave_a_missing_cache_uncreated(monkeypatch, tmp_path):
+    from fedlab.data import OfflineError
+    from fedlab.data.letor import load_letor
+    from fedlab.data.movielens import load_movielens_100k
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FEDLAB_DATA", str(cache))
+    with pytest.raises(OfflineError):
+        load_movielens_100k()
+    with pytest.raises(OfflineError):
+        load_letor("MQ2007")
+    with pytest.raises(OfflineError):
+        load_letor("MSLR-WEB10K")
+    assert not cache.exists()

@@ -195,7 +195,7 @@ def load_letor(name: str = "MQ2007", *, fold: int = 1, split: str = "train",
         normalize = "query"
     if normalize not in (None, "query"):
         raise ValueError(f"normalize must be 'query' or None, got {normalize!r}")
-    root = Path(cache_dir) if cache_dir is not None else data_dir()
+    root = Path(cache_dir) if cache_dir is not None else data_dir(create=False)
     path = root / folder / f"Fold{fold}" / f"{split}.txt"
     if not path.is_file() and name == "MSLR-WEB10K":
         archive = fetch(MSLR10K_URL, "MSLR-WEB10K.zip", archive_sha256, download=download, cache_dir=root)

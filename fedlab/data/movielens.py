@@ -107,7 +107,7 @@ def load_movielens_100k(*, download: bool = False, cache_dir: str | Path | None 
     """
     from ..config import data_dir
 
-    root = Path(cache_dir) if cache_dir is not None else data_dir()
+    root = Path(cache_dir) if cache_dir is not None else data_dir(create=False)
     bare = root / "u.data"
     if bare.is_file():
         verify_sha256(bare, udata_sha256)
