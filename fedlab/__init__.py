@@ -12,7 +12,7 @@ Layered by concept (imports run from the bottom of this list to the top, never b
     fedlab.models       small models, losses and parameter-vector helpers
     fedlab.metrics      accuracy, ROC AUC, MSE / PSNR
     fedlab.optim        the batched per-row L-BFGS
-    fedlab.config       scale switch, seeding, device, data cache
+    fedlab.config       scale switch, seeding, progress bars, data cache
     fedlab.book         page helpers (setup, glue_many); fedlab.records, fedlab.reproduce: the records
 
 Note: the PyPI name ``fedlab`` belongs to an unrelated project; this package is distributed as
@@ -37,9 +37,9 @@ def _check_no_other_fedlab() -> None:
 
 _check_no_other_fedlab()
 
-from .config import data_dir, default_seed, device, is_paper_scale, pick, progress_enabled, rng, scale, seed_everything  # noqa: E402,E501
+from .config import data_dir, default_seed, is_paper_scale, pick, progress_enabled, rng, scale, seed_everything  # noqa: E402,E501
 
 __version__ = "0.1.0"
 
-__all__ = ["scale", "is_paper_scale", "pick", "default_seed", "seed_everything", "rng", "device", "data_dir",
+__all__ = ["scale", "is_paper_scale", "pick", "default_seed", "seed_everything", "rng", "data_dir",
            "progress_enabled", "__version__"]

@@ -1,4 +1,4 @@
-"""One place for the run-wide settings of the course: scale, seeding, device and data directory.
+"""One place for the run-wide settings of the course: scale, seeding, progress bars and data directory.
 
 Every chapter reads these through the functions below, never from ``os.environ`` directly, so that a
 reader can change a setting once (an environment variable) and every notebook and test follows.
@@ -7,6 +7,10 @@ reader can change a setting once (an environment variable) and every notebook an
   settings of the paper a chapter reproduces).
 * ``FEDLAB_DATA``  -- cache directory for downloaded data sets (default: the user's cache dir).
 * ``FEDLAB_SEED``  -- the base seed handed to :func:`seed_everything` when no seed is given (default 0).
+* ``FEDLAB_PROGRESS`` -- ``0`` / ``1`` (or false/true, no/yes, off/on): progress bars off / on (default on).
+
+Everything runs on the CPU: no function takes a device, and there is no device switch (an earlier
+``FEDLAB_DEVICE`` was read by nothing and was removed, issue 21).
 """
 from __future__ import annotations
 
@@ -138,21 +142,12 @@ def seeded(seed: int | None):
         yield
 
 
-def device(prefer: str | None = None) -> torch.device:
-    """The torch device to use: CUDA when present, CPU otherwise.
-
-    ``prefer="cpu"`` forces the CPU; ``FEDLAB_DEVICE`` overrides the automatic choice.
-    """
-    choice = prefer or os.environ.get("FEDLAB_DEVICE")
-    if choice:
-        return torch.device(choice)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def data_dir() -> Path:
+def data_dir(*, create: bool = True) -> Path:
     """Directory where data sets are cached: ``FEDLAB_DATA`` or ``<user cache dir>/fedlab``.
 
-    The directory is created on first use.
+    The directory is created on first use (``create=False`` only names it: looking a file up must not
+    create an empty cache). Raises ``ValueError`` naming ``FEDLAB_DATA`` when the path exists but is
+    not a directory, or cannot be created.
     """
     env = os.environ.get("FEDLAB_DATA")
     if env:
@@ -161,11 +156,34 @@ def data_dir() -> Path:
         from platformdirs import user_cache_dir
 
         path = Path(user_cache_dir("fedlab"))
-    path.mkdir(parents=True, exist_ok=True)
+    return ensure_cache_dir(path, "FEDLAB_DATA") if create else _check_cache_dir(path, "FEDLAB_DATA")
+
+
+def _check_cache_dir(path: Path, name: str) -> Path:
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name}: the data cache {path} exists but is not a directory (set {name} to a directory)")
+    return path
+
+
+def ensure_cache_dir(path: Path, name: str = "FEDLAB_DATA") -> Path:
+    """Create the cache directory ``path`` (and parents) if needed; raises ``ValueError`` naming
+    ``name`` when it is a file or cannot be created or written."""
+    _check_cache_dir(path, name)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot create the data cache {path} ({exc})") from exc
     return path
 
 
 def progress_enabled() -> bool:
     """Whether long loops show a tqdm progress bar: ``FEDLAB_PROGRESS=0`` turns them off (the book
-    build and the tests do, so the pages stay clean); on otherwise."""
-    return os.environ.get("FEDLAB_PROGRESS", "1").strip().lower() not in ("0", "false", "no", "off")
+    build and the tests do, so the pages stay clean); on when unset or ``1``. Raises ``ValueError``
+    naming ``FEDLAB_PROGRESS`` for any other value than 0/1, false/true, no/yes, off/on (any case)."""
+    raw = os.environ.get("FEDLAB_PROGRESS", "1")
+    value = raw.strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value in ("", "1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"FEDLAB_PROGRESS must be 0 or 1 (or false/true, no/yes, off/on), got {raw!r}")

@@ -18,8 +18,12 @@ def _np(x):
 
 
 def accuracy(pred, y) -> float:
-    """Fraction of correct predictions. ``pred`` is ``[n]`` labels or ``[n, C]`` scores/logits."""
+    """Fraction of correct predictions. ``pred`` is ``[n]`` labels or ``[n, C]`` scores/logits.
+    Raises ``ValueError`` for mismatched shapes, an empty ``y`` or NaN / infinite entries of ``pred``
+    (the argmax of NaN logits is not a prediction)."""
     pred, y = _np(pred), _np(y)
+    if np.issubdtype(pred.dtype, np.inexact) and not np.isfinite(pred).all():
+        raise ValueError("pred must be finite (NaN or infinite scores make no prediction)")
     if pred.ndim == 2:
         pred = pred.argmax(1)
     if pred.shape != y.shape:
@@ -89,10 +93,15 @@ def roc_curve(labels, scores):
 
 
 def mse(x, x_ref) -> float:
-    """Mean squared error between two arrays of the same shape."""
+    """Mean squared error between two arrays of the same shape. Raises ``ValueError`` for different
+    shapes, empty arrays or NaN / infinite entries."""
     x, x_ref = _np(x).astype(np.float64), _np(x_ref).astype(np.float64)
     if x.shape != x_ref.shape:
         raise ValueError(f"shapes differ: {x.shape} vs {x_ref.shape}")
+    if x.size == 0:
+        raise ValueError("x and x_ref must not be empty")
+    if not (np.isfinite(x).all() and np.isfinite(x_ref).all()):
+        raise ValueError("x and x_ref must be finite")
     return float(np.mean((x - x_ref) ** 2))
 
 
@@ -117,7 +126,7 @@ def psnr_from_mse(mse_value, data_range: float = 1.0, *, min_mse: float = 0.0):
 def psnr(x, x_ref, data_range: float = 1.0) -> float:
     """Peak signal-to-noise ratio in dB, ``10 log10(data_range^2 / MSE)`` (``inf`` when identical).
 
-    Raises ``ValueError`` if ``data_range <= 0``.
+    Raises ``ValueError`` if ``data_range <= 0`` and as :func:`mse`.
     """
     if not data_range > 0:
         raise ValueError(f"data_range must be > 0, got {data_range}")

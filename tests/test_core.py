@@ -32,12 +32,6 @@ def test_seed_everything_repeats_all_generators():
         fedlab.seed_everything(-1)
 
 
-def test_device_is_cpu_or_cuda(monkeypatch):
-    monkeypatch.delenv("FEDLAB_DEVICE", raising=False)
-    assert fedlab.device().type == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert fedlab.device("cpu").type == "cpu"
-
-
 def test_data_dir_env(monkeypatch, tmp_path):
     monkeypatch.setenv("FEDLAB_DATA", str(tmp_path / "cache"))
     assert fedlab.data_dir() == tmp_path / "cache" and (tmp_path / "cache").is_dir()

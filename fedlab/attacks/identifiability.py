@@ -64,6 +64,14 @@ def _check_positive(name, value):
         raise ValueError(f"{name} must be > 0, got {value}")
 
 
+def _check_count(name, value, low: int = 1):
+    """``value`` is a whole number ``>= low`` (not a bool); raises ``ValueError`` naming ``name``."""
+    v = np.asarray(value)
+    if v.dtype == bool or not np.all(np.isfinite(v.astype(float))) or not np.all(v == np.round(v)) \
+            or not np.all(v >= low):
+        raise ValueError(f"{name} must be a whole number >= {low}, got {value}")
+
+
 # ----------------------------------------------------------------------------------------------
 # the attack
 @dataclass
@@ -327,8 +335,12 @@ def theorem1_num_interactions(pref_rate, batch_size: int, delta: float):
 
 def theorem1_failure_bound(num_interactions, pref_rate, batch_size: int):
     """Hoeffding's bound in the proof of Theorem 1 (App. A.2): the probability that the labels used in
-    ``T`` interactions are *not* a strict negative majority is at most ``exp(-2 T B (1/2 - p_c)^2)``."""
+    ``T`` interactions are *not* a strict negative majority is at most ``exp(-2 T B (1/2 - p_c)^2)``.
+    Raises ``ValueError`` for ``num_interactions < 0`` or not whole, ``batch_size < 1`` and the
+    ``pref_rate`` errors of :func:`theorem1_num_interactions`."""
     p = _mirror_pref_rate(pref_rate)
+    _check_count("num_interactions", num_interactions, 0)
+    _check_count("batch_size", batch_size)
     T = np.asarray(num_interactions, dtype=float)
     return np.exp(-2 * T * batch_size * (0.5 - p) ** 2)
 
@@ -421,6 +433,10 @@ def theorem2_num_interactions(pref_rate: float, batch_size: int, delta: float, b
     ``return_terms`` returns ``(T, label_term, noise_term)``. Raises ``ValueError`` naming the argument.
     """
     p = float(_mirror_pref_rate(pref_rate))
+    _check_count("batch_size", batch_size)
+    _check_count("num_items", num_items)
+    if not item_norm_bound >= 0:
+        raise ValueError(f"item_norm_bound must be >= 0, got {item_norm_bound}")
     _check_open_unit("delta", delta)
     if not 0 < beta < 1 - 2 * p:
         raise ValueError(f"beta must lie in (0, 1 - 2 p_c) = (0, {1 - 2 * p:.3g}), got {beta}")
@@ -441,6 +457,10 @@ def theorem3_num_interactions(pref_rate: float, num_rated: int, delta: float, si
     ``T >= 2 sigma^2 M^2 ln(2 I / delta) / (N (lr (1 - 2 p_c) l'(0) tau_c(eps))^2)``.
     Raises ``ValueError`` naming the argument."""
     p = float(_mirror_pref_rate(pref_rate))
+    _check_count("num_rated", num_rated)
+    _check_count("num_items", num_items)
+    if not item_norm_bound >= 0:
+        raise ValueError(f"item_norm_bound must be >= 0, got {item_norm_bound}")
     _check_open_unit("delta", delta)
     if not sigma >= 0:
         raise ValueError(f"sigma must be >= 0, got {sigma}")

@@ -37,6 +37,20 @@ __all__ = [
 VENDOR = Path(__file__).with_name("vendor")
 
 
+def as_index(idx, n: int, name: str = "idx") -> torch.Tensor:
+    """``idx`` as a LongTensor of positions into ``n`` rows: integer positions pass through, a boolean
+    mask (which must have length ``n``) becomes the positions of its ``True`` entries. Raises
+    ``ValueError`` naming ``name`` for a mask of the wrong length or non-integer positions."""
+    a = idx.detach().cpu().numpy() if isinstance(idx, torch.Tensor) else np.asarray(idx)
+    if a.dtype == bool:
+        if a.ndim != 1 or a.shape[0] != n:
+            raise ValueError(f"{name}: a boolean mask must have shape [{n}], got {a.shape}")
+        return torch.from_numpy(np.flatnonzero(a)).long()
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{name} must hold integer positions or be a boolean mask, got dtype {a.dtype}")
+    return torch.as_tensor(a.astype(np.int64))
+
+
 @dataclass
 class Dataset:
     """Features ``X`` (shape ``[n, ...]``, float32) and labels ``y`` (shape ``[n]``, int64).
@@ -54,7 +68,9 @@ class Dataset:
         return int(self.y.shape[0])
 
     def subset(self, idx) -> "Dataset":
-        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        """Rows ``idx``: integer positions, or a boolean mask of length ``len(self)``. Raises
+        ``ValueError`` naming ``idx`` for a mask of another length or non-integer positions."""
+        idx = as_index(idx, len(self))
         meta = {k: (v[idx.numpy()] if isinstance(v, np.ndarray) and len(v) == len(self) else v)
                 for k, v in self.meta.items()}
         return Dataset(self.X[idx], self.y[idx], list(self.feature_names), meta)
@@ -86,7 +102,16 @@ ADULT_COLUMNS = [
 ADULT_NUMERIC = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week"]
 
 
+#: SHA-256 of the vendored Adult files (the gzip files as committed). :func:`load_adult` checks them,
+#: so a truncated or altered copy (even a valid gzip of fewer rows) raises ``ChecksumError``.
+ADULT_SHA256 = {
+    "adult.data.gz": "79d673241aeed099ca33f8cfca8928cf5223509841c9857b1af0d5d6326467ab",
+    "adult.test.gz": "cf86718d77ed3ab47d59b5277fff2b14b2c2fae24e14d4b09a365d006fb1025e",
+}
+
+
 def _read_adult(path: Path) -> list[list[str]]:
+    verify_sha256(path, ADULT_SHA256[path.name])
     rows = []
     with gzip.open(path, "rt") as fh:
         for rec in csv.reader(fh, skipinitialspace=True):
@@ -113,6 +138,9 @@ def load_adult(split: str = "train", *, drop_missing: bool = True) -> Dataset:
         and std, then one-hot categorical columns (categories taken from the training split);
         ``y`` int64 ``[n]`` (1 for income > 50K). ``meta`` holds the raw ``age`` (int array) and
         ``education`` (str array) columns.
+
+    Raises ``ChecksumError`` (a ``ValueError``) when a vendored file differs from the committed one
+    (:data:`ADULT_SHA256`).
     """
     if split not in ("train", "test", "all"):
         raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")

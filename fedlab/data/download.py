@@ -88,11 +88,16 @@ def fetch(
         If the file is not cached and ``download`` is ``False`` or the download fails.
     ChecksumError
         If the file's digest differs from ``sha256`` (a failed download is removed, never cached).
+    ValueError
+        Naming ``FEDLAB_DATA`` (or ``cache_dir``) when the cache is a file, or cannot be created or
+        written. A missing cache directory is created only to download into it.
     """
     if not filename or "/" in filename or "\\" in filename:
         raise ValueError(f"filename must be a plain file name, got {filename!r}")
-    root = Path(cache_dir) if cache_dir is not None else data_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    from ..config import _check_cache_dir, ensure_cache_dir
+
+    name = "cache_dir" if cache_dir is not None else "FEDLAB_DATA"
+    root = _check_cache_dir(Path(cache_dir), name) if cache_dir is not None else data_dir(create=False)
     target = root / filename
     if target.is_file():
         return verify_sha256(target, sha256)
@@ -101,7 +106,11 @@ def fetch(
             f"{filename} is not in the cache ({root}). Place the file there yourself, or call the "
             f"loader with download=True to fetch it from {url}."
         )
-    fd, tmp_name = tempfile.mkstemp(dir=root, prefix=f".{filename}.", suffix=".part")
+    ensure_cache_dir(root, name)
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=root, prefix=f".{filename}.", suffix=".part")
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot write to the data cache {root} ({exc})") from exc
     tmp = Path(tmp_name)
     try:
         with open(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:

@@ -72,7 +72,9 @@ class LTRData:
 
     def subset(self, idx) -> "LTRData":
         """Queries ``idx`` (array-like of query positions), trimmed to their longest list."""
-        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        from . import as_index
+
+        idx = as_index(idx, len(self))
         m = int(self.mask[idx].sum(1).max())
         return LTRData(self.X[idx, :m], self.relevance[idx, :m], self.mask[idx, :m],
                        [self.qids[i] for i in idx.tolist()], self.num_grades, self.source)
@@ -193,7 +195,7 @@ def load_letor(name: str = "MQ2007", *, fold: int = 1, split: str = "train",
         normalize = "query"
     if normalize not in (None, "query"):
         raise ValueError(f"normalize must be 'query' or None, got {normalize!r}")
-    root = Path(cache_dir) if cache_dir is not None else data_dir()
+    root = Path(cache_dir) if cache_dir is not None else data_dir(create=False)
     path = root / folder / f"Fold{fold}" / f"{split}.txt"
     if not path.is_file() and name == "MSLR-WEB10K":
         archive = fetch(MSLR10K_URL, "MSLR-WEB10K.zip", archive_sha256, download=download, cache_dir=root)

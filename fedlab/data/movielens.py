@@ -107,7 +107,7 @@ def load_movielens_100k(*, download: bool = False, cache_dir: str | Path | None 
     """
     from ..config import data_dir
 
-    root = Path(cache_dir) if cache_dir is not None else data_dir()
+    root = Path(cache_dir) if cache_dir is not None else data_dir(create=False)
     bare = root / "u.data"
     if bare.is_file():
         verify_sha256(bare, udata_sha256)
@@ -172,7 +172,9 @@ class UserItems:
 
     def subset(self, idx) -> "UserItems":
         """Rows ``idx`` (a list/array/tensor of row positions), trimmed to their longest row."""
-        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        from . import as_index
+
+        idx = as_index(idx, len(self))
         m = int(self.mask[idx].sum(1).max())
         return UserItems(self.items[idx, :m], self.interactions[idx, :m], self.mask[idx, :m],
                          self.users[idx])

@@ -86,7 +86,7 @@ def stack_clients(datasets: Sequence) -> ClientData:
     Raises
     ------
     ValueError
-        If the list is empty, a client has no data, or feature shapes differ between clients.
+        If the list is empty, a client has no data, or feature shapes or dtypes differ between clients.
     """
     if len(datasets) == 0:
         raise ValueError("datasets must hold at least one client")
@@ -101,6 +101,11 @@ def stack_clients(datasets: Sequence) -> ClientData:
     for X, y in pairs:
         if y.shape[0] != X.shape[0]:
             raise ValueError("X and y of a client must have the same length")
+    for name, i in (("X", 0), ("y", 1)):
+        dtypes = {p[i].dtype for p in pairs}
+        if len(dtypes) != 1:
+            raise ValueError(f"all clients' {name} must have one dtype (stacking would cast them silently), "
+                             f"got {sorted(str(d) for d in dtypes)}")
     n_max, K = max(sizes), len(pairs)
     X0, y0 = pairs[0]
     X = torch.zeros((K, n_max, *X0.shape[1:]), dtype=X0.dtype)
@@ -135,6 +140,9 @@ def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int,
     if int(local_epochs) != local_epochs or local_epochs < 1:
         raise ValueError(f"local_epochs must be a positive integer, got {local_epochs}")
     n = torch.as_tensor(n, dtype=torch.long)
+    if n.ndim != 1 or n.numel() == 0 or bool((n < 1).any()):
+        raise ValueError(f"n must be a non-empty vector of client sizes >= 1 (a client without data has no "
+                         f"batch), got {n.tolist()}")
     n_max = int(n.max())
     B = n_max if batch_size is None else int(batch_size)
     if B < 1:
@@ -217,6 +225,8 @@ def client_update(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tens
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr}")
     _check_weight_decay(weight_decay)
+    if len(X) < 1 or len(y) != len(X):
+        raise ValueError(f"X and y must hold the same number >= 1 of examples, got {len(X)} and {len(y)}")
     idx, w = batch_plan(torch.tensor([len(X)]), batch_size, local_epochs, generator, local_steps)
     step = _step_fn(model, loss_fn, lr, weight_decay)
     for s in range(idx.shape[1]):
@@ -265,11 +275,12 @@ def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: floa
 def weighted_average(stacked: dict, weights: torch.Tensor) -> dict:
     """Server aggregation of FedAvg: ``sum_k (n_k / m) * w^k`` for a stacked dict ``{name: [K, ...]}``.
 
-    ``weights``: ``[K]`` non-negative (e.g. the ``n_k``); normalised here.
+    ``weights``: ``[K]`` non-negative and finite (e.g. the ``n_k``); normalised here. Raises
+    ``ValueError`` for NaN / infinite / negative weights or a zero sum.
     """
     weights = torch.as_tensor(weights, dtype=torch.float32)
-    if weights.ndim != 1 or (weights < 0).any() or weights.sum() <= 0:
-        raise ValueError("weights must be a non-negative vector with a positive sum")
+    if weights.ndim != 1 or not bool(torch.isfinite(weights).all()) or (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError(f"weights must be a finite non-negative vector with a positive sum, got {weights}")
     wn = weights / weights.sum()
     out = {}
     for k, v in stacked.items():

@@ -249,7 +249,8 @@ def simulate_clicks(relevance: torch.Tensor, mask: torch.Tensor, click_model: st
 
     ``relevance`` [B, n] int, ``mask`` [B, n] bool -> clicks ``[B, n]`` float 0/1. Raises
     ``ValueError`` for an unknown click model, relevance outside ``0..num_grades-1``, or (with
-    ``redraw``) a list with fewer than 2 real items.
+    ``redraw``) a list with fewer than 2 real items, a list that can never get a (clicked, not
+    clicked) pair under the click model, or one that still lacks it after ``max_redraws`` draws.
     """
     pc, ps = click_probabilities(click_model, num_grades)
     if relevance.shape != mask.shape:
@@ -261,6 +262,14 @@ def simulate_clicks(relevance: torch.Tensor, mask: torch.Tensor, click_model: st
         raise ValueError("mask: every list needs at least 2 real items when redraw=True")
     rel = relevance.clamp(0, num_grades - 1)
     p_c, p_s = pc[rel], ps[rel]
+    if redraw:
+        never = ((p_c == 0) | ~mask).all(1)                          # no real item can be clicked
+        always = (((p_c == 1) & (p_s == 0)) | ~mask).all(1)          # every real item is clicked
+        if bool((never | always).any()):
+            bad = torch.nonzero(never | always).flatten().tolist()
+            raise ValueError(f"relevance: lists {bad[:5]} can never have a (clicked, not clicked) pair under "
+                             f"click model {click_model!r} (all real items clicked with probability 0, or "
+                             f"all with probability 1); use redraw=False")
 
     def draw(rows):
         B, n = rows.shape[0], relevance.shape[1]
@@ -284,6 +293,12 @@ def simulate_clicks(relevance: torch.Tensor, mask: torch.Tensor, click_model: st
                 break
             idx = rows[bad]
             clicks[idx] = draw(idx)
+        else:
+            n_click = clicks.sum(1)
+            bad = (n_click == 0) | (n_click == mask.sum(1))
+            if bool(bad.any()):
+                raise ValueError(f"max_redraws: {int(bad.sum())} lists still lack a (clicked, not clicked) pair "
+                                 f"after {max_redraws} redraws")
     return clicks
 
 
@@ -293,11 +308,13 @@ def ndcg_at_k(scores: torch.Tensor, relevance: torch.Tensor, mask: torch.Tensor,
     """NDCG@k per query with gain ``2^rel - 1`` and discount ``1 / log2(rank + 1)`` (Jarvelin &
     Kekalainen 2002; the metric of RAIFLE Table 8). Items are ranked by decreasing score (ties by
     position); a query without relevant documents scores 0. ``scores, relevance, mask`` [N, n] ->
-    ``[N]``. Raises ``ValueError`` for ``k < 1`` or mismatched shapes."""
+    ``[N]``. Raises ``ValueError`` for ``k < 1``, mismatched shapes or non-finite real scores."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if scores.shape != relevance.shape or mask.shape != scores.shape:
         raise ValueError("scores, relevance and mask must have the same shape")
+    if not bool(torch.isfinite(scores[mask]).all()):
+        raise ValueError("scores must be finite on the real entries (mask)")
     gain = (2.0 ** relevance.double() - 1) * mask
     s = torch.where(mask, scores.double(), torch.full_like(scores.double(), -math.inf))
     order = torch.sort(s, dim=1, descending=True, stable=True).indices[:, :k]

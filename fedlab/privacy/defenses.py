@@ -40,9 +40,14 @@ def gaussian_noise(update, sigma, *, generator: torch.Generator | None = None):
 
     ``sigma``: a float, or a ``[rows]`` tensor giving each row of a tensor ``update [rows, ...]`` its
     own standard deviation (several noise levels in one batch). Raises ``ValueError`` for a negative
-    or non-finite ``sigma`` or a ``[rows]`` tensor that does not match the update. ``sigma = 0``
-    returns an unchanged copy.
+    or non-finite ``sigma``, a ``[rows]`` tensor that does not match the update, an integer update, or
+    a ``sigma`` so large that a finite update's noisy copy overflows its dtype. ``sigma = 0`` returns
+    an unchanged copy.
     """
+    keys, ts = _as_list(update)
+    if any(not t.is_floating_point() for t in ts):
+        raise ValueError(f"update must be floating point (noise on integers would be rounded), got "
+                         f"{[t.dtype for t in ts if not t.is_floating_point()][0]}")
     if isinstance(sigma, torch.Tensor) and sigma.ndim > 0:
         if sigma.ndim != 1 or not isinstance(update, torch.Tensor) or update.shape[0] != sigma.shape[0]:
             raise ValueError(f"sigma as a tensor must be [rows] for a tensor update [rows, ...], got "
@@ -50,13 +55,22 @@ def gaussian_noise(update, sigma, *, generator: torch.Generator | None = None):
         if not bool(torch.isfinite(sigma).all()) or not bool((sigma >= 0).all()):
             raise ValueError("sigma must be finite and >= 0")
         scale = sigma.to(update.dtype).reshape(-1, *([1] * (update.dim() - 1)))
-        return update + scale * torch.randn(update.shape, generator=generator, dtype=update.dtype)
+        return _finite_noise(update + scale * torch.randn(update.shape, generator=generator, dtype=update.dtype),
+                             update, float(sigma.max()))
     if not sigma >= 0 or not math.isfinite(float(sigma)):
         raise ValueError(f"sigma must be finite and >= 0, got {sigma}")
-    keys, ts = _as_list(update)
-    out = [t + sigma * torch.randn(t.shape, generator=generator, dtype=t.dtype) if sigma > 0 else t.clone()
-           for t in ts]
+    out = [_finite_noise(t + sigma * torch.randn(t.shape, generator=generator, dtype=t.dtype), t, sigma)
+           if sigma > 0 else t.clone() for t in ts]
     return _pack(keys, out)
+
+
+def _finite_noise(noisy: torch.Tensor, clean: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``noisy``, after checking that the noise did not overflow ``clean``'s dtype (a finite update
+    must stay finite): raises ``ValueError`` naming ``sigma`` otherwise."""
+    if not bool(torch.isfinite(noisy).all()) and bool(torch.isfinite(clean).all()):
+        raise ValueError(f"sigma={sigma:g} is too large for {clean.dtype}: the noisy update overflows to inf "
+                         f"(use float64 or a smaller sigma)")
+    return noisy
 
 
 def prune_by_magnitude(update, fraction: float):
@@ -80,17 +94,63 @@ def clip_by_norm(update, clip_norm: float):
     return {k: v[0] for k, v in out.items()} if keys is not None else out[0]
 
 
+def _row_norms(flat: torch.Tensor):
+    """L2 norm of every row of ``flat`` ``[U, n]`` in its own precision, and where it overflows.
+
+    The plain ``flat.norm(dim=1)`` is kept wherever it is right, so ordinary inputs give bit for bit
+    the old result and gradient. A row whose norm came out ``0`` while it has non-zero entries (the
+    squares underflowed) gets ``m * ||row / m||`` with ``m`` its largest absolute entry. A row whose
+    norm came out ``inf`` (the squares overflowed) keeps ``inf`` here and is marked: the caller works
+    with ``row / m``, whose norm ``||row / m||`` lies in ``[1, sqrt(n)]``.
+
+    Returns ``(norms [U], overflow [U] bool or None, m [U])`` (``m`` is 1 outside the marked rows;
+    ``overflow`` is ``None`` when no row overflowed). Raises ``ValueError`` for NaN or infinite entries."""
+    norms = flat.norm(dim=1)
+    odd = ~torch.isfinite(norms) | (norms == 0)
+    if not bool(odd.any()):
+        return norms, None, None
+    rows = flat.detach()[odd]
+    if not bool(torch.isfinite(rows).all()):
+        raise ValueError("update must be finite (it has NaN or infinite entries)")
+    m = torch.ones_like(norms)
+    m[odd] = rows.abs().amax(1) if rows.shape[1] else 1.0
+    under = (norms == 0) & (m > 0) & odd
+    m = torch.where(m > 0, m, torch.ones_like(m)).detach()
+    if bool(under.any()):
+        norms = torch.where(under, (flat / m[:, None]).norm(dim=1) * m, norms)
+    over = torch.isinf(norms)
+    if not bool(over.any()):
+        return norms, None, torch.where(under, m, torch.ones_like(m))
+    return norms, over, torch.where(over, m, torch.ones_like(m))
+
+
 def clip_rows(update, clip_norm: float):
     """Per-row L2 clipping of a batched update: ``update`` is a tensor ``[U, ...]`` or a dict of
     tensors ``[U, ...]`` (row ``u`` of every tensor together is user ``u``'s update); each row is scaled
     by ``min(1, clip_norm / ||row||)``. Differentiable, so an attacker can put it inside a simulated
-    update (RAIFLE 4.1.1). Returns the same type. Raises ``ValueError`` unless ``clip_norm > 0``."""
-    if not clip_norm > 0:
-        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+    update (RAIFLE 4.1.1). Returns the same type.
+
+    The norms are taken in the update's precision without overflow or underflow (:func:`_row_norms`:
+    a row whose squares overflow, such as ``[2e19, 2e19]`` in float32, is clipped to norm
+    ``clip_norm``, not to zero). Raises ``ValueError`` unless ``clip_norm`` is positive and finite, or
+    for an update with NaN or infinite entries."""
+    if not (clip_norm > 0 and math.isfinite(clip_norm)):
+        raise ValueError(f"clip_norm must be positive and finite, got {clip_norm}")
     keys, ts = _as_list(update)
     flat = torch.cat([t.flatten(1) for t in ts], 1) if keys is not None else ts[0].reshape(ts[0].shape[0], -1)
-    factor = torch.clamp(clip_norm / (flat.norm(dim=1) + 1e-12), max=1.0)
-    return _pack(keys, [t * factor.reshape(-1, *([1] * (t.dim() - 1))) for t in ts])
+    if not flat.is_floating_point():
+        raise ValueError(f"update must be floating point, got {flat.dtype}")
+    norms, over, m = _row_norms(flat)
+    factor = torch.clamp(clip_norm / (norms + 1e-12), max=1.0)
+    if over is None:
+        return _pack(keys, [t * factor.reshape(-1, *([1] * (t.dim() - 1))) for t in ts])
+    # rows whose norm overflows the dtype: row * C / ||row|| = (row / m) * (C / ||row / m||)
+    base = (flat / m[:, None]).norm(dim=1)
+    shrink = over & (clip_norm < m.double() * base.double())     # False only when C exceeds the norm
+    div = torch.where(shrink, m, torch.ones_like(m))
+    factor = torch.where(shrink, clip_norm / base, torch.where(over, torch.ones_like(factor), factor))
+    shape = lambda t: (-1, *([1] * (t.dim() - 1)))                # noqa: E731
+    return _pack(keys, [(t / div.reshape(shape(t))) * factor.reshape(shape(t)) for t in ts])
 
 
 def prune_rows(update, fraction: float, *, mask: torch.Tensor | None = None):

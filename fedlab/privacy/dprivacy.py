@@ -145,14 +145,18 @@ def sample_euclidean_laplace(n: int, epsilon, size: int | None = None, *, rng=No
         Number of draws; ``None`` returns one vector ``[n]``, else ``[size, n]``.
     rng : numpy Generator or int seed; ``None`` uses :func:`fedlab.config.global_rng`
 
-    Raises ``ValueError`` on ``n < 1``, ``epsilon <= 0`` or an epsilon array whose length is not ``size``.
+    Raises ``ValueError`` on ``n < 1``, ``epsilon <= 0``, an epsilon array whose length is not ``size``,
+    a ``size`` that is not a positive integer, a ``dtype`` that is not floating point, or noise that
+    overflows ``dtype`` (an epsilon below about ``1e-38`` in float32).
     """
     n = _check_n(n)
     eps = _check_eps(epsilon)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating-point torch dtype (integer noise would be truncated), got {dtype}")
+    if size is not None and (isinstance(size, bool) or int(size) != size or size < 1):
+        raise ValueError(f"size must be a positive integer or None, got {size!r}")
     gen = _rng(rng)
     m = 1 if size is None else int(size)
-    if m < 1:
-        raise ValueError(f"size must be a positive integer or None, got {size}")
     if eps.ndim > 0 and eps.size not in (1, m):
         raise ValueError(f"epsilon has {eps.size} values but size is {m}")
     eps = np.broadcast_to(eps.reshape(-1) if eps.ndim else eps, (m,))
@@ -164,6 +168,9 @@ def sample_euclidean_laplace(n: int, epsilon, size: int | None = None, *, rng=No
     else:
         direction = stats.uniform_direction(n).rvs(size=m, random_state=gen).reshape(m, n)
     rho = torch.from_numpy(radius[:, None] * direction).to(dtype)
+    if not bool(torch.isfinite(rho).all()):
+        raise ValueError(f"epsilon too small for {dtype}: the noise overflows to inf (smallest epsilon "
+                         f"{float(eps.min()):g}; use float64 or a larger epsilon)")
     return rho[0] if size is None else rho
 
 
@@ -313,6 +320,20 @@ class SanitizedUpdate:
     grid: torch.Tensor | None = None
 
 
+def _vector_norm(v: torch.Tensor, *, keepdim: bool = False) -> torch.Tensor:
+    """``torch.linalg.vector_norm(v, dim=-1)``, except where its squares over- or underflow: a row
+    whose norm came out ``inf``, or ``0`` while it has non-zero entries, is recomputed as
+    ``m * ||v / m||`` with ``m`` its largest absolute entry (other rows are bit for bit unchanged)."""
+    norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    odd = torch.isinf(norm) | (norm == 0)
+    if bool(odd.any()):
+        m = v.abs().amax(-1, keepdim=True)
+        fix = odd & (m > 0) & torch.isfinite(m)
+        safe_m = torch.where(fix, m, torch.ones_like(m))
+        norm = torch.where(fix, torch.linalg.vector_norm(v / safe_m, dim=-1, keepdim=True) * safe_m, norm)
+    return norm if keepdim else norm.squeeze(-1)
+
+
 def _check_pair(theta_local, theta_global):
     theta_local = torch.as_tensor(theta_local)
     if not theta_local.is_floating_point():
@@ -380,7 +401,7 @@ def sanitize_update(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: f
     single = theta_local.ndim == 1
     tl = theta_local.reshape(-1, theta_local.shape[-1])
     n = tl.shape[-1]
-    norm = torch.linalg.vector_norm((tl - theta_global).double(), dim=-1)
+    norm = _vector_norm((tl - theta_global).double())
     eps = torch.where(norm > 0, n / (nu * norm), torch.full_like(norm, math.inf))
     leakage = torch.where(norm > 0, torch.full_like(norm, n / nu), torch.full_like(norm, math.inf))
     return _sanitized(tl, tl, eps, leakage, rng=rng, safe=safe, bound=bound, single=single)
@@ -395,7 +416,7 @@ def clip_update(theta_local: torch.Tensor, theta_global: torch.Tensor, radius: f
         raise ValueError(f"radius must be a finite number > 0, got {radius}")
     theta_local, theta_global = _check_pair(theta_local, theta_global)
     delta = (theta_local - theta_global).double()
-    norm = torch.linalg.vector_norm(delta, dim=-1, keepdim=True)
+    norm = _vector_norm(delta, keepdim=True)
     scale = torch.clamp(radius / torch.where(norm > 0, norm, torch.ones_like(norm)), max=1.0)
     return (theta_global.double() + delta * scale).to(theta_local.dtype)
 
@@ -450,7 +471,7 @@ def estimate_update_norm(released: torch.Tensor, theta_global: torch.Tensor, nu:
         raise ValueError(f"nu must be a finite number > 0, got {nu}")
     released, theta_global = _check_pair(released, theta_global)
     n = released.shape[-1]
-    dist = torch.linalg.vector_norm((released - theta_global).double(), dim=-1)
+    dist = _vector_norm((released - theta_global).double())
     return dist / math.sqrt(1 + nu**2 * (n + 1) / n)
 
 

@@ -56,13 +56,16 @@ def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1
     """The exact ``delta(epsilon)`` of the Gaussian mechanism (Balle & Wang 2018, Thm. 8):
     ``Phi(D/(2s) - e s/D) - exp(e) Phi(-D/(2s) - e s/D)`` with ``D = sensitivity``, ``s = sigma``.
     The second term is computed as ``exp(e + log Phi(...))``, so ``epsilon`` in the thousands does not
-    overflow. Raises ``ValueError`` for ``sigma`` or ``sensitivity`` not positive, ``epsilon < 0``."""
+    overflow. Raises ``ValueError`` for ``sigma`` or ``sensitivity`` not positive and finite,
+    ``epsilon`` negative or not finite."""
     if not sigma > 0:
         raise ValueError(f"sigma must be > 0, got {sigma}")
     if not sensitivity > 0:
         raise ValueError(f"sensitivity must be > 0, got {sensitivity}")
-    if not epsilon >= 0:
-        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    if not (epsilon >= 0 and math.isfinite(epsilon)):
+        raise ValueError(f"epsilon must be finite and >= 0, got {epsilon}")
+    if not math.isfinite(sigma) or not math.isfinite(sensitivity):
+        raise ValueError(f"sigma and sensitivity must be finite, got {sigma}, {sensitivity}")
     a, b = sensitivity / (2 * sigma), epsilon * sigma / sensitivity
     return float(norm.cdf(a - b) - math.exp(epsilon + norm.logcdf(-a - b)))
 
@@ -103,13 +106,20 @@ def ldp_gaussian(update: torch.Tensor, epsilon: float, delta: float, sensitivity
 
     ``update`` [U, ...] (row u = user u's whole tensor); ``mask`` [U, m] marks real item rows of a
     padded ``[U, m, d]`` update (padding stays 0: it is never sent). Returns a tensor of the same
-    shape. Raises ``ValueError`` on bad privacy parameters or a ``mask`` of the wrong shape.
+    shape. Raises ``ValueError`` on bad privacy parameters, a ``mask`` of the wrong shape, or an
+    ``epsilon`` so small that the noise overflows the update's dtype.
     """
     sigma = gaussian_sigma(epsilon, delta, sensitivity)
     if mask is not None and tuple(mask.shape) != tuple(update.shape[:mask.dim()]):
         raise ValueError(f"mask must have shape {tuple(update.shape[:mask.dim()])}, got {tuple(mask.shape)}")
     clipped = clip_rows(update, ldp_clip_norm(sensitivity))
-    noisy = gaussian_noise(clipped, sigma, generator=generator)
+    try:
+        noisy = gaussian_noise(clipped, sigma, generator=generator)
+    except ValueError as err:
+        if "overflows" not in str(err):
+            raise
+        raise ValueError(f"epsilon={epsilon} is too small for {update.dtype}: its noise sigma={sigma:g} "
+                         f"overflows (use float64 or a larger epsilon)") from None
     if mask is not None:
         noisy = noisy * mask.reshape(*mask.shape, *([1] * (update.dim() - mask.dim()))).to(noisy.dtype)
     return noisy

@@ -32,13 +32,21 @@ def _check(modulus_bits, frac_bits):
 
 def encode(x: torch.Tensor, *, frac_bits: int = FRAC_BITS, modulus_bits: int = MODULUS_BITS) -> torch.Tensor:
     """Fixed-point encoding ``round(x 2^frac_bits) mod 2^modulus_bits`` as int64 (any shape).
-    Raises ``ValueError`` if ``|x|`` is too large to decode unambiguously."""
+    Raises ``ValueError`` if ``x`` has NaN or infinite entries or ``|x|`` is too large to decode
+    unambiguously (``>= 2^(modulus_bits - frac_bits - 1)``)."""
+    return torch.remainder(_quantize(x, "x", frac_bits, modulus_bits), 2 ** modulus_bits)
+
+
+def _quantize(x: torch.Tensor, name: str, frac_bits: int, modulus_bits: int) -> torch.Tensor:
+    """``round(x 2^frac_bits)`` as signed int64, after the checks of :func:`encode`."""
     _check(modulus_bits, frac_bits)
+    x = torch.as_tensor(x)
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} must be finite (NaN or infinite entries cannot be encoded)")
     limit = 2.0 ** (modulus_bits - frac_bits - 1)
     if bool((x.abs() >= limit).any()):
-        raise ValueError(f"x: |x| must be < {limit} for frac_bits={frac_bits}, modulus_bits={modulus_bits}")
-    q = torch.round(x.double() * 2.0 ** frac_bits).to(torch.int64)
-    return torch.remainder(q, 2 ** modulus_bits)
+        raise ValueError(f"{name}: |x| must be < {limit} for frac_bits={frac_bits}, modulus_bits={modulus_bits}")
+    return torch.round(x.double() * 2.0 ** frac_bits).to(torch.int64)
 
 
 def decode(q: torch.Tensor, *, frac_bits: int = FRAC_BITS, modulus_bits: int = MODULUS_BITS) -> torch.Tensor:
@@ -70,18 +78,50 @@ def pairwise_masks(num_clients: int, dim: int, *, modulus_bits: int = MODULUS_BI
 def mask_updates(updates: torch.Tensor, *, frac_bits: int = FRAC_BITS, modulus_bits: int = MODULUS_BITS,
                  generator: torch.Generator | None = None) -> torch.Tensor:
     """What each client sends: ``encode(update) + mask mod 2^modulus_bits``. ``updates`` [G, P]
-    float -> ``[G, P]`` int64 (each row alone is uniform on the ring)."""
+    float -> ``[G, P]`` int64 (each row alone is uniform on the ring).
+
+    The server decodes the sum modulo ``2^modulus_bits``, so a sum outside the ring's signed range
+    would come back wrapped around (two updates of 20000 would sum to -25536 with the defaults). The
+    simulation sees every update, so it checks the sum of the encoded updates itself, coordinate by
+    coordinate, and raises ``ValueError`` naming ``updates`` when it would not decode exactly (as well
+    as for NaN or infinite entries, an entry too large for :func:`encode`, or more than
+    ``2^(63 - modulus_bits)`` clients, whose masked sum could overflow int64)."""
     if updates.dim() != 2:
         raise ValueError(f"updates must be [num_clients, dim], got {tuple(updates.shape)}")
+    _check_num_clients(updates.shape[0], modulus_bits, "updates")
+    q = _quantize(updates, "updates", frac_bits, modulus_bits)
+    total = q.sum(0)
+    half = 2 ** (modulus_bits - 1)
+    if bool(((total < -half) | (total >= half)).any()):
+        limit = half / 2.0 ** frac_bits
+        raise ValueError(f"updates: the sum over the {updates.shape[0]} clients must lie in [-{limit:g}, {limit:g}) "
+                         f"in every coordinate to decode without wrapping around (frac_bits={frac_bits}, "
+                         f"modulus_bits={modulus_bits}); got a coordinate summing to "
+                         f"{float(updates.double().sum(0).abs().max()):g}")
     masks = pairwise_masks(updates.shape[0], updates.shape[1], modulus_bits=modulus_bits, generator=generator)
-    return torch.remainder(encode(updates, frac_bits=frac_bits, modulus_bits=modulus_bits) + masks,
-                           2 ** modulus_bits)
+    return torch.remainder(torch.remainder(q, 2 ** modulus_bits) + masks, 2 ** modulus_bits)
+
+
+def _check_num_clients(num_clients: int, modulus_bits: int, name: str) -> None:
+    if num_clients > 2 ** (63 - modulus_bits):
+        raise ValueError(f"{name}: at most 2^{63 - modulus_bits} clients fit in int64 sums of a "
+                         f"2^{modulus_bits} ring, got {num_clients}")
 
 
 def unmask_sum(masked: torch.Tensor, *, frac_bits: int = FRAC_BITS, modulus_bits: int = MODULUS_BITS) -> torch.Tensor:
-    """The server's view: the sum of the masked updates (masks cancel) decoded to float64 ``[P]``."""
+    """The server's view: the sum of the masked updates (masks cancel) decoded to float64 ``[P]``.
+    Raises ``ValueError`` naming ``masked`` unless it is an integer ``[num_clients, dim]`` tensor with
+    entries in ``[0, 2^modulus_bits)`` (what :func:`mask_updates` sends). The server cannot tell a
+    wrapped-around sum from a true one: :func:`mask_updates` refuses updates whose sum would wrap."""
+    _check(modulus_bits, frac_bits)
     if masked.dim() != 2:
         raise ValueError(f"masked must be [num_clients, dim], got {tuple(masked.shape)}")
+    if masked.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise ValueError(f"masked must be an integer tensor (ring elements), got {masked.dtype}")
+    if bool(((masked < 0) | (masked >= 2 ** modulus_bits)).any()):
+        raise ValueError(f"masked must hold ring elements in [0, 2^{modulus_bits})")
+    _check_num_clients(masked.shape[0], modulus_bits, "masked")
+    masked = masked.to(torch.int64)
     return decode(masked.sum(0), frac_bits=frac_bits, modulus_bits=modulus_bits)
 
 
