@@ -420,17 +420,16 @@ def table1_markdown(tables: dict, paper=None, paper_table: dict | None = None) -
             stored = ("n/a" if paper is None else
                       f"{paper(f'{prefix}-last{E}', 1)} / {paper(f'{prefix}-dec{E}', 1)}")
             rows.append([label, E, f"{pt['last'][-1]:.1f} / {pt['decoded'][-1]:.1f}",
-                         mean_interval(100 * t1["last"][i].mean(1), 1),
-                         mean_interval(100 * t1["decoded"][i].mean(1), 1),
-                         100 * float(np.mean(t1["oracle"])), float(t1["dist_last"][i].mean()),
-                         float(t1["dist_decoded"][i].mean()), float(t1["flatness"][i].mean()),
-                         f"{float(t1['mapping_loss'][i].mean()):.3f} / {float(t1['heldout_loss'][i].mean()):.2f}", stored])
-    header = ["setting", "local steps", "paper: last / decoded", "ours: last returned", "ours: decoded",
-              "oracle $\\theta_c^*$", "distance, last", "distance, decoded", "flatness",
-              "mapping loss: fitted / held out",
-              "ours at paper scale: last / decoded (mean ± 95 % CI, n seeds)"]
-    return ("Mean train accuracy over the five clients (%); distances are "
-            "$\\lVert\\theta-\\theta_c^*\\rVert/\\lVert\\theta_c^*\\rVert$\n\n"
+                         mean_interval(100 * t1["last"][i].mean(1), 1) + " / "
+                         + mean_interval(100 * t1["decoded"][i].mean(1), 1),
+                         f"{100 * float(np.mean(t1['oracle'])):.1f}",
+                         f"{float(t1['dist_last'][i].mean()):.2f} / {float(t1['dist_decoded'][i].mean()):.2f}",
+                         float(t1["flatness"][i].mean()),
+                         f"{float(t1['mapping_loss'][i].mean()):.3f} / {float(t1['heldout_loss'][i].mean()):.3f}", stored])
+    header = ["setting", "$E$", "paper: last / dec.", "ours: last / dec.", "oracle", "distance: last / dec.",
+              "flatness", "map loss: fit / held out", "paper scale: last / dec. (mean ± 95 % CI, n)"]
+    return ("Mean train accuracy over the five clients (%), last returned / decoded; $E$ local steps; distances "
+            "are $\\lVert\\theta-\\theta_c^*\\rVert/\\lVert\\theta_c^*\\rVert$\n\n"
             + markdown_table(header, rows, digits=2))
 
 
@@ -595,5 +594,7 @@ def plot_adult_figure1(fig1: dict, num_phd: int = 3):
     axs[1].axhline(100 * fig1["majority"][phd].mean(), color="k", lw=1, label="majority class")
     axs[1].set(xscale="log", xlabel="batch size", ylabel="test accuracy (%)", title="(c) PhD clients' test data")
     for ax in axs:
+        ax.set_xticks(bs, [str(b) for b in bs])
+        ax.minorticks_off()
         ax.legend(fontsize=8)
     return axs
