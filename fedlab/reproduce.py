@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .config import progress_enabled
 from .metrics import t_interval
 
 __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "summarize", "t_interval",
@@ -555,11 +556,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         selected = resolve_chapters(args.chapter, chapters)
+        show = not args.no_progress and progress_enabled()       # validates FEDLAB_PROGRESS
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else root / "chapters" / "records"
-    show = not args.no_progress and os.environ.get("FEDLAB_PROGRESS", "1") not in ("0", "false", "no", "off")
     _, failures = reproduce(selected, scale=args.scale, seeds=args.seeds, jobs=args.jobs, out=out, root=root,
                             timeout=args.timeout, show_progress=show,
                             command="python -m fedlab " + " ".join(argv), force=args.force)

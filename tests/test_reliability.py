@@ -455,3 +455,32 @@ def test_offline_loaders_leave_a_missing_cache_uncreated(monkeypatch, tmp_path):
     with pytest.raises(OfflineError):
         load_letor("MSLR-WEB10K")
     assert not cache.exists()
+
+
+def test_real_or_synthetic_falls_back_on_any_data_error_with_one_line_and_lets_bugs_through():
+    from fedlab.data import ChecksumError, OfflineError, real_or_synthetic
+
+    said = []
+
+    def raising(exc):
+        def load():
+            raise exc
+        return load
+
+    for exc, word in ((OfflineError("absent"), "not in the local cache"), (ChecksumError("sha256 mismatch"), "ChecksumError"),
+                      (PermissionError("denied"), "PermissionError"), (ValueError("bad line 3"), "bad line 3")):
+        said.clear()
+        assert real_or_synthetic(raising(exc), lambda: "synthetic", name="MQ2007", echo=said.append) == "synthetic"
+        assert len(said) == 1 and word in said[0] and "MQ2007" in said[0]
+    said.clear()
+    assert real_or_synthetic(lambda: "real", lambda: "synthetic", echo=said.append) == "real" and len(said) == 1
+    with pytest.raises(TypeError):
+        real_or_synthetic(raising(TypeError("a bug")), lambda: "synthetic", echo=said.append)
+
+
+def test_reproduce_command_rejects_a_bad_fedlab_progress(monkeypatch, capsys):
+    from fedlab import reproduce
+
+    monkeypatch.setenv("FEDLAB_PROGRESS", "maybe")
+    assert reproduce.main(["reproduce", "04", "--seeds", "0", "--out", "/nonexistent-never-written"]) == 2
+    assert "FEDLAB_PROGRESS" in capsys.readouterr().err

@@ -32,9 +32,29 @@ __all__ = [
     "verify_sha256",
     "ChecksumError",
     "OfflineError",
+    "real_or_synthetic",
 ]
 
 VENDOR = Path(__file__).with_name("vendor")
+
+
+def real_or_synthetic(load_real, make_synthetic, *, name: str = "the real data", echo=print):
+    """The data a notebook runs on: ``load_real()`` when the real files are usable, else
+    ``make_synthetic()``, with one line (through ``echo``) saying which and why. Data we may not
+    redistribute (MovieLens, LETOR) is only read from the local cache, so the usual reason is
+    :class:`OfflineError` (not in the cache); a corrupt or unreadable cache (:class:`ChecksumError`,
+    ``OSError``, a ``ValueError`` from parsing) also falls back instead of stopping the book. Any other
+    exception is a bug and propagates. Returns what the chosen function returns."""
+    try:
+        data = load_real()
+    except OfflineError:
+        echo(f"{name} is not in the local cache: using the synthetic default")
+        return make_synthetic()
+    except (ChecksumError, OSError, ValueError) as err:
+        echo(f"{name} could not be used ({type(err).__name__}: {err}): using the synthetic default")
+        return make_synthetic()
+    echo(f"using {name} from the local cache")
+    return data
 
 
 def as_index(idx, n: int, name: str = "idx") -> torch.Tensor:
