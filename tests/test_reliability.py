@@ -484,3 +484,16 @@ def test_reproduce_command_rejects_a_bad_fedlab_progress(monkeypatch, capsys):
     monkeypatch.setenv("FEDLAB_PROGRESS", "maybe")
     assert reproduce.main(["reproduce", "04", "--seeds", "0", "--out", "/nonexistent-never-written"]) == 2
     assert "FEDLAB_PROGRESS" in capsys.readouterr().err
+
+
+def test_a_download_needs_a_known_hash_so_a_landing_page_never_enters_the_cache(tmp_path):
+    from fedlab.data.clustered import load_cms_inpatient
+    from fedlab.data.download import fetch
+
+    page = tmp_path / "landing.html"
+    page.write_text("<html>not the CSV</html>")
+    with pytest.raises(ValueError, match="sha256"):
+        fetch(page.as_uri(), "cms.csv", None, download=True, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache" / "cms.csv").exists()
+    with pytest.raises(ValueError, match="sha256"):
+        load_cms_inpatient(download=True)

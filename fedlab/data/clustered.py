@@ -213,7 +213,9 @@ def load_cms_inpatient(path: str | Path | None = None, *, zip_coords: dict | Non
     fedlab.data.download.OfflineError
         If the file is not cached and ``download`` is False.
     ValueError
-        If a required column is missing or no row matches ``conditions``.
+        If a required column is missing or no row matches ``conditions``, or ``download=True`` without
+        ``sha256``: CMS publishes no checksum for the file and :data:`CMS_URL` is a landing page, so a
+        download must be checked against a digest you computed for the CSV you chose.
     """
     if path is None:
         path = fetch(CMS_URL, CMS_FILENAME, sha256, download=download)

@@ -76,7 +76,9 @@ def fetch(
     filename : str
         Name of the file inside the cache directory.
     sha256 : str or None
-        Expected hex digest; the cached or downloaded file is verified against it.
+        Expected hex digest; the cached or downloaded file is verified against it. A download requires
+        it (``None`` raises ``ValueError`` naming ``sha256``); a file already in the cache is then only
+        checked if a digest is given.
     download : bool
         When ``False`` (default) a missing file raises :class:`OfflineError` instead of going online.
     cache_dir : path, optional
@@ -106,6 +108,10 @@ def fetch(
             f"{filename} is not in the cache ({root}). Place the file there yourself, or call the "
             f"loader with download=True to fetch it from {url}."
         )
+    if sha256 is None:
+        raise ValueError(f"sha256: downloading {filename} needs its known SHA-256 digest, so that a wrong file "
+                         f"(an error page, a truncated transfer) can never enter the cache; none is known for "
+                         f"{url}: download the file yourself, check it, and place it in {root}")
     ensure_cache_dir(root, name)
     try:
         fd, tmp_name = tempfile.mkstemp(dir=root, prefix=f".{filename}.", suffix=".part")
