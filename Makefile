@@ -10,7 +10,7 @@ STAMP   = $(VENV)/.installed-stamp
 # threads each on a 2-core machine run several times slower than one thread each (measured).
 RUNENV  = FEDLAB_PROGRESS=0 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 
-.PHONY: book test venv clean screenshots
+.PHONY: book test venv clean screenshots pdf
 
 venv: $(STAMP)
 
@@ -27,6 +27,12 @@ book: $(STAMP)
 
 test: $(STAMP)
 	$(RUNENV) FEDLAB_SCALE=$${FEDLAB_SCALE:-quick} $(PY) -m pytest tests/ chapters/ --nbval-lax --nbval-current-env -q
+
+# the whole book as one PDF (executes every notebook; needs XeLaTeX and latexmk, e.g. Debian's
+# texlive-latex-extra texlive-xetex texlive-fonts-extra fonts-freefont-otf latexmk xindy)
+pdf: $(STAMP)
+	$(RUNENV) FEDLAB_SCALE=$${FEDLAB_SCALE:-quick} $(VENV)/bin/jupyter-book build . --builder pdflatex
+	@echo "PDF: $(CURDIR)/_build/latex/fedlab-course.pdf"
 
 # headless Chromium over every built page (run `make book` first): one PNG per page in _build/screenshots/
 screenshots:

@@ -143,11 +143,17 @@ def sample_euclidean_laplace(n: int, epsilon, size: int | None = None, *, rng=No
         ``inf`` gives ``rho = 0``.
     size : int, optional
         Number of draws; ``None`` returns one vector ``[n]``, else ``[size, n]``.
-    rng : numpy Generator or int seed; ``None`` uses :func:`fedlab.config.global_rng`
+    rng : numpy Generator or int seed, optional
+        ``None`` uses :func:`fedlab.config.global_rng`.
+    dtype : torch floating-point dtype
+        Of the returned noise.
 
-    Raises ``ValueError`` on ``n < 1``, ``epsilon <= 0``, an epsilon array whose length is not ``size``,
-    a ``size`` that is not a positive integer, a ``dtype`` that is not floating point, or noise that
-    overflows ``dtype`` (an epsilon below about ``1e-38`` in float32).
+    Raises
+    ------
+    ValueError
+        On ``n < 1``, ``epsilon <= 0``, an epsilon array whose length is not ``size``, a ``size`` that is
+        not a positive integer, a ``dtype`` that is not floating point, or noise that overflows
+        ``dtype`` (an epsilon below about ``1e-38`` in float32).
     """
     n = _check_n(n)
     eps = _check_eps(epsilon)
