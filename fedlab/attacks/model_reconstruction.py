@@ -647,7 +647,9 @@ def logistic_local_optimum(X: torch.Tensor, y: torch.Tensor, *, weight_decay: fl
     Without it a linearly separable client (:func:`linearly_separable`) has no minimiser at all: the
     loss keeps falling as ``||theta||`` grows.
 
-    Damped Newton in float64 (backtracking on the objective), to gradient norm ``tol``. ``X``
+    Damped Newton in float64 (backtracking on the objective), to gradient norm ``tol`` or a Newton
+    decrement ``g^T H^{-1} g`` below ``1e-16`` (a suboptimality float64 cannot resolve in the objective;
+    large clients stall there just above ``tol``). ``X``
     ``[m, d_x]``, ``y`` ``[m]`` in {0, 1}. Returns ``[d_x + 1]`` (weights, then the bias, the order of
     :func:`fedlab.models.linear_model` flattened). Raises ``ValueError`` for ``weight_decay <= 0``, bad
     shapes, labels outside {0, 1}, non-finite inputs or no convergence in ``max_iter`` steps."""
@@ -673,7 +675,10 @@ def logistic_local_optimum(X: torch.Tensor, y: torch.Tensor, *, weight_decay: fl
             return theta
         H = (X1.T * (p * (1 - p))) @ X1 / len(y) + weight_decay * eye
         step, a, f0 = torch.linalg.solve(H, g), 1.0, objective(theta)
-        while objective(theta - a * step) > f0 - 1e-4 * a * float(g @ step) and a > 1e-12:
+        decrement = float(g @ step)          # Newton decrement squared: twice the remaining suboptimality
+        if decrement <= 1e-16:               # below what float64 resolves in the objective: done
+            return theta
+        while objective(theta - a * step) > f0 - 1e-4 * a * decrement and a > 1e-12:
             a /= 2
         theta = theta - a * step
     raise ValueError(f"Newton's method did not reach gradient norm {tol} in {max_iter} steps")
