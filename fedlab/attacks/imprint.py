@@ -189,7 +189,9 @@ def recover_from_imprint(grad_weight: torch.Tensor, grad_bias: torch.Tensor, *,
     the order of increasing cut-off (as :func:`imprint_layer` makes them). Bin ``i < k`` is recovered as
     ``(dW_i - dW_{i+1}) / (db_i - db_{i+1})``, the last as ``dW_k / db_k``. A bin is occupied when
     ``|db_i - db_{i+1}|`` exceeds ``rtol`` times ``max |db|`` (default ``1000 * eps`` of the dtype), so
-    empty bins (a zero difference up to rounding) yield no vector. ``weight`` and ``bias`` (the layer's
+    empty bins (a zero difference up to rounding) yield no vector; for an update ``theta_0 - theta_1``
+    instead of a gradient, the rounding of the parameters leaves about ``eps |theta|`` in empty bins,
+    so raise ``rtol`` (e.g. ``1e-8`` in float64). ``weight`` and ``bias`` (the layer's
     own parameters) are optional and only used for :attr:`ImprintRecovery.consistent` and ``edges``.
     """
     gW = torch.as_tensor(grad_weight)
