@@ -446,3 +446,15 @@ def test_logistic_local_optimum_converges_on_every_adult_client_of_every_seed_we
             X1 = torch.cat([c.X.double(), torch.ones(len(c.X), 1, dtype=torch.float64)], 1)
             g = X1.T @ (torch.sigmoid(X1 @ th) - c.y.double()) / len(c.y) + 0.01 * th
             assert float(g.norm()) < 1e-8
+
+
+def test_diabetes_split_and_hospital_net():
+    from fedlab.data.clustered import diabetes_clients
+
+    tr, va = ex5.diabetes_split(3)
+    clinics, _ = diabetes_clients(4, seed=3)
+    assert len(tr) == round(0.7 * len(clinics)) and len(tr) + len(va) == len(clinics)
+    assert torch.equal(tr[0].X, clinics[0].X) and torch.equal(va[-1].y, clinics[-1].y)
+    assert models.num_params(ex5.hospital_net(0)) == 11
+    with pytest.raises(ValueError, match="train_share"):
+        ex5.diabetes_split(0, train_share=1.0)

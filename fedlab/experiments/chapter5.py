@@ -24,7 +24,7 @@ from ..privacy import defenses
 from ..privacy import dprivacy as dp
 from .tables import markdown_table, mean_interval
 
-__all__ = ["rmse", "dist_to_optima", "private_ifca_runs", "private_distances", "convergence_counts",
+__all__ = ["hospital_net", "diabetes_split", "rmse", "dist_to_optima", "private_ifca_runs", "private_distances", "convergence_counts",
            "convergence_markdown", "plot_released",
            "server_view_panel", "LAPLACE_SETTINGS", "laplace_sampler_checks", "laplace_checks_markdown",
            "plot_laplace_samples", "output_privacy_loss", "loss_increase_draws", "plot_loss_increase", "model_hypotheses", "ifca_grid",
@@ -334,6 +334,28 @@ def model_hypotheses(make_model: Callable[[int], nn.Module], k: int, *, seed: in
     ``lambda s: models.mlp(3, (2,), 1, seed=s)``). Raises ``ValueError`` for ``k < 1``."""
     k = positive_int("k", k)
     return torch.stack([flatten_params(get_params(make_model(seed + j))) for j in range(k)])
+
+
+def hospital_net(seed: int | None = None) -> nn.Module:
+    """The tiny regression network of Galli et al. (2022, Sec. 4.2, their hospital-charge model): 3 inputs
+    -> 2 ReLU units -> 1 output, n = 11 parameters (:func:`fedlab.models.mlp`)."""
+    from ..models import mlp
+
+    return mlp(3, (2,), 1, seed=seed)
+
+
+def diabetes_split(seed: int = 0, *, patients_per_client: int = 4, train_share: float = 0.7):
+    """The clinics of :func:`fedlab.data.clustered.diabetes_clients` (order shuffled with ``seed``) split
+    into ``round(train_share * K)`` training clinics and the rest for validation, the paper's 70 / 30 split
+    of clients (Galli et al. 2022, Sec. 4.2). Returns ``(train, val)`` lists of datasets. Raises
+    ``ValueError`` for ``train_share`` outside (0, 1)."""
+    from ..data.clustered import diabetes_clients
+
+    if not 0 < train_share < 1:
+        raise ValueError(f"train_share must be in (0, 1), got {train_share}")
+    clinics, _ = diabetes_clients(patients_per_client, seed=seed)
+    n_train = round(train_share * len(clinics))
+    return clinics[:n_train], clinics[n_train:]
 
 
 def ifca_grid(make_model: Callable[[int], nn.Module], train_clients, val_clients, *,
