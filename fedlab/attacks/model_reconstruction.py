@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from .. import fl
-from ..models import flatten_params, flatten_stacked, linear_model, logistic_loss
+from ..models import flatten_params, linear_model, logistic_loss
 from ..models import squared_error as squared_loss
 from ..privacy.defenses import gaussian_noise
 
@@ -49,7 +49,6 @@ __all__ = [
     "minibatch_gradient_variance", "minibatch_local_sgd", "ols_error_curve", "Eavesdropper", "run_eavesdropped_fedavg", "MappingNet",
     "fit_mapping", "minimise_mapping", "HeuristicResult", "reconstruct_heuristic",
     "binary_accuracy", "relative_distances", "local_optimum",
-    "fit_local_logistic",
 ]
 
 
@@ -623,17 +622,6 @@ def relative_distances(thetas: torch.Tensor) -> torch.Tensor:
     (``[K, d]`` -> ``[K, K]``), as in Xu & Neglia (2021), Figure 1a."""
     diff = (thetas[:, None, :] - thetas[None, :, :]).norm(dim=-1)
     return diff / thetas.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-
-
-def fit_local_logistic(clients, *, num_epochs: int = 500, lr: float = 0.5) -> torch.Tensor:
-    """Each client's local optimum for binary logistic regression (full-batch GD, all clients in
-    one vmap via :func:`fedlab.fl.train_standalone`). Returns ``[K, d_x + 1]`` (float64)."""
-    d_x = clients[0].X.shape[1]
-    model = linear_model(d_x, bias=True, dtype=torch.float32, seed=0)
-    zero = {k: torch.zeros_like(v) for k, v in model.named_parameters()}
-    local, _ = fl.train_standalone(model, [(c.X.float(), c.y) for c in clients], num_epochs=num_epochs,
-                                   batch_size=None, lr=lr, params=zero, loss_fn=logistic_loss)
-    return flatten_stacked(local).double()
 
 
 # --------------------------------------------------------------------------------------------
