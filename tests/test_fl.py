@@ -178,3 +178,15 @@ def test_fedavg_learns_digits():
     res = fl.fedavg(net, clients, num_rounds=5, local_epochs=1, batch_size=20, lr=0.3,
                     eval_data=te, progress=False)
     assert res.history["accuracy"][0] < 0.3 < 0.85 < res.history["accuracy"][-1]
+
+
+def test_eval_data_may_be_a_pair_and_anything_else_names_the_argument():
+    import pytest
+    from fedlab import data, fl, models
+    d = data.load_digits()
+    model = models.mlp(64, [8], 10, seed=0)
+    params = dict(model.named_parameters())
+    by_pair = fl.eval_fn(model, (d.X, d.y))(params)
+    assert by_pair == fl.eval_fn(model, d)(params)
+    with pytest.raises(ValueError, match="eval_data"):
+        fl.eval_fn(model, d.X)

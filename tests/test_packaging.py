@@ -48,3 +48,13 @@ def test_dependencies_hold_what_the_library_imports_and_the_extras_match_their_u
     assert not any("jupyterlab" in r for r in extras["book"] + extras["test"])   # not needed to build or test
     assert any("jupyter-book" in r for r in extras["book"]) and any("nbval" in r for r in extras["test"])
     assert (ROOT / "LICENSE").read_text().count("CC BY 4.0") >= 1 and meta["license-files"] == ["LICENSE"]
+
+
+def test_ci_runs_the_readme_commands_and_the_fresh_install_check():
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in readme and "make book" in readme
+    lines = [line.strip() for line in ci.splitlines() if line.strip() and not line.startswith("#")]
+    assert "make test" in lines and "make book" in lines and "scripts/check_core_install.sh" in lines
+    script = (ROOT / "scripts" / "check_core_install.sh").read_text()
+    assert 'pip install --quiet "$ROOT"' in script and "IPython" in script and "epsilon_spent" in script

@@ -320,10 +320,17 @@ class FLResult:
 
 def eval_fn(model: nn.Module, eval_data, loss_fn: LossFn = cross_entropy):
     """``params -> {"accuracy", "loss"}`` on ``eval_data`` (for :func:`fedlab.fl.rounds.run_rounds`),
-    or ``None`` when ``eval_data`` is ``None``."""
+    or ``None`` when ``eval_data`` is ``None``. ``eval_data`` is a ``Dataset`` (anything with ``X`` and
+    ``y``) or an ``(X, y)`` pair; anything else raises a ``ValueError`` naming ``eval_data``."""
     if eval_data is None:
         return None
-    return lambda params: evaluate(model, params, eval_data.X, eval_data.y, loss_fn)
+    if hasattr(eval_data, "X") and hasattr(eval_data, "y"):
+        X, y = eval_data.X, eval_data.y
+    elif isinstance(eval_data, (tuple, list)) and len(eval_data) == 2:
+        X, y = eval_data
+    else:
+        raise ValueError(f"eval_data must be a Dataset or an (X, y) pair, got {type(eval_data).__name__}")
+    return lambda params: evaluate(model, params, X, y, loss_fn)
 
 
 def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float = 1.0,

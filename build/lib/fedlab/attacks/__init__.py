@@ -1,0 +1,1 @@
+"""Attacks on federated learning, one module per chapter topic (import the module you need)."""

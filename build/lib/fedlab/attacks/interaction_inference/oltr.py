@@ -1,0 +1,381 @@
+"""RAIFLE against federated online learning to rank, with active data manipulation (ADM).
+
+Pham, Kulkarni & Houmansadr (RAIFLE): the OLTR server serves the result lists, so it knows every
+displayed list ``X`` and the global ranker ``theta``; it receives a user's FPDGD update and searches
+for clicks ``I'`` whose simulated update matches it (Sec. 3.2, Algorithm 1). Implemented here,
+batched over users:
+
+* :func:`make_oltr_case` -- honest users: random rankers, ``Q`` queries of <= 10 displayed documents
+  each, cascade clicks, local FPDGD training (optionally on ADM-fingerprinted features);
+* :func:`raifle_oltr` / :func:`attack_oltr` -- RAIFLE with the normalised squared L2 loss
+  ``||g(X, theta, I') - update||^2 / ||update||^2`` and an L-BFGS per user (App. B.3), batched
+  (:func:`fedlab.optim.lbfgs_rows`), reusing :func:`fedlab.attacks.interaction_inference.recsys.raifle`;
+* :func:`feature_allocation`, :func:`adm_fingerprint` -- ADM by fingerprinting (Sec. 3.3, Fig. 3):
+  disjoint feature blocks per query, the rest zeroed (or filled with server-known Gaussian noise,
+  the noisy ADM of App. C.5);
+* :func:`sa_bypass_features`, :func:`sa_recover` -- bypassing secure aggregation (Sec. 3.4.2, Fig. 4);
+* :func:`pir_fingerprint`, :func:`pir_detect` -- bypassing PIR (Sec. 3.4.3);
+* :func:`dead_features`, :func:`flag_dead_features` -- the data-validation countermeasure of Sec. 5.1.
+
+The sweeps of Sec. 4 as chapter 3b runs them live in :mod:`fedlab.experiments.chapter3b`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ...fl.oltr import init_rankers, local_update, ranker_size, present, simulate_clicks
+from ...metrics import roc_auc_rows
+from ...privacy.defenses import clip_rows
+from .recsys import RaifleResult, raifle
+
+__all__ = ["OltrCase", "feature_allocation", "adm_fingerprint", "adm_weight_blocks", "make_oltr_case", "in_order",
+           "cat_cases",
+           "oltr_matching_loss", "raifle_oltr", "attack_oltr", "sa_bypass_features", "sa_recover",
+           "first_layer_mask", "pir_fingerprint", "pir_detect", "dead_features", "flag_dead_features"]
+
+
+@dataclass
+class OltrCase:
+    """One round of federated OLTR for ``U`` users, as the server sees it plus the ground truth.
+
+    ``theta0`` [U, P] the ranker each user starts from; ``X`` [U, Q, n, F] the features each user
+    trained on (display order; after ADM if any); ``mask`` [U, Q, n] real documents; ``I``
+    [U, Q, n] the private 0/1 clicks; ``relevance`` [U, Q, n]; ``update`` [U, P] what each user
+    sent; ``hidden``, ``lr`` the local algorithm; ``num_queries`` [U] real queries per user;
+    ``group`` [U] an integer label of the configuration each row belongs to; ``order`` [U, Q] the
+    order in which each user trained on its queries (row ``u`` lists positions of ``X[u]``; padding
+    last), which the server does not see.
+    """
+
+    theta0: torch.Tensor
+    X: torch.Tensor
+    mask: torch.Tensor
+    I: torch.Tensor
+    relevance: torch.Tensor
+    update: torch.Tensor
+    hidden: tuple
+    lr: float
+    num_queries: torch.Tensor
+    group: torch.Tensor
+    order: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.theta0.shape[0])
+
+    def subset(self, idx) -> "OltrCase":
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        return replace(self, theta0=self.theta0[idx], X=self.X[idx], mask=self.mask[idx], I=self.I[idx],
+                       relevance=self.relevance[idx], update=self.update[idx],
+                       num_queries=self.num_queries[idx], group=self.group[idx], order=self.order[idx])
+
+
+def feature_allocation(num_queries: torch.Tensor, max_queries: int, num_features: int) -> torch.Tensor:
+    """ADM's disjoint feature blocks (RAIFLE Sec. 3.3, Fig. 3): for a user with ``q`` queries,
+    feature ``j`` is allocated to query ``floor(j q / F)`` (contiguous, equal-as-possible blocks).
+    ``num_queries`` [U] int -> ``[U, max_queries, F]`` bool. Raises ``ValueError`` if a count is < 1,
+    exceeds ``max_queries`` or ``num_features``."""
+    nq = torch.as_tensor(num_queries, dtype=torch.long).reshape(-1)
+    if bool((nq < 1).any()) or bool((nq > max_queries).any()) or bool((nq > num_features).any()):
+        raise ValueError(f"num_queries must be in 1..min(max_queries, num_features), got {nq.tolist()}")
+    block = (torch.arange(num_features)[None, :] * nq[:, None]) // num_features       # [U, F]
+    return block[:, None, :] == torch.arange(max_queries)[None, :, None]
+
+
+def adm_fingerprint(X: torch.Tensor, mask: torch.Tensor, *, noise_std: float = 0.0,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """Active data manipulation by fingerprinting (RAIFLE Sec. 3.3-3.4.1, Fig. 3; App. C.5).
+
+    Each of a user's real queries keeps only its own block of features (:func:`feature_allocation`);
+    the other features are set to 0, or with ``noise_std > 0`` to ``N(0, noise_std^2)`` noise drawn
+    (and remembered) by the server. ``X`` [U, Q, n, F], ``mask`` [U, Q, n] -> same shape; padding
+    stays 0. Raises ``ValueError`` for ``noise_std < 0`` or mismatched shapes.
+    """
+    if noise_std < 0:
+        raise ValueError(f"noise_std must be >= 0, got {noise_std}")
+    if X.dim() != 4 or mask.shape != X.shape[:3]:
+        raise ValueError(f"X must be [U, Q, n, F] and mask [U, Q, n]; got {tuple(X.shape)}, {tuple(mask.shape)}")
+    nq = mask.any(2).sum(1)
+    alloc = feature_allocation(nq, X.shape[1], X.shape[3])[:, :, None, :]            # [U, Q, 1, F]
+    fill = torch.zeros_like(X) if noise_std == 0 else noise_std * torch.randn(X.shape, generator=generator)
+    return torch.where(alloc, X, fill) * mask[..., None]
+
+
+def adm_weight_blocks(theta: torch.Tensor, num_queries, num_features: int, hidden, *, span: int = 2) -> torch.Tensor:
+    """Parameter manipulation that RAIFLE's reference code adds to ADM for networks (its notebook
+    ``experiment_ltr.ipynb``, "Neural net Manipulation for multiple queries"; the paper mentions
+    manipulating "the item's training features and/or model parameters", Sec. 4.1.1, without
+    details): the first hidden layer's units are split into ``Q`` contiguous blocks of
+    ``hidden[0] // Q`` units (the remaining units are left alone), and unit block ``q`` keeps only
+    its weights from the features allocated to query ``q`` (:func:`feature_allocation`); its other
+    first-layer weights are set to 0. With ADM features, query ``q`` then activates only its own
+    units (and the left-over ones), so the queries also separate in the second layer. ``span``:
+    unit block ``q`` keeps the features of queries ``q, ..., q + span - 1`` (the reference's code
+    keeps ``q`` and ``q + 1``: ``span=2``; ``span=1`` isolates every query).
+
+    ``theta`` [U, P], ``num_queries`` [U] int -> [U, P]. Raises ``ValueError`` for a linear ranker
+    (``hidden=()``), a wrong ``theta`` width, a count outside ``1..hidden[0]`` or ``span < 1``."""
+    hidden = tuple(hidden)
+    if not hidden:
+        raise ValueError("hidden: weight blocks need a network (hidden=() is the linear ranker)")
+    H = hidden[0]
+    if theta.dim() != 2 or theta.shape[1] != ranker_size(num_features, hidden):
+        raise ValueError(f"theta must be [U, {ranker_size(num_features, hidden)}], got {tuple(theta.shape)}")
+    nq = torch.as_tensor(num_queries, dtype=torch.long).reshape(-1).expand(theta.shape[0])
+    if bool((nq < 1).any()) or bool((nq > H).any()):
+        raise ValueError(f"num_queries must be in 1..hidden[0]={H}, got {nq.tolist()}")
+    if span < 1:
+        raise ValueError(f"span must be >= 1, got {span}")
+    Qm = int(nq.max())
+    alloc = feature_allocation(nq, Qm, num_features)                                  # [U, Qm, F]
+    for j in range(1, span):                                                          # blocks q .. q+span-1
+        alloc = alloc | torch.cat([alloc[:, j:], torch.zeros_like(alloc[:, :j])], 1)
+    unit_block = torch.arange(H)[None, :] // (H // nq)[:, None]                      # [U, H]
+    owned = unit_block < nq[:, None]                                                  # units with a block
+    keep_feat = alloc.gather(1, unit_block.clamp(max=Qm - 1)[:, :, None].expand(-1, -1, num_features))  # [U, H, F]
+    keep = keep_feat | ~owned[:, :, None]                                             # [U, H, F]
+    first = keep.transpose(1, 2).reshape(theta.shape[0], num_features * H)           # layout [F, H] row-major
+    out = theta.clone()
+    out[:, :num_features * H] = theta[:, :num_features * H] * first.to(theta.dtype)
+    return out
+
+
+def make_oltr_case(data, num_users: int, num_queries: int, hidden=(), *, click_model: str = "navigational",
+                   adm: bool = False, noise_std: float = 0.0, adm_weights: bool = False,
+                   max_queries: int | None = None, k: int = 10, lr: float = 0.1, init: str = "uniform",
+                   shuffle_queries: bool = True, group: int = 0, theta0: torch.Tensor | None = None,
+                   manipulate=None, seed: int = 0) -> OltrCase:
+    """Simulate one honest round for ``num_users`` users (RAIFLE Sec. 4.1.1).
+
+    Each user gets its own random ranker (:func:`fedlab.fl.oltr.init_rankers` with ``init``) and
+    ``num_queries`` distinct queries of ``data`` (:class:`fedlab.data.letor.LTRData`); for each
+    query the server displays ``k`` documents sampled from the user's ranker (Plackett-Luce), the
+    user clicks by the cascade ``click_model`` and trains with :func:`fedlab.fl.oltr.local_update`.
+    With ``shuffle_queries`` (RAIFLE's code: ``random.sample`` of the user's lists) the user trains
+    on its queries in a random order of its own, which the server does not learn (``X``, ``I``,
+    ``mask`` stay in the server's display order, the order is kept in ``order``); otherwise in
+    display order. With ``adm`` the server fingerprints the training features first
+    (:func:`adm_fingerprint`, ``noise_std``); ``adm_weights`` also zeroes first-layer weight blocks
+    of each user's network (:func:`adm_weight_blocks`, RAIFLE's reference code).
+    Queries are padded to ``max_queries`` (default ``num_queries``) so cases with different ``Q``
+    can be concatenated (:func:`cat_cases`). ``theta0`` [P] gives every user the same (global)
+    ranker instead; ``manipulate(X, mask) -> X`` is any other server-side manipulation of the
+    training features (e.g. :func:`sa_bypass_features`), applied after ADM. The order and the ADM
+    noise are drawn after the lists and clicks, so switching them does not change the users.
+
+    Raises ``ValueError`` for ``num_users < 1``, ``num_queries`` outside ``1..len(data)``,
+    ``max_queries < num_queries``, an unknown click model or ``init``, or ``adm_weights`` with a
+    linear ranker.
+    """
+    if num_users < 1:
+        raise ValueError(f"num_users must be >= 1, got {num_users}")
+    usable = torch.nonzero(data.mask.sum(1) >= 2).flatten()
+    if not 1 <= num_queries <= len(usable):
+        raise ValueError(f"num_queries must be in 1..{len(usable)}, got {num_queries}")
+    Qm = num_queries if max_queries is None else max_queries
+    if Qm < num_queries:
+        raise ValueError(f"max_queries must be >= num_queries, got {max_queries} < {num_queries}")
+    if adm_weights and not tuple(hidden):
+        raise ValueError("adm_weights: weight blocks need a network (hidden=() is the linear ranker)")
+    gen = torch.Generator().manual_seed(seed)
+    F = data.num_features
+    theta0 = (init_rankers(num_users, F, hidden, init=init, generator=gen) if theta0 is None
+              else theta0.reshape(1, -1).expand(num_users, -1).clone())
+    if adm_weights:
+        theta0 = adm_weight_blocks(theta0, torch.full((num_users,), num_queries), F, hidden)
+    q = usable[torch.rand(num_users, len(usable), generator=gen).argsort(1)[:, :num_queries]]   # [U, Q]
+    th = theta0.repeat_interleave(num_queries, 0)
+    qf = q.reshape(-1)
+    idx, shown = present(th, data.X[qf], data.mask[qf], hidden, k=k, generator=gen)
+    X = data.X[qf[:, None], idx] * shown[..., None]
+    rel = data.relevance[qf[:, None], idx] * shown
+    clicks = simulate_clicks(rel, shown, click_model, num_grades=data.num_grades, generator=gen)
+    pad = Qm - num_queries
+
+    def shape(t, *tail):
+        t = t.reshape(num_users, num_queries, *t.shape[1:])
+        return torch.cat([t, torch.zeros(num_users, pad, *t.shape[2:], dtype=t.dtype)], 1) if pad else t
+
+    X, rel, mask, I = shape(X), shape(rel), shape(shown), shape(clicks)
+    if adm:
+        X = adm_fingerprint(X, mask, noise_std=noise_std, generator=gen)
+    if manipulate is not None:
+        X = manipulate(X, mask)
+    order = torch.arange(Qm).expand(num_users, -1).clone()
+    if shuffle_queries:
+        order[:, :num_queries] = torch.rand(num_users, num_queries, generator=gen).argsort(1)
+    with torch.no_grad():
+        update = local_update(theta0, *in_order(order, X, I, mask), hidden, lr=lr)
+    return OltrCase(theta0, X, mask, I, rel, update, tuple(hidden), lr,
+                    torch.full((num_users,), num_queries), torch.full((num_users,), group), order)
+
+
+def in_order(order: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Each user's queries in its training order: ``order`` [U, Q] (positions along dim 1), every
+    tensor ``[U, Q, ...]`` -> the same shapes, ``t[u, order[u]]``. Raises ``ValueError`` on a shape
+    mismatch."""
+    out = []
+    for t in tensors:
+        if t.shape[:2] != order.shape:
+            raise ValueError(f"order must have shape {tuple(t.shape[:2])}, got {tuple(order.shape)}")
+        out.append(t.gather(1, order.reshape(*order.shape, *([1] * (t.dim() - 2))).expand_as(t)))
+    return out
+
+
+def cat_cases(cases) -> OltrCase:
+    """Concatenate cases with the same ranker, ``lr``, ``max_queries`` and list length."""
+    c0 = cases[0]
+    if any(c.hidden != c0.hidden or c.lr != c0.lr or c.X.shape[1:] != c0.X.shape[1:] for c in cases):
+        raise ValueError("cases must share hidden, lr and the shape [Q, n, F]")
+    cat = lambda name: torch.cat([getattr(c, name) for c in cases])
+    return OltrCase(cat("theta0"), cat("X"), cat("mask"), cat("I"), cat("relevance"), cat("update"),
+                    c0.hidden, c0.lr, cat("num_queries"), cat("group"), cat("order"))
+
+
+def oltr_matching_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """RAIFLE's L2 loss, normalised per user: ``||pred - target||^2 / ||target||^2`` ([B, P] -> [B])."""
+    return ((pred - target) ** 2).sum(1) / ((target ** 2).sum(1) + 1e-20)
+
+
+def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm: float | None = None,
+                coords: torch.Tensor | None = None, known_order: bool = False, **kwargs) -> RaifleResult:
+    """RAIFLE (Algorithm 1) on FPDGD for every user of ``case`` in one batched L-BFGS problem.
+
+    ``update`` [U, P] replaces ``case.update`` (e.g. after LDP noise or SA recovery); ``clip_norm``: the
+    users' clipping norm, reproduced in the simulated ``g``; ``coords`` [P] bool: match only these
+    parameters (e.g. what :func:`sa_recover` can isolate for a network). The server simulates the
+    user's training in display order, since it does not know the order the user trained in
+    (``case.order``); ``known_order=True`` hands it that order (an oracle, to measure what not
+    knowing it costs). Keywords go to
+    :func:`fedlab.attacks.interaction_inference.recsys.raifle` (``max_iter``, ``num_restarts``, ``seed``, ``user_ids``...): one L-BFGS per user run as a batch,
+    with per-user random starts, so that each user is attacked as if alone (RAIFLE attacks users one
+    by one) whatever else shares the batch.
+    ``scores`` of the result are ``[U, Q n]`` (query-major). Raises ``ValueError`` if ``update``
+    has the wrong shape.
+    """
+    if clip_norm is not None and not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+    target = case.update if update is None else update
+    if target.shape != case.update.shape:
+        raise ValueError(f"update must be {tuple(case.update.shape)}, got {tuple(target.shape)}")
+    U, Q, n, _ = case.X.shape
+
+    def loss_fn(I, E, rows):
+        X, Ir, mask = case.X[rows], I.reshape(-1, Q, n), case.mask[rows]
+        if known_order:
+            X, Ir, mask = in_order(case.order[rows], X, Ir, mask)
+        pred = local_update(case.theta0[rows], X, Ir, mask, case.hidden, lr=case.lr)
+        if clip_norm is not None:
+            pred = clip_rows(pred, clip_norm)
+        if coords is not None:
+            return oltr_matching_loss(pred[:, coords], target[rows][:, coords])
+        return oltr_matching_loss(pred, target[rows])
+
+    return raifle(loss_fn, U, Q * n, **kwargs)
+
+
+def attack_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm: float | None = None,
+                coords: torch.Tensor | None = None, known_order: bool = False, **kwargs) -> torch.Tensor:
+    """Per-user AUC ``[U]`` of :func:`raifle_oltr`'s reconstruction over the user's real documents."""
+    res = raifle_oltr(case, update, clip_norm=clip_norm, coords=coords, known_order=known_order, **kwargs)
+    U = len(case)
+    return roc_auc_rows(case.I.reshape(U, -1), res.scores, case.mask.reshape(U, -1))
+
+
+# ------------------------------------------------------------------------------------- SA bypass
+
+def sa_bypass_features(X: torch.Tensor, target: int, D: torch.Tensor) -> torch.Tensor:
+    """Secure-aggregation bypass by ADM (RAIFLE Sec. 3.4.2, Fig. 4): the ``target`` user keeps only
+    the features in ``D``, every other user only the features outside ``D``.
+    ``X`` [G, ..., F], ``D`` [F] bool -> same shape as ``X``. Raises ``ValueError`` for a bad
+    ``target`` or ``D`` shape."""
+    if not 0 <= target < X.shape[0]:
+        raise ValueError(f"target must be in 0..{X.shape[0] - 1}, got {target}")
+    if D.shape != (X.shape[-1],) or D.dtype != torch.bool:
+        raise ValueError(f"D must be a bool tensor of shape ({X.shape[-1]},)")
+    keep = (~D).expand(X.shape[0], -1).clone()
+    keep[target] = D
+    return X * keep.reshape(X.shape[0], *([1] * (X.dim() - 2)), X.shape[-1]).to(X.dtype)
+
+
+def first_layer_mask(D: torch.Tensor, hidden=()) -> torch.Tensor:
+    """Which parameters touch the features ``D`` directly: the weights ``D`` (linear ranker) or
+    the rows ``D`` of the first weight matrix (network). ``D`` [F] bool -> ``[P]`` bool."""
+    F = D.shape[0]
+    P = ranker_size(F, hidden)
+    out = torch.zeros(P, dtype=torch.bool)
+    width = hidden[0] if len(hidden) else 1
+    out[:F * width] = D[:, None].expand(F, width).reshape(-1)
+    return out
+
+
+def sa_recover(aggregate: torch.Tensor, D: torch.Tensor, hidden=()) -> torch.Tensor:
+    """The target's share of a securely aggregated sum after :func:`sa_bypass_features`: the
+    coordinates of :func:`first_layer_mask` (every other user's update is exactly 0 there), the
+    rest set to 0. For the linear ranker this is the target's whole update. ``aggregate`` [P] -> [P]."""
+    m = first_layer_mask(D, hidden)
+    if aggregate.shape != m.shape:
+        raise ValueError(f"aggregate must have shape {tuple(m.shape)}, got {tuple(aggregate.shape)}")
+    return aggregate * m.to(aggregate.dtype)
+
+
+# ------------------------------------------------------------------------------------ PIR bypass
+
+def pir_fingerprint(X: torch.Tensor, mask: torch.Tensor, item: torch.Tensor, feature: int, *,
+                    value: float = 1.0) -> torch.Tensor:
+    """PIR bypass by fingerprinting (RAIFLE Sec. 3.4.3): feature ``feature`` is set to ``value`` for
+    the item of interest and to 0 for every other item. ``X`` [U, m, F] (each user's candidate
+    pool), ``mask`` [U, m], ``item`` [U] position of the item of interest -> same shape as ``X``.
+    Raises ``ValueError`` for ``feature`` out of range or ``value == 0``."""
+    if not 0 <= feature < X.shape[-1]:
+        raise ValueError(f"feature must be in 0..{X.shape[-1] - 1}, got {feature}")
+    if value == 0:
+        raise ValueError("value must be non-zero")
+    X = X.clone()
+    X[..., feature] = 0.0
+    X[torch.arange(X.shape[0]), item, feature] = value
+    return X * mask[..., None]
+
+
+def pir_detect(update: torch.Tensor, feature: int, num_features: int, hidden=(), *,
+               tol: float = 0.0) -> torch.Tensor:
+    """Did the user train on the fingerprinted item? ``True`` where the parameters attached to
+    ``feature`` moved by more than ``tol`` (any non-zero change without noise). ``update`` [U, P]
+    -> ``[U]`` bool. Raises ``ValueError`` for ``feature`` outside ``0..num_features-1`` or
+    ``tol < 0``."""
+    if not 0 <= feature < num_features:
+        raise ValueError(f"feature must be in 0..{num_features - 1}, got {feature}")
+    if tol < 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
+    D = torch.zeros(num_features, dtype=torch.bool)
+    D[feature] = True
+    m = first_layer_mask(D, hidden)
+    if update.shape[-1] != m.shape[0]:
+        raise ValueError(f"update must have {m.shape[0]} parameters, got {update.shape[-1]}")
+    return update[:, m].abs().amax(1) > tol
+
+
+# ----------------------------------------------------------------------- countermeasure (Sec. 5.1)
+
+def dead_features(X: torch.Tensor, mask: torch.Tensor, *, tol: float = 0.0) -> torch.Tensor:
+    """Dead features of every displayed list: ``max_i |x_ij| <= tol`` over the list's real items.
+    ``X`` [..., n, F], ``mask`` [..., n] -> ``[..., F]`` bool (all False for an empty list)."""
+    if mask.shape != X.shape[:-1]:
+        raise ValueError(f"mask must have shape {tuple(X.shape[:-1])}, got {tuple(mask.shape)}")
+    if tol < 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
+    mag = (X.abs() * mask[..., None]).amax(-2)
+    return (mag <= tol) & mask.any(-1)[..., None]
+
+
+def flag_dead_features(X: torch.Tensor, mask: torch.Tensor, *, max_dead_fraction: float = 0.2,
+                       tol: float = 0.0) -> torch.Tensor:
+    """Client-side data validation (RAIFLE Sec. 5.1): refuse a round if any of its lists has more
+    than ``max_dead_fraction`` of its features dead (:func:`dead_features`). ``X`` [U, Q, n, F],
+    ``mask`` [U, Q, n] -> ``[U]`` bool (True = suspicious). Raises ``ValueError`` unless
+    ``0 <= max_dead_fraction < 1``."""
+    if not 0.0 <= max_dead_fraction < 1.0:
+        raise ValueError(f"max_dead_fraction must be in [0, 1), got {max_dead_fraction}")
+    frac = dead_features(X, mask, tol=tol).float().mean(-1)                           # [U, Q]
+    return (frac > max_dead_fraction).any(-1)

@@ -1,0 +1,405 @@
+"""RAIFLE: reconstruction of user interactions in interaction-based FL (Pham, Kulkarni & Houmansadr).
+
+The server knows the items ``X`` it showed a user, the global model ``theta`` and the local algorithm
+``g``; it receives the user's update and searches for interactions ``I'`` whose simulated update
+``g(X, theta, I')`` matches it (RAIFLE Sec. 3.2, eq. 5). Implemented here:
+
+* :func:`raifle` -- Algorithm 1 / Algorithm 2 for a batch of users: interactions parameterised as
+  ``sigmoid(z)`` with ``z ~ U(-1, 1)`` (App. B.3), optional joint estimation of the private user
+  embedding (Algorithm 2, App. B.2), an L-BFGS per user run as one batch (App. B.3;
+  :func:`fedlab.optim.lbfgs_rows`), termination by an evaluation budget and a loss-change
+  threshold, random restarts keeping each user's best, and per-user random draws
+  (:func:`user_generator`), so that a user's result does not depend on its batch.
+* :func:`raifle_fcf`, :func:`raifle_fncf` -- the recommender instances of Table 3 (estimate the user
+  embedding or not; include the model-parameter update in the loss or not).
+* :func:`matching_loss` -- the RS loss of Sec. 4.1.1: mean L2 distance between matching rows of the
+  item-embedding updates (+ squared error on the model-parameter update).
+* :func:`analytic_fcf_attack` -- a one-shot attack on FCF: the update ``(I - X e) e^T`` has rank one,
+  so an SVD gives the direction of ``e``; the sign comes from "negatives outnumber positives"
+  and the scale from the gap between the two clusters; then ``I`` follows exactly.
+* :func:`pointwise_l2_update`, :func:`closed_form_interactions`, :func:`attack_hessian` -- App. A:
+  for a pointwise squared loss ``g`` is linear in ``I'``, the attack is convex (Thm. 1), unique iff
+  the Jacobian has rank ``m`` (Thm. 2) and then solved in closed form (eq. 12).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ...fl.recsys.interactions import fcf_item_updates, fncf_backprop, fncf_first_layer, fncf_updates
+from ...optim import lbfgs_rows
+from ...privacy.defenses import clip_rows
+
+__all__ = ["RaifleResult", "user_generator", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf",
+           "analytic_fcf_attack", "pointwise_l2_update", "closed_form_interactions", "attack_hessian"]
+
+
+@dataclass
+class RaifleResult:
+    """Output of :func:`raifle` for ``U`` users.
+
+    ``scores`` [U, m]: the optimised logits ``z`` (the reconstruction is ``sigmoid(z)``; higher =
+    more likely interacted, used for the AUC); ``user_emb`` [U, d] or None (Algorithm 2's estimate);
+    ``loss`` [U]: the best final matching loss per user; ``iterations``: function evaluations used.
+    """
+
+    scores: torch.Tensor
+    user_emb: torch.Tensor | None
+    loss: torch.Tensor
+    iterations: int
+
+    @property
+    def interactions(self) -> torch.Tensor:
+        return torch.sigmoid(self.scores)
+
+
+def user_generator(seed: int, user: int, stream: int) -> torch.Generator:
+    """A ``torch.Generator`` for one user's random draws: seeded from ``(seed, user, stream)`` by
+    NumPy's ``SeedSequence``, so a user's draws depend on its id and the run's seed only, never on
+    which other users share its batch or how long the batch's padded item lists are."""
+    state = np.random.SeedSequence([int(seed), int(user), int(stream)]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)
+
+
+def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None = None,
+           num_restarts: int = 1, max_iter: int = 100, tol: float = 1e-9, history_size: int = 20,
+           seed: int = 0, user_ids: torch.Tensor | None = None, emb_init_std: float = 1.0,
+           antithetic: bool = True) -> RaifleResult:
+    """RAIFLE, Algorithm 1 (``dim=None``) or Algorithm 2 (``dim=d``), batched over users.
+
+    ``loss_fn(I, E, rows) -> [k]`` returns the matching loss of each of ``k`` candidate rows: ``I``
+    [k, m] in (0, 1), ``E`` [k, d] (or None), ``rows`` [k] the user (``0..num_users-1``) each
+    candidate belongs to (of the ``B = num_restarts * num_users`` candidates, ``b`` is restart
+    ``b // num_users`` of user ``b % num_users``); row ``i`` of the result must depend on row ``i``
+    of the inputs only. Initialisation (App. B.3): ``z ~ U(-1, 1)``, ``I = sigmoid(z)``; ``E ~ N(0,
+    emb_init_std^2)``, each restart from its own draw (the paper's random restarts), or with
+    ``antithetic=True`` (default; our addition, not in the paper) in antithetic pairs: restart
+    ``2k+1`` starts from ``-E`` of restart ``2k``, so both basins of the sign symmetry ``e -> -e``
+    of FCF are always explored.
+    Each user's draws come from :func:`user_generator` with its id (``user_ids`` [num_users],
+    default ``0..num_users-1``). Every candidate runs its own L-BFGS
+    (:func:`fedlab.optim.lbfgs_rows`: own curvature memory, own Armijo line search, a budget of
+    ``max_iter`` evaluations, stopping when its loss changes by less than ``tol``), so a user's
+    result does not depend on the users it is batched with (``tests/test_interaction_inference.py``
+    checks this). Each user keeps its best restart.
+
+    Raises ``ValueError`` for non-positive sizes, ``num_restarts < 1``, ``max_iter < 1`` or
+    ``user_ids`` of the wrong length.
+    """
+    if num_users < 1 or num_items < 1:
+        raise ValueError(f"num_users and num_items must be >= 1, got {num_users}, {num_items}")
+    if num_restarts < 1:
+        raise ValueError(f"num_restarts must be >= 1, got {num_restarts}")
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    ids = torch.arange(num_users) if user_ids is None else torch.as_tensor(user_ids).flatten()
+    if len(ids) != num_users:
+        raise ValueError(f"user_ids must hold num_users={num_users} ids, got {len(ids)}")
+    B = num_restarts * num_users
+    rows = torch.arange(B) % num_users
+    z = torch.empty(num_restarts, num_users, num_items)
+    E = None if dim is None else torch.empty(num_restarts, num_users, dim)
+    for u, uid in enumerate(ids.tolist()):
+        for r in range(num_restarts):
+            z[r, u] = torch.rand(num_items, generator=user_generator(seed, uid, 2 * r)) * 2 - 1
+            if E is not None:
+                if antithetic:
+                    pair = r - r % 2
+                    e = emb_init_std * torch.randn(dim, generator=user_generator(seed, uid, 2 * pair + 1))
+                    E[r, u] = e if r % 2 == 0 else -e
+                else:
+                    E[r, u] = emb_init_std * torch.randn(dim, generator=user_generator(seed, uid, 2 * r + 1))
+    x0 = z.reshape(B, num_items) if E is None else torch.cat([z.reshape(B, num_items), E.reshape(B, dim)], 1)
+
+    def rows_loss(x, idx):
+        Ex = None if E is None else x[:, num_items:]
+        return loss_fn(torch.sigmoid(x[:, :num_items]), Ex, rows[idx])
+
+    x, _, evals = lbfgs_rows(rows_loss, x0, max_iter=max_iter, history_size=history_size, tol=tol)
+    zx, Ex = x[:, :num_items], None if E is None else x[:, num_items:]
+    with torch.no_grad():
+        final = loss_fn(torch.sigmoid(zx), Ex, rows).reshape(num_restarts, num_users)
+        best = final.argmin(0)                                    # [U]
+        pick = best * num_users + torch.arange(num_users)
+        return RaifleResult(zx[pick], None if Ex is None else Ex[pick], final.min(0).values, evals)
+
+
+def matching_loss(pred_items, target_items, mask, pred_params=None, target_params=None,
+                  *, params_weight: float = 1.0, squared: bool = False):
+    """RAIFLE's RS matching loss (Sec. 4.1.1), one value per user.
+
+    Items: mean over the user's real items of ``||pred_i - target_i||_2``, divided by the mean row
+    norm of the target so every user's loss has the same scale (the paper rescales FNCF the same
+    way). Params (optional, "use model params"): ``||pred - target||^2 / ||target||^2`` over all
+    parameter tensors. Shapes: items ``[B, m, d]``, ``mask`` [B, m]; params dicts of ``[B, ...]``.
+    """
+    w = mask.to(pred_items.dtype)
+    loss = _items_distance(((pred_items - target_items) ** 2).sum(-1), target_items.norm(dim=-1), w, squared)
+    if pred_params is not None:
+        loss = loss + _params_distance(pred_params, target_params, params_weight)
+    return loss
+
+
+def _items_distance(sq, target_norm, w, squared: bool):
+    """The item part of :func:`matching_loss` from the squared row distances ``sq`` [B, m] and the
+    target row norms [B, m]; ``w`` [B, m] 0/1 real items."""
+    if squared:
+        dist, scale = sq * w, (target_norm ** 2 * w).sum(1) / w.sum(1) + 1e-12
+    else:
+        dist, scale = torch.sqrt(sq + 1e-12) * w, (target_norm * w).sum(1) / w.sum(1) + 1e-12
+    return dist.sum(1) / w.sum(1) / scale
+
+
+def _params_distance(pred_params, target_params, params_weight: float = 1.0):
+    num = sum(((pred_params[k] - target_params[k]) ** 2).flatten(1).sum(1) for k in target_params)
+    den = sum((target_params[k] ** 2).flatten(1).sum(1) for k in target_params) + 1e-12
+    return params_weight * num / den
+
+
+def _guess_embeddings(num_users: int, dim: int, seed: int, user_ids) -> torch.Tensor:
+    """Algorithm 1's stand-in for the unknown embeddings: ``N(0, I)`` per user from its own generator."""
+    ids = torch.arange(num_users) if user_ids is None else torch.as_tensor(user_ids).flatten()
+    return torch.stack([torch.randn(dim, generator=user_generator(seed, u, -1 % 2**31)) for u in ids.tolist()])
+
+
+def _restarts(rows, num_users: int) -> int:
+    """``R`` when ``rows`` is every user once per restart (``0..U-1`` repeated ``R`` times), else 0."""
+    k = rows.numel()
+    return k // num_users if k % num_users == 0 and torch.equal(rows, torch.arange(num_users).repeat(k // num_users)) else 0
+
+
+def _rows_matvec(T, rows, v):
+    """``T[rows] @ v`` per row: ``T`` [U, m, d], ``rows`` [k] user indices, ``v`` [k, d] -> [k, m].
+    When ``rows`` is every user once per restart (``0..U-1`` repeated, the usual case while all
+    candidates are running) ``T`` is broadcast over the restarts instead of gathered."""
+    R = _restarts(rows, T.shape[0])
+    if R:
+        return torch.einsum("umd,rud->rum", T, v.reshape(R, T.shape[0], -1)).reshape(rows.numel(), -1)
+    return torch.einsum("kmd,kd->km", T[rows], v)
+
+
+def _rows_tmatmul(T, rows, a):
+    """``a^T @ T[rows]`` per row: ``T`` [U, m, d], ``a`` [k, m, h] -> [k, h, d], broadcasting ``T`` over
+    the restarts as :func:`_rows_matvec` does."""
+    R = _restarts(rows, T.shape[0])
+    if R:
+        return torch.einsum("rumh,umd->ruhd", a.reshape(R, T.shape[0], *a.shape[1:]), T).reshape(rows.numel(), a.shape[2], -1)
+    return a.transpose(1, 2) @ T[rows]
+
+
+def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=None,
+               alpha: float = 0.0, user_lr: float = 1.0, clip_norm: float | None = None, squared: bool = False,
+               **kwargs) -> RaifleResult:
+    """RAIFLE on FCF (Table 3, rows "FCF"). ``X`` [U, m, d] the users' items, ``updates`` [U, m, d]
+    their (possibly noised/pruned) item updates, ``mask`` [U, m].
+
+    ``estimate_embedding=True``: Algorithm 2 (joint estimate of ``e_u``); ``False``: Algorithm 1
+    with the server's guess ``guess_emb`` [U, d] (default: an N(0, 1) draw per user,
+    :func:`user_generator`) standing in for the unknown private embedding. ``alpha``, ``user_lr``: the
+    simulated user's FCF confidence weight and learning rate (the model attacked, not the attack's
+    optimiser). ``clip_norm``: the users' clipping norm, reproduced inside the simulated ``g``.
+    Other keywords go to :func:`raifle` (``seed``, ``user_ids``, ``max_iter``, ...).
+    """
+    U, m, d = X.shape
+    if updates.shape != X.shape or mask.shape != (U, m):
+        raise ValueError(f"updates must be {tuple(X.shape)} and mask {(U, m)}, got "
+                         f"{tuple(updates.shape)}, {tuple(mask.shape)}")
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    if not estimate_embedding and guess_emb is None:
+        guess_emb = _guess_embeddings(U, d, kwargs.get("seed", 0), kwargs.get("user_ids"))
+
+    w = mask.to(X.dtype)
+    G = updates.double()
+    G_sq = (G ** 2).sum(-1)                                       # [U, m] float64
+    target_norm = updates.norm(dim=-1)
+
+    def loss_fn(I, E, rows):
+        # the simulated update is rho_i e (fcf_item_updates; rank one), so each row's squared distance
+        # ||rho_i e - G_i||^2 = rho_i^2 ||e||^2 - 2 rho_i G_i.e + ||G_i||^2 needs G e and X e, never an
+        # [m, d] prediction; float64 keeps the cancellation near a perfect match far below the loss
+        Eu = E if estimate_embedding else guess_emb[rows]
+        wr = w[rows]
+        rho = user_lr * (1.0 + alpha * I) * (I - _rows_matvec(X, rows, Eu)) * wr
+        e64 = Eu.double()
+        e_sq = (e64 ** 2).sum(1, keepdim=True)
+        rho = rho.double()
+        if clip_norm is not None:                                  # clip_rows on the [m, d] update
+            norm = torch.sqrt((rho ** 2).sum(1, keepdim=True) * e_sq)
+            rho = rho * torch.clamp(clip_norm / (norm + 1e-12), max=1.0)
+        sq = rho ** 2 * e_sq - 2 * rho * _rows_matvec(G, rows, e64) + G_sq[rows]
+        return _items_distance(sq.clamp_min(0).to(X.dtype), target_norm[rows], wr, squared)
+
+    return raifle(loss_fn, U, m, dim=d if estimate_embedding else None, **kwargs)
+
+
+def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, guess_emb, use_model_params,
+                         user_lr, items_clip_norm, params_clip_norm, squared):
+    """:func:`matching_loss` of a simulated one-step FNCF update, computed in the row space of the
+    first layer's item weights. The item update of item ``i`` is ``-lr W1x^T delta_i`` with
+    ``delta_i`` in ``R^h1`` (:func:`fedlab.fl.recsys.interactions.fncf_backprop`), so it lies in the
+    ``h1``-dimensional span of ``W1x^T = Q R``; splitting the target ``T_i`` into its coordinates
+    ``Q^T T_i`` and the rest gives ``||dX_i - T_i||^2 = ||-lr R delta_i - Q^T T_i||^2 + ||T_i - Q Q^T
+    T_i||^2`` exactly. The server computes ``X W1x^T``, ``Q^T T_i`` and the remainders once, so an
+    evaluation touches ``[k, m, h1]`` tensors instead of ``[k, m, d]`` ones (h1 = 16, d = 64)."""
+    d = X.shape[2]
+    W1e, W1x, layers = fncf_first_layer(model, theta, d)
+    Q, R = torch.linalg.qr(W1x.T)                                 # W1x^T [d, h1] = Q [d, h1] R [h1, h1]
+    w = mask.to(X.dtype)
+    XW = X @ W1x.T                                                # [U, m, h1]
+    coords = item_updates @ Q                                     # [U, m, h1]
+    rest = ((item_updates - coords @ Q.T) ** 2).sum(-1)           # [U, m]
+    target_norm = item_updates.norm(dim=-1)
+
+    def loss_fn(I, E, rows):
+        Eu = E if guess_emb is None else guess_emb[rows]
+        delta, _, grads = fncf_backprop(layers, theta, XW[rows], Eu, I, w[rows],
+                                        X=(lambda dl: _rows_tmatmul(X, rows, dl)) if use_model_params else None)
+        pred = -user_lr * (delta @ R.T)                           # coordinates of dX_i in the basis Q
+        if items_clip_norm is not None:
+            pred = clip_rows(pred, items_clip_norm)               # ||dX|| = ||pred||: Q is orthonormal
+        loss = _items_distance(((pred - coords[rows]) ** 2).sum(-1) + rest[rows], target_norm[rows], w[rows], squared)
+        if use_model_params:
+            dT = {k: -user_lr * g for k, g in grads.items()}
+            if params_clip_norm is not None:
+                dT = clip_rows(dT, params_clip_norm)
+            loss = loss + _params_distance(dT, {k: v[rows] for k, v in param_updates.items()})
+        return loss
+
+    return loss_fn
+
+
+def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_embedding: bool = True,
+                use_model_params: bool = False, guess_emb=None, user_lr: float = 1.0, local_steps: int = 1,
+                items_clip_norm: float | None = None, params_clip_norm: float | None = None,
+                squared: bool = False, **kwargs) -> RaifleResult:
+    """RAIFLE on FNCF (Table 3, rows "FNCF"). ``X`` [U, m, d], ``item_updates`` [U, m, d],
+    ``param_updates`` {name: [U, ...]}, ``mask`` [U, m]; ``model, theta`` from
+    :func:`fedlab.fl.recsys.interactions.fncf_init`; ``user_lr, local_steps`` the simulated users'
+    local training (the model attacked, not the attack's optimiser); ``items_clip_norm``,
+    ``params_clip_norm``: the users' clipping, reproduced inside the simulation.
+
+    ``use_model_params`` adds the parameter-update term to the loss; ``estimate_embedding`` switches
+    between Algorithms 2 and 1 as in :func:`raifle_fcf`.
+    """
+    U, m, d = X.shape
+    if item_updates.shape != X.shape or mask.shape != (U, m):
+        raise ValueError(f"item_updates must be {tuple(X.shape)} and mask {(U, m)}")
+    if not estimate_embedding and guess_emb is None:
+        guess_emb = _guess_embeddings(U, d, kwargs.get("seed", 0), kwargs.get("user_ids"))
+
+    if local_steps == 1:
+        loss_fn = _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask,
+                                       guess_emb=None if estimate_embedding else guess_emb,
+                                       use_model_params=use_model_params, user_lr=user_lr,
+                                       items_clip_norm=items_clip_norm, params_clip_norm=params_clip_norm,
+                                       squared=squared)
+        return raifle(loss_fn, U, m, dim=d if estimate_embedding else None, **kwargs)
+
+    def loss_fn(I, E, rows):
+        Eu = E if estimate_embedding else guess_emb[rows]
+        dX, dT, _ = fncf_updates(model, theta, X[rows], Eu, I, mask[rows], lr=user_lr,
+                                 local_steps=local_steps, create_graph=True)
+        if items_clip_norm is not None:
+            dX = clip_rows(dX, items_clip_norm)
+        if use_model_params:
+            if params_clip_norm is not None:
+                dT = clip_rows(dT, params_clip_norm)
+            return matching_loss(dX, item_updates[rows], mask[rows], dT,
+                                 {k: v[rows] for k, v in param_updates.items()}, squared=squared)
+        return matching_loss(dX, item_updates[rows], mask[rows], squared=squared)
+
+    return raifle(loss_fn, U, m, dim=d if estimate_embedding else None, **kwargs)
+
+
+# ------------------------------------------------------------------------------- analytic FCF attack
+
+def analytic_fcf_attack(updates, X, mask, *, lr: float = 1.0):
+    """One-shot reconstruction of FCF interactions and user embeddings (no optimisation).
+
+    Each user's update is ``lr (I - X e) e^T`` (``alpha = 0``): rank one, every row a multiple of
+    ``e``. With the top singular triple ``(s, u, v)``, ``e = a v`` for an unknown scalar ``a`` and
+    ``s u / lr = a I - a^2 X v``. Removing the known direction ``Xv`` leaves ``a`` times the
+    projected interactions: the scores separate into a large cluster (the negatives, which
+    outnumber the positives 4:1) and a small one; the sign of ``a`` makes the small cluster the
+    high one (the rule "negatives outnumber positives"); with those 0/1 labels, ``s u`` is linear
+    in ``(a, -a^2)``, least squares gives ``a``, and then ``I = s u / (lr a) + a X v`` exactly.
+
+    Shapes: ``updates``, ``X`` [U, m, d], ``mask`` [U, m]. Returns ``(scores [U, m],
+    interactions [U, m], user_emb [U, d])``; ``scores`` rank the items (higher = interacted).
+    Raises ``ValueError`` on mismatched shapes.
+    """
+    if updates.shape != X.shape or mask.shape != updates.shape[:2]:
+        raise ValueError(f"updates and X must both be [U, m, d] and mask [U, m]; got "
+                         f"{tuple(updates.shape)}, {tuple(X.shape)}, {tuple(mask.shape)}")
+    w = mask.to(updates.dtype)
+    G = (updates / lr) * w[..., None]
+    Xm = X * w[..., None]
+    Uu, S, Vh = torch.linalg.svd(G, full_matrices=False)
+    su = Uu[:, :, 0] * S[:, :1]                                     # [U, m]  = a I - a^2 X v
+    v = Vh[:, 0, :]                                                 # [U, d]
+    xv = torch.einsum("umd,ud->um", Xm, v)
+    q = xv / (xv.norm(dim=1, keepdim=True) + 1e-12)
+    proj = su - (su * q).sum(1, keepdim=True) * q                   # a * (I - (I.q) q)
+    scores = torch.empty_like(proj)
+    a_hat = torch.empty(proj.shape[0])
+    for_users = range(proj.shape[0])
+    for r in for_users:                                             # cheap 1-D work per user
+        p = proj[r][mask[r]]
+        sign = 1.0 if p.mean() >= p.median() else -1.0       # the minority lies on the mean's side
+        s = sign * p
+        # two clusters: the majority (negatives) low, the minority (positives) high
+        thr = (s.median() + s.max()) / 2
+        labels = (s > thr).to(s.dtype)
+        # with the labels known, s u = a I - a^2 X v is linear in (a, -a^2): least squares for a
+        A = torch.stack([labels, xv[r][mask[r]]], 1)
+        coef = torch.linalg.lstsq(A, su[r][mask[r]][:, None]).solution
+        a_hat[r] = coef[0, 0] if labels.sum() > 0 else sign * s.std()
+        scores[r] = sign * proj[r]
+    interactions = su / a_hat[:, None] + a_hat[:, None] * xv
+    user_emb = a_hat[:, None] * v
+    return scores * w, interactions * w, user_emb
+
+
+# -------------------------------------------------------------------- App. A: closed form, convexity
+
+def pointwise_l2_update(jac, f0, interactions):
+    """The local update of a pointwise squared loss (RAIFLE App. A.2, eq. 8):
+    ``g(I) = grad_theta ||I - f(X, theta)||^2 = -2 J^T (I - f0)`` with ``J = d f / d theta``.
+
+    ``jac`` [m, p], ``f0`` [m] (the model's outputs), ``interactions`` [m] -> ``[p]``. Linear in
+    the interactions, so ``d^2 g / dI^2 = 0`` (eq. 10).
+    """
+    if jac.dim() != 2 or f0.shape != (jac.shape[0],) or interactions.shape != f0.shape:
+        raise ValueError(f"expected jac [m,p], f0 [m], interactions [m]; got {tuple(jac.shape)}, "
+                         f"{tuple(f0.shape)}, {tuple(interactions.shape)}")
+    return -2.0 * jac.T @ (interactions - f0)
+
+
+def closed_form_interactions(jac, f0, theta_hat):
+    """RAIFLE's closed-form solution (App. A.2, eq. 12):
+    ``I' = f0 - 1/2 (J J^T)^{-1} J theta_hat``, valid iff ``rank(J) = m`` (so ``m <= p``).
+
+    ``jac`` [m, p], ``f0`` [m], ``theta_hat`` [p] -> ``[m]``. Raises ``ValueError`` if ``J J^T`` is
+    singular (rank < m), the case where Theorem 2 says the optimum is not unique.
+    """
+    m, p = jac.shape
+    rank = int(torch.linalg.matrix_rank(jac))
+    if rank < m:
+        raise ValueError(f"rank(J) = {rank} < m = {m}: J J^T is singular and the attack has no "
+                         "unique optimum (RAIFLE Thm. 2)")
+    return f0 - 0.5 * torch.linalg.solve(jac @ jac.T, jac @ theta_hat)
+
+
+def attack_hessian(jac):
+    """Hessian of ``||theta_hat - g(I)||^2`` w.r.t. ``I`` for the pointwise-L2 ``g`` (App. A.1,
+    eq. 7): ``2 (dg/dI)^T (dg/dI) = 8 J J^T``, ``[m, m]``; positive semi-definite (Thm. 1),
+    definite iff ``rank(J) = m`` (Thm. 2)."""
+    return 8.0 * jac @ jac.T
+
+
+# ------------------------------------------------------------------------ experiment driver (Table 3)

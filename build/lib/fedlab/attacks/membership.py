@@ -1,0 +1,291 @@
+"""Membership inference against federated learning (Nasr, Shokri & Houmansadr 2019; Shokri's CS5562
+lecture, "Membership information leakage" to "Gradient ascent attack").
+
+Threat model: the attacker is the parameter server (a *global* attacker) or one participant (a
+*local* attacker). Both see the model at *every* round, not only at the end. A **passive** attacker
+only reads what crosses the network; an **active** one changes what it sends (the gradient-ascent
+attack) and watches how the target reacts.
+
+Signals (computed for many records and many snapshots at once with ``torch.func.vmap``):
+
+* the per-record loss ``l(theta_t; x, y)``; members of the training set have lower loss;
+* the L2 norm of the per-record gradient of the loss w.r.t. the *last layer* (Nasr et al. 2019,
+  Fig. "gradient norms of the last layer"); members have smaller gradients.
+
+Shapes: ``X`` is ``[n, ...]``, ``y`` is ``[n]``; a signal matrix is ``[T, n]`` (rounds x records).
+A membership *score* is ``[n]``, higher meaning "more likely a member".
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from .. import fl
+from ..metrics import roc_auc
+from ..privacy.defenses import global_norm
+
+__all__ = [
+    "last_layer_names", "per_example_loss", "per_example_grad_norm", "stack_snapshots",
+    "snapshot_signals", "SnapshotRecorder", "membership_score", "attack_auc", "attack_accuracy",
+    "client_signals", "attack_model_auc", "gradient_ascent", "active_attack_rounds",
+]
+
+
+def last_layer_names(params: dict) -> list[str]:
+    """Names of the parameters of the last module (e.g. ``["2.weight", "2.bias"]`` of an MLP)."""
+    if not params:
+        raise ValueError("params must not be empty")
+    last = list(params)[-1]
+    prefix = last.rsplit(".", 1)[0] if "." in last else ""
+    return [k for k in params if (k.rsplit(".", 1)[0] if "." in k else "") == prefix]
+
+
+def _check_xy(X, y):
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f"X and y must have the same length, got {X.shape[0]} and {y.shape[0]}")
+    if X.shape[0] == 0:
+        raise ValueError("X must hold at least one record")
+
+
+@torch.no_grad()
+def per_example_loss(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor,
+                     loss_fn=fl.cross_entropy) -> torch.Tensor:
+    """Per-record loss ``l(theta; x_i, y_i)``, shape ``[n]``."""
+    _check_xy(X, y)
+    return loss_fn(functional_call(model, params, (X,)), y)
+
+
+def per_example_grad_norm(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor,
+                          names: Sequence[str] | None = None, loss_fn=fl.cross_entropy) -> torch.Tensor:
+    """L2 norm of each record's loss gradient w.r.t. the parameters ``names`` (default: the last
+    layer, :func:`last_layer_names`), as in Nasr et al. (2019, Sec. IV, white-box gradient
+    features), :func:`fedlab.privacy.defenses.global_norm` of each record's gradient. Returns ``[n]``;
+    one ``vmap`` over records, no loop."""
+    _check_xy(X, y)
+    names = list(names) if names is not None else last_layer_names(params)
+    missing = [k for k in names if k not in params]
+    if missing:
+        raise ValueError(f"names not in params: {missing}")
+    frozen = {k: v for k, v in params.items() if k not in names}
+
+    def loss_one(sub, x, t):
+        out = functional_call(model, {**frozen, **sub}, (x.unsqueeze(0),))
+        return loss_fn(out, t.unsqueeze(0)).sum()
+
+    g = vmap(grad(loss_one), in_dims=(None, 0, 0))({k: params[k] for k in names}, X, y)
+    return vmap(global_norm)(g).detach()
+
+
+def stack_snapshots(snapshots: Sequence[dict]) -> dict:
+    """Stack a list of ``T`` parameter dicts into one dict ``{name: [T, ...]}``."""
+    if len(snapshots) == 0:
+        raise ValueError("snapshots must not be empty")
+    return {k: torch.stack([s[k].detach() for s in snapshots]) for k in snapshots[0]}
+
+
+def snapshot_signals(model: nn.Module, snapshots, X: torch.Tensor, y: torch.Tensor, *,
+                     signal: str = "loss", loss_fn=fl.cross_entropy) -> torch.Tensor:
+    """The membership signal of every record under every snapshot: ``[T, n]``.
+
+    ``snapshots``: a list of ``T`` parameter dicts or a stacked dict ``{name: [T, ...]}``.
+    ``signal``: ``"loss"`` or ``"grad_norm"`` (last-layer gradient norm). Vectorised over snapshots.
+    """
+    if signal not in ("loss", "grad_norm"):
+        raise ValueError(f"signal must be 'loss' or 'grad_norm', got {signal!r}")
+    stacked = snapshots if isinstance(snapshots, dict) else stack_snapshots(snapshots)
+    if signal == "loss":
+        return vmap(lambda p: per_example_loss(model, p, X, y, loss_fn))(stacked)
+    names = last_layer_names(stacked)
+    return vmap(lambda p: per_example_grad_norm(model, p, X, y, names, loss_fn))(stacked)
+
+
+class SnapshotRecorder:
+    """A ``callback`` for :func:`fedlab.fl.fedavg` that keeps what an honest-but-curious server
+    sees each round: the aggregated (released) model and every returned local model.
+
+    Attributes: ``rounds``; ``global_models`` (list of dicts, the model released after round ``t``);
+    ``client_models`` (list of stacked dicts ``{name: [m, ...]}``) and ``selected`` (list of index
+    arrays). :meth:`client_history` gives one client's models over the rounds it took part in.
+    """
+
+    def __init__(self):
+        self.rounds: list[int] = []
+        self.global_models: list[dict] = []
+        self.client_models: list[dict] = []
+        self.selected: list[np.ndarray] = []
+
+    def __call__(self, rec: fl.RoundRecord) -> None:
+        self.rounds.append(rec.round)
+        self.global_models.append({k: v.detach().clone() for k, v in
+                                   fl.weighted_average(rec.client_params, rec.weights).items()})
+        self.client_models.append({k: v.detach().clone() for k, v in rec.client_params.items()})
+        self.selected.append(np.asarray(rec.selected))
+
+    def client_history(self, k: int) -> dict:
+        """Stacked ``{name: [T_k, ...]}`` of the models client ``k`` returned (rounds it was selected)."""
+        rows = [(cm, int(np.flatnonzero(sel == k)[0])) for cm, sel in zip(self.client_models, self.selected)
+                if (sel == k).any()]
+        if not rows:
+            raise ValueError(f"client {k} was never selected")
+        return {name: torch.stack([cm[name][i] for cm, i in rows]) for name in rows[0][0]}
+
+
+def membership_score(signals: torch.Tensor, window: int = 1) -> torch.Tensor:
+    """Passive score from a ``[T, n]`` signal matrix: minus the mean over the last ``window``
+    rounds (lower loss / gradient norm means "member"). Returns ``[n]``.
+
+    Raises ``ValueError`` if ``window`` is not in ``1..T``.
+    """
+    if signals.ndim != 2:
+        raise ValueError(f"signals must be [T, n], got shape {tuple(signals.shape)}")
+    if not 1 <= window <= signals.shape[0]:
+        raise ValueError(f"window must be in 1..{signals.shape[0]}, got {window}")
+    return -signals[-window:].mean(0)
+
+
+def attack_auc(signals: torch.Tensor, is_member, window: int = 1) -> float:
+    """ROC AUC (:func:`fedlab.metrics.roc_auc`) of :func:`membership_score` for labels ``is_member``
+    (``[n]``, 1 = member). ``signals``: ``[T, n]`` (one observer), or ``[K, T, n]``: the mean over the
+    ``K`` clients of each client's AUC on its own candidates (the signals of
+    :func:`client_signals`). Raises ``ValueError`` for another shape."""
+    if signals.ndim == 3:
+        return float(np.mean([attack_auc(s, is_member, window) for s in signals]))
+    if signals.ndim != 2:
+        raise ValueError(f"signals must be [T, n] or [K, T, n], got shape {tuple(signals.shape)}")
+    return roc_auc(np.asarray(is_member), membership_score(signals, window).numpy())
+
+
+def attack_accuracy(is_member, scores) -> float:
+    """Best balanced accuracy ``max_tau (TPR + TNR) / 2`` of a threshold on ``scores`` (the
+    "attack accuracy" of Nasr et al. 2019, who evaluate on equally many members and non-members)."""
+    from ..metrics import roc_curve
+
+    fpr, tpr = roc_curve(np.asarray(is_member), np.asarray(scores))
+    return float(np.max((tpr + 1.0 - fpr) / 2.0))
+
+
+def client_signals(model: nn.Module, recorder: SnapshotRecorder, X: torch.Tensor, y: torch.Tensor, *,
+                   signal: str = "loss", loss_fn=fl.cross_entropy) -> torch.Tensor:
+    """Signals of each client's own candidate records under the models that client returned, as the
+    server sees them (every client must have taken part in every recorded round, ``client_fraction=1``).
+
+    ``X``: ``[K, r, ...]`` (client ``k``'s candidates: its members and as many non-members),
+    ``y``: ``[K, r]``. Returns ``[K, T, r]``; one vmap over clients and rounds.
+    """
+    sel = np.stack(recorder.selected) if recorder.selected else None
+    if sel is None or sel.shape[1] != X.shape[0] or not (sel == np.arange(X.shape[0])).all():
+        raise ValueError("every one of the K clients of X must be selected in every recorded round")
+    if y.shape[:2] != X.shape[:2]:
+        raise ValueError(f"X and y must agree on [K, r], got {tuple(X.shape[:2])} and {tuple(y.shape[:2])}")
+    hist = {k: torch.stack([cm[k] for cm in recorder.client_models], dim=1)
+            for k in recorder.client_models[0]}                                   # [K, T, ...]
+    return vmap(lambda h, Xk, yk: snapshot_signals(model, h, Xk, yk, signal=signal, loss_fn=loss_fn))(hist, X, y)
+
+
+def attack_model_auc(features, is_member, *, train_fraction: float = 0.5, seed: int = 0) -> dict:
+    """Nasr et al. (2019)'s learned attack, simplified: the adversary knows the membership of a
+    ``train_fraction`` of the records (stratified), trains a classifier on their signal histories
+    ``features`` (``[n, F]``, e.g. losses and gradient norms at the observed rounds, concatenated),
+    and scores the rest. The paper uses a neural network; we use a standardised logistic
+    regression (scikit-learn). Returns ``{"auc", "accuracy"}`` on the held-out records.
+    """
+    if not 0.0 < train_fraction < 1.0:
+        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import train_test_split
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    F = np.asarray(features, dtype=np.float64)
+    lab = np.asarray(is_member).astype(int)
+    if F.ndim != 2 or F.shape[0] != lab.shape[0]:
+        raise ValueError(f"features must be [n, F] with n = len(is_member), got {F.shape}")
+    tr, te = train_test_split(np.arange(len(lab)), train_size=train_fraction, random_state=seed,
+                              stratify=lab)
+    clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+    clf.fit(F[tr], lab[tr])
+    s = clf.decision_function(F[te])
+    return {"auc": roc_auc(lab[te], s), "accuracy": attack_accuracy(lab[te], s)}
+
+
+def gradient_ascent(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, *,
+                    ascent_lr: float, ascent_steps: int = 1, loss_fn=fl.cross_entropy) -> dict:
+    """The adversary's model update of the gradient-ascent attack (Nasr et al. 2019, Sec. V-B):
+    ``theta <- theta + ascent_lr * grad_theta mean_i l(theta; x_i, y_i)`` over the target records,
+    ``ascent_steps`` times. It *raises* the loss on the targets; a client that trains on a target pulls
+    it back down. ``ascent_lr = 0`` returns a copy (the passive attacker)."""
+    if not ascent_lr >= 0:
+        raise ValueError(f"ascent_lr must be >= 0, got {ascent_lr}")
+    _check_xy(X, y)
+    p = {k: v.detach().clone() for k, v in params.items()}
+    if ascent_lr == 0:
+        return p
+
+    def mean_loss(q):
+        return loss_fn(functional_call(model, q, (X,)), y).mean()
+
+    g = grad(mean_loss)
+    for _ in range(int(ascent_steps)):
+        gr = g(p)
+        p = {k: p[k] + ascent_lr * gr[k] for k in p}
+    return p
+
+
+def active_attack_rounds(model: nn.Module, clients: fl.ClientData, params: dict, X_target: torch.Tensor,
+                         y_target: torch.Tensor, *, target: int, num_rounds: int, ascent_lr: float,
+                         attacker: str = "server", isolate: bool = False, attacker_index: int | None = None,
+                         lr: float = 0.1, local_epochs: int = 1, batch_size: int | None = 10,
+                         seed: int = 0, loss_fn=fl.cross_entropy) -> torch.Tensor:
+    """Run ``num_rounds`` FedAvg rounds (all clients, McMahan et al. 2017) during which an attacker
+    observes the model and, when ``ascent_lr > 0``, mounts the gradient-ascent attack of Nasr et al.
+    (2019, Sec. V-B) on the candidate records ``(X_target, y_target)`` (members of client ``target``
+    and non-members, mixed; the attacker does not know which is which).
+
+    ``attacker="server"`` (global attacker): it sends ``gradient_ascent(theta)`` to the clients (only
+    to ``target`` when ``isolate``, the "isolating" variant) and observes the model the target
+    returns. ``attacker="participant"`` (local attacker, client ``attacker_index``): it trains
+    honestly, adds the ascent step to what it uploads, and observes the next global model.
+    ``ascent_lr = 0`` gives the passive attacker on exactly the same schedule.
+
+    The rounds run on :func:`fedlab.fl.rounds.run_rounds`. Returns the loss signal
+    ``[num_rounds, n_candidates]`` that the attacker observed each round.
+    """
+    if attacker not in ("server", "participant"):
+        raise ValueError(f"attacker must be 'server' or 'participant', got {attacker!r}")
+    K = clients.num_clients
+    if not 0 <= target < K:
+        raise ValueError(f"target must be a client index in 0..{K - 1}, got {target}")
+    if attacker == "participant":
+        if attacker_index is None or not 0 <= attacker_index < K or attacker_index == target:
+            raise ValueError("attacker_index must be a client index different from target")
+    if int(num_rounds) != num_rounds or num_rounds < 1:
+        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds}")
+    gen = torch.Generator().manual_seed(seed)
+    weights = clients.n.float()
+    observed = []
+
+    def step(t, w):
+        send = {k: v.unsqueeze(0).repeat(K, *([1] * v.ndim)) for k, v in w.items()}
+        if attacker == "server" and ascent_lr > 0:
+            adv = gradient_ascent(model, w, X_target, y_target, ascent_lr=ascent_lr, loss_fn=loss_fn)
+            rows = [target] if isolate else list(range(K))
+            for k in send:
+                send[k][rows] = adv[k]
+        local = fl.clients_update(model, send, clients, lr=lr, local_epochs=local_epochs,
+                                  batch_size=batch_size, generator=gen, loss_fn=loss_fn, stacked=True)
+        if attacker == "participant" and ascent_lr > 0:
+            mine = {k: v[attacker_index] for k, v in local.items()}
+            up = gradient_ascent(model, mine, X_target, y_target, ascent_lr=ascent_lr, loss_fn=loss_fn)
+            for k in local:
+                local[k][attacker_index] = up[k]
+        new_w = fl.weighted_average(local, weights)
+        seen = {k: v[target] for k, v in local.items()} if attacker == "server" else new_w
+        observed.append(per_example_loss(model, seen, X_target, y_target, loss_fn))
+        return {k: v.detach() for k, v in new_w.items()}
+
+    fl.run_rounds(int(num_rounds), step, {k: v.detach().clone() for k, v in params.items()})
+    return torch.stack(observed)

@@ -1,0 +1,96 @@
+"""Helpers for the book's pages, importing the notebook stack (myst-nb, IPython) only when called, so
+that ``import fedlab`` works without it.
+
+A chapter opens with one line of setup and keeps its bookkeeping out of sight::
+
+    SEED, run = book.setup("02_pac_identifiability", threads=1)   # style, seed, scale line, record
+    ...
+    book.glue_many(honest_err=err, rounds=NUM_ROUNDS, digits=3)    # in a cell tagged remove-input
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = ["glue", "glue_many", "setup"]
+
+
+def glue(name: str, value, display: bool = False) -> None:
+    """myst-nb's ``glue`` (``display=False`` by default): the page quotes ``value`` as ``{glue:text}`name```
+    and ``python -m fedlab reproduce`` collects it into the chapter's record. Raises ``ImportError``
+    with the install hint when myst-nb is missing."""
+    try:
+        from myst_nb import glue as _glue
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("glue needs myst-nb: pip install 'fedlab-privacy-course[book]'") from exc
+    _glue(name, value, display=display)
+
+
+def _plain(name: str, value, digits: int | None):
+    """``value`` as a Python ``int``/``float``/``str`` (numpy and 0-d torch scalars unwrapped), a float
+    rounded to ``digits`` when given. Raises ``ValueError`` naming ``name`` for anything else and for a
+    non-finite float (a page must not quote ``nan``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: a boolean is not a number to quote; glue a string instead")
+    if not isinstance(value, (numbers.Number, str)):
+        try:
+            value = value.item()
+        except (AttributeError, ValueError, RuntimeError):
+            raise ValueError(f"{name} must be a number or a string, got {type(value).__name__}") from None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"{name} is {value}: a page must not quote a non-finite number")
+        return round(value, digits) if digits is not None else value
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"{name} must be a real number or a string, got {type(value).__name__}")
+
+
+def glue_many(values: dict | None = None, *, digits: int | None = None, record: dict | None = None,
+              **named) -> None:
+    """Glue every ``name -> value`` of ``values`` and of the keyword arguments (``display=False``),
+    floats rounded to ``digits`` decimals when given. With ``record`` (a :class:`fedlab.records.Run`
+    or any dict) the glued values are also kept there. Returns ``None``, so that a call ending a
+    cell prints nothing on the page. Raises ``ValueError`` naming the entry
+    for a value that is not a finite number or a string, and for a name given twice."""
+    values = dict(values or {})
+    twice = set(values) & set(named)
+    if twice:
+        raise ValueError(f"names given twice: {sorted(twice)}")
+    values.update(named)
+    out = {str(k): _plain(str(k), v, digits) for k, v in values.items()}
+    for k, v in out.items():
+        glue(k, v)
+    if record is not None:
+        record.update(out)
+
+
+def setup(stem: str | None = None, *, threads: int | None = None):
+    """The first cell of a chapter: the book's plot style, every RNG seeded from ``FEDLAB_SEED``
+    (:func:`fedlab.default_seed`), ``torch.set_num_threads(threads)`` when given (small tensors run
+    fastest on one thread of a shared CPU), and one printed line with the scale and the seed.
+
+    Returns ``SEED`` alone, or ``(SEED, run)`` when ``stem`` is given, ``run`` the chapter's
+    :class:`fedlab.records.Run` (this build's glued numbers beside the stored paper-scale record).
+    Raises ``ValueError`` for ``threads < 1``."""
+    import torch
+
+    from . import plots
+    from .config import default_seed, scale, seed_everything
+
+    if threads is not None:
+        if int(threads) < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(int(threads))
+    plots.use_style()
+    seed = default_seed()
+    seed_everything(seed)
+    print(f"scale: {scale()} | seed: {seed}")
+    if stem is None:
+        return seed
+    from .records import Run
+
+    return seed, Run(stem)

@@ -1,0 +1,393 @@
+"""Chapter 1a's experiments (what a gradient gives away): embedding-row leakage of a text model (Melis
+et al. 2019, Sec. 5.1), Deep Leakage from Gradients (Zhu et al. 2019, Alg. 1) and its figures, the iDLG
+label rule (Zhao et al. 2020, Sec. 3.2) against DLG's labels, Inverting Gradients (Geiping et al. 2020,
+Sec. 4) against DLG on a ReLU network, DLG's success against batch size and local steps (Wei et al.
+2020, Table 6a, as quoted by Xu & Neglia 2022, Sec. 1), and the noise and pruning defenses of Zhu et
+al. (2019, Sec. 5) with their cost.
+
+The attacks themselves live in :mod:`fedlab.attacks.embedding_leakage` and
+:mod:`fedlab.attacks.gradient_inversion`; this module runs them in the chapter's fixed order (so a page
+that calls it draws exactly the random numbers it drew when the loops stood in its cells) and draws
+the chapter's tables and figures.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from .. import metrics, plots, privacy
+from .._checks import positive_int
+from ..attacks import embedding_leakage as el
+from ..attacks import gradient_inversion as gi
+
+__all__ = ["UPDATE_SETTINGS", "ZHAO_LABEL_ACC", "WEI_RATES", "word_set_recovery", "recovery_table",
+           "order_and_counts", "plot_dlg_snapshots", "plot_dlg_psnr", "label_table",
+           "dlg_vs_inverting_gradients", "plot_dlg_vs_ig", "success_by_batch_size", "success_by_local_steps",
+           "plot_wei_sweeps", "wei_table", "noise_grid", "plot_reconstruction", "plot_noise_grid",
+           "pruning_grid", "defense_costs", "mean_psnr", "plot_defenses"]
+
+#: the updates of Sec. 1 of the chapter: name -> local epochs (0: the FedSGD gradient)
+UPDATE_SETTINGS = (("FedSGD gradient", 0), ("FedAvg, E = 1", 1), ("FedAvg, E = 5", 5))
+
+#: Zhao et al. 2020, Table 1 (MNIST row): accuracy of the extracted labels
+ZHAO_LABEL_ACC = {"DLG": 0.899, "iDLG": 1.000}
+
+#: Wei et al. 2020, Table 6a, as quoted by Xu & Neglia 2022 (Sec. 1): success rate of the attack
+WEI_RATES = {"batch size 1": 1.00, "batch size 16": 0.13, "local steps 1": 1.00, "local steps 9": 0.39}
+
+
+def _markdown(text: str):
+    from ..plots import MarkdownText
+
+    return MarkdownText(text)
+
+
+# --- 1. embedding-layer leakage -------------------------------------------------------------------
+
+def word_set_recovery(model, params: dict, clients, *, lr: float = 1.0, batch_size: int = 10,
+                      settings: Sequence[tuple[str, int]] = UPDATE_SETTINGS) -> dict:
+    """Melis et al. (2019, Sec. 5.1): the server reads every client's word set off the non-zero rows
+    of the embedding update (:func:`fedlab.attacks.embedding_leakage.leaked_words`).
+
+    For every ``(name, local_epochs)`` of ``settings`` (0: the FedSGD gradient) and every client ``k`` of
+    ``clients`` (a :class:`fedlab.fl.ClientData`), the update from ``params`` with ``lr`` and
+    ``batch_size`` (client ``k`` shuffles with ``torch.Generator().manual_seed(k)``).
+
+    Returns ``{name: array [num_clients, 2]}`` of (precision, recall) per client. Raises ``ValueError``
+    if ``settings`` is empty or a number of local epochs is negative.
+    """
+    if not settings:
+        raise ValueError("settings must name at least one update")
+    bad = [E for _, E in settings if E < 0]
+    if bad:
+        raise ValueError(f"settings: local epochs must be >= 0, got {bad}")
+    per_setting = {}
+    for name, E in settings:
+        pr = []
+        for k in range(clients.num_clients):
+            Xk, yk = clients.client(k)
+            upd = el.embedding_update(model, params, Xk, yk, lr=lr, local_epochs=E, batch_size=batch_size,
+                                      generator=torch.Generator().manual_seed(k))
+            pr.append(el.word_set_precision_recall(el.leaked_words(upd), el.true_word_set(Xk)))
+        per_setting[name] = np.array(pr)
+    return per_setting
+
+
+def recovery_table(per_setting: Mapping):
+    """Markdown table of :func:`word_set_recovery`: mean precision, mean recall and the worst client's
+    recall per update. Raises ``ValueError`` if ``per_setting`` is empty."""
+    if not per_setting:
+        raise ValueError("per_setting must hold at least one update")
+    rows = [f"| {name} | {pr[:, 0].mean():.3f} | {pr[:, 1].mean():.3f} | {pr[:, 1].min():.3f} |"
+            for name, pr in per_setting.items()]
+    return _markdown("| update the server sees | precision | recall | worst client's recall |\n|---|---|---|---|\n"
+                     + "\n".join(rows))
+
+
+def order_and_counts(model, params: dict, trained_params: dict, tokens: torch.Tensor, y: torch.Tensor, *,
+                     vocab_size: int) -> dict:
+    """What the embedding gradient does not give away (Melis et al. 2019, Sec. 5.1): word order and,
+    for a batch, word counts.
+
+    ``order_gap``: the largest change of the gradient at ``params`` when every sentence of ``tokens``
+    ``[n, L]`` is shuffled (sentence ``i`` with ``torch.Generator().manual_seed(i)``). At
+    ``trained_params``: ``ratio_spread``, ``max / min - 1`` of embedding-row norm over word count for
+    the first sentence alone (0 up to round-off: norms are proportional to counts), and ``corr_batch``,
+    the correlation of row norms and counts over the present words for the whole batch.
+
+    Returns ``{"order_gap", "ratio_spread", "corr_batch"}`` (floats). Raises ``ValueError`` if
+    ``vocab_size`` is not a positive integer or ``tokens`` is not ``[n, L]``.
+    """
+    vocab_size = positive_int("vocab_size", vocab_size)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be word ids [n, L], got shape {tuple(tokens.shape)}")
+    perm = torch.stack([s[torch.randperm(s.numel(), generator=torch.Generator().manual_seed(i))]
+                        for i, s in enumerate(tokens)])
+    g, g_perm = el.embedding_update(model, params, tokens, y), el.embedding_update(model, params, perm, y)
+    order_gap = max(float((g[k] - g_perm[k]).abs().max()) for k in g)
+
+    def norms_and_counts(tok, labels):   # embedding-row norms of the update and true word counts, present words
+        norms = el.embedding_update(model, trained_params, tok, labels)["embedding.weight"].norm(dim=1)
+        counts = torch.bincount(tok.flatten(), minlength=vocab_size).float()
+        return norms[counts > 0], counts[counts > 0]
+
+    n1, c1 = norms_and_counts(tokens[:1], y[:1])           # one sentence: norm / count is one constant
+    ratio_spread = float((n1 / c1).max() / (n1 / c1).min() - 1)
+    nb_, cb = norms_and_counts(tokens, y)                   # the whole client's batch
+    corr_batch = float(np.corrcoef(cb, nb_)[0, 1])
+    return {"order_gap": order_gap, "ratio_spread": ratio_spread, "corr_batch": corr_batch}
+
+
+# --- 2.-4. DLG, iDLG, Inverting Gradients ---------------------------------------------------------
+
+def plot_dlg_snapshots(dlg_run, X_true: torch.Tensor, *, show: int = 4):
+    """DLG's dummy images across L-BFGS iterations (``dlg_run.snapshots`` of
+    :func:`fedlab.attacks.gradient_inversion.dlg`) for the first ``show`` attacks, the private image
+    ``X_true [n, C, H, W]`` in the last column. Returns the figure. Raises ``ValueError`` if ``show`` is
+    not a positive integer or the run kept no snapshot."""
+    show = positive_int("show", show)
+    snaps = dlg_run.snapshots
+    if not snaps:
+        raise ValueError("dlg_run has no snapshots (run gi.dlg with snapshot_every)")
+    tiles = torch.cat([torch.stack([s[i, 0] for _, s in snaps] + [X_true[i]]) for i in range(show)])
+    titles = ([f"it {it}" for it, _ in snaps] + ["true"]) * show
+    return plots.image_grid(tiles, titles=titles, ncols=len(snaps) + 1, size=1.0,
+                            suptitle="DLG on digits: dummy image across L-BFGS iterations (last column: the private image)")
+
+
+def plot_dlg_psnr(dlg_run, *, success_db: float):
+    """Mean PSNR over the attacked images against DLG's L-BFGS iteration (``dlg_run.history``, run with
+    ``x_true``), with the success threshold ``success_db`` dotted. Returns the axes. Raises
+    ``ValueError`` if the run tracked no PSNR."""
+    if not dlg_run.history.get("psnr"):
+        raise ValueError("dlg_run has no PSNR history (run gi.dlg with x_true)")
+    ax = plots.line_plot(dlg_run.history["iteration"], {"mean PSNR over the attacked digits": dlg_run.history["psnr"]},
+                         xlabel="L-BFGS iteration", ylabel="PSNR (dB)", title="DLG converges in a few dozen iterations")
+    ax.axhline(success_db, color="gray", ls=":", label="success threshold")
+    return ax
+
+
+def label_table(ours: Mapping[str, float], n_eval: Mapping[str, int], run):
+    """Markdown table of label accuracy, DLG's jointly optimised label against the iDLG rule, beside
+    Zhao et al. 2020, Table 1 (:data:`ZHAO_LABEL_ACC`) and the stored paper-scale record of ``run``
+    (names ``dlg_label_acc``, ``idlg_acc``). Raises ``ValueError`` if ``ours`` or ``n_eval`` lacks
+    ``"DLG"`` or ``"iDLG"``."""
+    names = {"DLG": "dlg_label_acc", "iDLG": "idlg_acc"}
+    for arg, d in (("ours", ours), ("n_eval", n_eval)):
+        if any(m not in d for m in names):
+            raise ValueError(f"{arg} must hold 'DLG' and 'iDLG', got {sorted(d)}")
+    paper = ZHAO_LABEL_ACC
+    return _markdown("| label accuracy | paper (MNIST) | ours (sklearn digits) | images | ours, paper scale (mean ± 95 % CI) |\n"
+                     "|---|---|---|---|---|\n" + "\n".join(
+                         f"| {m} | {paper[m]:.3f} | {ours[m]:.3f} | {n_eval[m]} | {run.paper(names[m])} |" for m in paper))
+
+
+def dlg_vs_inverting_gradients(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, weight_key: str,
+                               max_iter: int, seed: int = 0) -> dict:
+    """DLG (Zhu et al. 2019) against Inverting Gradients (Geiping et al. 2020, Sec. 4) on the same
+    one-image gradients, both given the label found by the iDLG rule (Zhao et al. 2020) from the
+    weight gradient ``weight_key`` of the last linear layer, so that only the objective differs.
+
+    ``X [n, C, H, W]``, ``y [n]``. DLG runs ``max_iter // 2`` L-BFGS iterations (stacked over the
+    images), IG ``max_iter`` Adam steps per image (lr 0.1, TV weight 0.1).
+
+    Returns ``{"labels": [n, 1], "dlg_x": [n, C, H, W], "ig_x": [n, C, H, W], "psnr_dlg": array [n],
+    "psnr_ig": array [n]}``. Raises ``ValueError`` if ``max_iter < 2`` or ``weight_key`` is not a
+    parameter of ``params``.
+    """
+    if positive_int("max_iter", max_iter) < 2:
+        raise ValueError(f"max_iter must be >= 2 (DLG runs max_iter // 2), got {max_iter}")
+    if weight_key not in params:
+        raise ValueError(f"weight_key {weight_key!r} is not a parameter of params")
+    n, shape = len(X), tuple(X.shape[1:])
+    g = gi.per_example_gradients(model, params, X, y)
+    labels = torch.tensor([[gi.idlg_label(g[weight_key][i])] for i in range(n)])
+    dlg_run = gi.dlg(model, params, g, input_shape=shape, num_classes=10, max_iter=max_iter // 2,
+                     labels=labels, stacked=True, seed=seed)
+    ig_x = torch.stack([gi.inverting_gradients(model, params, {k: v[i] for k, v in g.items()}, input_shape=shape,
+                        labels=labels[i], max_iter=max_iter, lr=0.1, tv_weight=0.1, seed=seed).x[0] for i in range(n)])
+    psnr_dlg = np.array([gi.matched_psnr(dlg_run.x[i], X[i:i + 1])[0] for i in range(n)])
+    psnr_ig = np.array([gi.matched_psnr(ig_x[i:i + 1], X[i:i + 1])[0] for i in range(n)])
+    return {"labels": labels, "dlg_x": dlg_run.x[:, 0], "ig_x": ig_x, "psnr_dlg": psnr_dlg, "psnr_ig": psnr_ig}
+
+
+def plot_dlg_vs_ig(X: torch.Tensor, result: Mapping):
+    """Private images, DLG's and IG's reconstructions (:func:`dlg_vs_inverting_gradients`) with their
+    PSNR. Returns the figure."""
+    n = len(X)
+    return plots.image_grid(torch.cat([X, result["dlg_x"], result["ig_x"]]), ncols=3 if n == 1 else n, size=2.0,
+                            titles=["private"] * n + [f"DLG {p:.1f} dB" for p in result["psnr_dlg"]]
+                            + [f"IG {p:.1f} dB" for p in result["psnr_ig"]])
+
+
+# --- 5. batch size and local steps (Wei et al. 2020) -----------------------------------------------
+
+def success_by_batch_size(model, params: dict, X: torch.Tensor, y: torch.Tensor, batch_sizes: Sequence[int], *,
+                          num_images: int, max_iter: int, success_db: float, seed: int = 0) -> dict:
+    """DLG's success rate against the batch size ``B`` of one FedSGD gradient (Wei et al. 2020,
+    Table 6a): for each ``B`` in order, ``n`` images of ``X [N, ...]`` (``num_images`` rounded up to a
+    multiple of ``B``, at least ``B``) are dealt to ``n / B`` clients and attacked with
+    :func:`fedlab.attacks.gradient_inversion.attack_grid`; success is PSNR >= ``success_db``.
+
+    Returns ``{B: success rate}``. Raises ``ValueError`` if ``num_images`` or a batch size is not a
+    positive integer, or ``X`` holds too few images.
+    """
+    num_images = positive_int("num_images", num_images)
+    by_batch = {}
+    for B in batch_sizes:
+        positive_int("batch_sizes", B)
+        n = max(num_images, B) if num_images % B == 0 else B * int(np.ceil(num_images / B))
+        if n > len(X):
+            raise ValueError(f"X holds {len(X)} images, batch size {B} needs {n}")
+        by_batch[B] = gi.attack_grid(model, params, X[:n], y[:n], num_classes=10, batch_size=B,
+                                     settings={"plain": {}}, max_iter=max_iter, seed=seed)["plain"]
+    return {B: gi.success_rate(r["psnr"], success_db) for B, r in by_batch.items()}
+
+
+def success_by_local_steps(model, params: dict, X: torch.Tensor, y: torch.Tensor, local_steps: Sequence[int], *,
+                           local_lr: float, max_iter: int, success_db: float, seed: int = 0) -> dict:
+    """DLG's success rate against the number ``K`` of local steps (Wei et al. 2020, Table 6a): every
+    image of ``X`` is one client taking ``K`` steps with ``local_lr`` and sending
+    :func:`fedlab.attacks.gradient_inversion.client_update_as_gradient`, which the attacker treats as
+    one gradient. All ``K`` in one stacked attack.
+
+    Returns ``{K: success rate}``. Raises ``ValueError`` if a ``K`` is not a positive integer or
+    ``local_lr <= 0``."""
+    for K in local_steps:
+        positive_int("local_steps", K)
+    if not local_lr > 0:
+        raise ValueError(f"local_lr must be > 0, got {local_lr}")
+    by_steps = gi.attack_grid(model, params, X, y, num_classes=10,
+                              settings={K: {"local_steps": K} for K in local_steps}, local_lr=local_lr,
+                              max_iter=max_iter, seed=seed)
+    return {K: gi.success_rate(r["psnr"], success_db) for K, r in by_steps.items()}
+
+
+def plot_wei_sweeps(rate_b: Mapping[int, float], rate_k: Mapping[int, float]):
+    """Success rate against batch size and against local steps (ours, from
+    :func:`success_by_batch_size` and :func:`success_by_local_steps`) beside Wei et al.'s end points
+    (:data:`WEI_RATES`). Returns the figure."""
+    batch_sizes, local_steps = list(rate_b), list(rate_k)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    plots.line_plot(batch_sizes, {"ours": [rate_b[B] for B in batch_sizes]}, xlabel="batch size B", logx=True,
+                    ylabel="success rate (PSNR ≥ 20 dB)", title="larger batches hide the images", ax=axes[0],
+                    styles={"ours": {"marker": "o"}})
+    axes[0].plot([1, 16], [WEI_RATES["batch size 1"], WEI_RATES["batch size 16"]], "s--", color=plots.PALETTE[1],
+                 label="Wei et al. (B = 1, 16)")
+    plots.line_plot(local_steps, {"ours": [rate_k[K] for K in local_steps]}, xlabel="local steps K",
+                    title="so do local steps", ax=axes[1], styles={"ours": {"marker": "o"}})
+    axes[1].plot([1, 9], [WEI_RATES["local steps 1"], WEI_RATES["local steps 9"]], "s--", color=plots.PALETTE[1],
+                 label="Wei et al. (K = 1, 9)")
+    for ax in axes:
+        ax.legend(); ax.set_ylim(-0.05, 1.05)
+    return fig
+
+
+def wei_table(rate_b: Mapping[int, float], rate_k: Mapping[int, float], run, *, scale: str):
+    """Markdown table: Wei et al.'s success rates (:data:`WEI_RATES`) beside ours at B = 1, 16 and
+    K = 1, 9 (this ``scale``'s run) and the stored paper-scale record of ``run``. Raises
+    ``ValueError`` if ``rate_b`` lacks B = 1 or 16, or ``rate_k`` lacks K = 1 or 9."""
+    if 1 not in rate_b or 16 not in rate_b:
+        raise ValueError(f"rate_b must hold batch sizes 1 and 16, got {sorted(rate_b)}")
+    if 1 not in rate_k or 9 not in rate_k:
+        raise ValueError(f"rate_k must hold local steps 1 and 9, got {sorted(rate_k)}")
+    ours = {"batch size 1": rate_b[1], "batch size 16": rate_b[16], "local steps 1": rate_k[1], "local steps 9": rate_k[9]}
+    names = {"batch size 1": "rate_b1", "batch size 16": "rate_b16", "local steps 1": "rate_k1", "local steps 9": "rate_k9"}
+    return _markdown(f"| setting | paper | ours ({scale} run) | ours, paper scale (mean ± 95 % CI) |\n|---|---|---|---|\n"
+                     + "\n".join(f"| {k} | {WEI_RATES[k]:.2f} | {ours[k]:.2f} | {run.paper(names[k], 2)} |"
+                                 for k in WEI_RATES))
+
+
+# --- 6.-7. noise and pruning (Zhu et al. 2019, Sec. 5) ---------------------------------------------
+
+def noise_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, sigmas: Sequence[float],
+               batch_sizes: Sequence[int], max_iter: int, seed: int = 0) -> dict:
+    """DLG against gradients with Gaussian noise of standard deviation ``sigma`` on every coordinate
+    (Zhu et al. 2019, Sec. 5; :func:`fedlab.privacy.gaussian_noise`), for every batch size (outer) and
+    ``sigma`` (inner), all noise drawn in that order from one ``torch.Generator`` seeded with ``seed``.
+
+    Returns ``{B: {sigma: {"psnr", "x"}}}`` (see :func:`fedlab.attacks.gradient_inversion.attack_grid`).
+    Raises ``ValueError`` if a ``sigma`` is negative or a batch size is not a positive integer."""
+    if any(not s >= 0 for s in sigmas):
+        raise ValueError(f"sigmas must be >= 0, got {list(sigmas)}")
+    for B in batch_sizes:
+        positive_int("batch_sizes", B)
+    noise_gen = torch.Generator().manual_seed(seed)
+    return {B: gi.attack_grid(model, params, X, y, num_classes=10, batch_size=B, max_iter=max_iter, seed=seed,
+                              settings={s: {"defense": (lambda u, s=s: privacy.gaussian_noise(u, s, generator=noise_gen))}
+                                        for s in sigmas})
+            for B in batch_sizes}
+
+
+def plot_reconstruction(result: Mapping, X: torch.Tensor, *, image: int, batch_size: int, sigma: float):
+    """One private image ``X[image]`` beside its closest reconstruction in ``result`` (one setting of
+    :func:`noise_grid` at ``batch_size``). Returns the figure. Raises ``ValueError`` if ``image`` is
+    out of range."""
+    if not 0 <= image < len(result["psnr"]):
+        raise ValueError(f"image must lie in [0, {len(result['psnr'])}), got {image}")
+    a = image // batch_size
+    x_rec = result["x"][a]
+    best = int(np.argmin([metrics.mse(r, X[image]) for r in x_rec]))      # the dummy matched to this image
+    return plots.image_grid(torch.stack([X[image], x_rec[best]]), titles=["private", f"{result['psnr'][image]:.1f} dB"],
+                            ncols=2, size=2.0, suptitle=f"B = {batch_size}, σ = {sigma:g}")
+
+
+def plot_noise_grid(noisy: Mapping, X: torch.Tensor):
+    """The whole :func:`noise_grid` on the images ``X [n, C, H, W]`` attacked there: first row the private
+    images, then one row per (B, sigma) with each image's closest reconstruction. Returns the figure."""
+    n = len(X)
+    tiles, titles = [], []
+    for B, by_sigma in noisy.items():
+        for s, res in by_sigma.items():
+            x_rec = res["x"].reshape(-1, *X.shape[1:])   # [A * B, C, H, W]
+            for i in range(n):
+                best = int(np.argmin([metrics.mse(r, X[i]) for r in x_rec[(i // B) * B:(i // B + 1) * B]]))
+                tiles.append(x_rec[(i // B) * B + best]); titles.append(f"B={B} σ={s:g}")
+    return plots.image_grid(torch.cat([X] + [torch.stack(tiles)]), ncols=n, size=1.2, titles=["private"] * n + titles,
+                            suptitle="static view of the widget: rows = (B, σ), columns = images")
+
+
+def pruning_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, fractions: Sequence[float],
+                 max_iter: int, seed: int = 0) -> dict:
+    """DLG against pruned gradients (Zhu et al. 2019, Sec. 5; :func:`fedlab.privacy.prune_by_magnitude`
+    zeroes the ``p`` smallest fraction of coordinates), one image per client, every ``p`` of
+    ``fractions`` in one stacked attack. Returns ``{p: {"psnr", "x"}}``. Raises ``ValueError`` if a
+    fraction is outside ``[0, 1)``."""
+    bad = [p for p in fractions if not 0 <= p < 1]
+    if bad:
+        raise ValueError(f"fractions must lie in [0, 1), got {bad}")
+    return gi.attack_grid(model, params, X, y, num_classes=10, max_iter=max_iter, seed=seed,
+                          settings={p: {"defense": (lambda u, p=p: privacy.prune_by_magnitude(u, p))} for p in fractions})
+
+
+def defense_costs(grads: Mapping, *, num_clients: int, sigmas: Sequence[float], fractions: Sequence[float],
+                  seed: int = 0) -> tuple[dict, dict]:
+    """The price of the defenses (Zhu et al. 2019, Sec. 5): the relative error ``||g~ - g|| / ||g||`` of
+    the sent update, averaged over the first ``num_clients`` one-image gradients of ``grads`` (stacked,
+    ``{name: [N, ...]}``), for Gaussian noise of every ``sigma`` (noise from one ``torch.Generator``
+    seeded with ``seed``) and pruning of every fraction.
+
+    Returns ``(cost_sigma, cost_prune)``: ``{sigma: error}``, ``{fraction: error}``. Raises
+    ``ValueError`` if ``num_clients`` is not a positive integer or exceeds the clients of ``grads``."""
+    num_clients = positive_int("num_clients", num_clients)
+    n = len(next(iter(grads.values())))
+    if num_clients > n:
+        raise ValueError(f"num_clients ({num_clients}) exceeds the {n} gradients in grads")
+    g4 = [{k: v[i] for k, v in grads.items()} for i in range(num_clients)]
+
+    def rel_error(defense):
+        # defense(g) runs once per tensor name, as the chapter's cell did: the noise draws depend on it
+        return float(np.mean([privacy.global_norm({k: defense(g)[k] - g[k] for k in g}) / privacy.global_norm(g)
+                              for g in g4]))
+
+    gen_cost = torch.Generator().manual_seed(seed)
+    cost_sigma = {s: rel_error(lambda g, s=s: privacy.gaussian_noise(g, s, generator=gen_cost)) for s in sigmas}
+    cost_prune = {p: rel_error(lambda g, p=p: privacy.prune_by_magnitude(g, p)) for p in fractions}
+    return cost_sigma, cost_prune
+
+
+def mean_psnr(grid: Mapping) -> dict:
+    """``{setting: mean PSNR}`` of an :func:`~fedlab.attacks.gradient_inversion.attack_grid` result."""
+    return {k: float(r["psnr"].mean()) for k, r in grid.items()}
+
+
+def plot_defenses(psnr_sigma: Mapping, cost_sigma: Mapping, psnr_prune: Mapping, cost_prune: Mapping, *,
+                  success_db: float):
+    """Attack PSNR (left axis) and relative error of the update (right axis) against the noise level
+    and against the pruned fraction (sigma = 0 drawn at 1e-4 on the log axis). Returns the figure.
+    Raises ``ValueError`` if a PSNR curve and its cost curve have different keys."""
+    if list(psnr_sigma) != list(cost_sigma) or list(psnr_prune) != list(cost_prune):
+        raise ValueError("psnr and cost curves must have the same keys in the same order")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    plots.line_plot([max(s, 1e-4) for s in psnr_sigma], {"attack PSNR (dB)": list(psnr_sigma.values())}, logx=True,
+                    xlabel="noise σ (σ = 0 drawn at 1e-4)", ylabel="PSNR (dB)", title="Gaussian noise", ax=axes[0])
+    plots.line_plot(list(psnr_prune), {"attack PSNR (dB)": list(psnr_prune.values())}, xlabel="pruned fraction p",
+                    title="gradient pruning", ax=axes[1])
+    for ax, cost in zip(axes, [cost_sigma, cost_prune]):
+        ax.axhline(success_db, color="gray", ls=":")
+        tw = ax.twinx(); tw.plot(ax.lines[0].get_xdata(), list(cost.values()), "s--", color=plots.PALETTE[1])
+        tw.set_ylabel("relative error of the update", color=plots.PALETTE[1]); tw.grid(False)
+    return fig

@@ -1,0 +1,391 @@
+"""Chapter 1b's experiments: membership inference against FedAvg (Nasr et al. 2019, Secs. IV-V, as
+taught in Shokri's CS5562 lecture), client-level DP-FedAvg (McMahan et al. 2018, Alg. 1) against
+that attack, and the personalised alternatives (local-only training, DP-FedAvg followed by
+fine-tuning, Centaur of Shen et al. 2023, Alg. 1-2).
+
+The attacks are :mod:`fedlab.attacks.membership`; DP-FedAvg and Centaur are :mod:`fedlab.fl.dp_fedavg`
+and :mod:`fedlab.fl.personalization`. The functions here run the chapter's sweeps in the order the
+chapter runs them (so that every number is the one the chapter has always printed), return plain
+dictionaries, and build the chapter's "paper vs ours" tables; the page glues what they return.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .._checks import positive_int
+from ..attacks import membership as mia
+from ..data import Dataset, client_datasets, partition_iid
+from ..fl import personalization as pers
+from ..fl import stack_clients
+from ..fl.dp_fedavg import dp_fedavg
+from ..privacy import dp_fedavg as dpf
+
+__all__ = ["LECTURE_WINDOW_AUC", "LECTURE_ACTIVE_ACCURACY", "window_values", "window_table",
+           "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "active_attack_sweep",
+           "active_attack_name", "active_attack_values", "active_attack_table", "dp_grid", "plot_dp_grid",
+           "personalization_sweep", "snr_and_agreement", "plot_snr_agreement"]
+
+#: lecture slide "Additional information leaked in FL - multiple observations" (Nasr et al. 2019
+#: setting): AUC of the loss signal, keyed by the window W (last round only, average of the last 10)
+LECTURE_WINDOW_AUC = {1: 0.687, 10: 0.712}
+
+#: lecture table "Gradient ascent attack" (Nasr et al. 2019, Table XI), AlexNet row: attack accuracy,
+#: keyed by (attacker, active)
+LECTURE_ACTIVE_ACCURACY = {("server", False): 0.851, ("server", True): 0.882, ("server, isolating", True): 0.921,
+                           ("participant", False): 0.731, ("participant", True): 0.763}
+
+
+# ---------------------------------------------------------------------------------------------------
+# passive attack: one snapshot vs many (Nasr et al. 2019, Sec. IV-C; lecture "multiple observations")
+# ---------------------------------------------------------------------------------------------------
+
+def window_values(auc_w: Mapping[str, Mapping[int, float]], best_w: int, *, w_lecture: int = 10) -> dict:
+    """The numbers the chapter quotes from the passive window sweep (Nasr et al. 2019, Sec. IV-C).
+
+    ``auc_w``: ``{"loss": {W: AUC}, "grad_norm": {W: AUC}}`` (mean over clients of
+    :func:`fedlab.attacks.membership.attack_auc`); ``best_w`` the window with the best loss AUC.
+    Returns unrounded ``{name: value}``: ``auc_last``, ``auc_w10``, ``auc_best``, ``best_w``,
+    ``auc_grad_last``, ``auc_grad_best`` and the table's ``mia_auc_last``, ``mia_auc_avg10``.
+
+    Raises ``ValueError`` if ``auc_w`` lacks a signal, or the windows 1, ``w_lecture`` or ``best_w``.
+    """
+    for s in ("loss", "grad_norm"):
+        if s not in auc_w:
+            raise ValueError(f"auc_w must hold the signal {s!r}, got {sorted(auc_w)}")
+    for w in (1, w_lecture, best_w):
+        if w not in auc_w["loss"]:
+            raise ValueError(f"auc_w['loss'] has no window {w} (w_lecture / best_w), got {sorted(auc_w['loss'])}")
+    if 1 not in auc_w["grad_norm"]:
+        raise ValueError("auc_w['grad_norm'] must hold the window 1")
+    loss, gn = auc_w["loss"], auc_w["grad_norm"]
+    return {"auc_last": loss[1], "auc_w10": loss[w_lecture], "auc_best": loss[best_w], "best_w": int(best_w),
+            "auc_grad_last": gn[1], "auc_grad_best": max(gn.values()),
+            "mia_auc_last": loss[1], "mia_auc_avg10": loss[w_lecture]}
+
+
+def window_table(auc_loss: Mapping[int, float], best_w: int, paper: Callable[[str], str], *,
+                 w_lecture: int = 10):
+    """The lecture's "multiple observations" comparison as a Markdown table: the lecture's AUC
+    (:data:`LECTURE_WINDOW_AUC`), ours (rounded to 3 decimals), the stored paper-scale record
+    (``paper(name)``, e.g. :meth:`fedlab.records.Run.paper`), and a row for the best window here.
+    Raises ``ValueError`` if ``auc_loss`` lacks the window 1, ``w_lecture`` or ``best_w``."""
+    from ..plots import md_table
+
+    for w in (1, w_lecture, best_w):
+        if w not in auc_loss:
+            raise ValueError(f"auc_loss has no window {w}, got {sorted(auc_loss)}")
+    rows = [["last round only", LECTURE_WINDOW_AUC[1], round(auc_loss[1], 3), paper("mia_auc_last")],
+            [f"average of the last {w_lecture} rounds", LECTURE_WINDOW_AUC.get(w_lecture, "-"), round(auc_loss[w_lecture], 3),
+             paper("mia_auc_avg10")],
+            [f"average of the last {best_w} rounds (best window here)", "-", round(auc_loss[best_w], 3), "-"]]
+    return md_table(["loss signal", "paper AUC", "ours AUC", "ours, paper scale (mean ± 95 % CI)"], rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# learned attack on the signal history (Nasr et al. 2019, Sec. IV-C; lecture "MIA performance in FL")
+# ---------------------------------------------------------------------------------------------------
+
+def learned_attack_sweep(signals: Mapping[str, torch.Tensor], is_member, epoch_sets: Sequence[Sequence[int]],
+                         num_rounds: int, *, total_epochs: int = 300, seed: int = 0) -> list[dict]:
+    """Nasr et al. (2019)'s learned attack (simplified: :func:`fedlab.attacks.membership.attack_model_auc`)
+    on the losses and last-layer gradient norms at a few observed rounds.
+
+    ``signals``: ``{"loss": [K, T, 2n], "grad_norm": [K, T, 2n]}`` with ``T = num_rounds``;
+    ``is_member``: ``[2n]`` (the same for every client). Each entry of ``epoch_sets`` (epochs out of
+    ``total_epochs``, as in the lecture's table) is scaled to rounds ``max(1, round(e * T / total_epochs))``;
+    the features of a candidate are its two signals at those rounds, and the attack is fit on half
+    of the ``K * 2n`` candidates and scored on the rest.
+
+    Returns one dict per epoch set, in order: ``{"epochs", "rounds", "accuracy", "auc"}``.
+    Raises ``ValueError`` for a missing signal, a signal whose round axis is not ``num_rounds``, or
+    ``total_epochs < 1``.
+    """
+    num_rounds = positive_int("num_rounds", num_rounds)
+    total_epochs = positive_int("total_epochs", total_epochs)
+    for s in ("loss", "grad_norm"):
+        if s not in signals:
+            raise ValueError(f"signals must hold {s!r}, got {sorted(signals)}")
+        if signals[s].ndim != 3 or signals[s].shape[1] != num_rounds:
+            raise ValueError(f"signals[{s!r}] must be [K, num_rounds = {num_rounds}, r], got {tuple(signals[s].shape)}")
+    feats = torch.cat([signals["loss"], signals["grad_norm"]], dim=1)           # [K, 2T, 2n]
+    labels = np.tile(np.asarray(is_member), feats.shape[0])
+    out = []
+    for epochs in epoch_sets:
+        rounds = sorted({max(1, round(e * num_rounds / total_epochs)) for e in epochs})
+        cols = [r - 1 for r in rounds] + [num_rounds + r - 1 for r in rounds]
+        F = feats[:, cols, :].permute(0, 2, 1).reshape(-1, len(cols)).numpy()
+        res = mia.attack_model_auc(F, labels, seed=seed)
+        out.append({"epochs": tuple(epochs), "rounds": tuple(rounds), "accuracy": res["accuracy"], "auc": res["auc"]})
+    return out
+
+
+def learned_attack_values(learned: Sequence[dict]) -> dict:
+    """``{name: value}`` the chapter quotes from :func:`learned_attack_sweep` (unrounded): per row
+    ``mia_epochs<last epoch>_acc`` / ``_auc``, then ``learned_first``, ``learned_last`` (accuracy of
+    the first and last row) and ``learned_min_auc``. Raises ``ValueError`` for no rows."""
+    if not learned:
+        raise ValueError("learned must hold at least one row")
+    out = {}
+    for r in learned:
+        out[f"mia_epochs{r['epochs'][-1]}_acc"] = r["accuracy"]
+        out[f"mia_epochs{r['epochs'][-1]}_auc"] = r["auc"]
+    out.update(learned_first=learned[0]["accuracy"], learned_last=learned[-1]["accuracy"],
+               learned_min_auc=min(r["auc"] for r in learned))
+    return out
+
+
+def learned_attack_table(learned: Sequence[dict], paper_accuracy: Mapping, paper: Callable[[str], str]):
+    """The lecture's "MIA performance in FL" table beside ours (Markdown): ``paper_accuracy`` maps an
+    epoch set to the lecture's attack accuracy; ``paper(name)`` quotes the stored paper-scale record."""
+    from ..plots import md_table
+
+    rows = []
+    for r in learned:
+        tag = f"mia_epochs{r['epochs'][-1]}"
+        rows.append([", ".join(map(str, r["epochs"])), paper_accuracy.get(r["epochs"], "-"),
+                     ", ".join(map(str, r["rounds"])), round(r["accuracy"], 3), round(r["auc"], 3),
+                     paper(tag + "_acc"), paper(tag + "_auc")])
+    return md_table(["paper epochs", "paper accuracy", "our rounds", "our accuracy", "our AUC",
+                     "our accuracy, paper scale (mean ± 95 % CI)", "our AUC, paper scale"], rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# active gradient-ascent attack (Nasr et al. 2019, Sec. V-B, Table XI)
+# ---------------------------------------------------------------------------------------------------
+
+def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand_y: torch.Tensor, is_member, *,
+                        targets: Sequence[int], variants: Mapping[str, dict], num_rounds: int, ascent_lr: float,
+                        seed: int = 0, **fl_args) -> dict:
+    """Nasr et al. (2019, Sec. V-B) attack accuracy, passive (``ascent_lr = 0``) and active, for each
+    attacker variant, averaged over the target clients.
+
+    For every ``name, kw`` of ``variants`` (keyword arguments of
+    :func:`fedlab.attacks.membership.active_attack_rounds`, e.g. ``{"attacker": "server", "isolate": True}``),
+    for ``gamma`` in ``(0, ascent_lr)`` and every target ``k``: ``num_rounds`` FedAvg rounds from
+    ``params`` (``seed`` fixes them; a participant attacker is client ``k + 1``), scored on client
+    ``k``'s candidates ``cand_X[k], cand_y[k]`` (``[K, 2n, ...]``, ``[K, 2n]``) by minus the loss averaged
+    over the rounds, and measured by the best balanced accuracy against ``is_member`` ``[2n]``.
+    ``fl_args``: ``local_epochs``, ``batch_size``, ``lr`` of the clients.
+
+    Returns ``{(name, active): mean accuracy}``. Raises ``ValueError`` for no targets, a target that is
+    not a client, or ``ascent_lr <= 0``.
+    """
+    targets = list(targets)
+    num_clients = cand_X.shape[0]
+    if not targets or any(not 0 <= k < num_clients for k in targets):
+        raise ValueError(f"targets must be a non-empty list of clients in 0..{num_clients - 1}, got {targets}")
+    if not ascent_lr > 0:
+        raise ValueError(f"ascent_lr must be > 0, got {ascent_lr}")
+    num_rounds = positive_int("num_rounds", num_rounds)
+    out = {}
+    for name, kw in variants.items():
+        for gamma in (0.0, ascent_lr):
+            accs = []
+            for k in targets:
+                extra = {"attacker_index": (k + 1) % num_clients} if kw["attacker"] == "participant" else {}
+                S = mia.active_attack_rounds(model, clients, params, cand_X[k], cand_y[k], target=k,
+                                             num_rounds=num_rounds, ascent_lr=gamma, seed=seed,
+                                             **fl_args, **kw, **extra)
+                accs.append(mia.attack_accuracy(is_member, mia.membership_score(S, num_rounds).numpy()))
+            out[(name, gamma > 0)] = float(np.mean(accs))
+    return out
+
+
+def active_attack_name(name: str, active: bool) -> str:
+    """The glue name of one cell of the active-attack table: ``act_<variant>_<a|p>_acc``."""
+    return f"act_{name.replace(', ', '_')}_{'a' if active else 'p'}_acc"
+
+
+def active_attack_values(active_acc: Mapping) -> dict:
+    """``{name: value}`` the chapter quotes from :func:`active_attack_sweep` (unrounded): every cell of
+    the table (:func:`active_attack_name`) and the prose's ``act_server_p``, ``act_server_a``,
+    ``act_iso_a``, ``act_part_p``, ``act_part_a``. Raises ``ValueError`` if a variant is missing."""
+    need = [("server", False), ("server", True), ("server, isolating", True), ("participant", False),
+            ("participant", True)]
+    missing = [k for k in need if k not in active_acc]
+    if missing:
+        raise ValueError(f"active_acc lacks {missing}")
+    out = {active_attack_name(n, a): v for (n, a), v in active_acc.items()}
+    out.update(act_server_p=active_acc[("server", False)], act_server_a=active_acc[("server", True)],
+               act_iso_a=active_acc[("server, isolating", True)], act_part_p=active_acc[("participant", False)],
+               act_part_a=active_acc[("participant", True)])
+    return out
+
+
+def active_attack_table(active_acc: Mapping, paper: Callable[[str], str]):
+    """Nasr et al. (2019) Table XI (AlexNet row, :data:`LECTURE_ACTIVE_ACCURACY`) beside ours, one row
+    per attacker and mode (Markdown); ``paper(name)`` quotes the stored paper-scale record."""
+    from ..plots import md_table
+
+    names = list(dict.fromkeys(n for n, _ in active_acc))
+    rows = [[name, "active (gradient ascent)" if act else "passive", LECTURE_ACTIVE_ACCURACY.get((name, act), "-"),
+             round(active_acc[(name, act)], 3), paper(active_attack_name(name, act))]
+            for name in names for act in (False, True)]
+    return md_table(["attacker", "mode", "paper accuracy", "ours accuracy", "ours, paper scale (mean ± 95 % CI)"], rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# client-level DP: utility and leakage of the released models (McMahan et al. 2018, Alg. 1)
+# ---------------------------------------------------------------------------------------------------
+
+def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Dataset, *, n_per_client: int,
+            client_counts: Sequence[int], epsilons: Sequence[float], num_rounds: int, delta: float,
+            clip_norm: float, window: int = 5, seed: int = 0, **fl_args) -> dict:
+    """DP-FedAvg (McMahan et al. 2018, Alg. 1, every client every round, ``q = 1``) against the
+    passive attack on its *released* models, over a grid of client counts and budgets.
+
+    For every ``K`` in ``client_counts``: ``K`` iid clients of ``n_per_client`` records of ``train``
+    (:func:`fedlab.data.partition_iid` with ``seed``); for every ``eps`` of ``epsilons`` (``inf`` = no
+    noise) the noise multiplier is calibrated with the RDP accountant at ``delta``, DP-FedAvg runs
+    ``num_rounds`` rounds from ``params``, and the attacker averages each record's loss over the last
+    ``window`` released models (members: every client's records; non-members: all of ``nonmembers``).
+    ``fl_args``: ``local_epochs``, ``batch_size``, ``lr`` of the clients.
+
+    Returns ``{(eps, K): {"z", "accuracy" (on test), "auc"}}``. Raises ``ValueError`` for
+    ``n_per_client``, ``num_rounds`` or ``window`` not positive integers, or ``window > num_rounds``.
+    """
+    n = positive_int("n_per_client", n_per_client)
+    num_rounds = positive_int("num_rounds", num_rounds)
+    window = positive_int("window", window)
+    if window > num_rounds:
+        raise ValueError(f"window ({window}) must not exceed num_rounds ({num_rounds})")
+    grid = {}
+    for K in client_counts:
+        parts_K = [p[:n] for p in partition_iid(len(train), K, seed=seed)]
+        members = Dataset(train.X[np.concatenate(parts_K)], train.y[np.concatenate(parts_K)])
+        cl_K = stack_clients(client_datasets(train, parts_K))
+        X_all = torch.cat([members.X, nonmembers.X])
+        y_all = torch.cat([members.y, nonmembers.y])
+        lab = np.r_[np.ones(len(members)), np.zeros(len(nonmembers))]
+        for eps in epsilons:
+            z = dpf.noise_multiplier_for_epsilon(eps, 1.0, num_rounds, delta)
+            released = []
+            res = dp_fedavg(model, cl_K, num_rounds=num_rounds, sampling_prob=1.0, noise_multiplier=z,
+                            clip_norm=clip_norm, params=params, seed=seed, eval_data=test,
+                            callback=lambda r: released.append(r.new_params), **fl_args)
+            S_rel = mia.snapshot_signals(model, released[-window:], X_all, y_all)
+            grid[(eps, K)] = {"z": z, "accuracy": res.history["accuracy"][-1],
+                              "auc": mia.attack_auc(S_rel, lab, window)}
+    return grid
+
+
+def plot_dp_grid(grid: Mapping, epsilons: Sequence[float], client_counts: Sequence[int], *, delta: float = 1e-3):
+    """Two panels from :func:`dp_grid`: test accuracy and the attack's AUC against ``eps`` (log axis,
+    ``inf`` drawn at 32 and labelled "∞"), one line per client count. Returns ``(fig, axes)``."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    xs = [e if np.isfinite(e) else 32.0 for e in epsilons]
+    for K in client_counts:
+        axes[0].plot(xs, [grid[(e, K)]["accuracy"] for e in epsilons], "o-", label=f"K = {K}")
+        axes[1].plot(xs, [grid[(e, K)]["auc"] for e in epsilons], "o-", label=f"K = {K}")
+    for ax, label in zip(axes, ["test accuracy", "MIA AUC (released models)"]):
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [f"{e:g}" if np.isfinite(e) else "∞" for e in epsilons])
+        ax.set(xlabel=f"ε (δ = {delta:.0e})".replace("e-0", "e-"), ylabel=label)
+        ax.legend()
+    axes[1].axhline(0.5, color="gray", ls="--")
+    return fig, axes
+
+
+# ---------------------------------------------------------------------------------------------------
+# keeping utility: local-only, DP-FedAvg + fine-tuning, Centaur (Shen et al. 2023)
+# ---------------------------------------------------------------------------------------------------
+
+def personalization_sweep(model, params: dict, classes_per_client: Sequence[int], *, num_clients: int,
+                          num_rounds: int, sampling_prob: float, noise_multiplier: float, clip_norm: float,
+                          server_lr: float, lr: float, batch_size: int, n_train: int = 10, n_test: int = 20,
+                          local_only_epochs: int = 20, finetune_epochs: int = 30, head_epochs: int = 10,
+                          final_head_epochs: int = 30, seed: int = 0) -> tuple[dict, dict]:
+    """Mean client test accuracy of three private options on
+    :func:`fedlab.fl.personalization.make_representation_task` (``num_clients`` clients of ``n_train``
+    records, ``n_test`` test records each), for each heterogeneity level in ``classes_per_client``:
+
+    * ``"local-only"``: :func:`~fedlab.fl.personalization.local_only`, ``local_only_epochs`` epochs;
+    * ``"DP-FedAvg + fine-tuning"``: DP-FedAvg (McMahan et al. 2018, Alg. 1; one local epoch) then
+      :func:`~fedlab.fl.personalization.finetune` of the head for ``finetune_epochs``;
+    * ``"Centaur"`` (Shen et al. 2023, Alg. 1-2): :func:`~fedlab.fl.personalization.centaur` with
+      ``head_epochs`` per round and ``final_head_epochs`` for the final heads.
+
+    Both federated methods share ``sampling_prob``, ``noise_multiplier``, ``clip_norm``, ``server_lr``,
+    ``lr``, ``batch_size`` (so they spend the same privacy budget); local-only and fine-tuning use
+    ``lr`` too, local-only ``batch_size``. Every run starts from ``params`` with ``seed``.
+
+    Returns ``(util, diag)``: ``util[method][level]`` accuracies and ``diag[level] = (records of
+    DP-FedAvg, records of Centaur)``, one :class:`~fedlab.fl.dp_fedavg.DPRoundRecord` per round.
+    Raises ``ValueError`` for ``num_clients`` or ``num_rounds`` not positive integers.
+    """
+    num_clients = positive_int("num_clients", num_clients)
+    num_rounds = positive_int("num_rounds", num_rounds)
+    dp_args = dict(sampling_prob=sampling_prob, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
+                   server_lr=server_lr, lr=lr, batch_size=batch_size, params=params, seed=seed)
+    util = {m: {} for m in ["local-only", "DP-FedAvg + fine-tuning", "Centaur"]}
+    diag = {}
+    for cpc in classes_per_client:
+        tr, te = pers.make_representation_task(num_clients, n_train, n_test, classes_per_client=cpc, seed=seed)
+        lo = pers.local_only(model, tr, num_epochs=local_only_epochs, lr=lr, batch_size=batch_size, params=params, seed=seed)
+        util["local-only"][cpc] = float(pers.evaluate_clients(model, lo, te).mean())
+        recs_fa, recs_ce = [], []
+        glob = dp_fedavg(model, tr, num_rounds=num_rounds, local_epochs=1, callback=recs_fa.append, **dp_args)
+        ft = pers.finetune(model, glob.params, tr, num_epochs=finetune_epochs, lr=lr, seed=seed)
+        util["DP-FedAvg + fine-tuning"][cpc] = float(pers.evaluate_clients(model, ft, te).mean())
+        ce = pers.centaur(model, tr, num_rounds=num_rounds, head_epochs=head_epochs, final_head_epochs=final_head_epochs,
+                          callback=recs_ce.append, **dp_args)
+        util["Centaur"][cpc] = float(pers.evaluate_clients(model, ce, te).mean())
+        diag[cpc] = (recs_fa, recs_ce)
+    return util, diag
+
+
+def snr_and_agreement(recs_fa: Sequence, recs_ce: Sequence, params: dict) -> dict:
+    """The lecture's two diagnostics of Centaur vs DP-FedAvg (Shen et al. 2023, Sec. 5), averaged over
+    the rounds of one run of each: the per-dimension signal-to-noise ratio of every layer
+    (:func:`~fedlab.fl.personalization.per_layer_snr`) and the cosine of each client's representation
+    update with the mean update (:func:`~fedlab.fl.personalization.client_agreement`).
+
+    Returns ``{"snr_fa", "snr_ce"`` (layer name -> mean SNR; Centaur's lacks the head), ``"agree_fa",
+    "agree_ce"`` (1-d tensors, one cosine per client and round), ``"rep_names", "head_names",
+    "summary"}``, the summary holding what the chapter quotes: ``snr_head`` (DP-FedAvg's head),
+    ``snr_rep_fa``, ``snr_rep_ce`` (mean over the representation's layers), ``agree_fa``, ``agree_ce``
+    (mean cosines) and ``agree_fa_sd``, ``agree_ce_sd`` (their standard deviations).
+    Raises ``ValueError`` if either list of round records is empty.
+    """
+    if not recs_fa or not recs_ce:
+        raise ValueError("recs_fa and recs_ce must each hold at least one round record")
+    head_names = pers.head_names_of(params)
+    rep_names = [k for k in params if k not in head_names]
+    snr_fa = {k: np.mean([pers.per_layer_snr(r.clipped_mean, r.noise_std)[k] for r in recs_fa]) for k in params}
+    snr_ce = {k: np.mean([pers.per_layer_snr(r.clipped_mean, r.noise_std)[k] for r in recs_ce])
+              for k in recs_ce[0].clipped_mean}
+    agree_fa = torch.cat([pers.client_agreement(r.updates, rep_names) for r in recs_fa if len(r.selected)])
+    agree_ce = torch.cat([pers.client_agreement(r.updates, rep_names) for r in recs_ce if len(r.selected)])
+    return {"snr_fa": snr_fa, "snr_ce": snr_ce, "agree_fa": agree_fa, "agree_ce": agree_ce,
+            "rep_names": rep_names, "head_names": head_names,
+            "summary": {"snr_head": float(np.mean([snr_fa[k] for k in head_names])),
+                        "snr_rep_fa": float(np.mean([snr_fa[k] for k in rep_names])),
+                        "snr_rep_ce": float(np.mean([snr_ce[k] for k in rep_names])),
+                        "agree_fa": float(agree_fa.mean()), "agree_ce": float(agree_ce.mean()),
+                        "agree_fa_sd": float(agree_fa.std()), "agree_ce_sd": float(agree_ce.std())}}
+
+
+def plot_snr_agreement(diagnostics: Mapping, layer_names: Sequence[str]):
+    """Two panels from :func:`snr_and_agreement`: per-dimension SNR by layer (DP-FedAvg beside Centaur,
+    whose head is not shared and shows 0) and box plots of client agreement on the representation.
+    Returns ``(fig, axes)``."""
+    import matplotlib.pyplot as plt
+
+    snr_fa, snr_ce = diagnostics["snr_fa"], diagnostics["snr_ce"]
+    layer_names = list(layer_names)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    x = np.arange(len(layer_names))
+    axes[0].bar(x - 0.2, [snr_fa[k] for k in layer_names], 0.4, label="DP-FedAvg")
+    axes[0].bar(x + 0.2, [snr_ce.get(k, 0.0) for k in layer_names], 0.4, label="Centaur (head not shared)")
+    axes[0].set_xticks(x, layer_names)
+    axes[0].set(ylabel="per-dimension SNR", title="signal-to-noise by layer")
+    axes[0].legend()
+    axes[1].boxplot([diagnostics["agree_fa"].numpy(), diagnostics["agree_ce"].numpy()])
+    axes[1].set_xticks([1, 2], ["DP-FedAvg", "Centaur"])
+    axes[1].set(ylabel="cosine(client update, mean)", title="client agreement on the representation")
+    return fig, axes

@@ -1,0 +1,600 @@
+"""Chapter 2's experiments: London (2020), "PAC identifiability in federated personalization" --
+Theorem 1 (exact recovery by Protocol 2, Sec. 4), Theorems 2 and 3 (noisy messages, Eq. 3; SGD
+without replacement, Protocol 3, App. A.4) measured against their bounds, and the defenses of
+Sec. 6 (refusing all-zero item vectors, secure aggregation).
+
+The attack and the bounds are :mod:`fedlab.attacks.identifiability`; the federated recommender is
+:mod:`fedlab.fl.recsys.ratings`. The functions here run the chapter's sweeps in the order the chapter
+runs them (so that every number is the one the chapter has always printed), draw its figures and
+build its tables; the page glues what they return.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from .._checks import in_range, positive_int
+from ..attacks import identifiability as pac
+from ..fl.recsys import ratings as rec
+from ..metrics import t_interval
+from ..privacy import ldp
+
+__all__ = ["Theorem1Row", "theorem1_sweep", "plot_theorem1", "theorem1_rows", "theorem1_fail_name",
+           "theorem1_table", "noisy_error_curves", "noisy_panels", "noisy_summary", "attack_error_panel",
+           "probe_defense", "secagg_experiment", "secagg_rows", "label_leak", "slack_chain", "bound_checks",
+           "bound_checks_table", "slack_table", "epsilon_sweep", "plot_epsilon_sweep", "dp_composition", "dp_error_targets",
+           "plot_dp_composition"]
+
+
+def _grid(t_max: int, bounds) -> list[int]:
+    """30 log-spaced interaction counts in ``1..t_max`` and every bound's ``T`` (so each is measured)."""
+    return sorted(set(np.geomspace(1, t_max, 30).round().astype(int).tolist()) | set(bounds))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Theorem 1: exact recovery (London 2020, Sec. 4)
+# ---------------------------------------------------------------------------------------------------
+
+class Theorem1Row(NamedTuple):
+    """One row of the Theorem 1 check: preference rate ``p``, batch size ``B``, the theorem's ``t1``,
+    the measured failure rate ``fail`` and the exact failure probability ``exact`` at ``t1``, the
+    smallest ``t_exact`` whose exact failure is at most ``delta``, and ``ratio = t1 / t_exact``."""
+    p: float
+    B: int
+    t1: int
+    fail: float
+    exact: float
+    t_exact: int
+    ratio: float
+
+
+def theorem1_sweep(pop, pref_rates: Sequence[float], batch_sizes: Sequence[int], *, delta: float,
+                   num_trials: int, lr: float = 1.0, loss: str = "hinge", seed: int = 0) -> dict:
+    """Protocol 2 (London 2020) against one user per preference rate, ``num_trials`` independent runs
+    each, for every batch size ``B``: the success rate of exact sign recovery (error 0 in Definition 1)
+    after each ``T`` of a log grid up to twice the largest ``T`` of Theorem 1, with Theorem 1's
+    ``T = ceil(2 ln(1/delta) / (B (1 - 2p)^2))`` of every ``p`` on the grid.
+
+    ``pop``: a :class:`~fedlab.fl.recsys.ratings.RecData` whose users ``0..len(pref_rates)-1`` like a
+    fraction ``pref_rates`` of their rated items. The run for ``B`` uses seed ``seed + B``.
+
+    Returns ``{B: {"T": [J] array of interaction counts, "success": [J, len(pref_rates)] array,
+    "T1": {p: Theorem 1's T}}}``. Raises ``ValueError`` for ``delta`` outside (0, 1), ``num_trials < 1``
+    or a population with fewer users than ``pref_rates``.
+    """
+    delta = in_range("delta", delta, 0.0, 1.0)
+    num_trials = positive_int("num_trials", num_trials)
+    if pop.user_vectors.shape[0] < len(pref_rates):
+        raise ValueError(f"pop has {pop.user_vectors.shape[0]} users, fewer than the {len(pref_rates)} pref_rates")
+    out = {}
+    for B in batch_sizes:
+        T1 = {p: math.ceil(pac.theorem1_num_interactions(p, B, delta)) for p in pref_rates}
+        t_max = 2 * max(T1.values())
+        T, err = pac.attack_error_curve(pop.user_vectors, pop.items, pop.y, pop.item_vectors, num_trials=num_trials,
+                                        num_interactions=t_max, batch_size=B, lr=lr, loss=loss,
+                                        record_at=_grid(t_max, T1.values()), seed=seed + B)
+        out[B] = {"T": np.array(T), "success": (err == 0).double().mean(-1).numpy(), "T1": T1}
+    return out
+
+
+def plot_theorem1(thm1: Mapping, pref_rates: Sequence[float], *, delta: float, num_rated: int):
+    """One panel per batch size of :func:`theorem1_sweep`: the measured probability of exact recovery
+    (dots), the exact one (solid, :func:`~fedlab.attacks.identifiability.theorem1_exact_failure` with ``num_rated``
+    items), Hoeffding's bound (dashed) and Theorem 1's ``T`` (dotted). Returns ``(fig, axes)``."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import PALETTE
+
+    fig, axes = plt.subplots(1, len(thm1), figsize=(12, 5.0), sharey=True, squeeze=False)
+    axes = axes[0]
+    for ax, (B, res) in zip(axes, thm1.items()):
+        T, succ = res["T"], res["success"]
+        for j, p in enumerate(pref_rates):
+            col = PALETTE[j]
+            ax.plot(T, succ[:, j], "o", ms=4, color=col, label=f"measured, $p_c$={p}")
+            ax.plot(T, 1 - pac.theorem1_exact_failure(T, p, B, num_rated), "-", lw=1.2, color=col)
+            ax.plot(T, np.clip(1 - pac.theorem1_failure_bound(T, p, B), 0, 1), "--", lw=1.2, color=col)
+            ax.axvline(res["T1"][p], color=col, ls=":", lw=1)
+        ax.axhline(1 - delta, color="gray", lw=0.8)
+        ax.set(xscale="log", xlabel="interactions T", title=f"B = {B}")
+    axes[0].set_ylabel("P(exact recovery, $\\epsilon$ = 0)")
+    axes[0].legend(loc="lower right", fontsize=9)
+    fig.suptitle("Theorem 1: dots measured, solid exact, dashed Hoeffding bound,\n"
+                 f"dotted T of the theorem ($\\delta$ = {delta:g})")
+    return fig, axes
+
+
+def theorem1_rows(thm1: Mapping, pref_rates: Sequence[float], *, delta: float, num_rated: int) -> list[Theorem1Row]:
+    """One :class:`Theorem1Row` per batch size (outer) and preference rate (inner) of
+    :func:`theorem1_sweep`: the measured failure at Theorem 1's ``T``, the exact failure there, and the
+    smallest ``T`` whose exact failure (sampling ``B`` of ``num_rated`` items without replacement) is
+    at most ``delta``. Raises ``ValueError`` for ``delta`` outside (0, 1)."""
+    delta = in_range("delta", delta, 0.0, 1.0)
+    rows = []
+    for B, res in thm1.items():
+        T, succ = res["T"], res["success"]
+        for j, p in enumerate(pref_rates):
+            t1 = res["T1"][p]
+            fail_at = 1 - succ[list(T).index(t1), j]
+            exact_at = pac.theorem1_exact_failure([t1], p, B, num_rated)[0]
+            t_exact = int(np.argmax(pac.theorem1_exact_failure(np.arange(1, t1 + 1), p, B, num_rated) <= delta)) + 1
+            rows.append(Theorem1Row(p, B, t1, fail_at, exact_at, t_exact, t1 / t_exact))
+    return rows
+
+
+def theorem1_fail_name(p: float, B: int) -> str:
+    """The glue name of the measured failure at Theorem 1's ``T``: ``ch2_t1_fail_p<10p>_b<B>``."""
+    return f"ch2_t1_fail_p{round(10 * p):02d}_b{B}"
+
+
+def theorem1_table(rows: Sequence[Theorem1Row], paper: Callable[..., str]) -> str:
+    """The Theorem 1 rows as a Markdown table, with the stored paper-scale record's measured failure
+    (``paper(name, 4)``, e.g. :meth:`fedlab.records.Run.paper`) beside ours."""
+    head = ("| $p_c$ | $B$ | $T$ of Theorem 1 | measured failure at that $T$ | measured failure, paper scale "
+            "(mean ± 95 % CI, n seeds) | exact failure | smallest $T$ with exact failure $\\le\\delta$ | bound / needed |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+    return head + "\n".join(f"| {p} | {B} | {t1} | {f:.4f} | {paper(theorem1_fail_name(p, B), 4)} | {e:.4f} | {te} | {r:.1f} |"
+                            for p, B, t1, f, e, te, r in rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Theorems 2 and 3: noisy messages (Eq. 3), by batches (Protocol 1) or by epochs (Protocol 3)
+# ---------------------------------------------------------------------------------------------------
+
+def noisy_error_curves(target, sigmas: Sequence[float], T_bound: Mapping[float, int], *, batch_size: int, lr: float,
+                       num_trials: int, protocol: int = 2, loss: str = "hinge", seed: int = 0):
+    """The attack on one user with Eq. (3) noise, one noise level per copy of the user, in one batch
+    (:func:`~fedlab.attacks.identifiability.attack_error_curve`; ``protocol`` 2 for Theorem 2, 3 for Theorem 3).
+
+    ``target``: a :class:`~fedlab.fl.recsys.ratings.RecData` of one user; ``T_bound``: the theorem's
+    ``T`` for every ``sigma``. The error is recorded on a log grid up to ``1.25 * max(T_bound)`` that
+    contains every bound's ``T``. Returns ``(T, err)``: the list of interaction counts ``[J]`` and the
+    errors ``[J, len(sigmas), num_trials]``. Raises ``ValueError`` for a target that is not one user or
+    a ``sigma`` without a bound.
+    """
+    if target.user_vectors.shape[0] != 1:
+        raise ValueError(f"target must hold one user, got {target.user_vectors.shape[0]}")
+    missing = [s for s in sigmas if s not in T_bound]
+    if missing:
+        raise ValueError(f"T_bound has no T for sigma {missing}")
+    reps = len(sigmas)
+    t_max = math.ceil(1.25 * max(T_bound.values()))
+    return pac.attack_error_curve(target.user_vectors.repeat(reps, 1), target.items.repeat(reps, 1),
+                                  target.y.repeat(reps, 1), target.item_vectors, num_trials=num_trials,
+                                  num_interactions=t_max, batch_size=batch_size, lr=lr, loss=loss,
+                                  sigma=torch.tensor(sigmas), record_at=_grid(t_max, T_bound.values()),
+                                  protocol=protocol, seed=seed)
+
+
+def noisy_panels(T, err: torch.Tensor, sigmas: Sequence[float], T_bound: Mapping[float, int], title: str, *,
+                 eps: float, delta: float):
+    """Two panels from :func:`noisy_error_curves`: the mean error (Definition 1) and the probability
+    that it exceeds ``eps`` against ``T``, one colour per ``sigma``, the bound's ``T`` dotted, ``eps``
+    and ``delta`` dashed. Returns ``(fig, axes)``."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import PALETTE
+
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.0))
+    for j, s in enumerate(sigmas):
+        col = PALETTE[j]
+        axes[0].plot(T, err[:, j].mean(-1).numpy(), color=col, label=f"$\\sigma$ = {s}")
+        axes[1].plot(T, (err[:, j] > eps).double().mean(-1).numpy(), color=col, label=f"$\\sigma$ = {s}")
+        for ax in axes:
+            ax.axvline(T_bound[s], color=col, ls=":", lw=1.2)
+    axes[0].axhline(eps, color="gray", ls="--", lw=1)
+    axes[1].axhline(delta, color="gray", ls="--", lw=1)
+    axes[0].set(xscale="log", xlabel="interactions T", ylabel="mean error rate (Def. 1)")
+    axes[1].set(xscale="log", xlabel="interactions T", ylabel="P(error > $\\epsilon$)")
+    axes[0].legend()
+    fig.suptitle(title)
+    return fig, axes
+
+
+def noisy_summary(T, err: torch.Tensor, sigmas: Sequence[float], T_bound: Mapping[float, int], *,
+                  eps: float, delta: float) -> dict:
+    """What Theorems 2-3 promise, measured: for every ``sigma``, ``{"T"`` (the bound's), ``"fail"``
+    (P(error > eps) there), ``"mean_err"`` (mean error there), ``"first_ok"`` (the first ``T`` of the
+    grid with P(error > eps) <= delta, ``None`` if none)``}``. Raises ``ValueError`` if a bound's ``T``
+    is not on the grid ``T``."""
+    T = list(T)
+    out = {}
+    for j, s in enumerate(sigmas):
+        if T_bound[s] not in T:
+            raise ValueError(f"the bound's T = {T_bound[s]} for sigma = {s} is not on the grid T")
+        fail = (err[:, j] > eps).double().mean(-1).numpy()
+        i = T.index(T_bound[s])
+        ok = [t for t, f in zip(T, fail) if f <= delta]
+        out[s] = {"T": T_bound[s], "fail": float(fail[i]), "mean_err": float(err[i, j].mean()),
+                  "first_ok": ok[0] if ok else None}
+    return out
+
+
+def slack_chain(law: "pac.AttackLaw", *, epsilon: float, delta: float, beta_grid: int = 49) -> dict:
+    """Where the slack of Theorem 2 (``law.protocol == 2``) or Theorem 3 (``3``) goes, one step of the
+    proof (London 2020, App. A.3-A.4) at a time: each stage is the smallest ``T`` at which a weaker
+    requirement holds with probability ``>= 1 - delta``.
+
+    * ``"paper"``: the theorem's ``T`` (Theorem 2 with the chapter's ``beta = (1 - 2 p_c) / 2``);
+    * ``"beta*"``: the theorem with the best ``beta`` (:func:`~fedlab.attacks.identifiability.theorem2_optimal_beta`;
+      Theorem 3 has no ``beta``);
+    * ``"norms"``: the union bound with each item's own ``||v_i||`` instead of ``M`` (``beta`` re-optimised);
+    * ``"events"``: the exact probability of the proof's events (E1 and E2, or Eq. 10 for all items): no
+      Hoeffding, Gaussian tail or union bound, no split of ``delta`` (``beta`` the best of a grid);
+    * ``"above_tau"``: every item with ``|u_c . v_i| >= tau_c(eps)`` gets the right sign (what the
+      events are sufficient for);
+    * ``"error"``: Definition 1's error is at most ``eps`` (what the theorem promises).
+
+    Returns ``{"T": {stage: T}, "factor": {"beta", "M", "tails", "events", "epsilon": ratio of
+    consecutive stages}, "total": paper / error, "tau": tau_c(eps), "beta": the grid's best beta}``; the
+    factors multiply to the total. Raises ``ValueError`` for ``delta`` outside (0, 1) or ``epsilon``
+    outside [0, 1)."""
+    delta = in_range("delta", delta, 0.0, 1.0)
+    epsilon = in_range("epsilon", epsilon, 0.0, 1.0, low_closed=True)
+    tau = law.tau(epsilon)
+    a = law.multiplier
+    if law.protocol == 2:
+        T_paper = law.bound(epsilon, delta, beta=0.5 * a)
+        T_beta = law.bound(epsilon, delta)
+        c1 = 2 * math.log(2 / delta) / law.batch_size                  # t1 = c1 / (a - beta)^2
+        U1 = law.union_bound_needed(1.0, tau, delta / 2)                 # union term = U1 / beta^2
+        b = a * math.sqrt(U1) / (math.sqrt(c1) + math.sqrt(U1))
+        T_norms = max(c1 / (a - b) ** 2, U1 / b ** 2)
+        betas = a * np.linspace(0.02, 0.98, beta_grid)
+        T_events = law.needed("E1E2", delta, tau=tau, beta=betas)
+        best_beta = float(betas[np.argmin([law.fail(T_events, "E1E2", tau=tau, beta=bb) for bb in betas])])
+    else:
+        T_paper = T_beta = law.bound(epsilon, delta)
+        T_norms = law.union_bound_needed(a, tau, delta)
+        T_events, best_beta = law.needed("E1E2", delta, tau=tau), None
+    T = {"paper": T_paper, "beta*": T_beta, "norms": T_norms, "events": float(T_events),
+         "above_tau": float(law.needed("above_tau", delta, tau=tau)),
+         "error": float(law.needed("error", delta, epsilon=epsilon))}
+    names = ["beta", "M", "tails", "events", "epsilon"]
+    vals = list(T.values())
+    factor = {n: vals[i] / vals[i + 1] for i, n in enumerate(names)}
+    return {"T": T, "factor": factor, "total": T_paper / T["error"], "tau": tau, "beta": best_beta}
+
+
+def bound_checks(law2: "pac.AttackLaw", law3: "pac.AttackLaw", *, epsilon: float, delta: float,
+                 thm1_pref_rate: float = 0.4, thm1_num_rated: int = 20) -> dict:
+    """Checks of Theorems 1-3 that a wrong constant breaks (London 2020, App. A.2-A.4): each theorem's
+    ``T`` (and each term of Theorem 2's maximum on its own) is read from the bound functions of
+    :mod:`fedlab.attacks.identifiability`, and the probability that the event that term controls
+    fails there is computed exactly or by :class:`~fedlab.attacks.identifiability.AttackLaw`:
+
+    * ``"thm1"``: Theorem 1 at ``p_c = thm1_pref_rate``, ``B = 1`` (where Hoeffding is nearly tight),
+      exact failure, allowed ``delta``;
+    * ``"thm2_E1"``: ``not E1`` at the first term ``t1`` (``beta*``), allowed ``delta / 2``;
+    * ``"thm2_E2"``: ``not E2`` at the second term ``t2``, allowed ``delta / 2``;
+    * ``"thm2_error"``, ``"thm3_error"``: Definition 1's error above ``epsilon`` at the theorem's ``T``,
+      allowed ``delta`` (these pass even for a bound 5x too small: the slack of :func:`slack_chain`);
+    * ``"thm3_events"``: Eq. (10) fails for some item at Theorem 3's ``T``, allowed ``delta``.
+
+    Returns ``{name: (T, measured failure, allowed)}``. Raises ``ValueError`` for a ``law2`` that is
+    not Protocol 2 or a ``law3`` that is not Protocol 3."""
+    if law2.protocol != 2 or law3.protocol != 3:
+        raise ValueError(f"law2 must be Protocol 2 and law3 Protocol 3, got {law2.protocol} and {law3.protocol}")
+    delta = in_range("delta", delta, 0.0, 1.0)
+    T1 = math.ceil(pac.theorem1_num_interactions(thm1_pref_rate, 1, delta))
+    out = {"thm1": (T1, float(pac.theorem1_exact_failure([T1], thm1_pref_rate, 1, thm1_num_rated)[0]), delta)}
+    tau2, tau3 = law2.tau(epsilon), law3.tau(epsilon)
+    beta = pac.theorem2_optimal_beta(law2.pref_rate, law2.batch_size, delta, law2.sigma, law2.item_norm_bound,
+                                     law2.num_items, law2.lr, law2.loss, tau2)
+    T2, t1, t2 = (math.ceil(x) for x in law2.bound(epsilon, delta, beta=beta, return_terms=True))
+    out["thm2_E1"] = (t1, law2.fail(t1, "E1", beta=beta), delta / 2)
+    out["thm2_E2"] = (t2, law2.fail(t2, "E2", beta=beta, tau=tau2), delta / 2)
+    out["thm2_error"] = (T2, law2.fail(T2, "error", epsilon=epsilon), delta)
+    T3 = math.ceil(law3.bound(epsilon, delta))
+    out["thm3_events"] = (T3, law3.fail(T3, "E2", tau=tau3), delta)
+    out["thm3_error"] = (T3, law3.fail(T3, "error", epsilon=epsilon), delta)
+    return out
+
+
+CHECK_LABELS = {"thm1": "Theorem 1, $p_c$ = 0.4, $B$ = 1: P(error > 0) (exact)",
+                "thm2_E1": "Theorem 2, first term $t_1$ alone: P(not $E_1$) (exact)",
+                "thm2_E2": "Theorem 2, second term $t_2$ alone: P(not $E_2$)",
+                "thm2_error": "Theorem 2, $T$: P(error > $\\epsilon$)",
+                "thm3_events": "Theorem 3, $T$: P(Eq. 10 fails for some item)",
+                "thm3_error": "Theorem 3, $T$: P(error > $\\epsilon$)"}
+SLACK_LABELS = {"beta": "$\\beta=(1-2p_c)/2$ vs best $\\beta$", "M": "worst-case norm $M$ vs each $\\|\\mathbf v_i\\|$",
+                "tails": "Hoeffding, Gaussian tail, union bound, $\\delta/2$ split vs exact P($E_1\\wedge E_2$)",
+                "events": "one $\\beta$, one $\\tau$ for all items vs every item above $\\tau_c$ right",
+                "epsilon": "every item above $\\tau_c$ right vs only error $\\le\\epsilon$"}
+
+
+def bound_checks_table(checks: Mapping) -> str:
+    """:func:`bound_checks` as a Markdown table: the check, the ``T`` it is read at, the measured
+    failure probability, what the proof allows there, and the failure at ``0.2 T``'s bound is not
+    shown (the mutation test of ``tests/test_experiments_ch1b_2.py`` runs it)."""
+    head = "| check | $T$ | failure probability | allowed |\n|---|---|---|---|\n"
+    return head + "\n".join(f"| {CHECK_LABELS.get(k, k)} | {T} | {f:.4f} | {a:.3f} |" for k, (T, f, a) in checks.items())
+
+
+def slack_table(chains: Mapping) -> str:
+    """Markdown table of :func:`slack_chain` results ``{column title: chain}``: one row per factor,
+    the ``T`` of the theorem and the ``T`` needed, and the total."""
+    cols = list(chains)
+    head = "| | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n"
+    rows = [f"| $T$ of the theorem (paper's $\\beta$) | " + " | ".join(f"{c['T']['paper']:.0f}" for c in chains.values()) + " |"]
+    rows += [f"| factor: {SLACK_LABELS[n]} | " + " | ".join(f"{c['factor'][n]:.2f}" for c in chains.values()) + " |"
+             for n in SLACK_LABELS]
+    rows += ["| $T$ needed for P(error > $\\epsilon$) $\\le\\delta$ | " +
+             " | ".join(f"{c['T']['error']:.0f}" for c in chains.values()) + " |",
+             "| total: theorem / needed | " + " | ".join(f"{c['total']:.1f}" for c in chains.values()) + " |"]
+    return head + "\n".join(rows)
+
+
+def epsilon_sweep(laws: Mapping, epsilons: Sequence[float], *, delta: float) -> dict:
+    """For each ``{name: AttackLaw}`` and ``eps``: ``tau_c(eps)``, the theorem's ``T`` (Theorem 2 at
+    ``beta = (1 - 2 p_c) / 2`` and at the best ``beta``) and the ``T`` the attack needs for
+    P(error > eps) <= delta (:meth:`~fedlab.attacks.identifiability.AttackLaw.needed`).
+    Returns ``{name: {"tau", "paper", "best_beta", "needed": [len(epsilons)] arrays}}``."""
+    delta = in_range("delta", delta, 0.0, 1.0)
+    out = {}
+    for name, law in laws.items():
+        rows = {"tau": [], "paper": [], "best_beta": [], "needed": []}
+        for eps in epsilons:
+            rows["tau"].append(law.tau(eps))
+            rows["paper"].append(law.bound(eps, delta, beta=0.5 * law.multiplier) if law.protocol == 2
+                                 else law.bound(eps, delta))
+            rows["best_beta"].append(law.bound(eps, delta))
+            rows["needed"].append(law.needed("error", delta, epsilon=eps))
+        out[name] = {k: np.array(v, dtype=float) for k, v in rows.items()}
+    return out
+
+
+def plot_epsilon_sweep(sweep: Mapping, epsilons: Sequence[float]):
+    """The theorem's ``T`` and the ``T`` needed against ``eps`` (log scale), one colour per law of
+    :func:`epsilon_sweep`; ``eps = 0`` is drawn at the left edge. Returns ``(fig, ax)``."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import PALETTE
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    x = np.arange(len(epsilons))
+    for j, (name, r) in enumerate(sweep.items()):
+        col = PALETTE[j]
+        ax.plot(x, r["paper"], "--", color=col, label=f"{name}: theorem's T")
+        if not np.allclose(r["paper"], r["best_beta"]):
+            ax.plot(x, r["best_beta"], ":", color=col, label=f"{name}: theorem, best $\\beta$")
+        ax.plot(x, r["needed"], "o-", color=col, label=f"{name}: needed (exact law)")
+    ax.set(yscale="log", xticks=x, xticklabels=[f"{e:g}" for e in epsilons], xlabel="$\\epsilon$",
+           ylabel="interactions T", title="How many interactions: the theorems against what the attack needs")
+    ax.legend(fontsize=8)
+    return fig, ax
+
+
+def _dp_point(law: "pac.AttackLaw", z: float, *, clip_norm: float, epsilon: float, delta: float,
+              dp_delta: float, bound: bool) -> dict:
+    """One noise multiplier ``z``: Eq. (3)'s ``sigma`` for it, the attack's ``T`` and its DP cost."""
+    n = law.batch_size if law.protocol == 2 else law.num_rated     # items one message changes
+    sigma = 2.0 * z * clip_norm * math.sqrt(n)                     # ldp_noise_multiplier(sigma, C, n) = z
+    equiv = law.with_sigma(pac.clipped_sigma(sigma, clip_norm, law.user_norm, lr=law.lr, loss=law.loss))
+    out = {"z": z, "sigma": sigma, "needed": equiv.needed("error", delta, epsilon=epsilon)}
+    out["eps_needed"] = ldp.gaussian_composed_epsilon(z, out["needed"], dp_delta)
+    out["mu_needed"] = math.sqrt(out["needed"]) / z
+    if bound:
+        out["bound"] = math.ceil(equiv.bound(epsilon, delta))
+        out["eps_bound"] = ldp.gaussian_composed_epsilon(z, out["bound"], dp_delta)
+    return out
+
+
+def dp_composition(laws: Mapping, noise_multipliers: Sequence[float], *, clip_norm: float, epsilon: float,
+                   delta: float, dp_delta: float) -> dict:
+    """London 2020, footnote 5: Eq. (3) with each item's delta clipped to ``clip_norm`` is a Gaussian
+    mechanism. For each ``{name: AttackLaw}`` and noise multiplier ``z``, the client's ``sigma`` is the
+    one that makes a message ``z``-noisy for its local-DP sensitivity
+    (:func:`~fedlab.privacy.ldp.ldp_noise_multiplier`: ``2 C sqrt(n)``, ``n`` = the items one message
+    changes, ``B`` for Protocol 2 and ``N`` for Protocol 3); the attack's exact law
+    (:func:`~fedlab.attacks.identifiability.clipped_sigma`) gives the ``T`` it needs for
+    ``P(error > epsilon) <= delta``, the theorem the ``T`` it promises, and
+    :func:`~fedlab.privacy.ldp.gaussian_composed_epsilon` the ``epsilon_DP`` (at ``dp_delta``) that
+    ``T`` messages cost the client. Returns ``{name: {key: array [len(noise_multipliers)]}}`` with keys
+    ``z, sigma, needed, eps_needed, mu_needed, bound, eps_bound``. Raises ``ValueError`` for
+    ``clip_norm`` or a multiplier not positive, ``delta`` / ``dp_delta`` outside (0, 1)."""
+    in_range("delta", delta, 0.0, 1.0)
+    in_range("dp_delta", dp_delta, 0.0, 1.0)
+    if not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+    if not all(z > 0 for z in noise_multipliers):
+        raise ValueError(f"noise_multipliers must all be > 0, got {list(noise_multipliers)}")
+    out = {}
+    for name, law in laws.items():
+        rows = [_dp_point(law, float(z), clip_norm=clip_norm, epsilon=epsilon, delta=delta, dp_delta=dp_delta,
+                          bound=True) for z in noise_multipliers]
+        out[name] = {k: np.array([r[k] for r in rows], dtype=float) for k in rows[0]}
+    return out
+
+
+def dp_error_targets(law: "pac.AttackLaw", targets: Sequence[float], *, noise_multiplier: float,
+                     clip_norm: float, delta: float, dp_delta: float) -> dict:
+    """The ``epsilon_DP`` the attack of :func:`dp_composition` must cost the client before
+    ``P(error > target) <= delta``, for each error target of Definition 1 (at one noise multiplier).
+    Returns ``{"target", "needed", "eps_needed", "mu_needed"}`` arrays ``[len(targets)]``."""
+    in_range("delta", delta, 0.0, 1.0)
+    rows = [_dp_point(law, float(noise_multiplier), clip_norm=clip_norm, epsilon=float(t), delta=delta,
+                      dp_delta=dp_delta, bound=False) for t in targets]
+    out = {k: np.array([r[k] for r in rows], dtype=float) for k in ("needed", "eps_needed", "mu_needed")}
+    out["target"] = np.asarray(targets, dtype=float)
+    return out
+
+
+def plot_dp_composition(comp: Mapping, targets: Mapping, *, floor_eps: float, epsilon: float, delta: float,
+                        dp_delta: float):
+    """Left: interactions the attack needs (filled) and the theorem's ``T`` (open) against the
+    composed ``epsilon_DP``, one point per noise multiplier, one colour per law of
+    :func:`dp_composition`, with the floor below which no attack can succeed. Right: the
+    ``epsilon_DP`` needed against the error target (:func:`dp_error_targets`). Returns ``(fig, axes)``."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import PALETTE
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), layout="constrained")
+    ax = axes[0]
+    for j, (name, r) in enumerate(comp.items()):
+        col, mk = PALETTE[j], "ox+^"[j % 4]
+        ax.plot(r["eps_needed"], r["needed"], mk + "-", color=col, ms=7, label=f"{name}: attack needs (exact law)")
+        ax.plot(r["eps_bound"], r["bound"], mk + "--", color=col, ms=7, mfc="none", label=f"{name}: theorem's T")
+        if j == 0:
+            for z, e, t in zip(r["z"], r["eps_needed"], r["needed"]):
+                ax.annotate(f"z = {z:g}", (e, t), xytext=(-8, 0), textcoords="offset points", ha="right",
+                            va="center", fontsize=8)
+    ax.axvspan(1.0, floor_eps, color="0.85", zorder=0,
+               label=f"no attack reaches {1 - delta:g} (DP floor)")
+    ax.set(xscale="log", yscale="log", xlabel=f"composed $\\epsilon_{{DP}}$ at $\\delta$ = {dp_delta:g}",
+           ylabel="interactions T", title=f"P(error > {epsilon:g}) $\\leq$ {delta:g}: one point per noise multiplier z")
+    ax.set_xlim(left=1.0)
+    ax.legend(fontsize=8, loc="upper left")
+    ax = axes[1]
+    for j, (name, r) in enumerate(targets.items()):
+        ax.plot(r["target"], r["eps_needed"], "ox+^"[j % 4] + "-", color=PALETTE[j], ms=7, label=name)
+    ax.axhline(floor_eps, color="0.4", ls=":", label="DP floor (any attack)")
+    ax.set(yscale="log", xlabel="error target $\\epsilon$ of Definition 1",
+           ylabel="composed $\\epsilon_{DP}$ the attack needs", title="Coarser goals cost less budget")
+    ax.legend(fontsize=8)
+    return fig, axes
+
+
+def attack_error_panel(pref_rate: float = 0.2, sigma: float = 0.1, batch_size: int = 5, num_interactions: int = 100,
+                       *, eps: float, delta: float, num_trials: int, user_seed: int, seed: int, ax=None) -> torch.Tensor:
+    """The chapter's widget: Protocol 2 with Eq. (3) noise ``sigma`` against one synthetic user
+    (200 items, ``k = 4``, 20 rated, like rate ``pref_rate``; drawn with ``user_seed``), ``num_trials``
+    runs of ``num_interactions`` interactions with batches of ``batch_size``, hinge loss, ``alpha = 1``.
+    Draws the mean error and P(error > ``eps``) against ``T`` on ``ax`` (a new figure when ``None``)
+    with Theorem 2's ``T`` (``beta = (1 - 2 p_c) / 2``) dotted, or, for ``sigma = 0``, P(error > 0) and
+    Theorem 1's ``T`` (which promises error 0); a ``T`` beyond the axis is written, not drawn.
+    Returns the errors ``[J, 1, num_trials]``. Raises ``ValueError`` for ``pref_rate`` outside (0, 1/2)."""
+    import matplotlib.pyplot as plt
+
+    p, B, T = pref_rate, batch_size, num_interactions
+    if not 0.0 < p < 0.5:
+        raise ValueError(f"pref_rate must be in (0, 1/2) (Assumption 1), got {p}")
+    user = rec.make_synthetic(1, 200, 4, 20, p, seed=user_seed)
+    grid = sorted(set(np.geomspace(1, T, 25).round().astype(int).tolist()))
+    Ts, err = pac.attack_error_curve(user.user_vectors, user.items, user.y, user.item_vectors,
+                                     num_trials=num_trials, num_interactions=T, batch_size=B, lr=1.0,
+                                     loss="hinge", sigma=sigma, record_at=grid, seed=seed)
+    eps = 0.0 if sigma == 0 else eps          # Theorem 1 promises error 0, not error <= eps
+    tau_u = float(pac.tau_c(eps, user.user_vectors, user.item_vectors)[0])
+    bound = (pac.theorem1_num_interactions(p, B, delta) if sigma == 0 else
+             pac.theorem2_num_interactions(p, B, delta, 0.5 * (1 - 2 * p), sigma,
+                                           pac.max_item_norm(user.item_vectors), 200, 1.0, "hinge", tau_u))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.plot(Ts, err[:, 0].mean(-1).numpy(), label="mean error")
+    ax.plot(Ts, (err[:, 0] > eps).double().mean(-1).numpy(), label=f"P(error > {eps:g})")
+    if bound <= T:
+        ax.axvline(bound, color="k", ls=":", label=f"theorem's T = {bound:.0f}")
+    else:
+        ax.annotate(f"theorem's T = {bound:.0f} (beyond the axis)", xy=(T, 0.5), xytext=(0.98, 0.55),
+                    textcoords="axes fraction", ha="right", fontsize=8, arrowprops=dict(arrowstyle="->"))
+    ax.axhline(eps, color="gray", ls="--", lw=0.8)
+    ax.set(xscale="log", xlim=(1, T), ylim=(-0.02, 1.02), xlabel="interactions T",
+           title=f"$p_c$={p}, $\\sigma$={sigma}, B={B}")
+    ax.legend(fontsize=8)
+    return err
+
+
+# ---------------------------------------------------------------------------------------------------
+# defenses (London 2020, Sec. 6)
+# ---------------------------------------------------------------------------------------------------
+
+def probe_defense(honest, data, *, num_interactions: int, batch_size: int, lr: float, loss: str, num_items: int,
+                  seed: int = 0) -> tuple[dict, dict]:
+    """The client-side check of London (2020, Sec. 6), refusing all-zero item vectors
+    (:func:`~fedlab.attacks.identifiability.guarded_client_update`), and two ways around it.
+
+    ``honest``: the trained :class:`~fedlab.fl.recsys.ratings.RecResult` (``user_vectors [C, k]``,
+    ``item_vectors [I, k]``), ``data`` its :class:`~fedlab.fl.recsys.ratings.RecData`. Runs Protocol 2
+    against guarded clients with the zero probe and with a probe of norm about ``1e-6``, then one
+    honest round (the real item vectors) with ``R = 1`` and ``R = 5`` local steps; every run draws
+    from a generator seeded with ``seed`` (the tiny probe from its own, also ``seed``).
+
+    Returns ``(defense, abs_cos)``: the mean sign error of ``"zero probe, guarded client"`` and
+    ``"tiny probe, guarded client"``, and ``{R: median |cos(u_hat, u)|}`` after one honest round.
+    Raises ``ValueError`` for ``num_interactions < 1``.
+    """
+    num_interactions = positive_int("num_interactions", num_interactions)
+    kw = dict(num_interactions=num_interactions, batch_size=batch_size, lr=lr, loss=loss, num_items=num_items)
+    u, V = honest.user_vectors, honest.item_vectors
+    blocked = pac.protocol2_attack(u, data.items, data.y, client=pac.guarded_client_update,
+                                   generator=torch.Generator().manual_seed(seed), **kw)
+    tiny = 1e-6 * torch.randn(num_items, u.shape[1], dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    evaded = pac.protocol2_attack(u, data.items, data.y, client=pac.guarded_client_update, probe=tiny,
+                                  generator=torch.Generator().manual_seed(seed), **kw)
+    one_round = {R: pac.protocol2_attack(u, data.items, data.y, probe=V, local_steps=R,
+                                         generator=torch.Generator().manual_seed(seed), **{**kw, "num_interactions": 1})
+                 for R in [1, 5]}
+    abs_cos = {R: float(torch.nn.functional.cosine_similarity(r.final, u, dim=1).abs().median())
+               for R, r in one_round.items()}
+    defense = {"zero probe, guarded client": float(pac.sign_error(blocked.final, u, V).mean()),
+               "tiny probe, guarded client": float(pac.sign_error(evaded.final, u, V).mean())}
+    return defense, abs_cos
+
+
+def secagg_experiment(honest, data, cohorts: Sequence[int], *, batch_size: int, lr: float, loss: str,
+                      num_items: int, repeats: int = 1, seed: int = 0) -> dict:
+    """One honest round of Protocol 1 (the real item vectors, ``R = 1``) through secure aggregation
+    (London 2020, Sec. 6; Bonawitz et al. 2017), which reveals per cohort of ``m`` clients the
+    per-item sum of their deltas (:func:`~fedlab.attacks.identifiability.secure_aggregate_items`).
+    Each client's deltas are multiples of its ``u_c``, so an item trained on by one member only
+    exposes that member's vector up to sign (:func:`~fedlab.attacks.identifiability.exposed_members`).
+
+    Every repeat shuffles the clients into cohorts and runs the round again (one generator seeded
+    ``seed``). Returns ``{m: {"exposed": [cohorts * repeats] fraction of each cohort's members
+    exposed, "single": [cohorts * repeats] number of per-item sums with exactly one contributor}}``.
+    Raises ``ValueError`` for a cohort size below 1 or one that does not divide the clients.
+    """
+    if any(int(m) != m or m < 1 for m in cohorts):
+        raise ValueError(f"cohorts must be positive integers, got {list(cohorts)}")
+    repeats = positive_int("repeats", repeats)
+    g = torch.Generator().manual_seed(seed)
+    u, V = honest.user_vectors, honest.item_vectors
+    out = {}
+    for m in cohorts:
+        exposed, single = [], []
+        for _ in range(repeats):
+            perm = torch.randperm(u.shape[0], generator=g)
+            _, deltas = rec.protocol1_client_update(u[perm], V, data.items[perm], data.y[perm], local_steps=1,
+                                                    batch_size=batch_size, lr=lr, loss=loss, generator=g)
+            sums = pac.secure_aggregate_items(deltas, data.items[perm], num_items, int(m))
+            exposed.append(pac.exposed_members(sums, u[perm]).double().mean(1))
+            trained = rec.touched_items(deltas)[..., None].to(deltas.dtype)                # [C, N, 1]
+            counts = pac.secure_aggregate_items(trained, data.items[perm], num_items, int(m))[..., 0]
+            single.append((counts == 1).sum(1).double())
+        out[int(m)] = {"exposed": torch.cat(exposed), "single": torch.cat(single)}
+    return out
+
+
+def label_leak(honest, data, *, batch_size: int, lr: float, loss: str, seed: int = 0) -> dict:
+    """The labels one honest round of Protocol 1 (``R = 1``) gives away
+    (:func:`~fedlab.attacks.identifiability.leaked_labels`). Returns ``{"revealed": fraction of the
+    rated items whose label leaked, "accuracy": fraction of those labels right, "clients_right":
+    fraction of clients with every leaked label right, "all_or_nothing": fraction of clients whose
+    leaked labels are all right or all flipped (one global sign per client)}``."""
+    _, deltas = rec.protocol1_client_update(honest.user_vectors, honest.item_vectors, data.items, data.y,
+                                            local_steps=1, batch_size=batch_size, lr=lr, loss=loss,
+                                            generator=torch.Generator().manual_seed(seed))
+    guess = pac.leaked_labels(deltas)
+    shown = guess != 0
+    right = (guess == data.y.to(guess.dtype)) | ~shown
+    wrong = (guess == -data.y.to(guess.dtype)) | ~shown
+    return {"revealed": float(shown.double().mean()), "accuracy": float(right[shown].double().mean()),
+            "clients_right": float(right.all(1).double().mean()),
+            "all_or_nothing": float((right.all(1) | wrong.all(1)).double().mean())}
+
+
+def secagg_rows(sa: Mapping) -> list[list]:
+    """Rows ``[m, mean fraction of members exposed ± 95 % t half-width over cohorts, number of cohorts,
+    median number of single-contributor item sums per cohort]`` of a :func:`secagg_experiment`
+    result."""
+    rows = []
+    for m, v in sa.items():
+        mean, _, ci = t_interval(v["exposed"].tolist())
+        hw = float("nan") if ci is None else (ci[1] - ci[0]) / 2
+        rows.append([m, f"{mean:.3f} ± {hw:.3f}", len(v["exposed"]), int(v["single"].median())])
+    return rows

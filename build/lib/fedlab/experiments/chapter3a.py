@@ -1,0 +1,447 @@
+"""Chapter 3a's experiments: one honest round of federated recommendation (RAIFLE Sec. 4.1) for a set
+of users, one Table 3 configuration of the attack run on all of them in batches, and the chapter's
+sweeps and tables (Table 3, App. A on a linear model, LDP with Table 6, pruning). The attacks
+themselves are :func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf` and :func:`fedlab.attacks.interaction_inference.recsys.raifle_fncf`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..attacks.interaction_inference.recsys import raifle_fcf, raifle_fncf
+from ..fl.recsys.interactions import fcf_item_updates, fncf_init, fncf_updates
+from ..metrics import ks_pvalue, roc_auc_rows
+from ..privacy import ldp
+from ..privacy.defenses import prune_rows
+from .._checks import positive_int
+
+__all__ = ["RecsysCase", "make_recsys_case", "attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
+           "VARIANTS", "attack_budget", "run_config", "table3", "table3_summary", "table3_values", "table3_table",
+           "table3_boxplot", "linear_case", "loop_vs_batch", "PAPER_TABLE6", "PAPER_TABLE7", "ldp_sigma_rows",
+           "ldp_updates", "ldp_attack_sweep", "clip_knowledge_rows", "ks_values", "table6_table", "table7_values", "table7_table",
+           "prune_sweep", "defense_boxplots"]
+
+
+@dataclass
+class RecsysCase:
+    """One honest round of federated recommendation for a set of users (RAIFLE Sec. 4.1).
+
+    ``X`` [U, m, d] the items each user trains on (public), ``E`` [U, d] the private user
+    embeddings, ``I`` [U, m] the private 0/1 interactions, ``mask`` [U, m]; FCF's item update
+    ``fcf`` [U, m, d]; FNCF's network ``model, theta`` and its updates ``fncf_items`` [U, m, d] and
+    ``fncf_params`` {name: [U, ...]}; the users' local settings ``fncf_lr``, ``local_steps``.
+    """
+
+    X: torch.Tensor
+    E: torch.Tensor
+    I: torch.Tensor
+    mask: torch.Tensor
+    fcf: torch.Tensor
+    model: torch.nn.Module
+    theta: dict
+    fncf_items: torch.Tensor
+    fncf_params: dict
+    fncf_lr: float
+    local_steps: int
+
+    def __len__(self) -> int:
+        return int(self.I.shape[0])
+
+    def subset(self, users) -> "RecsysCase":
+        """The same round restricted to ``users`` (indices into this case), padding trimmed to their
+        longest item list. Raises ``ValueError`` for an empty selection or an index out of range."""
+        idx = torch.as_tensor(users, dtype=torch.long).flatten()
+        if idx.numel() == 0:
+            raise ValueError("users must not be empty")
+        if int(idx.min()) < 0 or int(idx.max()) >= len(self):
+            raise ValueError(f"users must lie in [0, {len(self)}), got {idx.min().item()}..{idx.max().item()}")
+        m = int(self.mask[idx].sum(1).max())
+        return RecsysCase(self.X[idx, :m], self.E[idx], self.I[idx, :m], self.mask[idx, :m], self.fcf[idx, :m],
+                          self.model, self.theta, self.fncf_items[idx, :m], {k: v[idx] for k, v in self.fncf_params.items()},
+                          self.fncf_lr, self.local_steps)
+
+
+def make_recsys_case(user_items, num_items: int, *, dim: int = 64, fncf_lr: float = 1.0,
+                     local_steps: int = 1, seed: int = 0) -> RecsysCase:
+    """Random item and user embeddings (N(0, 1), as ``nn.Embedding`` initialises them; RAIFLE
+    Sec. 4.1.3), the FNCF network, and every user's honest FCF and FNCF updates.
+    ``user_items``: a :class:`fedlab.data.movielens.UserItems`."""
+    g = torch.Generator().manual_seed(seed)
+    item_emb = torch.randn(num_items, dim, generator=g)
+    E = torch.randn(len(user_items), dim, generator=g)
+    mask = user_items.mask
+    X = item_emb[user_items.items] * mask[..., None]
+    I = user_items.interactions
+    model, theta = fncf_init(dim, seed=seed)
+    fcf = fcf_item_updates(X, E, I, mask)
+    dX, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=fncf_lr, local_steps=local_steps)
+    return RecsysCase(X, E, I, mask, fcf, model, theta, dX, dT, fncf_lr, local_steps)
+
+
+def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, use_model_params: bool = False,
+                fcf=None, fncf_items=None, fncf_params=None, clip_norm=None, batch_size: int = 64,
+                **kwargs) -> dict:
+    """Run one Table 3 configuration on every user of ``case`` in batches of ``batch_size`` users
+    (users sorted by their number of items so each batch is padded little).
+
+    ``algorithm``: ``"fcf"`` or ``"fncf"``. ``fcf`` / ``fncf_items`` / ``fncf_params`` replace the
+    honest updates (e.g. after LDP or pruning); ``clip_norm`` = the clipping norm(s) the users applied
+    (float for FCF, ``(items, params)`` for FNCF). Returns ``{"auc": [U], "emb_error": [U] or None,
+    "loss": [U]}``; ``emb_error`` is the mean squared error of the estimated user embedding.
+    """
+    if algorithm not in ("fcf", "fncf"):
+        raise ValueError(f"algorithm must be 'fcf' or 'fncf', got {algorithm!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    fcf = case.fcf if fcf is None else fcf
+    fncf_items = case.fncf_items if fncf_items is None else fncf_items
+    fncf_params = case.fncf_params if fncf_params is None else fncf_params
+    order = torch.argsort(case.mask.sum(1), stable=True)
+    auc = torch.empty(len(case), dtype=torch.float64)
+    err = torch.empty(len(case))
+    loss = torch.empty(len(case))
+    for start in range(0, len(case), batch_size):
+        idx = order[start:start + batch_size]
+        m = int(case.mask[idx].sum(1).max())
+        X, mk = case.X[idx, :m], case.mask[idx, :m]
+        if algorithm == "fcf":
+            res = raifle_fcf(X, fcf[idx, :m], mk, estimate_embedding=estimate_embedding, clip_norm=clip_norm, user_ids=idx, **kwargs)
+        else:
+            ci, cp = clip_norm if clip_norm is not None else (None, None)
+            res = raifle_fncf(case.model, case.theta, X, fncf_items[idx, :m],
+                              {k: v[idx] for k, v in fncf_params.items()}, mk,
+                              estimate_embedding=estimate_embedding, use_model_params=use_model_params,
+                              user_lr=case.fncf_lr, local_steps=case.local_steps, items_clip_norm=ci,
+                              params_clip_norm=cp, user_ids=idx, **kwargs)
+        auc[idx] = roc_auc_rows(case.I[idx, :m], res.scores, mk)
+        loss[idx] = res.loss
+        if res.user_emb is not None:
+            err[idx] = ((res.user_emb - case.E[idx]) ** 2).mean(1)
+    return {"auc": auc, "emb_error": err if estimate_embedding else None, "loss": loss}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Table 3: the six configurations of RAIFLE Sec. 4.2 (Table 3) on one honest round
+# ---------------------------------------------------------------------------------------------------
+
+#: RAIFLE Table 3's rows: (algorithm, estimate the user embedding, use the model-parameter update)
+TABLE3_CONFIGS = [("FCF", False, False), ("FCF", True, False), ("FNCF", False, False),
+                  ("FNCF", True, False), ("FNCF", False, True), ("FNCF", True, True)]
+
+#: glue-name stems of the rows: ``ch3a_auc_<name>``, ``ch3a_emb_err_<name>``
+TABLE3_NAMES = {("FCF", False, False): "fcf", ("FCF", True, False): "fcf_emb", ("FNCF", False, False): "fncf",
+                ("FNCF", True, False): "fncf_emb", ("FNCF", False, True): "fncf_model",
+                ("FNCF", True, True): "fncf_emb_model"}
+
+#: RAIFLE Table 3 (MovieLens-100K): configuration -> (mean AUC, embedding error or None)
+PAPER_TABLE3 = {("FCF", False, False): (0.489, None), ("FCF", True, False): (0.979, 0.07),
+                ("FNCF", False, False): (0.977, None), ("FNCF", True, False): (0.990, 2.03),
+                ("FNCF", False, True): (0.977, None), ("FNCF", True, True): (0.990, 2.00)}
+
+
+#: RAIFLE's names of the six variants (Tables 6-7, Fig. 8), by configuration
+VARIANTS = {("FCF", False, False): "FCF", ("FCF", True, False): "FCF emb", ("FNCF", False, False): "FNCF",
+            ("FNCF", True, False): "FNCF emb", ("FNCF", False, True): "FNCF model",
+            ("FNCF", True, True): "FNCF emb model"}
+
+
+def attack_budget(config, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int) -> dict:
+    """The L-BFGS budget of one configuration: FCF gets ``fcf_max_iter`` evaluations and
+    ``num_restarts`` restarts when it estimates the embedding, ``fcf_max_iter // 5`` and one start
+    when it does not (it cannot succeed, see the chapter); FNCF gets ``fncf_max_iter`` and
+    ``num_restarts``. Raises ``ValueError`` naming a budget below 1."""
+    for name, value in (("fcf_max_iter", fcf_max_iter), ("fncf_max_iter", fncf_max_iter), ("num_restarts", num_restarts)):
+        positive_int(name, value)
+    alg, est, _ = config
+    if alg == "FCF":
+        return {"max_iter": fcf_max_iter if est else max(1, fcf_max_iter // 5), "num_restarts": num_restarts if est else 1}
+    return {"max_iter": fncf_max_iter, "num_restarts": num_restarts}
+
+
+def run_config(case: RecsysCase, config, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int,
+               fcf=None, fncf_items=None, fncf_params=None, clip_norm=None, seed: int = 0, **kwargs) -> dict:
+    """One configuration of :data:`TABLE3_CONFIGS` on every user of ``case`` with its
+    :func:`attack_budget`, through :func:`attack_case` (which see for ``fcf``, ``fncf_items``,
+    ``fncf_params``, ``clip_norm`` and the result). Raises ``ValueError`` for an unknown
+    configuration."""
+    if config not in VARIANTS:
+        raise ValueError(f"config must be one of {list(VARIANTS)}, got {config!r}")
+    alg, est, ump = config
+    budget = attack_budget(config, fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts)
+    return attack_case(case, alg.lower(), estimate_embedding=est, use_model_params=ump, fcf=fcf, fncf_items=fncf_items,
+                       fncf_params=fncf_params, clip_norm=clip_norm, seed=seed, **budget, **kwargs)
+
+
+def table3(case: RecsysCase, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int, seed: int = 0) -> dict:
+    """RAIFLE Table 3 (Sec. 4.2, Algorithms 1-2): every configuration of :data:`TABLE3_CONFIGS` run on
+    all users of ``case`` with :func:`run_config`, in that order. Returns ``{config: attack_case(...)
+    result}``. Raises ``ValueError`` naming ``fcf_max_iter``, ``fncf_max_iter`` or ``num_restarts``
+    when below 1.
+    """
+    attack_budget(TABLE3_CONFIGS[0], fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts)
+    return {c: run_config(case, c, fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts,
+                          seed=seed) for c in TABLE3_CONFIGS}
+
+
+def table3_summary(results: dict) -> tuple[dict, dict]:
+    """``(auc, emb)`` of a :func:`table3` result, keyed by configuration: the mean AUC over users
+    rounded to 3 decimals, and the mean squared error of the estimated embedding (unrounded; only the
+    configurations that estimate it). Raises ``ValueError`` for a result missing a configuration."""
+    missing = [k for k in TABLE3_CONFIGS if k not in results]
+    if missing:
+        raise ValueError(f"results lacks the configurations {missing}")
+    auc = {k: round(results[k]["auc"].mean().item(), 3) for k in TABLE3_NAMES}
+    emb = {k: results[k]["emb_error"].mean().item() for k in TABLE3_NAMES if results[k]["emb_error"] is not None}
+    return auc, emb
+
+
+def table3_values(auc: dict, emb: dict) -> dict:
+    """The glued names of Table 3: ``ch3a_auc_<name>`` for every configuration and
+    ``ch3a_emb_err_<name>`` for those of ``emb`` (see :data:`TABLE3_NAMES`)."""
+    out = {f"ch3a_auc_{TABLE3_NAMES[k]}": v for k, v in auc.items()}
+    out.update({f"ch3a_emb_err_{TABLE3_NAMES[k]}": v for k, v in emb.items()})
+    return out
+
+
+def table3_table(auc: dict, emb: dict, run) -> tuple[list, list]:
+    """``(headers, rows)`` of "paper vs ours" for RAIFLE Table 3: the paper's AUC and embedding error
+    (:data:`PAPER_TABLE3`), ours (``auc``, ``emb`` from :func:`table3_summary`) and the stored
+    paper-scale record (``run.paper``, ``run`` a :class:`fedlab.records.Run`)."""
+    yn, na, ps = {True: "yes", False: "no"}, "N/A", "paper scale (mean ± 95 % CI, n seeds)"
+    rows = [[k[0], yn[k[1]], yn[k[2]], p_auc, auc[k], run.paper(f"ch3a_auc_{TABLE3_NAMES[k]}"),
+             na if p_err is None else p_err, f"{emb[k]:.2g}" if k in emb else na,
+             run.paper(f"ch3a_emb_err_{TABLE3_NAMES[k]}") if k in emb else na]
+            for k, (p_auc, p_err) in PAPER_TABLE3.items()]
+    headers = ["algorithm", "estimate emb.", "use params", "paper AUC", "our AUC", "our AUC, " + ps,
+               "paper emb. err.", "our emb. err.", "our emb. err., " + ps]
+    return headers, rows
+
+
+def table3_boxplot(results: dict):
+    """Per-user AUC of every Table 3 configuration as box plots, with the random-guess line.
+    Returns the axes."""
+    from ..plots import plt
+
+    _, ax = plt.subplots(figsize=(7, 3))
+    labels = [f"{a}{' +emb' if e else ''}{' +params' if p else ''}" for a, e, p in TABLE3_CONFIGS]
+    ax.boxplot([results[c]["auc"].numpy() for c in TABLE3_CONFIGS], tick_labels=labels)
+    ax.axhline(0.5, color="gray", ls=":", label="random guess")
+    ax.set_ylabel("per-user AUC")
+    ax.legend()
+    ax.tick_params(axis="x", rotation=20)
+    return ax
+
+
+# ---------------------------------------------------------------------------------------------------
+# Appendix A (Theorems 1-2) on a linear model; batched vs per-user
+# ---------------------------------------------------------------------------------------------------
+
+def linear_case(m: int, p: int, *, generator: torch.Generator):
+    """A linear model's attack problem for RAIFLE App. A (Theorems 1-2): Jacobian ``J`` [m, p] with
+    N(0, 1) entries (float64), base predictions ``f0 = 0`` [m] and interactions [m], 1 with
+    probability 0.2, both drawn from ``generator`` in that order. Returns ``(J, f0, I)``.
+    Raises ``ValueError`` naming ``m`` or ``p`` when below 1."""
+    positive_int("m", m)
+    positive_int("p", p)
+    J = torch.randn(m, p, generator=generator, dtype=torch.float64)
+    I = (torch.rand(m, generator=generator) < 0.2).double()
+    return J, torch.zeros(m, dtype=torch.float64), I
+
+
+def loop_vs_batch(case: RecsysCase, users, *, max_iter: int, seed: int = 0) -> tuple[float, float]:
+    """Seconds of the FCF attack (:func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf`, one start, the
+    embedding estimated jointly) on ``users`` of ``case``: first one call per user, then one batched
+    call for all of them. Returns ``(loop_seconds, batch_seconds)``. Raises ``ValueError`` for an
+    empty ``users``."""
+    import time
+
+    users = list(users)
+    if not users:
+        raise ValueError("users must not be empty")
+
+    def attack(idx):
+        m = int(case.mask[idx].sum(1).max())
+        return raifle_fcf(case.X[idx, :m], case.fcf[idx, :m], case.mask[idx, :m], max_iter=max_iter,
+                          num_restarts=1, seed=seed)
+
+    t0 = time.time()
+    for u in users:
+        attack([u])
+    loop_s = time.time() - t0
+    t0 = time.time()
+    attack(users)
+    return loop_s, time.time() - t0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Defenses: LDP (RAIFLE Sec. 4.1.1, Fig. 8, Table 6) and gradient pruning (App. C.4, Fig. 10)
+# ---------------------------------------------------------------------------------------------------
+
+#: RAIFLE Table 6 (MovieLens-100K): K-S p-values of each variant's AUCs against random guessing at
+#: epsilon = 1, 10, 20, 100, 500
+PAPER_TABLE6 = {"FCF": [8.12e-01, 9.99e-01, 9.18e-01, 9.74e-01, 9.96e-01],
+                "FCF emb": [8.58e-01, 8.80e-01, 8.80e-01, 1.54e-01, 8.55e-03],
+                "FNCF": [8.12e-01, 4.10e-01, 6.90e-05, 6.65e-41, 1.27e-158],
+                "FNCF emb": [5.99e-01, 2.94e-01, 9.47e-04, 1.69e-45, 2.53e-170],
+                "FNCF emb model": [4.36e-01, 5.43e-01, 6.41e-03, 2.62e-36, 5.06e-158],
+                "FNCF model": [8.99e-01, 5.43e-01, 1.85e-03, 2.74e-47, 3.27e-187]}
+
+#: RAIFLE Table 7 (MovieLens-100K, no defense): K-S p-values between pairs of variants' AUCs
+PAPER_TABLE7 = [("FNCF emb", "FNCF", 7.89e-94), ("FNCF emb", "FNCF model", 5.96e-93),
+                ("FNCF emb model", "FNCF emb", 6.27e-01), ("FNCF model", "FNCF", 9.74e-01)]
+
+
+def ldp_sigma_rows(epsilons, delta: float) -> list[list]:
+    """Rows ``[epsilon, sigma / Delta_2 used, sigma / Delta_2 of the classical formula, true delta of
+    the classical sigma]`` (RAIFLE Sec. 4.1.1: analytic Gaussian mechanism for epsilon > 1, Dwork &
+    Roth's formula below; the true delta from Balle & Wang 2018, Thm. 8), for unit sensitivity."""
+    rows = []
+    for eps in epsilons:
+        s_classic = ldp.classical_gaussian_sigma(eps, delta, 1.0)
+        rows.append([eps, round(ldp.gaussian_sigma(eps, delta, 1.0), 4), round(s_classic, 4),
+                     f"{ldp.analytic_gaussian_delta(s_classic, eps, 1.0):.1e}"])
+    return rows
+
+
+def ldp_updates(case: RecsysCase, eps: float, *, delta: float, sensitivity: dict, seed: int = 0) -> dict:
+    """Every user's three updates released through the local Gaussian mechanism
+    (:func:`fedlab.privacy.ldp.ldp_gaussian`: clipped to ``Delta_2 / 2``, noise for sensitivity
+    ``Delta_2``), each with its own ``(eps, delta)`` mechanism as in RAIFLE Sec. 4.1.1 and its code
+    (so an FNCF user sending items and network is ``(2 eps, 2 delta)``-LDP by basic composition). ``sensitivity``: the
+    paper's ``Delta_2`` per update, ``{"fcf", "fncf_items", "fncf_params"}``. One generator seeded
+    ``seed`` draws FCF's noise, then FNCF's items, then its network. Returns ``{"fcf", "fncf_items",
+    "fncf_params"}``. Raises ``ValueError`` for a ``sensitivity`` without those keys."""
+    missing = {"fcf", "fncf_items", "fncf_params"} - set(sensitivity)
+    if missing:
+        raise ValueError(f"sensitivity lacks {sorted(missing)}")
+    gen = torch.Generator().manual_seed(seed)
+    return {"fcf": ldp.ldp_gaussian(case.fcf, eps, delta, sensitivity["fcf"], mask=case.mask, generator=gen),
+            "fncf_items": ldp.ldp_gaussian(case.fncf_items, eps, delta, sensitivity["fncf_items"], mask=case.mask,
+                                           generator=gen),
+            "fncf_params": ldp.ldp_gaussian(case.fncf_params, eps, delta, sensitivity["fncf_params"], generator=gen)}
+
+
+def ldp_attack_sweep(case: RecsysCase, epsilons, *, delta: float, sensitivity: dict, fcf_max_iter: int,
+                     fncf_max_iter: int, num_restarts: int, configs=None, attacker_knows_clip: bool = True,
+                     seed: int = 0) -> dict:
+    """RAIFLE Fig. 8 / Table 6: for each epsilon every user releases its updates through
+    :func:`ldp_updates` and RAIFLE attacks them in each configuration of ``configs`` (default: all
+    six of :data:`TABLE3_CONFIGS`) with :func:`run_config`'s budgets, reproducing the users' clipping
+    in its simulated update when ``attacker_knows_clip``. Returns ``{epsilon: {variant name
+    (:data:`VARIANTS`): auc [U]}}``.
+    """
+    configs = TABLE3_CONFIGS if configs is None else list(configs)
+    clip = {k: ldp.ldp_clip_norm(v) if attacker_knows_clip else None for k, v in sensitivity.items()}
+    out = {}
+    for eps in epsilons:
+        upd = ldp_updates(case, eps, delta=delta, sensitivity=sensitivity, seed=seed)
+        out[eps] = {}
+        for c in configs:
+            clip_norm = clip["fcf"] if c[0] == "FCF" else (clip["fncf_items"], clip["fncf_params"])
+            out[eps][VARIANTS[c]] = run_config(case, c, fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter,
+                                               num_restarts=num_restarts, clip_norm=clip_norm, seed=seed, **upd)["auc"]
+    return out
+
+
+def _ks_name(attack: str, eps: float) -> str:
+    return f"ch3a_ks_{attack.lower().replace(' ', '_')}_eps{eps:g}"   # ch3a_ks_fcf_emb_eps1, ...
+
+
+def ks_values(ldp_auc: dict, random_auc: torch.Tensor, epsilons) -> dict:
+    """RAIFLE Table 6: the two-sample Kolmogorov-Smirnov p-value (:func:`fedlab.metrics.ks_pvalue`) of
+    each swept variant's per-user AUCs at each epsilon (``ldp_auc`` from :func:`ldp_attack_sweep`)
+    against those of random guessing (``random_auc`` [U]), as the glued names
+    ``ch3a_ks_<variant>_eps<epsilon>`` -> float."""
+    return {_ks_name(name, e): ks_pvalue(ldp_auc[e][name], random_auc)
+            for name in PAPER_TABLE6 for e in epsilons if name in ldp_auc[e]}
+
+
+def table6_table(ks: dict, epsilons, run) -> tuple[list, list]:
+    """``(headers, rows)`` of RAIFLE Table 6: the paper's p-values (:data:`PAPER_TABLE6`), ours
+    (``ks`` from :func:`ks_values`; "—" for a variant not swept) and the stored paper-scale record
+    (``run.paper``). ``epsilons`` must be the paper's five (1, 10, 20, 100, 500); raises
+    ``ValueError`` otherwise."""
+    if list(epsilons) != [1.0, 10.0, 20.0, 100.0, 500.0]:
+        raise ValueError(f"epsilons must be the paper's [1, 10, 20, 100, 500], got {list(epsilons)}")
+    rows = []
+    for name, paper in PAPER_TABLE6.items():
+        tags = [_ks_name(name, e) for e in epsilons]
+        rows.append([name, "paper"] + [f"{v:.2e}" for v in paper])
+        rows.append([name, "ours"] + [f"{ks[t]:.2e}" if t in ks else "—" for t in tags])
+        rows.append([name, "ours, paper scale (mean ± 95 % CI, n seeds)"] + [run.paper(t) for t in tags])
+    return ["variant", "source"] + [f"ε={e:g}" for e in epsilons], rows
+
+
+def clip_knowledge_rows(knows: dict, blind: dict, epsilons, variants=("FCF emb", "FNCF emb")) -> list[list]:
+    """Rows ``[variant, "yes" | "no", mean AUC at each epsilon]`` comparing an attacker that
+    reproduces the users' clipping (``knows``) with one that does not (``blind``), both results of
+    :func:`ldp_attack_sweep` on the same users. Raises ``ValueError`` for a variant or epsilon
+    missing from either."""
+    for res, name in ((knows, "knows"), (blind, "blind")):
+        missing = [(e, v) for e in epsilons for v in variants if e not in res or v not in res[e]]
+        if missing:
+            raise ValueError(f"{name} lacks (epsilon, variant) {missing}")
+    return [[v, label] + [round(res[e][v].mean().item(), 3) for e in epsilons]
+            for v in variants for label, res in (("yes", knows), ("no", blind))]
+
+
+def _t7_name(a: str, b: str) -> str:
+    return f"ch3a_t7_{a.lower().replace(' ', '_')}_vs_{b.lower().replace(' ', '_')}"
+
+
+def table7_values(results: dict) -> dict:
+    """RAIFLE Table 7: for each pair of :data:`PAPER_TABLE7`, the K-S p-value between the two
+    variants' per-user AUCs of a :func:`table3` result, as ``ch3a_t7_<a>_vs_<b>`` -> float."""
+    auc = {VARIANTS[c]: r["auc"] for c, r in results.items()}
+    return {_t7_name(a, b): ks_pvalue(auc[a], auc[b]) for a, b, _ in PAPER_TABLE7}
+
+
+def table7_table(values: dict, run) -> tuple[list, list]:
+    """``(headers, rows)`` of RAIFLE Table 7: paper, ours (``values`` from :func:`table7_values`) and
+    the stored paper-scale record."""
+    rows = [[a, b, f"{p:.2e}", f"{values[_t7_name(a, b)]:.2e}", run.paper(_t7_name(a, b))] for a, b, p in PAPER_TABLE7]
+    return ["variant 1", "variant 2", "paper p", "our p", "our p, paper scale (mean ± 95 % CI, n seeds)"], rows
+
+
+def prune_sweep(case: RecsysCase, fractions, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int,
+                seed: int = 0) -> dict:
+    """RAIFLE App. C.4 (Fig. 10): for each fraction, every user prunes that fraction of the
+    smallest-magnitude entries of each row of its FCF and FNCF item updates
+    (:func:`fedlab.privacy.defenses.prune_rows`) and RAIFLE with embedding estimation attacks both (FCF:
+    ``fcf_max_iter`` evaluations; FNCF: ``fncf_max_iter``; both ``num_restarts`` restarts). Returns
+    ``{fraction: {"FCF emb": auc [U], "FNCF emb": auc [U]}}``. Raises ``ValueError`` for a fraction
+    outside [0, 1)."""
+    fractions = list(fractions)
+    bad = [f for f in fractions if not 0 <= f < 1]
+    if bad:
+        raise ValueError(f"fractions must lie in [0, 1), got {bad}")
+    out = {}
+    for frac in fractions:
+        fcf = prune_rows(case.fcf, frac, mask=case.mask)
+        items = prune_rows(case.fncf_items, frac, mask=case.mask)
+        out[frac] = {"FCF emb": attack_case(case, "fcf", estimate_embedding=True, fcf=fcf, max_iter=fcf_max_iter,
+                                            num_restarts=num_restarts, seed=seed)["auc"],
+                     "FNCF emb": attack_case(case, "fncf", estimate_embedding=True, fncf_items=items,
+                                             max_iter=fncf_max_iter, num_restarts=num_restarts, seed=seed)["auc"]}
+    return out
+
+
+def defense_boxplots(ldp_auc: dict, prune_auc: dict, eps: float, frac: float):
+    """Side-by-side box plots of the per-user AUCs under LDP at ``eps`` and under pruning ``frac``
+    (results of :func:`ldp_attack_sweep` and :func:`prune_sweep`; nothing is recomputed). Raises
+    ``ValueError`` naming ``eps`` or ``frac`` when it was not swept. Returns the axes."""
+    from ..plots import plt
+
+    if eps not in ldp_auc:
+        raise ValueError(f"eps={eps} was not swept; choose one of {list(ldp_auc)}")
+    if frac not in prune_auc:
+        raise ValueError(f"frac={frac} was not swept; choose one of {list(prune_auc)}")
+    _, axs = plt.subplots(1, 2, figsize=(8, 2.8), sharey=True)
+    for ax, res, title in [(axs[0], ldp_auc[eps], f"LDP ε = {eps:g}"),
+                           (axs[1], prune_auc[frac], f"pruned {100 * frac:g} %")]:
+        ax.boxplot([res["FCF emb"].numpy(), res["FNCF emb"].numpy()], tick_labels=["FCF emb", "FNCF emb"])
+        ax.axhline(0.5, color="gray", ls=":")
+        ax.set_title(title)
+    axs[0].set_ylabel("per-user AUC")
+    return axs

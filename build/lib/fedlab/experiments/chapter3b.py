@@ -1,0 +1,869 @@
+"""Chapter 3b's experiments: the sweeps of RAIFLE Sec. 4 (Pham, Kulkarni & Houmansadr) against
+federated online learning to rank, as the chapter runs them (Figs. 5-7 and 11, Tables 4-5 and 8, the
+secure aggregation and PIR bypasses end to end), with the chapter's "paper vs ours" tables and
+figures. The attack itself is :mod:`fedlab.attacks.interaction_inference.oltr`.
+
+Functions whose name ends in ``_grid`` run one sweep for every ranker of ``rankers``, a dict
+``{name: hidden layer sizes}`` (the chapter's ``{"linear": (), "neural": (16, 8)}``), in that order,
+and key their results by the ranker's name first.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..attacks.interaction_inference.oltr import (attack_oltr, cat_cases, first_layer_mask, flag_dead_features,
+                                                  make_oltr_case, pir_detect, pir_fingerprint, sa_bypass_features,
+                                                  sa_recover)
+from ..fl.oltr import (click_probabilities, federated_oltr, init_rankers, local_update, pdgd_gradient, present,
+                       simulate_clicks)
+from ..metrics import ks_pvalue, roc_auc_rows
+from ..privacy import secure_aggregation as sa
+from ..privacy.defenses import prune_rows
+from ..privacy.ldp import gaussian_sigma, ldp_clip_norm, ldp_gaussian
+
+__all__ = ["SETTINGS", "SETTING_LABELS", "settings_grid", "update_drift", "order_mismatch", "settings_table",
+           "settings_values", "adm_query_sweep", "noisy_adm_sweep", "sa_bypass_experiment", "ldp_sweep",
+           "click_model_rows", "fig5_grid", "fig5_plot", "fig5_mean", "fig5_summary", "PAPER_FIG5", "FIG5_NAMES",
+           "fig5_table", "adm_gain", "noisy_adm_grid", "noisy_adm_plot", "PAPER_FIG11", "noisy_name", "noisy_values",
+           "noisy_table", "pir_experiment", "pir_grid", "ldp_grid", "ldp_plot", "PAPER_KS", "PAPER_KS_NAV", "ks_pvalues", "ks_values",
+           "ks_table", "ks_queries_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "prune_grid", "prune_plot",
+           "PAPER_FIG9", "prune_values", "prune_table", "flag_rounds", "ldp_boxplot", "RECORD_LABELS"]
+
+
+def adm_query_sweep(data, hidden, queries, click_models, num_users: int, *, lr: float, max_iter: int,
+                    seed: int = 0) -> tuple[dict, dict]:
+    """RAIFLE Fig. 5 for one ranker: per-user AUC against the number of queries, with and without ADM.
+
+    For every ``Q`` in ``queries`` and click model, ``num_users`` users are simulated once
+    (:func:`~fedlab.attacks.interaction_inference.oltr.make_oltr_case`; the seed depends on ``Q``, the click model and the ranker but not on ADM,
+    so ADM and no ADM are measured on the same users, lists and clicks) and attacked without ADM and,
+    for ``Q > 1``, with ADM, all configurations of one ``Q`` in one batch (:func:`~fedlab.attacks.interaction_inference.oltr.attack_oltr`).
+    Returns ``(auc, cases)``, both keyed ``(Q, click_model, adm)``: ``auc`` [num_users] tensors and
+    the simulated :class:`OltrCase` objects.
+    """
+    click_models = list(click_models)
+    auc_out, cases_out = {}, {}
+    for Q in queries:
+        cfgs = [(c, a) for c in click_models for a in ([False] if Q == 1 else [False, True])]
+        cases = [make_oltr_case(data, num_users, Q, hidden, click_model=c, adm=a, lr=lr, group=g,
+                                seed=seed + 1000 * Q + 10 * click_models.index(c) + len(hidden))
+                 for g, (c, a) in enumerate(cfgs)]
+        case = cat_cases(cases)
+        auc = attack_oltr(case, max_iter=max_iter, seed=seed)
+        for g, (c, a) in enumerate(cfgs):
+            auc_out[(Q, c, a)], cases_out[(Q, c, a)] = auc[case.group == g], cases[g]
+    return auc_out, cases_out
+
+
+def noisy_adm_sweep(data, hidden, noise_stds, num_users: int, num_queries: int, *,
+                    click_model: str = "informational", lr: float, max_iter: int,
+                    seed: int = 0) -> tuple[dict, dict]:
+    """RAIFLE App. C.5 (Fig. 11): the same users attacked without ADM (key ``None``) and with ADM
+    whose unallocated features are filled with server-known noise of each std in ``noise_stds``
+    (0 = exact zeros). Returns ``(auc, cases)`` keyed by the std: [num_users] AUC tensors, cases."""
+    keys = [None] + list(noise_stds)
+    cases = [make_oltr_case(data, num_users, num_queries, hidden, click_model=click_model, adm=s is not None,
+                            noise_std=s or 0.0, lr=lr, group=g, seed=seed + 50) for g, s in enumerate(keys)]
+    case = cat_cases(cases)
+    auc = attack_oltr(case, max_iter=max_iter, seed=seed)
+    return {s: auc[case.group == g] for g, s in enumerate(keys)}, dict(zip(keys, cases))
+
+
+def sa_bypass_experiment(data, hidden, group_size: int, D: torch.Tensor, *, lr: float, max_iter: int,
+                         generator: torch.Generator, seed: int = 0) -> dict:
+    """RAIFLE Sec. 3.4.2 end to end: a group of ``group_size`` users (user 0 the target) trains one
+    query from a shared global ranker on features manipulated by :func:`~fedlab.attacks.interaction_inference.oltr.sa_bypass_features`, sends
+    its updates through secure aggregation (:mod:`fedlab.privacy.secure_aggregation`), and the server
+    recovers the target's share (:func:`~fedlab.attacks.interaction_inference.oltr.sa_recover`) and attacks it on those coordinates.
+
+    Returns ``{"err": max abs error of the recovered coordinates, "auc": the target's AUC,
+    "num_recovered", "num_params", "case", "masked": what the users sent}``. ``generator`` draws the
+    global ranker and the masks.
+    """
+    theta = init_rankers(1, data.num_features, hidden, generator=generator)[0]
+    case = make_oltr_case(data, group_size, 1, hidden, lr=lr, theta0=theta, seed=seed + 7,
+                          manipulate=lambda X, m: sa_bypass_features(X, 0, D))
+    masked = sa.mask_updates(case.update.double(), generator=generator)
+    recovered = sa_recover(sa.unmask_sum(masked), D, hidden).float()
+    coords = first_layer_mask(D, hidden)
+    err = (recovered[coords] - case.update[0, coords]).abs().max().item()
+    auc = attack_oltr(case.subset([0]), recovered[None], coords=coords, max_iter=max_iter, seed=seed)
+    return {"err": err, "auc": auc.item(), "num_recovered": int(coords.sum()), "num_params": coords.numel(),
+            "case": case, "masked": masked}
+
+
+def ldp_sweep(data, hidden, epsilons, configs, num_users: int, *, delta: float, sensitivity: float,
+              attacker_knows_clip: bool = True,
+              lr: float, max_iter: int, click_model: str = "informational", random_draws: int = 10,
+              rand_generator: torch.Generator, seed: int = 0) -> tuple[dict, dict]:
+    """RAIFLE Figs. 6-7 and Tables 4-5 for one ranker: RAIFLE against LDP updates.
+
+    ``configs``: ``[(Q, [adm, ...]), ...]``. For each ``Q`` the same ``num_users`` users are simulated
+    with and without ADM, every update is clipped and noised once per ``epsilon``
+    (:func:`fedlab.privacy.ldp.ldp_gaussian`), and all (ADM, epsilon) blocks are attacked in one batch
+    with the clipping reproduced (one L-BFGS per user, so the blocks do not interact). The random
+    baseline scores the *same* users' items ``random_draws`` times with uniform guesses (drawn from
+    ``rand_generator``), so it has the spread of a real attack on those lists.
+
+    Returns ``(auc, random_auc)``: ``auc[(Q, adm, epsilon)]`` [num_users] and
+    ``random_auc[(Q, adm)]`` [num_users * random_draws].
+    """
+    if random_draws < 1:
+        raise ValueError(f"random_draws must be >= 1, got {random_draws}")
+    epsilons = list(epsilons)
+    auc_out, random_out = {}, {}
+    for Q, adms in configs:
+        bases = [make_oltr_case(data, num_users, Q, hidden, click_model=click_model, adm=a, lr=lr, seed=seed + 300 + Q)
+                 for a in adms]
+        gen = torch.Generator().manual_seed(seed)
+        case = cat_cases([b for b in bases for _ in epsilons])
+        noisy = torch.cat([ldp_gaussian(b.update, e, delta, sensitivity, generator=gen) for b in bases for e in epsilons])
+        auc = attack_oltr(case, noisy, clip_norm=ldp_clip_norm(sensitivity) if attacker_knows_clip else None,
+                          max_iter=max_iter, seed=seed)
+        auc = auc.reshape(len(adms), len(epsilons), num_users)
+        for j, (adm, base) in enumerate(zip(adms, bases)):
+            for i, e in enumerate(epsilons):
+                auc_out[(Q, adm, e)] = auc[j, i]
+            I = base.I.reshape(num_users, -1).repeat(random_draws, 1)
+            m = base.mask.reshape(num_users, -1).repeat(random_draws, 1)
+            random_out[(Q, adm)] = roc_auc_rows(I, torch.rand(I.shape, generator=rand_generator), m)
+    return auc_out, random_out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The protocol and Fig. 5 (RAIFLE Sec. 4.2.1-4.2.2)
+# ---------------------------------------------------------------------------------------------------
+
+def _rankers(rankers) -> dict:
+    if not isinstance(rankers, dict) or not rankers:
+        raise ValueError(f"rankers must be a non-empty dict {{name: hidden sizes}}, got {rankers!r}")
+    return rankers
+
+
+def click_model_rows(grades=(3, 5), click_models=("navigational", "informational")) -> list[list]:
+    """Rows ``[grades, click model, click probabilities by grade, stop probabilities by grade]`` of the
+    cascade click models (RAIFLE Sec. 4.1.2, :func:`fedlab.fl.oltr.click_probabilities`)."""
+    rows = []
+    for G in grades:
+        for name in click_models:
+            pc, ps = click_probabilities(name, G)
+            rows.append([G, name, " / ".join(f"{p:g}" for p in pc.tolist()), " / ".join(f"{p:g}" for p in ps.tolist())])
+    return rows
+
+
+def fig5_grid(data, rankers: dict, queries, click_models, num_users: int, *, lr: float, max_iter: int,
+              seed: int = 0) -> tuple[dict, dict]:
+    """RAIFLE Fig. 5 for every ranker: :func:`adm_query_sweep` per ranker. Returns ``(auc, cases)``
+    keyed ``(ranker, Q, click_model, adm)``: [num_users] AUC tensors and the simulated cases."""
+    auc_out, cases_out = {}, {}
+    for model, hidden in _rankers(rankers).items():
+        auc, cases = adm_query_sweep(data, hidden, queries, click_models, num_users, lr=lr, max_iter=max_iter,
+                                     seed=seed)
+        auc_out.update({(model, *k): v for k, v in auc.items()})
+        cases_out.update({(model, *k): v for k, v in cases.items()})
+    return auc_out, cases_out
+
+
+def fig5_plot(fig5: dict, rankers, queries, click_models):
+    """RAIFLE Fig. 5: mean AUC against queries per user, one panel per ranker, with and without ADM
+    for each click model; error bars span one standard deviation over users, as in the paper.
+    Returns the axes."""
+    from ..plots import plt
+
+    queries = list(queries)
+    _, axs = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+    for ax, model in zip(axs, rankers):
+        for c, ls, dx in zip(click_models, ["-", "--"], [-0.15, 0.15]):
+            for adm, mk, col in [(False, "o", "C0"), (True, "s", "C1")]:
+                qs = queries[1:] if adm else queries
+                ax.errorbar([q + dx for q in qs], [fig5[(model, q, c, adm)].mean() for q in qs],
+                            yerr=[fig5[(model, q, c, adm)].std() for q in qs], fmt=mk + ls, color=col, capsize=2,
+                            label=f"{c[:3]}, {'ADM' if adm else 'no ADM'}")
+        ax.axhline(0.5, color="gray", ls=":")
+        ax.set(title=f"{model} ranker", xlabel="queries per user", xticks=queries)
+    axs[0].set_ylabel("mean attack AUC")
+    axs[1].legend(fontsize=8)
+    return axs
+
+
+def fig5_mean(fig5: dict, model: str, Q: int, adm: bool, click_models) -> float:
+    """Mean AUC of ranker ``model`` at ``Q`` queries (with ADM or not) over the users of every click
+    model together."""
+    return float(torch.cat([fig5[(model, Q, c, adm)] for c in click_models]).mean())
+
+
+def fig5_summary(fig5: dict, rankers, click_models) -> dict:
+    """The numbers the chapter quotes from Fig. 5 (mean over both click models, unrounded):
+    ``single`` (one query, the lower of the rankers), ``lin16`` / ``lin16_adm`` (linear ranker, 16
+    queries, without / with ADM) and ``nn16`` / ``nn16_adm`` (neural ranker)."""
+    return {"single": min(fig5_mean(fig5, m, 1, False, click_models) for m in rankers),
+            "lin16": fig5_mean(fig5, "linear", 16, False, click_models),
+            "lin16_adm": fig5_mean(fig5, "linear", 16, True, click_models),
+            "nn16": fig5_mean(fig5, "neural", 16, False, click_models),
+            "nn16_adm": fig5_mean(fig5, "neural", 16, True, click_models)}
+
+
+#: RAIFLE Sec. 4.2.1-4.2.2 (the text describing Fig. 5, MSLR-WEB10K): approximate values
+PAPER_FIG5 = {("linear", 1, False): "≳ 0.9", ("neural", 1, False): "≳ 0.9",
+              ("linear", 16, False): "0.6-0.7", ("linear", 16, True): "≈ 0.75",
+              ("neural", 16, False): "≈ 0.5", ("neural", 16, True): "0.6-0.75"}
+
+#: the glued name of each row of :data:`PAPER_FIG5` (its paper-scale column comes from the record)
+FIG5_NAMES = {("linear", 1, False): "ch3b_fig5_single", ("neural", 1, False): "ch3b_fig5_single",
+              ("linear", 16, False): "ch3b_fig5_lin16", ("linear", 16, True): "ch3b_fig5_lin16_adm",
+              ("neural", 16, False): "ch3b_fig5_nn16", ("neural", 16, True): "ch3b_fig5_nn16_adm"}
+
+
+def fig5_table(fig5: dict, click_models, run) -> tuple[list, list]:
+    """``(headers, rows)`` of "paper vs ours" for Fig. 5: :data:`PAPER_FIG5`, our mean AUC (3 decimals)
+    and the stored paper-scale record (``run.paper``, ``run`` a :class:`fedlab.records.Run`)."""
+    headers = ["ranker", "queries", "ADM", "paper AUC", "our AUC",
+               "ours, paper scale (mean ± 95 % CI; 1 query: lower ranker)"]
+    rows = [[m, Q, "yes" if a else "no", p, round(fig5_mean(fig5, m, Q, a, click_models), 3),
+             run.paper(FIG5_NAMES[(m, Q, a)])] for (m, Q, a), p in PAPER_FIG5.items()]
+    return headers, rows
+
+
+def adm_gain(fig5: dict, queries, click_models, model: str = "neural") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(no_adm, adm)``: the mean AUC of ranker ``model`` for every ``(Q, click model)`` with
+    ``Q > 1`` (the first entry of ``queries`` is the single query, which ADM does not apply to)."""
+    queries = list(queries)
+    noadm = torch.stack([fig5[(model, Q, c, False)].mean() for Q in queries[1:] for c in click_models])
+    withadm = torch.stack([fig5[(model, Q, c, True)].mean() for Q in queries[1:] for c in click_models])
+    return noadm, withadm
+
+
+# ---------------------------------------------------------------------------------------------------
+# Our earlier settings vs the paper's (RAIFLE Sec. 4.1, the reference code)
+# ---------------------------------------------------------------------------------------------------
+
+#: the settings the chapter compares at 16 queries: key -> keywords of
+#: :func:`~fedlab.attacks.interaction_inference.oltr.make_oltr_case` (``known_order`` goes to the
+#: attack). ``before`` is the chapter's earlier setting; ``eta``, ``init`` and ``order`` change one
+#: thing each towards the paper's (eta = 0.1, U(-1, 1) initialisation, users training in an order
+#: of their own); ``paper`` is the paper's (the Fig. 5 grid's); the last two add to it the order
+#: (an oracle) or the reference code's first-layer weight blocks (:func:`~fedlab.attacks.
+#: interaction_inference.oltr.adm_weight_blocks`, networks with ADM only).
+SETTINGS = {
+    "before": dict(lr=1.0, init="fan_in", shuffle_queries=False),
+    "eta": dict(lr=0.1, init="fan_in", shuffle_queries=False),
+    "init": dict(lr=1.0, init="uniform", shuffle_queries=False),
+    "order": dict(lr=1.0, init="fan_in", shuffle_queries=True),
+    "paper": dict(lr=0.1, init="uniform", shuffle_queries=True),
+    "known_order": dict(lr=0.1, init="uniform", shuffle_queries=True, known_order=True),
+    "weight_blocks": dict(lr=0.1, init="uniform", shuffle_queries=True, adm_weights=True),
+}
+
+#: the label of each of :data:`SETTINGS` in the chapter's table
+SETTING_LABELS = {
+    "before": "ours before: η = 1, fan-in init, display order",
+    "eta": "η = 0.1 only", "init": "U(-1, 1) init only", "order": "own order only",
+    "paper": "paper's: η = 0.1, U(-1, 1) init, own order",
+    "known_order": "paper's, order told to the server",
+    "weight_blocks": "paper's + reference's weight blocks"}
+
+
+def settings_grid(data, rankers: dict, settings: dict, num_queries: int, click_models, num_users: int, *,
+                  max_iter: int, seed: int = 0) -> tuple[dict, dict]:
+    """Fig. 5 at ``num_queries`` queries under other settings of the simulation (RAIFLE Sec. 4.1
+    against the reference code): for every ``{key: keywords}`` of ``settings`` (keywords of
+    :func:`~fedlab.attacks.interaction_inference.oltr.make_oltr_case`, plus ``known_order`` for
+    :func:`~fedlab.attacks.interaction_inference.oltr.attack_oltr`), every ranker, click model and
+    ADM or not, ``num_users`` users are simulated with the seeds :func:`adm_query_sweep` uses (so
+    settings that share ``lr`` and ``init`` share users, lists and clicks) and attacked in one batch
+    per setting and ranker. A setting with ``adm_weights`` runs only for networks, only with ADM.
+
+    Returns ``(auc, cases)``: ``auc[(key, ranker, adm)]`` [num_users * len(click_models)] and
+    ``cases[(key, ranker, adm)]`` the simulated cases (one per click model). Raises ``ValueError``
+    for empty ``settings`` or keywords other than ``lr``, ``init``, ``shuffle_queries``,
+    ``adm_weights``, ``known_order``.
+    """
+    allowed = {"lr", "init", "shuffle_queries", "adm_weights", "known_order"}
+    if not settings or any(set(kw) - allowed for kw in settings.values()):
+        raise ValueError(f"settings must be a non-empty dict of {{key: keywords in {sorted(allowed)}}}, got {settings!r}")
+    click_models = list(click_models)
+    out, out_cases = {}, {}
+    for name, kw in settings.items():
+        kw = dict(kw)
+        known = kw.pop("known_order", False)
+        weights = kw.pop("adm_weights", False)
+        for model, hidden in _rankers(rankers).items():
+            if weights and not hidden:
+                continue
+            adms = [True] if weights else [False, True]
+            cfgs = [(c, a) for a in adms for c in click_models]
+            cases = [make_oltr_case(data, num_users, num_queries, hidden, click_model=c, adm=a, adm_weights=weights,
+                                    group=g, seed=seed + 1000 * num_queries + 10 * click_models.index(c) + len(hidden),
+                                    **kw)
+                     for g, (c, a) in enumerate(cfgs)]
+            case = cat_cases(cases)
+            auc = attack_oltr(case, known_order=known, max_iter=max_iter, seed=seed)
+            for a in adms:
+                groups = [g for g, (_, aa) in enumerate(cfgs) if aa == a]
+                out[(name, model, a)] = torch.cat([auc[case.group == g] for g in groups])
+                out_cases[(name, model, a)] = [cases[g] for g in groups]
+    return out, out_cases
+
+
+def update_drift(cases) -> torch.Tensor:
+    """How far each user's ranker moved within its round, as the attack sees it:
+    ``||update - lr sum_q g_q(theta0)|| / ||update||`` with ``g_q`` the FPDGD gradient of query ``q``
+    at the starting ranker (:func:`fedlab.fl.oltr.pdgd_gradient`). 0 when every query is trained on
+    the same ranker (the update is then a sum of per-query terms); large when each step changes the
+    ranker the next query is trained on, which couples the queries. ``cases``: OltrCase objects ->
+    ``[sum of U]``. Raises ``ValueError`` for empty ``cases``."""
+    cases = list(cases)
+    if not cases:
+        raise ValueError("cases must not be empty")
+    out = []
+    for c in cases:
+        with torch.no_grad():
+            lin = sum(pdgd_gradient(c.theta0, c.X[:, q], c.I[:, q], c.mask[:, q], c.hidden)
+                      for q in range(c.X.shape[1])) * c.lr
+        out.append((c.update - lin).norm(dim=1) / c.update.norm(dim=1).clamp_min(1e-30))
+    return torch.cat(out)
+
+
+def order_mismatch(cases) -> torch.Tensor:
+    """The floor of the attack's loss when the server does not know the user's order:
+    ``||update - g(X, theta0, I)|| / ||update||`` with ``g`` the local training on the *true*
+    clicks in display order (:func:`fedlab.fl.oltr.local_update`); 0 when the user trained in
+    display order. ``cases``: OltrCase objects -> ``[sum of U]``. Raises ``ValueError`` for empty
+    ``cases``."""
+    cases = list(cases)
+    if not cases:
+        raise ValueError("cases must not be empty")
+    out = []
+    for c in cases:
+        with torch.no_grad():
+            sim = local_update(c.theta0, c.X, c.I, c.mask, c.hidden, lr=c.lr)
+        out.append((c.update - sim).norm(dim=1) / c.update.norm(dim=1).clamp_min(1e-30))
+    return torch.cat(out)
+
+
+def settings_table(grid: dict, cases: dict, rankers, num_queries: int) -> tuple[list, list]:
+    """``(headers, rows)``: for every setting of :func:`settings_grid` (labels from
+    :data:`SETTING_LABELS`), the mean AUC (3 decimals) of every ranker without and with ADM, and for
+    the network (the last of ``rankers``) with ADM the median :func:`update_drift` and
+    :func:`order_mismatch` ("told" for a setting of :data:`SETTINGS` whose server is told the order);
+    the paper's values (:data:`PAPER_FIG5`) in the last row."""
+    rankers = list(rankers)
+    cols = [(m, a) for m in rankers for a in (False, True)]
+    net = rankers[-1]
+    fmt = lambda v: "—" if v is None else round(float(v), 3)
+    rows = []
+    for key in dict.fromkeys(k[0] for k in grid):
+        c = cases[(key, net, True)]
+        told = SETTINGS.get(key, {}).get("known_order", False)
+        rows.append([SETTING_LABELS.get(key, key)]
+                    + [fmt(grid[(key, m, a)].mean() if (key, m, a) in grid else None) for m, a in cols]
+                    + [fmt(update_drift(c).median()), "told" if told else fmt(order_mismatch(c).median())])
+    rows.append(["RAIFLE paper (MSLR-WEB10K, Sec. 4.2)"] + [PAPER_FIG5.get((m, num_queries, a), "—") for m, a in cols]
+                + ["—", "—"])
+    return (["setting"] + [f"{m}{', ADM' if a else ''}" for m, a in cols]
+            + [f"{net}, ADM: drift (median)", "order mismatch (median)"], rows)
+
+
+def settings_values(grid: dict, cases: dict, rankers) -> dict:
+    """The glued numbers of :func:`settings_grid` (unrounded): ``ch3b_set_<key>_<ranker>[_adm]`` the
+    mean AUCs and, for the network (last of ``rankers``) with ADM, ``ch3b_drift_<key>`` and
+    ``ch3b_mismatch_<key>``, the medians of :func:`update_drift` and :func:`order_mismatch`."""
+    rankers = list(rankers)
+    out = {f"ch3b_set_{k}_{m}{'_adm' if a else ''}": v.mean().item() for (k, m, a), v in grid.items()}
+    for k in dict.fromkeys(k[0] for k in grid):
+        out[f"ch3b_drift_{k}"] = update_drift(cases[(k, rankers[-1], True)]).median().item()
+        out[f"ch3b_mismatch_{k}"] = order_mismatch(cases[(k, rankers[-1], True)]).median().item()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Noisy ADM (App. C.5, Fig. 11)
+# ---------------------------------------------------------------------------------------------------
+
+def noisy_adm_grid(data, rankers: dict, noise_stds, num_users: int, num_queries: int, *, lr: float,
+                   max_iter: int, click_model: str = "informational", seed: int = 0) -> tuple[dict, dict]:
+    """RAIFLE App. C.5 (Fig. 11) for every ranker: :func:`noisy_adm_sweep` per ranker (clicks by
+    ``click_model``). Returns
+    ``(mean_auc, cases)`` keyed ``(ranker, std)`` (std ``None``: the same users without ADM): the mean
+    AUC over users as a float, and the simulated cases."""
+    noisy, noisy_cases = {}, {}
+    for model, hidden in _rankers(rankers).items():
+        auc, cases = noisy_adm_sweep(data, hidden, noise_stds, num_users, num_queries, click_model=click_model,
+                                     lr=lr, max_iter=max_iter, seed=seed)
+        noisy.update({(model, s): a.mean().item() for s, a in auc.items()})
+        noisy_cases.update({(model, s): c for s, c in cases.items()})
+    return noisy, noisy_cases
+
+
+def noisy_adm_plot(noisy: dict, rankers, noise_stds, num_queries: int):
+    """RAIFLE Fig. 11: mean AUC against the ADM noise std (0 plotted at 1e-5), one curve per ranker,
+    with the same users without ADM as a dashed line. Returns the axes."""
+    from ..plots import plt
+
+    _, ax = plt.subplots(figsize=(6, 3.2))
+    for i, m in enumerate(rankers):
+        ax.plot([max(s, 1e-5) for s in noise_stds], [noisy[(m, s)] for s in noise_stds], "o-", color=f"C{i}",
+                label=f"{m}, ADM")
+        ax.axhline(noisy[(m, None)], color=f"C{i}", ls="--", label=f"{m}, no ADM (same users)")
+    ax.set(xscale="log", xlabel="ADM noise std (0 plotted at 1e-5)", ylabel="mean attack AUC", ylim=(0.4, 1.02),
+           title=f"Noisy ADM, {num_queries} queries, informational (cf. RAIFLE Fig. 11)")
+    ax.legend(fontsize=8, loc="lower right")
+    return ax
+
+
+#: RAIFLE App. C.5 (the text describing Fig. 11, MSLR-WEB10K, no LDP), relative to std 0
+PAPER_FIG11 = {1e-4: "≈ as std 0", 1e-3: "≈ as std 0", 1e-2: "linear near 1; neural +0.1-0.5",
+               1e-1: "linear near 1; neural +0.1-0.5"}
+
+
+def noisy_name(model: str, std: float) -> str:
+    """The glued name of ranker ``model`` at ADM noise ``std``: ``ch3b_noisy_linear_std0p01``, ..."""
+    return f"ch3b_noisy_{model}_std{std:g}".replace(".", "p")
+
+
+def noisy_values(noisy: dict, noise_stds) -> dict:
+    """The glued numbers of Fig. 11 (unrounded): :func:`noisy_name` for every ranker and std;
+    ``ch3b_noisy_<lin|nn>`` at std 0.1, ``..z`` at std 0 (exact zeros), ``..0`` without ADM; and
+    ``ch3b_noisy_worst_drop``, the largest fall of noisy ADM below exact-zero ADM. ``noisy`` from
+    :func:`noisy_adm_grid` with the rankers ``"linear"`` and ``"neural"``; ``noise_stds`` must start
+    with 0 and contain 0.1. Raises ``ValueError`` otherwise."""
+    noise_stds = list(noise_stds)
+    if not noise_stds or noise_stds[0] != 0.0 or 0.1 not in noise_stds:
+        raise ValueError(f"noise_stds must start with 0 and contain 0.1, got {noise_stds}")
+    models = list(dict.fromkeys(m for m, _ in noisy))
+    out = {noisy_name(m, s): noisy[(m, s)] for s in noise_stds for m in models}
+    for short, m in [("lin", "linear"), ("nn", "neural")]:
+        out[f"ch3b_noisy_{short}"] = noisy[(m, 0.1)]
+        out[f"ch3b_noisy_{short}z"] = noisy[(m, 0.0)]
+        out[f"ch3b_noisy_{short}0"] = noisy[(m, None)]
+    out["ch3b_noisy_worst_drop"] = max(noisy[(m, 0.0)] - noisy[(m, s)] for m in models for s in noise_stds[1:])
+    return out
+
+
+def noisy_table(noisy: dict, rankers, noise_stds, run) -> tuple[list, list]:
+    """``(headers, rows)`` of "paper vs ours" for Fig. 11: :data:`PAPER_FIG11`, our mean AUC per ranker
+    (3 decimals) and the stored paper-scale record (``run.paper``)."""
+    rows = [[f"{s:g}" + (" (exact zeros)" if s == 0 else ""), PAPER_FIG11.get(s, "reference")]
+            + [round(noisy[(m, s)], 3) for m in rankers] + [run.paper(noisy_name(m, s)) for m in rankers]
+            for s in noise_stds]
+    headers = ["noise std", "paper (vs std 0)", "our linear", "our neural", "linear, paper scale (mean ± 95 % CI)",
+               "neural, paper scale"]
+    return headers, rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# PIR bypass (Sec. 3.4.3)
+# ---------------------------------------------------------------------------------------------------
+
+def pir_experiment(data, num_users: int, hidden=(), *, pool_size: int = 20, k: int = 10,
+                   click_model: str = "navigational", lr: float = 0.1, feature: int = 0,
+                   epsilon: float | None = None, delta: float = 1e-8, sensitivity: float = 0.5,
+                   tol: float = 0.0, seed: int = 0) -> dict:
+    """The PIR bypass of RAIFLE Sec. 3.4.3, end to end, for ``num_users`` users.
+
+    Each user holds a pool of ``pool_size`` documents of one query (known to the server) and
+    privately retrieves ``k`` of them (unknown to the server; the item of interest, pool position 0,
+    is retrieved by every other user); it ranks them with the shared global ranker, clicks and sends
+    its FPDGD update, optionally with LDP (``epsilon``; the local Gaussian mechanism of L2 sensitivity
+    ``sensitivity``, :func:`fedlab.privacy.ldp.ldp_gaussian`). The server fingerprinted the item of
+    interest with ``feature`` (:func:`pir_fingerprint`) and runs :func:`pir_detect` with ``tol``.
+    Returns ``{"included": [U] bool, "detected": [U] bool, "detected_exact": [U] bool}``;
+    ``detected_exact``: the same detection on the same users' updates computed in float64 and without
+    noise. A document far below the only click gets a tiny PDGD weight ``rho * c`` (1e-7 in a case
+    we checked), and a float32 client adding ``lr * rho * c`` to a weight near 0.5 rounds the move
+    away; float64 keeps it. Raises ``ValueError`` if ``k >= pool_size`` or no query has ``pool_size`` documents.
+    """
+    if not 2 <= k < pool_size:
+        raise ValueError(f"need 2 <= k < pool_size, got k={k}, pool_size={pool_size}")
+    big = torch.nonzero(data.mask.sum(1) >= pool_size).flatten()
+    if len(big) == 0:
+        raise ValueError(f"pool_size: no query has {pool_size} documents")
+    gen = torch.Generator().manual_seed(seed)
+    q = big[torch.randint(len(big), (num_users,), generator=gen)]
+    order = torch.rand(num_users, int(data.mask.shape[1]), generator=gen).masked_fill(~data.mask[q], 2.0)
+    pool = order.argsort(1)[:, :pool_size]                                            # [U, pool]
+    Xp = data.X[q[:, None], pool]
+    relp = data.relevance[q[:, None], pool]
+    maskp = torch.ones(num_users, pool_size, dtype=torch.bool)
+    Xp = pir_fingerprint(Xp, maskp, torch.zeros(num_users, dtype=torch.long), feature)
+    included = torch.arange(num_users) % 2 == 0
+    # retrieved subset: k pool positions, position 0 forced in or out
+    keys = torch.rand(num_users, pool_size, generator=gen)
+    keys[:, 0] = torch.where(included, -1.0, 2.0)
+    chosen = keys.argsort(1)[:, :k]
+    theta = init_rankers(1, data.num_features, hidden, generator=gen).expand(num_users, -1)
+    idx, shown = present(theta, Xp.gather(1, chosen[..., None].expand(-1, -1, Xp.shape[-1])),
+                         torch.ones(num_users, k, dtype=torch.bool), hidden, k=k, generator=gen)
+    docs = chosen.gather(1, idx)
+    X = Xp[torch.arange(num_users)[:, None], docs]
+    rel = relp[torch.arange(num_users)[:, None], docs]
+    clicks = simulate_clicks(rel, shown, click_model, num_grades=data.num_grades, generator=gen)
+    with torch.no_grad():
+        update = local_update(theta, X[:, None], clicks[:, None], shown[:, None], hidden, lr=lr)
+        exact = local_update(theta.double(), X.double()[:, None], clicks.double()[:, None], shown[:, None], hidden,
+                             lr=lr)
+    if epsilon is not None:
+        update = ldp_gaussian(update, epsilon, delta, sensitivity, generator=gen)
+    return {"included": included, "detected": pir_detect(update, feature, data.num_features, hidden, tol=tol),
+            "detected_exact": pir_detect(exact, feature, data.num_features, hidden)}
+
+
+def pir_grid(data, rankers: dict, num_users: int, *, epsilons=(None, 100.0), delta: float = 1e-8,
+             sensitivity: float = 0.5, lr: float, seed: int = 0) -> dict:
+    """RAIFLE Sec. 3.4.3 for every ranker and LDP budget (``None``: no noise):
+    :func:`pir_experiment` with ``num_users`` users, detecting with
+    threshold 0 without noise and 3 noise standard deviations (of the user's Gaussian mechanism,
+    ``delta``, ``sensitivity``) under LDP. Returns ``{(ranker, epsilon): (true-positive rate,
+    false-positive rate, true-positive rate of the float64 noiseless updates)}`` (see
+    :func:`pir_experiment`'s ``detected_exact``)."""
+    pir = {}
+    for model, hidden in _rankers(rankers).items():
+        for eps in epsilons:
+            tol = 0.0 if eps is None else 3 * gaussian_sigma(eps, delta, sensitivity)
+            r = pir_experiment(data, num_users, hidden, lr=lr, epsilon=eps, delta=delta, sensitivity=sensitivity,
+                               tol=tol, seed=seed)
+            tpr = r["detected"][r["included"]].float().mean().item()
+            fpr = r["detected"][~r["included"]].float().mean().item()
+            tpr_exact = r["detected_exact"][r["included"]].float().mean().item()
+            pir[(model, eps)] = (tpr, fpr, tpr_exact)
+    return pir
+
+
+# ---------------------------------------------------------------------------------------------------
+# LDP: attack (Figs. 6-7, Tables 4-5) and utility (App. C.6, Table 8)
+# ---------------------------------------------------------------------------------------------------
+
+def ldp_grid(data, rankers: dict, epsilons, configs, num_users: int, *, delta: float, sensitivity: float, lr: float,
+             max_iter: int, random_draws: int = 10, rand_generator: torch.Generator,
+             attacker_knows_clip: bool = True, click_model: str = "informational", seed: int = 0) -> tuple[dict, dict]:
+    """RAIFLE Figs. 6-7 and Tables 4-5 for every ranker: :func:`ldp_sweep` per ranker (one
+    ``rand_generator`` shared, in ranker order; clicks by ``click_model``). Returns
+    ``(auc, random_auc)`` keyed ``(ranker, Q, adm, epsilon)`` and ``(ranker, Q, adm)``."""
+    ldp_auc, random_auc = {}, {}
+    for model, hidden in _rankers(rankers).items():
+        auc, rnd = ldp_sweep(data, hidden, epsilons, configs, num_users, delta=delta, sensitivity=sensitivity, lr=lr,
+                             max_iter=max_iter, random_draws=random_draws, rand_generator=rand_generator,
+                             attacker_knows_clip=attacker_knows_clip, click_model=click_model, seed=seed)
+        ldp_auc.update({(model, *k): v for k, v in auc.items()})
+        random_auc.update({(model, *k): v for k, v in rnd.items()})
+    return ldp_auc, random_auc
+
+
+def ldp_plot(ldp_auc: dict, random_auc: dict, rankers, epsilons, num_queries: int):
+    """RAIFLE Figs. 6 (linear) and 7 (neural): mean AUC against epsilon at one query and at
+    ``num_queries`` queries with and without ADM, with the mean of every random baseline. Returns
+    the axes."""
+    from ..plots import plt
+
+    _, axs = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+    for ax, model in zip(axs, rankers):
+        for (Q, adm), st in zip([(1, False), (num_queries, False), (num_queries, True)], ["o-", "s--", "^-"]):
+            ax.plot(epsilons, [ldp_auc[(model, Q, adm, e)].mean() for e in epsilons], st,
+                    label=f"{Q} q{', ADM' if adm else ''}")
+        ax.axhline(torch.cat(list(random_auc.values())).mean(), color="gray", ls=":", label="random guess")
+        ax.set(xscale="log", xlabel="ε (δ = 1e-8)",
+               title=f"{model} (cf. RAIFLE Fig. {6 if model == 'linear' else 7})")
+    axs[0].set_ylabel("mean attack AUC")
+    axs[1].legend(fontsize=8)
+    return axs
+
+
+#: RAIFLE Tables 4 and 5 (MSLR-WEB10K, informational clicks): K-S p-values against random guessing at
+#: epsilon = 1, 10, 20, 100, 500, keyed (ranker, queries, ADM)
+PAPER_KS = {("linear", 1, False): [2.35e-02, 1.40e-62, 1.39e-171, 0.00e+00, 0.00e+00],
+            ("linear", 4, False): [2.68e-05, 1.13e-52, 4.27e-91, 0.00e+00, 0.00e+00],
+            ("linear", 8, False): [1.25e-03, 8.03e-28, 2.97e-46, 4.84e-143, 4.51e-229],
+            ("linear", 12, False): [1.27e-01, 1.41e-13, 7.48e-25, 1.20e-81, 3.55e-122],
+            ("linear", 16, False): [6.37e-02, 1.41e-11, 6.75e-17, 4.33e-36, 2.26e-76],
+            ("linear", 4, True): [3.51e-01, 3.33e-30, 2.12e-55, 3.44e-297, 0.00e+00],
+            ("linear", 8, True): [5.96e-02, 2.42e-13, 3.48e-30, 7.15e-120, 2.10e-255],
+            ("linear", 12, True): [7.10e-01, 5.14e-08, 1.67e-19, 1.36e-73, 5.48e-160],
+            ("linear", 16, True): [3.87e-01, 5.57e-06, 1.39e-08, 6.17e-43, 6.55e-112],
+            ("neural", 1, False): [9.83e-01, 8.31e-01, 9.11e-04, 6.83e-128, 0.00e+00],
+            ("neural", 4, False): [3.95e-01, 6.67e-01, 7.66e-01, 2.85e-04, 2.83e-02],
+            ("neural", 8, False): [8.71e-01, 1.56e-01, 7.34e-02, 3.29e-02, 8.27e-01],
+            ("neural", 12, False): [4.28e-01, 7.93e-01, 9.62e-01, 5.13e-01, 8.49e-01],
+            ("neural", 16, False): [4.10e-01, 5.32e-01, 1.12e-01, 4.10e-01, 8.67e-01],
+            ("neural", 4, True): [5.63e-03, 2.80e-01, 7.77e-01, 3.20e-10, 2.31e-79],
+            ("neural", 8, True): [8.71e-01, 3.96e-01, 1.75e-01, 4.08e-08, 2.23e-38],
+            ("neural", 12, True): [1.01e-01, 5.56e-01, 7.31e-01, 3.30e-04, 1.50e-20],
+            ("neural", 16, True): [8.47e-01, 5.57e-01, 6.34e-01, 1.57e-01, 1.41e-11]}
+
+
+def _check_paper_epsilons(epsilons, paper) -> None:
+    if list(epsilons) != paper:
+        raise ValueError(f"epsilons must be the paper's {paper} to sit beside its columns, got {list(epsilons)}")
+
+
+#: the same for navigational clicks (RAIFLE Tables 4 and 5, rows "nav")
+PAPER_KS_NAV = {("linear", 1, False): [2.46e-01, 9.29e-43, 3.01e-120, 0.00e+00, 0.00e+00],
+                ("linear", 4, False): [2.62e-04, 2.70e-50, 5.22e-117, 0.00e+00, 0.00e+00],
+                ("linear", 8, False): [1.72e-04, 2.03e-25, 4.13e-49, 1.01e-147, 4.48e-254],
+                ("linear", 12, False): [1.36e-01, 4.42e-15, 8.22e-32, 9.28e-75, 1.75e-127],
+                ("linear", 16, False): [9.33e-02, 3.41e-11, 1.39e-16, 2.89e-45, 4.32e-78],
+                ("linear", 4, True): [4.41e-01, 1.46e-17, 4.23e-54, 8.64e-206, 0.00e+00],
+                ("linear", 8, True): [2.28e-01, 9.90e-11, 1.56e-27, 5.50e-78, 7.08e-218],
+                ("linear", 12, True): [5.17e-02, 2.71e-06, 3.28e-19, 8.62e-60, 1.44e-130],
+                ("linear", 16, True): [3.44e-01, 5.83e-10, 1.32e-09, 2.52e-36, 3.55e-89],
+                ("neural", 1, False): [8.04e-01, 1.38e-01, 6.02e-02, 8.66e-118, 0.00e+00],
+                ("neural", 4, False): [9.80e-01, 4.30e-01, 3.30e-01, 4.06e-01, 2.99e-01],
+                ("neural", 8, False): [7.80e-01, 7.12e-01, 3.96e-01, 4.45e-01, 3.96e-01],
+                ("neural", 12, False): [9.32e-02, 9.62e-01, 6.23e-01, 5.64e-02, 6.89e-01],
+                ("neural", 16, False): [8.86e-01, 6.34e-01, 1.02e-01, 9.36e-01, 4.34e-01],
+                ("neural", 4, True): [8.83e-01, 3.16e-02, 9.53e-01, 6.22e-15, 1.50e-73],
+                ("neural", 8, True): [5.32e-01, 7.12e-01, 1.09e-01, 4.15e-05, 1.88e-40],
+                ("neural", 12, True): [8.67e-01, 4.70e-01, 3.50e-01, 8.60e-02, 3.68e-21],
+                ("neural", 16, True): [3.87e-01, 6.84e-01, 3.87e-01, 3.47e-04, 2.53e-10]}
+
+
+def _paper_ks(click_model: str) -> dict:
+    tables = {"informational": PAPER_KS, "navigational": PAPER_KS_NAV}
+    if click_model not in tables:
+        raise ValueError(f"click_model must be one of {sorted(tables)}, got {click_model!r}")
+    return tables[click_model]
+
+
+def _ks_name(model: str, Q: int, adm: bool, eps: float, click_model: str = "informational") -> str:
+    nav = "_nav" if click_model == "navigational" else ""
+    return f"ch3b_ks_{model}_{Q}q{'_adm' if adm else ''}{nav}_eps{eps:g}"
+
+
+def ks_pvalues(ldp_auc: dict, random_auc: dict, epsilons, *, click_model: str = "informational") -> dict:
+    """Tables 4-5: for every row of the paper's table for ``click_model`` (:data:`PAPER_KS`,
+    :data:`PAPER_KS_NAV`) that ``ldp_auc`` holds (the grid may run only some numbers of queries),
+    the two-sample Kolmogorov-Smirnov p-value (:func:`fedlab.metrics.ks_pvalue`) of the attack's
+    per-user AUCs against the same users' random guesses at each epsilon. Returns ``{(ranker, Q,
+    adm): [p per epsilon]}`` keyed as the paper's table. Raises ``ValueError`` for another
+    ``click_model``."""
+    return {key: [ks_pvalue(ldp_auc[(*key, e)], random_auc[key]) for e in epsilons]
+            for key in _paper_ks(click_model) if all((*key, e) in ldp_auc for e in epsilons)}
+
+
+def ks_values(ks: dict, epsilons, *, click_model: str = "informational") -> dict:
+    """The glued p-values of Tables 4-5, ``ch3b_ks_<ranker>_<Q>q[_adm]_eps<epsilon>`` (``_nav``
+    appended for navigational clicks) -> the p-value as text with two significant digits
+    (``"1.4e-03"``)."""
+    _paper_ks(click_model)
+    return {_ks_name(*key, e, click_model): f"{v:.1e}" for key, ps in ks.items() for e, v in zip(epsilons, ps)}
+
+
+def ks_table(ks: dict, epsilons, run, *, ks_nav: dict | None = None, queries=(1, 8)) -> tuple[list, list]:
+    """``(headers, rows)`` of Tables 4-5 for the rows with ``Q`` in ``queries``: the paper's p-values
+    (:data:`PAPER_KS`), ours ("—" where not run at this scale) and the stored paper-scale record
+    (``run.paper``), for informational clicks (``ks``) and, if given, navigational clicks (``ks_nav``,
+    :data:`PAPER_KS_NAV`). ``epsilons`` must be the paper's five (1, 10, 20, 100, 500); raises
+    ``ValueError`` otherwise."""
+    _check_paper_epsilons(epsilons, [1.0, 10.0, 20.0, 100.0, 500.0])
+    rows = []
+    for click, res in [("informational", ks), ("navigational", ks_nav)]:
+        if res is None:
+            continue
+        for (model, Q, adm), paper in _paper_ks(click).items():
+            if Q not in queries:
+                continue
+            label = f"{model}, {click[:3]}, {Q} q{', ADM' if adm else ''}"
+            names = [_ks_name(model, Q, adm, e, click) for e in epsilons]
+            ours = res.get((model, Q, adm))
+            rows.append([label, "paper"] + [f"{v:.2e}" for v in paper])
+            rows.append([label, "ours"] + ([f"{v:.1e}" for v in ours] if ours is not None else ["—"] * len(epsilons)))
+            rows.append([label, "ours, paper scale (mean ± 95 % CI)"] + [run.paper(n, 2) for n in names])
+    return ["attack", "source"] + [f"ε={e:g}" for e in epsilons], rows
+
+
+def ks_queries_table(run, epsilon: float, queries=(4, 8, 12, 16)) -> tuple[list, list]:
+    """``(headers, rows)``: Tables 4-5 across the number of queries at one ``epsilon``, one row per
+    (ranker, click model, ADM), each cell "paper p / our paper-scale p" (``run.paper``, mean over the
+    record's seeds). Raises ``ValueError`` for an epsilon outside the paper's five."""
+    eps = [1.0, 10.0, 20.0, 100.0, 500.0]
+    if epsilon not in eps:
+        raise ValueError(f"epsilon must be one of the paper's {eps}, got {epsilon}")
+    j = eps.index(epsilon)
+    rows = []
+    for click in ("informational", "navigational"):
+        paper = _paper_ks(click)
+        for model in ("linear", "neural"):
+            for adm in (False, True):
+                cells = [f"{paper[(model, Q, adm)][j]:.1e} / {run.paper(_ks_name(model, Q, adm, epsilon, click), 2)}"
+                         if (model, Q, adm) in paper else "—" for Q in queries]
+                rows.append([model, click[:3], "yes" if adm else "no"] + cells)
+    return ["ranker", "clicks", "ADM"] + [f"{Q} queries: paper / ours" for Q in queries], rows
+
+
+def utility_grid(train, test, rankers: dict, epsilons, *, num_rounds: int, clients_per_round: int, lr: float,
+                 delta: float, sensitivity: float, click_model: str = "informational", seed: int = 0) -> dict:
+    """RAIFLE App. C.6 (Table 8): federated FPDGD (:func:`fedlab.fl.oltr.federated_oltr`) for every
+    ranker and every epsilon (the local Gaussian mechanism of L2 sensitivity ``sensitivity``;
+    ``None``: no noise and no clipping, the column "infinity"), evaluated once at the end. Returns
+    ``{(ranker, epsilon): test NDCG@10}``."""
+    ndcg = {}
+    for model, hidden in _rankers(rankers).items():
+        for e in epsilons:
+            r = federated_oltr(train, test, hidden, click_model=click_model, num_rounds=num_rounds,
+                               clients_per_round=clients_per_round, lr=lr, epsilon=e, delta=delta,
+                               sensitivity=sensitivity, eval_every=num_rounds, seed=seed)
+            ndcg[(model, e)] = r.ndcg[-1]
+    return ndcg
+
+
+#: RAIFLE Table 8 (MSLR-WEB10K, informational clicks): test NDCG@10 at epsilon = 1, 10, 20, 100, 500, inf
+PAPER_T8 = {"linear": [0.228, 0.260, 0.280, 0.298, 0.301, 0.315],
+            "neural": [0.223, 0.244, 0.226, 0.218, 0.228, 0.282]}
+
+
+def _t8_name(model: str, eps) -> str:
+    return f"ch3b_t8_{model}_eps{eps:g}" if eps else f"ch3b_t8_{model}_inf"
+
+
+def table8_values(ndcg: dict, rankers, epsilons) -> dict:
+    """The glued numbers of Table 8 (unrounded): ``ch3b_t8_<ranker>_eps<epsilon>`` (``_inf`` for no
+    noise) for every ranker and epsilon, and ``ch3b_ndcg_<ranker>_eps1`` / ``_inf`` that the text
+    quotes. Raises ``ValueError`` unless ``epsilons`` holds 1.0 and ``None``."""
+    epsilons = list(epsilons)
+    if 1.0 not in epsilons or None not in epsilons:
+        raise ValueError(f"epsilons must contain 1.0 and None, got {epsilons}")
+    out = {_t8_name(m, e): ndcg[(m, e)] for m in rankers for e in epsilons}
+    for m in rankers:
+        out[f"ch3b_ndcg_{m}_eps1"] = ndcg[(m, 1.0)]
+        out[f"ch3b_ndcg_{m}_inf"] = ndcg[(m, None)]
+    return out
+
+
+def table8_table(ndcg: dict, rankers, epsilons, run) -> tuple[list, list]:
+    """``(headers, rows)`` of Table 8: the paper's NDCG@10 (:data:`PAPER_T8`), ours (3 decimals) and the
+    stored paper-scale record (``run.paper``). ``epsilons`` must be the paper's (1, 10, 20, 100, 500,
+    ``None`` for no noise); raises ``ValueError`` otherwise."""
+    _check_paper_epsilons(epsilons, [1.0, 10.0, 20.0, 100.0, 500.0, None])
+    rows = []
+    for m in rankers:
+        rows.append([m, "paper"] + PAPER_T8[m])
+        rows.append([m, "ours"] + [round(ndcg[(m, e)], 3) for e in epsilons])
+        rows.append([m, "ours, paper scale (mean ± 95 % CI)"] + [run.paper(_t8_name(m, e)) for e in epsilons])
+    return ["ranker", "source"] + [f"ε={e:g}" if e else "ε=∞" for e in epsilons], rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# Gradient pruning (App. C.4, Fig. 9)
+# ---------------------------------------------------------------------------------------------------
+
+def prune_grid(data, rankers: dict, fractions, configs, num_users: int, *, lr: float, max_iter: int,
+               click_model: str = "informational", seed: int = 0) -> dict:
+    """RAIFLE App. C.4 (Fig. 9): RAIFLE against gradient pruning (Zhu et al. 2019). For every ranker
+    and ``(Q, adm)`` of ``configs`` the same ``num_users`` users (``Q`` queries, ADM or not) prune
+    each fraction of ``fractions`` of their update's smallest-magnitude entries
+    (:func:`fedlab.privacy.defenses.prune_rows`) and the server attacks every pruned update as the
+    paper's code does: it matches its unpruned simulation to what it received
+    (:func:`~fedlab.attacks.interaction_inference.oltr.attack_oltr`; all fractions in one batch).
+
+    Returns ``{(ranker, Q, adm, fraction): AUC [num_users]}``. Raises ``ValueError`` for a fraction
+    outside [0, 1) or empty ``configs``.
+    """
+    fractions = list(fractions)
+    bad = [f for f in fractions if not 0 <= f < 1]
+    if bad or not fractions:
+        raise ValueError(f"fractions must be a non-empty list in [0, 1), got {fractions}")
+    configs = list(configs)
+    if not configs:
+        raise ValueError("configs must not be empty")
+    out = {}
+    for model, hidden in _rankers(rankers).items():
+        for Q, adm in configs:
+            base = make_oltr_case(data, num_users, Q, hidden, click_model=click_model, adm=adm, lr=lr,
+                                  seed=seed + 500 + Q + len(hidden))
+            case = cat_cases([base] * len(fractions))
+            pruned = torch.cat([prune_rows(base.update, f) for f in fractions])
+            auc = attack_oltr(case, pruned, max_iter=max_iter, seed=seed).reshape(len(fractions), num_users)
+            out.update({(model, Q, adm, f): auc[i] for i, f in enumerate(fractions)})
+    return out
+
+
+def prune_plot(prune_auc: dict, rankers, fractions, configs):
+    """RAIFLE Fig. 9: mean AUC against the percentage of the update pruned, one panel per ranker,
+    one curve per ``(Q, adm)`` of ``configs`` (results of :func:`prune_grid`). Returns the axes."""
+    from ..plots import plt
+
+    _, axs = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+    for ax, model in zip(axs, rankers):
+        for (Q, adm), st in zip(configs, ["o-", "s--", "^-", "d-."]):
+            ax.plot([100 * f for f in fractions], [prune_auc[(model, Q, adm, f)].mean() for f in fractions], st,
+                    label=f"{Q} q{', ADM' if adm else ''}")
+        ax.axhline(0.5, color="gray", ls=":", label="random guess")
+        ax.set(xlabel="% of the update pruned", title=f"{model} (cf. RAIFLE Fig. 9)")
+    axs[0].set_ylabel("mean attack AUC")
+    axs[1].legend(fontsize=8)
+    return axs
+
+
+#: RAIFLE App. C.4 (the text describing Fig. 9, MQ2007; ADM for more than one query)
+PAPER_FIG9 = {0.9: "pruning must exceed 90 % before the AUC nears 0.5", 0.99: "close to random guessing",
+              "neural": "networks less affected than linear rankers"}
+
+
+def prune_values(prune_auc: dict, configs) -> dict:
+    """The glued mean AUCs of :func:`prune_grid`: ``ch3b_prune_<ranker>_<Q>q[_adm]_f<percent>``
+    (unrounded)."""
+    return {f"ch3b_prune_{m}_{Q}q{'_adm' if a else ''}_f{100 * f:g}": v.mean().item()
+            for (m, Q, a, f), v in prune_auc.items() if (Q, a) in set(configs)}
+
+
+def prune_table(prune_auc: dict, rankers, fractions, configs) -> tuple[list, list]:
+    """``(headers, rows)``: one row per fraction pruned, our mean AUC (3 decimals) for every ranker and
+    ``(Q, adm)`` of ``configs``, and the paper's statement (:data:`PAPER_FIG9`) where it makes one."""
+    cols = [(m, Q, a) for m in rankers for Q, a in configs]
+    rows = [[f"{100 * f:g} %"] + [round(prune_auc[(m, Q, a, f)].mean().item(), 3) for m, Q, a in cols]
+            + [PAPER_FIG9.get(f, "")] for f in fractions]
+    return ["pruned"] + [f"{m}, {Q} q{', ADM' if a else ''}" for m, Q, a in cols] + ["paper (text of App. C.4)"], rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# Countermeasure (Sec. 5.1), widget, record table
+# ---------------------------------------------------------------------------------------------------
+
+def flag_rounds(cases, **kwargs) -> torch.Tensor:
+    """:func:`fedlab.attacks.interaction_inference.oltr.flag_dead_features` on every user of every case in
+    ``cases``, concatenated: a [sum of users] bool tensor (True: the user refuses the round)."""
+    cases = list(cases)
+    if not cases:
+        raise ValueError("cases must not be empty")
+    return torch.cat([flag_dead_features(c.X, c.mask, **kwargs) for c in cases])
+
+
+def ldp_boxplot(ldp_auc: dict, rankers, num_queries: int, eps: float):
+    """Box plots of the per-user AUCs under LDP at ``eps`` (results of :func:`ldp_grid`; nothing is
+    recomputed) for every ranker at one query and at ``num_queries`` queries without and with ADM.
+    Raises ``ValueError`` naming ``eps`` when it was not swept. Returns the axes."""
+    from ..plots import plt
+
+    if not any(k[-1] == eps for k in ldp_auc):
+        raise ValueError(f"eps={eps} was not swept")
+    _, ax = plt.subplots(figsize=(7, 2.8))
+    keys = [(m, Q, a) for m in rankers for Q, a in [(1, False), (num_queries, False), (num_queries, True)]]
+    ax.boxplot([ldp_auc[(m, Q, a, eps)].numpy() for m, Q, a in keys],
+               tick_labels=[f"{m[:3]} {Q}q{' ADM' if a else ''}" for m, Q, a in keys])
+    ax.axhline(0.5, color="gray", ls=":")
+    ax.set_ylabel("per-user AUC")
+    ax.set_title(f"LDP ε = {eps:g}")
+    return ax
+
+
+#: the chapter's headline numbers: glued name -> label, for the table of this build against the record
+RECORD_LABELS = {
+    "ch3b_users": "users per cell (Fig. 5)",
+    "ch3b_fig5_single": "Fig. 5: 1 query, AUC (lower of the two rankers)",
+    "ch3b_fig5_lin16": "Fig. 5: linear, 16 queries", "ch3b_fig5_lin16_adm": "Fig. 5: linear, 16 queries, ADM",
+    "ch3b_fig5_nn16": "Fig. 5: neural, 16 queries", "ch3b_fig5_nn16_adm": "Fig. 5: neural, 16 queries, ADM",
+    "ch3b_set_before_neural_adm": "16 queries, neural, ADM: our earlier setting",
+    "ch3b_set_paper_neural_adm": "16 queries, neural, ADM: the paper's setting",
+    "ch3b_set_weight_blocks_neural_adm": "16 queries, neural, ADM: + the reference's weight blocks",
+    "ch3b_noisy_nn0": "Fig. 11: neural, 16 queries, no ADM", "ch3b_noisy_nnz": "Fig. 11: neural, exact-zero ADM",
+    "ch3b_noisy_nn": "Fig. 11: neural, ADM noise 0.1",
+    "ch3b_sa_err": "SA bypass: max abs error of the recovered update",
+    "ch3b_pir_tpr_ldp": "PIR bypass under LDP ε=100: true-positive rate",
+    "ch3b_ldp_lin1_eps10": "LDP ε=10: linear, 1 query, AUC", "ch3b_ks_lin1_eps10": "LDP ε=10: K-S p-value",
+    "ch3b_ldp_nn_noadm": "LDP ε=500: neural, 8 queries", "ch3b_ldp_nn_adm": "LDP ε=500: neural, 8 queries, ADM",
+    "ch3b_prune_min90": "Fig. 9: 90 % pruned, lowest mean AUC",
+    "ch3b_prune_linear_8q_adm_f99": "Fig. 9: 99 % pruned, linear, 8 queries, ADM",
+    "ch3b_ndcg_linear_eps1": "Table 8: linear NDCG@10, ε=1",
+    "ch3b_ndcg_linear_inf": "Table 8: linear NDCG@10, no noise",
+    "ch3b_ndcg_neural_eps1": "Table 8: neural NDCG@10, ε=1",
+    "ch3b_ndcg_neural_inf": "Table 8: neural NDCG@10, no noise",
+    "ch3b_total_s": "notebook run time (s)"}

@@ -1,0 +1,387 @@
+"""Clustered (personalized) federated learning: IFCA and its d-private variant.
+
+* IFCA, the Iterative Federated Clustering Algorithm of Ghosh et al. (2020, model-averaging version):
+  the server broadcasts ``k`` hypotheses; each sampled client picks the one with the lowest loss on
+  its data, trains it locally and returns it; the server averages the returned models of the clients
+  that picked hypothesis ``j`` into the new ``theta_j``.
+* Galli et al., Algorithm 1: the same loop, but every client sanitises its model with SanitizeUpdate
+  (Algorithm 2, the Euclidean Laplace mechanism of :mod:`fedlab.privacy.dprivacy`) and the server,
+  which no longer trusts or sees the clients' choices, clusters the sanitised vectors with k-means
+  (scikit-learn, initialised at the current hypotheses) and averages each cluster.
+
+With ``num_clusters=1`` and no noise both reduce to FedAvg with unweighted averaging.
+
+All sampled clients run in one ``vmap`` (:func:`fedlab.fl.clients_update` with a stacked start point,
+one hypothesis per client), and the ``[K, k]`` matrix of local losses is computed in one batched call.
+Parameters travel as flat vectors ``theta`` (``[n]``; ``[k, n]`` for the hypotheses).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from ..models import flatten_stacked as stack_to_flat, get_params, squared_error
+from ..models import unflatten_stacked as flat_to_stack
+from ..privacy.dprivacy import PrivacyAccountant, sanitize_update
+from . import ClientData, clients_update, cross_entropy, stack_clients
+from .rounds import History, run_rounds
+
+__all__ = ["squared_error", "hypothesis_losses", "evaluate_hypotheses", "kmeans_clusters",
+           "IFCARound", "IFCAResult", "ifca", "private_ifca", "stack_to_flat", "flat_to_stack",
+           "server_view", "early_stop_round"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _per_client_stats(model, like, hyps: torch.Tensor, data: ClientData, loss_fn):
+    """Mean loss and mean correctness of every client under every hypothesis: two ``[K, k]``."""
+    n_max = data.X.shape[1]
+    mask = (torch.arange(n_max)[None, :] < data.n[:, None]).float()  # [K, n_max]
+    stacked = flat_to_stack(hyps, like)
+
+    def one(params, X, y, m):
+        out = functional_call(model, params, (X,))
+        loss = (loss_fn(out, y) * m).sum() / m.sum()
+        if out.ndim == 2 and out.shape[-1] > 1 and not y.is_floating_point():
+            acc = ((out.argmax(-1) == y).float() * m).sum() / m.sum()
+        else:
+            acc = torch.zeros(())
+        return loss, acc
+
+    over_clients = vmap(one, in_dims=(None, 0, 0, 0))
+    over_hyps = vmap(over_clients, in_dims=(0, None, None, None))
+    with torch.no_grad():
+        loss, acc = over_hyps(stacked, data.X, data.y, mask)  # [k, K]
+    return loss.T, acc.T
+
+
+def hypothesis_losses(model: nn.Module, hypotheses: torch.Tensor, clients, *,
+                      loss_fn: LossFn = cross_entropy) -> torch.Tensor:
+    """Local empirical cost ``F_c(theta_j; Z_c)`` (Galli et al. Eq. 3) of every client ``c`` under every
+    hypothesis ``j``, in one batched call: returns ``[K, k]``.
+
+    ``hypotheses``: ``[k, n]`` flat parameter vectors of ``model``."""
+    data = clients if isinstance(clients, ClientData) else stack_clients(clients)
+    like = get_params(model)
+    return _per_client_stats(model, like, _check_hyps(hypotheses, like), data, loss_fn)[0]
+
+
+def evaluate_hypotheses(model: nn.Module, hypotheses: torch.Tensor, clients, *,
+                        loss_fn: LossFn = cross_entropy) -> dict:
+    """Each client uses the hypothesis with its lowest loss (IFCA's cluster identity estimate).
+
+    Returns ``{"loss", "rmse", "accuracy"}`` averaged over clients (RMSE is the per-client
+    ``sqrt(mean squared_error)``, meaningful with :func:`squared_error`; accuracy is 0 for regression)
+    and ``"assignment"``: int array ``[K]`` of the chosen hypotheses."""
+    data = clients if isinstance(clients, ClientData) else stack_clients(clients)
+    like = get_params(model)
+    loss, acc = _per_client_stats(model, like, _check_hyps(hypotheses, like), data, loss_fn)
+    j = loss.argmin(dim=1)
+    best = loss.gather(1, j[:, None])[:, 0]
+    return {"loss": float(best.mean()), "rmse": float(best.clamp_min(0).sqrt().mean()),
+            "accuracy": float(acc.gather(1, j[:, None]).mean()), "assignment": j.numpy()}
+
+
+def kmeans_clusters(released: torch.Tensor, hypotheses: torch.Tensor, *, seed: int = 0) -> np.ndarray:
+    """Server-side clustering of Galli et al. Algorithm 1 (Sec. 3): scikit-learn's
+    ``KMeans(n_clusters=k, init=hypotheses, n_init=1)`` (Lloyd's iteration) on the released vectors
+    ``[m, n]``, initialised at the current hypotheses ``[k, n]`` so that cluster ``j`` continues
+    hypothesis ``j``. When a cluster empties during the iteration scikit-learn moves its centre to the
+    point farthest from its assigned centre; this one backend runs at every scale, so quick and paper
+    runs follow the same rule. ``seed`` is scikit-learn's ``random_state``. Returns labels ``[m]``. With fewer
+    distinct vectors than clusters each vector joins its nearest hypothesis.
+
+    Raises ``ValueError`` if ``released`` and ``hypotheses`` are not 2-D with the same number of
+    columns, or hold a non-finite value."""
+    from sklearn.cluster import KMeans
+
+    X = torch.as_tensor(released).detach().double()
+    C = torch.as_tensor(hypotheses).detach().double()
+    if X.ndim != 2 or C.ndim != 2 or X.shape[1] != C.shape[1]:
+        raise ValueError(f"released [m, n] and hypotheses [k, n] must share n, got "
+                         f"{tuple(X.shape)} and {tuple(C.shape)}")
+    if C.shape[0] < 1:
+        raise ValueError("hypotheses must hold at least one row")
+    if not (torch.isfinite(X).all() and torch.isfinite(C).all()):
+        raise ValueError("released and hypotheses must be finite")
+    k = C.shape[0]
+    if k == 1:
+        return np.zeros(len(X), dtype=np.int64)
+    if len(X) < k or len(torch.unique(X, dim=0)) < k:
+        return torch.cdist(X, C).argmin(1).numpy().astype(np.int64)
+    km = KMeans(n_clusters=k, init=C.numpy(), n_init=1, random_state=seed, tol=0.0).fit(X.numpy())
+    return km.labels_.astype(np.int64)
+
+
+@dataclass
+class IFCARound:
+    """What happened in one round: ``selected`` clients that released (ids), ``refused`` ids (past
+    budget), ``chosen`` hypothesis per released client ``[m]``, ``released`` vectors ``[m, n]`` (what
+    the server saw), ``labels`` the server's clusters ``[m]``, ``hypotheses`` after aggregation
+    ``[k, n]``, ``leakage`` per released client ``[m]`` (empty without noise), ``val`` metrics, and
+    ``idle``: ids of sampled clients of a private run whose local update was exactly zero (e.g. a ReLU
+    network with every unit inactive on their data): SanitizeUpdate would release such a model
+    exactly (``eps = inf``), so they send nothing that round and spend nothing."""
+
+    round: int
+    selected: np.ndarray
+    refused: np.ndarray
+    chosen: np.ndarray
+    released: torch.Tensor
+    labels: np.ndarray
+    hypotheses: torch.Tensor
+    leakage: np.ndarray
+    val: dict
+    idle: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
+
+
+@dataclass
+class IFCAResult:
+    """``hypotheses`` ``[k, n]`` at the best validation round (the last round without validation),
+    ``final`` ``[k, n]`` after the last round, ``history`` lists (``round``, ``val_loss``, ``val_rmse``,
+    ``val_accuracy``, ``max_leakage`` ``[k]`` per round), per-round records, the accountant (private
+    runs), ``best_round``, ``stopped_early`` and ``diverged``: the round in which a client's local
+    training produced a non-finite model (e.g. SGD from a hypothesis blown up by noise), after which the
+    run stops and keeps its best validated hypotheses; ``None`` if it never happened."""
+
+    hypotheses: torch.Tensor
+    final: torch.Tensor
+    history: dict = field(default_factory=dict)
+    rounds: list = field(default_factory=list)
+    accountant: PrivacyAccountant | None = None
+    best_round: int = 0
+    stopped_early: bool = False
+    diverged: int | None = None
+
+    def params(self, j: int, model: nn.Module) -> dict:
+        """Hypothesis ``j`` as a parameter dict of ``model``."""
+        return {k: v[0] for k, v in flat_to_stack(self.hypotheses[j:j + 1], get_params(model)).items()}
+
+
+def _check_hyps(h: torch.Tensor, like: dict) -> torch.Tensor:
+    n = sum(v.numel() for v in like.values())
+    h = torch.as_tensor(h, dtype=torch.float32)
+    if h.ndim != 2 or h.shape[1] != n:
+        raise ValueError(f"hypotheses must have shape [k, {n}] (the model has {n} parameters), "
+                         f"got {tuple(h.shape)}")
+    return h
+
+
+def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """The client-schedule and the noise generators of a run with ``seed`` (see :func:`ifca`)."""
+    return np.random.default_rng(seed), np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
+
+
+def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clients_per_round: int,
+         local_epochs: int = 1, batch_size: int | None = 10, lr: float = 0.1, nu: float | None = None,
+         clustering: str = "argmin", init: torch.Tensor | None = None, init_std: float = 1.0,
+         val_clients=None, patience: int | None = None, loss_fn: LossFn = cross_entropy,
+         budget: float | None = None, refuse_past_budget: bool = True, seed: int = 0) -> IFCAResult:
+    """IFCA (Ghosh et al. 2020) and, with ``nu`` and ``clustering="kmeans"``, Galli et al. Algorithm 1.
+
+    Each round ``t``: sample ``U = clients_per_round`` clients; each computes ``F_c(theta_j)`` for all
+    ``k`` hypotheses, picks ``j = argmin``, runs LocalUpdate (``local_epochs`` E, step ``lr`` s, batch
+    ``batch_size`` B_s) from ``theta_j``; with ``nu`` it releases SanitizeUpdate(theta_{j,c}; nu) and
+    pays ``n / nu`` to its :class:`~fedlab.privacy.dprivacy.PrivacyAccountant` (or refuses, past
+    ``budget``; a client whose update is exactly zero sends nothing, see :class:`IFCARound`). The server groups the released vectors (``"argmin"``: by the clients' own choices, as
+    in IFCA; ``"kmeans"``: k-means initialised at the hypotheses, as in Algorithm 1) and sets each
+    ``theta_j`` to the mean of its group (an empty group keeps its hypothesis).
+
+    Parameters
+    ----------
+    clients : ClientData or list of per-client data sets (``K`` clients)
+    num_clusters : int >= 1
+        ``k``, the number of hypotheses.
+    init : tensor, optional
+        Initial hypotheses ``[k, n]``; default ``N(0, init_std^2)`` per coordinate (the paper's Sec. 4.1 choice).
+    val_clients : ClientData, optional
+        Held-out clients; when given, evaluated every round (each picks its best hypothesis) and, with
+        ``patience``, training stops after ``patience`` rounds without a lower validation loss; the
+        returned ``hypotheses`` are those of the best round.
+    seed : int
+        Derives three independent random streams: ``torch.Generator().manual_seed(seed)`` for the
+        default ``init`` and the local mini-batches, ``np.random.default_rng(seed)`` for the client
+        schedule, and the first child of ``np.random.SeedSequence(seed)`` for the noise. The schedule
+        never depends on ``nu``: runs with and without noise (and with different ``nu``) sample the
+        same clients each round, up to budget refusals.
+
+    Raises
+    ------
+    ValueError
+        On ``num_clusters < 1``, ``clients_per_round`` outside ``[1, K]``, ``nu <= 0``, an unknown
+        ``clustering`` or an ``init`` of the wrong shape.
+    """
+    if int(num_clusters) != num_clusters or num_clusters < 1:
+        raise ValueError(f"num_clusters (k) must be an integer >= 1, got {num_clusters}")
+    if nu is not None and not nu > 0:
+        raise ValueError(f"nu (noise multiplier) must be > 0, or None for no noise; got {nu}")
+    if clustering not in ("argmin", "kmeans"):
+        raise ValueError(f"clustering must be 'argmin' or 'kmeans', got {clustering!r}")
+    if patience is not None and patience < 1:
+        raise ValueError(f"patience must be >= 1 or None, got {patience}")
+    data = clients if isinstance(clients, ClientData) else stack_clients(clients)
+    val = None if val_clients is None else (
+        val_clients if isinstance(val_clients, ClientData) else stack_clients(val_clients))
+    K, k = data.num_clients, int(num_clusters)
+    if int(clients_per_round) != clients_per_round or not 1 <= clients_per_round <= K:
+        raise ValueError(f"clients_per_round must be an integer in [1, {K}], got {clients_per_round}")
+    like = get_params(model)
+    n = sum(v.numel() for v in like.values())
+    gen = torch.Generator().manual_seed(seed)
+    schedule_rng, noise_rng = _streams(seed)
+    if init is None:
+        hyps = init_std * torch.randn(k, n, generator=gen)
+    else:
+        hyps = _check_hyps(init, like).clone()
+        if hyps.shape[0] != k:
+            raise ValueError(f"init must have num_clusters={k} rows, got {hyps.shape[0]}")
+    acct = PrivacyAccountant(K, budget, refuse_past_budget) if nu is not None else None
+    last_choice = np.full(K, -1)
+    hist = History("val_loss", "val_rmse", "val_accuracy")
+    hist["max_leakage"] = []                  # [k] per round (private runs), no entry for round 0
+    res = IFCAResult(hyps.clone(), hyps.clone(), hist, [], acct)
+    pending = {}
+
+    def step(t, hyps):
+        selected = np.sort(schedule_rng.choice(K, size=int(clients_per_round), replace=False))
+        refused = np.array([], dtype=np.int64)
+        if acct is not None:
+            ok = acct.allowed(selected, n / nu)
+            selected, refused = selected[ok], selected[~ok]
+        idle = np.array([], dtype=np.int64)
+        chosen = np.array([], dtype=np.int64)
+        released, leak, labels = torch.zeros(0, n), np.array([]), np.array([], dtype=np.int64)
+        if len(selected) > 0:
+            sub = data.select(selected)
+            chosen = _per_client_stats(model, like, hyps, sub, loss_fn)[0].argmin(1).numpy()
+            start = hyps[torch.from_numpy(chosen)]
+            local = stack_to_flat(clients_update(
+                model, flat_to_stack(start, like), sub, lr=lr, local_epochs=local_epochs,
+                batch_size=batch_size, generator=gen, loss_fn=loss_fn, stacked=True)).detach()
+            if not torch.isfinite(local).all():
+                # local SGD blew up: nothing is released, the run stops after this round (see IFCAResult)
+                res.diverged = t
+                selected = chosen = np.array([], dtype=np.int64)
+            elif nu is not None:
+                # a zero update would be released exactly (eps = inf): such a client sends nothing
+                moved = (local != start).any(1).numpy()
+                idle = selected[~moved]
+                selected, chosen = selected[moved], chosen[moved]
+                start, local = start[torch.from_numpy(moved)], local[torch.from_numpy(moved)]
+        if len(selected) > 0:
+            if nu is not None:
+                san = sanitize_update(local, start, nu, rng=noise_rng)
+                released, leak = san.theta, san.leakage.numpy()
+                acct.spend(selected, leak, round=t, epsilon=san.epsilon.numpy())   # for budget_at_radius
+            else:
+                released = local
+            labels = (chosen if clustering == "argmin"
+                      else kmeans_clusters(released, hyps, seed=seed + t))
+            new = hyps.clone()
+            for j in range(k):
+                members = labels == j
+                if members.any():
+                    new[j] = released[torch.from_numpy(members)].mean(0)
+            hyps = new
+            last_choice[selected] = labels
+        if acct is not None:
+            hist["max_leakage"].append([float(acct.spent[last_choice == j].max(initial=0.0))
+                                        for j in range(k)])
+        pending.update(selected=selected, refused=refused, chosen=chosen, released=released, labels=labels,
+                       leak=leak, idle=idle)
+        return hyps
+
+    def validate(h):
+        ev = evaluate_hypotheses(model, h, val, loss_fn=loss_fn)
+        return {"val_loss": ev["loss"], "val_rmse": ev["rmse"], "val_accuracy": ev["accuracy"]}
+
+    track = {"best": np.inf, "since": 0}
+
+    def after_round(t, hyps, history):
+        ev = {key[4:]: v for key, v in history.last.items() if key.startswith("val_")} if val is not None else {}
+        p = pending
+        res.rounds.append(IFCARound(t, p["selected"], p["refused"], p["chosen"], p["released"], p["labels"],
+                                    hyps.clone(), p["leak"], ev, p["idle"]))
+        if val is None:
+            res.hypotheses, res.best_round = hyps.clone(), t
+            return res.diverged is not None
+        if res.diverged is not None:
+            res.stopped_early = True
+            return True
+        if t == 1:
+            track["best"] = history["val_loss"][0]
+        if ev["loss"] < track["best"] - 1e-12:
+            track["best"], track["since"], res.best_round, res.hypotheses = ev["loss"], 0, t, hyps.clone()
+            return False
+        track["since"] += 1
+        res.stopped_early = patience is not None and track["since"] >= patience
+        return res.stopped_early
+
+    hyps, _, _ = run_rounds(num_rounds, step, hyps, evaluate=None if val is None else validate, history=hist,
+                            after_round=after_round)
+    res.final = hyps.clone()
+    return res
+
+
+def private_ifca(model: nn.Module, clients, *, num_clusters: int, nu: float, **kwargs) -> IFCAResult:
+    """Galli et al., Algorithm 1: IFCA with SanitizeUpdate on every released model (noise multiplier
+    ``nu``) and server-side k-means. Keyword arguments as in :func:`ifca`."""
+    return ifca(model, clients, num_clusters=num_clusters, nu=nu, clustering="kmeans", **kwargs)
+
+
+def server_view(model: nn.Module, hypotheses: torch.Tensor, clients, *, nu: float | None,
+                num_clusters: int | None = None, lr: float = 0.1, local_epochs: int = 1,
+                batch_size: int | None = 10, loss_fn: LossFn = cross_entropy, seed: int = 0) -> dict:
+    """One round of Galli et al. Algorithm 1 seen from the server, without aggregation: every client
+    of ``clients`` picks its best hypothesis, trains it, sanitises it with noise multiplier ``nu``
+    (``None``: no noise) and the server runs k-means with ``num_clusters`` clusters (default: the
+    number of hypotheses, initialised at them; another value uses scikit-learn's k-means++ seeding).
+
+    Returns ``{"chosen": [K], "local": [K, n], "released": [K, n], "labels": [K]}``."""
+    from sklearn.cluster import KMeans
+
+    data = clients if isinstance(clients, ClientData) else stack_clients(clients)
+    like = get_params(model)
+    hyps = _check_hyps(hypotheses, like)
+    k = hyps.shape[0] if num_clusters is None else int(num_clusters)
+    if k < 1:
+        raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
+    chosen = _per_client_stats(model, like, hyps, data, loss_fn)[0].argmin(1)
+    start = hyps[chosen]
+    local = stack_to_flat(clients_update(
+        model, flat_to_stack(start, like), data, lr=lr, local_epochs=local_epochs,
+        batch_size=batch_size, generator=torch.Generator().manual_seed(seed), loss_fn=loss_fn,
+        stacked=True)).detach()
+    released = local if nu is None else sanitize_update(local, start, nu, rng=seed).theta
+    if k == hyps.shape[0]:
+        labels = kmeans_clusters(released, hyps, seed=seed)
+    elif k == 1:
+        labels = np.zeros(len(released), dtype=np.int64)
+    else:
+        labels = KMeans(n_clusters=k, n_init=1, random_state=seed).fit(released.double().numpy()).labels_
+    return {"chosen": chosen.numpy(), "local": local, "released": released, "labels": labels}
+
+
+def early_stop_round(val_losses, patience: int) -> tuple[int, int]:
+    """Replay early stopping on a validation curve ``val_losses[t]`` (``t = 0`` is the initial
+    model): training stops once ``patience`` rounds in a row bring no lower loss.
+
+    Returns ``(best_round, stop_round)``. Because a run is deterministic given its seed, a run with a
+    long patience contains every shorter-patience run as a prefix; this recovers them for free.
+    Raises ``ValueError`` if ``patience < 1``."""
+    if patience < 1:
+        raise ValueError(f"patience must be >= 1, got {patience}")
+    best, best_t, since = np.inf, 0, 0
+    for t, v in enumerate(val_losses):
+        if v < best - 1e-12:
+            best, best_t, since = v, t, 0
+        elif t > 0:
+            since += 1
+            if since >= patience:
+                return best_t, t
+    return best_t, len(val_losses) - 1

@@ -1,0 +1,219 @@
+"""Personalised FL under client-level DP: local-only training, DP-FedAvg + local fine-tuning, and
+Centaur (Shen, Ye, Kang, Hassani & Shokri 2023, "Share your representation only", Alg. 1-2), which
+builds on FedRep (Collins et al. 2021).
+
+A model ``f = head o representation`` is split by parameter names: ``head_names`` (the last layer by
+default) stay on the client; the rest (the representation ``b``) is learned together.
+
+Centaur, round ``t`` (lecture, "The Centaur algorithm"):
+
+1. each sampled client fits its private head ``w_i`` on its data with ``b^t`` fixed (Phase 1);
+2. it runs local SGD on ``b`` only, with ``w_i`` fixed (Phase 2);
+3. it returns ``g_i = b_i - b^t`` (Phase 3); the server clips, averages with denominator ``q K``,
+   adds Gaussian noise (:func:`fedlab.privacy.dp_fedavg.dp_aggregate`) and steps ``b``.
+
+Only the representation crosses the network, so the clipping budget and the noise are spent on
+it alone. Diagnostics of the lecture: per-layer signal-to-noise ratio (:func:`per_layer_snr`) and the
+client-agreement metric (:func:`client_agreement`).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from . import ClientData, batch_plan, cross_entropy, train_standalone
+from .dp_fedavg import DPRoundRecord, dp_server_step, poisson_sample
+from .rounds import run_rounds
+
+__all__ = ["make_representation_task", "head_names_of", "partial_clients_update", "evaluate_clients",
+           "local_only", "finetune", "centaur", "per_layer_snr", "client_agreement"]
+
+
+def make_representation_task(num_clients: int, n_train: int, n_test: int, *, dim: int = 64,
+                             rep_dim: int = 4, num_classes: int = 10, classes_per_client: int = 2,
+                             class_sep: float = 2.0, noise: float = 1.0, seed: int = 0
+                             ) -> tuple[ClientData, ClientData]:
+    """Synthetic heterogeneous clients that share a low-dimensional representation (the setting of
+    Shen et al. 2023 and Collins et al. 2021, made a classification task).
+
+    A fixed orthonormal ``B* in R^{dim x rep_dim}`` and class centres ``mu_c in R^{rep_dim}``
+    (``N(0, class_sep^2 I)``) are shared. Client ``i`` draws ``classes_per_client`` of the
+    ``num_classes`` labels (the heterogeneity knob: few classes = very heterogeneous) and records
+    ``x = B* (mu_y + u) + noise * e`` with ``u ~ N(0, 0.25 I)``, ``e ~ N(0, I_dim)``. With few
+    records per client the ``dim``-dimensional noise defeats local-only learning, while the shared
+    ``B*`` is learnable from all clients together.
+
+    Returns ``(train, test)`` :class:`ClientData`: ``X`` ``[K, n, dim]``, ``y`` ``[K, n]``.
+    """
+    if not 1 <= classes_per_client <= num_classes:
+        raise ValueError(f"classes_per_client must be in 1..{num_classes}, got {classes_per_client}")
+    if num_clients < 1 or n_train < 1 or n_test < 1:
+        raise ValueError("num_clients, n_train and n_test must be positive")
+    if not 1 <= rep_dim <= dim:
+        raise ValueError(f"rep_dim must be in 1..dim, got {rep_dim}")
+    g = torch.Generator().manual_seed(seed)
+    B, _ = torch.linalg.qr(torch.randn(dim, rep_dim, generator=g))
+    mu = class_sep * torch.randn(num_classes, rep_dim, generator=g)
+    classes = torch.argsort(torch.rand(num_clients, num_classes, generator=g), dim=1)[:, :classes_per_client]
+
+    def draw(n):
+        pick = torch.randint(0, classes_per_client, (num_clients, n), generator=g)
+        y = torch.gather(classes, 1, pick)
+        u = mu[y] + 0.5 * torch.randn(num_clients, n, rep_dim, generator=g)
+        X = u @ B.T + noise * torch.randn(num_clients, n, dim, generator=g)
+        return ClientData(X, y, torch.full((num_clients,), n))
+
+    return draw(n_train), draw(n_test)
+
+
+def head_names_of(params: dict) -> list[str]:
+    """Names of the last layer's parameters (the classification head)."""
+    last = list(params)[-1].rsplit(".", 1)[0]
+    return [k for k in params if k.rsplit(".", 1)[0] == last]
+
+
+def partial_clients_update(model: nn.Module, stacked: dict, data: ClientData, trainable: Sequence[str], *,
+                           lr: float, local_epochs: int = 1, batch_size: int | None = None,
+                           generator: torch.Generator | None = None, loss_fn=cross_entropy) -> dict:
+    """Local SGD on the parameters ``trainable`` only, all ``K`` clients in one vmap (the other
+    parameters stay frozen): FedRep/Centaur's head step (Phase 1) and representation step (Phase 2),
+    and local fine-tuning. ``stacked`` is ``{name: [K, ...]}``; returns the same layout."""
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    trainable = list(trainable)
+    bad = [k for k in trainable if k not in stacked]
+    if bad:
+        raise ValueError(f"trainable names not in params: {bad}")
+    idx, w = batch_plan(data.n, batch_size, local_epochs, generator)
+
+    def batch_loss(sub, frozen, X, y, i, wt):
+        out = functional_call(model, {**frozen, **sub}, (X[i],))
+        return (loss_fn(out, y[i]) * wt).sum() / wt.sum().clamp_min(1.0)
+
+    g = grad(batch_loss)
+
+    def step(sub, frozen, X, y, i, wt):
+        gr = g(sub, frozen, X, y, i, wt)
+        return {k: sub[k] - lr * gr[k] for k in sub}
+
+    vstep = vmap(step)
+    sub = {k: stacked[k].clone() for k in trainable}
+    frozen = {k: v for k, v in stacked.items() if k not in trainable}
+    for s in range(idx.shape[1]):
+        sub = vstep(sub, frozen, data.X, data.y, idx[:, s], w[:, s])
+    return {k: (sub[k] if k in sub else stacked[k]).detach() for k in stacked}
+
+
+@torch.no_grad()
+def evaluate_clients(model: nn.Module, stacked: dict, data: ClientData) -> torch.Tensor:
+    """Accuracy of client ``k``'s model ``stacked[.][k]`` on its own data ``data`` (padding
+    ignored). Returns ``[K]``."""
+    mask = torch.arange(data.X.shape[1]).unsqueeze(0) < data.n.unsqueeze(1)
+
+    def acc(p, X, y, m):
+        pred = functional_call(model, p, (X,)).argmax(-1)
+        return ((pred == y) & m).sum() / m.sum()
+
+    return vmap(acc)(stacked, data.X, data.y, mask)
+
+
+def _stack(params: dict, K: int) -> dict:
+    return {k: v.detach().unsqueeze(0).repeat(K, *([1] * v.ndim)) for k, v in params.items()}
+
+
+def local_only(model: nn.Module, train: ClientData, *, num_epochs: int, lr: float, batch_size: int | None = 10,
+               params: dict | None = None, seed: int = 0) -> dict:
+    """Local-only training: every client trains the whole model alone (no privacy cost, no
+    collaboration). Returns stacked models ``{name: [K, ...]}``."""
+    local, _ = train_standalone(model, train, num_epochs=num_epochs, batch_size=batch_size, lr=lr,
+                                params=params, seed=seed)
+    return {k: v.detach() for k, v in local.items()}
+
+
+def finetune(model: nn.Module, params: dict, train: ClientData, *, trainable: Sequence[str] | None = None,
+             num_epochs: int, lr: float, batch_size: int | None = None, seed: int = 0) -> dict:
+    """Local fine-tuning of a global model (lecture, "DP-FedAvg + fine-tuning"): every client
+    trains ``trainable`` (default: the head) on its own data, the rest frozen. The result never
+    leaves the client, so it costs no privacy. Returns stacked models ``{name: [K, ...]}``."""
+    trainable = head_names_of(params) if trainable is None else list(trainable)
+    gen = torch.Generator().manual_seed(seed)
+    return partial_clients_update(model, _stack(params, train.num_clients), train, trainable, lr=lr,
+                                  local_epochs=num_epochs, batch_size=batch_size, generator=gen)
+
+
+def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, sampling_prob: float,
+            noise_multiplier: float, clip_norm: float | None, head_epochs: int = 5, rep_epochs: int = 1,
+            lr: float = 0.1, batch_size: int | None = 10, server_lr: float = 1.0,
+            final_head_epochs: int | None = None, params: dict | None = None,
+            head_names: Sequence[str] | None = None, seed: int = 0,
+            callback: Callable[[DPRoundRecord], None] | None = None) -> dict:
+    """Centaur (Shen et al. 2023, Alg. 1 server / Alg. 2 client): DP-FedRep that shares only the
+    representation. ``noise_multiplier = 0`` and ``clip_norm = None`` give FedRep (Collins et al.
+    2021). Client heads persist across rounds (each client keeps ``w_i``).
+
+    Phase 1 is ``head_epochs`` of full-batch gradient descent on the head (approximating the argmin),
+    Phase 2 is ``rep_epochs`` of mini-batch SGD (batch ``batch_size``) on the representation.
+    At the end every client fits its head on the final representation (``final_head_epochs``,
+    default ``head_epochs``; free of privacy cost).
+
+    Returns the stacked personalised models ``{name: [K, ...]}``. Privacy: the same
+    :func:`fedlab.privacy.dp_fedavg.epsilon_spent` as DP-FedAvg with the same ``(z, q, T)``.
+    """
+    if not 0.0 < sampling_prob <= 1.0:
+        raise ValueError(f"sampling_prob must be in (0, 1], got {sampling_prob}")
+    K = train.num_clients
+    m = sampling_prob * K
+    gen = torch.Generator().manual_seed(seed)
+    w0 = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}
+    heads = list(head_names) if head_names is not None else head_names_of(w0)
+    rep = [k for k in w0 if k not in heads]
+    b = {k: w0[k] for k in rep}
+    head_state = {k: v for k, v in _stack(w0, K).items() if k in heads}
+    def step(t, b):
+        sel = poisson_sample(K, sampling_prob, gen)
+        updates = None
+        if len(sel):
+            sub = train.select(sel)
+            p = {**_stack(b, len(sel)), **{k: head_state[k][sel] for k in heads}}
+            p = partial_clients_update(model, p, sub, heads, lr=lr, local_epochs=head_epochs,
+                                       batch_size=None, generator=gen)                   # Phase 1
+            for k in heads:
+                head_state[k][sel] = p[k]
+            p = partial_clients_update(model, p, sub, rep, lr=lr, local_epochs=rep_epochs,
+                                       batch_size=batch_size, generator=gen)             # Phase 2
+            updates = {k: p[k] - b[k] for k in rep}                                      # Phase 3
+        return dp_server_step(t, b, sel, updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                              expected_clients=m, server_lr=server_lr, generator=gen, callback=callback)
+
+    b, _, _ = run_rounds(num_rounds, step, b)
+    final = {**_stack(b, K), **head_state}
+    final = {k: final[k] for k in w0}
+    return partial_clients_update(model, final, train, heads, lr=lr,
+                                  local_epochs=final_head_epochs or head_epochs, batch_size=None,
+                                  generator=gen)
+
+
+def per_layer_snr(clipped_mean: dict, noise_std_value: float) -> dict[str, float]:
+    """Per-dimension signal-to-noise ratio of each layer (lecture, "Effect of clipping and additive
+    noise"): the mean over a tensor's coordinates of ``|clipped average update| / sigma``."""
+    if not noise_std_value > 0:
+        raise ValueError(f"noise_std_value must be > 0, got {noise_std_value}")
+    return {k: float(v.abs().mean() / noise_std_value) for k, v in clipped_mean.items()}
+
+
+def client_agreement(updates: dict, names: Sequence[str] | None = None) -> torch.Tensor:
+    """Client-agreement metric of Shen et al. (2023): cosine similarity between each client's
+    update (before clipping) and the average update, over the parameters ``names`` (default: all).
+    ``updates`` is ``{name: [m, ...]}``; returns ``[m]`` (needs ``m >= 1``)."""
+    names = list(updates) if names is None else list(names)
+    if not names:
+        raise ValueError("names must not be empty")
+    m = updates[names[0]].shape[0]
+    if m < 1:
+        raise ValueError("need at least one client update")
+    flat = torch.cat([updates[k].reshape(m, -1) for k in names], dim=1)
+    mean = flat.mean(0, keepdim=True)
+    return torch.nn.functional.cosine_similarity(flat, mean.expand_as(flat), dim=1, eps=1e-12)

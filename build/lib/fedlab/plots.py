@@ -1,0 +1,189 @@
+"""Plotting helpers with one consistent style for every chapter (readable when projected)."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import numpy as np
+
+__all__ = ["use_style", "PALETTE", "line_plot", "bar_plot", "image_grid", "partition_heatmap", "md_table", "MarkdownText"]
+
+#: colour-blind-safe palette (Okabe & Ito) used in that order by every figure
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+
+
+def use_style() -> None:
+    """Set the course's matplotlib style: large fonts, light grid, the :data:`PALETTE`, PNG output
+    (nbval skips PNG comparisons; SVG would be compared byte for byte)."""
+    mpl.rcParams.update({
+        "figure.figsize": (7.0, 4.2),
+        "figure.dpi": 100,
+        "savefig.dpi": 120,
+        "font.size": 12,
+        "axes.titlesize": 13,
+        "axes.labelsize": 12,
+        "legend.fontsize": 10,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.prop_cycle": mpl.cycler(color=PALETTE),
+        "lines.linewidth": 2.0,
+        "figure.constrained_layout.use": True,
+    })
+    try:  # inline backend: PNG only
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+
+        set_matplotlib_formats("png")
+    except Exception:  # pragma: no cover - outside IPython
+        pass
+
+
+def line_plot(x: Sequence | Mapping, ys: Mapping[str, Sequence], *, xlabel: str = "",
+              ylabel: str = "", title: str = "", ax=None, logx: bool = False, logy: bool = False,
+              styles: Mapping[str, dict] | None = None, legend_loc: str = "best"):
+    """Plot several named curves. ``x`` is shared, or a mapping name -> x values.
+
+    ``styles`` maps a curve name to extra ``plot`` keyword arguments (e.g. ``{"bound": {"ls": "--"}}``).
+    Returns the axes.
+    """
+    if ax is None:
+        _, ax = plt.subplots()
+    for name, y in ys.items():
+        xv = x[name] if isinstance(x, Mapping) else x
+        ax.plot(np.asarray(xv), np.asarray(y), label=name, **(styles or {}).get(name, {}))
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if len(ys) > 1:
+        ax.legend(loc=legend_loc)
+    return ax
+
+
+def bar_plot(values: Mapping[str, float], *, ylabel: str = "", title: str = "", ax=None,
+             fmt: str = "{:.2f}", ylim=None):
+    """Bar chart of named values with the value printed on each bar. Returns the axes."""
+    if ax is None:
+        _, ax = plt.subplots()
+    names = list(values)
+    bars = ax.bar(names, [values[n] for n in names], color=PALETTE[: len(names)])
+    for b, n in zip(bars, names):
+        ax.annotate(fmt.format(values[n]), (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=10)
+    ax.set(ylabel=ylabel, title=title)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.tick_params(axis="x", rotation=15)
+    return ax
+
+
+def image_grid(images, *, titles: Sequence[str] | None = None, ncols: int = 8, cmap: str = "gray",
+               size: float = 1.4, suptitle: str = ""):
+    """Show a batch of images ``[n, H, W]``, ``[n, 1, H, W]`` or ``[n, 3, H, W]`` (values in [0, 1])."""
+    imgs = np.asarray(images.detach().cpu() if hasattr(images, "detach") else images)
+    if imgs.ndim == 4 and imgs.shape[1] in (1, 3):
+        imgs = imgs.transpose(0, 2, 3, 1)
+    if imgs.ndim == 4 and imgs.shape[-1] == 1:
+        imgs = imgs[..., 0]
+    n = len(imgs)
+    ncols = min(ncols, n)
+    nrows = int(np.ceil(n / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols, size * nrows + (0.4 if suptitle else 0)),
+                             squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if i < n:
+            ax.imshow(np.clip(imgs[i], 0, 1), cmap=cmap if imgs[i].ndim == 2 else None, vmin=0, vmax=1)
+            if titles is not None:
+                ax.set_title(titles[i], fontsize=9)
+    if suptitle:
+        fig.suptitle(suptitle)
+    return fig
+
+
+def partition_heatmap(y, parts, *, num_classes: int | None = None, ax=None, title: str = ""):
+    """Class counts per client (rows: clients, columns: labels) for a partition ``parts``."""
+    y = np.asarray(y)
+    C = int(num_classes if num_classes is not None else y.max() + 1)
+    counts = np.stack([np.bincount(y[p], minlength=C) for p in parts])
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.6))
+    im = ax.imshow(counts, cmap="Blues", aspect="auto")
+    ax.set(xlabel="label", ylabel="client", title=title, xticks=range(C), yticks=range(len(parts)))
+    ax.grid(False)
+    plt.colorbar(im, ax=ax, label="examples")
+    return ax
+
+
+class MarkdownText(str):
+    """A string that Jupyter, and the book's notebooks, render as Markdown (``_repr_markdown_``), without
+    importing IPython: the package works where the notebook stack is not installed."""
+
+    def _repr_markdown_(self) -> str:
+        return str(self)
+
+    @property
+    def data(self) -> str:
+        """The Markdown source (the attribute IPython's ``Markdown`` objects have)."""
+        return str(self)
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence], *, floatfmt: str = "{:.3f}") -> MarkdownText:
+    """A Markdown table (rendered by Jupyter and by the book) from a header and rows of values.
+
+    Floats are formatted with ``floatfmt``; everything else with ``str``. Use it for every
+    "paper vs ours" table so that the numbers shown are the numbers computed. Returns a
+    :class:`MarkdownText` (a ``str``). Raises ``ValueError`` for a row of the wrong length."""
+    if any(len(r) != len(headers) for r in rows):
+        raise ValueError("every row must have one value per header")
+
+    def fmt(v):
+        return floatfmt.format(v) if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    return MarkdownText("\n".join(lines))
+
+
+def record_errorbars(record: Mapping | None, names: Mapping[str, str], *, current: Mapping | None = None,
+                     xlabel: str = "", title: str = "", ax=None):
+    """Dot-and-whisker plot of a stored multi-seed record (see :mod:`fedlab.reproduce`): for every
+    ``name -> label`` of ``names`` the mean over seeds with its 95 % t interval as an error bar, and,
+    if ``current`` (``name -> value``) is given, this build's value as an open marker beside it.
+    Names missing from the record are drawn from ``current`` only. With no record, the axes say so in
+    words (the page must never show an empty figure). Returns the axes.
+
+    Raises ``ValueError`` if ``names`` is empty."""
+    if not names:
+        raise ValueError("names must hold at least one name -> label")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 0.45 * len(names) + 1.2))
+    summary = (record or {}).get("summary", {})
+    ys = np.arange(len(names))[::-1]
+    labelled = {"record": False, "current": False}
+    for y, (name, label) in zip(ys, names.items()):
+        s = summary.get(name)
+        if s is not None:
+            lo, hi = s["ci95"] if s["ci95"] is not None else (s["mean"], s["mean"])
+            ax.errorbar(s["mean"], y, xerr=[[s["mean"] - lo], [hi - s["mean"]]], fmt="o", color="C0", capsize=3,
+                        label=None if labelled["record"] else "stored record: mean ± 95 % CI")
+            labelled["record"] = True
+        if current is not None and isinstance(current.get(name), (int, float)):
+            ax.plot(current[name], y + 0.18, "o", mfc="none", color="C1",
+                    label=None if labelled["current"] else "this build")
+            labelled["current"] = True
+    ax.set_yticks(ys, list(names.values()))
+    ax.set(xlabel=xlabel, title=title)
+    if record is None:
+        ax.text(0.5, 0.5, "no stored record yet", transform=ax.transAxes, ha="center", va="center", color="gray")
+    else:
+        ns = sorted({summary[k]["n"] for k in names if k in summary})
+        n_txt = "no value" if not ns else (f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}-{ns[-1]}")
+        ax.set_title(title or f"stored {record.get('scale', '')}-scale record, {n_txt} seeds")
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(fontsize=8, loc="best")
+    return ax

@@ -1,0 +1,137 @@
+"""Stored multi-seed runs, shown beside the numbers of the current build.
+
+A chapter's numbers come from code (myst-nb ``glue``). ``python -m fedlab reproduce`` (see
+:mod:`fedlab.reproduce`) runs a chapter at several seeds and one scale and writes every glued value to
+``chapters/records/<stem>.<scale>.json``; this module only *reads* those records (nothing here writes
+one, and nothing in a record is typed by hand).
+
+In a notebook::
+
+    from fedlab import book, records
+    run = records.Run("02_pac_identifiability")      # this build's numbers + the stored paper-scale record
+    book.glue_many(ch2_auc=0.731, record=run)         # glue (display=False) and keep in run
+    run.paper("ch2_auc")                               # '0.725 ± 0.012 (n = 3)' or 'no record yet'
+
+Every "paper vs ours" table of the book takes its paper-scale column from :meth:`Run.paper`: the mean
+over the record's seeds with the half-width of the 95 % Student-t interval, and the number of seeds.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["Run", "records_dir", "load", "load_record", "format_summary", "compare_rows", "describe"]
+
+_REQUIRED = ("chapter", "scale", "seeds", "values", "summary", "seconds")
+
+
+def records_dir() -> Path:
+    """``chapters/records`` of the book (found from the working directory upwards, as a notebook runs
+    in ``chapters/``); ``./records`` when no ``_toc.yml`` is found."""
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "_toc.yml").is_file():
+            return folder / "chapters" / "records"
+    return here / "records"
+
+
+def load_record(path: str | Path) -> dict | None:
+    """The record stored at ``path``, or ``None`` if there is no such file. Raises ``ValueError`` if the
+    file exists but is not a record of :mod:`fedlab.reproduce` (missing fields, values not lists of one
+    entry per seed)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or any(k not in data for k in _REQUIRED):
+        raise ValueError(f"{path} is not a fedlab record (needs the fields {_REQUIRED})")
+    n = len(data["seeds"])
+    bad = [k for k, v in data["values"].items() if not isinstance(v, list) or len(v) != n]
+    if bad or len(data["seconds"]) != n:
+        raise ValueError(f"{path}: every value and 'seconds' must hold one entry per seed ({n}); bad: {bad[:5]}")
+    return data
+
+
+def load(stem: str, scale: str = "paper", folder: str | Path | None = None) -> dict | None:
+    """The record of chapter ``stem`` at ``scale`` in ``folder`` (default :func:`records_dir`), or
+    ``None`` when none is stored."""
+    from .config import SCALES
+
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    return load_record(Path(folder or records_dir()) / f"{stem}.{scale}.json")
+
+
+def _sci(x: float, digits: int) -> bool:
+    return x != 0 and (abs(x) < 10 ** -(digits - 1) or abs(x) >= 10 ** 6)
+
+
+def _fmt(x: float, digits: int, sci: bool | None = None) -> str:
+    """``x`` with ``digits`` decimals, or in scientific notation when ``sci`` (default: for tiny or huge x)."""
+    return f"{x:.2e}" if (_sci(x, digits) if sci is None else sci) else f"{x:.{digits}f}"
+
+
+def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_factor: float = 1.0) -> str:
+    """``'mean ± half-width (n = k)'`` for ``name`` in ``record`` (the half-width of the 95 % t interval;
+    ``'mean (n = 1)'`` for one seed), the distinct values for a text value, ``'no record yet'`` when
+    there is no record, ``'not in record'`` when the record lacks ``name``. ``scale_factor`` multiplies
+    the numbers (e.g. 100 for percent)."""
+    if record is None:
+        return "no record yet"
+    if name in record.get("summary", {}):
+        s = record["summary"][name]
+        mean = s["mean"] * scale_factor
+        if s["ci95"] is None:
+            return f"{_fmt(mean, digits)} (n = {s['n']})"
+        half = (s["ci95"][1] - s["ci95"][0]) / 2 * abs(scale_factor)
+        sci = _sci(mean, digits)   # the half-width in the mean's notation
+        return f"{_fmt(mean, digits, sci)} ± {_fmt(half, digits, sci)} (n = {s['n']})"
+    if name in record.get("values", {}):
+        seen = [v for v in record["values"][name] if v is not None]
+        distinct = list(dict.fromkeys(str(v) for v in seen))
+        return ", ".join(distinct) if distinct else "failed at every seed"
+    return "not in record"
+
+
+class Run(dict):
+    """The glued numbers of this build (``name -> value``) and the stored paper-scale record of the
+    chapter ``stem`` (``self.record``, ``None`` when there is none)."""
+
+    def __init__(self, stem: str, *, scale: str = "paper", folder: str | Path | None = None):
+        super().__init__()
+        self.stem = stem
+        self.record = load(stem, scale, folder)
+
+    def paper(self, name: str, digits: int = 3, *, scale_factor: float = 1.0) -> str:
+        """The stored paper-scale value of ``name``: see :func:`format_summary`."""
+        return format_summary(self.record, name, digits, scale_factor=scale_factor)
+
+    def describe(self) -> str:
+        """One sentence on the stored record (see :func:`describe`)."""
+        return describe(self.record, stem=self.stem)
+
+
+def compare_rows(current: dict, recorded: dict | None, labels: dict, digits: int = 3) -> list[list]:
+    """Rows ``[label, this build's value, stored value (mean ± CI, n)]`` for every ``name -> label``."""
+    return [[label, current.get(name, "n/a"), format_summary(recorded, name, digits)] for name, label in labels.items()]
+
+
+def describe(record: dict | None, *, stem: str | None = None) -> str:
+    """One sentence on a stored record (seeds, seconds per seed, machine, date, commit, failing seeds),
+    or how to make one when there is none."""
+    if record is None:
+        cmd = f"python -m fedlab reproduce {stem or '<chapter>'} --scale paper --seeds 0,1,2"
+        return f"No paper-scale record is stored for this chapter yet (make one with `{cmd}`)."
+    secs = record["seconds"]
+    mean_s = sum(secs) / len(secs)
+    seeds = ", ".join(str(s) for s in record["seeds"])
+    fails = record.get("failures") or []
+    tail = "" if not fails else (" Seeds with a failing assert: "
+                                 + "; ".join(f"{f['seed']} ({f['error'][:80]})" for f in fails) + ".")
+    return (f"The stored {record['scale']}-scale record ran seeds {seeds} (n = {len(secs)}), "
+            f"{mean_s:.0f} s per seed on average on {record.get('machine', '?')} ({record.get('date', '?')}, "
+            f"commit {record.get('commit', '?')}, torch {record.get('torch', '?')}); intervals are 95 % t "
+            f"intervals over seeds.{tail}")
