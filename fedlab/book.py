@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["glue", "glue_many", "setup"]
+__all__ = ["COLAB_CELL_ID", "colab_cell_source", "glue", "glue_many", "setup"]
 
 
 def glue(name: str, value, display: bool = False) -> None:
@@ -94,3 +94,30 @@ def setup(stem: str | None = None, *, threads: int | None = None):
     from .records import Run
 
     return seed, Run(stem)
+
+
+#: The id of every chapter's first code cell, the Colab install cell (tagged ``remove-cell``).
+COLAB_CELL_ID = "colab-install"
+
+
+def colab_cell_source(repository: str = "") -> str:
+    """The source of the first code cell of every chapter notebook: on Google Colab only, and only when
+    ``fedlab`` is not importable, clone ``repository`` (the book's public git repository; written by
+    ``scripts/set_repository_url.py``), ``pip install`` it (Colab's own torch satisfies the pin, so no
+    torch download) and change into its ``chapters/`` folder so the stored records are found. Elsewhere
+    the cell does nothing. With no repository named, the cell stops on Colab with an error that says
+    how to name one. Raises ``ValueError`` if ``repository`` is neither empty nor an ``https://`` URL."""
+    repository = str(repository).strip()
+    if repository and (not repository.startswith("https://") or any(c in repository for c in "\"' \n")):
+        raise ValueError(f"repository must be an https:// URL without quotes or spaces, got {repository!r}")
+    return (
+        "# Google Colab only (hidden in the book; elsewhere this cell does nothing): fetch the book, install fedlab.\n"
+        "import importlib.util, os, subprocess, sys\n"
+        f"REPOSITORY = \"{repository}\"  # the book's public git repository: scripts/set_repository_url.py sets it\n"
+        "if \"google.colab\" in sys.modules and importlib.util.find_spec(\"fedlab\") is None:\n"
+        "    if not REPOSITORY:\n"
+        "        raise RuntimeError(\"this copy of the book names no repository: run scripts/set_repository_url.py\")\n"
+        "    subprocess.run([\"git\", \"clone\", \"--depth\", \"1\", REPOSITORY, \"/content/fedlab-course\"], check=True)\n"
+        "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\", \"/content/fedlab-course\"], check=True)\n"
+        "    os.chdir(\"/content/fedlab-course/chapters\")  # the stored paper-scale records are found from here"
+    )
