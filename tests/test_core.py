@@ -94,16 +94,18 @@ def test_fetch_offline_raises_without_network(tmp_path):
         download.fetch("http://invalid.example/x", "missing.bin", None, cache_dir=tmp_path)
 
 
-def test_fetch_download_from_local_url_and_bad_checksum(tmp_path):
-    src = tmp_path / "src.bin"
-    src.write_bytes(b"abc")
+def test_fetch_download_over_http_and_bad_checksum(tmp_path, http_files):
+    folder, base = http_files
+    (folder / "src.bin").write_bytes(b"abc")
     cache = tmp_path / "cache"
     good = hashlib.sha256(b"abc").hexdigest()
-    got = download.fetch(src.as_uri(), "abc.bin", good, download=True, cache_dir=cache)
-    assert got.read_bytes() == b"abc"
+    got = download.fetch(base + "src.bin", "abc.bin", good, download=True, cache_dir=cache)
+    assert got == cache / "abc.bin" and got.read_bytes() == b"abc"
     with pytest.raises(download.ChecksumError):
-        download.fetch(src.as_uri(), "abc2.bin", "f" * 64, download=True, cache_dir=cache)
-    assert not (cache / "abc2.bin").exists()  # a corrupt download is never cached
+        download.fetch(base + "src.bin", "abc2.bin", "f" * 64, download=True, cache_dir=cache)
+    with pytest.raises(download.OfflineError, match="could not download"):      # 404: nothing cached
+        download.fetch(base + "missing.bin", "abc3.bin", good, download=True, cache_dir=cache)
+    assert sorted(p.name for p in cache.iterdir()) == ["abc.bin"]   # no corrupt, partial or temporary file
 
 
 def test_metrics_known_values():

@@ -96,20 +96,19 @@ def test_load_letor_from_cache(tmp_path, monkeypatch):
         load_letor("MQ2007", split="dev")
 
 
-def test_load_mslr_from_archive_and_download(tmp_path, monkeypatch):
+def test_load_mslr_from_archive_and_download(tmp_path, monkeypatch, http_files):
     """MSLR-WEB10K: the zip (top-level folder or not) is fetched only with download=True (here from a
-    file:// URL standing in for OneDrive), checked by SHA-256, and the split extracted and normalised."""
+    loopback HTTP server standing in for OneDrive), checked by SHA-256, and the split extracted and normalised."""
     import zipfile
     from fedlab.data import letor
 
-    src = tmp_path / "src"
-    src.mkdir()
+    src, base = http_files
     zpath = src / "MSLR-WEB10K.zip"
     text = LETOR_TEXT.replace("2 qid", "4 qid").replace("3:", "136:")
     with zipfile.ZipFile(zpath, "w") as zf:
         zf.writestr("MSLR-WEB10K/Fold1/train.txt", text)
         zf.writestr("MSLR-WEB10K/Fold2/train.txt", "bad line")
-    monkeypatch.setattr(letor, "MSLR10K_URL", zpath.as_uri())
+    monkeypatch.setattr(letor, "MSLR10K_URL", base + zpath.name)
     cache = tmp_path / "cache"
     with pytest.raises(OfflineError, match="download=True"):
         load_letor("MSLR-WEB10K", cache_dir=cache, archive_sha256=sha256sum(zpath))

@@ -2,15 +2,13 @@
 
 The course builds and tests offline. Real data sets that may not be redistributed (MovieLens, LETOR,
 ...) are fetched only when a user calls a loader with ``download=True``; the file then lives in
-:func:`fedlab.config.data_dir` and is verified by its SHA-256 digest on every use.
+:func:`fedlab.config.data_dir` and is verified by its SHA-256 digest on every use. The transfer itself is
+pooch's (``pooch.retrieve`` with a required known hash: it downloads into a temporary file and moves it
+into place only once the hash matches, so a partial or wrong download never becomes a cached file).
 """
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from ..config import data_dir
@@ -113,20 +111,22 @@ def fetch(
                          f"(an error page, a truncated transfer) can never enter the cache; none is known for "
                          f"{url}: download the file yourself, check it, and place it in {root}")
     ensure_cache_dir(root, name)
+    probe = root / f".{filename}.write-test"
     try:
-        fd, tmp_name = tempfile.mkstemp(dir=root, prefix=f".{filename}.", suffix=".part")
+        probe.touch()
+        probe.unlink()
     except OSError as exc:
         raise ValueError(f"{name}: cannot write to the data cache {root} ({exc})") from exc
-    tmp = Path(tmp_name)
+    import pooch
+    import requests
+
     try:
-        with open(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
-            shutil.copyfileobj(resp, out)
-        verify_sha256(tmp, sha256)
-        tmp.replace(target)
-    except (urllib.error.URLError, OSError) as exc:
-        tmp.unlink(missing_ok=True)
+        return Path(pooch.retrieve(url, known_hash=f"sha256:{sha256.lower()}", fname=filename, path=root,
+                                   progressbar=False, downloader=pooch.HTTPDownloader(timeout=timeout)
+                                   if url.startswith(("http://", "https://")) else None))
+    except requests.exceptions.RequestException as exc:
         raise OfflineError(f"could not download {url}: {exc}") from exc
-    except ChecksumError:
-        tmp.unlink(missing_ok=True)
-        raise
-    return target
+    except ValueError as exc:
+        if "hash" in str(exc).lower():      # pooch removed the temporary file; nothing was cached
+            raise ChecksumError(f"SHA-256 mismatch for the download of {filename} from {url}: {exc}") from exc
+        raise OfflineError(f"could not download {url}: {exc}") from exc
