@@ -1,6 +1,9 @@
 """Plotting helpers with one consistent style for every chapter (readable when projected)."""
 from __future__ import annotations
 
+import math
+import numbers
+
 from typing import Mapping, Sequence
 
 import matplotlib as mpl
@@ -131,20 +134,36 @@ class MarkdownText(str):
         return str(self)
 
 
+def _table_cell(value, floatfmt: str) -> str:
+    """One Markdown table cell: a string with ``|`` escaped and newlines joined, an integer as is, a
+    real number with ``floatfmt`` (``–`` when not finite). Raises ``ValueError`` for anything else."""
+    if isinstance(value, str):
+        return value.replace("|", "\\|").replace("\n", " ")
+    if isinstance(value, bool) or value is None or not isinstance(value, numbers.Real):
+        raise ValueError(f"a table cell must be a number or a string, got {value!r}")
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    x = float(value)
+    return floatfmt.format(x) if math.isfinite(x) else "–"
+
+
 def md_table(headers: Sequence[str], rows: Sequence[Sequence], *, floatfmt: str = "{:.3f}") -> MarkdownText:
-    """A Markdown table (rendered by Jupyter and by the book) from a header and rows of values.
+    """A Markdown (GitHub pipe) table, rendered by Jupyter and by the book, from a header and rows of
+    values: the one table writer of the package (:func:`fedlab.experiments.tables.markdown_table` is it
+    with ``digits``). Use it for every "paper vs ours" table so that the numbers shown are the numbers
+    computed.
 
-    Floats are formatted with ``floatfmt``; everything else with ``str``. Use it for every
-    "paper vs ours" table so that the numbers shown are the numbers computed. Returns a
-    :class:`MarkdownText` (a ``str``). Raises ``ValueError`` for a row of the wrong length."""
-    if any(len(r) != len(headers) for r in rows):
-        raise ValueError("every row must have one value per header")
-
-    def fmt(v):
-        return floatfmt.format(v) if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    A cell is a string (``|`` escaped), an integer, or a real number written with ``floatfmt`` (``–``
+    when not finite). Returns a :class:`MarkdownText` (a ``str``). Raises ``ValueError`` for an empty
+    ``headers``, a row of the wrong length, or a cell that is neither a number nor a string."""
+    if len(headers) == 0:
+        raise ValueError("headers must name at least one column")
+    lines = ["| " + " | ".join(_table_cell(str(h), floatfmt) for h in headers) + " |", "|" + "---|" * len(headers)]
+    for i, row in enumerate(rows):
+        if len(row) != len(headers):
+            raise ValueError(f"rows[{i}] has {len(row)} cells, headers has {len(headers)}: "
+                             "every row must have one value per header")
+        lines.append("| " + " | ".join(_table_cell(v, floatfmt) for v in row) + " |")
     return MarkdownText("\n".join(lines))
 
 

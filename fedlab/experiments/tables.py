@@ -2,40 +2,22 @@
 string concatenation in each chapter module, and the one way a multi-seed number is written in them."""
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 from ..metrics import t_interval
+from ..plots import md_table
 
 __all__ = ["markdown_table", "mean_interval"]
 
 
-def _cell(value, digits: int) -> str:
-    if isinstance(value, str):
-        return value.replace("|", "\\|").replace("\n", " ")
-    if isinstance(value, bool) or value is None:
-        raise ValueError(f"a table cell must be a number or a string, got {value!r}")
-    if isinstance(value, int):
-        return str(value)
-    x = float(value)
-    if not math.isfinite(x):
-        return "–"
-    return f"{x:.{digits}f}"
-
-
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence], *, digits: int = 3) -> str:
-    """A Markdown (GitHub pipe) table: ``header`` names the columns, each row of ``rows`` gives one
-    cell per column (a string, kept with ``|`` escaped; an int; a float, written with ``digits``
-    decimals, ``–`` when not finite). Raises ``ValueError`` for an empty ``header``, a row of the
-    wrong length or a cell that is neither a number nor a string."""
-    if len(header) == 0:
-        raise ValueError("header must name at least one column")
-    lines = ["| " + " | ".join(_cell(str(h), digits) for h in header) + " |", "|" + "---|" * len(header)]
-    for i, row in enumerate(rows):
-        if len(row) != len(header):
-            raise ValueError(f"rows[{i}] has {len(row)} cells, header has {len(header)}")
-        lines.append("| " + " | ".join(_cell(v, digits) for v in row) + " |")
-    return "\n".join(lines)
+    """A Markdown (GitHub pipe) table with floats written with ``digits`` decimals:
+    :func:`fedlab.plots.md_table` (strings kept with ``|`` escaped, ints as is, ``–`` for a non-finite
+    float). Raises ``ValueError`` for an empty ``header``, a row of the wrong length or a cell that is
+    neither a number nor a string."""
+    if int(digits) != digits or digits < 0:
+        raise ValueError(f"digits must be a non-negative integer, got {digits!r}")
+    return md_table(header, rows, floatfmt=f"{{:.{int(digits)}f}}")
 
 
 def mean_interval(xs, digits: int = 3) -> str:
