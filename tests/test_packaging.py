@@ -56,5 +56,6 @@ def test_ci_runs_the_readme_commands_and_the_fresh_install_check():
     assert "make test" in readme and "make book" in readme
     lines = [line.strip() for line in ci.splitlines() if line.strip() and not line.startswith("#")]
     assert "make test" in lines and "make book" in lines and "scripts/check_core_install.sh" in lines
+    assert "(src|href)=\"https?://" in ci                       # the offline check of the built pages
     script = (ROOT / "scripts" / "check_core_install.sh").read_text()
     assert 'pip install --quiet "$ROOT"' in script and "IPython" in script and "epsilon_spent" in script
