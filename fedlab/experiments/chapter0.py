@@ -14,11 +14,17 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .. import fl, plots
+from .. import data, fl, metrics, plots
 from .._checks import positive_int
 
-__all__ = ["SETTING_NAMES", "compare_settings", "settings_table", "dssgd_sweep", "plot_dssgd",
-           "fedsgd_vs_fedavg", "plot_rounds", "local_work_grid", "plot_grid_curve", "plot_local_work_grid"]
+__all__ = ["SETTING_NAMES", "METHODS", "compare_settings", "settings_table", "dssgd_sweep", "plot_dssgd",
+           "tune_learning_rates", "lr_table", "fedsgd_vs_fedavg", "plot_rounds", "client_fraction_rounds",
+           "client_fraction_table", "local_work_grid", "plot_grid_curve", "plot_local_work_grid"]
+
+#: the two methods of :func:`fedsgd_vs_fedavg`, name -> (local epochs E, batch size B; ``None`` = infinity)
+METHODS = {"FedSGD": (1, None), "FedAvg E=5, B=10": (5, 10)}
+#: the learning rates the chapter used before they were tuned (FedSGD 0.5, FedAvg 0.05)
+DEFAULT_LRS = {"FedSGD": 0.5, "FedAvg E=5, B=10": 0.05}
 
 #: the glued name of each (setting, split) accuracy of :func:`compare_settings`
 SETTING_NAMES = {"centralized": ("central_acc", "central_acc"),
@@ -135,23 +141,134 @@ def plot_dssgd(dssgd: Mapping, *, standalone: float):
     return _panel_per_key(criteria, draw)
 
 
-def fedsgd_vs_fedavg(model, clients: Mapping, *, params: dict, eval_data, num_rounds: int, seed: int = 0) -> dict:
-    """FedSGD (lr 0.5) against FedAvg with E = 5, B = 10 (lr 0.05), all clients every round, for every
-    split of ``clients`` (McMahan et al. 2017, Sec. 3: FedAvg needs far fewer communication rounds).
-    Runs, per split in order, FedSGD then FedAvg.
+def _split_validation(train, num_clients: int, val_fraction: float, seed: int):
+    fit, val = data.train_test_split(train, test_fraction=val_fraction, seed=seed)
+    return fl.stack_clients(data.client_datasets(fit, data.partition_iid(len(fit), num_clients, seed=seed))), val
+
+
+def tune_learning_rates(model, train, *, params: dict, lrs: Sequence[float], num_rounds: int,
+                        num_clients: int = 10, val_fraction: float = 0.2, seed: int = 0) -> dict:
+    """Choose the step size eta of each method of :data:`METHODS` on held-out validation data, as
+    McMahan et al. (2017, Sec. 3) tune eta per method over a grid (they pick the best on test data;
+    we never look at the test set). ``train`` is split into a fitting part and a validation part
+    (``val_fraction``, stratified), the fitting part dealt iid to ``num_clients`` clients; every
+    method runs ``num_rounds`` rounds with all clients from ``params`` for every ``eta`` in ``lrs``.
+    A run's score is its mean validation accuracy over rounds ``1..num_rounds`` (the area under the
+    accuracy-vs-rounds curve, which rewards reaching a target in few rounds); the chosen ``eta`` has
+    the highest score (the smaller ``eta`` on a tie).
+
+    Returns ``{"scores": {method: {eta: score}}, "chosen": {method: eta}}``. Raises ``ValueError`` if
+    ``lrs`` is empty or holds a value <= 0, ``num_rounds`` or ``num_clients`` is not a positive
+    integer, or ``val_fraction`` is outside ``(0, 1)``."""
+    num_rounds = positive_int("num_rounds", num_rounds)
+    num_clients = positive_int("num_clients", num_clients)
+    lrs = sorted(float(v) for v in lrs)
+    if not lrs or lrs[0] <= 0:
+        raise ValueError(f"lrs must be a non-empty list of positive step sizes, got {lrs}")
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    clients, val = _split_validation(train, num_clients, val_fraction, seed)
+    scores = {}
+    for method, (E, B) in METHODS.items():
+        scores[method] = {}
+        for lr in lrs:
+            h = fl.fedavg(model, clients, num_rounds=num_rounds, local_epochs=E, batch_size=B, lr=lr,
+                          params=params, seed=seed, eval_data=val).history
+            scores[method][lr] = float(np.mean(h["accuracy"][1:]))
+    chosen = {m: max(sc, key=lambda lr: (sc[lr], -lr)) for m, sc in scores.items()}
+    return {"scores": scores, "chosen": chosen}
+
+
+def lr_table(tuned: Mapping):
+    """The Markdown table of :func:`tune_learning_rates`: one row per step size, one column per method
+    (mean validation accuracy over rounds), the chosen step size marked with ``*``. Raises
+    ``ValueError`` if ``tuned`` lacks ``"scores"`` or ``"chosen"``."""
+    if "scores" not in tuned or "chosen" not in tuned:
+        raise ValueError("tuned must be the result of tune_learning_rates (keys 'scores' and 'chosen')")
+    methods = list(tuned["scores"])
+    lrs = sorted({lr for sc in tuned["scores"].values() for lr in sc})
+    cell = lambda m, lr: f"{tuned['scores'][m][lr]:.3f}" + (" *" if tuned["chosen"][m] == lr else "")
+    return plots.md_table(["η"] + [f"{m}: mean validation accuracy" for m in methods],
+                          [[f"{lr:g}"] + [cell(m, lr) for m in methods] for lr in lrs])
+
+
+def fedsgd_vs_fedavg(model, clients: Mapping, *, params: dict, eval_data, num_rounds: int, seed: int = 0,
+                     lrs: Mapping | None = None) -> dict:
+    """FedSGD against FedAvg with E = 5, B = 10, all clients every round, for every split of
+    ``clients`` (McMahan et al. 2017, Sec. 3: FedAvg needs far fewer communication rounds). Runs, per
+    split in order, FedSGD then FedAvg. ``lrs``: ``{method: eta}`` for the methods of :data:`METHODS`
+    (e.g. ``tune_learning_rates(...)["chosen"]``); ``None`` uses :data:`DEFAULT_LRS` (0.5 and 0.05).
 
     Returns ``{(split, "FedSGD" | "FedAvg E=5, B=10"): history}``. Raises ``ValueError`` if
-    ``num_rounds`` is not a positive integer or ``clients`` is empty."""
+    ``num_rounds`` is not a positive integer, ``clients`` is empty, or ``lrs`` lacks a method or holds
+    a step size <= 0."""
     num_rounds = positive_int("num_rounds", num_rounds)
     _check_clients(clients)
+    lrs = dict(DEFAULT_LRS if lrs is None else lrs)
+    if any(m not in lrs or not lrs[m] > 0 for m in METHODS):
+        raise ValueError(f"lrs must give a positive step size for each of {list(METHODS)}, got {lrs}")
     curves = {}
     for name, cd in clients.items():
-        curves[(name, "FedSGD")] = fl.fedsgd(model, cd, num_rounds=num_rounds, lr=0.5, params=params,
-                                             seed=seed, eval_data=eval_data).history
-        curves[(name, "FedAvg E=5, B=10")] = fl.fedavg(model, cd, num_rounds=num_rounds, local_epochs=5,
-                                                       batch_size=10, lr=0.05, params=params, seed=seed,
-                                                       eval_data=eval_data).history
+        for method, (E, B) in METHODS.items():
+            curves[(name, method)] = fl.fedavg(model, cd, num_rounds=num_rounds, local_epochs=E, batch_size=B,
+                                               lr=lrs[method], params=params, seed=seed,
+                                               eval_data=eval_data).history
     return curves
+
+
+def client_fraction_rounds(model, train, *, params: dict, eval_data, num_clients: int, target: float,
+                           num_rounds: int, lrs: Mapping, fractions: Sequence[float] = (0.0, 0.1, 0.5, 1.0),
+                           seed: int = 0) -> dict:
+    """McMahan et al. (2017), Table 1: rounds of FedAvg with E = 1 until the test accuracy reaches
+    ``target``, for every client fraction C in ``fractions`` and B in {infinity, 10}, on ``train``
+    dealt to ``num_clients`` clients iid and by label skew (two classes per client). C = 0 means one
+    client per round (``m = max(C K, 1)``, as in the paper). B = infinity uses ``lrs["FedSGD"]``,
+    B = 10 uses ``lrs["FedAvg E=5, B=10"]`` (the step sizes tuned for those batch sizes).
+
+    Returns ``{(split, B, C): rounds or None}`` (``None``: not within ``num_rounds``; B = ``None`` is
+    infinity). Raises ``ValueError`` if ``num_clients`` or ``num_rounds`` is not a positive integer, a
+    fraction lies outside ``[0, 1]``, ``target`` outside ``(0, 1]``, or ``lrs`` lacks a method."""
+    num_clients = positive_int("num_clients", num_clients)
+    num_rounds = positive_int("num_rounds", num_rounds)
+    bad = [c for c in fractions if not 0.0 <= c <= 1.0]
+    if bad or not fractions:
+        raise ValueError(f"fractions must be a non-empty list in [0, 1], got {list(fractions)}")
+    if not 0.0 < target <= 1.0:
+        raise ValueError(f"target must be in (0, 1], got {target}")
+    if any(m not in lrs for m in METHODS):
+        raise ValueError(f"lrs must give a step size for each of {list(METHODS)}, got {dict(lrs)}")
+    parts = {"iid": data.partition_iid(len(train), num_clients, seed=seed),
+             "non-iid": data.partition_label_skew(train.y, num_clients, classes_per_client=2, seed=seed)}
+    out = {}
+    for split, p in parts.items():
+        cd = fl.stack_clients(data.client_datasets(train, p))
+        for B, lr in ((None, lrs["FedSGD"]), (10, lrs["FedAvg E=5, B=10"])):
+            for C in fractions:
+                h = fl.fedavg(model, cd, num_rounds=num_rounds, client_fraction=max(C, 1.0 / num_clients),
+                              local_epochs=1, batch_size=B, lr=lr, params=params, seed=seed,
+                              eval_data=eval_data).history
+                out[(split, B, C)] = metrics.rounds_to_accuracy(h, target)
+    return out
+
+
+def client_fraction_table(rounds: Mapping, num_rounds: int):
+    """The Markdown table of :func:`client_fraction_rounds` in the layout of McMahan et al.'s Table 1:
+    one row per C, columns (split, B), each cell the rounds to target and in parentheses the speed-up
+    over C = 0 of the same column (``> num_rounds`` when the target was not reached). Raises
+    ``ValueError`` if ``rounds`` is empty."""
+    if not rounds:
+        raise ValueError("rounds must hold at least one run")
+    cols = list(dict.fromkeys((s, B) for s, B, _ in rounds))
+    fractions = list(dict.fromkeys(C for _, _, C in rounds))
+
+    def cell(s, B, C):
+        r, r0 = rounds[(s, B, C)], rounds[(s, B, fractions[0])]
+        if r is None:
+            return f"> {num_rounds}"
+        return f"{r}" + (f" ({r0 / r:.1f}×)" if r0 is not None and C != fractions[0] else "")
+
+    return plots.md_table(["C"] + [f"{s}, B = {'∞' if B is None else B}" for s, B in cols],
+                          [[f"{C:g}"] + [cell(s, B, C) for s, B in cols] for C in fractions])
 
 
 def plot_rounds(curves: Mapping):
@@ -167,10 +284,12 @@ def plot_rounds(curves: Mapping):
 
 
 def local_work_grid(model, clients: Mapping, curves: Mapping, *, params: dict, eval_data, num_rounds: int,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, lrs: Mapping | None = None) -> dict:
     """FedAvg over the grid E in {1, 5} x B in {10, 50, infinity} for every split of ``clients``
     (McMahan et al. 2017, Table 2: more local computation per round, fewer rounds), each for
-    ``num_rounds`` rounds (lr 0.05 for B = 10, else 0.5). The corners already run by
+    ``num_rounds`` rounds. Step sizes: ``lrs`` as passed to :func:`fedsgd_vs_fedavg` (``None``:
+    :data:`DEFAULT_LRS`); B = infinity uses FedSGD's, a finite B FedAvg's (tuned at B = 10), the rule
+    that ran ``curves``. The corners already run by
     :func:`fedsgd_vs_fedavg` (``curves``: FedSGD is E = 1, B = infinity, and E = 5, B = 10) are cut to
     ``num_rounds`` rounds, not run again.
 
@@ -179,6 +298,7 @@ def local_work_grid(model, clients: Mapping, curves: Mapping, *, params: dict, e
     ``KeyError`` if ``curves`` lacks a split's FedSGD or FedAvg run."""
     num_rounds = positive_int("num_rounds", num_rounds)
     _check_clients(clients)
+    lrs = dict(DEFAULT_LRS if lrs is None else lrs)
     first = lambda h: {k: v[:num_rounds + 1] for k, v in h.items()}   # rounds 0..num_rounds
     grid = {}
     for name, cd in clients.items():
@@ -189,7 +309,7 @@ def local_work_grid(model, clients: Mapping, curves: Mapping, *, params: dict, e
                 if (name, E, B) in grid:
                     continue
                 grid[(name, E, B)] = fl.fedavg(model, cd, num_rounds=num_rounds, local_epochs=E, batch_size=B,
-                                               lr=0.05 if B == 10 else 0.5, params=params, seed=seed,
+                                               lr=lrs["FedSGD" if B is None else "FedAvg E=5, B=10"], params=params, seed=seed,
                                                eval_data=eval_data).history
     return grid
 
