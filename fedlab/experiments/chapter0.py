@@ -17,7 +17,7 @@ import numpy as np
 from .. import data, fl, metrics, plots
 from .._checks import positive_int
 
-__all__ = ["SETTING_NAMES", "METHODS", "compare_settings", "settings_table", "dssgd_sweep", "plot_dssgd",
+__all__ = ["SETTING_NAMES", "METHODS", "DEFAULT_LRS", "compare_settings", "settings_table", "dssgd_sweep", "plot_dssgd",
            "tune_learning_rates", "lr_table", "fedsgd_vs_fedavg", "plot_rounds", "client_fraction_rounds",
            "client_fraction_table", "local_work_grid", "plot_grid_curve", "plot_local_work_grid"]
 
