@@ -1,7 +1,9 @@
 """Chapter 0's experiments (the federated-learning primer): centralized, standalone and FedAvg training
 on scikit-learn's digits (McMahan et al. 2017, Sec. 3), distributed selective SGD (Shokri & Shmatikov
 2015, Sec. 4.2) at several upload fractions, and the FedSGD / FedAvg comparison over communication
-rounds with its grid of local epochs ``E`` and batch sizes ``B`` (McMahan et al. 2017, Sec. 3, Table 2).
+rounds with its grid of local epochs ``E`` and batch sizes ``B`` (McMahan et al. 2017, Sec. 3, Table 2),
+the step size of each method tuned on held-out validation data, and the rounds to a target accuracy
+against the client fraction ``C`` (McMahan et al. 2017, Table 1).
 
 Every function takes the model, its starting parameters and the seed from the page and runs the
 library's algorithms (:mod:`fedlab.fl`) in a fixed order, so a page that calls them draws exactly the
