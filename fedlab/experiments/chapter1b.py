@@ -26,7 +26,8 @@ from ..privacy import dp_fedavg as dpf
 __all__ = ["LECTURE_WINDOW_AUC", "LECTURE_ACTIVE_ACCURACY", "window_values", "window_table",
            "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "active_attack_sweep",
            "active_attack_name", "active_attack_values", "active_attack_table", "dp_grid", "plot_dp_grid",
-           "personalization_sweep", "snr_and_agreement", "plot_snr_agreement"]
+           "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
+           "personalization_eps_sweep", "personalization_eps_values", "personalization_eps_table"]
 
 #: lecture slide "Additional information leaked in FL - multiple observations" (Nasr et al. 2019
 #: setting): AUC of the loss signal, keyed by the window W (last round only, average of the last 10)
@@ -261,7 +262,7 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
         y_all = torch.cat([members.y, nonmembers.y])
         lab = np.r_[np.ones(len(members)), np.zeros(len(nonmembers))]
         for eps in epsilons:
-            z = dpf.noise_multiplier_for_epsilon(eps, 1.0, num_rounds, delta)
+            z = dpf.noise_multiplier_for_epsilon(eps, 1.0, num_rounds, delta, num_clients=K)
             released = []
             res = dp_fedavg(model, cl_K, num_rounds=num_rounds, sampling_prob=1.0, noise_multiplier=z,
                             clip_norm=clip_norm, params=params, seed=seed, eval_data=test,
@@ -389,3 +390,89 @@ def plot_snr_agreement(diagnostics: Mapping, layer_names: Sequence[str]):
     axes[1].set_xticks([1, 2], ["DP-FedAvg", "Centaur"])
     axes[1].set(ylabel="cosine(client update, mean)", title="client agreement on the representation")
     return fig, axes
+
+
+# ---------------------------------------------------------------------------------------------------
+# the privacy-utility trade-off over budgets at one heterogeneity level (lecture, "Improved privacy
+# utility trade-off across privacy budgets"; Shen et al. 2023, Sec. 5)
+# ---------------------------------------------------------------------------------------------------
+
+#: the three private options of :func:`personalization_sweep`, in the chapter's order, with short glue tags
+PERSONALIZATION_METHODS = {"local-only": "lo", "DP-FedAvg + fine-tuning": "ft", "Centaur": "ce"}
+
+
+def personalization_eps_sweep(model, params: dict, epsilons: Sequence[float], *, classes_per_client: int,
+                              num_clients: int, num_rounds: int, sampling_prob: float, delta: float,
+                              **sweep_args) -> dict:
+    """Mean client test accuracy of local-only training, DP-FedAvg + fine-tuning and Centaur at one
+    heterogeneity level (``classes_per_client``) for every budget of ``epsilons`` (the lecture's
+    "across privacy budgets" comparison, Shen et al. 2023, Sec. 5).
+
+    For each ``eps`` the noise multiplier is calibrated with the RDP accountant
+    (:func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon` at ``delta``, which must be below
+    ``1 / num_clients``), then :func:`personalization_sweep` runs with ``[classes_per_client]`` and
+    ``sweep_args`` (``clip_norm``, ``server_lr``, ``lr``, ``batch_size``, ``seed``, ...). Local-only
+    training spends no budget, so its entry is the same for every ``eps``.
+
+    Returns ``{"util": {method: {eps: accuracy}}, "z": {eps: noise multiplier}}``.
+    Raises ``ValueError`` for no budgets, a budget that is not ``> 0`` and finite, or ``delta`` not in
+    ``(0, 1 / num_clients)``.
+    """
+    epsilons = [float(e) for e in epsilons]
+    if not epsilons or any(not (e > 0 and np.isfinite(e)) for e in epsilons):
+        raise ValueError(f"epsilons must be a non-empty list of finite budgets > 0, got {epsilons}")
+    num_clients = positive_int("num_clients", num_clients)
+    dpf.check_delta(delta, num_clients)
+    util = {m: {} for m in PERSONALIZATION_METHODS}
+    zs = {}
+    for eps in epsilons:
+        zs[eps] = dpf.noise_multiplier_for_epsilon(eps, sampling_prob, num_rounds, delta, num_clients=num_clients)
+        u, _ = personalization_sweep(model, params, [classes_per_client], num_clients=num_clients,
+                                     num_rounds=num_rounds, sampling_prob=sampling_prob, noise_multiplier=zs[eps],
+                                     **sweep_args)
+        for m in PERSONALIZATION_METHODS:
+            util[m][eps] = u[m][classes_per_client]
+    return {"util": util, "z": zs}
+
+
+def _eps_tag(eps: float) -> str:
+    return f"{eps:g}".replace(".", "p")
+
+
+def personalization_eps_values(util_eps: Mapping[str, Mapping[float, float]]) -> dict:
+    """``{name: value}`` the chapter quotes from :func:`personalization_eps_sweep` (unrounded): per
+    budget ``pe_<lo|ft|ce>_<eps>`` (``eps`` written with ``p`` for the point, e.g. ``pe_ce_0p5``), the
+    differences ``pe_ce_minus_lo_<eps>``, ``pe_ce_minus_ft_<eps>``, and ``pe_min_ce_minus_lo`` (the
+    smallest Centaur minus local-only over the budgets). Raises ``ValueError`` if a method is missing
+    or the methods disagree on the budgets."""
+    missing = [m for m in PERSONALIZATION_METHODS if m not in util_eps]
+    if missing:
+        raise ValueError(f"util_eps lacks the methods {missing}")
+    epsilons = list(util_eps["Centaur"])
+    if not epsilons or any(list(util_eps[m]) != epsilons for m in PERSONALIZATION_METHODS):
+        raise ValueError("util_eps must hold the same, non-empty list of budgets for every method")
+    out = {}
+    for eps in epsilons:
+        t = _eps_tag(eps)
+        for m, tag in PERSONALIZATION_METHODS.items():
+            out[f"pe_{tag}_{t}"] = util_eps[m][eps]
+        out[f"pe_ce_minus_lo_{t}"] = util_eps["Centaur"][eps] - util_eps["local-only"][eps]
+        out[f"pe_ce_minus_ft_{t}"] = util_eps["Centaur"][eps] - util_eps["DP-FedAvg + fine-tuning"][eps]
+    out["pe_min_ce_minus_lo"] = min(out[f"pe_ce_minus_lo_{_eps_tag(e)}"] for e in epsilons)
+    return out
+
+
+def personalization_eps_table(util_eps: Mapping[str, Mapping[float, float]], paper: Callable[[str], str]):
+    """The budget sweep as a Markdown table, one row per ``eps``: this build's three accuracies, and
+    the stored paper-scale record's Centaur minus local-only and Centaur minus DP-FedAvg +
+    fine-tuning (``paper(name)``, mean ± 95 % CI over seeds, :meth:`fedlab.records.Run.paper`)."""
+    from ..plots import md_table
+
+    vals = personalization_eps_values(util_eps)
+    rows = []
+    for eps in util_eps["Centaur"]:
+        t = _eps_tag(eps)
+        rows.append([f"{eps:g}", round(vals[f"pe_lo_{t}"], 3), round(vals[f"pe_ft_{t}"], 3), round(vals[f"pe_ce_{t}"], 3),
+                     paper(f"pe_ce_minus_lo_{t}"), paper(f"pe_ce_minus_ft_{t}")])
+    return md_table(["ε", "local-only", "DP-FedAvg + FT", "Centaur",
+                     "Centaur − local-only, paper scale (mean ± 95 % CI)", "Centaur − DP-FedAvg + FT, paper scale"], rows)
