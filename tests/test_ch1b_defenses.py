@@ -163,3 +163,41 @@ def test_personalization_eps_values_and_table():
         ch1b.personalization_eps_values({"Centaur": {0.5: 0.5}})
     with pytest.raises(ValueError, match="budgets"):
         ch1b.personalization_eps_values({**util, "Centaur": {0.5: 0.5}})
+
+
+# ------------------------------------------------------------------ full-batch local steps (Centaur Phase 1, fine-tuning)
+def test_full_batch_partial_update_is_plain_gradient_descent_per_client_with_padding():
+    from torch.func import functional_call
+
+    from fedlab import fl
+    from fedlab.data import Dataset
+    from fedlab.fl import personalization as pers
+
+    g = torch.Generator().manual_seed(3)
+    sizes = [7, 3, 5]
+    clients = [(torch.randn(n, 6, generator=g), torch.randint(0, 4, (n,), generator=g)) for n in sizes]
+    data = fl.stack_clients([Dataset(X, y) for X, y in clients])
+    net = models.mlp(6, (5,), 4, seed=1)
+    w0 = models.get_params(net)
+    stacked = {k: v.unsqueeze(0).repeat(len(sizes), *([1] * v.ndim)) for k, v in w0.items()}
+    head = pers.head_names_of(w0)
+    gen = torch.Generator().manual_seed(0)
+    state = gen.get_state()
+    out = pers.partial_clients_update(net, stacked, data, head, lr=0.3, local_epochs=4, batch_size=None, generator=gen)
+    assert torch.equal(gen.get_state(), state)                       # full batch draws no shuffle
+    for k, (X, y) in enumerate(clients):
+        p = {n: v.clone() for n, v in w0.items()}
+        for _ in range(4):
+            sub = {n: p[n].clone().requires_grad_(True) for n in head}
+            loss = torch.nn.functional.cross_entropy(functional_call(net, {**p, **sub}, (X,)), y)
+            grads = torch.autograd.grad(loss, [sub[n] for n in head])
+            for n, gr in zip(head, grads):
+                p[n] = (sub[n] - 0.3 * gr).detach()
+        for n in w0:
+            torch.testing.assert_close(out[n][k], p[n], rtol=1e-5, atol=1e-6)
+    # a batch at least the largest client is the same full-batch descent
+    same = pers.partial_clients_update(net, stacked, data, head, lr=0.3, local_epochs=4, batch_size=7)
+    for n in w0:
+        torch.testing.assert_close(same[n], out[n])
+    with pytest.raises(ValueError, match="local_epochs"):
+        pers.partial_clients_update(net, stacked, data, head, lr=0.3, local_epochs=0, batch_size=None)
