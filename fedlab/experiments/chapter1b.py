@@ -26,7 +26,8 @@ from ..privacy import dp_fedavg as dpf
 __all__ = ["LECTURE_WINDOW_AUC", "LECTURE_ACTIVE_ACCURACY", "window_values", "window_table",
            "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "active_attack_sweep",
            "active_attack_name", "active_attack_values", "active_attack_table", "dp_grid", "plot_dp_grid",
-           "personalization_sweep", "snr_and_agreement", "plot_snr_agreement"]
+           "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
+           "personalization_eps_sweep", "personalization_eps_values", "personalization_eps_table"]
 
 #: lecture slide "Additional information leaked in FL - multiple observations" (Nasr et al. 2019
 #: setting): AUC of the loss signal, keyed by the window W (last round only, average of the last 10)
@@ -245,13 +246,17 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
     ``fl_args``: ``local_epochs``, ``batch_size``, ``lr`` of the clients.
 
     Returns ``{(eps, K): {"z", "accuracy" (on test), "auc"}}``. Raises ``ValueError`` for
-    ``n_per_client``, ``num_rounds`` or ``window`` not positive integers, or ``window > num_rounds``.
+    ``n_per_client``, ``num_rounds`` or ``window`` not positive integers, ``window > num_rounds``, or
+    ``delta`` not below ``1/K`` for every ``K`` (:func:`fedlab.privacy.dp_fedavg.check_delta`).
+    The ``eps = inf`` runs add no noise but still clip every update to ``clip_norm``.
     """
     n = positive_int("n_per_client", n_per_client)
     num_rounds = positive_int("num_rounds", num_rounds)
     window = positive_int("window", window)
     if window > num_rounds:
         raise ValueError(f"window ({window}) must not exceed num_rounds ({num_rounds})")
+    for K in client_counts:
+        dpf.check_delta(delta, K)
     grid = {}
     for K in client_counts:
         parts_K = [p[:n] for p in partition_iid(len(train), K, seed=seed)]
@@ -261,7 +266,7 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
         y_all = torch.cat([members.y, nonmembers.y])
         lab = np.r_[np.ones(len(members)), np.zeros(len(nonmembers))]
         for eps in epsilons:
-            z = dpf.noise_multiplier_for_epsilon(eps, 1.0, num_rounds, delta)
+            z = dpf.noise_multiplier_for_epsilon(eps, 1.0, num_rounds, delta, num_clients=K)
             released = []
             res = dp_fedavg(model, cl_K, num_rounds=num_rounds, sampling_prob=1.0, noise_multiplier=z,
                             clip_norm=clip_norm, params=params, seed=seed, eval_data=test,
@@ -295,11 +300,16 @@ def plot_dp_grid(grid: Mapping, epsilons: Sequence[float], client_counts: Sequen
 # keeping utility: local-only, DP-FedAvg + fine-tuning, Centaur (Shen et al. 2023)
 # ---------------------------------------------------------------------------------------------------
 
+#: the three private options of :func:`personalization_sweep`, in the chapter's order, with short glue tags
+PERSONALIZATION_METHODS = {"local-only": "lo", "DP-FedAvg + fine-tuning": "ft", "Centaur": "ce"}
+
+
 def personalization_sweep(model, params: dict, classes_per_client: Sequence[int], *, num_clients: int,
                           num_rounds: int, sampling_prob: float, noise_multiplier: float, clip_norm: float,
                           server_lr: float, lr: float, batch_size: int, n_train: int = 10, n_test: int = 20,
                           local_only_epochs: int = 20, finetune_epochs: int = 30, head_epochs: int = 10,
-                          final_head_epochs: int = 30, seed: int = 0) -> tuple[dict, dict]:
+                          final_head_epochs: int = 30, seed: int = 0,
+                          methods: Sequence[str] | None = None) -> tuple[dict, dict]:
     """Mean client test accuracy of three private options on
     :func:`fedlab.fl.personalization.make_representation_task` (``num_clients`` clients of ``n_train``
     records, ``n_test`` test records each), for each heterogeneity level in ``classes_per_client``:
@@ -314,27 +324,38 @@ def personalization_sweep(model, params: dict, classes_per_client: Sequence[int]
     ``lr``, ``batch_size`` (so they spend the same privacy budget); local-only and fine-tuning use
     ``lr`` too, local-only ``batch_size``. Every run starts from ``params`` with ``seed``.
 
+    ``methods`` (default: all three) runs a subset; a method left out has no entry in ``util`` and
+    leaves its list in ``diag`` empty.
+
     Returns ``(util, diag)``: ``util[method][level]`` accuracies and ``diag[level] = (records of
     DP-FedAvg, records of Centaur)``, one :class:`~fedlab.fl.dp_fedavg.DPRoundRecord` per round.
-    Raises ``ValueError`` for ``num_clients`` or ``num_rounds`` not positive integers.
+    Raises ``ValueError`` for ``num_clients`` or ``num_rounds`` not positive integers, or an unknown
+    or empty ``methods``.
     """
     num_clients = positive_int("num_clients", num_clients)
     num_rounds = positive_int("num_rounds", num_rounds)
+    methods = list(PERSONALIZATION_METHODS) if methods is None else list(methods)
+    if not methods or any(m not in PERSONALIZATION_METHODS for m in methods):
+        raise ValueError(f"methods must be a non-empty subset of {list(PERSONALIZATION_METHODS)}, got {methods}")
     dp_args = dict(sampling_prob=sampling_prob, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
                    server_lr=server_lr, lr=lr, batch_size=batch_size, params=params, seed=seed)
-    util = {m: {} for m in ["local-only", "DP-FedAvg + fine-tuning", "Centaur"]}
+    util = {m: {} for m in PERSONALIZATION_METHODS if m in methods}
     diag = {}
     for cpc in classes_per_client:
         tr, te = pers.make_representation_task(num_clients, n_train, n_test, classes_per_client=cpc, seed=seed)
-        lo = pers.local_only(model, tr, num_epochs=local_only_epochs, lr=lr, batch_size=batch_size, params=params, seed=seed)
-        util["local-only"][cpc] = float(pers.evaluate_clients(model, lo, te).mean())
         recs_fa, recs_ce = [], []
-        glob = dp_fedavg(model, tr, num_rounds=num_rounds, local_epochs=1, callback=recs_fa.append, **dp_args)
-        ft = pers.finetune(model, glob.params, tr, num_epochs=finetune_epochs, lr=lr, seed=seed)
-        util["DP-FedAvg + fine-tuning"][cpc] = float(pers.evaluate_clients(model, ft, te).mean())
-        ce = pers.centaur(model, tr, num_rounds=num_rounds, head_epochs=head_epochs, final_head_epochs=final_head_epochs,
-                          callback=recs_ce.append, **dp_args)
-        util["Centaur"][cpc] = float(pers.evaluate_clients(model, ce, te).mean())
+        if "local-only" in methods:
+            lo = pers.local_only(model, tr, num_epochs=local_only_epochs, lr=lr, batch_size=batch_size,
+                                 params=params, seed=seed)
+            util["local-only"][cpc] = float(pers.evaluate_clients(model, lo, te).mean())
+        if "DP-FedAvg + fine-tuning" in methods:
+            glob = dp_fedavg(model, tr, num_rounds=num_rounds, local_epochs=1, callback=recs_fa.append, **dp_args)
+            ft = pers.finetune(model, glob.params, tr, num_epochs=finetune_epochs, lr=lr, seed=seed)
+            util["DP-FedAvg + fine-tuning"][cpc] = float(pers.evaluate_clients(model, ft, te).mean())
+        if "Centaur" in methods:
+            ce = pers.centaur(model, tr, num_rounds=num_rounds, head_epochs=head_epochs,
+                              final_head_epochs=final_head_epochs, callback=recs_ce.append, **dp_args)
+            util["Centaur"][cpc] = float(pers.evaluate_clients(model, ce, te).mean())
         diag[cpc] = (recs_fa, recs_ce)
     return util, diag
 
@@ -389,3 +410,101 @@ def plot_snr_agreement(diagnostics: Mapping, layer_names: Sequence[str]):
     axes[1].set_xticks([1, 2], ["DP-FedAvg", "Centaur"])
     axes[1].set(ylabel="cosine(client update, mean)", title="client agreement on the representation")
     return fig, axes
+
+
+# ---------------------------------------------------------------------------------------------------
+# the privacy-utility trade-off over budgets at one heterogeneity level (lecture, "Improved privacy
+# utility trade-off across privacy budgets"; Shen et al. 2023, Sec. 5)
+# ---------------------------------------------------------------------------------------------------
+
+def personalization_eps_sweep(model, params: dict, epsilons: Sequence[float], *, classes_per_client: int,
+                              num_clients: int, num_rounds: int, sampling_prob: float, delta: float,
+                              known: Mapping[float, Mapping[str, float]] | None = None, **sweep_args) -> dict:
+    """Mean client test accuracy of local-only training, DP-FedAvg + fine-tuning and Centaur at one
+    heterogeneity level (``classes_per_client``) for every budget of ``epsilons`` (the lecture's
+    "across privacy budgets" comparison, Shen et al. 2023, Sec. 5).
+
+    For each ``eps`` the noise multiplier is calibrated with the RDP accountant
+    (:func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon` at ``delta``, which must be below
+    ``1 / num_clients``), then :func:`personalization_sweep` runs with ``[classes_per_client]`` and
+    ``sweep_args`` (``clip_norm``, ``server_lr``, ``lr``, ``batch_size``, ``seed``, ...). Local-only
+    training spends no budget: it runs once and its accuracy is entered for every ``eps``.
+    ``known`` (``{eps: {method: accuracy}}``) holds results already measured with the same settings
+    and level (e.g. from :func:`personalization_sweep`); those are copied, not rerun.
+
+    Returns ``{"util": {method: {eps: accuracy}}, "z": {eps: noise multiplier}}``.
+    Raises ``ValueError`` for no budgets, a budget that is not ``> 0`` and finite, ``delta`` not in
+    ``(0, 1 / num_clients)``, or a ``known`` entry that lacks a method.
+    """
+    epsilons = [float(e) for e in epsilons]
+    if not epsilons or any(not (e > 0 and np.isfinite(e)) for e in epsilons):
+        raise ValueError(f"epsilons must be a non-empty list of finite budgets > 0, got {epsilons}")
+    num_clients = positive_int("num_clients", num_clients)
+    dpf.check_delta(delta, num_clients)
+    known = {float(e): dict(v) for e, v in (known or {}).items()}
+    for e, v in known.items():
+        if set(v) != set(PERSONALIZATION_METHODS):
+            raise ValueError(f"known[{e}] must hold every method {list(PERSONALIZATION_METHODS)}, got {sorted(v)}")
+    util = {m: {} for m in PERSONALIZATION_METHODS}
+    zs = {}
+    local = next((v["local-only"] for v in known.values()), None)
+    for eps in epsilons:
+        zs[eps] = dpf.noise_multiplier_for_epsilon(eps, sampling_prob, num_rounds, delta, num_clients=num_clients)
+        if eps in known:
+            u = {m: {classes_per_client: known[eps][m]} for m in PERSONALIZATION_METHODS}
+        else:
+            methods = [m for m in PERSONALIZATION_METHODS if m != "local-only" or local is None]
+            u, _ = personalization_sweep(model, params, [classes_per_client], num_clients=num_clients,
+                                         num_rounds=num_rounds, sampling_prob=sampling_prob,
+                                         noise_multiplier=zs[eps], methods=methods, **sweep_args)
+        if local is None:
+            local = u["local-only"][classes_per_client]
+        for m in PERSONALIZATION_METHODS:
+            util[m][eps] = local if m == "local-only" else u[m][classes_per_client]
+    return {"util": util, "z": zs}
+
+
+def _eps_tag(eps: float) -> str:
+    return f"{eps:g}".replace(".", "p")
+
+
+def personalization_eps_values(util_eps: Mapping[str, Mapping[float, float]]) -> dict:
+    """``{name: value}`` the chapter quotes from :func:`personalization_eps_sweep` (unrounded): per
+    budget ``pe_<lo|ft|ce>_<eps>`` (``eps`` written with ``p`` for the point, e.g. ``pe_ce_0p5``), the
+    differences ``pe_ce_minus_lo_<eps>``, ``pe_ce_minus_ft_<eps>``, ``pe_min_ce_minus_lo`` (the
+    smallest Centaur minus local-only over the budgets) and, when some ``eps >= 1``,
+    ``pe_min_ce_minus_lo_ge1`` (the same over those budgets). Raises ``ValueError`` if a method is missing
+    or the methods disagree on the budgets."""
+    missing = [m for m in PERSONALIZATION_METHODS if m not in util_eps]
+    if missing:
+        raise ValueError(f"util_eps lacks the methods {missing}")
+    epsilons = list(util_eps["Centaur"])
+    if not epsilons or any(list(util_eps[m]) != epsilons for m in PERSONALIZATION_METHODS):
+        raise ValueError("util_eps must hold the same, non-empty list of budgets for every method")
+    out = {}
+    for eps in epsilons:
+        t = _eps_tag(eps)
+        for m, tag in PERSONALIZATION_METHODS.items():
+            out[f"pe_{tag}_{t}"] = util_eps[m][eps]
+        out[f"pe_ce_minus_lo_{t}"] = util_eps["Centaur"][eps] - util_eps["local-only"][eps]
+        out[f"pe_ce_minus_ft_{t}"] = util_eps["Centaur"][eps] - util_eps["DP-FedAvg + fine-tuning"][eps]
+    out["pe_min_ce_minus_lo"] = min(out[f"pe_ce_minus_lo_{_eps_tag(e)}"] for e in epsilons)
+    if any(e >= 1 for e in epsilons):
+        out["pe_min_ce_minus_lo_ge1"] = min(out[f"pe_ce_minus_lo_{_eps_tag(e)}"] for e in epsilons if e >= 1)
+    return out
+
+
+def personalization_eps_table(util_eps: Mapping[str, Mapping[float, float]], paper: Callable[[str], str]):
+    """The budget sweep as a Markdown table, one row per ``eps``: this build's three accuracies, and
+    the stored paper-scale record's Centaur minus local-only and Centaur minus DP-FedAvg +
+    fine-tuning (``paper(name)``, mean ± 95 % CI over seeds, :meth:`fedlab.records.Run.paper`)."""
+    from ..plots import md_table
+
+    vals = personalization_eps_values(util_eps)
+    rows = []
+    for eps in util_eps["Centaur"]:
+        t = _eps_tag(eps)
+        rows.append([f"{eps:g}", round(vals[f"pe_lo_{t}"], 3), round(vals[f"pe_ft_{t}"], 3), round(vals[f"pe_ce_{t}"], 3),
+                     paper(f"pe_ce_minus_lo_{t}"), paper(f"pe_ce_minus_ft_{t}")])
+    return md_table(["ε", "local-only", "DP-FedAvg + FT", "Centaur",
+                     "Centaur − local-only, paper scale (mean ± 95 % CI)", "Centaur − DP-FedAvg + FT, paper scale"], rows)

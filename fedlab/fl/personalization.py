@@ -80,14 +80,25 @@ def partial_clients_update(model: nn.Module, stacked: dict, data: ClientData, tr
                            generator: torch.Generator | None = None, loss_fn=cross_entropy) -> dict:
     """Local SGD on the parameters ``trainable`` only, all ``K`` clients in one vmap (the other
     parameters stay frozen): FedRep/Centaur's head step (Phase 1) and representation step (Phase 2),
-    and local fine-tuning. ``stacked`` is ``{name: [K, ...]}``; returns the same layout."""
+    and local fine-tuning. ``stacked`` is ``{name: [K, ...]}``; returns the same layout.
+    ``batch_size=None`` (or at least the largest client) is full-batch gradient descent, one step per
+    epoch, and draws nothing from ``generator``; otherwise :func:`fedlab.fl.batch_plan` shuffles."""
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr}")
     trainable = list(trainable)
     bad = [k for k in trainable if k not in stacked]
     if bad:
         raise ValueError(f"trainable names not in params: {bad}")
-    idx, w = batch_plan(data.n, batch_size, local_epochs, generator)
+    if batch_size is None or batch_size >= int(data.n.max()):
+        # full batch: every step sees all of a client's records, so no shuffle is needed (and none is
+        # drawn from ``generator``); the gradient is the same as with batch_plan's shuffled order
+        if int(local_epochs) != local_epochs or local_epochs < 1:
+            raise ValueError(f"local_epochs must be a positive integer, got {local_epochs}")
+        n_max = int(data.n.max())
+        idx = torch.arange(n_max).expand(data.num_clients, int(local_epochs), n_max)
+        w = (idx < data.n.view(-1, 1, 1)).float()
+    else:
+        idx, w = batch_plan(data.n, batch_size, local_epochs, generator)
 
     def batch_loss(sub, frozen, X, y, i, wt):
         out = functional_call(model, {**frozen, **sub}, (X[i],))

@@ -30,7 +30,7 @@ from .defenses import clip_rows, gaussian_noise
 #: Poisson-subsampled Gaussian; the fractional orders below 2 only matter for epsilon << 1)
 RDP_ORDERS = tuple(range(2, 65)) + (80, 96, 128, 256, 512)
 
-__all__ = ["RDP_ORDERS", "check_dp_args", "noise_std", "clip_updates", "dp_aggregate", "dp_event",
+__all__ = ["RDP_ORDERS", "check_delta", "delta_for", "check_dp_args", "noise_std", "clip_updates", "dp_aggregate", "dp_event",
            "epsilon_spent", "noise_multiplier_for_epsilon"]
 
 
@@ -93,13 +93,46 @@ def dp_aggregate(updates: dict, *, clip_norm: float | None, noise_multiplier: fl
 # --------------------------------------------------------------------------------------------
 # accounting (dp_accounting, never by hand)
 # --------------------------------------------------------------------------------------------
-def _check_acct(sampling_prob, num_rounds, delta):
+def check_delta(delta: float, num_clients: int | None = None) -> float:
+    """Validate the ``delta`` of a client-level ``(epsilon, delta)`` guarantee and return it as a float.
+
+    ``delta`` is the probability with which the guarantee may fail outright; a mechanism that
+    publishes one random client's whole data set is ``(0, 1/K)``-DP over ``K`` clients, so a
+    meaningful ``delta`` is much smaller than ``1/K`` (common choices: ``delta = 1/K^1.1`` or
+    ``delta <= 1/(10 K)``, :func:`delta_for`).
+
+    Raises ``ValueError`` naming ``delta`` unless ``0 < delta < 1``, and, when ``num_clients`` is
+    given, unless ``delta < 1 / num_clients``; ``num_clients`` itself must be a positive integer.
+    """
+    delta = float(delta)
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    if num_clients is not None:
+        if int(num_clients) != num_clients or num_clients < 1:
+            raise ValueError(f"num_clients must be a positive integer, got {num_clients}")
+        if not delta < 1.0 / num_clients:
+            raise ValueError(f"delta must be < 1/num_clients = {1.0 / num_clients:.3g} (K = {num_clients} clients) "
+                             f"for a meaningful client-level guarantee, got {delta:g}; use e.g. delta_for(K)")
+    return delta
+
+
+def delta_for(num_clients: int, factor: float = 10.0) -> float:
+    """The ``delta`` this book uses for ``num_clients = K`` clients: ``1 / (factor K)`` (default
+    ``1 / (10 K)``, well below the ``1/K`` of a mechanism that publishes one client's data).
+    Raises ``ValueError`` naming ``num_clients`` (a positive integer) or ``factor`` (``> 1``)."""
+    if int(num_clients) != num_clients or num_clients < 1:
+        raise ValueError(f"num_clients must be a positive integer, got {num_clients}")
+    if not factor > 1:
+        raise ValueError(f"factor must be > 1 (so that delta < 1/K), got {factor}")
+    return 1.0 / (float(factor) * int(num_clients))
+
+
+def _check_acct(sampling_prob, num_rounds, delta, num_clients=None):
     if not 0.0 < sampling_prob <= 1.0:
         raise ValueError(f"sampling_prob must be in (0, 1], got {sampling_prob}")
     if int(num_rounds) != num_rounds or num_rounds < 1:
         raise ValueError(f"num_rounds must be a positive integer, got {num_rounds}")
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    check_delta(delta, num_clients)
 
 
 def dp_event(noise_multiplier: float, sampling_prob: float, num_rounds: int):
@@ -114,10 +147,12 @@ def dp_event(noise_multiplier: float, sampling_prob: float, num_rounds: int):
         int(num_rounds))
 
 
-def epsilon_spent(noise_multiplier: float, sampling_prob: float, num_rounds: int, delta: float) -> float:
+def epsilon_spent(noise_multiplier: float, sampling_prob: float, num_rounds: int, delta: float, *,
+                  num_clients: int | None = None) -> float:
     """Client-level epsilon of DP-FedAvg after ``num_rounds`` rounds at the given ``delta``
-    (``dp_accounting.rdp.RdpAccountant``). ``noise_multiplier = 0`` returns ``inf``."""
-    _check_acct(sampling_prob, num_rounds, delta)
+    (``dp_accounting.rdp.RdpAccountant``). ``noise_multiplier = 0`` returns ``inf``.
+    ``delta`` is checked by :func:`check_delta` (with ``num_clients``, it must be below ``1/K``)."""
+    _check_acct(sampling_prob, num_rounds, delta, num_clients)
     if noise_multiplier == 0:
         return float("inf")
     from dp_accounting import rdp
@@ -128,10 +163,11 @@ def epsilon_spent(noise_multiplier: float, sampling_prob: float, num_rounds: int
 
 
 def noise_multiplier_for_epsilon(epsilon: float, sampling_prob: float, num_rounds: int,
-                                 delta: float) -> float:
+                                 delta: float, *, num_clients: int | None = None) -> float:
     """The smallest noise multiplier ``z`` whose DP-FedAvg run spends at most ``epsilon``
-    (``dp_accounting.calibrate_dp_mechanism`` with the RDP accountant). ``epsilon = inf`` gives 0."""
-    _check_acct(sampling_prob, num_rounds, delta)
+    (``dp_accounting.calibrate_dp_mechanism`` with the RDP accountant). ``epsilon = inf`` gives 0.
+    ``delta`` is checked by :func:`check_delta` (with ``num_clients``, it must be below ``1/K``)."""
+    _check_acct(sampling_prob, num_rounds, delta, num_clients)
     if epsilon == float("inf"):
         return 0.0
     if not epsilon > 0:
