@@ -192,3 +192,24 @@ def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
     with capsys.disabled():
         print(f"\n[flower] deployment mode vs fedlab.fl.fedavg: max |difference| = {diff:.3g} ({seconds:.1f} s)")
     assert diff <= TOL, diff
+
+
+def test_evaluate_replies_are_recorded_and_a_failing_node_is_named():
+    res = flower.run(_model_fn, _clients(2), engine="local", num_rounds=2, lr=0.1, batch_size=16, seed=0,
+                     evaluate_clients=True)
+    ev = [r for r in res.transcript.replies if r.kind == "evaluate"]
+    assert [(r.round, r.partition_id) for r in sorted(ev, key=lambda r: (r.round, r.partition_id))] == \
+        [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert all(0 <= r.metrics["accuracy"] <= 1 and r.params == {} for r in ev)
+
+    def broken(pid, num):
+        if pid == 1:
+            raise OSError("disk gone")
+        return _clients(2)[pid]
+
+    app = flower.client_app(_model_fn, broken)
+    server = flower.server_app(_model_fn, res.transcript_path.parent / "t2", num_clients=2, num_rounds=1, lr=0.1)
+    from fedlab.flower.apps import LocalGrid, _task_identity
+    from flwr.app import Context, RecordDict
+    with _task_identity(), pytest.raises(RuntimeError, match="disk gone"):
+        server(LocalGrid(app, 2), Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}))
