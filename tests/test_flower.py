@@ -71,11 +71,12 @@ def test_simulation_engine_gives_fedavg_and_records_every_reply(capsys):
         assert _maxdiff(_weighted(replies), T.globals[t]) <= TOL   # FedAvg of what was recorded
 
 
-@pytest.mark.parametrize("batch_size,local_epochs", [(8, 1), (None, 1), (16, 3)])
-def test_local_engine_gives_fedavg_with_client_sampling(batch_size, local_epochs):
+@pytest.mark.parametrize("local", [dict(batch_size=8), dict(batch_size=None), dict(batch_size=16, local_epochs=3),
+                                   dict(batch_size=16, local_steps=5), dict(batch_size=45, local_steps=3)])
+def test_local_engine_gives_fedavg_with_client_sampling(local):
     """The same apps over LocalGrid (no Ray): C = 0.5 of 4 clients, fedavg's sampling is replayed."""
     clients = _clients(4)
-    kw = dict(num_rounds=3, lr=0.1, local_epochs=local_epochs, batch_size=batch_size, seed=7, client_fraction=0.5)
+    kw = dict(num_rounds=3, lr=0.1, seed=7, client_fraction=0.5, **local)
     sent = []
     ref = fedavg(_model_fn(), clients, progress=False, callback=sent.append, **kw)
     res = flower.run(_model_fn, clients, engine="local", **kw)
