@@ -1,0 +1,31 @@
+"""fedlab on Flower: the book's FedAvg as a Flower ``ClientApp`` / ``ServerApp``, and transcripts of
+what a real Flower server receives.
+
+* :mod:`fedlab.flower.apps` (needs the ``flower`` extra, ``flwr[simulation]``): :func:`client_app`,
+  :func:`server_app`, the :class:`Recorder` strategy wrapper and :func:`run` (a simulation);
+* :mod:`fedlab.flower.transcript` (no ``flwr`` needed): the transcript format and
+  :func:`load_transcript`;
+* :mod:`fedlab.flower.attacks` (no ``flwr`` needed): chapter 1a's DLG / iDLG and chapter 1b's passive
+  membership inference on a transcript;
+* :mod:`fedlab.flower.deploy`: a Flower App project for deployment mode, and a local SuperLink with
+  SuperNodes (the ``flwr`` commands run as subprocesses).
+
+``import fedlab`` never imports this package, and ``import fedlab.flower`` imports ``flwr`` only when
+a name of :mod:`fedlab.flower.apps` is first used, so stored transcripts load without Flower.
+"""
+from __future__ import annotations
+
+from .transcript import Reply, Transcript, TranscriptWriter, load_transcript
+
+_APPS = ("fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "run", "FlowerRun",
+         "quiet_flower", "DP_MODES")
+
+__all__ = ["Reply", "Transcript", "TranscriptWriter", "load_transcript", *_APPS]
+
+
+def __getattr__(name):
+    if name in _APPS:
+        from . import apps
+
+        return getattr(apps, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,575 @@
+"""fedlab's client update and FedAvg server as a Flower ``ClientApp`` / ``ServerApp`` (Message API).
+
+This module imports ``flwr`` (the ``flower`` extra: ``pip install ".[flower]"``). The apps are the
+same objects in Flower's simulation engine (:func:`run`) and in deployment mode (``flower-superlink``
++ ``flower-supernode`` + ``flwr run``, see the README).
+
+The protocol (McMahan et al. 2017, Algorithm 1, as :func:`fedlab.fl.fedavg` runs it):
+
+1. the ServerApp asks every node (a ``query`` message) for its partition id and its number of
+   examples ``n_k``;
+2. it replays the random stream of :func:`fedlab.fl.fedavg` with the run's seed
+   (:func:`fedavg_schedule`): each round it samples ``m = max(round(C K), 1)`` partitions, and for
+   each one the state of the generator at which that client's mini-batch shuffles begin;
+3. each round, every sampled node receives the global model (an ``ArrayRecord``) and a
+   ``ConfigRecord`` (``lr``, ``local-epochs``, ``batch-size`` (0: full batch), ``local-steps`` (0:
+   epochs), ``weight-decay``, ``rng-state``); the ClientApp runs :func:`fedlab.fl.client_update` on
+   its partition with that generator state and replies with its new model and ``num-examples``;
+4. Flower's ``FedAvg`` averages the replies weighted by ``num-examples`` (optionally inside Flower's
+   ``DifferentialPrivacyClientSideFixedClipping`` / ``DifferentialPrivacyServerSideFixedClipping``),
+   and :class:`Recorder`, the outermost strategy, writes every reply it receives to the transcript
+   (:mod:`fedlab.flower.transcript`) before anything else touches it.
+
+Because step 2 reproduces fedavg's client sampling and shuffles exactly, a Flower run and
+``fedlab.fl.fedavg`` with the same data, seed and settings give the same global model up to float
+rounding (``tests/test_flower.py`` measures the difference).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..fl import ClientData, batch_plan, client_update, cross_entropy, evaluate, stack_clients
+from .transcript import Transcript, TranscriptWriter, load_transcript
+
+try:
+    from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord,
+                          RecordDict)
+    from flwr.clientapp import ClientApp
+    from flwr.clientapp.mod import fixedclipping_mod
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import (DifferentialPrivacyClientSideFixedClipping,
+                                         DifferentialPrivacyServerSideFixedClipping, FedAvg, Strategy)
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError("fedlab.flower needs Flower: install the extra with `pip install \".[flower]\"` "
+                      f"(flwr[simulation]>=1.41,<2); the import failed with: {err}") from err
+
+__all__ = ["fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "LocalGrid", "run",
+           "FlowerRun", "quiet_flower", "DP_MODES", "ENGINES"]
+
+#: values of the ``dp`` argument: no DP, Flower's client-side or server-side fixed clipping wrapper
+DP_MODES = (None, "client", "server")
+#: values of :func:`run`'s ``engine``: Flower's simulation engine (Ray), or :class:`LocalGrid` (in-process)
+ENGINES = ("ray", "local")
+LoadPartition = Callable[[int, int], object]
+
+
+# --------------------------------------------------------------------------------------------
+# the schedule: fedlab.fl.fedavg's random stream, replayed
+# --------------------------------------------------------------------------------------------
+def _check_int(name, value, low, allow_none=False):
+    if allow_none and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
+
+
+def fedavg_schedule(sizes, *, num_rounds: int, client_fraction: float = 1.0, local_epochs: int = 1,
+                    batch_size: int | None = 10, local_steps: int | None = None,
+                    seed: int = 0) -> list[list[tuple[int, torch.Tensor]]]:
+    """Which clients :func:`fedlab.fl.fedavg` samples each round, and where each one's shuffles start.
+
+    fedavg draws everything from one generator seeded with ``seed``: per round a ``randperm(K)`` whose
+    first ``m = max(round(C K), 1)`` entries (sorted) are the sampled clients, then, client after
+    client, the shuffles of :func:`fedlab.fl.batch_plan`. This function replays that stream.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        ``n_k`` of the ``K`` clients (partition ids ``0..K-1``).
+
+    Returns
+    -------
+    list of rounds; round ``t - 1`` is a list of ``(k, state)``: partition ``k`` is sampled in round
+    ``t`` and ``torch.Generator().set_state(state)`` makes :func:`fedlab.fl.client_update` shuffle
+    exactly as fedavg's vmapped update did for it (``state``: ``uint8`` tensor).
+
+    Raises
+    ------
+    ValueError
+        For empty or non-positive ``sizes``, ``num_rounds < 0`` or ``client_fraction`` outside (0, 1].
+    """
+    sizes = [int(s) for s in sizes]
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"sizes must hold at least one client size >= 1, got {sizes}")
+    num_rounds = _check_int("num_rounds", num_rounds, 0)
+    if not 0.0 < client_fraction <= 1.0:
+        raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
+    K = len(sizes)
+    m = max(int(round(client_fraction * K)), 1)
+    gen = torch.Generator().manual_seed(int(seed))
+    rounds = []
+    for _ in range(num_rounds):
+        selected = torch.randperm(K, generator=gen)[:m].sort().values.tolist()
+        entries = []
+        for k in selected:
+            entries.append((k, gen.get_state()))
+            batch_plan(torch.tensor([sizes[k]]), batch_size, local_epochs, gen, local_steps)  # consume k's draws
+        rounds.append(entries)
+    return rounds
+
+
+# --------------------------------------------------------------------------------------------
+# conversions
+# --------------------------------------------------------------------------------------------
+def _to_record(params: dict) -> ArrayRecord:
+    return ArrayRecord(OrderedDict((k, Array(np.ascontiguousarray(v.detach().cpu().numpy())))
+                                   for k, v in params.items()))
+
+
+def _from_record(record: ArrayRecord) -> dict:
+    return OrderedDict((k, torch.from_numpy(np.array(a.numpy()))) for k, a in record.items())
+
+
+def _as_xy(data):
+    if hasattr(data, "X") and hasattr(data, "y"):
+        return data.X, data.y
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        return torch.as_tensor(data[0]), torch.as_tensor(data[1])
+    raise ValueError(f"load_partition must return a Dataset or an (X, y) pair, got {type(data).__name__}")
+
+
+def _partition(context: Context) -> tuple[int, int]:
+    cfg = context.node_config
+    if "partition-id" not in cfg:
+        raise ValueError("the node has no 'partition-id' in its node config (start flower-supernode with "
+                         "--node-config \"partition-id=0 num-partitions=2\")")
+    return int(cfg["partition-id"]), int(cfg.get("num-partitions", 0))
+
+
+# --------------------------------------------------------------------------------------------
+# ClientApp
+# --------------------------------------------------------------------------------------------
+def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition, *,
+               loss_fn=cross_entropy, dp_client_clipping: bool = False) -> ClientApp:
+    """A Flower ``ClientApp`` whose ``train`` is fedlab's ClientUpdate on the node's partition.
+
+    Parameters
+    ----------
+    model_fn : callable
+        ``() -> nn.Module``: the architecture (its parameters are replaced by the server's).
+    load_partition : callable
+        ``(partition_id, num_partitions) -> Dataset or (X, y)``: the node's data. The partition id is
+        the node config's ``partition-id`` (set by the simulation engine, or by
+        ``flower-supernode --node-config``).
+    dp_client_clipping : bool
+        Add Flower's ``fixedclipping_mod`` (needed by the server's
+        ``DifferentialPrivacyClientSideFixedClipping``: the client clips its update to the norm the
+        server sends).
+
+    Messages: ``query`` replies ``ConfigRecord {"partition-id", "num-examples"}``; ``train`` expects
+    ``"arrays"`` (the global model) and ``"config"`` (see :mod:`fedlab.flower.apps`) and replies
+    ``"arrays"`` (the new model), ``"metrics"`` (``num-examples``, ``train-loss`` after training) and
+    ``"client"`` (``partition-id``); ``evaluate`` replies ``"metrics"`` (``num-examples``,
+    ``accuracy``, ``loss`` of the received model on the partition).
+    """
+    if not callable(model_fn):
+        raise ValueError(f"model_fn must be callable, got {type(model_fn).__name__}")
+    if not callable(load_partition):
+        raise ValueError(f"load_partition must be callable, got {type(load_partition).__name__}")
+    app = ClientApp()
+
+    def data_of(context):
+        pid, num = _partition(context)
+        X, y = _as_xy(load_partition(pid, num))
+        return pid, X, y
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        pid, X, _ = data_of(context)
+        return Message(RecordDict({"client": ConfigRecord({"partition-id": pid, "num-examples": len(X)})}),
+                       reply_to=msg)
+
+    @app.train(mods=[fixedclipping_mod] if dp_client_clipping else None)   # train messages only
+    def train(msg: Message, context: Context) -> Message:
+        pid, X, y = data_of(context)
+        cfg = msg.content["config"]
+        params = _from_record(msg.content["arrays"])
+        gen = torch.Generator()
+        gen.set_state(torch.frombuffer(bytearray(cfg["rng-state"]), dtype=torch.uint8).clone())
+        model = model_fn()
+        new = client_update(model, params, X, y, lr=float(cfg["lr"]), local_epochs=int(cfg["local-epochs"]),
+                            batch_size=int(cfg["batch-size"]) or None, generator=gen, loss_fn=loss_fn,
+                            local_steps=int(cfg["local-steps"]) or None, weight_decay=float(cfg["weight-decay"]))
+        new = {k: v.detach() for k, v in new.items()}
+        loss = evaluate(model, new, X, y, loss_fn)["loss"]
+        return Message(RecordDict({"arrays": _to_record(new),
+                                   "metrics": MetricRecord({"num-examples": len(X), "train-loss": loss}),
+                                   "client": ConfigRecord({"partition-id": pid})}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate_(msg: Message, context: Context) -> Message:
+        pid, X, y = data_of(context)
+        res = evaluate(model_fn(), _from_record(msg.content["arrays"]), X, y, loss_fn)
+        return Message(RecordDict({"metrics": MetricRecord({"num-examples": len(X), **res}),
+                                   "client": ConfigRecord({"partition-id": pid})}), reply_to=msg)
+
+    return app
+
+
+# --------------------------------------------------------------------------------------------
+# strategies
+# --------------------------------------------------------------------------------------------
+class ScheduledFedAvg(FedAvg):
+    """Flower's ``FedAvg`` whose client sampling follows a fixed schedule (:func:`fedavg_schedule`):
+    round ``t`` sends the global model to the nodes of the partitions of ``schedule[t - 1]``, each with
+    its own ``rng-state`` in the config. Aggregation is Flower's (weighted by ``num-examples``)."""
+
+    def __init__(self, schedule, node_of_partition: dict[int, int], train_config: dict, **kwargs):
+        kwargs.setdefault("fraction_evaluate", 0.0)
+        kwargs.setdefault("min_available_nodes", 1)
+        super().__init__(**kwargs)
+        self.schedule = schedule
+        self.node_of_partition = dict(node_of_partition)
+        self.train_config = dict(train_config)
+
+    def configure_train(self, server_round, arrays, config, grid):
+        if not 1 <= server_round <= len(self.schedule):
+            raise ValueError(f"server_round {server_round} is outside the schedule of {len(self.schedule)} rounds")
+        messages = []
+        for k, state in self.schedule[server_round - 1]:
+            cfg = ConfigRecord({**dict(config), **self.train_config, "server-round": server_round,
+                                "rng-state": state.numpy().tobytes()})
+            messages.append(Message(RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg}),
+                                    dst_node_id=self.node_of_partition[k], message_type=MessageType.TRAIN))
+        return messages
+
+
+class Recorder(Strategy):
+    """Wraps a strategy and writes every reply message it receives to a transcript
+    (:mod:`fedlab.flower.transcript`) before the wrapped strategy sees it (so before Flower's
+    server-side clipping or noise), plus the global model before round 1 and after every round.
+
+    ``partition_of_node``: the node id -> partition id map learned from the query (used when a reply
+    does not name its partition).
+    """
+
+    def __init__(self, strategy: Strategy, writer: TranscriptWriter, partition_of_node: dict | None = None):
+        super().__init__()
+        self.strategy = strategy
+        self.writer = writer
+        self.partition_of_node = dict(partition_of_node or {})
+
+    def summary(self) -> None:
+        self.strategy.summary()
+
+    def _record(self, server_round, kind, replies):
+        replies = list(replies)
+        for msg in replies:
+            node = int(msg.metadata.src_node_id)
+            if msg.has_error():
+                self.writer.add_reply(server_round, kind, node, partition_id=self.partition_of_node.get(node),
+                                      error=str(msg.error.reason))
+                continue
+            content = msg.content
+            metrics = {}
+            for rec in content.metric_records.values():
+                metrics.update(dict(rec))
+            pid = self.partition_of_node.get(node)
+            if "client" in content.config_records and "partition-id" in content["client"]:
+                pid = int(content["client"]["partition-id"])
+            params = {}
+            for rec in content.array_records.values():
+                params.update({k: np.array(a.numpy()) for k, a in rec.items()})
+            n = metrics.get("num-examples")
+            self.writer.add_reply(server_round, kind, node, params=params, metrics=metrics, partition_id=pid,
+                                  num_examples=None if n is None else int(n))
+        return replies
+
+    def configure_train(self, server_round, arrays, config, grid):
+        if server_round == 1:
+            self.writer.add_global(0, {k: a.numpy() for k, a in arrays.items()})
+            self.writer.flush()
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round, replies):
+        replies = self._record(server_round, "train", replies)
+        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+        if arrays is not None:
+            self.writer.add_global(server_round, {k: a.numpy() for k, a in arrays.items()})
+        self.writer.flush()
+        return arrays, metrics
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round, replies):
+        replies = self._record(server_round, "evaluate", replies)
+        self.writer.flush()
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+
+# --------------------------------------------------------------------------------------------
+# ServerApp
+# --------------------------------------------------------------------------------------------
+def _wait_for_nodes(grid: Grid, num_clients: int, timeout: float) -> list[int]:
+    t0 = time.monotonic()
+    while len(nodes := sorted(grid.get_node_ids())) < num_clients:
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"only {len(nodes)} of num_clients={num_clients} nodes connected within {timeout} s")
+        time.sleep(0.2)
+    return nodes
+
+
+def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients: int, num_rounds: int,
+               lr: float, local_epochs: int = 1, batch_size: int | None = 10, local_steps: int | None = None,
+               weight_decay: float = 0.0, client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
+               noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
+               node_timeout: float = 60.0, round_timeout: float = 600.0) -> ServerApp:
+    """A Flower ``ServerApp`` running FedAvg with fedlab's schedule, recording a transcript.
+
+    Parameters
+    ----------
+    model_fn : callable
+        ``() -> nn.Module``; its parameters are the initial global model (give it a seed).
+    transcript_dir : path
+        Where the :class:`Recorder` writes (must not exist or be empty).
+    num_clients : int
+        K, the number of nodes (= partitions) the server waits for.
+    lr, local_epochs, batch_size, local_steps, weight_decay, client_fraction, seed
+        As in :func:`fedlab.fl.fedavg` (``batch_size=None``: full batch).
+    dp : None, "client" or "server"
+        Wrap FedAvg in Flower's ``DifferentialPrivacyClientSideFixedClipping`` (the ClientApp must be
+        built with ``dp_client_clipping=True``) or ``DifferentialPrivacyServerSideFixedClipping``,
+        with ``noise_multiplier`` and ``clipping_norm`` (noise std ``z C / m`` on the average).
+    evaluate_clients : bool
+        Also send each round's global model to every node for evaluation (replies are recorded).
+
+    Raises
+    ------
+    ValueError
+        For a ``dp`` not in :data:`DP_MODES`, non-positive ``lr`` or a bad count.
+    """
+    if dp not in DP_MODES:
+        raise ValueError(f"dp must be one of {DP_MODES}, got {dp!r}")
+    num_clients = _check_int("num_clients", num_clients, 1)
+    num_rounds = _check_int("num_rounds", num_rounds, 1)
+    local_epochs = _check_int("local_epochs", local_epochs, 1)
+    batch_size = _check_int("batch_size", batch_size, 1, allow_none=True)
+    local_steps = _check_int("local_steps", local_steps, 1, allow_none=True)
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    if not weight_decay >= 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if not 0.0 < client_fraction <= 1.0:
+        raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
+    if dp is not None and not (noise_multiplier >= 0 and clipping_norm > 0):
+        raise ValueError(f"noise_multiplier must be >= 0 and clipping_norm > 0, got {noise_multiplier}, {clipping_norm}")
+    transcript_dir = Path(transcript_dir)
+    meta = dict(num_clients=num_clients, num_rounds=num_rounds, lr=float(lr), local_epochs=local_epochs,
+                batch_size=batch_size, local_steps=local_steps, weight_decay=float(weight_decay),
+                client_fraction=float(client_fraction), seed=int(seed), dp=dp,
+                noise_multiplier=float(noise_multiplier) if dp else None,
+                clipping_norm=float(clipping_norm) if dp else None)
+    train_config = {"lr": float(lr), "local-epochs": local_epochs, "batch-size": batch_size or 0,
+                    "local-steps": local_steps or 0, "weight-decay": float(weight_decay)}
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        init = {k: v.detach() for k, v in model_fn().named_parameters()}
+        nodes = _wait_for_nodes(grid, num_clients, node_timeout)
+        replies = list(grid.send_and_receive(
+            [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY)
+             for n in nodes], timeout=node_timeout))
+        bad = [r for r in replies if r.has_error()]
+        if bad or len(replies) != len(nodes):
+            raise RuntimeError(f"query: {len(replies)} replies from {len(nodes)} nodes, errors: "
+                               f"{[r.error.reason for r in bad]}")
+        info = {int(r.metadata.src_node_id): dict(r.content["client"]) for r in replies}
+        node_of = {int(v["partition-id"]): n for n, v in info.items()}
+        if sorted(node_of) != list(range(num_clients)):
+            raise RuntimeError(f"the nodes' partition ids are {sorted(node_of)}, expected 0..{num_clients - 1}")
+        sizes = [int(info[node_of[k]]["num-examples"]) for k in range(num_clients)]
+        schedule = fedavg_schedule(sizes, num_rounds=num_rounds, client_fraction=client_fraction,
+                                   local_epochs=local_epochs, batch_size=batch_size, local_steps=local_steps,
+                                   seed=seed)
+        m = len(schedule[0])
+        strategy: Strategy = ScheduledFedAvg(schedule, node_of, train_config, min_train_nodes=m,
+                                             fraction_evaluate=1.0 if evaluate_clients else 0.0,
+                                             min_evaluate_nodes=num_clients if evaluate_clients else 0)
+        if dp == "client":
+            strategy = DifferentialPrivacyClientSideFixedClipping(strategy, noise_multiplier, clipping_norm, m)
+        elif dp == "server":
+            strategy = DifferentialPrivacyServerSideFixedClipping(strategy, noise_multiplier, clipping_norm, m)
+        writer = TranscriptWriter(transcript_dir, list(init), {**meta, "sizes": sizes,
+                                                               "node_of_partition": {str(k): v for k, v in node_of.items()}})
+        recorder = Recorder(strategy, writer, {n: k for k, n in node_of.items()})
+        recorder.start(grid, _to_record(init), num_rounds=num_rounds, timeout=round_timeout)
+
+    return app
+
+
+# --------------------------------------------------------------------------------------------
+# simulation
+# --------------------------------------------------------------------------------------------
+class LocalGrid(Grid):
+    """A Flower ``Grid`` that delivers each message to a ``ClientApp`` in this process, one node per
+    partition (node ids ``1..K``, node config ``partition-id`` / ``num-partitions`` as in Flower's
+    simulation engine). The same ``ServerApp`` and ``ClientApp`` objects run unchanged; only Ray (about
+    10-20 s of start-up on a 2-core machine) and the message transport are left out. A ClientApp that
+    raises is answered with an error reply, as Flower does.
+    """
+
+    def __init__(self, app: ClientApp, num_nodes: int):
+        num_nodes = _check_int("num_nodes", num_nodes, 1)
+        self.app = app
+        self.contexts = {k + 1: Context(run_id=0, node_id=k + 1,
+                                        node_config={"partition-id": k, "num-partitions": num_nodes},
+                                        state=RecordDict(), run_config={}) for k in range(num_nodes)}
+        self._run = None
+        self._replies: dict[str, Message] = {}
+
+    def set_run(self, run) -> None:
+        self._run = run
+
+    @property
+    def run(self):
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
+        return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def _deliver(self, msg: Message) -> Message:
+        node = msg.metadata.dst_node_id
+        if node not in self.contexts:
+            return Message(Error(code=0, reason=f"no node {node}"), reply_to=msg)
+        try:
+            return self.app(msg, self.contexts[node])
+        except Exception as err:  # noqa: BLE001 - Flower turns a failing ClientApp into an error reply
+            return Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
+
+    def push_messages(self, messages):
+        ids = []
+        for i, msg in enumerate(messages):
+            key = f"{len(self._replies)}-{i}"
+            self._replies[key] = self._deliver(msg)
+            ids.append(key)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return [self._deliver(msg) for msg in messages]
+
+
+@contextmanager
+def _task_identity():
+    """Flower's messages take their run and source node from ``TaskIdentity``, which Flower's runtimes set
+    per process; set it as ``run_simulation`` does (task 1, run 0, the SuperLink's node id) and restore it."""
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 0, SUPERLINK_NODE_ID
+    try:
+        yield
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
+
+
+@contextmanager
+def quiet_flower(level: int = logging.ERROR):
+    """Lower the ``flwr`` logger to ``level`` inside the block and switch Flower's telemetry off."""
+    logger = logging.getLogger("flwr")
+    old = logger.level
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+@dataclass
+class FlowerRun:
+    """Result of :func:`run`: the final global ``params``, the ``transcript`` directory, the loaded
+    :class:`~fedlab.flower.transcript.Transcript` and the wall time ``seconds``."""
+
+    params: dict
+    transcript_path: Path
+    transcript: Transcript
+    seconds: float
+
+
+def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: float = 0.1,
+        local_epochs: int = 1, batch_size: int | None = 10, local_steps: int | None = None,
+        weight_decay: float = 0.0, client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
+        noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
+        transcript_dir=None, engine: str = "ray", num_cpus: int = 1, loss_fn=cross_entropy,
+        verbose: bool = False) -> FlowerRun:
+    """Run FedAvg in Flower's simulation engine (Ray), one virtual SuperNode per client.
+
+    Same arguments as :func:`fedlab.fl.fedavg` (``clients``: a :class:`fedlab.fl.ClientData` or a list
+    of per-client data sets; partition ``k`` is client ``k``), plus the ``dp`` wrapper of
+    :func:`server_app` and ``transcript_dir`` (default: a new temporary directory).
+    ``engine="ray"`` runs ``flwr.simulation.run_simulation`` (``num_cpus``: the CPUs Ray may use; each
+    ClientApp takes one); ``engine="local"`` runs the same apps over a :class:`LocalGrid` in this process.
+
+    Returns
+    -------
+    FlowerRun
+        Its ``params`` equal ``fedlab.fl.fedavg(model_fn(), clients, ...).params`` up to float rounding
+        when ``dp`` is None and either ``weight_decay == 0`` or every sampled client makes the same number
+        of local steps: fedlab's vmapped update pads a smaller client with zero-weight steps, and with
+        weight decay those steps still shrink its parameters, which one client alone (as here, and as
+        :func:`fedlab.fl.client_update`) does not do (``weight_decay=0.1``, clients of 40/60/80
+        examples, B = 16: largest difference 3.7e-3).
+
+    Raises
+    ------
+    ValueError
+        For bad arguments (see :func:`server_app`), an ``engine`` not in :data:`ENGINES` or ``num_cpus < 1``.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    num_cpus = _check_int("num_cpus", num_cpus, 1)
+    data = clients if isinstance(clients, ClientData) else stack_clients(clients)
+    if transcript_dir is None:
+        transcript_dir = Path(tempfile.mkdtemp(prefix="fedlab-flower-")) / "transcript"
+    sapp = server_app(model_fn, transcript_dir, num_clients=data.num_clients, num_rounds=num_rounds, lr=lr,
+                      local_epochs=local_epochs, batch_size=batch_size, local_steps=local_steps,
+                      weight_decay=weight_decay, client_fraction=client_fraction, seed=seed, dp=dp,
+                      noise_multiplier=noise_multiplier, clipping_norm=clipping_norm,
+                      evaluate_clients=evaluate_clients)
+    capp = client_app(model_fn, lambda pid, num: data.client(pid), loss_fn=loss_fn,
+                      dp_client_clipping=(dp == "client"))
+    backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                      "init_args": {"num_cpus": num_cpus, "num_gpus": 0, "include_dashboard": False,
+                                    "log_to_driver": bool(verbose), "logging_level": "INFO" if verbose else "ERROR"}}
+    t0 = time.perf_counter()
+    with quiet_flower(logging.INFO if verbose else logging.ERROR):
+        if engine == "local":
+            with _task_identity():
+                sapp(LocalGrid(capp, data.num_clients), Context(run_id=0, node_id=0, node_config={},
+                                                                state=RecordDict(), run_config={}))
+        else:
+            # no usage report to the network (Ray's default) and no warning about a GPU setting we do not use
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+            from flwr.simulation import run_simulation
+
+            run_simulation(server_app=sapp, client_app=capp, num_supernodes=data.num_clients,
+                           backend_config=backend_config)
+    seconds = time.perf_counter() - t0
+    transcript = load_transcript(transcript_dir)
+    if transcript.num_rounds != num_rounds:
+        raise RuntimeError(f"the simulation recorded {transcript.num_rounds} of {num_rounds} rounds; "
+                           f"see the transcript in {transcript_dir} and rerun with verbose=True")
+    return FlowerRun(transcript.final_params, Path(transcript_dir), transcript, seconds)

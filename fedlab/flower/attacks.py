@@ -1,0 +1,150 @@
+"""The book's attacks, unchanged, on what a Flower server recorded (a transcript of
+:class:`fedlab.flower.Recorder`): the honest-but-curious server of the chapters is the ``ServerApp``.
+
+* :func:`observed_gradients` turns a round's train replies into the gradients the server observes:
+  ``(w_global - w_k) / lr`` (exactly client ``k``'s mean-loss gradient under FedSGD, i.e. one local epoch
+  on the full batch; otherwise its average update, as in chapter 1a's study of local steps);
+* :func:`invert_gradients` runs DLG (Zhu et al. 2019) or iDLG (Zhao et al. 2020: the label from the sign
+  of the last layer's weight gradient) with :func:`fedlab.attacks.gradient_inversion.dlg` on them, one
+  stacked attack over the clients of the round (chapter 1a);
+* :func:`membership_signals` / :func:`membership_auc`: the passive membership inference of chapter 1b
+  (per-example loss under the models a client returned, :mod:`fedlab.attacks.membership`).
+
+None of these imports ``flwr``: they read a transcript.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..attacks import gradient_inversion as gi
+from ..attacks import membership
+from ..metrics import matched_psnr
+from .transcript import Transcript
+
+__all__ = ["observed_gradients", "TranscriptInversion", "invert_gradients", "membership_signals", "membership_auc"]
+
+
+def _round(transcript: Transcript, round: int) -> int:
+    if isinstance(round, bool) or not isinstance(round, (int, np.integer)) or not 1 <= round <= transcript.num_rounds:
+        raise ValueError(f"round must be in 1..{transcript.num_rounds} (the transcript's rounds), got {round!r}")
+    return int(round)
+
+
+def observed_gradients(transcript: Transcript, round: int = 1) -> dict[int, dict]:
+    """``{partition_id: {name: (w_{round-1} - w_k) / lr}}`` for every train reply of ``round``.
+
+    For FedSGD (the transcript's ``meta``: ``local_epochs = 1``, ``batch_size = None``, no ``local_steps``,
+    ``weight_decay = 0``) this is client ``k``'s gradient of its mean loss at the global model; otherwise
+    the average update per unit step.
+
+    Raises
+    ------
+    ValueError
+        For a ``round`` outside the transcript, or a transcript without ``lr`` in its meta or without
+        replies in that round.
+    """
+    round = _round(transcript, round)
+    lr = transcript.meta.get("lr")
+    if not lr:
+        raise ValueError(f"transcript {transcript.path} records no lr in its meta")
+    g = transcript.globals[round - 1]
+    replies = transcript.train_replies(round)
+    if not replies:
+        raise ValueError(f"transcript {transcript.path} holds no train reply in round {round}")
+    return {r.partition_id: {k: (g[k] - r.params[k]) / lr for k in g} for r in replies}
+
+
+def _is_fedsgd(meta: dict) -> bool:
+    return (meta.get("local_epochs") == 1 and meta.get("batch_size") is None and not meta.get("local_steps")
+            and not meta.get("weight_decay"))
+
+
+@dataclass
+class TranscriptInversion:
+    """Result of :func:`invert_gradients`: ``partitions`` in attack order, ``x`` the reconstructions
+    ``[K, batch, *input_shape]``, ``labels`` ``[K, batch]`` (iDLG's rule or DLG's learned labels),
+    ``psnr`` ``[K, batch]`` (matched PSNR against ``x_true`` when given, else ``None``) and ``fedsgd``
+    (whether the observed updates were exact gradients)."""
+
+    partitions: list
+    x: torch.Tensor
+    labels: torch.Tensor
+    psnr: np.ndarray | None
+    fedsgd: bool
+
+
+def invert_gradients(model_fn: Callable[[], nn.Module], transcript: Transcript, *, round: int = 1,
+                     input_shape: tuple, num_classes: int, batch_size: int = 1, max_iter: int = 100,
+                     idlg: bool = True, x_true: dict | None = None, seed: int = 0) -> TranscriptInversion:
+    """DLG / iDLG (chapter 1a) on every client update of ``round`` in ``transcript``, as one stacked
+    :func:`fedlab.attacks.gradient_inversion.dlg` run at the global model the server sent.
+
+    Parameters
+    ----------
+    model_fn : callable
+        ``() -> nn.Module``, the architecture the federation trained.
+    batch_size : int
+        The number of examples each attacked client holds (every client of the round must hold this many).
+    idlg : bool
+        Take the labels from :func:`fedlab.attacks.gradient_inversion.idlg_label` (``batch_size`` must be
+        1) and optimise the images only; ``False``: DLG learns the labels too.
+    x_true : dict, optional
+        ``{partition_id: X [batch, *input_shape]}``: the clients' true images, to report the PSNR.
+
+    Raises
+    ------
+    ValueError
+        For a bad ``round``, ``idlg`` with ``batch_size != 1``, or a client whose reply names another
+        number of examples than ``batch_size``.
+    """
+    if idlg and batch_size != 1:
+        raise ValueError(f"idlg needs batch_size 1 (the label rule reads one example's gradient), got {batch_size}")
+    obs = observed_gradients(transcript, round)
+    replies = {r.partition_id: r for r in transcript.train_replies(round)}
+    bad = [k for k, r in replies.items() if r.num_examples != batch_size]
+    if bad:
+        raise ValueError(f"batch_size={batch_size} but partitions {bad} trained on "
+                         f"{[replies[k].num_examples for k in bad]} examples")
+    parts = sorted(obs)
+    stacked = {name: torch.stack([obs[k][name] for k in parts]) for name in obs[parts[0]]}
+    labels = None
+    if idlg:
+        labels = torch.tensor([[gi.idlg_label(obs[k])] for k in parts])
+    model = model_fn()
+    params = transcript.globals[round - 1]
+    res = gi.dlg(model, params, stacked, input_shape=tuple(input_shape), num_classes=num_classes,
+                 batch_size=batch_size, max_iter=max_iter, labels=labels, stacked=True, seed=seed)
+    psnr = None
+    if x_true is not None:
+        psnr = np.stack([matched_psnr(res.x[i], x_true[k]) for i, k in enumerate(parts)])
+    return TranscriptInversion(parts, res.x, res.labels, psnr, _is_fedsgd(transcript.meta))
+
+
+def membership_signals(model_fn: Callable[[], nn.Module], transcript: Transcript, partition: int,
+                       X: torch.Tensor, y: torch.Tensor, *, rounds=None, signal: str = "loss") -> torch.Tensor:
+    """Chapter 1b's passive signal of candidate records ``(X, y)`` under the models that client
+    ``partition`` returned (:func:`fedlab.attacks.membership.snapshot_signals`): ``[T, n]``, one row per
+    round the client took part in (of ``rounds`` when given).
+
+    Raises ``ValueError`` when the client returned no model in those rounds.
+    """
+    rounds = None if rounds is None else {_round(transcript, t) for t in rounds}
+    snaps = [r.params for r in transcript.train_replies()
+             if r.partition_id == partition and (rounds is None or r.round in rounds)]
+    if not snaps:
+        raise ValueError(f"partition {partition} returned no model in the transcript's rounds {rounds or 'all'}")
+    return membership.snapshot_signals(model_fn(), snaps, X, y, signal=signal)
+
+
+def membership_auc(model_fn: Callable[[], nn.Module], transcript: Transcript, partition: int, X: torch.Tensor,
+                   y: torch.Tensor, is_member, *, window: int = 1, signal: str = "loss") -> float:
+    """ROC AUC of the passive membership attack (:func:`fedlab.attacks.membership.attack_auc`, the mean
+    signal over the last ``window`` models client ``partition`` returned) on candidates ``(X, y)`` with
+    labels ``is_member`` (1: in the client's training data)."""
+    return membership.attack_auc(membership_signals(model_fn, transcript, partition, X, y, signal=signal),
+                                 is_member, window)

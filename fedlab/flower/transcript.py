@@ -1,0 +1,167 @@
+"""What the server of a Flower run saw: the transcript file of :class:`fedlab.flower.Recorder`.
+
+A transcript is a directory (written by the server, read by :func:`load_transcript`; neither needs
+``flwr``)::
+
+    <dir>/index.json            the index, rewritten atomically after every round
+    <dir>/global_<t>.npz        the global model after round t (t = 0: the initial model)
+    <dir>/<kind>_r<t>_n<node>.npz   the arrays of one reply (kind "train"; "evaluate" replies carry none)
+
+``index.json`` holds ``{"format": "fedlab.flower.transcript", "version": 1, "param_names": [...],
+"meta": {...}, "globals": [{"round": t, "file": ...}, ...], "messages": [...]}``. Each entry of
+``messages`` is one reply the server received, in the order received::
+
+    {"round": t, "kind": "train" | "evaluate", "node_id": <Flower node id>,
+     "partition_id": <int or null>, "num_examples": <int or null>,
+     "metrics": {name: number or list}, "file": "<npz name>" or null, "error": "<reason>" or null}
+
+Each ``.npz`` maps the parameter names of the model (``param_names``) to float arrays exactly as they
+crossed the network (before any server-side clipping or noise). ``meta`` holds the run's settings
+(``lr``, ``local_epochs``, ``batch_size``, ``seed``, the DP mode and its parameters, ...).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["FORMAT", "VERSION", "Reply", "Transcript", "TranscriptWriter", "load_transcript"]
+
+FORMAT = "fedlab.flower.transcript"
+VERSION = 1
+
+
+@dataclass
+class Reply:
+    """One reply message as the server received it.
+
+    ``params``: ``{name: tensor}`` the client sent (empty for an evaluate reply or an error);
+    ``partition_id``: the data partition the node reported (``None`` if it did not say).
+    """
+
+    round: int
+    kind: str
+    node_id: int
+    partition_id: int | None
+    num_examples: int | None
+    metrics: dict
+    params: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class Transcript:
+    """A loaded transcript: ``globals[t]`` is the global parameter dict after round ``t`` (0: the
+    initial model), ``replies`` every reply in the order received, ``meta`` the run's settings."""
+
+    path: Path
+    param_names: list[str]
+    meta: dict
+    globals: dict[int, dict]
+    replies: list[Reply]
+
+    @property
+    def num_rounds(self) -> int:
+        """The last round whose global model was recorded."""
+        return max(self.globals) if self.globals else 0
+
+    def train_replies(self, round: int | None = None) -> list[Reply]:
+        """The train replies (of one ``round`` when given), sorted by partition id then node id."""
+        out = [r for r in self.replies if r.kind == "train" and r.error is None
+               and (round is None or r.round == round)]
+        return sorted(out, key=lambda r: (r.round, -1 if r.partition_id is None else r.partition_id, r.node_id))
+
+    @property
+    def final_params(self) -> dict:
+        """The global model after the last round."""
+        if not self.globals:
+            raise ValueError(f"transcript {self.path} holds no global model")
+        return self.globals[self.num_rounds]
+
+
+def _to_numpy(params: dict) -> dict[str, np.ndarray]:
+    return {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+            for k, v in params.items()}
+
+
+class TranscriptWriter:
+    """Appends to a transcript directory (see the module docstring for the format).
+
+    Raises ``ValueError`` if ``path`` exists and is not an empty directory (a transcript is never
+    overwritten silently).
+    """
+
+    def __init__(self, path, param_names, meta: dict | None = None):
+        self.path = Path(path)
+        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            raise ValueError(f"path {self.path} exists and is not an empty directory")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.index = {"format": FORMAT, "version": VERSION, "param_names": list(param_names),
+                      "meta": dict(meta or {}), "globals": [], "messages": []}
+        self.flush()
+
+    def add_global(self, round: int, params: dict) -> None:
+        """Store the global model after ``round`` (arrays: ``{name: array}``)."""
+        if any(g["round"] == round for g in self.index["globals"]):
+            return
+        name = f"global_{round:03d}.npz"
+        np.savez(self.path / name, **_to_numpy(params))
+        self.index["globals"].append({"round": int(round), "file": name})
+
+    def add_reply(self, round: int, kind: str, node_id: int, *, params: dict | None = None,
+                  metrics: dict | None = None, partition_id: int | None = None,
+                  num_examples: int | None = None, error: str | None = None) -> None:
+        """Store one reply message."""
+        name = None
+        if params:
+            name = f"{kind}_r{round:03d}_n{node_id}.npz"
+            np.savez(self.path / name, **_to_numpy(params))
+        self.index["messages"].append({
+            "round": int(round), "kind": kind, "node_id": int(node_id),
+            "partition_id": None if partition_id is None else int(partition_id),
+            "num_examples": None if num_examples is None else int(num_examples),
+            "metrics": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in (metrics or {}).items()},
+            "file": name, "error": error})
+
+    def flush(self) -> None:
+        """Rewrite ``index.json`` atomically."""
+        tmp = self.path / "index.json.tmp"
+        tmp.write_text(json.dumps(self.index, indent=1))
+        os.replace(tmp, self.path / "index.json")
+
+
+def _load_npz(path: Path) -> dict:
+    with np.load(path) as z:
+        return {k: torch.from_numpy(z[k].copy()) for k in z.files}
+
+
+def load_transcript(path) -> Transcript:
+    """Read a transcript directory written by :class:`fedlab.flower.Recorder`.
+
+    Raises
+    ------
+    ValueError
+        If ``path`` holds no ``index.json`` or the index is not a fedlab transcript of a known version.
+    """
+    path = Path(path)
+    index_file = path / "index.json"
+    if not index_file.is_file():
+        raise ValueError(f"path {path} holds no transcript (no index.json)")
+    index = json.loads(index_file.read_text())
+    if index.get("format") != FORMAT or index.get("version") != VERSION:
+        raise ValueError(f"path {path}: not a {FORMAT} version {VERSION} index "
+                         f"(format={index.get('format')!r}, version={index.get('version')!r})")
+    names = index["param_names"]
+
+    def ordered(d):
+        return {k: d[k] for k in names if k in d}
+
+    globals_ = {int(g["round"]): ordered(_load_npz(path / g["file"])) for g in index["globals"]}
+    replies = [Reply(m["round"], m["kind"], m["node_id"], m["partition_id"], m["num_examples"], m["metrics"],
+                     ordered(_load_npz(path / m["file"])) if m["file"] else {}, m["error"])
+               for m in index["messages"]]
+    return Transcript(path, names, index["meta"], globals_, replies)

@@ -1,0 +1,216 @@
+"""fedlab on Flower (issue 23): the Flower apps give fedlab's FedAvg, the recorder's transcript holds what
+the server received, Flower's DP wrappers act on it as documented, and the apps run in deployment mode.
+
+Needs the ``flower`` extra (``pip install ".[flower]"``); without ``flwr`` every test here is skipped.
+"""
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason="Flower is not installed: the `flower` extra (pip install '.[flower]', "
+                                   "flwr[simulation]>=1.41) is needed for tests/test_flower.py")
+
+from fedlab import flower  # noqa: E402
+from fedlab.fl import fedavg  # noqa: E402
+from fedlab.flower import deploy  # noqa: E402
+from fedlab.flower.transcript import TranscriptWriter, load_transcript  # noqa: E402
+from fedlab.models import flatten_params  # noqa: E402
+
+TOL = 1e-6   # float32 rounding: vmap (fedlab) vs one client at a time (Flower), and numpy's aggregation
+
+
+def _clients(K, base=40, step=10):
+    """K digit partitions of unequal sizes base, base + step, ..."""
+    return [type(c)(c.X[:base + step * k], c.y[:base + step * k]) for k, c in enumerate(deploy.demo_clients(K, seed=1))]
+
+
+def _model_fn():
+    return deploy.demo_model(seed=3, hidden=16)
+
+
+def _maxdiff(a, b):
+    return max(float((a[k].detach() - b[k].detach()).abs().max()) for k in a)
+
+
+def _delta_norm(p, g):
+    return float(flatten_params({k: p[k].detach() - g[k].detach() for k in p}).norm())
+
+
+def _weighted(replies):
+    n = torch.tensor([float(r.num_examples) for r in replies])
+    w = n / n.sum()
+    return {k: sum(wi * r.params[k] for wi, r in zip(w, replies)) for k in replies[0].params}
+
+
+def test_simulation_engine_gives_fedavg_and_records_every_reply(capsys):
+    """One FedAvg run through Flower's simulation engine (Ray) and through fedlab.fl.fedavg: same data,
+    seed and schedule (all 3 clients every round, E=2, B=16) -> same global model."""
+    clients = _clients(3)
+    kw = dict(num_rounds=2, lr=0.1, local_epochs=2, batch_size=16, seed=5)
+    sent = []
+    ref = fedavg(_model_fn(), clients, progress=False, callback=sent.append, **kw)
+    res = flower.run(_model_fn, clients, engine="ray", **kw)
+    diff = _maxdiff(ref.params, res.params)
+    with capsys.disabled():
+        print(f"\n[flower] simulation engine vs fedlab.fl.fedavg: max |difference| = {diff:.3g} "
+              f"({res.seconds:.1f} s for the simulation)")
+    assert diff <= TOL, diff
+    T = res.transcript
+    assert T.num_rounds == 2 and T.meta["sizes"] == [40, 50, 60]
+    assert _maxdiff(T.globals[0], dict(_model_fn().named_parameters())) == 0.0
+    for t, rec in enumerate(sent, start=1):
+        replies = T.train_replies(t)
+        assert [r.partition_id for r in replies] == [0, 1, 2]
+        assert [r.num_examples for r in replies] == [40, 50, 60]
+        assert len({r.node_id for r in replies}) == 3
+        for j, r in enumerate(replies):      # each client's returned model is the one fedlab computed
+            assert _maxdiff(r.params, {k: v[j] for k, v in rec.client_params.items()}) <= TOL
+        assert _maxdiff(_weighted(replies), T.globals[t]) <= TOL   # FedAvg of what was recorded
+
+
+@pytest.mark.parametrize("local", [dict(batch_size=8), dict(batch_size=None), dict(batch_size=16, local_epochs=3),
+                                   dict(batch_size=16, local_steps=5), dict(batch_size=45, local_steps=3)])
+def test_local_engine_gives_fedavg_with_client_sampling(local):
+    """The same apps over LocalGrid (no Ray): C = 0.5 of 4 clients, fedavg's sampling is replayed."""
+    clients = _clients(4)
+    kw = dict(num_rounds=3, lr=0.1, seed=7, client_fraction=0.5, **local)
+    sent = []
+    ref = fedavg(_model_fn(), clients, progress=False, callback=sent.append, **kw)
+    res = flower.run(_model_fn, clients, engine="local", **kw)
+    assert _maxdiff(ref.params, res.params) <= TOL
+    for t, rec in enumerate(sent, start=1):
+        assert [r.partition_id for r in res.transcript.train_replies(t)] == rec.selected.tolist()
+
+
+def test_schedule_replays_fedavg_sampling_and_validates():
+    sched = flower.fedavg_schedule([5, 7, 9, 11, 13], num_rounds=4, client_fraction=0.4, seed=2)
+    sent = []
+    fedavg(_model_fn(), _clients(5, base=5, step=2), num_rounds=4, client_fraction=0.4, seed=2, progress=False,
+           callback=sent.append, batch_size=4)
+    assert [[k for k, _ in r] for r in sched] == [rec.selected.tolist() for rec in sent]
+    for bad in (dict(sizes=[]), dict(sizes=[3, 0]), dict(client_fraction=0.0), dict(num_rounds=-1)):
+        args = dict(sizes=[3, 4], num_rounds=1) | bad
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            flower.fedavg_schedule(args.pop("sizes"), **args)
+
+
+def test_client_side_clipping_clips_what_the_server_receives():
+    """DifferentialPrivacyClientSideFixedClipping + fixedclipping_mod: every recorded update has norm <= C;
+    with noise 0 the next global model is the weighted average of the recorded (clipped) replies."""
+    C = 0.05
+    res = flower.run(_model_fn, _clients(3), engine="local", num_rounds=2, lr=0.1, batch_size=16, seed=1,
+                     dp="client", clipping_norm=C, noise_multiplier=0.0)
+    T = res.transcript
+    norms = [_delta_norm(r.params, T.globals[r.round - 1]) for r in T.train_replies()]
+    assert max(norms) <= C * (1 + 1e-5) and min(norms) > 0.9 * C, norms   # clipped (unclipped ones are ~0.27)
+    for t in (1, 2):
+        assert _maxdiff(_weighted(T.train_replies(t)), T.globals[t]) <= TOL
+
+
+def test_server_side_clipping_records_raw_updates_and_adds_the_documented_noise():
+    """DifferentialPrivacyServerSideFixedClipping: the recorder sees the raw updates (norm > C); the server
+    clips them, averages and adds N(0, (z C / m)^2) per coordinate (Flower's compute_stdv)."""
+    C, m = 0.05, 3
+    clients = _clients(m)
+    quiet = flower.run(_model_fn, clients, engine="local", num_rounds=1, lr=0.1, batch_size=16, seed=1,
+                       dp="server", clipping_norm=C, noise_multiplier=0.0)
+    T = quiet.transcript
+    replies = T.train_replies(1)
+    g0 = T.globals[0]
+    assert min(_delta_norm(r.params, g0) for r in replies) > 2 * C
+    clipped = []
+    for r in replies:
+        scale = min(1.0, C / _delta_norm(r.params, g0))
+        clipped.append(type(r)(**{**r.__dict__, "params": {k: g0[k] + scale * (r.params[k] - g0[k]) for k in g0}}))
+    assert _maxdiff(_weighted(clipped), T.globals[1]) <= TOL
+    z = 2.0
+    noisy = flower.run(_model_fn, clients, engine="local", num_rounds=1, lr=0.1, batch_size=16, seed=1,
+                       dp="server", clipping_norm=C, noise_multiplier=z)
+    noise = flatten_params(noisy.params) - flatten_params(T.globals[1])
+    assert abs(float(noise.std()) / (z * C / m) - 1) < 0.1, (float(noise.std()), z * C / m)   # d = 1210 draws
+
+
+def test_transcript_format_and_errors(tmp_path):
+    w = TranscriptWriter(tmp_path / "t", ["a"], {"lr": 0.1})
+    w.add_global(0, {"a": np.zeros(2, dtype=np.float32)})
+    w.add_reply(1, "train", 42, params={"a": np.ones(2, dtype=np.float32)}, metrics={"num-examples": 3},
+                partition_id=0, num_examples=3)
+    w.add_reply(1, "train", 43, error="boom")
+    w.add_global(1, {"a": np.full(2, 0.5, dtype=np.float32)})
+    w.flush()
+    index = json.loads((tmp_path / "t" / "index.json").read_text())
+    assert index["format"] == "fedlab.flower.transcript" and index["version"] == 1
+    T = load_transcript(tmp_path / "t")
+    assert T.num_rounds == 1 and T.meta == {"lr": 0.1}
+    assert [r.node_id for r in T.train_replies()] == [42] and T.replies[1].error == "boom"
+    assert torch.equal(T.final_params["a"], torch.full((2,), 0.5))
+    with pytest.raises(ValueError, match="path"):
+        TranscriptWriter(tmp_path / "t", ["a"])
+    with pytest.raises(ValueError, match="no transcript"):
+        load_transcript(tmp_path / "missing")
+    index["version"] = 99
+    (tmp_path / "t" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="version"):
+        load_transcript(tmp_path / "t")
+
+
+def test_apps_validate_their_arguments(tmp_path):
+    with pytest.raises(ValueError, match="dp"):
+        flower.server_app(_model_fn, tmp_path, num_clients=2, num_rounds=1, lr=0.1, dp="local")
+    with pytest.raises(ValueError, match="lr"):
+        flower.server_app(_model_fn, tmp_path, num_clients=2, num_rounds=1, lr=0.0)
+    with pytest.raises(ValueError, match="num_clients"):
+        flower.server_app(_model_fn, tmp_path, num_clients=0, num_rounds=1, lr=0.1)
+    with pytest.raises(ValueError, match="load_partition"):
+        flower.client_app(_model_fn, None)
+    with pytest.raises(ValueError, match="engine"):
+        flower.run(_model_fn, _clients(2), num_rounds=1, engine="spark")
+
+
+def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
+    """One SuperLink and two SuperNodes on 127.0.0.1, `flwr run` of a generated Flower App, 2 rounds; the
+    transcript holds 2 replies a round from partitions 0 and 1, and the final model is fedlab's FedAvg."""
+    kw = dict(num_rounds=2, lr=0.1, local_epochs=1, batch_size=16, seed=4)
+    transcript = tmp_path / "transcript"
+    app = deploy.write_app(tmp_path / "app", transcript, num_clients=2, model_seed=3, hidden=16,
+                           examples_per_client=60, **kw)
+    t0 = time.perf_counter()
+    with deploy.local_federation(2, workdir=tmp_path / "federation") as fed:
+        deploy.flwr_run(app, fed, timeout=240)
+    seconds = time.perf_counter() - t0
+    assert all(p.poll() is not None for p in fed.processes)          # the federation stopped its processes
+    assert fed.stopped_descendants and not any(deploy._alive(d) for d in fed.stopped_descendants)
+    T = load_transcript(transcript)
+    assert T.num_rounds == 2
+    for t in (1, 2):
+        replies = T.train_replies(t)
+        assert [r.partition_id for r in replies] == [0, 1] and [r.num_examples for r in replies] == [60, 60]
+    ref = fedavg(_model_fn(), deploy.demo_clients(2, examples_per_client=60), progress=False, **kw)
+    diff = _maxdiff(ref.params, T.final_params)
+    with capsys.disabled():
+        print(f"\n[flower] deployment mode vs fedlab.fl.fedavg: max |difference| = {diff:.3g} ({seconds:.1f} s)")
+    assert diff <= TOL, diff
+
+
+def test_evaluate_replies_are_recorded_and_a_failing_node_is_named():
+    res = flower.run(_model_fn, _clients(2), engine="local", num_rounds=2, lr=0.1, batch_size=16, seed=0,
+                     evaluate_clients=True)
+    ev = [r for r in res.transcript.replies if r.kind == "evaluate"]
+    assert [(r.round, r.partition_id) for r in sorted(ev, key=lambda r: (r.round, r.partition_id))] == \
+        [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert all(0 <= r.metrics["accuracy"] <= 1 and r.params == {} for r in ev)
+
+    def broken(pid, num):
+        if pid == 1:
+            raise OSError("disk gone")
+        return _clients(2)[pid]
+
+    app = flower.client_app(_model_fn, broken)
+    server = flower.server_app(_model_fn, res.transcript_path.parent / "t2", num_clients=2, num_rounds=1, lr=0.1)
+    from fedlab.flower.apps import LocalGrid, _task_identity
+    from flwr.app import Context, RecordDict
+    with _task_identity(), pytest.raises(RuntimeError, match="disk gone"):
+        server(LocalGrid(app, 2), Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}))
