@@ -184,7 +184,7 @@ def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int,
 def _step_fn(model: nn.Module, loss_fn: LossFn, lr: float, weight_decay: float = 0.0):
     """One masked SGD step of one client: ``params <- params - lr * grad(mean loss over batch)``;
     with ``weight_decay`` lambda > 0 the gradient of the local objective ``mean loss + lambda/2 ||params||^2``
-    (every parameter, biases included)."""
+    (every parameter, biases included). A step whose weights ``w`` are all zero (padding) changes nothing."""
 
     def batch_loss(params, X, y, idx, w):
         out = functional_call(model, params, (X[idx],))
@@ -198,8 +198,12 @@ def _step_fn(model: nn.Module, loss_fn: LossFn, lr: float, weight_decay: float =
             return {k: params[k] - lr * gr[k] for k in params}
     else:
         def step(params, X, y, idx, w):
+            # a padding step (all weights 0: this client has run out of batches while the stacked clients
+            # go on) must leave the parameters alone, decay included; otherwise a smaller client would be
+            # shrunk by steps it never takes when run on its own
             gr = g(params, X, y, idx, w)
-            return {k: params[k] - lr * (gr[k] + weight_decay * params[k]) for k in params}
+            live = (w.sum() > 0).to(next(iter(params.values())).dtype)
+            return {k: params[k] - lr * (gr[k] + live * weight_decay * params[k]) for k in params}
 
     return step
 
