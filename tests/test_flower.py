@@ -72,7 +72,8 @@ def test_simulation_engine_gives_fedavg_and_records_every_reply(capsys):
 
 
 @pytest.mark.parametrize("local", [dict(batch_size=8), dict(batch_size=None), dict(batch_size=16, local_epochs=3),
-                                   dict(batch_size=16, local_steps=5), dict(batch_size=45, local_steps=3)])
+                                   dict(batch_size=16, local_steps=5), dict(batch_size=45, local_steps=3),
+                                   dict(batch_size=8, weight_decay=0.1)])
 def test_local_engine_gives_fedavg_with_client_sampling(local):
     """The same apps over LocalGrid (no Ray): C = 0.5 of 4 clients, fedavg's sampling is replayed."""
     clients = _clients(4)

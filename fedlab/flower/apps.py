@@ -526,11 +526,8 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
     -------
     FlowerRun
         Its ``params`` equal ``fedlab.fl.fedavg(model_fn(), clients, ...).params`` up to float rounding
-        when ``dp`` is None and either ``weight_decay == 0`` or every sampled client makes the same number
-        of local steps: fedlab's vmapped update pads a smaller client with zero-weight steps, and with
-        weight decay those steps still shrink its parameters, which one client alone (as here, and as
-        :func:`fedlab.fl.client_update`) does not do (``weight_decay=0.1``, clients of 40/60/80
-        examples, B = 16: largest difference 3.7e-3).
+        when ``dp`` is None (with weight decay too: fedlab's vmapped update once decayed a smaller
+        client on its zero-weight padding steps, 3.7e-3 off at ``weight_decay=0.1``; fixed).
 
     Raises
     ------
