@@ -169,6 +169,8 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
         ``DifferentialPrivacyClientSideFixedClipping``: the client clips its update to the norm the
         server sends).
 
+    Notes
+    -----
     Messages: ``query`` replies ``ConfigRecord {"partition-id", "num-examples"}``; ``train`` expects
     ``"arrays"`` (the global model) and ``"config"`` (see :mod:`fedlab.flower.apps`) and replies
     ``"arrays"`` (the new model), ``"metrics"`` (``num-examples``, ``train-loss`` after training) and
