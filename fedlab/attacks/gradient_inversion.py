@@ -616,7 +616,7 @@ def per_example_gradients(model: nn.Module, params: dict, X: torch.Tensor, y: to
 
 def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, *, num_classes: int,
                 settings: dict, batch_size: int = 1, local_lr: float = 0.01, max_iter: int = 100,
-                labels_known: bool = False, seed: int = 0) -> dict:
+                labels_known: bool = False, steps: int | None = None, seed: int = 0) -> dict:
     """DLG against every client under several settings, all attacks in ONE stacked :func:`dlg` call.
 
     The images ``X [n, *shape]`` are dealt to ``A = n // batch_size`` clients of ``batch_size``
@@ -625,6 +625,8 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
     (the plain gradient for ``K = 1``), passed through ``f`` (update dict -> update dict, e.g.
     ``lambda u: gaussian_noise(u, 0.01)``). Returns ``{name: {"psnr": array [A * batch_size],
     "x": reconstructions [A, batch_size, *shape]}}`` with PSNRs matched by :func:`matched_psnr`.
+    ``max_iter`` and ``steps`` are passed to :func:`dlg` (``steps``: the reference's loop of ``steps``
+    calls of L-BFGS with ``max_iter`` iterations each).
     """
     B = int(batch_size)
     if B < 1:
@@ -653,7 +655,7 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
     S = len(settings)
     res = dlg(model, params, stacked, input_shape=tuple(X.shape[1:]), num_classes=num_classes,
               batch_size=B, max_iter=max_iter, labels=ys.repeat(S, 1) if labels_known else None,
-              stacked=True, seed=seed)
+              stacked=True, steps=steps, seed=seed)
     out = {}
     for i, name in enumerate(settings):
         xr = res.x[i * A:(i + 1) * A]
