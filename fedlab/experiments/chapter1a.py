@@ -278,11 +278,14 @@ def dlg_vs_inverting_gradients(model, params: dict, X: torch.Tensor, y: torch.Te
 
 
 def plot_dlg_vs_ig(X: torch.Tensor, result: Mapping):
-    """Private images, DLG's and IG's reconstructions (:func:`dlg_vs_inverting_gradients`) with their
-    PSNR. Returns the figure."""
+    """Private images (titled with the PSNR of their own mean colour, the floor of
+    :func:`fedlab.attacks.gradient_inversion.psnr_baselines`), DLG's and IG's reconstructions
+    (:func:`dlg_vs_inverting_gradients`) with their PSNR. Returns the figure."""
     n = len(X)
+    floor = gi.psnr_baselines(X)["mean colour"]
     return plots.image_grid(torch.cat([X, result["dlg_x"], result["ig_x"]]), ncols=3 if n == 1 else n, size=2.0,
-                            titles=["private"] * n + [f"DLG {p:.1f} dB" for p in result["psnr_dlg"]]
+                            titles=[f"mean colour {b:.1f} dB" for b in floor]
+                            + [f"DLG {p:.1f} dB" for p in result["psnr_dlg"]]
                             + [f"IG {p:.1f} dB" for p in result["psnr_ig"]])
 
 
