@@ -265,8 +265,10 @@ def _reference_lbfgs(value_and_grad, z0: torch.Tensor, *, steps: int, max_iter: 
     (``g . d > -tolerance_change``; the next step then re-evaluates the same point with the same
     memory, so the row stays there). ``max_eval = 1.25 max_iter`` never binds without line search.
 
-    Returns ``(z [A, n], evaluations [A])``: the final iterates and each row's closure calls, at most
-    ``steps * max_iter``. ``callback(tick, z, loss [A], active [A])`` runs after every tick."""
+    ``value_and_grad(z [k, n], rows [k]) -> (loss [k], grad [k, n])`` evaluates the rows ``rows``
+    (those still running) at ``z``. Returns ``(z [A, n], evaluations [A])``: the final iterates and each
+    row's closure calls, at most ``steps * max_iter``. ``callback(tick, z, loss [A], active [A])`` runs
+    after every tick (``loss`` is 0 for rows not evaluated)."""
     tol_grad, tol_change = 1e-7, 1e-9
     z = z0.detach().clone()
     A, n = z.shape
@@ -284,8 +286,10 @@ def _reference_lbfgs(value_and_grad, z0: torch.Tensor, *, steps: int, max_iter: 
     tick = 0
     while bool((steps_done < steps).any()):
         active = steps_done < steps
-        loss, g = value_and_grad(z)
-        loss, g = loss.detach(), g.detach()
+        idx = torch.nonzero(active).flatten()              # rows that finished their steps are not evaluated
+        loss_a, g_a = value_and_grad(z[idx], idx)
+        loss = torch.zeros(A, dtype=z.dtype).index_put((idx,), loss_a.detach().to(z.dtype))
+        g = torch.zeros_like(z).index_put((idx,), g_a.detach())
         broken = active & ~(torch.isfinite(loss) & torch.isfinite(g).all(1))
         if bool(broken.any()):                           # non-finite: stop the row at its last finite iterate
             z = torch.where(broken[:, None], last_finite, z)
@@ -382,8 +386,8 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     Each attack keeps its own L-BFGS memory (the two-loop recursion is batched), so the result equals
     ``A`` separate runs; the gradients of all attacks come from one ``torch.func.vmap`` call.
 
-    History: ``iteration``, ``loss`` (mean over attacks), ``layer_mse`` (one array ``[A, layers]`` per
-    iteration: mean squared difference between dummy and observed gradient in each layer of
+    History: ``iteration``, ``loss`` (mean over the attacks evaluated), ``layer_mse`` (one array
+    ``[A, layers]`` per iteration, NaN for an attack that had finished its steps: mean squared difference between dummy and observed gradient in each layer of
     :func:`layer_groups`, the quantity of Zhu et al. 2019, Fig. 3) and, with ``x_true``, ``psnr`` (mean)
     and ``image_mse`` (array ``[A]``, matched MSE per attack). Returns an :class:`InversionResult`;
     ``x`` is clamped to ``[0, 1]``. An attack whose objective becomes non-finite keeps its last finite
@@ -426,13 +430,18 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     last = {"layer_mse": None}
     count = [0]
 
-    def evaluate(z):
+    def evaluate(z, rows=None):
+        """Objective and gradient of the rows ``rows`` (all when ``None``) at ``z [len(rows), n]``."""
         count[0] += 1
-        x = z[:, :nx].reshape(x0.shape)
-        yl = z[:, nx:].reshape(y0.shape) if learn_label else y0
-        (gx, gy), (val, per_layer) = vg(x, yl, obs, fixed)
-        last["layer_mse"] = (per_layer / sizes).numpy()
-        g = torch.cat([gx.reshape(A, -1), gy.reshape(A, -1)], 1) if learn_label else gx.reshape(A, -1)
+        k = A if rows is None else len(rows)
+        sel = (lambda t: t) if rows is None else (lambda t: t[rows])
+        x = z[:, :nx].reshape(k, *x0.shape[1:])
+        yl = z[:, nx:].reshape(k, *y0.shape[1:]) if learn_label else sel(y0)
+        (gx, gy), (val, per_layer) = vg(x, yl, {kk: sel(v) for kk, v in obs.items()}, sel(fixed))
+        full = np.full((A, len(groups)), np.nan)              # NaN: a row that was not evaluated
+        full[slice(None) if rows is None else rows.numpy()] = (per_layer / sizes).numpy()
+        last["layer_mse"] = full
+        g = torch.cat([gx.reshape(k, -1), gy.reshape(k, -1)], 1) if learn_label else gx.reshape(k, -1)
         return val, g
 
     z = torch.cat([x0.reshape(A, -1), y0.reshape(A, -1)], 1) if learn_label else x0.reshape(A, -1)

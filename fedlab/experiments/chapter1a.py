@@ -185,11 +185,13 @@ def layer_image_correlation(dlg_run, *, attack: int = 0) -> np.ndarray:
     """Spearman rank correlation, over the evaluations of attack ``attack``, between each layer's
     gradient MSE and the image MSE (``history`` of a stacked DLG run with ``x_true``): the lecture's
     "when the gradients' distance gets smaller, the MSE between the leaked and original images also
-    gets smaller". Returns ``[layers]``."""
+    gets smaller". Evaluations where the attack had already finished (NaN) are left out. Returns
+    ``[layers]``."""
     from scipy.stats import spearmanr
 
     L, img = np.stack(dlg_run.history["layer_mse"])[:, attack], np.stack(dlg_run.history["image_mse"])[:, attack]
-    return np.array([spearmanr(L[:, j], img).statistic for j in range(L.shape[1])])
+    seen = np.isfinite(L).all(1)                       # evaluations of this attack (NaN once it had finished)
+    return np.array([spearmanr(L[seen, j], img[seen]).statistic for j in range(L.shape[1])])
 
 
 def psnr_summary(psnr, x_true: torch.Tensor) -> dict:
