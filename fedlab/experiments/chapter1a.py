@@ -530,7 +530,7 @@ def imprint_demo(X: torch.Tensor, *, num_clients: int, batch_size: int, num_bins
     if n > len(X):
         raise ValueError(f"X holds {len(X)} images, {num_clients} clients x {batch_size} need {n}")
     flat = X.reshape(len(X), -1).double()
-    w = imp._direction(flat.shape[1], "random", seed)
+    w = imp.imprint_layer(flat.shape[1], 1, mean=0.0, std=1.0, direction="random", seed=seed)[0][0]   # the direction
     h = flat @ w
     idx = torch.as_tensor(np.random.default_rng(seed).choice(len(X), size=n, replace=False))
     batches = list(flat[idx].reshape(num_clients, batch_size, -1))
