@@ -26,8 +26,8 @@ from torch import nn
 from torch.func import functional_call
 
 from .. import fl
-from ..metrics import matched_psnr
-from ..optim import lbfgs_fixed_step
+from ..metrics import matched_psnr, psnr_from_mse
+from ..optim import Memory, lbfgs_fixed_step
 
 __all__ = [
     "InversionResult",
@@ -43,7 +43,29 @@ __all__ = [
     "dlg_init_",
     "attack_grid",
     "per_example_gradients",
+    "DLG_REFERENCE_STEPS",
+    "DLG_REFERENCE_MAX_ITER",
+    "reference_evaluations",
+    "layer_groups",
+    "psnr_baselines",
 ]
+
+#: Zhu et al.'s reference code (github.com/mit-han-lab/dlg, ``main.py``) calls ``optimizer.step(closure)``
+#: 300 times on ``torch.optim.LBFGS`` with its defaults (``lr=1``, ``max_iter=20``, no line search)
+DLG_REFERENCE_STEPS = 300
+DLG_REFERENCE_MAX_ITER = 20
+
+
+def reference_evaluations(steps: int = DLG_REFERENCE_STEPS, max_iter: int = DLG_REFERENCE_MAX_ITER) -> int:
+    """The budget of DLG's reference code in objective evaluations (closure calls): ``steps`` calls of
+    ``torch.optim.LBFGS(max_iter=max_iter).step(closure)`` without line search evaluate the closure once
+    at the start of a step and once after each of its first ``max_iter - 1`` moves, so at most
+    ``steps * max_iter`` evaluations (6000 for the reference's 300 x 20) and as many L-BFGS iterations;
+    a step ends early only when the change of loss or iterate falls below ``1e-9`` or the gradient
+    below ``1e-7`` (converged). Raises ``ValueError`` for a non-positive argument."""
+    if int(steps) < 1 or int(max_iter) < 1:
+        raise ValueError(f"steps and max_iter must be >= 1, got steps={steps}, max_iter={max_iter}")
+    return int(steps) * int(max_iter)
 
 
 @dataclass
@@ -52,13 +74,16 @@ class InversionResult:
 
     ``x``: reconstruction ``[batch, *input_shape]`` clamped to ``[0, 1]``; ``labels``: recovered labels
     ``[batch]``; ``history``: ``{"iteration", "loss", "psnr"}`` lists (``psnr`` only when the true
-    images were given); ``snapshots``: list of ``(iteration, x)`` pairs for figures.
+    images were given); ``snapshots``: list of ``(iteration, x)`` pairs for figures;
+    ``evaluations``: objective evaluations the attack made (per attack and restart; see the module
+    docstring).
     """
 
     x: torch.Tensor
     labels: torch.Tensor
     history: dict = field(default_factory=dict)
     snapshots: list = field(default_factory=list)
+    evaluations: int = 0
 
 
 def dlg_init_(model: nn.Module, seed: int = 0, scale: float = 0.5) -> nn.Module:
@@ -141,6 +166,39 @@ def total_variation(x: torch.Tensor) -> torch.Tensor:
     return dx + dy
 
 
+def layer_groups(params: dict) -> dict:
+    """``{layer: [parameter names]}``: the parameters grouped by the module that owns them (the name up
+    to its last dot, e.g. ``"0.weight"`` and ``"0.bias"`` form layer ``"0"``), in the model's order.
+    Raises ``ValueError`` for an empty dict."""
+    if not params:
+        raise ValueError("params must not be empty")
+    groups: dict = {}
+    for k in params:
+        groups.setdefault(k.rsplit(".", 1)[0] if "." in k else k, []).append(k)
+    return groups
+
+
+def psnr_baselines(x_true: torch.Tensor, data_range: float = 1.0) -> dict:
+    """PSNR of two reconstructions that use no gradient at all, the floor every attack must beat:
+    ``"grey"``, a flat image of value ``0.5`` (mid-range), and ``"mean colour"``, each image replaced
+    by its own mean colour (per channel; an oracle that knows the true image's average).
+
+    ``x_true``: ``[n, C, H, W]`` (or ``[n, ...]``, channel axis 1) in ``[0, data_range]``. Returns
+    ``{"grey": array [n], "mean colour": array [n]}`` in dB. Raises ``ValueError`` for fewer than two
+    dimensions or a non-positive ``data_range``."""
+    from ..metrics import psnr_from_mse
+
+    if x_true.ndim < 2:
+        raise ValueError(f"x_true must be [n, C, ...], got shape {tuple(x_true.shape)}")
+    if not data_range > 0:
+        raise ValueError(f"data_range must be > 0, got {data_range}")
+    x = x_true.detach().double().reshape(x_true.shape[0], x_true.shape[1], -1)
+    grey = ((x - 0.5 * data_range) ** 2).mean((1, 2)).numpy()
+    mean = ((x - x.mean(-1, keepdim=True)) ** 2).mean((1, 2)).numpy()
+    return {"grey": psnr_from_mse(grey, data_range, min_mse=1e-12),
+            "mean colour": psnr_from_mse(mean, data_range, min_mse=1e-12)}
+
+
 def _last_weight(observed: dict, weight_key: str | None) -> torch.Tensor:
     _check_observed(observed)
     if weight_key is None:
@@ -195,29 +253,93 @@ def _validate_common(input_shape, batch_size, max_iter):
         raise ValueError(f"max_iter must be >= 1, got {max_iter}")
 
 
-def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, num_classes: int,
-        batch_size: int = 1, max_iter: int = 100, lr: float = 1.0, labels: torch.Tensor | None = None,
-        x_true: torch.Tensor | None = None, snapshot_every: int | None = None, stacked: bool = False,
-        history_size: int = 100, seed: int = 0) -> InversionResult:
-    """Deep Leakage from Gradients (Zhu et al. 2019, Algorithm 1).
+def _reference_lbfgs(value_and_grad, z0: torch.Tensor, *, steps: int, max_iter: int, lr: float,
+                     history_size: int, callback=None):
+    """``steps`` calls of ``torch.optim.LBFGS(lr=lr, max_iter=max_iter, history_size=history_size)
+    .step(closure)`` (no line search, default tolerances ``tolerance_grad=1e-7``,
+    ``tolerance_change=1e-9``), emulated for every row of ``z0`` ``[A, n]`` at once, as Zhu et al.'s
+    reference code runs it. Every tick evaluates all rows once (one batched call); each row follows
+    torch's control flow on its own: a step evaluates at its start and after every move but the
+    ``max_iter``-th, and ends early when the gradient is below ``tolerance_grad``, the loss or the
+    move changes by less than ``tolerance_change``, or the L-BFGS direction is not a descent direction
+    (``g . d > -tolerance_change``; the next step then re-evaluates the same point with the same
+    memory, so the row stays there). ``max_eval = 1.25 max_iter`` never binds without line search.
 
-    Draw dummy ``x' ~ N(0, 1)`` of shape ``[batch_size, *input_shape]`` and dummy label logits ``y'``;
-    run ``max_iter`` L-BFGS iterations (step ``lr``, no line search, as the authors' code) on
-    ``||grad(x', softmax(y')) - observed||^2``. With ``labels`` given (e.g. from :func:`idlg_label`:
-    that is iDLG) only ``x'`` is optimised.
+    ``value_and_grad(z [k, n], rows [k]) -> (loss [k], grad [k, n])`` evaluates the rows ``rows``
+    (those still running) at ``z``. Returns ``(z [A, n], evaluations [A])``: the final iterates and each
+    row's closure calls, at most ``steps * max_iter``. ``callback(tick, z, loss [A], active [A])`` runs
+    after every tick (``loss`` is 0 for rows not evaluated)."""
+    tol_grad, tol_change = 1e-7, 1e-9
+    z = z0.detach().clone()
+    A, n = z.shape
+    mem = Memory.empty(A, int(history_size), n, dtype=z.dtype)
+    steps_done = torch.zeros(A, dtype=torch.long)
+    evals = torch.zeros(A, dtype=torch.long)
+    inner = torch.zeros(A, dtype=torch.long)              # n_iter of the current step
+    n_iter = torch.zeros(A, dtype=torch.long)             # state["n_iter"], over all steps
+    at_start = torch.ones(A, dtype=torch.bool)            # the next evaluation opens a step
+    d = torch.zeros_like(z)
+    t = torch.zeros(A, dtype=z.dtype)
+    prev_g = torch.zeros_like(z)
+    prev_loss = torch.zeros(A, dtype=z.dtype)
+    last_finite = z.clone()
+    tick = 0
+    while bool((steps_done < steps).any()):
+        active = steps_done < steps
+        idx = torch.nonzero(active).flatten()              # rows that finished their steps are not evaluated
+        loss_a, g_a = value_and_grad(z[idx], idx)
+        loss = torch.zeros(A, dtype=z.dtype).index_put((idx,), loss_a.detach().to(z.dtype))
+        g = torch.zeros_like(z).index_put((idx,), g_a.detach())
+        broken = active & ~(torch.isfinite(loss) & torch.isfinite(g).all(1))
+        if bool(broken.any()):                           # non-finite: stop the row at its last finite iterate
+            z = torch.where(broken[:, None], last_finite, z)
+            steps_done = torch.where(broken, torch.full_like(steps_done, steps), steps_done)
+            active = active & ~broken
+            loss = torch.where(broken, torch.zeros_like(loss), loss)
+            g = torch.where(broken[:, None], torch.zeros_like(g), g)
+        last_finite = torch.where(active[:, None], z, last_finite)
+        tick += 1
+        evals += active.long()
+        opt_cond = g.abs().amax(1) <= tol_grad
+        # after a move: torch's end-of-iteration tests (the iteration-count test cannot fire here)
+        ends = active & ~at_start & (opt_cond | ((d * t[:, None]).abs().amax(1) <= tol_change)
+                                     | ((loss - prev_loss).abs() < tol_change))
+        ends |= active & at_start & opt_cond             # a step that starts converged returns at once
+        iterate = active & ~ends
+        # one L-BFGS iteration for the rows that go on
+        first = iterate & (n_iter == 0)
+        mem.push(d * t[:, None], g - prev_g, iterate & ~first)
+        direction = torch.where(first[:, None], -g, mem.direction(g))
+        inner = torch.where(iterate, inner + 1, inner)
+        n_iter = torch.where(iterate, n_iter + 1, n_iter)
+        prev_g = torch.where(iterate[:, None], g, prev_g)
+        prev_loss = torch.where(iterate, loss, prev_loss)
+        d = torch.where(iterate[:, None], direction, d)
+        step1 = torch.clamp(1.0 / g.abs().sum(1).clamp_min(1e-30), max=1.0) * lr
+        t = torch.where(iterate, torch.where(first, step1, torch.full_like(t, float(lr))), t)
+        descent = (g * d).sum(1) <= -tol_change
+        move = iterate & descent
+        z = torch.where(move[:, None], z + t[:, None] * d, z)
+        ends |= iterate & (~descent | (inner >= max_iter))
+        steps_done += ends.long()
+        inner = torch.where(ends, torch.zeros_like(inner), inner)
+        at_start = torch.where(active, ends, at_start)
+        if callback is not None:
+            callback(tick, z, loss, active)
+    return z, evals
 
-    ``stacked=True`` runs ``A`` independent attacks at once: every ``observed`` tensor has a leading
-    dimension ``A``, ``labels`` (if given) is ``[A, batch_size]``, ``x_true`` is
-    ``[A, batch_size, *input_shape]``, and the result's ``x`` is ``[A, batch_size, *input_shape]``.
-    Each attack keeps its own L-BFGS memory (the two-loop recursion is batched), so the result equals
-    ``A`` separate runs; the gradients of all attacks come from one ``torch.func.vmap`` call.
 
-    Returns an :class:`InversionResult`; ``x`` is clamped to ``[0, 1]``. An attack whose objective
-    becomes non-finite keeps its last finite iterate. History ``loss``/``psnr`` are means over attacks.
-    """
-    from torch.func import grad_and_value, vmap
+def _matched_mse(x: torch.Tensor, x_true: torch.Tensor) -> np.ndarray:
+    """Mean squared error per attack ``[A]`` between reconstructions ``x`` and true images ``x_true``
+    (both ``[A, B, ...]``), each true image matched to its reconstruction as in :func:`matched_psnr`."""
+    if x.shape[1] == 1:
+        return ((x.detach().double() - x_true.double()) ** 2).reshape(len(x), -1).mean(1).numpy()
+    return np.array([np.mean(10.0 ** (-matched_psnr(a, b) / 10.0)) for a, b in zip(x, x_true)])
 
-    _validate_common(input_shape, batch_size, max_iter)
+
+def _stack_inputs(observed, params, labels, x_true, stacked):
+    """Shared validation of the stacked attacks: ``observed`` as ``{name: [A, *shape]}``, ``labels``
+    ``[A, B]`` or ``None``, ``x_true`` ``[A, B, ...]`` or ``None``; returns them with ``A``."""
     if not isinstance(observed, dict) or len(observed) == 0:
         raise ValueError("observed must be a non-empty dict {parameter name: gradient tensor}")
     obs = {k: v.detach() for k, v in observed.items()}
@@ -229,6 +351,52 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     _check_observed({k: v[0] for k, v in obs.items()}, params)
     if any(int(v.shape[0]) != A for v in obs.values()):
         raise ValueError("observed tensors must share the leading (attack) dimension when stacked")
+    return obs, labels, x_true, A
+
+
+def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, num_classes: int,
+        batch_size: int = 1, max_iter: int = 100, lr: float = 1.0, labels: torch.Tensor | None = None,
+        x_true: torch.Tensor | None = None, snapshot_every: int | None = None, stacked: bool = False,
+        history_size: int = 100, steps: int | None = None, seed: int = 0) -> InversionResult:
+    """Deep Leakage from Gradients (Zhu et al. 2019, Algorithm 1).
+
+    Draw dummy ``x' ~ N(0, 1)`` of shape ``[batch_size, *input_shape]`` and dummy label logits ``y'``;
+    run ``max_iter`` L-BFGS iterations (step ``lr``, no line search, memory ``history_size``, as the
+    authors' code) on ``||grad(x', softmax(y')) - observed||^2``. With ``labels`` given (e.g. from
+    :func:`idlg_label`: that is iDLG) only ``x'`` is optimised.
+
+    **Two loops, budgets in objective evaluations** (``result.evaluations``, counted: one evaluation is
+    the dummy gradient, the distance and its gradient, for every attack at once).
+
+    * ``steps=None``: ``max_iter`` L-BFGS iterations in one run, one evaluation each, plus one last
+      evaluation that checks the final iterate: ``max_iter + 1`` evaluations.
+    * ``steps=S``: the reference code's loop (github.com/mit-han-lab/dlg): ``S`` calls of
+      ``torch.optim.LBFGS(lr=lr, max_iter=max_iter).step(closure)``, emulated row by row with torch's
+      stopping tests (:func:`_reference_lbfgs`), at most ``S * max_iter`` evaluations
+      (:func:`reference_evaluations`; the reference is ``S = 300``, ``max_iter = 20``: 6000).
+      ``result.evaluations`` is then an array ``[A]`` (an int when not stacked): each attack's
+      closure calls. Where torch's L-BFGS meets a direction that is not a descent direction it ends
+      the step without moving, and every later step repeats that, so such an attack stops there;
+      the ``steps=None`` loop moves on instead. ``tests/test_ch1a_second.py`` checks iterates and
+      counts against ``torch.optim.LBFGS``.
+
+    ``stacked=True`` runs ``A`` independent attacks at once: every ``observed`` tensor has a leading
+    dimension ``A``, ``labels`` (if given) is ``[A, batch_size]``, ``x_true`` is
+    ``[A, batch_size, *input_shape]``, and the result's ``x`` is ``[A, batch_size, *input_shape]``.
+    Each attack keeps its own L-BFGS memory (the two-loop recursion is batched), so the result equals
+    ``A`` separate runs; the gradients of all attacks come from one ``torch.func.vmap`` call.
+
+    History: ``iteration``, ``loss`` (mean over the attacks evaluated), ``layer_mse`` (one array
+    ``[A, layers]`` per iteration, NaN for an attack that had finished its steps: mean squared difference between dummy and observed gradient in each layer of
+    :func:`layer_groups`, the quantity of Zhu et al. 2019, Fig. 3) and, with ``x_true``, ``psnr`` (mean)
+    and ``image_mse`` (array ``[A]``, matched MSE per attack). Returns an :class:`InversionResult`;
+    ``x`` is clamped to ``[0, 1]``. An attack whose objective becomes non-finite keeps its last finite
+    iterate.
+    """
+    from torch.func import grad_and_value, vmap
+
+    _validate_common(input_shape, batch_size, max_iter)
+    obs, labels, x_true, A = _stack_inputs(observed, params, labels, x_true, stacked)
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
     if not lr > 0:
@@ -243,6 +411,8 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     learn_label = labels is None
     onehot = None if learn_label else F.one_hot(labels, num_classes).float()
     params = {k: v.detach() for k, v in params.items()}
+    groups = list(layer_groups(params).values())
+    sizes = torch.tensor([sum(params[k].numel() for k in g) for g in groups], dtype=torch.float32)
 
     def objective(x, ylogit, ob, fixed):
         soft = F.softmax(ylogit, -1) if learn_label else fixed
@@ -251,85 +421,163 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
             out = functional_call(model, p, (x,))
             return -(soft * F.log_softmax(out, -1)).sum(-1).mean()
 
-        return gradient_distance(torch.func.grad(loss_p)(params), ob, "l2")
+        g = torch.func.grad(loss_p)(params)
+        per_layer = torch.stack([sum(((g[k] - ob[k]) ** 2).sum() for k in grp) for grp in groups])
+        return gradient_distance(g, ob, "l2"), per_layer.detach()
 
     fixed = onehot if onehot is not None else torch.zeros(A, batch_size, num_classes)
-    vg = vmap(grad_and_value(objective, argnums=(0, 1)))
+    vg = vmap(grad_and_value(objective, argnums=(0, 1), has_aux=True))
+    last = {"layer_mse": None}
+    count = [0]
 
-    def evaluate(z):
-        x = z[:, :nx].reshape(x0.shape)
-        yl = z[:, nx:].reshape(y0.shape) if learn_label else y0
-        (gx, gy), val = vg(x, yl, obs, fixed)
-        g = torch.cat([gx.reshape(A, -1), gy.reshape(A, -1)], 1) if learn_label else gx.reshape(A, -1)
+    def evaluate(z, rows=None):
+        """Objective and gradient of the rows ``rows`` (all when ``None``) at ``z [len(rows), n]``."""
+        count[0] += 1
+        k = A if rows is None else len(rows)
+        sel = (lambda t: t) if rows is None else (lambda t: t[rows])
+        x = z[:, :nx].reshape(k, *x0.shape[1:])
+        yl = z[:, nx:].reshape(k, *y0.shape[1:]) if learn_label else sel(y0)
+        (gx, gy), (val, per_layer) = vg(x, yl, {kk: sel(v) for kk, v in obs.items()}, sel(fixed))
+        full = np.full((A, len(groups)), np.nan)              # NaN: a row that was not evaluated
+        full[slice(None) if rows is None else rows.numpy()] = (per_layer / sizes).numpy()
+        last["layer_mse"] = full
+        g = torch.cat([gx.reshape(k, -1), gy.reshape(k, -1)], 1) if learn_label else gx.reshape(k, -1)
         return val, g
 
     z = torch.cat([x0.reshape(A, -1), y0.reshape(A, -1)], 1) if learn_label else x0.reshape(A, -1)
-    history = {"iteration": [], "loss": [], "psnr": []}
+    history = {"iteration": [], "loss": [], "psnr": [], "layer_mse": [], "image_mse": []}
     snapshots = []
 
     def as_images(z_best):
         return z_best[:, :nx].reshape(x0.shape).clamp(0, 1)
 
     def record(it, best, val, alive):
-        psnr = None if x_true is None else (
-            lambda: float(np.mean([matched_psnr(a, b).mean() for a, b in zip(as_images(best), x_true)])))
+        history["layer_mse"].append(last["layer_mse"])
+        psnr = None
+        if x_true is not None:
+            mse = _matched_mse(as_images(best), x_true)
+            history["image_mse"].append(mse)
+            psnr = (lambda: float(np.mean(psnr_from_mse(mse, min_mse=1e-12))))
         _log_iteration(history, snapshots, it, float(val[alive].mean()), psnr=psnr, snapshot_every=snapshot_every,
                        snapshot=lambda: as_images(best) if stacked else as_images(best)[0])
 
-    best, _ = lbfgs_fixed_step(evaluate, z, max_iter=max_iter, lr=lr, history_size=history_size, callback=record)
+    if steps is None:
+        best, _ = lbfgs_fixed_step(evaluate, z, max_iter=max_iter, lr=lr, history_size=history_size,
+                                   callback=record)
+        evaluations = count[0]
+    else:
+        if int(steps) < 1:
+            raise ValueError(f"steps must be >= 1 or None, got {steps}")
+        best, ev = _reference_lbfgs(evaluate, z, steps=int(steps), max_iter=int(max_iter), lr=lr,
+                                    history_size=history_size, callback=record)
+        evaluations = ev.numpy() if stacked else int(ev[0])
     x = as_images(best)
     rec = labels if labels is not None else best[:, nx:].reshape(y0.shape).argmax(-1)
     if not stacked:
         x, rec = x[0], rec[0]
-    return InversionResult(x, rec.clone(), history, snapshots)
+    return InversionResult(x, rec.clone(), history, snapshots, evaluations=evaluations)
 
 
 def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple,
                         labels: torch.Tensor, max_iter: int = 200, lr: float = 0.1,
-                        tv_weight: float = 1e-2, signed: bool = True,
+                        tv_weight: float = 1e-2, signed: bool = True, restarts: int = 1,
+                        init: str = "gaussian", init_mean=0.5, init_std=0.25, stacked: bool = False,
                         x_true: torch.Tensor | None = None, snapshot_every: int | None = None,
                         seed: int = 0) -> InversionResult:
-    """Inverting Gradients (Geiping et al. 2020, Sec. 4, Eq. 4).
+    """Inverting Gradients (Geiping et al. 2020, Sec. 4, Eq. 4) with the authors' restarts.
 
     Minimise ``1 - cos(grad(x', y), observed) + tv_weight * TV(x')`` over ``x' in [0, 1]`` with Adam
     on the sign of the gradient (``signed=True``, as the authors do), the step decayed by 10 at 3/8,
     5/8 and 7/8 of ``max_iter``; ``x'`` is projected back onto the box after each step. The labels
-    are assumed known (recover them with :func:`idlg_label`). ``labels``: ``[batch]`` integers.
+    are assumed known (recover them with :func:`idlg_label`).
+
+    **Initialisation and restarts** as the authors' code (``inversefed``: ``init='randn'``,
+    ``restarts``, ``scoring_choice='loss'``): each of ``restarts`` trials starts from a Gaussian draw in
+    the data's normalised coordinates, ``x' = init_mean + init_std * N(0, 1)`` (``init_mean`` /
+    ``init_std``: scalars or per-channel ``[C]``, the data statistics a server uses to normalise; the
+    first projection clips it to the box), and the trial with the smallest gradient distance
+    ``1 - cos`` (without the prior) at the end is kept. ``init="uniform"`` draws ``U[0, 1]`` instead.
+    All trials of all attacks run as one stacked problem: one ``torch.func.vmap`` gradient and one
+    elementwise Adam, which equals separate runs.
+
+    ``labels``: ``[batch]`` integers, or ``[A, batch]`` with ``stacked=True`` (then every ``observed``
+    tensor has a leading dimension ``A``, ``x_true`` is ``[A, batch, *input_shape]`` and the result's
+    ``x`` is ``[A, batch, *input_shape]``). Budget: ``max_iter + 1`` evaluations per trial
+    (``result.evaluations``). History ``loss``/``psnr`` are means over attacks and trials.
     """
-    batch_size = int(labels.shape[0]) if labels.ndim == 1 else -1
-    if labels.ndim != 1 or labels.is_floating_point():
-        raise ValueError(f"labels must be an integer vector [batch], got shape {tuple(labels.shape)}")
+    from torch.func import grad_and_value, vmap
+
+    if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.ndim != (2 if stacked else 1):
+        raise ValueError(f"labels must be an integer tensor [{'A, ' if stacked else ''}batch], got "
+                         f"{getattr(labels, 'shape', labels)}")
+    batch_size = int(labels.shape[-1])
     _validate_common(input_shape, batch_size, max_iter)
-    _check_observed(observed, params)
+    obs, labels, x_true, A = _stack_inputs(observed, params, labels, x_true, stacked)
+    if labels.shape[0] != A:
+        raise ValueError(f"labels must hold one row per attack ({A}), got {labels.shape[0]}")
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr}")
     if tv_weight < 0:
         raise ValueError(f"tv_weight must be >= 0, got {tv_weight}")
+    if int(restarts) < 1:
+        raise ValueError(f"restarts must be >= 1, got {restarts}")
+    if init not in ("gaussian", "uniform"):
+        raise ValueError(f"init must be 'gaussian' or 'uniform', got {init!r}")
+    R = int(restarts)
     gen = torch.Generator().manual_seed(int(seed))
-    x = torch.rand((batch_size, *input_shape), generator=gen).requires_grad_(True)
+    shape = (A * R, batch_size, *input_shape)
+    if init == "gaussian":
+        m = torch.as_tensor(init_mean, dtype=torch.float32)
+        sd = torch.as_tensor(init_std, dtype=torch.float32)
+        if m.ndim == 1:
+            m = m.reshape(-1, *([1] * (len(input_shape) - 1)))
+        if sd.ndim == 1:
+            sd = sd.reshape(-1, *([1] * (len(input_shape) - 1)))
+        if not (sd > 0).all():
+            raise ValueError(f"init_std must be > 0, got {init_std}")
+        x = m + sd * torch.randn(shape, generator=gen)
+    else:
+        x = torch.rand(shape, generator=gen)
+    x = x.requires_grad_(True)
+    row = torch.arange(A).repeat_interleave(R)                       # trial r of attack a is row a * R + r
+    obs_r = {k: v[row] for k, v in obs.items()}
+    labels_r = labels[row]
+    params = {k: v.detach() for k, v in params.items()}
+    use_tv = tv_weight > 0 and len(input_shape) == 3
+
+    def objective(xi, ob, yi):
+        def loss_p(p):
+            return F.cross_entropy(functional_call(model, p, (xi,)), yi)
+
+        dist = gradient_distance(torch.func.grad(loss_p)(params), ob, "cosine")
+        total = dist + tv_weight * total_variation(xi) if use_tv else dist
+        return total, dist.detach()
+
+    vg = vmap(grad_and_value(objective, has_aux=True))
     opt = torch.optim.Adam([x], lr=lr)
     milestones = [int(max_iter * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
-    observed = {k: v.detach() for k, v in observed.items()}
     history = {"iteration": [], "loss": [], "psnr": []}
     snapshots = []
+    xt_r = None if x_true is None else x_true[row]
     for it in range(1, int(max_iter) + 1):
-        opt.zero_grad()
-        g = parameter_gradient(model, params, x, labels, create_graph=True)
-        loss = gradient_distance(g, observed, "cosine")
-        if tv_weight > 0 and x.ndim == 4:
-            loss = loss + tv_weight * total_variation(x)
-        loss.backward()
-        if signed:
-            x.grad.sign_()
+        gx, (loss, _) = vg(x.detach(), obs_r, labels_r)
+        x.grad = gx.sign() if signed else gx
         opt.step()
         sched.step()
         with torch.no_grad():
             x.clamp_(0, 1)
-        _log_iteration(history, snapshots, it, float(loss.detach()),
-                       psnr=None if x_true is None else (lambda: float(np.mean(matched_psnr(x.detach(), x_true)))),
+        _log_iteration(history, snapshots, it, float(loss.mean()),
+                       psnr=None if xt_r is None else (lambda: float(np.mean(
+                           [matched_psnr(a, b).mean() for a, b in zip(x.detach(), xt_r)]))),
                        snapshot_every=snapshot_every, snapshot=lambda: x.detach().clone())
-    return InversionResult(x.detach().clone(), labels.clone(), history, snapshots)
+    _, (_, score) = vg(x.detach(), obs_r, labels_r)                 # keep the trial of least gradient loss
+    best = score.reshape(A, R).argmin(1)
+    x_best = x.detach().reshape(A, R, batch_size, *input_shape)[torch.arange(A), best].clone()
+    history["restart_loss"] = score.reshape(A, R).numpy()
+    history["chosen"] = best.numpy()
+    out_x, out_y = (x_best, labels.clone()) if stacked else (x_best[0], labels[0].clone())
+    return InversionResult(out_x, out_y, history, snapshots, evaluations=int(max_iter) + 1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -377,7 +625,7 @@ def per_example_gradients(model: nn.Module, params: dict, X: torch.Tensor, y: to
 
 def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, *, num_classes: int,
                 settings: dict, batch_size: int = 1, local_lr: float = 0.01, max_iter: int = 100,
-                labels_known: bool = False, seed: int = 0) -> dict:
+                labels_known: bool = False, steps: int | None = None, seed: int = 0) -> dict:
     """DLG against every client under several settings, all attacks in ONE stacked :func:`dlg` call.
 
     The images ``X [n, *shape]`` are dealt to ``A = n // batch_size`` clients of ``batch_size``
@@ -386,6 +634,8 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
     (the plain gradient for ``K = 1``), passed through ``f`` (update dict -> update dict, e.g.
     ``lambda u: gaussian_noise(u, 0.01)``). Returns ``{name: {"psnr": array [A * batch_size],
     "x": reconstructions [A, batch_size, *shape]}}`` with PSNRs matched by :func:`matched_psnr`.
+    ``max_iter`` and ``steps`` are passed to :func:`dlg` (``steps``: the reference's loop of ``steps``
+    calls of L-BFGS with ``max_iter`` iterations each).
     """
     B = int(batch_size)
     if B < 1:
@@ -414,7 +664,7 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
     S = len(settings)
     res = dlg(model, params, stacked, input_shape=tuple(X.shape[1:]), num_classes=num_classes,
               batch_size=B, max_iter=max_iter, labels=ys.repeat(S, 1) if labels_known else None,
-              stacked=True, seed=seed)
+              stacked=True, steps=steps, seed=seed)
     out = {}
     for i, name in enumerate(settings):
         xr = res.x[i * A:(i + 1) * A]

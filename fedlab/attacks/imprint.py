@@ -48,6 +48,7 @@ __all__ = [
     "match_recovered",
     "imprint_attack",
     "imprint_recovery_grid",
+    "expected_recovery_rate",
 ]
 
 
@@ -403,3 +404,18 @@ def imprint_recovery_grid(X, batch_sizes, bins, trials: int = 5, seed: int = 0, 
                 out[i, j] += imprint_attack(X[idx], yb, num_bins=k, mean=mean, std=std,
                                             direction=w, num_classes=num_classes, seed=s).rate
     return out / trials
+
+
+def expected_recovery_rate(batch_size, num_bins):
+    """The recovery rate :func:`imprint_attack` should reach when the server's model of ``h(x)`` is
+    right: the ``k`` cut-offs split the distribution into ``k + 1`` equally likely intervals, an input
+    is recovered when it falls above ``c_1`` (probability ``k / (k + 1)``) and none of the other
+    ``B - 1`` inputs of the (aggregated) batch falls in its interval (``(k / (k + 1))^(B - 1)``), so the
+    rate is ``(k / (k + 1))^B``. ``batch_size`` (``B``, all clients' inputs together under secure
+    aggregation) and ``num_bins`` (``k``) broadcast as arrays. Raises ``ValueError`` for a value < 1."""
+    B = np.asarray(batch_size, dtype=float)
+    k = np.asarray(num_bins, dtype=float)
+    if (B < 1).any() or (k < 1).any():
+        raise ValueError(f"batch_size and num_bins must be >= 1, got {batch_size}, {num_bins}")
+    out = (k / (k + 1.0)) ** B
+    return float(out) if out.ndim == 0 else out

@@ -2,8 +2,10 @@
 et al. 2019, Sec. 5.1), Deep Leakage from Gradients (Zhu et al. 2019, Alg. 1) and its figures, the iDLG
 label rule (Zhao et al. 2020, Sec. 3.2) against DLG's labels, Inverting Gradients (Geiping et al. 2020,
 Sec. 4) against DLG on a ReLU network, DLG's success against batch size and local steps (Wei et al.
-2020, Table 6a, as quoted by Xu & Neglia 2022, Sec. 1), and the noise and pruning defenses of Zhu et
-al. (2019, Sec. 5) with their cost.
+2020, Table 6a, as quoted by Xu & Neglia 2022, Sec. 1), the noise and pruning defenses of Zhu et
+al. (2019, Sec. 5) with their cost, every PSNR beside two reconstructions that use no gradient (a flat
+grey image and the true image's mean colour), and the imprint module of Robbing the Fed (Fowl et al.
+2022, Sec. 3) against secure aggregation.
 
 The attacks themselves live in :mod:`fedlab.attacks.embedding_leakage` and
 :mod:`fedlab.attacks.gradient_inversion`; this module runs them in the chapter's fixed order (so a page
@@ -22,12 +24,16 @@ from .. import metrics, plots, privacy
 from .._checks import positive_int
 from ..attacks import embedding_leakage as el
 from ..attacks import gradient_inversion as gi
+from ..attacks import imprint as imp
+from ..privacy.dprivacy import clopper_pearson
 
 __all__ = ["UPDATE_SETTINGS", "ZHAO_LABEL_ACC", "WEI_RATES", "word_set_recovery", "recovery_table",
            "order_and_counts", "plot_dlg_snapshots", "plot_dlg_psnr", "label_table",
            "dlg_vs_inverting_gradients", "plot_dlg_vs_ig", "success_by_batch_size", "success_by_local_steps",
            "plot_wei_sweeps", "wei_table", "noise_grid", "plot_reconstruction", "plot_noise_grid",
-           "pruning_grid", "defense_costs", "mean_psnr", "plot_defenses"]
+           "pruning_grid", "defense_costs", "mean_psnr", "plot_defenses", "psnr_summary", "baseline_table",
+           "plot_layer_distances", "layer_image_correlation", "images_per_cell", "imprint_demo", "plot_imprint",
+           "plot_imprint_grid", "imprint_table"]
 
 #: the updates of Sec. 1 of the chapter: name -> local epochs (0: the FedSGD gradient)
 UPDATE_SETTINGS = (("FedSGD gradient", 0), ("FedAvg, E = 1", 1), ("FedAvg, E = 5", 5))
@@ -138,16 +144,83 @@ def plot_dlg_snapshots(dlg_run, X_true: torch.Tensor, *, show: int = 4):
                             suptitle="DLG on digits: dummy image across L-BFGS iterations (last column: the private image)")
 
 
-def plot_dlg_psnr(dlg_run, *, success_db: float):
-    """Mean PSNR over the attacked images against DLG's L-BFGS iteration (``dlg_run.history``, run with
-    ``x_true``), with the success threshold ``success_db`` dotted. Returns the axes. Raises
-    ``ValueError`` if the run tracked no PSNR."""
+def plot_dlg_psnr(dlg_run, *, success_db: float, baselines: Mapping[str, float] | None = None):
+    """Mean PSNR over the attacked images against DLG's objective evaluations (``dlg_run.history``, run
+    with ``x_true``), the success threshold ``success_db`` dotted and, if given, ``baselines``
+    (``{name: PSNR}``, e.g. the means of :func:`fedlab.attacks.gradient_inversion.psnr_baselines`) as
+    dashed lines. Returns the axes. Raises ``ValueError`` if the run tracked no PSNR."""
     if not dlg_run.history.get("psnr"):
         raise ValueError("dlg_run has no PSNR history (run gi.dlg with x_true)")
     ax = plots.line_plot(dlg_run.history["iteration"], {"mean PSNR over the attacked digits": dlg_run.history["psnr"]},
-                         xlabel="L-BFGS iteration", ylabel="PSNR (dB)", title="DLG converges in a few dozen iterations")
+                         xlabel="objective evaluations (closure calls)", ylabel="PSNR (dB)",
+                         title="DLG converges in a few dozen evaluations")
     ax.axhline(success_db, color="gray", ls=":", label="success threshold")
+    for i, (name, v) in enumerate((baselines or {}).items()):
+        ax.axhline(v, color=plots.PALETTE[(i + 2) % len(plots.PALETTE)], ls="--", label=f"{name} (no attack)")
+    ax.legend()
     return ax
+
+
+def plot_layer_distances(dlg_run, layer_names: Sequence[str], *, attack: int = 0):
+    """Zhu et al. (2019, Fig. 3) on our run: for attack ``attack`` of a stacked
+    :func:`fedlab.attacks.gradient_inversion.dlg` run with ``x_true``, the mean squared difference
+    between dummy and true gradient in every layer (``history["layer_mse"]``, one curve per name of
+    ``layer_names``) and the mean squared error of the dummy image (``history["image_mse"]``) against
+    the objective evaluations, on a log scale. Returns the axes. Raises ``ValueError`` if the run kept
+    no image error or ``attack`` is out of range."""
+    h = dlg_run.history
+    if not h.get("image_mse") or not h.get("layer_mse"):
+        raise ValueError("dlg_run has no per-layer / image history (run gi.dlg with x_true)")
+    L, img = np.stack(h["layer_mse"]), np.stack(h["image_mse"])
+    if not 0 <= attack < L.shape[1]:
+        raise ValueError(f"attack must lie in [0, {L.shape[1]}), got {attack}")
+    curves = {f"gradient MSE, layer {name}": L[:, attack, j] for j, name in enumerate(layer_names)}
+    curves["image MSE (dummy vs private)"] = img[:, attack]
+    styles = {"image MSE (dummy vs private)": {"color": "black", "lw": 2.5, "ls": "--"}}
+    return plots.line_plot(h["iteration"], curves, xlabel="objective evaluations", ylabel="mean squared error",
+                           logy=True, styles=styles, title="as the gradients match layer by layer, the image appears")
+
+
+def layer_image_correlation(dlg_run, *, attack: int = 0) -> np.ndarray:
+    """Spearman rank correlation, over the evaluations of attack ``attack``, between each layer's
+    gradient MSE and the image MSE (``history`` of a stacked DLG run with ``x_true``): the lecture's
+    "when the gradients' distance gets smaller, the MSE between the leaked and original images also
+    gets smaller". Evaluations where the attack had already finished (NaN) are left out. Returns
+    ``[layers]``."""
+    from scipy.stats import spearmanr
+
+    L, img = np.stack(dlg_run.history["layer_mse"])[:, attack], np.stack(dlg_run.history["image_mse"])[:, attack]
+    seen = np.isfinite(L).all(1)                       # evaluations of this attack (NaN once it had finished)
+    return np.array([spearmanr(L[seen, j], img[seen]).statistic for j in range(L.shape[1])])
+
+
+def psnr_summary(psnr, x_true: torch.Tensor) -> dict:
+    """An attack's PSNRs ``[n]`` (dB) beside the two reconstructions that need no gradient
+    (:func:`fedlab.attacks.gradient_inversion.psnr_baselines` of ``x_true [n, C, H, W]``).
+
+    Returns ``{"n", "attack", "grey", "mean colour"}`` (medians over the images, dB) and
+    ``"beats grey"``, ``"beats mean colour"``: the share of images whose reconstruction has a higher
+    PSNR than that image's flat grey / own mean-colour image. Raises ``ValueError`` if the lengths
+    differ."""
+    psnr = np.asarray(psnr, dtype=float).ravel()
+    if len(psnr) != len(x_true):
+        raise ValueError(f"psnr and x_true must hold one entry per image, got {len(psnr)} and {len(x_true)}")
+    b = gi.psnr_baselines(x_true)
+    return {"n": len(psnr), "attack": float(np.median(psnr)), "grey": float(np.median(b["grey"])),
+            "mean colour": float(np.median(b["mean colour"])), "beats grey": float(np.mean(psnr > b["grey"])),
+            "beats mean colour": float(np.mean(psnr > b["mean colour"]))}
+
+
+def baseline_table(summaries: Mapping[str, Mapping]):
+    """Markdown table of :func:`psnr_summary` results, one row per ``{experiment: summary}``: median
+    PSNR of the attack, of a flat grey image and of each image's mean colour, and the share of images
+    the attack reconstructs better than each. Raises ``ValueError`` if ``summaries`` is empty."""
+    if not summaries:
+        raise ValueError("summaries must hold at least one experiment")
+    rows = [f"| {name} | {s['n']} | {s['attack']:.1f} | {s['grey']:.1f} | {s['mean colour']:.1f} | "
+            f"{s['beats grey']:.2f} | {s['beats mean colour']:.2f} |" for name, s in summaries.items()]
+    return _markdown("| experiment | images | attack, median PSNR (dB) | flat grey 0.5 | mean colour | "
+                     "share above grey | share above mean colour |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows))
 
 
 def label_table(ours: Mapping[str, float], n_eval: Mapping[str, int], run):
@@ -166,17 +239,21 @@ def label_table(ours: Mapping[str, float], n_eval: Mapping[str, int], run):
 
 
 def dlg_vs_inverting_gradients(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, weight_key: str,
-                               max_iter: int, seed: int = 0) -> dict:
+                               max_iter: int, dlg_steps: int | None = None, restarts: int = 1, init_mean=0.5,
+                               init_std=0.25, seed: int = 0) -> dict:
     """DLG (Zhu et al. 2019) against Inverting Gradients (Geiping et al. 2020, Sec. 4) on the same
     one-image gradients, both given the label found by the iDLG rule (Zhao et al. 2020) from the
     weight gradient ``weight_key`` of the last linear layer, so that only the objective differs.
 
-    ``X [n, C, H, W]``, ``y [n]``. DLG runs ``max_iter // 2`` L-BFGS iterations (stacked over the
-    images), IG ``max_iter`` Adam steps per image (lr 0.1, TV weight 0.1).
+    ``X [n, C, H, W]``, ``y [n]``. DLG runs the reference loop, ``dlg_steps`` calls of L-BFGS with 20
+    iterations (at most ``20 * dlg_steps`` evaluations), or, when ``dlg_steps`` is ``None``,
+    ``max_iter // 2`` iterations of one L-BFGS run; IG runs ``max_iter`` signed-Adam steps (lr 0.1, TV
+    weight 0.1) from ``restarts`` Gaussian starts ``init_mean + init_std * N(0, 1)`` per image and keeps
+    the start of least gradient loss; all attacks of each method in one stacked call.
 
     Returns ``{"labels": [n, 1], "dlg_x": [n, C, H, W], "ig_x": [n, C, H, W], "psnr_dlg": array [n],
-    "psnr_ig": array [n]}``. Raises ``ValueError`` if ``max_iter < 2`` or ``weight_key`` is not a
-    parameter of ``params``.
+    "psnr_ig": array [n], "dlg_evaluations": array [n], "ig_evaluations": int (per restart)}``.
+    Raises ``ValueError`` if ``max_iter < 2`` or ``weight_key`` is not a parameter of ``params``.
     """
     if positive_int("max_iter", max_iter) < 2:
         raise ValueError(f"max_iter must be >= 2 (DLG runs max_iter // 2), got {max_iter}")
@@ -185,33 +262,53 @@ def dlg_vs_inverting_gradients(model, params: dict, X: torch.Tensor, y: torch.Te
     n, shape = len(X), tuple(X.shape[1:])
     g = gi.per_example_gradients(model, params, X, y)
     labels = torch.tensor([[gi.idlg_label(g[weight_key][i])] for i in range(n)])
-    dlg_run = gi.dlg(model, params, g, input_shape=shape, num_classes=10, max_iter=max_iter // 2,
-                     labels=labels, stacked=True, seed=seed)
-    ig_x = torch.stack([gi.inverting_gradients(model, params, {k: v[i] for k, v in g.items()}, input_shape=shape,
-                        labels=labels[i], max_iter=max_iter, lr=0.1, tv_weight=0.1, seed=seed).x[0] for i in range(n)])
+    if dlg_steps is None:
+        dlg_run = gi.dlg(model, params, g, input_shape=shape, num_classes=10, max_iter=max_iter // 2,
+                         labels=labels, stacked=True, seed=seed)
+        dlg_evals = np.full(n, dlg_run.evaluations)
+    else:
+        dlg_run = gi.dlg(model, params, g, input_shape=shape, num_classes=10, max_iter=gi.DLG_REFERENCE_MAX_ITER,
+                         steps=dlg_steps, labels=labels, stacked=True, seed=seed)
+        dlg_evals = np.asarray(dlg_run.evaluations)
+    ig = gi.inverting_gradients(model, params, g, input_shape=shape, labels=labels, max_iter=max_iter, lr=0.1,
+                                tv_weight=0.1, restarts=restarts, init_mean=init_mean, init_std=init_std,
+                                stacked=True, seed=seed)
     psnr_dlg = np.array([gi.matched_psnr(dlg_run.x[i], X[i:i + 1])[0] for i in range(n)])
-    psnr_ig = np.array([gi.matched_psnr(ig_x[i:i + 1], X[i:i + 1])[0] for i in range(n)])
-    return {"labels": labels, "dlg_x": dlg_run.x[:, 0], "ig_x": ig_x, "psnr_dlg": psnr_dlg, "psnr_ig": psnr_ig}
+    psnr_ig = np.array([gi.matched_psnr(ig.x[i], X[i:i + 1])[0] for i in range(n)])
+    return {"labels": labels, "dlg_x": dlg_run.x[:, 0], "ig_x": ig.x[:, 0], "psnr_dlg": psnr_dlg, "psnr_ig": psnr_ig,
+            "dlg_evaluations": dlg_evals, "ig_evaluations": ig.evaluations}
 
 
 def plot_dlg_vs_ig(X: torch.Tensor, result: Mapping):
-    """Private images, DLG's and IG's reconstructions (:func:`dlg_vs_inverting_gradients`) with their
-    PSNR. Returns the figure."""
+    """Private images (titled with the PSNR of their own mean colour, the floor of
+    :func:`fedlab.attacks.gradient_inversion.psnr_baselines`), DLG's and IG's reconstructions
+    (:func:`dlg_vs_inverting_gradients`) with their PSNR. Returns the figure."""
     n = len(X)
+    floor = gi.psnr_baselines(X)["mean colour"]
     return plots.image_grid(torch.cat([X, result["dlg_x"], result["ig_x"]]), ncols=3 if n == 1 else n, size=2.0,
-                            titles=["private"] * n + [f"DLG {p:.1f} dB" for p in result["psnr_dlg"]]
+                            titles=[f"mean colour {b:.1f} dB" for b in floor]
+                            + [f"DLG {p:.1f} dB" for p in result["psnr_dlg"]]
                             + [f"IG {p:.1f} dB" for p in result["psnr_ig"]])
 
 
 # --- 5. batch size and local steps (Wei et al. 2020) -----------------------------------------------
 
+def images_per_cell(num_images: int, batch_size: int) -> int:
+    """Images attacked at batch size ``batch_size`` in :func:`success_by_batch_size`: ``num_images``
+    rounded up to a multiple of ``batch_size`` (at least one batch)."""
+    num_images, batch_size = positive_int("num_images", num_images), positive_int("batch_size", batch_size)
+    return batch_size * int(np.ceil(num_images / batch_size))
+
+
 def success_by_batch_size(model, params: dict, X: torch.Tensor, y: torch.Tensor, batch_sizes: Sequence[int], *,
-                          num_images: int, max_iter: int, success_db: float, seed: int = 0) -> dict:
+                          num_images: int, max_iter: int, success_db: float, steps: int | None = None,
+                          seed: int = 0) -> dict:
     """DLG's success rate against the batch size ``B`` of one FedSGD gradient (Wei et al. 2020,
     Table 6a): for each ``B`` in order, ``n`` images of ``X [N, ...]`` (``num_images`` rounded up to a
     multiple of ``B``, at least ``B``) are dealt to ``n / B`` clients and attacked with
     :func:`fedlab.attacks.gradient_inversion.attack_grid`; success is PSNR >= ``success_db``.
 
+    ``max_iter`` / ``steps`` set DLG's budget as in :func:`fedlab.attacks.gradient_inversion.dlg`.
     Returns ``{B: success rate}``. Raises ``ValueError`` if ``num_images`` or a batch size is not a
     positive integer, or ``X`` holds too few images.
     """
@@ -219,16 +316,17 @@ def success_by_batch_size(model, params: dict, X: torch.Tensor, y: torch.Tensor,
     by_batch = {}
     for B in batch_sizes:
         positive_int("batch_sizes", B)
-        n = max(num_images, B) if num_images % B == 0 else B * int(np.ceil(num_images / B))
+        n = images_per_cell(num_images, B)
         if n > len(X):
             raise ValueError(f"X holds {len(X)} images, batch size {B} needs {n}")
         by_batch[B] = gi.attack_grid(model, params, X[:n], y[:n], num_classes=10, batch_size=B,
-                                     settings={"plain": {}}, max_iter=max_iter, seed=seed)["plain"]
+                                     settings={"plain": {}}, max_iter=max_iter, steps=steps, seed=seed)["plain"]
     return {B: gi.success_rate(r["psnr"], success_db) for B, r in by_batch.items()}
 
 
 def success_by_local_steps(model, params: dict, X: torch.Tensor, y: torch.Tensor, local_steps: Sequence[int], *,
-                           local_lr: float, max_iter: int, success_db: float, seed: int = 0) -> dict:
+                           local_lr: float, max_iter: int, success_db: float, steps: int | None = None,
+                           seed: int = 0) -> dict:
     """DLG's success rate against the number ``K`` of local steps (Wei et al. 2020, Table 6a): every
     image of ``X`` is one client taking ``K`` steps with ``local_lr`` and sending
     :func:`fedlab.attacks.gradient_inversion.client_update_as_gradient`, which the attacker treats as
@@ -242,7 +340,7 @@ def success_by_local_steps(model, params: dict, X: torch.Tensor, y: torch.Tensor
         raise ValueError(f"local_lr must be > 0, got {local_lr}")
     by_steps = gi.attack_grid(model, params, X, y, num_classes=10,
                               settings={K: {"local_steps": K} for K in local_steps}, local_lr=local_lr,
-                              max_iter=max_iter, seed=seed)
+                              max_iter=max_iter, steps=steps, seed=seed)
     return {K: gi.success_rate(r["psnr"], success_db) for K, r in by_steps.items()}
 
 
@@ -266,25 +364,40 @@ def plot_wei_sweeps(rate_b: Mapping[int, float], rate_k: Mapping[int, float]):
     return fig
 
 
-def wei_table(rate_b: Mapping[int, float], rate_k: Mapping[int, float], run, *, scale: str):
+def wei_table(rate_b: Mapping[int, float], rate_k: Mapping[int, float], run, *, scale: str,
+              num_images: int | None = None):
     """Markdown table: Wei et al.'s success rates (:data:`WEI_RATES`) beside ours at B = 1, 16 and
-    K = 1, 9 (this ``scale``'s run) and the stored paper-scale record of ``run``. Raises
-    ``ValueError`` if ``rate_b`` lacks B = 1 or 16, or ``rate_k`` lacks K = 1 or 9."""
+    K = 1, 9 (this ``scale``'s run) and the stored paper-scale record of ``run``. With ``num_images``
+    (the images per cell asked of :func:`success_by_batch_size`; every local-steps cell attacks that
+    many), two more columns: the images of the cell and the exact (Clopper-Pearson) 95 % interval of
+    this run's rate over them. Raises ``ValueError`` if ``rate_b`` lacks B = 1 or 16, or ``rate_k``
+    lacks K = 1 or 9."""
     if 1 not in rate_b or 16 not in rate_b:
         raise ValueError(f"rate_b must hold batch sizes 1 and 16, got {sorted(rate_b)}")
     if 1 not in rate_k or 9 not in rate_k:
         raise ValueError(f"rate_k must hold local steps 1 and 9, got {sorted(rate_k)}")
     ours = {"batch size 1": rate_b[1], "batch size 16": rate_b[16], "local steps 1": rate_k[1], "local steps 9": rate_k[9]}
     names = {"batch size 1": "rate_b1", "batch size 16": "rate_b16", "local steps 1": "rate_k1", "local steps 9": "rate_k9"}
-    return _markdown(f"| setting | paper | ours ({scale} run) | ours, paper scale (mean ± 95 % CI) |\n|---|---|---|---|\n"
-                     + "\n".join(f"| {k} | {WEI_RATES[k]:.2f} | {ours[k]:.2f} | {run.paper(names[k], 2)} |"
-                                 for k in WEI_RATES))
+    head = f"| setting | paper | ours ({scale} run) | ours, paper scale (mean ± 95 % CI) |"
+    rule = "|---|---|---|---|"
+    extra = {k: "" for k in WEI_RATES}
+    if num_images is not None:
+        cells = {"batch size 1": images_per_cell(num_images, 1), "batch size 16": images_per_cell(num_images, 16),
+                 "local steps 1": int(num_images), "local steps 9": int(num_images)}
+        for k, m in cells.items():
+            lo, hi = clopper_pearson(int(round(ours[k] * m)), m, 0.95)
+            extra[k] = f" {m} | [{float(lo):.2f}, {float(hi):.2f}] |"
+        head += " images in the cell | 95 % interval of this run (Clopper-Pearson) |"
+        rule += "---|---|"
+    return _markdown(head + "\n" + rule + "\n"
+                     + "\n".join(f"| {k} | {WEI_RATES[k]:.2f} | {ours[k]:.2f} | {run.paper(names[k], 2)} |{extra[k]}"
+                                  for k in WEI_RATES))
 
 
 # --- 6.-7. noise and pruning (Zhu et al. 2019, Sec. 5) ---------------------------------------------
 
 def noise_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, sigmas: Sequence[float],
-               batch_sizes: Sequence[int], max_iter: int, seed: int = 0) -> dict:
+               batch_sizes: Sequence[int], max_iter: int, steps: int | None = None, seed: int = 0) -> dict:
     """DLG against gradients with Gaussian noise of standard deviation ``sigma`` on every coordinate
     (Zhu et al. 2019, Sec. 5; :func:`fedlab.privacy.gaussian_noise`), for every batch size (outer) and
     ``sigma`` (inner), all noise drawn in that order from one ``torch.Generator`` seeded with ``seed``.
@@ -296,7 +409,7 @@ def noise_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, sigmas:
     for B in batch_sizes:
         positive_int("batch_sizes", B)
     noise_gen = torch.Generator().manual_seed(seed)
-    return {B: gi.attack_grid(model, params, X, y, num_classes=10, batch_size=B, max_iter=max_iter, seed=seed,
+    return {B: gi.attack_grid(model, params, X, y, num_classes=10, batch_size=B, max_iter=max_iter, steps=steps, seed=seed,
                               settings={s: {"defense": (lambda u, s=s: privacy.gaussian_noise(u, s, generator=noise_gen))}
                                         for s in sigmas})
             for B in batch_sizes}
@@ -331,7 +444,7 @@ def plot_noise_grid(noisy: Mapping, X: torch.Tensor):
 
 
 def pruning_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, fractions: Sequence[float],
-                 max_iter: int, seed: int = 0) -> dict:
+                 max_iter: int, steps: int | None = None, seed: int = 0) -> dict:
     """DLG against pruned gradients (Zhu et al. 2019, Sec. 5; :func:`fedlab.privacy.prune_by_magnitude`
     zeroes the ``p`` smallest fraction of coordinates), one image per client, every ``p`` of
     ``fractions`` in one stacked attack. Returns ``{p: {"psnr", "x"}}``. Raises ``ValueError`` if a
@@ -339,7 +452,7 @@ def pruning_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, fract
     bad = [p for p in fractions if not 0 <= p < 1]
     if bad:
         raise ValueError(f"fractions must lie in [0, 1), got {bad}")
-    return gi.attack_grid(model, params, X, y, num_classes=10, max_iter=max_iter, seed=seed,
+    return gi.attack_grid(model, params, X, y, num_classes=10, max_iter=max_iter, steps=steps, seed=seed,
                           settings={p: {"defense": (lambda u, p=p: privacy.prune_by_magnitude(u, p))} for p in fractions})
 
 
@@ -375,9 +488,10 @@ def mean_psnr(grid: Mapping) -> dict:
 
 
 def plot_defenses(psnr_sigma: Mapping, cost_sigma: Mapping, psnr_prune: Mapping, cost_prune: Mapping, *,
-                  success_db: float):
+                  success_db: float, baselines: Mapping[str, float] | None = None):
     """Attack PSNR (left axis) and relative error of the update (right axis) against the noise level
-    and against the pruned fraction (sigma = 0 drawn at 1e-4 on the log axis). Returns the figure.
+    and against the pruned fraction (sigma = 0 drawn at 1e-4 on the log axis), with ``baselines``
+    (``{name: PSNR}`` of reconstructions that use no gradient) dashed. Returns the figure.
     Raises ``ValueError`` if a PSNR curve and its cost curve have different keys."""
     if list(psnr_sigma) != list(cost_sigma) or list(psnr_prune) != list(cost_prune):
         raise ValueError("psnr and cost curves must have the same keys in the same order")
@@ -388,6 +502,86 @@ def plot_defenses(psnr_sigma: Mapping, cost_sigma: Mapping, psnr_prune: Mapping,
                     title="gradient pruning", ax=axes[1])
     for ax, cost in zip(axes, [cost_sigma, cost_prune]):
         ax.axhline(success_db, color="gray", ls=":")
+        for i, (name, v) in enumerate((baselines or {}).items()):
+            ax.axhline(v, color=plots.PALETTE[(i + 2) % len(plots.PALETTE)], ls="--", label=f"{name} (no attack)")
+        if baselines:
+            ax.legend(fontsize=8, loc="center left")
         tw = ax.twinx(); tw.plot(ax.lines[0].get_xdata(), list(cost.values()), "s--", color=plots.PALETTE[1])
         tw.set_ylabel("relative error of the update", color=plots.PALETTE[1]); tw.grid(False)
     return fig
+
+
+# --- 8. a malicious server against secure aggregation (Fowl et al. 2022) -----------------------------
+
+def imprint_demo(X: torch.Tensor, *, num_clients: int, batch_size: int, num_bins: int, seed: int = 0) -> dict:
+    """Robbing the Fed (Fowl et al. 2022, Sec. 3) under secure aggregation: ``num_clients`` clients each
+    hold ``batch_size`` images drawn without replacement from ``X [N, C, H, W]`` (``numpy`` generator
+    ``seed``), compute the gradient of the imprinted model (a random unit measurement direction, the
+    server's Gaussian model of ``h(x)`` fitted on the pool ``X``: known data statistics), and the server
+    sees only their *sum* (:func:`fedlab.attacks.imprint.imprint_attack` with a list of batches).
+
+    Returns ``{"X": true images [n, C, H, W], "X_hat": the nearest recovered vector of each as an image
+    (zeros where nothing was recovered), "recovered": bool [n], "error": relative error [n], "rate",
+    "expected": (k / (k + 1))^n}`` with ``n = num_clients * batch_size``. Raises ``ValueError`` if the pool
+    holds fewer than ``n`` images or an argument is not a positive integer."""
+    num_clients, batch_size = positive_int("num_clients", num_clients), positive_int("batch_size", batch_size)
+    num_bins = positive_int("num_bins", num_bins)
+    n = num_clients * batch_size
+    if n > len(X):
+        raise ValueError(f"X holds {len(X)} images, {num_clients} clients x {batch_size} need {n}")
+    flat = X.reshape(len(X), -1).double()
+    w = imp.imprint_layer(flat.shape[1], 1, mean=0.0, std=1.0, direction="random", seed=seed)[0][0]   # the direction
+    h = flat @ w
+    idx = torch.as_tensor(np.random.default_rng(seed).choice(len(X), size=n, replace=False))
+    batches = list(flat[idx].reshape(num_clients, batch_size, -1))
+    res = imp.imprint_attack(batches, num_bins=num_bins, mean=float(h.mean()), std=float(h.std()), direction=w,
+                             seed=seed)
+    Xt = flat[idx]
+    if len(res.x):
+        nearest = torch.cdist(Xt, res.x.double()).argmin(1)
+        X_hat = torch.where(res.recovered[:, None], res.x.double()[nearest], torch.zeros_like(Xt))
+    else:
+        X_hat = torch.zeros_like(Xt)
+    return {"X": X[idx], "X_hat": X_hat.reshape(X[idx].shape).float(), "recovered": res.recovered,
+            "error": res.error, "rate": res.rate, "expected": imp.expected_recovery_rate(n, num_bins)}
+
+
+def plot_imprint(demo: Mapping, *, show: int = 16):
+    """The first ``show`` private images of :func:`imprint_demo` above what the server read off the
+    aggregated gradient (blank where the image shared its bin). Returns the figure."""
+    show = min(positive_int("show", show), len(demo["X"]))
+    titles = ["private"] * show + ["exact" if r else "mixed" for r in demo["recovered"][:show].tolist()]
+    return plots.image_grid(torch.cat([demo["X"][:show], demo["X_hat"][:show].clamp(0, 1)]), ncols=show, size=0.9,
+                            titles=titles, suptitle="Robbing the Fed: inputs read off the SUM of the clients' gradients")
+
+
+def plot_imprint_grid(grid: np.ndarray, batch_sizes: Sequence[int], bins: Sequence[int]):
+    """Measured recovery rate (:func:`fedlab.attacks.imprint.imprint_recovery_grid`, ``[len(batch_sizes),
+    len(bins)]``) against the batch size, one curve per number of bins, with the expected rate
+    ``(k / (k + 1))^B`` dashed. Returns the axes. Raises ``ValueError`` on a shape mismatch."""
+    grid = np.asarray(grid)
+    if grid.shape != (len(batch_sizes), len(bins)):
+        raise ValueError(f"grid must have shape {(len(batch_sizes), len(bins))}, got {grid.shape}")
+    _, ax = plt.subplots(figsize=(6, 3.8))
+    Bs = np.geomspace(min(batch_sizes), max(batch_sizes), 50)
+    for j, k in enumerate(bins):
+        c = plots.PALETTE[j % len(plots.PALETTE)]
+        ax.plot(batch_sizes, grid[:, j], "o-", color=c, label=f"{k} bins, measured")
+        ax.plot(Bs, imp.expected_recovery_rate(Bs, k), "--", color=c, alpha=0.7, label=f"{k} bins, (k/(k+1))^B")
+    ax.set_xscale("log"); ax.set_xlabel("images in the aggregate B"); ax.set_ylabel("share recovered exactly")
+    ax.set_ylim(-0.05, 1.05); ax.legend(fontsize=8); ax.set_title("more bins than images: nearly everything leaks")
+    return ax
+
+
+def imprint_table(grid: np.ndarray, batch_sizes: Sequence[int], bins: Sequence[int], *, trials: int):
+    """Markdown table of the measured recovery rate (``grid`` of
+    :func:`fedlab.attacks.imprint.imprint_recovery_grid` over ``trials`` batches) beside the expected
+    ``(k / (k + 1))^B``, rows = batch sizes, columns = numbers of bins."""
+    grid = np.asarray(grid)
+    if grid.shape != (len(batch_sizes), len(bins)):
+        raise ValueError(f"grid must have shape {(len(batch_sizes), len(bins))}, got {grid.shape}")
+    head = "| images B | " + " | ".join(f"{k} bins: measured / expected" for k in bins) + " |"
+    rows = [f"| {B} | " + " | ".join(f"{grid[i, j]:.2f} / {imp.expected_recovery_rate(B, k):.2f}"
+                                     for j, k in enumerate(bins)) + " |" for i, B in enumerate(batch_sizes)]
+    return _markdown(f"{head}\n|---|" + "---|" * len(bins) + "\n" + "\n".join(rows)
+                     + f"\n\n(measured: mean over {trials} random batches)")

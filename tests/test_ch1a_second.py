@@ -1,0 +1,234 @@
+"""Chapter 1a, second edition: DLG's budget in the reference's units, the PSNR floors, Inverting
+Gradients with Gaussian starts and restarts, and the per-layer gradient distance (Zhu et al. 2019, Fig. 3)."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedlab import models
+from fedlab.attacks import gradient_inversion as gi
+from fedlab.data.images import digit_images, sample_image_crops
+
+
+@pytest.fixture(scope="module")
+def digits_net():
+    torch.set_num_threads(1)
+    net = gi.dlg_init_(models.lenet(1, 10, 8), seed=0)
+    return net, models.get_params(net), digit_images(6, seed=1)
+
+
+def _reference_run(net, params, obs, seed, steps, max_iter=20):
+    """Zhu et al.'s reference loop (mit-han-lab/dlg, main.py): LBFGS([dummy_data, dummy_label]) with
+    torch's defaults but max_iter, ``steps`` calls of ``step(closure)``; returns the dummy image, the
+    dummy label logits and the number of closure calls."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn((1, 1, 8, 8), generator=gen).requires_grad_(True)
+    ylog = torch.randn((1, 10), generator=gen).requires_grad_(True)
+    opt = torch.optim.LBFGS([x, ylog], lr=1.0, max_iter=max_iter)
+    calls = [0]
+
+    def closure():
+        calls[0] += 1
+        opt.zero_grad()
+        v = gi.gradient_distance(gi.parameter_gradient(net, params, x, F.softmax(ylog, -1), create_graph=True), obs)
+        v.backward()
+        return v
+
+    for _ in range(steps):
+        opt.step(closure)
+    assert opt.state[opt._params[0]]["func_evals"] == calls[0]
+    return x.detach(), ylog.detach(), calls[0]
+
+
+@pytest.mark.parametrize("image, seed, expected", [(0, 0, 60), (2, 0, 52), (2, 3, 25)])
+def test_dlg_reference_loop_matches_torch_lbfgs_iterates_and_evaluations(image, seed, expected):
+    """gi.dlg(steps=S, max_iter=20) is the reference's loop: the same closure calls (S x 20 = 60 when
+    no stopping test fires; fewer when a step ends early: 52 here when the loss stops changing, 25
+    when L-BFGS meets a non-descent direction and the run stays there) and the same final dummy
+    image and label, in float64 to machine precision."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.set_num_threads(1)
+        net = gi.dlg_init_(models.lenet(1, 10, 8), seed=0)
+        params = models.get_params(net)
+        ds = digit_images(6, seed=1)
+        X = ds.X.double()
+        obs = gi.parameter_gradient(net, params, X[image:image + 1], ds.y[image:image + 1])
+        x_ref, y_ref, calls = _reference_run(net, params, obs, seed, steps=3)
+        assert calls == expected <= gi.reference_evaluations(3, 20) == 60
+        ours = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, seed=seed)
+        assert ours.evaluations == calls and len(ours.history["iteration"]) == calls
+        assert torch.allclose(ours.x, x_ref.clamp(0, 1), atol=1e-8)
+        assert int(ours.labels[0]) == int(y_ref.argmax())
+    finally:
+        torch.set_default_dtype(old)
+
+
+def test_dlg_evaluation_counts_and_reference_budget(digits_net):
+    net, params, ds = digits_net
+    obs = {k: v[:3] for k, v in gi.per_example_gradients(net, params, ds.X[:3], ds.y[:3]).items()}
+    assert gi.reference_evaluations() == 6000 == gi.DLG_REFERENCE_STEPS * gi.DLG_REFERENCE_MAX_ITER
+    one_run = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=40, stacked=True)
+    assert one_run.evaluations == 41                            # 40 iterations + the final check
+    ref = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=2, stacked=True)
+    assert ref.evaluations.shape == (3,) and (ref.evaluations <= 40).all() and (ref.evaluations >= 2).all()
+    with pytest.raises(ValueError, match="steps"):
+        gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=0, stacked=True)
+
+
+def test_inverting_gradients_counts_evaluations_and_restarts(digits_net):
+    net, params, ds = digits_net
+    obs = gi.parameter_gradient(net, params, ds.X[:1], ds.y[:1])
+    res = gi.inverting_gradients(net, params, obs, input_shape=(1, 8, 8), labels=ds.y[:1], max_iter=7, restarts=3)
+    assert res.evaluations == 8 and res.history["restart_loss"].shape == (1, 3)
+    chosen = int(res.history["chosen"][0])
+    assert chosen == int(np.argmin(res.history["restart_loss"][0]))
+
+
+def test_stacked_inverting_gradients_equals_separate_runs():
+    torch.set_num_threads(1)
+    crops = sample_image_crops(2, size=16, crop=64, seed=3)
+    net = models.lenet(3, 10, 16, activation="relu", seed=0)
+    p = models.get_params(net)
+    g = gi.per_example_gradients(net, p, crops.X, crops.y)
+    kw = dict(input_shape=(3, 16, 16), max_iter=12, tv_weight=0.1, init_mean=[0.4, 0.5, 0.3], init_std=0.2)
+    both = gi.inverting_gradients(net, p, g, labels=crops.y[:, None], stacked=True, restarts=2, seed=4, **kw)
+    assert both.x.shape == (2, 1, 3, 16, 16)
+    # row a*R + r of the stack is trial r of attack a: rerun attack 1 alone with the same starting draws
+    gen = torch.Generator().manual_seed(4)
+    m = torch.tensor([0.4, 0.5, 0.3]).reshape(3, 1, 1)
+    x0 = (m + 0.2 * torch.randn((4, 1, 3, 16, 16), generator=gen))[2:4]
+    for r in range(2):
+        x = x0[r].clone().requires_grad_(True)
+        opt = torch.optim.Adam([x], lr=0.1)
+        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[4, 7, 10], gamma=0.1)
+        for _ in range(12):
+            opt.zero_grad()
+            gd = gi.parameter_gradient(net, p, x, crops.y[1:2], create_graph=True)
+            loss = gi.gradient_distance(gd, {k: v[1] for k, v in g.items()}, "cosine") + 0.1 * gi.total_variation(x)
+            loss.backward()
+            x.grad.sign_()
+            opt.step(); sched.step()
+            with torch.no_grad():
+                x.clamp_(0, 1)
+        if r == int(both.history["chosen"][1]):
+            assert torch.allclose(both.x[1], x.detach(), atol=1e-4)
+
+
+def test_restarts_keep_the_best_trial_and_gaussian_start_beats_nothing():
+    torch.set_num_threads(1)
+    crops = sample_image_crops(1, size=16, crop=64, seed=0)
+    net = models.lenet(3, 10, 16, activation="relu", seed=0)
+    p = models.get_params(net)
+    obs = gi.parameter_gradient(net, p, crops.X, crops.y)
+    res = gi.inverting_gradients(net, p, obs, input_shape=(3, 16, 16), labels=crops.y, max_iter=60, restarts=4,
+                                 tv_weight=0.1, x_true=crops.X)
+    losses = res.history["restart_loss"][0]
+    assert losses.min() <= losses.max() and np.isfinite(losses).all() and losses.min() < 0.5
+    assert res.history["psnr"][-1] > res.history["psnr"][0] + 3
+
+
+def test_psnr_baselines_closed_forms():
+    x = torch.zeros(2, 3, 4, 4)
+    x[0] = 0.5                                           # grey image: grey baseline is exact
+    x[1, 0] = 1.0                                        # red channel 1, others 0: mean colour is exact
+    b = gi.psnr_baselines(x)
+    assert b["grey"][0] == pytest.approx(120.0) and b["mean colour"][1] == pytest.approx(120.0)
+    assert b["grey"][1] == pytest.approx(10 * np.log10(1 / 0.25))   # every pixel 0.5 away
+    rnd = torch.rand(5, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    b = gi.psnr_baselines(rnd)
+    assert (b["mean colour"] >= b["grey"] - 1e-9).all()               # the image's own mean is never worse
+    with pytest.raises(ValueError, match="x_true"):
+        gi.psnr_baselines(torch.zeros(3))
+    with pytest.raises(ValueError, match="steps"):
+        gi.reference_evaluations(0, 20)
+
+
+def test_layer_mse_history_falls_with_image_mse(digits_net):
+    """Zhu et al. (2019, Fig. 3): as DLG runs, every layer's gradient distance falls and so does the
+    image error; the per-layer values sum back to the objective."""
+    net, params, ds = digits_net
+    obs = gi.parameter_gradient(net, params, ds.X[:1], ds.y[:1])
+    res = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=40, x_true=ds.X[:1])
+    layers = gi.layer_groups(params)
+    L = np.stack(res.history["layer_mse"])[:, 0]          # [iterations, layers]
+    sizes = np.array([sum(params[k].numel() for k in g) for g in layers.values()])
+    assert L.shape == (40, len(layers))
+    assert np.allclose((L * sizes).sum(1), res.history["loss"], rtol=1e-3)
+    assert (L[-1] < 1e-2 * L[0]).all()
+    mse = np.array(res.history["image_mse"])[:, 0]
+    assert mse[-1] < 1e-2 * mse[0]
+    assert list(layers) == ["0", "2", "4", "7"]
+
+
+def test_expected_imprint_rate_matches_the_measured_grid():
+    """(k / (k + 1))^B: k + 1 equally likely intervals, the lowest never recovered, and no other of the
+    B inputs in the same interval. Measured on digits over 20 random batches per cell."""
+    from fedlab.attacks import imprint
+
+    assert imprint.expected_recovery_rate(1, 1) == pytest.approx(0.5)
+    assert imprint.expected_recovery_rate(64, 256) == pytest.approx((256 / 257) ** 64)
+    grid_e = imprint.expected_recovery_rate(np.array([[16], [64]]), np.array([[16, 256]]))
+    assert grid_e.shape == (2, 2)
+    X = digit_images(None).X.reshape(-1, 64)
+    grid = imprint.imprint_recovery_grid(X, [16, 64], [16, 256], trials=20, seed=3)
+    assert np.abs(grid - grid_e).max() < 0.08, (grid, grid_e)
+    with pytest.raises(ValueError, match="batch_size"):
+        imprint.expected_recovery_rate(0, 16)
+
+
+def test_chapter_helpers_baselines_imprint_and_intervals():
+    import matplotlib
+    matplotlib.use("Agg")
+    from fedlab.experiments import chapter1a as ch1a
+
+    X = digit_images(None).X
+    demo = ch1a.imprint_demo(X, num_clients=3, batch_size=4, num_bins=128, seed=0)
+    rec = demo["recovered"]
+    assert demo["X"].shape == demo["X_hat"].shape == (12, 1, 8, 8) and rec.any()
+    assert torch.allclose(demo["X_hat"][rec], demo["X"][rec], atol=1e-6)   # exact from the sum of 3 clients
+    assert (demo["X_hat"][~rec] == 0).all()
+    ch1a.plot_imprint(demo, show=6)
+    grid = np.array([[0.9, 1.0], [0.1, 0.8]])
+    ch1a.plot_imprint_grid(grid, [4, 64], [16, 256])
+    assert "| 64 | 0.10 / 0.02 | 0.80 / 0.78 |" in ch1a.imprint_table(grid, [4, 64], [16, 256], trials=5).data
+    with pytest.raises(ValueError, match="X holds"):
+        ch1a.imprint_demo(X[:5], num_clients=2, batch_size=4, num_bins=16)
+    s = ch1a.psnr_summary([60.0, 5.0], X[:2])
+    assert s["beats grey"] == 0.5 and s["n"] == 2 and s["attack"] == pytest.approx(32.5)
+    assert "| DLG | 2 | 32.5 |" in ch1a.baseline_table({"DLG": s}).data
+    with pytest.raises(ValueError, match="psnr"):
+        ch1a.psnr_summary([1.0], X[:2])
+
+    class _Run:
+        def paper(self, name, digits=3):
+            return f"paper:{name}"
+
+    table = ch1a.wei_table({1: 0.75, 16: 0.0}, {1: 1.0, 9: 0.25}, _Run(), scale="quick", num_images=8).data
+    # 0 of 16 images at B = 16 (a whole batch): exact interval [0, 1 - 0.025^(1/16)] = [0, 0.21]
+    assert "| batch size 16 | 0.13 | 0.00 | paper:rate_b16 | 16 | [0.00, 0.21] |" in table
+    assert "| local steps 1 | 1.00 | 1.00 | paper:rate_k1 | 8 | [0.63, 1.00] |" in table
+    assert ch1a.images_per_cell(8, 16) == 16 and ch1a.images_per_cell(24, 16) == 32
+
+
+def test_layer_figure_and_correlation_on_a_tiny_run(digits_net):
+    import matplotlib
+    matplotlib.use("Agg")
+    from fedlab.experiments import chapter1a as ch1a
+
+    net, params, ds = digits_net
+    g = gi.per_example_gradients(net, params, ds.X[:2], ds.y[:2])
+    run = gi.dlg(net, params, g, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=2, stacked=True,
+                 x_true=ds.X[:2, None])
+    ch1a.plot_layer_distances(run, ["c1", "c2", "c3", "fc"], attack=1)
+    ch1a.plot_dlg_psnr(run, success_db=20.0, baselines={"grey": 7.0})
+    rho = ch1a.layer_image_correlation(run, attack=0)
+    assert rho.shape == (4,) and np.isfinite(rho).all()
+    with pytest.raises(ValueError, match="attack"):
+        ch1a.plot_layer_distances(run, ["c1", "c2", "c3", "fc"], attack=5)
+    res = ch1a.dlg_vs_inverting_gradients(models.lenet(1, 10, 8, activation="relu", seed=0),
+                                          models.get_params(models.lenet(1, 10, 8, activation="relu", seed=0)),
+                                          ds.X[:2], ds.y[:2], weight_key="7.weight", max_iter=4, dlg_steps=1,
+                                          restarts=2)
+    assert res["ig_evaluations"] == 5 and (res["dlg_evaluations"] <= 20).all() and res["ig_x"].shape == (2, 1, 8, 8)
