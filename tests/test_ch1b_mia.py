@@ -165,3 +165,63 @@ def test_round_auc_matches_attack_auc():
     assert mia.round_auc(S[0], is_member)[2] == pytest.approx(mia.attack_auc(S[0, :3], is_member, 1))
     with pytest.raises(ValueError, match="width"):
         mia.round_auc(S, is_member, width=9)
+
+
+# ------------------------------------------------------------------ chapter helpers
+def _signals(K=3, T=12, n=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    is_member = np.r_[np.ones(n), np.zeros(n)]
+    nonmem = torch.as_tensor(1 - is_member, dtype=torch.float32)
+    loss = torch.rand(K, T, 2 * n, generator=g) + 0.5 * nonmem
+    gn = torch.rand(K, T, 2 * n, generator=g) + nonmem * torch.linspace(0, 2, T)[:, None]   # gap grows
+    return {"loss": loss, "grad_norm": gn}, is_member
+
+
+def test_passive_curves_and_values():
+    sig, is_member = _signals()
+    c = ch1b.passive_curves(sig, is_member, width=5, lags=(5, 10, 20))
+    assert set(c["lag_auc"]) == {5, 10}                       # 20 > T rounds is left out
+    assert c["lag_auc"][5] == pytest.approx(mia.attack_auc(sig["loss"], is_member, 5))
+    assert c["lag_auc"][10] == pytest.approx(mia.attack_auc(sig["loss"][:, :7], is_member, 5))
+    assert np.allclose(c["round_auc"]["grad_norm"], mia.round_auc(sig["grad_norm"], is_member))
+    assert c["gn_member"].shape == (12,) and (c["gn_member"][-1] < c["gn_nonmember"][-1])
+    v = ch1b.passive_curve_values(c)
+    assert v["gn_ratio_last"] < v["gn_ratio_first"] and v["lag_auc_5"] == c["lag_auc"][5]
+    assert v["auc_peak"] == max(c["round_auc"]["loss"]) and 1 <= v["peak_round"] <= 12
+    with pytest.raises(ValueError, match="width"):
+        ch1b.passive_curves(sig, is_member, width=13)
+    fig, axes = ch1b.plot_passive_curves(c, 0.55)
+    assert len(axes) == 2 and any(abs(l.get_ydata()[0] - 0.55) < 1e-12 for l in axes[0].lines)
+
+
+def test_white_black_box_pairs_clients():
+    sig, is_member = _signals()
+    wb = ch1b.white_black_box(sig, is_member)
+    assert wb["black-box (outputs)"][1] == pytest.approx(mia.attack_auc(sig["loss"][1], is_member, 1))
+    v = ch1b.white_black_box_values(wb)
+    d = wb["white-box (gradients)"] - wb["black-box (outputs)"]
+    assert v["wb_diff"] == pytest.approx(d.mean()) and v["wb_diff_lo"] <= v["wb_diff"] <= v["wb_diff_hi"]
+    table = ch1b.white_black_box_table(wb, 0.55, lambda n: f"paper:{n}").data
+    assert "| black-box (outputs) | loss | 0.676 |" in table and "paper:wb_diff" in table and "0.550" in table
+    with pytest.raises(ValueError, match="grad_norm"):
+        ch1b.white_black_box({"loss": sig["loss"]}, is_member)
+
+
+def test_active_attack_sweep_runs_every_variant_and_target():
+    K, n = 3, 6
+    clients = _federation(K=K, n=n)
+    g = torch.Generator().manual_seed(5)
+    cand_X = torch.cat([clients.X, torch.randn(K, n, 5, generator=g)], 1)
+    cand_y = torch.cat([clients.y, torch.randint(0, 3, (K, n), generator=g)], 1)
+    is_member = np.r_[np.ones(n), np.zeros(n)]
+    net = models.mlp(5, (7,), 3, seed=0)
+    variants = {"server": dict(attacker="server"), "server, isolating": dict(attacker="server", isolate=True)}
+    out = ch1b.active_attack_sweep(net, clients, models.get_params(net), cand_X, cand_y, is_member, targets=[0, 1, 2],
+                                   variants=variants, num_rounds=2, ascent_lrs=[1.0], lr=0.5, local_epochs=1,
+                                   batch_size=None, seed=0)
+    assert set(out["auc"]) == {(v, g) for v in variants for g in (0.0, 1.0)}
+    assert all(a.shape == (3,) for a in out["auc"].values()) and 0.5 < out["floor"] < 1
+    # the passive server's AUC for target 1 is the one active_attack_rounds gives
+    S = mia.active_attack_rounds(net, clients, models.get_params(net), cand_X[1], cand_y[1], target=1, num_rounds=2,
+                                 ascent_lr=0.0, lr=0.5, local_epochs=1, batch_size=None, seed=0)
+    assert out["auc"][("server", 0.0)][1] == pytest.approx(metrics.roc_auc(is_member, mia.membership_score(S, 2)))
