@@ -183,10 +183,12 @@ def test_passive_curves_and_values():
     assert set(c["lag_auc"]) == {5, 10}                       # 20 > T rounds is left out
     assert c["lag_auc"][5] == pytest.approx(mia.attack_auc(sig["loss"], is_member, 5))
     assert c["lag_auc"][10] == pytest.approx(mia.attack_auc(sig["loss"][:, :7], is_member, 5))
+    assert c["first_window_auc"] == pytest.approx(mia.attack_auc(sig["loss"][:, :5], is_member, 5))
     assert np.allclose(c["round_auc"]["grad_norm"], mia.round_auc(sig["grad_norm"], is_member))
     assert c["gn_member"].shape == (12,) and (c["gn_member"][-1] < c["gn_nonmember"][-1])
     v = ch1b.passive_curve_values(c)
     assert v["gn_ratio_last"] < v["gn_ratio_first"] and v["lag_auc_5"] == c["lag_auc"][5]
+    assert v["lag_auc_first"] == c["first_window_auc"]
     assert v["auc_peak"] == max(c["round_auc"]["loss"]) and 1 <= v["peak_round"] <= 12
     with pytest.raises(ValueError, match="width"):
         ch1b.passive_curves(sig, is_member, width=13)

@@ -116,7 +116,8 @@ def passive_curves(signals: Mapping[str, torch.Tensor], is_member, *, width: int
     Returns ``{"round_auc": {signal: [T]}`` (AUC of the round-``t`` signal, mean over clients,
     :func:`fedlab.attacks.membership.round_auc`), ``"lag_auc": {W: AUC}`` (the score averaged over the
     ``width`` rounds ``T-W+1 .. T-W+width``, i.e. ending ``W - width`` rounds before the last, for every
-    ``W`` of ``lags`` with ``width <= W <= T``), ``"gn_member"``, ``"gn_nonmember"`` (``[T]``: the mean
+    ``W`` of ``lags`` with ``width <= W <= T``), ``"first_window_auc"`` (the same score on rounds
+    ``1 .. width``), ``"gn_member"``, ``"gn_nonmember"`` (``[T]``: the mean
     last-layer gradient norm of members and of non-members each round, over clients and records)}.
     Raises ``ValueError`` for a missing signal or a ``width`` above ``T``.
     """
@@ -131,14 +132,15 @@ def passive_curves(signals: Mapping[str, torch.Tensor], is_member, *, width: int
     slide = mia.round_auc(signals["loss"], is_member, width)        # entry j: rounds j+1 .. j+width
     G = signals["grad_norm"]
     return {"round_auc": {s: mia.round_auc(signals[s], is_member) for s in ("loss", "grad_norm")},
-            "lag_auc": {int(W): float(slide[T - W]) for W in lags if width <= W <= T},
+            "lag_auc": {int(W): float(slide[T - W]) for W in lags if width <= W <= T}, "first_window_auc": float(slide[0]),
             "gn_member": G[:, :, mem].mean((0, 2)).numpy(), "gn_nonmember": G[:, :, ~mem].mean((0, 2)).numpy()}
 
 
 def passive_curve_values(curves: Mapping) -> dict:
     """``{name: value}`` the chapter quotes from :func:`passive_curves` (unrounded): the loss AUC of the
     first round ``auc_round1``, its peak ``auc_peak`` at round ``peak_round``, the last round
-    ``auc_round_last``, the lowest round ``auc_round_min``; the five-round windows ``lag_auc_<W>``, and
+    ``auc_round_last``, the lowest round ``auc_round_min``; the five-round windows ``lag_auc_<W>`` and
+    ``lag_auc_first`` (the first rounds), and
     the ratio of the members' to the non-members' mean gradient norm in the first and last rounds
     (``gn_ratio_first``, ``gn_ratio_last``)."""
     la = np.asarray(curves["round_auc"]["loss"])
@@ -146,7 +148,7 @@ def passive_curve_values(curves: Mapping) -> dict:
     out = {"auc_round1": float(la[0]), "auc_peak": float(la.max()), "peak_round": int(la.argmax()) + 1,
            "auc_round_last": float(la[-1]), "auc_round_min": float(la.min()),
            "gn_ratio_first": float(ratio[0]), "gn_ratio_last": float(ratio[-1])}
-    out.update({f"lag_auc_{W}": v for W, v in curves["lag_auc"].items()})
+    out.update({f"lag_auc_{W}": v for W, v in curves["lag_auc"].items()}, lag_auc_first=curves["first_window_auc"])
     return out
 
 
