@@ -25,13 +25,14 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from .. import fl
-from ..metrics import roc_auc
+from ..metrics import auc_permutation_floor, balanced_accuracy, best_threshold, roc_auc, roc_auc_rows
 from ..privacy.defenses import global_norm
 
 __all__ = [
     "last_layer_names", "per_example_loss", "per_example_grad_norm", "stack_snapshots",
     "snapshot_signals", "SnapshotRecorder", "membership_score", "attack_auc", "attack_accuracy",
-    "client_signals", "attack_model_auc", "gradient_ascent", "active_attack_rounds",
+    "client_signals", "attack_model_auc", "gradient_ascent", "active_attack_rounds", "round_auc",
+    "heldout_accuracy", "leave_one_out_accuracy",
 ]
 
 
@@ -161,11 +162,66 @@ def attack_auc(signals: torch.Tensor, is_member, window: int = 1) -> float:
 
 def attack_accuracy(is_member, scores) -> float:
     """Best balanced accuracy ``max_tau (TPR + TNR) / 2`` of a threshold on ``scores`` (the
-    "attack accuracy" of Nasr et al. 2019, who evaluate on equally many members and non-members)."""
+    "attack accuracy" of Nasr et al. 2019, who evaluate on equally many members and non-members).
+
+    The threshold is tuned on the very records it is measured on, so this is *optimistic* (random
+    scores on 20 + 20 candidates reach about 0.59): report :func:`heldout_accuracy` or
+    :func:`leave_one_out_accuracy`, with the AUC, instead."""
     from ..metrics import roc_curve
 
     fpr, tpr = roc_curve(np.asarray(is_member), np.asarray(scores))
     return float(np.max((tpr + 1.0 - fpr) / 2.0))
+
+
+def heldout_accuracy(cal_member, cal_scores, eval_member, eval_scores) -> tuple[float, float]:
+    """Balanced accuracy of a threshold chosen on calibration records and applied to disjoint
+    evaluation records: ``tau = best_threshold(cal_member, cal_scores)`` (:func:`fedlab.metrics.best_threshold`;
+    the evaluation labels are never seen), then :func:`fedlab.metrics.balanced_accuracy` on
+    ``(eval_member, eval_scores)``. Returns ``(accuracy, tau)``. Raises ``ValueError`` as those functions."""
+    tau = best_threshold(cal_member, cal_scores)
+    return balanced_accuracy(eval_member, eval_scores, tau), tau
+
+
+def leave_one_out_accuracy(is_member, scores) -> tuple[np.ndarray, np.ndarray]:
+    """Held-out attack accuracy for ``U >= 2`` targets: target ``u``'s threshold is chosen on the pooled
+    candidates of the *other* targets (an attacker who knows the membership of other clients'
+    records, as in Nasr et al. 2019's supervised attack) and applied to target ``u``'s candidates.
+
+    ``is_member``: ``[m]`` (the same for every target) or ``[U, m]``; ``scores``: ``[U, m]``.
+    Returns ``(accuracy [U], thresholds [U])``; ``thresholds[u]`` never depends on row ``u``'s labels.
+    Raises ``ValueError`` for fewer than two targets or mismatched shapes."""
+    S = np.asarray(scores, dtype=np.float64)
+    if S.ndim != 2 or S.shape[0] < 2:
+        raise ValueError(f"scores must be [U, m] with U >= 2 targets, got shape {S.shape}")
+    L = np.asarray(is_member, dtype=np.float64)
+    L = np.broadcast_to(L, S.shape) if L.ndim == 1 else L
+    if L.shape != S.shape:
+        raise ValueError(f"is_member must be [m] or [U, m] matching scores {S.shape}, got {np.shape(is_member)}")
+    accs, taus = [], []
+    for u in range(S.shape[0]):
+        rest = np.arange(S.shape[0]) != u
+        a, t = heldout_accuracy(L[rest].ravel(), S[rest].ravel(), L[u], S[u])
+        accs.append(a)
+        taus.append(t)
+    return np.asarray(accs), np.asarray(taus)
+
+
+def round_auc(signals: torch.Tensor, is_member, width: int = 1) -> np.ndarray:
+    """AUC of the score "minus the signal averaged over ``width`` consecutive rounds", for every window
+    position: entry ``j`` uses rounds ``j .. j + width - 1`` (0-based), so ``width = 1`` gives the
+    per-round AUC over training. ``signals``: ``[T, n]`` or ``[K, T, n]`` (then the mean over the ``K``
+    clients, each scored on its own candidates); ``is_member``: ``[n]``. Returns ``[T - width + 1]``;
+    one batched :func:`fedlab.metrics.roc_auc_rows` call. Raises ``ValueError`` for another shape or
+    ``width`` outside ``1..T``."""
+    S = signals if signals.ndim == 3 else signals.unsqueeze(0) if signals.ndim == 2 else None
+    if S is None:
+        raise ValueError(f"signals must be [T, n] or [K, T, n], got shape {tuple(signals.shape)}")
+    K, T, n = S.shape
+    if int(width) != width or not 1 <= width <= T:
+        raise ValueError(f"width must be an integer in 1..{T}, got {width}")
+    win = -S.double().unfold(1, int(width), 1).mean(-1)                     # [K, T - width + 1, n]
+    lab = torch.as_tensor(np.asarray(is_member, dtype=np.float64)).expand(K * win.shape[1], n)
+    return roc_auc_rows(lab, win.reshape(-1, n)).reshape(K, -1).mean(0).numpy()
 
 
 def client_signals(model: nn.Module, recorder: SnapshotRecorder, X: torch.Tensor, y: torch.Tensor, *,
@@ -191,7 +247,9 @@ def attack_model_auc(features, is_member, *, train_fraction: float = 0.5, seed: 
     ``train_fraction`` of the records (stratified), trains a classifier on their signal histories
     ``features`` (``[n, F]``, e.g. losses and gradient norms at the observed rounds, concatenated),
     and scores the rest. The paper uses a neural network; we use a standardised logistic
-    regression (scikit-learn). Returns ``{"auc", "accuracy"}`` on the held-out records.
+    regression (scikit-learn). Returns, on the held-out records, ``{"auc", "accuracy", "floor"}``: the
+    accuracy of a threshold chosen on the training records' scores (:func:`heldout_accuracy`) and the
+    chance floor of the AUC (:func:`fedlab.metrics.auc_permutation_floor`, 95th percentile).
     """
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
@@ -209,7 +267,8 @@ def attack_model_auc(features, is_member, *, train_fraction: float = 0.5, seed: 
     clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
     clf.fit(F[tr], lab[tr])
     s = clf.decision_function(F[te])
-    return {"auc": roc_auc(lab[te], s), "accuracy": attack_accuracy(lab[te], s)}
+    acc, _ = heldout_accuracy(lab[tr], clf.decision_function(F[tr]), lab[te], s)
+    return {"auc": roc_auc(lab[te], s), "accuracy": acc, "floor": auc_permutation_floor(lab[te], s, seed=seed)}
 
 
 def gradient_ascent(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, *,
@@ -239,20 +298,37 @@ def active_attack_rounds(model: nn.Module, clients: fl.ClientData, params: dict,
                          y_target: torch.Tensor, *, target: int, num_rounds: int, ascent_lr: float,
                          attacker: str = "server", isolate: bool = False, attacker_index: int | None = None,
                          lr: float = 0.1, local_epochs: int = 1, batch_size: int | None = 10,
-                         seed: int = 0, loss_fn=fl.cross_entropy) -> torch.Tensor:
+                         seed: int = 0, loss_fn=fl.cross_entropy, return_trace: bool = False):
     """Run ``num_rounds`` FedAvg rounds (all clients, McMahan et al. 2017) during which an attacker
     observes the model and, when ``ascent_lr > 0``, mounts the gradient-ascent attack of Nasr et al.
     (2019, Sec. V-B) on the candidate records ``(X_target, y_target)`` (members of client ``target``
     and non-members, mixed; the attacker does not know which is which).
 
-    ``attacker="server"`` (global attacker): it sends ``gradient_ascent(theta)`` to the clients (only
-    to ``target`` when ``isolate``, the "isolating" variant) and observes the model the target
-    returns. ``attacker="participant"`` (local attacker, client ``attacker_index``): it trains
-    honestly, adds the ascent step to what it uploads, and observes the next global model.
-    ``ascent_lr = 0`` gives the passive attacker on exactly the same schedule.
+    ``attacker="server"`` (global attacker) observes the model the target returns each round.
+
+    * ``isolate=False``: the global model goes to every client; when ``ascent_lr > 0`` the server
+      first applies :func:`gradient_ascent` on the candidates to it (every client, the target
+      included, receives the ascended global model), and aggregates all returned models.
+    * ``isolate=True`` (Nasr et al.'s *isolating* server): from the first attack round on, the target
+      is cut off from the other participants. It receives a model of its own, which starts at the
+      global model ``params`` and is afterwards the model the target itself returned in the previous
+      round (ascended first when ``ascent_lr > 0``): it never contains another participant's update.
+      The other clients go on with FedAvg among themselves (the target's returns are left out of
+      their aggregate).
+
+    ``attacker="participant"`` (local attacker, client ``attacker_index``): it trains honestly, adds
+    the ascent step to what it uploads, and observes the next global model. ``ascent_lr = 0`` gives
+    the passive attacker on exactly the same schedule (the same batches: ``seed``).
 
     The rounds run on :func:`fedlab.fl.rounds.run_rounds`. Returns the loss signal
-    ``[num_rounds, n_candidates]`` that the attacker observed each round.
+    ``[num_rounds, n_candidates]`` that the attacker observed each round; with ``return_trace`` a dict
+    ``{"signals", "received", "returned", "global"}``, the last three lists of ``num_rounds`` parameter
+    dicts: the model the target received, the model it returned, and the other clients' next global
+    model (the FedAvg aggregate of the round).
+
+    Raises ``ValueError`` for an unknown ``attacker``, a ``target`` or ``attacker_index`` that is not
+    a client (or ``attacker_index == target``), ``isolate`` with a participant attacker, fewer than two
+    clients with ``isolate``, or ``num_rounds`` not a positive integer.
     """
     if attacker not in ("server", "participant"):
         raise ValueError(f"attacker must be 'server' or 'participant', got {attacker!r}")
@@ -262,19 +338,29 @@ def active_attack_rounds(model: nn.Module, clients: fl.ClientData, params: dict,
     if attacker == "participant":
         if attacker_index is None or not 0 <= attacker_index < K or attacker_index == target:
             raise ValueError("attacker_index must be a client index different from target")
+        if isolate:
+            raise ValueError("isolate: only the server (attacker='server') can isolate a participant")
+    if isolate and K < 2:
+        raise ValueError("isolate needs at least two clients (the target and the rest of the federation)")
     if int(num_rounds) != num_rounds or num_rounds < 1:
         raise ValueError(f"num_rounds must be a positive integer, got {num_rounds}")
     gen = torch.Generator().manual_seed(seed)
     weights = clients.n.float()
-    observed = []
+    others = weights.clone()
+    others[target] = 0.0                      # the isolated target's returns stay out of the others' aggregate
+    observed, trace = [], {"received": [], "returned": [], "global": []}
+    own = {k: v.detach().clone() for k, v in params.items()}          # the isolated target's model
 
     def step(t, w):
+        nonlocal own
         send = {k: v.unsqueeze(0).repeat(K, *([1] * v.ndim)) for k, v in w.items()}
-        if attacker == "server" and ascent_lr > 0:
-            adv = gradient_ascent(model, w, X_target, y_target, ascent_lr=ascent_lr, loss_fn=loss_fn)
+        if attacker == "server":
+            base = own if isolate else w
+            if ascent_lr > 0:
+                base = gradient_ascent(model, base, X_target, y_target, ascent_lr=ascent_lr, loss_fn=loss_fn)
             rows = [target] if isolate else list(range(K))
             for k in send:
-                send[k][rows] = adv[k]
+                send[k][rows] = base[k]
         local = fl.clients_update(model, send, clients, lr=lr, local_epochs=local_epochs,
                                   batch_size=batch_size, generator=gen, loss_fn=loss_fn, stacked=True)
         if attacker == "participant" and ascent_lr > 0:
@@ -282,10 +368,18 @@ def active_attack_rounds(model: nn.Module, clients: fl.ClientData, params: dict,
             up = gradient_ascent(model, mine, X_target, y_target, ascent_lr=ascent_lr, loss_fn=loss_fn)
             for k in local:
                 local[k][attacker_index] = up[k]
-        new_w = fl.weighted_average(local, weights)
-        seen = {k: v[target] for k, v in local.items()} if attacker == "server" else new_w
+        new_w = fl.weighted_average(local, others if isolate else weights)
+        returned = {k: v[target].detach().clone() for k, v in local.items()}
+        if isolate:
+            own = returned
+        seen = returned if attacker == "server" else new_w
         observed.append(per_example_loss(model, seen, X_target, y_target, loss_fn))
+        if return_trace:
+            trace["received"].append({k: v[target].detach().clone() for k, v in send.items()})
+            trace["returned"].append(returned)
+            trace["global"].append({k: v.detach().clone() for k, v in new_w.items()})
         return {k: v.detach() for k, v in new_w.items()}
 
     fl.run_rounds(int(num_rounds), step, {k: v.detach().clone() for k, v in params.items()})
-    return torch.stack(observed)
+    signals = torch.stack(observed)
+    return {"signals": signals, **trace} if return_trace else signals

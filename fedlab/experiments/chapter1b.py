@@ -21,9 +21,13 @@ from ..data import Dataset, client_datasets, partition_iid
 from ..fl import personalization as pers
 from ..fl import stack_clients
 from ..fl.dp_fedavg import dp_fedavg
+from ..metrics import t_interval
+from .tables import mean_interval
 from ..privacy import dp_fedavg as dpf
 
-__all__ = ["LECTURE_WINDOW_AUC", "LECTURE_ACTIVE_ACCURACY", "window_values", "window_table",
+__all__ = ["LECTURE_WINDOW_AUC", "LECTURE_ACTIVE_ACCURACY", "LECTURE_WHITE_BOX", "window_values", "window_table",
+           "passive_curves", "passive_curve_values", "plot_passive_curves", "white_black_box",
+           "white_black_box_values", "white_black_box_table",
            "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "active_attack_sweep",
            "active_attack_name", "active_attack_values", "active_attack_table", "dp_grid", "plot_dp_grid",
            "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
@@ -35,21 +39,29 @@ LECTURE_WINDOW_AUC = {1: 0.687, 10: 0.712}
 
 #: lecture table "Gradient ascent attack" (Nasr et al. 2019, Table XI), AlexNet row: attack accuracy,
 #: keyed by (attacker, active)
-LECTURE_ACTIVE_ACCURACY = {("server", False): 0.851, ("server", True): 0.882, ("server, isolating", True): 0.921,
-                           ("participant", False): 0.731, ("participant", True): 0.763}
+LECTURE_ACTIVE_ACCURACY = {("server", False): 0.851, ("server", True): 0.882, ("server, isolating", False): 0.890,
+                           ("server, isolating", True): 0.921, ("participant", False): 0.731,
+                           ("participant", True): 0.763}
+
+#: lecture slide "Additional information leaked in FL - white-box access" (Nasr et al. 2019, Table IV),
+#: Purchase100 fully connected row (the task of the lecture's gradient-norm figure): attack accuracy
+LECTURE_WHITE_BOX = {"black-box (outputs)": 0.676, "white-box (gradients)": 0.734}
 
 
 # ---------------------------------------------------------------------------------------------------
 # passive attack: one snapshot vs many (Nasr et al. 2019, Sec. IV-C; lecture "multiple observations")
 # ---------------------------------------------------------------------------------------------------
 
-def window_values(auc_w: Mapping[str, Mapping[int, float]], best_w: int, *, w_lecture: int = 10) -> dict:
+def window_values(auc_w: Mapping[str, Mapping[int, float]], best_w: int, *, w_lecture: int = 10,
+                  floor: float | None = None) -> dict:
     """The numbers the chapter quotes from the passive window sweep (Nasr et al. 2019, Sec. IV-C).
 
     ``auc_w``: ``{"loss": {W: AUC}, "grad_norm": {W: AUC}}`` (mean over clients of
     :func:`fedlab.attacks.membership.attack_auc`); ``best_w`` the window with the best loss AUC.
     Returns unrounded ``{name: value}``: ``auc_last``, ``auc_w10``, ``auc_best``, ``best_w``,
-    ``auc_grad_last``, ``auc_grad_best`` and the table's ``mia_auc_last``, ``mia_auc_avg10``.
+    ``auc_grad_last``, ``auc_grad_best``, the table's ``mia_auc_last``, ``mia_auc_avg10``, their
+    difference ``mia_auc_avg10_minus_last``, and ``auc_floor`` when the chance ``floor`` is given
+    (:func:`fedlab.metrics.auc_permutation_floor`).
 
     Raises ``ValueError`` if ``auc_w`` lacks a signal, or the windows 1, ``w_lecture`` or ``best_w``.
     """
@@ -62,17 +74,20 @@ def window_values(auc_w: Mapping[str, Mapping[int, float]], best_w: int, *, w_le
     if 1 not in auc_w["grad_norm"]:
         raise ValueError("auc_w['grad_norm'] must hold the window 1")
     loss, gn = auc_w["loss"], auc_w["grad_norm"]
-    return {"auc_last": loss[1], "auc_w10": loss[w_lecture], "auc_best": loss[best_w], "best_w": int(best_w),
-            "auc_grad_last": gn[1], "auc_grad_best": max(gn.values()),
-            "mia_auc_last": loss[1], "mia_auc_avg10": loss[w_lecture]}
+    out = {"auc_last": loss[1], "auc_w10": loss[w_lecture], "auc_best": loss[best_w], "best_w": int(best_w),
+           "auc_grad_last": gn[1], "auc_grad_best": max(gn.values()),
+           "mia_auc_last": loss[1], "mia_auc_avg10": loss[w_lecture], "mia_auc_avg10_minus_last": loss[w_lecture] - loss[1]}
+    if floor is not None:
+        out["auc_floor"] = float(floor)
+    return out
 
 
 def window_table(auc_loss: Mapping[int, float], best_w: int, paper: Callable[[str], str], *,
-                 w_lecture: int = 10):
+                 w_lecture: int = 10, floor: float | None = None):
     """The lecture's "multiple observations" comparison as a Markdown table: the lecture's AUC
     (:data:`LECTURE_WINDOW_AUC`), ours (rounded to 3 decimals), the stored paper-scale record
-    (``paper(name)``, e.g. :meth:`fedlab.records.Run.paper`), and a row for the best window here.
-    Raises ``ValueError`` if ``auc_loss`` lacks the window 1, ``w_lecture`` or ``best_w``."""
+    (``paper(name)``, e.g. :meth:`fedlab.records.Run.paper`), a row for the best window here and,
+    when given, one for the chance ``floor`` (95th percentile of the AUC with shuffled labels). Raises ``ValueError`` if ``auc_loss`` lacks the window 1, ``w_lecture`` or ``best_w``."""
     from ..plots import md_table
 
     for w in (1, w_lecture, best_w):
@@ -82,7 +97,119 @@ def window_table(auc_loss: Mapping[int, float], best_w: int, paper: Callable[[st
             [f"average of the last {w_lecture} rounds", LECTURE_WINDOW_AUC.get(w_lecture, "-"), round(auc_loss[w_lecture], 3),
              paper("mia_auc_avg10")],
             [f"average of the last {best_w} rounds (best window here)", "-", round(auc_loss[best_w], 3), "-"]]
+    if floor is not None:
+        rows.append(["chance floor (95th percentile, shuffled labels)", "-", round(float(floor), 3), paper("auc_floor")])
     return md_table(["loss signal", "paper AUC", "ours AUC", "ours, paper scale (mean ± 95 % CI)"], rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the passive attack over training: per-round AUC, windows moving back, gradient norms (lecture
+# "white-box access" figure), and white-box vs black-box (Nasr et al. 2019, Sec. IV, Table IV)
+# ---------------------------------------------------------------------------------------------------
+
+def passive_curves(signals: Mapping[str, torch.Tensor], is_member, *, width: int = 5,
+                   lags: Sequence[int] = (5, 10, 20, 30)) -> dict:
+    """The passive server attack over training (Nasr et al. 2019, Sec. IV-C), from the client signals
+    ``{"loss": [K, T, r], "grad_norm": [K, T, r]}`` of :func:`fedlab.attacks.membership.client_signals`
+    and the membership labels ``is_member`` ``[r]``.
+
+    Returns ``{"round_auc": {signal: [T]}`` (AUC of the round-``t`` signal, mean over clients,
+    :func:`fedlab.attacks.membership.round_auc`), ``"lag_auc": {W: AUC}`` (the score averaged over the
+    ``width`` rounds ``T-W+1 .. T-W+width``, i.e. ending ``W - width`` rounds before the last, for every
+    ``W`` of ``lags`` with ``width <= W <= T``), ``"first_window_auc"`` (the same score on rounds
+    ``1 .. width``), ``"gn_member"``, ``"gn_nonmember"`` (``[T]``: the mean
+    last-layer gradient norm of members and of non-members each round, over clients and records)}.
+    Raises ``ValueError`` for a missing signal or a ``width`` above ``T``.
+    """
+    for s in ("loss", "grad_norm"):
+        if s not in signals or signals[s].ndim != 3:
+            raise ValueError(f"signals must hold {s!r} as [K, T, r], got {sorted(signals)}")
+    T = signals["loss"].shape[1]
+    width = positive_int("width", width)
+    if width > T:
+        raise ValueError(f"width ({width}) must not exceed the number of rounds T = {T}")
+    mem = torch.as_tensor(np.asarray(is_member) > 0.5)
+    slide = mia.round_auc(signals["loss"], is_member, width)        # entry j: rounds j+1 .. j+width
+    G = signals["grad_norm"]
+    return {"round_auc": {s: mia.round_auc(signals[s], is_member) for s in ("loss", "grad_norm")},
+            "lag_auc": {int(W): float(slide[T - W]) for W in lags if width <= W <= T}, "first_window_auc": float(slide[0]),
+            "gn_member": G[:, :, mem].mean((0, 2)).numpy(), "gn_nonmember": G[:, :, ~mem].mean((0, 2)).numpy()}
+
+
+def passive_curve_values(curves: Mapping) -> dict:
+    """``{name: value}`` the chapter quotes from :func:`passive_curves` (unrounded): the loss AUC of the
+    first round ``auc_round1``, its peak ``auc_peak`` at round ``peak_round``, the last round
+    ``auc_round_last``, the lowest round ``auc_round_min``; the five-round windows ``lag_auc_<W>`` and
+    ``lag_auc_first`` (the first rounds), and
+    the ratio of the members' to the non-members' mean gradient norm in the first and last rounds
+    (``gn_ratio_first``, ``gn_ratio_last``)."""
+    la = np.asarray(curves["round_auc"]["loss"])
+    ratio = np.asarray(curves["gn_member"]) / np.asarray(curves["gn_nonmember"])
+    out = {"auc_round1": float(la[0]), "auc_peak": float(la.max()), "peak_round": int(la.argmax()) + 1,
+           "auc_round_last": float(la[-1]), "auc_round_min": float(la.min()),
+           "gn_ratio_first": float(ratio[0]), "gn_ratio_last": float(ratio[-1])}
+    out.update({f"lag_auc_{W}": v for W, v in curves["lag_auc"].items()}, lag_auc_first=curves["first_window_auc"])
+    return out
+
+
+def plot_passive_curves(curves: Mapping, floor: float):
+    """Two panels: the per-round AUC of both signals with the chance ``floor`` (dashed), and the mean
+    last-layer gradient norm of members and non-members over the rounds (the lecture's figure,
+    Nasr et al. 2019, Fig. 5). Returns ``(fig, axes)``."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import line_plot
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    t = np.arange(1, len(curves["gn_member"]) + 1)
+    ra = curves["round_auc"]
+    line_plot(t, {"loss": ra["loss"], "last-layer gradient norm": ra["grad_norm"]}, ax=axes[0], xlabel="round t",
+              ylabel="attack AUC (mean over clients)", title="Passive server attack, round by round")
+    axes[0].axhline(floor, ls="--", c="gray", lw=1, label="chance floor (95 %)")
+    axes[0].legend()
+    line_plot(t, {"members": curves["gn_member"], "non-members": curves["gn_nonmember"]}, ax=axes[1],
+              xlabel="round t", ylabel="mean last-layer gradient norm", title="Gradient norms over training")
+    fig.tight_layout()
+    return fig, axes
+
+
+def white_black_box(signals: Mapping[str, torch.Tensor], is_member) -> dict:
+    """Nasr et al. (2019, Sec. IV, Table IV)'s comparison on the last round: a black-box attacker scores a
+    record by its loss (the model's *outputs* only), a white-box one by the last-layer gradient norm.
+    ``signals``: ``{"loss", "grad_norm"}`` each ``[K, T, r]``; ``is_member``: ``[r]``. Returns
+    ``{"black-box (outputs)": [K], "white-box (gradients)": [K]}``: each client's AUC on its own candidates."""
+    names = {"black-box (outputs)": "loss", "white-box (gradients)": "grad_norm"}
+    for s in names.values():
+        if s not in signals or signals[s].ndim != 3:
+            raise ValueError(f"signals must hold {s!r} as [K, T, r], got {sorted(signals)}")
+    return {name: np.asarray([mia.attack_auc(S_k, is_member, 1) for S_k in signals[s]]) for name, s in names.items()}
+
+
+def white_black_box_values(wb: Mapping[str, np.ndarray]) -> dict:
+    """``wb_black``, ``wb_white`` (mean AUC over clients) and the paired difference white minus black:
+    ``wb_diff`` (mean), ``wb_diff_lo``, ``wb_diff_hi`` (95 % t interval over clients)."""
+    d = np.asarray(wb["white-box (gradients)"]) - np.asarray(wb["black-box (outputs)"])
+    mean, _, ci = t_interval(d)
+    ci = ci or (mean, mean)
+    return {"wb_black": float(np.mean(wb["black-box (outputs)"])), "wb_white": float(np.mean(wb["white-box (gradients)"])),
+            "wb_diff": mean, "wb_diff_lo": ci[0], "wb_diff_hi": ci[1]}
+
+
+def white_black_box_table(wb: Mapping[str, np.ndarray], floor: float, paper: Callable[[str], str]):
+    """The lecture's white-box table (:data:`LECTURE_WHITE_BOX`, accuracy) beside our AUC, mean ± 95 %
+    interval over clients, the stored record, and the chance floor (Markdown)."""
+    from ..plots import md_table
+
+    tags = {"black-box (outputs)": "wb_black", "white-box (gradients)": "wb_white"}
+    rows = [[name, "loss" if "black" in name else "last-layer gradient norm", LECTURE_WHITE_BOX[name],
+             mean_interval(wb[name]), paper(tags[name])] for name in tags]
+    rows.append(["white-box minus black-box", "paired, per client", round(LECTURE_WHITE_BOX["white-box (gradients)"]
+                 - LECTURE_WHITE_BOX["black-box (outputs)"], 3),
+                 mean_interval(np.asarray(wb["white-box (gradients)"]) - np.asarray(wb["black-box (outputs)"])),
+                 paper("wb_diff")])
+    rows.append(["chance floor (95th percentile, shuffled labels)", "-", "-", round(float(floor), 3), "-"])
+    return md_table(["attacker", "signal (last round)", "paper accuracy (Purchase100, FC)",
+                     "ours AUC (mean ± 95 % CI over clients)", "ours, paper scale (mean ± 95 % CI over seeds)"], rows)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -100,7 +227,9 @@ def learned_attack_sweep(signals: Mapping[str, torch.Tensor], is_member, epoch_s
     the features of a candidate are its two signals at those rounds, and the attack is fit on half
     of the ``K * 2n`` candidates and scored on the rest.
 
-    Returns one dict per epoch set, in order: ``{"epochs", "rounds", "accuracy", "auc"}``.
+    Returns one dict per epoch set, in order: ``{"epochs", "rounds", "accuracy", "auc", "floor"}``: the
+    accuracy of a threshold chosen on the fitting half, the AUC on the other half, and that AUC's
+    chance floor (95th percentile with shuffled labels).
     Raises ``ValueError`` for a missing signal, a signal whose round axis is not ``num_rounds``, or
     ``total_epochs < 1``.
     """
@@ -119,7 +248,8 @@ def learned_attack_sweep(signals: Mapping[str, torch.Tensor], is_member, epoch_s
         cols = [r - 1 for r in rounds] + [num_rounds + r - 1 for r in rounds]
         F = feats[:, cols, :].permute(0, 2, 1).reshape(-1, len(cols)).numpy()
         res = mia.attack_model_auc(F, labels, seed=seed)
-        out.append({"epochs": tuple(epochs), "rounds": tuple(rounds), "accuracy": res["accuracy"], "auc": res["auc"]})
+        out.append({"epochs": tuple(epochs), "rounds": tuple(rounds), "accuracy": res["accuracy"], "auc": res["auc"],
+                    "floor": res["floor"]})
     return out
 
 
@@ -140,7 +270,8 @@ def learned_attack_values(learned: Sequence[dict]) -> dict:
 
 def learned_attack_table(learned: Sequence[dict], paper_accuracy: Mapping, paper: Callable[[str], str]):
     """The lecture's "MIA performance in FL" table beside ours (Markdown): ``paper_accuracy`` maps an
-    epoch set to the lecture's attack accuracy; ``paper(name)`` quotes the stored paper-scale record."""
+    epoch set to the lecture's attack accuracy; ``paper(name)`` quotes the stored paper-scale record;
+    the last column is the chance floor of our AUC (95th percentile with shuffled labels)."""
     from ..plots import md_table
 
     rows = []
@@ -148,9 +279,9 @@ def learned_attack_table(learned: Sequence[dict], paper_accuracy: Mapping, paper
         tag = f"mia_epochs{r['epochs'][-1]}"
         rows.append([", ".join(map(str, r["epochs"])), paper_accuracy.get(r["epochs"], "-"),
                      ", ".join(map(str, r["rounds"])), round(r["accuracy"], 3), round(r["auc"], 3),
-                     paper(tag + "_acc"), paper(tag + "_auc")])
-    return md_table(["paper epochs", "paper accuracy", "our rounds", "our accuracy", "our AUC",
-                     "our accuracy, paper scale (mean ± 95 % CI)", "our AUC, paper scale"], rows)
+                     paper(tag + "_acc"), paper(tag + "_auc"), round(r["floor"], 3)])
+    return md_table(["paper epochs", "paper accuracy", "our rounds", "our accuracy (held-out threshold)", "our AUC",
+                     "our accuracy, paper scale (mean ± 95 % CI)", "our AUC, paper scale", "AUC chance floor"], rows)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -158,74 +289,109 @@ def learned_attack_table(learned: Sequence[dict], paper_accuracy: Mapping, paper
 # ---------------------------------------------------------------------------------------------------
 
 def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand_y: torch.Tensor, is_member, *,
-                        targets: Sequence[int], variants: Mapping[str, dict], num_rounds: int, ascent_lr: float,
-                        seed: int = 0, **fl_args) -> dict:
-    """Nasr et al. (2019, Sec. V-B) attack accuracy, passive (``ascent_lr = 0``) and active, for each
-    attacker variant, averaged over the target clients.
+                        targets: Sequence[int], variants: Mapping[str, dict], num_rounds: int,
+                        ascent_lrs: Sequence[float], seed: int = 0, **fl_args) -> dict:
+    """Nasr et al. (2019, Sec. V-B) passive and gradient-ascent attacks, for each attacker variant and
+    every target client.
 
     For every ``name, kw`` of ``variants`` (keyword arguments of
     :func:`fedlab.attacks.membership.active_attack_rounds`, e.g. ``{"attacker": "server", "isolate": True}``),
-    for ``gamma`` in ``(0, ascent_lr)`` and every target ``k``: ``num_rounds`` FedAvg rounds from
-    ``params`` (``seed`` fixes them; a participant attacker is client ``k + 1``), scored on client
-    ``k``'s candidates ``cand_X[k], cand_y[k]`` (``[K, 2n, ...]``, ``[K, 2n]``) by minus the loss averaged
-    over the rounds, and measured by the best balanced accuracy against ``is_member`` ``[2n]``.
-    ``fl_args``: ``local_epochs``, ``batch_size``, ``lr`` of the clients.
+    every ``gamma`` of ``(0, *ascent_lrs)`` and every target ``k``: ``num_rounds`` FedAvg rounds from
+    ``params`` (``seed`` fixes them, the same batches for every variant; a participant attacker is client
+    ``k + 1``), scored on client ``k``'s candidates ``cand_X[k], cand_y[k]`` (``[K, 2n, ...]``, ``[K, 2n]``)
+    by minus the loss averaged over the rounds. ``fl_args``: ``local_epochs``, ``batch_size``, ``lr``.
 
-    Returns ``{(name, active): mean accuracy}``. Raises ``ValueError`` for no targets, a target that is
-    not a client, or ``ascent_lr <= 0``.
+    Returns ``{"auc": {(name, gamma): [U]}, "accuracy": {(name, gamma): [U]}, "floor": float}``: per
+    target the AUC against ``is_member`` ``[2n]``, the balanced accuracy of a threshold chosen on the
+    *other* targets' candidates (:func:`fedlab.attacks.membership.leave_one_out_accuracy`), and the chance
+    floor of the mean AUC over the ``U`` targets (:func:`fedlab.metrics.auc_permutation_floor`).
+    Raises ``ValueError`` for fewer than two targets, a target that is not a client, no ``ascent_lrs`` or
+    one that is not ``> 0``.
     """
+    from ..metrics import auc_permutation_floor, roc_auc
+
     targets = list(targets)
     num_clients = cand_X.shape[0]
-    if not targets or any(not 0 <= k < num_clients for k in targets):
-        raise ValueError(f"targets must be a non-empty list of clients in 0..{num_clients - 1}, got {targets}")
-    if not ascent_lr > 0:
-        raise ValueError(f"ascent_lr must be > 0, got {ascent_lr}")
+    if len(targets) < 2 or any(not 0 <= k < num_clients for k in targets):
+        raise ValueError(f"targets must list at least two clients in 0..{num_clients - 1}, got {targets}")
+    ascent_lrs = [float(g) for g in ascent_lrs]
+    if not ascent_lrs or not all(g > 0 for g in ascent_lrs):
+        raise ValueError(f"ascent_lrs must be a non-empty list of steps > 0, got {ascent_lrs}")
     num_rounds = positive_int("num_rounds", num_rounds)
-    out = {}
+    out = {"auc": {}, "accuracy": {}}
     for name, kw in variants.items():
-        for gamma in (0.0, ascent_lr):
-            accs = []
+        for gamma in [0.0, *ascent_lrs]:
+            scores = []
             for k in targets:
                 extra = {"attacker_index": (k + 1) % num_clients} if kw["attacker"] == "participant" else {}
                 S = mia.active_attack_rounds(model, clients, params, cand_X[k], cand_y[k], target=k,
                                              num_rounds=num_rounds, ascent_lr=gamma, seed=seed,
                                              **fl_args, **kw, **extra)
-                accs.append(mia.attack_accuracy(is_member, mia.membership_score(S, num_rounds).numpy()))
-            out[(name, gamma > 0)] = float(np.mean(accs))
+                scores.append(mia.membership_score(S, num_rounds).numpy())
+            scores = np.stack(scores)                                                   # [U, 2n]
+            out["auc"][(name, gamma)] = np.asarray([roc_auc(is_member, s) for s in scores])
+            out["accuracy"][(name, gamma)] = mia.leave_one_out_accuracy(is_member, scores)[0]
+    out["floor"] = auc_permutation_floor(np.tile(np.asarray(is_member), (len(targets), 1)), scores)
     return out
 
 
-def active_attack_name(name: str, active: bool) -> str:
-    """The glue name of one cell of the active-attack table: ``act_<variant>_<a|p>_acc``."""
-    return f"act_{name.replace(', ', '_')}_{'a' if active else 'p'}_acc"
+def _gamma_tag(gamma: float) -> str:
+    return "p" if gamma == 0 else "g" + f"{gamma:g}".replace(".", "p")
 
 
-def active_attack_values(active_acc: Mapping) -> dict:
-    """``{name: value}`` the chapter quotes from :func:`active_attack_sweep` (unrounded): every cell of
-    the table (:func:`active_attack_name`) and the prose's ``act_server_p``, ``act_server_a``,
-    ``act_iso_a``, ``act_part_p``, ``act_part_a``. Raises ``ValueError`` if a variant is missing."""
-    need = [("server", False), ("server", True), ("server, isolating", True), ("participant", False),
-            ("participant", True)]
-    missing = [k for k in need if k not in active_acc]
-    if missing:
-        raise ValueError(f"active_acc lacks {missing}")
-    out = {active_attack_name(n, a): v for (n, a), v in active_acc.items()}
-    out.update(act_server_p=active_acc[("server", False)], act_server_a=active_acc[("server", True)],
-               act_iso_a=active_acc[("server, isolating", True)], act_part_p=active_acc[("participant", False)],
-               act_part_a=active_acc[("participant", True)])
+def active_attack_name(name: str, gamma: float, stat: str = "auc") -> str:
+    """The glue name of one cell of the active-attack table: ``act_<variant>_<p|g<gamma>>_<stat>``,
+    e.g. ``act_server_isolating_g2_auc`` (``p``: passive, ``gamma = 0``; ``0.5`` is written ``0p5``)."""
+    return f"act_{name.replace(', ', '_')}_{_gamma_tag(gamma)}_{stat}"
+
+
+def active_attack_values(sweep: Mapping) -> dict:
+    """``{name: value}`` the chapter quotes from :func:`active_attack_sweep` (unrounded): every cell's mean
+    AUC and mean held-out accuracy over targets (:func:`active_attack_name` with ``stat`` ``auc`` / ``hacc``),
+    the paired differences over targets ``d_<variant>_<gamma>`` (mean) with ``_lo`` / ``_hi`` (95 % t
+    interval) of each ascent against the same variant's passive attack, and ``d_iso_p``: the isolating
+    passive attack minus the server's passive one, both over the same targets; ``act_floor``; the
+    largest and smallest ascent gains ``d_ascent_max``, ``d_ascent_min``.
+    Raises ``ValueError`` if the server or the isolating server is missing."""
+    auc = sweep["auc"]
+    for v in ("server", "server, isolating"):
+        if (v, 0.0) not in auc:
+            raise ValueError(f"sweep lacks the passive {v!r} attack: {sorted(auc)}")
+    out = {}
+    gains = []
+    for (name, gamma), a in auc.items():
+        out[active_attack_name(name, gamma)] = float(np.mean(a))
+        out[active_attack_name(name, gamma, "hacc")] = float(np.mean(sweep["accuracy"][(name, gamma)]))
+        if gamma > 0:
+            m, _, ci = t_interval(np.asarray(a) - np.asarray(auc[(name, 0.0)]))
+            tag = active_attack_name(name, gamma, "d")
+            out.update({tag: m, tag + "_lo": (ci or (m, m))[0], tag + "_hi": (ci or (m, m))[1]})
+            gains.append(m)
+    m, _, ci = t_interval(np.asarray(auc[("server, isolating", 0.0)]) - np.asarray(auc[("server", 0.0)]))
+    out.update(d_iso_p=m, d_iso_p_lo=(ci or (m, m))[0], d_iso_p_hi=(ci or (m, m))[1], act_floor=float(sweep["floor"]))
+    if gains:
+        out.update(d_ascent_max=max(gains), d_ascent_min=min(gains))
     return out
 
 
-def active_attack_table(active_acc: Mapping, paper: Callable[[str], str]):
-    """Nasr et al. (2019) Table XI (AlexNet row, :data:`LECTURE_ACTIVE_ACCURACY`) beside ours, one row
-    per attacker and mode (Markdown); ``paper(name)`` quotes the stored paper-scale record."""
+def active_attack_table(sweep: Mapping, paper: Callable[[str], str]):
+    """Nasr et al. (2019) Table XI (AlexNet row, :data:`LECTURE_ACTIVE_ACCURACY`, attack accuracy) beside
+    ours, one row per attacker and ascent step (Markdown): our AUC and held-out accuracy (mean ± 95 %
+    interval over targets), the AUC gain over the same attacker's passive attack (paired over targets),
+    the stored paper-scale record's AUC, and a last row with the chance floor of the mean AUC."""
     from ..plots import md_table
 
-    names = list(dict.fromkeys(n for n, _ in active_acc))
-    rows = [[name, "active (gradient ascent)" if act else "passive", LECTURE_ACTIVE_ACCURACY.get((name, act), "-"),
-             round(active_acc[(name, act)], 3), paper(active_attack_name(name, act))]
-            for name in names for act in (False, True)]
-    return md_table(["attacker", "mode", "paper accuracy", "ours accuracy", "ours, paper scale (mean ± 95 % CI)"], rows)
+    rows = []
+    for (name, gamma), a in sweep["auc"].items():
+        passive = np.asarray(sweep["auc"][(name, 0.0)])
+        rows.append([name, "passive" if gamma == 0 else f"gradient ascent, γ = {gamma:g}",
+                     LECTURE_ACTIVE_ACCURACY.get((name, gamma > 0), "-"), mean_interval(a),
+                     mean_interval(sweep["accuracy"][(name, gamma)]),
+                     "-" if gamma == 0 else mean_interval(np.asarray(a) - passive), paper(active_attack_name(name, gamma))])
+    rows.append(["chance floor (95th percentile, shuffled labels)", "-", "-", round(float(sweep["floor"]), 3), "-", "-",
+                 paper("act_floor")])
+    return md_table(["attacker", "mode", "paper accuracy", "ours AUC", "ours accuracy (held-out threshold)",
+                     "AUC − passive (paired)", "ours AUC, paper scale (mean ± 95 % CI over seeds)"], rows)
 
 
 # ---------------------------------------------------------------------------------------------------
