@@ -35,12 +35,13 @@ __all__ = ["MembershipFederation", "membership_federation", "max_abs_difference"
            "permutation_floor", "reply_membership", "fedsgd_clients", "grey_psnr", "fedsgd_attack",
            "update_norms", "plot_clipping", "defense_rows", "defense_markdown", "compare_markdown", "COMPARE_1A", "COMPARE_1B"]
 
-#: values of chapter 1a's stored record quoted beside ours: record name -> (our name, label)
-COMPARE_1A = {"idlg_acc": ("idlg_acc", "iDLG label accuracy"), "dlg_label_acc": ("dlg_label_acc", "DLG label accuracy"),
-              "dlg_success": ("dlg_success", "DLG success (PSNR ≥ 20 dB)"),
-              "dlg_median_psnr": ("dlg_median_psnr", "DLG median PSNR (dB)")}
+#: values of chapter 1a's stored record quoted beside ours: record name -> (our name, label, decimals)
+COMPARE_1A = {"idlg_acc": ("idlg_acc", "iDLG label accuracy", 3),
+              "dlg_label_acc": ("dlg_label_acc", "DLG label accuracy", 3),
+              "dlg_success": ("dlg_success", "DLG success (PSNR ≥ 20 dB)", 3),
+              "dlg_median_psnr": ("dlg_median_psnr", "DLG median PSNR (dB)", 1)}
 #: values of chapter 1b's stored record quoted beside ours
-COMPARE_1B = {"auc_last": ("mia_auc", "passive MIA AUC, last returned model (mean over clients)")}
+COMPARE_1B = {"auc_last": ("mia_auc", "passive MIA AUC, last returned model (mean over clients)", 3)}
 
 
 @dataclass
@@ -254,13 +255,14 @@ def defense_markdown(rows: Mapping[str, dict]) -> MarkdownText:
 def compare_markdown(ours: Mapping[str, float], paper_1a: Callable[[str], str], paper_1b: Callable[[str], str],
                      *, settings: Mapping[str, str]) -> MarkdownText:
     """This build's numbers on Flower transcripts beside the stored paper-scale records of chapters 1a
-    and 1b (``paper_1a`` / ``paper_1b``: :meth:`fedlab.records.Run.paper` of those chapters), only for
+    and 1b (``paper_1a`` / ``paper_1b``: :meth:`fedlab.records.Run.paper` of those chapters, called with
+    the record's name and the number of decimals), only for
     the names those records hold (:data:`COMPARE_1A`, :data:`COMPARE_1B`). ``settings``: the chapter
     name -> one line on how our setting differs."""
     lines = ["| chapter | value | this build, on the Flower transcript | stored record of the chapter |",
              "|---|---|---:|---:|"]
     for chapter, table, paper in (("1a", COMPARE_1A, paper_1a), ("1b", COMPARE_1B, paper_1b)):
-        for rec_name, (our_name, label) in table.items():
-            lines.append(f"| {chapter} | {label} | {ours[our_name]:.3f} | {paper(rec_name)} |")
+        for rec_name, (our_name, label, digits) in table.items():
+            lines.append(f"| {chapter} | {label} | {ours[our_name]:.{digits}f} | {paper(rec_name, digits)} |")
     notes = " ".join(f"**{c}:** {s}" for c, s in settings.items())
     return MarkdownText("\n".join(lines) + ("\n\n" + notes if notes else ""))
