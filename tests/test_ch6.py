@@ -102,6 +102,10 @@ def test_reply_membership_on_a_transcript_equals_chapter_1b_on_fedavg():
     rec = mia.SnapshotRecorder()
     ref = fl.fedavg(mlp(), fed.clients, callback=rec, **args)
     assert ex.max_abs_difference(res.params, ref.params) <= 1e-6
+    drift = ex.round_differences(res.transcript, rec.global_models)
+    assert drift["end_to_end"].shape == (5,) and drift["end_to_end"].max() <= 1e-6 and drift["aggregation"].max() <= 1e-6
+    with pytest.raises(ValueError, match="rounds"):
+        ex.round_differences(res.transcript, rec.global_models[:4])
     out = ex.reply_membership(mlp, res.transcript, fed, seed=0)
     direct = mia.client_signals(mlp(), rec, fed.cand_X, fed.cand_y)
     assert out["auc"].shape == (4,)

@@ -31,7 +31,8 @@ from ..flower import attacks as fa
 from ..flower.transcript import Transcript
 from ..plots import MarkdownText
 
-__all__ = ["MembershipFederation", "membership_federation", "max_abs_difference", "transcript_markdown",
+__all__ = ["MembershipFederation", "membership_federation", "max_abs_difference", "round_differences",
+           "plot_round_differences", "transcript_markdown",
            "permutation_floor", "reply_membership", "fedsgd_clients", "grey_psnr", "fedsgd_attack",
            "update_norms", "plot_clipping", "defense_rows", "defense_markdown", "compare_markdown", "COMPARE_1A", "COMPARE_1B"]
 
@@ -93,6 +94,46 @@ def max_abs_difference(a: Mapping, b: Mapping) -> float:
             raise ValueError(f"parameter {k!r} has shape {tuple(x.shape)} in a and {tuple(y.shape)} in b")
         out = max(out, float((x - y).abs().max()) if x.numel() else 0.0)
     return out
+
+
+def round_differences(transcript: Transcript, reference_globals: Sequence[Mapping]) -> dict:
+    """Where a Flower run and :func:`fedlab.fl.fedavg` part, round by round.
+
+    ``reference_globals``: fedavg's global model after rounds ``1..T`` (e.g.
+    :attr:`fedlab.attacks.membership.SnapshotRecorder.global_models`). Returns ``{"end_to_end": [T]``
+    (the largest absolute difference between the two global models after round ``t``),
+    ``"aggregation": [T]`` (between Flower's global model of round ``t`` and
+    :func:`fedlab.fl.weighted_average` of the replies Flower received in that round, weighted by
+    ``num-examples``: the rounding of Flower's own average alone)``}``.
+
+    Raises ``ValueError`` when the transcript and the reference hold different numbers of rounds."""
+    T = transcript.num_rounds
+    if len(reference_globals) != T:
+        raise ValueError(f"reference_globals holds {len(reference_globals)} rounds, the transcript {T}")
+    end, agg = [], []
+    for t in range(1, T + 1):
+        end.append(max_abs_difference(transcript.globals[t], reference_globals[t - 1]))
+        replies = transcript.train_replies(t)
+        stacked = {k: torch.stack([r.params[k] for r in replies]) for k in transcript.param_names}
+        avg = fl.weighted_average(stacked, torch.tensor([float(r.num_examples) for r in replies]))
+        agg.append(max_abs_difference(avg, transcript.globals[t]))
+    return {"end_to_end": np.array(end), "aggregation": np.array(agg)}
+
+
+def plot_round_differences(diffs: Mapping[str, np.ndarray], *, title: str = ""):
+    """:func:`round_differences` against the round (log scale; a zero is drawn at the axis' floor, 1e-9).
+    Returns the matplotlib ``Axes``."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    rounds = np.arange(1, len(diffs["end_to_end"]) + 1)
+    for key, label in (("end_to_end", "global models, Flower vs fedavg"),
+                       ("aggregation", "Flower's average vs fedlab's, same replies")):
+        ax.plot(rounds, np.maximum(diffs[key], 1e-9), marker=".", label=label)
+    ax.axhline(float(np.finfo(np.float32).eps), color="gray", ls=":", lw=1, label="float32 epsilon")
+    ax.set(yscale="log", xlabel="round", ylabel="largest absolute difference", title=title)
+    ax.legend(fontsize=8)
+    return ax
 
 
 def transcript_markdown(transcript: Transcript, *, rows: int = 6) -> MarkdownText:
