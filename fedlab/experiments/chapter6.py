@@ -1,0 +1,309 @@
+"""Chapter 6's bookkeeping (from the book to a real federation): the chapters' federations and attacks
+run on what a Flower server recorded (Beutel et al. 2020, Flower; :mod:`fedlab.flower`).
+
+* :func:`membership_federation`: chapter 1b's federation (10 clients with 20 scikit-learn digits each)
+  with each client's candidate records (its own 20 members and 20 outsiders);
+* :func:`reply_membership`: chapter 1b's passive attack (:func:`fedlab.flower.attacks.membership_auc`)
+  on every client's returned models, beside a permutation floor (:func:`permutation_floor`) and the
+  same attack on the *released global models* (what another participant sees);
+* :func:`fedsgd_clients` / :func:`fedsgd_attack`: chapter 1a's FedSGD victims (one digit per client,
+  the sigmoid LeNet) and DLG / iDLG (:func:`fedlab.flower.attacks.invert_gradients`) on the transcript,
+  with the PSNR of a flat grey image as the floor a reconstruction has to beat;
+* tables of a transcript's messages, of the DP wrappers' effect and of this chapter beside the stored
+  records of chapters 1a and 1b.
+
+This module reads transcripts and never imports ``flwr``; the notebook runs the federations with
+:func:`fedlab.flower.run`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import data, fl, metrics, models
+from .._checks import positive_int
+from ..attacks import gradient_inversion as gi
+from ..attacks import membership as mia
+from ..flower import attacks as fa
+from ..flower.transcript import Transcript
+from ..plots import MarkdownText
+
+__all__ = ["MembershipFederation", "membership_federation", "max_abs_difference", "round_differences",
+           "plot_round_differences", "transcript_markdown",
+           "permutation_floor", "reply_membership", "fedsgd_clients", "grey_psnr", "fedsgd_attack",
+           "update_norms", "plot_clipping", "defense_rows", "defense_markdown", "compare_markdown", "COMPARE_1A", "COMPARE_1B"]
+
+#: values of chapter 1a's stored record quoted beside ours: record name -> (our name, label, decimals)
+COMPARE_1A = {"idlg_acc": ("idlg_acc", "iDLG label accuracy", 3),
+              "dlg_label_acc": ("dlg_label_acc", "DLG label accuracy", 3),
+              "dlg_success": ("dlg_success", "DLG success (PSNR ≥ 20 dB)", 3),
+              "dlg_median_psnr": ("dlg_median_psnr", "DLG median PSNR (dB)", 1)}
+#: values of chapter 1b's stored record quoted beside ours
+COMPARE_1B = {"auc_last": ("mia_auc", "passive MIA AUC, last returned model (mean over clients)", 3)}
+
+
+@dataclass
+class MembershipFederation:
+    """Chapter 1b's federation: ``clients`` (:class:`fedlab.fl.ClientData`, ``K`` clients of ``n``
+    digits), the candidates of each client ``cand_X`` ``[K, 2n, 64]`` / ``cand_y`` ``[K, 2n]`` (its
+    ``n`` members first, then ``n`` outsiders), ``is_member`` ``[2n]`` and the ``test`` set."""
+
+    clients: fl.ClientData
+    cand_X: torch.Tensor
+    cand_y: torch.Tensor
+    is_member: np.ndarray
+    test: data.Dataset
+
+
+def membership_federation(seed: int, *, num_clients: int = 10, n_per_client: int = 20) -> MembershipFederation:
+    """Chapter 1b's setting (its first cells): scikit-learn digits split in half (train / held out),
+    the held-out half split into a pool of outsiders and a test set, ``num_clients`` IID clients of
+    ``n_per_client`` training digits, and for every client its members and as many outsiders.
+
+    Raises ``ValueError`` for a non-positive count or more records than the split holds."""
+    num_clients = positive_int("num_clients", num_clients)
+    n = positive_int("n_per_client", n_per_client)
+    digits = data.load_digits()
+    train, held_out = data.train_test_split(digits, test_fraction=0.5, seed=seed)
+    nonmember_pool, test = data.train_test_split(held_out, test_fraction=0.5, seed=seed)
+    if num_clients * n > min(len(train), len(nonmember_pool)):
+        raise ValueError(f"num_clients * n_per_client = {num_clients * n} exceeds the {len(nonmember_pool)} "
+                         "outsiders available")
+    parts = [p[:n] for p in data.partition_iid(len(train), num_clients, seed=seed)]
+    clients = fl.stack_clients(data.client_datasets(train, parts))
+    nm = nonmember_pool.subset(np.arange(num_clients * n))
+    dim = clients.X.shape[-1]
+    cand_X = torch.cat([clients.X, nm.X.reshape(num_clients, n, dim)], dim=1)
+    cand_y = torch.cat([clients.y, nm.y.reshape(num_clients, n)], dim=1)
+    return MembershipFederation(clients, cand_X, cand_y, np.r_[np.ones(n), np.zeros(n)], test)
+
+
+def max_abs_difference(a: Mapping, b: Mapping) -> float:
+    """The largest absolute difference between two parameter dicts with the same names and shapes.
+
+    Raises ``ValueError`` when the names or shapes differ."""
+    if set(a) != set(b):
+        raise ValueError(f"a and b must hold the same parameters, got {sorted(a)} and {sorted(b)}")
+    out = 0.0
+    for k in a:
+        x, y = torch.as_tensor(a[k]).double(), torch.as_tensor(b[k]).double()
+        if x.shape != y.shape:
+            raise ValueError(f"parameter {k!r} has shape {tuple(x.shape)} in a and {tuple(y.shape)} in b")
+        out = max(out, float((x - y).abs().max()) if x.numel() else 0.0)
+    return out
+
+
+def round_differences(transcript: Transcript, reference_globals: Sequence[Mapping]) -> dict:
+    """Where a Flower run and :func:`fedlab.fl.fedavg` part, round by round.
+
+    ``reference_globals``: fedavg's global model after rounds ``1..T`` (e.g.
+    :attr:`fedlab.attacks.membership.SnapshotRecorder.global_models`). Returns ``{"end_to_end": [T]``
+    (the largest absolute difference between the two global models after round ``t``),
+    ``"aggregation": [T]`` (between Flower's global model of round ``t`` and
+    :func:`fedlab.fl.weighted_average` of the replies Flower received in that round, weighted by
+    ``num-examples``: the rounding of Flower's own average alone)``}``.
+
+    Raises ``ValueError`` when the transcript and the reference hold different numbers of rounds."""
+    T = transcript.num_rounds
+    if len(reference_globals) != T:
+        raise ValueError(f"reference_globals holds {len(reference_globals)} rounds, the transcript {T}")
+    end, agg = [], []
+    for t in range(1, T + 1):
+        end.append(max_abs_difference(transcript.globals[t], reference_globals[t - 1]))
+        replies = transcript.train_replies(t)
+        stacked = {k: torch.stack([r.params[k] for r in replies]) for k in transcript.param_names}
+        avg = fl.weighted_average(stacked, torch.tensor([float(r.num_examples) for r in replies]))
+        agg.append(max_abs_difference(avg, transcript.globals[t]))
+    return {"end_to_end": np.array(end), "aggregation": np.array(agg)}
+
+
+def plot_round_differences(diffs: Mapping[str, np.ndarray], *, title: str = ""):
+    """:func:`round_differences` against the round (log scale; a zero is drawn at the axis' floor, 1e-9).
+    Returns the matplotlib ``Axes``."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    rounds = np.arange(1, len(diffs["end_to_end"]) + 1)
+    for key, label in (("end_to_end", "global models, Flower vs fedavg"),
+                       ("aggregation", "Flower's average vs fedlab's, same replies")):
+        ax.plot(rounds, np.maximum(diffs[key], 1e-9), marker=".", label=label)
+    ax.axhline(float(np.finfo(np.float32).eps), color="gray", ls=":", lw=1, label="float32 epsilon")
+    ax.set(yscale="log", xlabel="round", ylabel="largest absolute difference", title=title)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def transcript_markdown(transcript: Transcript, *, rows: int = 6) -> MarkdownText:
+    """The first ``rows`` train replies of a transcript as a Markdown table (round, Flower node id,
+    partition, examples, train loss, the size of the returned arrays), plus one line of totals."""
+    rows = positive_int("rows", rows)
+    replies = [r for r in transcript.replies if r.kind == "train"]
+    lines = ["| round | node id | partition | examples | train loss | arrays (floats) |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for r in replies[:rows]:
+        size = sum(int(np.prod(v.shape)) for v in r.params.values())
+        loss = r.metrics.get("train-loss")
+        lines.append(f"| {r.round} | {r.node_id} | {r.partition_id} | {r.num_examples} | "
+                     f"{'n/a' if loss is None else f'{loss:.3f}'} | {size:,} |")
+    lines.append(f"\n{len(replies)} train replies in {transcript.num_rounds} rounds, "
+                 f"{len(transcript.globals)} global models (round 0 is the initial one).")
+    return MarkdownText("\n".join(lines))
+
+
+def permutation_floor(scores: torch.Tensor, is_member, *, num_permutations: int = 200, quantile: float = 0.95,
+                      seed: int = 0) -> float:
+    """The ``quantile`` of the mean-over-clients AUC when the membership labels are shuffled: what an
+    attack with no signal reaches by chance on these candidates.
+
+    ``scores``: ``[K, r]`` membership scores (higher = member), ``is_member``: ``[r]``. Each
+    permutation draws one shuffle of the labels per client; all AUCs come from one
+    :func:`fedlab.metrics.roc_auc_rows` call. Raises ``ValueError`` for mismatched shapes or a
+    ``quantile`` outside (0, 1)."""
+    scores = torch.as_tensor(scores).double()
+    labels = torch.as_tensor(np.asarray(is_member), dtype=torch.float64)
+    if scores.ndim != 2 or scores.shape[1] != labels.numel():
+        raise ValueError(f"scores must be [K, {labels.numel()}], got {tuple(scores.shape)}")
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    P = positive_int("num_permutations", num_permutations)
+    K, r = scores.shape
+    gen = torch.Generator().manual_seed(int(seed))
+    perm = torch.argsort(torch.rand(P * K, r, generator=gen), dim=1)
+    auc = metrics.roc_auc_rows(labels[perm], scores.repeat(P, 1)).reshape(P, K).mean(1)
+    return float(torch.quantile(auc, quantile))
+
+
+def reply_membership(model_fn: Callable, transcript: Transcript, fed: MembershipFederation, *,
+                     window: int = 1, num_permutations: int = 200, seed: int = 0) -> dict:
+    """Chapter 1b's passive attack on a transcript, for every client on its own candidates.
+
+    Returns ``{"auc": [K] (each client's AUC from its returned models, mean of the last ``window``),
+    "mia_auc": their mean, "floor": the 95 % permutation floor of that mean, "global_auc": the mean
+    AUC of the same score under the released global models of the rounds (what a participant or an
+    outsider sees), "global_floor": its floor}``.
+    """
+    K = fed.cand_X.shape[0]
+    model = model_fn()
+    sig = torch.stack([fa.membership_signals(model_fn, transcript, k, fed.cand_X[k], fed.cand_y[k]) for k in range(K)])
+    auc = np.array([mia.attack_auc(s, fed.is_member, window) for s in sig])
+    released = [transcript.globals[t] for t in range(1, transcript.num_rounds + 1)]
+    gsig = torch.stack([mia.snapshot_signals(model, released, fed.cand_X[k], fed.cand_y[k]) for k in range(K)])
+    gauc = mia.attack_auc(gsig, fed.is_member, window)
+    score = torch.stack([mia.membership_score(s, window) for s in sig])
+    gscore = torch.stack([mia.membership_score(s, window) for s in gsig])
+    return {"auc": auc, "mia_auc": float(auc.mean()), "global_auc": float(gauc),
+            "floor": permutation_floor(score, fed.is_member, num_permutations=num_permutations, seed=seed),
+            "global_floor": permutation_floor(gscore, fed.is_member, num_permutations=num_permutations, seed=seed)}
+
+
+def fedsgd_clients(seed: int, num_clients: int) -> tuple[list, Callable]:
+    """Chapter 1a's DLG victims as a federation: client ``k`` holds digit ``k`` of
+    ``digit_images(512, seed=seed)`` (``X`` ``[1, 1, 8, 8]``), and the model is chapter 1a's sigmoid
+    LeNet with DLG's initialisation. Returns ``(clients, model_fn)``."""
+    from ..data import images
+
+    num_clients = positive_int("num_clients", num_clients)
+    digits = images.digit_images(512, seed=seed)
+    if num_clients > len(digits):
+        raise ValueError(f"num_clients must be at most {len(digits)}, got {num_clients}")
+    clients = [(digits.X[k:k + 1], digits.y[k:k + 1]) for k in range(num_clients)]
+    return clients, lambda: gi.dlg_init_(models.lenet(1, 10, 8), seed=seed)
+
+
+def grey_psnr(X: torch.Tensor) -> np.ndarray:
+    """PSNR (dB) of a flat grey image (every pixel 0.5) against each image of ``X`` ``[n, ...]``: the
+    score of a 'reconstruction' that knows nothing but the pixel range."""
+    X = torch.as_tensor(X)
+    return np.array([metrics.matched_psnr(torch.full_like(x[None], 0.5), x[None])[0] for x in X])
+
+
+def update_norms(transcript: Transcript, round: int = 1) -> dict[int, float]:
+    """``{partition_id: ||w_{round-1} - w_k||_2}``: the norm of every update the server received."""
+    g = transcript.globals[round - 1]
+    return {r.partition_id: float(torch.sqrt(sum(((g[k] - r.params[k]).double() ** 2).sum() for k in g)))
+            for r in transcript.train_replies(round)}
+
+
+def fedsgd_attack(model_fn: Callable, transcript: Transcript, clients: Sequence, *, max_iter: int,
+                  success_db: float = 20.0, seed: int = 0) -> dict:
+    """iDLG and DLG (chapter 1a) on the round-1 FedSGD replies of ``transcript``.
+
+    Returns ``{"idlg_acc", "dlg_label_acc", "idlg_psnr" [K], "dlg_psnr" [K], "idlg_success",
+    "dlg_success", "dlg_median_psnr", "idlg_median_psnr", "grey_psnr" [K], "norms" [K], "x_idlg",
+    "x_dlg"}`` (PSNRs matched per client, success = PSNR >= ``success_db``)."""
+    truth = {k: X for k, (X, _) in enumerate(clients)}
+    y = torch.cat([yk for _, yk in clients])
+    out = {}
+    for name, idlg in (("idlg", True), ("dlg", False)):
+        inv = fa.invert_gradients(model_fn, transcript, input_shape=tuple(truth[0].shape[1:]), num_classes=10,
+                                  max_iter=max_iter, idlg=idlg, x_true=truth, seed=seed)
+        psnr = inv.psnr[:, 0]
+        out.update({f"{name}_psnr": psnr, f"{name}_success": gi.success_rate(psnr, success_db),
+                    f"{name}_median_psnr": float(np.median(psnr)), f"x_{name}": inv.x[:, 0],
+                    f"{name}_{'acc' if idlg else 'label_acc'}": float((inv.labels[:, 0] == y).float().mean())})
+    norms = update_norms(transcript, 1)
+    out["norms"] = np.array([norms[k] for k in range(len(clients))])
+    out["grey_psnr"] = grey_psnr(torch.cat([X for X, _ in clients]))
+    return out
+
+
+def plot_clipping(attacks: Mapping[str, dict], clipping_norm: float, *, success_db: float = 20.0,
+                  baseline: str = "none", defended: str = "client-side DP"):
+    """iDLG's PSNR of every FedSGD client against the norm of its update (as sent without DP), without
+    DP and under client-side clipping to ``clipping_norm`` (dotted: the clipping norm, the success
+    threshold and the flat-grey floor). Returns the matplotlib ``Axes``."""
+    import matplotlib.pyplot as plt
+
+    base, dp = attacks[baseline], attacks[defended]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.scatter(base["norms"], base["idlg_psnr"], marker="o", label=f"{baseline}")
+    ax.scatter(base["norms"], dp["idlg_psnr"], marker="x", label=f"{defended}, C = {clipping_norm:g}")
+    ax.axvline(clipping_norm, color="gray", ls="--", lw=1)
+    ax.axhline(success_db, color="gray", ls=":", lw=1, label="success threshold")
+    ax.axhline(float(np.median(base["grey_psnr"])), color="black", ls="-.", lw=1, label="flat grey image")
+    ax.set(xlabel="norm of the client's update without DP", ylabel="iDLG PSNR (dB)",
+           title="iDLG on FedSGD replies a Flower server recorded")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def defense_rows(attacks: Mapping[str, dict], membership: Mapping[str, dict], accuracy: Mapping[str, float]) -> dict:
+    """One row per defense (the keys of ``attacks``: ``"none"``, ``"server-side DP"``, ...): the numbers
+    of :func:`fedsgd_attack`, :func:`reply_membership` and the final global model's test accuracy."""
+    if set(attacks) != set(membership) or set(attacks) != set(accuracy):
+        raise ValueError("attacks, membership and accuracy must name the same defenses")
+    return {d: {"idlg_acc": attacks[d]["idlg_acc"], "idlg_median_psnr": attacks[d]["idlg_median_psnr"],
+                "dlg_median_psnr": attacks[d]["dlg_median_psnr"], "dlg_success": attacks[d]["dlg_success"],
+                "mia_auc": membership[d]["mia_auc"], "global_auc": membership[d]["global_auc"],
+                "accuracy": accuracy[d]} for d in attacks}
+
+
+def defense_markdown(rows: Mapping[str, dict]) -> MarkdownText:
+    """:func:`defense_rows` as a Markdown table (attacks of the server on the replies it recorded,
+    the outsiders' attack on the released models, and the cost in test accuracy)."""
+    lines = ["| defense | iDLG labels | iDLG median PSNR (dB) | DLG median PSNR (dB) | DLG success | "
+             "MIA AUC on replies | MIA AUC on global models | test accuracy |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for d, r in rows.items():
+        lines.append(f"| {d} | {r['idlg_acc']:.3f} | {r['idlg_median_psnr']:.1f} | {r['dlg_median_psnr']:.1f} | "
+                     f"{r['dlg_success']:.3f} | {r['mia_auc']:.3f} | {r['global_auc']:.3f} | {r['accuracy']:.3f} |")
+    return MarkdownText("\n".join(lines))
+
+
+def compare_markdown(ours: Mapping[str, float], paper_1a: Callable[[str], str], paper_1b: Callable[[str], str],
+                     *, settings: Mapping[str, str]) -> MarkdownText:
+    """This build's numbers on Flower transcripts beside the stored paper-scale records of chapters 1a
+    and 1b (``paper_1a`` / ``paper_1b``: :meth:`fedlab.records.Run.paper` of those chapters, called with
+    the record's name and the number of decimals), only for
+    the names those records hold (:data:`COMPARE_1A`, :data:`COMPARE_1B`). ``settings``: the chapter
+    name -> one line on how our setting differs."""
+    lines = ["| chapter | value | this build, on the Flower transcript | stored record of the chapter |",
+             "|---|---|---:|---:|"]
+    for chapter, table, paper in (("1a", COMPARE_1A, paper_1a), ("1b", COMPARE_1B, paper_1b)):
+        for rec_name, (our_name, label, digits) in table.items():
+            lines.append(f"| {chapter} | {label} | {ours[our_name]:.{digits}f} | {paper(rec_name, digits)} |")
+    notes = " ".join(f"**{c}:** {s}" for c, s in settings.items())
+    return MarkdownText("\n".join(lines) + ("\n\n" + notes if notes else ""))

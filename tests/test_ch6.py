@@ -1,0 +1,139 @@
+"""Chapter 6's bookkeeping (fedlab.experiments.chapter6): the chapters' attacks on Flower transcripts.
+The tests that run Flower apps use the in-process engine (the same ServerApp, ClientApp and Recorder
+as Flower's simulation engine, without Ray's start-up)."""
+import numpy as np
+import pytest
+import torch
+
+from fedlab import fl, models, records
+from fedlab.attacks import membership as mia
+from fedlab.experiments import chapter6 as ex
+
+
+def test_membership_federation_is_chapter_1b_setting():
+    fed = ex.membership_federation(0, num_clients=4, n_per_client=5)
+    assert fed.clients.X.shape == (4, 5, 64) and fed.cand_X.shape == (4, 10, 64) and fed.cand_y.shape == (4, 10)
+    assert fed.is_member.tolist() == [1] * 5 + [0] * 5
+    assert torch.equal(fed.cand_X[:, :5], fed.clients.X)          # members first: the client's own data
+    members = {tuple(x.tolist()) for x in fed.clients.X.reshape(-1, 64)}
+    assert not any(tuple(x.tolist()) in members for x in fed.cand_X[:, 5:].reshape(-1, 64))   # outsiders are not
+    with pytest.raises(ValueError, match="n_per_client"):
+        ex.membership_federation(0, n_per_client=0)
+    with pytest.raises(ValueError, match="outsiders"):
+        ex.membership_federation(0, num_clients=100, n_per_client=20)
+
+
+def test_max_abs_difference():
+    a = {"w": torch.zeros(2, 3), "b": torch.zeros(3)}
+    b = {"w": torch.zeros(2, 3), "b": torch.tensor([0.0, -0.5, 0.25])}
+    assert ex.max_abs_difference(a, b) == 0.5 and ex.max_abs_difference(a, a) == 0.0
+    with pytest.raises(ValueError, match="same parameters"):
+        ex.max_abs_difference(a, {"w": a["w"]})
+    with pytest.raises(ValueError, match="shape"):
+        ex.max_abs_difference(a, {"w": torch.zeros(3, 2), "b": a["b"]})
+
+
+def test_permutation_floor_matches_the_null_distribution_of_the_auc():
+    """One client, 20 + 20 candidates: under shuffled labels the AUC (Mann-Whitney) has mean 1/2 and
+    variance (n1 + n2 + 1) / (12 n1 n2), so its 95 % quantile is about 0.5 + 1.645 * 0.0924 = 0.652.
+    Averaging over K clients shrinks the spread by sqrt(K)."""
+    scores = torch.randn(1, 40, generator=torch.Generator().manual_seed(0))
+    is_member = np.r_[np.ones(20), np.zeros(20)]
+    one = ex.permutation_floor(scores, is_member, num_permutations=4000, seed=1)
+    assert 0.63 < one < 0.675, one
+    many = ex.permutation_floor(torch.randn(10, 40), is_member, num_permutations=2000, seed=1)
+    assert 0.53 < many < 0.56, many                       # 0.5 + 1.645 * 0.0924 / sqrt(10) = 0.548
+    assert ex.permutation_floor(scores, is_member, num_permutations=50, seed=3) == \
+        ex.permutation_floor(scores, is_member, num_permutations=50, seed=3)
+    with pytest.raises(ValueError, match="scores"):
+        ex.permutation_floor(torch.randn(2, 39), is_member)
+    with pytest.raises(ValueError, match="quantile"):
+        ex.permutation_floor(scores, is_member, quantile=1.0)
+    with pytest.raises(ValueError, match="num_permutations"):
+        ex.permutation_floor(scores, is_member, num_permutations=0)
+
+
+def test_grey_psnr():
+    X = torch.zeros(2, 1, 8, 8)
+    X[1] = 1.0
+    assert np.allclose(ex.grey_psnr(X), 10 * np.log10(4.0))     # MSE 0.25 either way: 6.02 dB
+
+
+def test_compare_markdown_quotes_only_names_the_records_hold():
+    for stem, table in (("01a_gradient_leakage", ex.COMPARE_1A), ("01b_membership_inference", ex.COMPARE_1B)):
+        rec = records.load(stem)
+        if rec is None:
+            pytest.skip(f"no stored record of {stem}")
+        assert set(table) <= set(rec["values"]), (stem, set(table) - set(rec["values"]))
+    ours = {"idlg_acc": 1.0, "dlg_label_acc": 0.875, "dlg_success": 0.75, "dlg_median_psnr": 50.0, "mia_auc": 0.7}
+    text = ex.compare_markdown(ours, lambda n, d: f"1a:{n}:{d}", lambda n, d: f"1b:{n}:{d}", settings={"1a": "fewer digits"})
+    assert "| 1a | iDLG label accuracy | 1.000 | 1a:idlg_acc:3 |" in text and "1b:auc_last:3" in text
+    assert "| DLG median PSNR (dB) | 50.0 | 1a:dlg_median_psnr:1 |" in text
+    assert text.endswith("**1a:** fewer digits")
+
+
+def test_defense_rows_checks_names():
+    att = {"none": {"idlg_acc": 1.0, "idlg_median_psnr": 90.0, "dlg_median_psnr": 50.0, "dlg_success": 0.5}}
+    mem = {"none": {"mia_auc": 0.7, "global_auc": 0.6}}
+    rows = ex.defense_rows(att, mem, {"none": 0.9})
+    assert rows["none"]["mia_auc"] == 0.7 and "| none | 1.000 | 90.0 | 50.0 | 0.500 | 0.700 | 0.600 | 0.900 |" in \
+        ex.defense_markdown(rows)
+    with pytest.raises(ValueError, match="same defenses"):
+        ex.defense_rows(att, mem, {"other": 0.9})
+
+
+# ------------------------------------------------------------------------------------------------
+# on Flower transcripts (the `flower` extra)
+# ------------------------------------------------------------------------------------------------
+def _flower():
+    pytest.importorskip("flwr", reason="Flower is not installed: the `flower` extra (pip install '.[flower]') is "
+                                       "needed for the transcript tests of tests/test_ch6.py")
+    from fedlab import flower
+
+    return flower
+
+
+def test_reply_membership_on_a_transcript_equals_chapter_1b_on_fedavg():
+    flower = _flower()
+    fed = ex.membership_federation(1, num_clients=4, n_per_client=20)
+    mlp = lambda: models.mlp(64, (32,), 10, seed=1)  # noqa: E731
+    args = dict(num_rounds=5, local_epochs=5, batch_size=10, lr=0.3, seed=1)
+    res = flower.run(mlp, fed.clients, engine="local", **args)
+    rec = mia.SnapshotRecorder()
+    ref = fl.fedavg(mlp(), fed.clients, callback=rec, **args)
+    assert ex.max_abs_difference(res.params, ref.params) <= 1e-6
+    drift = ex.round_differences(res.transcript, rec.global_models)
+    assert drift["end_to_end"].shape == (5,) and drift["end_to_end"].max() <= 1e-6 and drift["aggregation"].max() <= 1e-6
+    with pytest.raises(ValueError, match="rounds"):
+        ex.round_differences(res.transcript, rec.global_models[:4])
+    out = ex.reply_membership(mlp, res.transcript, fed, seed=0)
+    direct = mia.client_signals(mlp(), rec, fed.cand_X, fed.cand_y)
+    assert out["auc"].shape == (4,)
+    assert out["mia_auc"] == pytest.approx(mia.attack_auc(direct, fed.is_member), abs=1e-9)
+    released = torch.stack([mia.snapshot_signals(mlp(), rec.global_models, fed.cand_X[k], fed.cand_y[k]) for k in range(4)])
+    assert out["global_auc"] == pytest.approx(mia.attack_auc(released, fed.is_member), abs=1e-9)
+    assert out["mia_auc"] > out["floor"] and 0.5 < out["floor"] < 0.7
+    md = ex.transcript_markdown(res.transcript, rows=3)
+    assert md.count("\n| 1 |") == 3 and "20 train replies in 5 rounds, 6 global models" in md
+
+
+def test_fedsgd_attack_and_the_dp_wrappers():
+    """iDLG on FedSGD replies: labels exact; server-side DP leaves the recorded replies (and so the attack)
+    unchanged; client-side DP sends every update clipped to C, and the label rule survives the rescaling."""
+    flower = _flower()
+    victims, lenet = ex.fedsgd_clients(0, 3)
+    assert len(victims) == 3 and victims[0][0].shape == (1, 1, 8, 8)
+    args = dict(num_rounds=1, lr=0.1, local_epochs=1, batch_size=None, seed=0, engine="local")
+    base = flower.run(lenet, victims, **args).transcript
+    a = ex.fedsgd_attack(lenet, base, victims, max_iter=30, seed=0)
+    assert a["idlg_acc"] == 1.0 and a["idlg_psnr"].shape == (3,) and a["x_idlg"].shape == (3, 1, 8, 8)
+    assert np.all(a["grey_psnr"] < 10) and np.all(a["norms"] > 0.1)
+    srv = flower.run(lenet, victims, dp="server", clipping_norm=0.05, noise_multiplier=1.0, **args).transcript
+    s = ex.fedsgd_attack(lenet, srv, victims, max_iter=30, seed=0)
+    assert np.array_equal(s["idlg_psnr"], a["idlg_psnr"]) and np.array_equal(s["norms"], a["norms"])
+    cli = flower.run(lenet, victims, dp="client", clipping_norm=0.05, noise_multiplier=1.0, **args).transcript
+    assert np.allclose(list(ex.update_norms(cli).values()), 0.05, rtol=1e-3)   # every reply clipped to C
+    c = ex.fedsgd_attack(lenet, cli, victims, max_iter=30, seed=0)
+    assert c["idlg_acc"] == 1.0
+    with pytest.raises(ValueError, match="num_clients"):
+        ex.fedsgd_clients(0, 0)
