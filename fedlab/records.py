@@ -109,6 +109,14 @@ class Run(dict):
         """The stored paper-scale value of ``name``: see :func:`format_summary`."""
         return format_summary(self.record, name, digits, scale_factor=scale_factor)
 
+    def per_seed(self, name: str) -> list[float]:
+        """The stored value of ``name`` at each seed that finished cleanly (``[]`` without a record)."""
+        if self.record is None:
+            return []
+        values = self.record.get("values", {}).get(name, [])
+        failed = {f["seed"] for f in self.record.get("failures", [])}
+        return [v for s, v in zip(self.record["seeds"], values) if s not in failed and v is not None]
+
     def describe(self) -> str:
         """One sentence on the stored record (see :func:`describe`)."""
         return describe(self.record, stem=self.stem)
