@@ -201,3 +201,23 @@ def test_full_batch_partial_update_is_plain_gradient_descent_per_client_with_pad
         torch.testing.assert_close(same[n], out[n])
     with pytest.raises(ValueError, match="local_epochs"):
         pers.partial_clients_update(net, stacked, data, head, lr=0.3, local_epochs=0, batch_size=None)
+
+
+def test_dp_grid_reports_chance_floors_of_its_auc():
+    # issue 16 item 3: every MIA number comes with its chance floor; tiny run, two budgets
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(60, 5, generator=g)
+    y = (X[:, 0] > 0).long()
+    from fedlab.data import Dataset
+    train, nonmem, test = Dataset(X[:30], y[:30]), Dataset(X[30:45], y[30:45]), Dataset(X[45:], y[45:])
+    net = models.mlp(5, [8], 2, seed=0)
+    grid = ch1b.dp_grid(net, models.get_params(net), train, nonmem, test, n_per_client=10, client_counts=[2],
+                        epsilons=[1.0, float("inf")], num_rounds=3, delta=1e-3, clip_norm=1.0, window=2, seed=0,
+                        local_epochs=1, batch_size=5, lr=0.1)
+    for cell in grid.values():
+        assert 0.5 < cell["floor"] < cell["floor_999"] < 1.0
+        assert np.isfinite(cell["auc"])
+    # the floor is of the same scores: shuffling 20 members against 15 non-members, the 95th percentile
+    # of the AUC under no signal is about 0.5 + 1.645 * sqrt((20 + 15 + 1) / (12 * 20 * 15)) = 0.66
+    assert grid[(1.0, 2)]["floor"] == pytest.approx(0.5 + 1.645 * math.sqrt(36 / 3600), abs=0.03)

@@ -21,7 +21,7 @@ from ..data import Dataset, client_datasets, partition_iid
 from ..fl import personalization as pers
 from ..fl import stack_clients
 from ..fl.dp_fedavg import dp_fedavg
-from ..metrics import t_interval
+from ..metrics import auc_permutation_floor, t_interval
 from .tables import mean_interval
 from ..privacy import dp_fedavg as dpf
 
@@ -411,7 +411,9 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
     ``window`` released models (members: every client's records; non-members: all of ``nonmembers``).
     ``fl_args``: ``local_epochs``, ``batch_size``, ``lr`` of the clients.
 
-    Returns ``{(eps, K): {"z", "accuracy" (on test), "auc"}}``. Raises ``ValueError`` for
+    Returns ``{(eps, K): {"z", "accuracy" (on test), "auc", "floor", "floor_999"}}``: ``floor`` and
+    ``floor_999`` are the 95th and 99.9th percentiles of the AUC with shuffled membership labels
+    (:func:`fedlab.metrics.auc_permutation_floor`, 1000 shuffles). Raises ``ValueError`` for
     ``n_per_client``, ``num_rounds`` or ``window`` not positive integers, ``window > num_rounds``, or
     ``delta`` not below ``1/K`` for every ``K`` (:func:`fedlab.privacy.dp_fedavg.check_delta`).
     The ``eps = inf`` runs add no noise but still clip every update to ``clip_norm``.
@@ -438,14 +440,18 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
                             clip_norm=clip_norm, params=params, seed=seed, eval_data=test,
                             callback=lambda r: released.append(r.new_params), **fl_args)
             S_rel = mia.snapshot_signals(model, released[-window:], X_all, y_all)
+            scores = mia.membership_score(S_rel, window).numpy()
             grid[(eps, K)] = {"z": z, "accuracy": res.history["accuracy"][-1],
-                              "auc": mia.attack_auc(S_rel, lab, window)}
+                              "auc": mia.attack_auc(S_rel, lab, window),
+                              "floor": auc_permutation_floor(lab, scores, seed=seed),
+                              "floor_999": auc_permutation_floor(lab, scores, quantile=0.999, seed=seed)}
     return grid
 
 
 def plot_dp_grid(grid: Mapping, epsilons: Sequence[float], client_counts: Sequence[int], *, delta: float = 1e-3):
     """Two panels from :func:`dp_grid`: test accuracy and the attack's AUC against ``eps`` (log axis,
-    ``inf`` drawn at 32 and labelled "∞"), one line per client count. Returns ``(fig, axes)``."""
+    ``inf`` drawn at 32 and labelled "∞"), one line per client count; the AUC panel draws the largest
+    chance floor of the grid (dashed) and 0.5 (dotted). Returns ``(fig, axes)``."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -458,7 +464,10 @@ def plot_dp_grid(grid: Mapping, epsilons: Sequence[float], client_counts: Sequen
         ax.set_xticks(xs, [f"{e:g}" if np.isfinite(e) else "∞" for e in epsilons])
         ax.set(xlabel=f"ε (δ = {delta:.0e})".replace("e-0", "e-"), ylabel=label)
         ax.legend()
-    axes[1].axhline(0.5, color="gray", ls="--")
+    floor = max(grid[(e, K)]["floor"] for e in epsilons for K in client_counts)
+    axes[1].axhline(0.5, color="gray", ls=":", lw=1)
+    axes[1].axhline(floor, color="gray", ls="--", label="chance floor (95th pct., shuffled labels)")
+    axes[1].legend()
     return fig, axes
 
 
