@@ -67,8 +67,9 @@ def line_plot(x: Sequence | Mapping, ys: Mapping[str, Sequence], *, xlabel: str 
 
 
 def bar_plot(values: Mapping[str, float], *, ylabel: str = "", title: str = "", ax=None,
-             fmt: str = "{:.2f}", ylim=None):
-    """Bar chart of named values with the value printed on each bar. Returns the axes."""
+             fmt: str = "{:.2f}", ylim=None, hline: tuple[float, str] | None = None):
+    """Bar chart of named values with the value printed on each bar, and, when ``hline = (y, label)`` is
+    given, a dashed reference line at ``y`` (e.g. an attack's chance floor) in the legend. Returns the axes."""
     if ax is None:
         _, ax = plt.subplots()
     names = list(values)
@@ -79,6 +80,9 @@ def bar_plot(values: Mapping[str, float], *, ylabel: str = "", title: str = "", 
     ax.set(ylabel=ylabel, title=title)
     if ylim is not None:
         ax.set_ylim(*ylim)
+    if hline is not None:
+        ax.axhline(float(hline[0]), color="gray", ls="--", lw=1, label=hline[1])
+        ax.legend(fontsize=8, loc="lower right")
     ax.tick_params(axis="x", rotation=15)
     return ax
 

@@ -117,6 +117,20 @@ class Run(dict):
         failed = {f["seed"] for f in self.record.get("failures", [])}
         return [v for s, v in zip(self.record["seeds"], values) if s not in failed and v is not None]
 
+    def count_below(self, name: str, other: float | str = 0.0) -> int:
+        """At how many clean seeds of the record the value ``name`` is below ``other`` (a number, or the
+        name of another stored value compared seed by seed). ``0`` without a record.
+
+        Raises ``ValueError`` if ``other`` names a value whose seeds do not line up with ``name``'s."""
+        values = self.per_seed(name)
+        if isinstance(other, str):
+            others = self.per_seed(other)
+            if len(others) != len(values):
+                raise ValueError(f"other={other!r} has {len(others)} stored seeds, {name!r} has {len(values)}")
+        else:
+            others = [float(other)] * len(values)
+        return sum(a < b for a, b in zip(values, others))
+
     def describe(self) -> str:
         """One sentence on the stored record (see :func:`describe`)."""
         return describe(self.record, stem=self.stem)

@@ -33,6 +33,17 @@ def test_format_and_run(tmp_path):
     assert rows == [["AUC", 0.55, "0.600 ± 0.248 (n = 3)"], ["C", "n/a", "not in record"]]
 
 
+def test_per_seed_and_count_below_skip_failed_seeds(tmp_path):
+    _record(tmp_path, {"d": [-0.1, 0.2, -0.3], "a": [1.0, 2.0, 3.0], "b": [2.0, 1.0, 5.0], "short": [1.0, None, None]},
+            failures=[{"seed": 1, "cell": 3, "error": "x"}])
+    run = records.Run("02_x", folder=tmp_path)
+    assert run.per_seed("d") == [-0.1, -0.3]            # seed 1 failed: its value is not counted
+    assert run.count_below("d") == 2 and run.count_below("d", -0.2) == 1 and run.count_below("a", "b") == 2
+    with pytest.raises(ValueError, match="other='short'"):
+        run.count_below("a", "short")
+    assert records.Run("03_none", folder=tmp_path).count_below("d") == 0
+
+
 def test_record_errors(tmp_path):
     assert records.load_record(tmp_path / "missing.json") is None
     bad = tmp_path / "bad.json"
@@ -97,3 +108,14 @@ def test_readme_quotes_the_stored_records():
     want = "".join(f"{c.stem:32s} {c.title}{_stored_times(c.stem, root / 'chapters' / 'records')}\n"
                    for c in list_chapters(root))
     assert block.group(1) == want
+
+
+def test_bar_plot_draws_the_reference_line():
+    import matplotlib
+    matplotlib.use("Agg")
+    from fedlab import plots
+    ax = plots.bar_plot({"accuracy": 0.9, "AUC": 0.6}, hline=(0.55, "chance floor"))
+    lines = [ln for ln in ax.get_lines() if ln.get_label() == "chance floor"]
+    assert len(lines) == 1 and list(lines[0].get_ydata()) == [0.55, 0.55]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["chance floor"]
+    assert plots.bar_plot({"a": 1.0}).get_legend() is None
