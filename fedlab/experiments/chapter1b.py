@@ -169,7 +169,6 @@ def plot_passive_curves(curves: Mapping, floor: float):
     axes[0].legend()
     line_plot(t, {"members": curves["gn_member"], "non-members": curves["gn_nonmember"]}, ax=axes[1],
               xlabel="round t", ylabel="mean last-layer gradient norm", title="Gradient norms over training")
-    fig.tight_layout()
     return fig, axes
 
 
