@@ -87,7 +87,7 @@ def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_fac
         if s["ci95"] is None:
             return f"{_fmt(mean, digits)} (n = {s['n']})"
         half = (s["ci95"][1] - s["ci95"][0]) / 2 * abs(scale_factor)
-        sci = _sci(mean, digits)   # the half-width in the mean's notation
+        sci = _sci(max(abs(mean), half), digits)   # one notation for both, set by the larger
         return f"{_fmt(mean, digits, sci)} ± {_fmt(half, digits, sci)} (n = {s['n']})"
     if name in record.get("values", {}):
         seen = [v for v in record["values"][name] if v is not None]

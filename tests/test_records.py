@@ -44,6 +44,14 @@ def test_per_seed_and_count_below_skip_failed_seeds(tmp_path):
     assert records.Run("03_none", folder=tmp_path).count_below("d") == 0
 
 
+def test_a_small_mean_with_a_wide_interval_reads_in_decimals(tmp_path):
+    _record(tmp_path, {"d": [-0.024, 0.031, 0.024, -0.008, 0.023], "tiny": [1e-4, 2e-4, 3e-4, 1e-4, 2e-4]},
+            seeds=range(5))
+    run = records.Run("02_x", folder=tmp_path)
+    assert run.paper("d") == "0.009 ± 0.030 (n = 5)"       # not 9.20e-03 ± 2.97e-02
+    assert run.paper("tiny").startswith("1.80e-04 ± ")
+
+
 def test_record_errors(tmp_path):
     assert records.load_record(tmp_path / "missing.json") is None
     bad = tmp_path / "bad.json"
