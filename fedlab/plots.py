@@ -82,7 +82,7 @@ def bar_plot(values: Mapping[str, float], *, ylabel: str = "", title: str = "", 
         ax.set_ylim(*ylim)
     if hline is not None:
         ax.axhline(float(hline[0]), color="gray", ls="--", lw=1, label=hline[1])
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # beside the bars, never on them
     ax.tick_params(axis="x", rotation=15)
     return ax
 
