@@ -51,15 +51,22 @@ import torch
 from .. import fl, models
 from ..config import pick
 from ..fl.dp_fedavg import dp_fedavg
+from ..fl.recsys import ratings as rec
 from ..attacks import gradient_inversion as gi
 from ..attacks import imprint as imp
+from ..attacks import identifiability as pac
 from ..attacks import membership as mia
 from ..attacks import model_reconstruction as mr
+from ..attacks.interaction_inference import oltr as ro
+from ..data.letor import synthetic_letor
+from ..data.movielens import sample_user_items, synthetic_movielens
 from ..data import client_datasets, images, load_digits, partition_iid, train_test_split
 from ..privacy import defenses as pdef
 from ..privacy import dp_fedavg as dpf
 from ..privacy import dprivacy, ldp
 from ..privacy import secure_aggregation as sa
+from . import chapter3a as ch3a
+from . import chapter3b as ch3b
 
 __all__ = ["Defense", "Attack", "DEFENSES", "ATTACKS", "DP_SETTING", "LDP_DELTA", "dp_noise_multiplier",
            "median_norm", "protect", "cell", "run_row", "run_matrix", "value_name", "record_table",
@@ -168,7 +175,7 @@ def protect(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float |
 class Attack:
     """A row: ``key``, ``label``, ``chapter`` (notebook stem it links to), ``metric`` (what a cell holds),
     ``higher_is_success`` (the direction in which the attack succeeds), ``threat`` (one sentence: who
-    attacks and what it sees), ``run(seed, columns) -> {column key: value, "baseline": value}``,
+    attacks and what it sees), ``run(seed, columns, tiny) -> {column key: value, "baseline": value}``,
     ``not_applicable`` (``{column key: reason}``, cells that do not exist) and ``secagg_group`` (clients
     per secure sum)."""
 
@@ -184,17 +191,23 @@ class Attack:
     secagg_group: int = 1
 
 
+def _size(tiny: bool, *, tiny_value, quick, paper):
+    """``tiny_value`` for the unit tests' tiny run, else :func:`fedlab.pick` of ``quick`` / ``paper``."""
+    return tiny_value if tiny else pick(quick=quick, paper=paper)
+
+
 def _gens(seed: int, salt: int):
     return torch.Generator().manual_seed(1000 * int(seed) + salt), np.random.default_rng(1000 * int(seed) + salt)
 
 
 # ----------------------------------------------------------------------------------------------------
 # row 1: DLG with the iDLG label (Chapter 1a)
-def _dlg_row(seed: int, columns: Sequence[str]) -> dict:
+def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """DLG (Zhu et al. 2019) with the iDLG label rule (Zhao et al. 2020) on one-image FedSGD gradients of
     the sigmoid LeNet, 8x8 digits, as Chapter 1a; under secure aggregation groups of 4 clients are summed
     and DLG inverts the mean gradient of 4 images (labels learned). Metric: mean matched PSNR (dB)."""
-    n_img, steps, group = pick(quick=8, paper=16), pick(quick=3, paper=15), 4
+    n_img = _size(tiny, tiny_value=4, quick=8, paper=16)
+    steps, group = _size(tiny, tiny_value=2, quick=3, paper=15), 4
     net = gi.dlg_init_(models.lenet(1, 10, 8), seed=seed)
     w = models.get_params(net)
     digits = images.digit_images(n_img, seed=seed)
@@ -224,13 +237,14 @@ def _dlg_row(seed: int, columns: Sequence[str]) -> dict:
 
 # ----------------------------------------------------------------------------------------------------
 # row 2: Inverting Gradients (Chapter 1a)
-def _ig_row(seed: int, columns: Sequence[str]) -> dict:
+def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """Inverting Gradients (Geiping et al. 2020) on one-image gradients of the ReLU LeNet, colour crops,
     with the iDLG label read from the (defended) gradient, as Chapter 1a (smaller: 16x16 crops at quick
     scale). Under secure aggregation 2 clients are summed and IG, given both true labels, inverts the
     sum (cosine distance: the scale does not matter). Metric: mean matched PSNR (dB)."""
-    n_img, size = pick(quick=4, paper=8), 32
-    iters, restarts, group = pick(quick=300, paper=1500), pick(quick=2, paper=4), 2
+    n_img, size = _size(tiny, tiny_value=2, quick=4, paper=8), 32
+    iters, group = _size(tiny, tiny_value=40, quick=300, paper=1500), 2
+    restarts = _size(tiny, tiny_value=1, quick=2, paper=4)
     crops = images.sample_image_crops(n_img, size=size, crop=4 * size, seed=seed + 1)
     public = images.sample_image_crops(32, size=size, crop=4 * size, seed=seed + 2).X
     net = models.lenet(3, 10, size, activation="relu", seed=seed)
@@ -264,14 +278,14 @@ def _ig_row(seed: int, columns: Sequence[str]) -> dict:
 IMPRINT_TOL = 0.05
 
 
-def _imprint_row(seed: int, columns: Sequence[str]) -> dict:
+def _imprint_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """Robbing the Fed (Fowl et al. 2022): the malicious server sends the imprinted model of Chapter 1a
     (``imprint_model`` on a linear digit classifier, 64 bins, the server's Gaussian model of ``h(x)``);
     4 clients with 8 digits each compute their real gradient; the server reads inputs from the imprint
     layer's gradient of each client (of the 4-client sum under secure aggregation) with
     ``recover_from_imprint``. Metric: share of the 32 digits recovered within relative error 0.05
     (Chapter 1a asks 1e-4, exact, which no noise defense allows by construction)."""
-    num_clients, batch, bins = 4, 8, pick(quick=64, paper=256)
+    num_clients, batch, bins = 4, 8, _size(tiny, tiny_value=64, quick=64, paper=256)
     pool = load_digits().X.double()
     n = num_clients * batch
     idx = torch.as_tensor(np.random.default_rng(seed).choice(len(pool), size=n, replace=False))
@@ -325,7 +339,7 @@ _IMPRINT_NA = {k: ("central DP trusts the server to add the noise; the imprint a
 
 # ----------------------------------------------------------------------------------------------------
 # row 4: passive membership inference by the server (Chapter 1b)
-def _mia_row(seed: int, columns: Sequence[str]) -> dict:
+def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """The passive server of Chapter 1b (Nasr et al. 2019 setting): 10 clients with 20 digits each train
     an MLP with FedAvg (all clients every round, 2 local epochs, B = 10, lr 0.3); the server scores each
     client's 20 members against 20 non-members by their loss under the models it observed, averaged over
@@ -335,7 +349,7 @@ def _mia_row(seed: int, columns: Sequence[str]) -> dict:
     and the server observes only the global models). ``C`` is the median update norm of the first
     round, then fixed. Metric: AUC."""
     K, n, window = 10, 20, 10
-    num_rounds = pick(quick=30, paper=100)
+    num_rounds = _size(tiny, tiny_value=12, quick=30, paper=100)
     digits = load_digits()
     train, held = train_test_split(digits, test_fraction=0.5, seed=seed)
     nonmembers, _ = train_test_split(held, test_fraction=0.5, seed=seed)
@@ -398,7 +412,7 @@ def _mr_clients(seed: int):
     return clients
 
 
-def _mr_row(seed: int, columns: Sequence[str]) -> dict:
+def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """The eavesdropper of Chapter 4 (Xu & Neglia 2021): 5 linear-regression clients (Chapter 4's first
     example), FedAvg with 60% of the clients per round, 3 local full-batch steps, lr 0.01, 60 rounds; the
     eavesdropper records every (server model, returned model) pair of client 0 and decodes its local
@@ -452,6 +466,199 @@ def _mr_row(seed: int, columns: Sequence[str]) -> dict:
     return out
 
 
+def _mia_active_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """The isolating server of Chapter 1b with Nasr et al.'s gradient ascent (gamma = 2): after Chapter 1b's
+    30 honest FedAvg rounds (10 clients x 20 digits, MLP), the server runs 5 attack rounds against each
+    of the 10 clients in turn (:func:`fedlab.attacks.membership.active_attack_rounds`, ``isolate=True``),
+    and scores the target's candidates by their mean loss under the models the target returned. The
+    defenses act on the target's returned update (model returned minus model received) of the
+    undefended run's trace: the attacker's observations change, the run's trajectory does not (a
+    simplification). DP-FedAvg: the target's clipped update plus the noise of the sum; secure
+    aggregation: the server sees only the average of all returned models (the target's among the nine
+    others'), so isolation no longer shows it the target alone. Metric: AUC (mean over targets)."""
+    K, n, gamma = 10, 20, 2.0
+    rounds = _size(tiny, tiny_value=3, quick=5, paper=10)
+    honest_rounds = _size(tiny, tiny_value=12, quick=30, paper=100)
+    fl_args = dict(local_epochs=2, batch_size=10, lr=0.3)
+    digits = load_digits()
+    train, held = train_test_split(digits, test_fraction=0.5, seed=seed)
+    nonmembers, _ = train_test_split(held, test_fraction=0.5, seed=seed)
+    parts = [p[:n] for p in partition_iid(len(train), K, seed=seed)]
+    clients = fl.stack_clients(client_datasets(train, parts))
+    nm = nonmembers.subset(np.arange(K * n))
+    cand_X = torch.cat([clients.X, nm.X.reshape(K, n, 64)], dim=1)
+    cand_y = torch.cat([clients.y, nm.y.reshape(K, n)], dim=1)
+    is_member = np.r_[np.ones(n), np.zeros(n)]
+    net = models.mlp(64, (64,), 10, seed=seed)
+    honest = fl.fedavg(net, clients, num_rounds=honest_rounds, params=models.get_params(net), seed=seed,
+                       progress=False, **fl_args)
+    traces = [mia.active_attack_rounds(net, clients, honest.params, cand_X[k], cand_y[k], target=k, num_rounds=rounds,
+                                       ascent_lr=gamma, attacker="server", isolate=True, seed=seed + 1,
+                                       return_trace=True, **fl_args) for k in range(K)]
+    like = honest.params
+    received = torch.stack([models.flatten_params(p) for tr in traces for p in tr["received"]])    # [K * rounds, n]
+    returned = torch.stack([models.flatten_params(p) for tr in traces for p in tr["returned"]])
+    others = torch.stack([models.flatten_params(p) for tr in traces for p in tr["global"]])
+    U = returned - received
+    C = median_norm(U)
+    gen, rng = _gens(seed, 10)
+    out = {"baseline": 0.5}
+    for c in columns:
+        d = _BY_KEY[c]
+        if d.kind == "secagg":
+            views = (returned + (K - 1) * others) / K
+        else:
+            views = received + protect(U, d, clip_norm=C, generator=gen, rng=rng)
+        aucs = []
+        for k in range(K):
+            rows = models.unflatten_stacked(views[k * rounds:(k + 1) * rounds], like)
+            S = torch.stack([mia.per_example_loss(net, {name: v[t] for name, v in rows.items()}, cand_X[k], cand_y[k])
+                             for t in range(rounds)])
+            aucs.append(mia.attack_auc(S, is_member, rounds))
+        out[c] = float(np.mean(aucs))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# row 5b: PAC identifiability of the user vector (Chapter 2)
+def _pac_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """Protocol 2 of London (2020), Chapter 2's attack: a malicious server sends an all-zero item model,
+    each user runs Protocol 1's CLIENTUPDATE (B = 10, lr 0.3, log loss) and returns its item deltas, and
+    after ``T`` interactions (Theorem 1's ``T`` for failure probability 0.05 at the largest preference
+    rate) the server estimates every user vector (:func:`fedlab.attacks.identifiability.protocol2_attack`,
+    its ``client`` wrapped so that each message goes through the defense; ``C`` is the median norm of
+    the first messages). Synthetic low-rank data as Chapter 2 (200 items, k = 6, 50 rated, preference
+    rates 0.05-0.45), 100 users at quick scale. Secure aggregation: Protocol 2's own cohorts of 4 (the
+    server sees the sum of each cohort's messages; the cohort's first user is the target). Metric: sign
+    accuracy, the share of the catalogue whose like/dislike the estimate predicts right (1 - Definition 1's
+    sign error)."""
+    users = _size(tiny, tiny_value=20, quick=100, paper=500)
+    items, dim, rated, batch, lr, cohort = 200, 6, 50, 10, 0.3, 4
+    data = rec.make_synthetic(users, items, dim, rated, torch.linspace(0.05, 0.45, users), seed=seed)
+    T = math.ceil(pac.theorem1_num_interactions(float(data.pref_rate.max()), batch, 0.05))
+    out = {"baseline": float((data.labels < 0).double().mean())}          # always predict "dislike"
+    for c in columns:
+        d = _BY_KEY[c]
+        gen, rng = _gens(seed, 9)
+        fixed = {}
+
+        def client(u, probe, its, y, *, local_steps, batch_size, lr, loss, generator=None, d=d, gen=gen, rng=rng,
+                   fixed=fixed):
+            u2, deltas = rec.protocol1_client_update(u, probe, its, y, local_steps=local_steps, batch_size=batch_size,
+                                                     lr=lr, loss=loss, generator=generator)
+            if local_steps == 0 or d.kind in ("none", "secagg"):
+                return u2, deltas
+            flat = deltas.reshape(deltas.shape[0], -1)
+            fixed.setdefault("C", median_norm(flat))
+            return u2, protect(flat, d, clip_norm=fixed["C"], generator=gen, rng=rng).reshape(deltas.shape)
+
+        group = cohort if d.kind == "secagg" else 1
+        res = pac.protocol2_attack(data.user_vectors, data.items, data.y, num_interactions=T, batch_size=batch,
+                                   lr=lr, loss="log", num_items=items, cohort_size=group, client=client,
+                                   generator=torch.Generator().manual_seed(seed))
+        err = pac.sign_error(res.final, data.user_vectors[::group], data.item_vectors)
+        out[c] = float(1.0 - err.mean())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# row 6: RAIFLE against federated collaborative filtering (Chapter 3a)
+_CLIPPING = ("clip", "dp", "ldp")     # columns whose clipping the attacker reproduces (RAIFLE's "knows the clip")
+
+
+def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """RAIFLE (Sec. 4.2, Algorithm 1) against FCF with the user embedding estimated (Chapter 3a's
+    "FCF emb", the configuration that leaks): synthetic MovieLens-100K (the offline default), 8 users
+    (quick) with 4 sampled negatives per positive, 64-dimensional embeddings, 1000 L-BFGS evaluations and
+    2 restarts per user (:func:`fedlab.experiments.chapter3a.attack_case`), the users' clipping reproduced
+    when a column clips. The defense acts on each user's whole item update (padding stays 0: it is
+    never sent). Under secure aggregation groups of 4 users send catalogue-wide updates and the server
+    attacks each group's first user with the sum restricted to that user's items. Metric: mean AUC
+    over users of the inferred interactions."""
+    U, group = _size(tiny, tiny_value=4, quick=8, paper=40), 4
+    iters = _size(tiny, tiny_value=200, quick=1000, paper=1000)
+    data = synthetic_movielens(seed=seed)
+    users = np.sort(np.random.default_rng(seed).choice(data.num_users, U, replace=False))
+    ui = sample_user_items(data, neg_ratio=4, users=users, seed=seed)
+    case = ch3a.make_recsys_case(ui, data.num_items, dim=64, fncf_lr=1.0, local_steps=1, seed=seed)
+    mask = case.mask[..., None].to(case.fcf.dtype)
+    flat = case.fcf.reshape(U, -1)
+    gen, rng = _gens(seed, 6)
+    C = median_norm(flat)
+    out = {"baseline": 0.5}
+    for c in columns:
+        d = _BY_KEY[c]
+        if d.kind == "secagg":
+            dim = case.fcf.shape[-1]
+            cat = torch.zeros(U, data.num_items, dim, dtype=case.fcf.dtype)
+            for u in range(U):
+                m = case.mask[u]
+                cat[u].index_add_(0, ui.items[u][m], case.fcf[u][m])
+            sums = protect(cat.reshape(U, -1), d, group=group, generator=gen).reshape(-1, data.num_items, dim)
+            targets = list(range(0, U, group))
+            sub = case.subset(targets)
+            m = sub.mask.shape[1]
+            views = torch.stack([sums[g][ui.items[u][:m]] for g, u in enumerate(targets)]) * sub.mask[..., None]
+            res = ch3a.attack_case(sub, "fcf", estimate_embedding=True, fcf=views.to(case.fcf.dtype),
+                                   max_iter=iters, num_restarts=2, seed=seed)
+        else:
+            views = protect(flat, d, clip_norm=C, generator=gen, rng=rng).reshape(case.fcf.shape) * mask
+            res = ch3a.attack_case(case, "fcf", estimate_embedding=True, fcf=views,
+                                   clip_norm=C if d.kind in _CLIPPING else None, max_iter=iters, num_restarts=2,
+                                   seed=seed)
+        out[c] = float(res["auc"].mean())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# rows 7-8: RAIFLE against federated online learning to rank, without and with ADM (Chapter 3b)
+def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: bool) -> dict:
+    """RAIFLE against FPDGD (Chapter 3b): synthetic LETOR (the offline default, 300 queries at quick
+    scale), the linear ranker, 16 users (quick) with 8 queries each, informational clicks, lr 0.1,
+    35 L-BFGS evaluations (:func:`fedlab.attacks.interaction_inference.oltr.attack_oltr`); with ``adm``
+    the server first fingerprints the features (ADM, RAIFLE Sec. 3.3). The users' clipping is reproduced
+    when a column clips. Secure aggregation: groups of 4 users; without ADM the server attacks each
+    group's first user with the group's sum; with ADM it runs RAIFLE's bypass (Sec. 3.4.2,
+    :func:`fedlab.experiments.chapter3b.sa_bypass_experiment`, one query, 4 groups of 4). Metric: mean
+    AUC over users of the inferred clicks."""
+    U, Q, group = _size(tiny, tiny_value=8, quick=16, paper=50), 8, 4
+    iters = _size(tiny, tiny_value=20, quick=35, paper=200)
+    data = synthetic_letor(_size(tiny, tiny_value=100, quick=300, paper=1000), seed=seed)
+    case = ro.make_oltr_case(data, U, Q, (), click_model="informational", adm=adm, lr=0.1, seed=seed + 11)
+    gen, rng = _gens(seed, 7 + int(adm))
+    C = median_norm(case.update)
+    out = {"baseline": 0.5}
+    for clipped in (True, False):
+        cols = [c for c in columns if _BY_KEY[c].kind != "secagg" and (_BY_KEY[c].kind in _CLIPPING) == clipped]
+        if not cols:
+            continue
+        views = torch.cat([protect(case.update, c, clip_norm=C, generator=gen, rng=rng) for c in cols])
+        auc = ro.attack_oltr(ro.cat_cases([case] * len(cols)), views, clip_norm=C if clipped else None,
+                             max_iter=iters, seed=seed)
+        out.update({c: float(auc[i * U:(i + 1) * U].mean()) for i, c in enumerate(cols)})
+    if "secagg" in columns:
+        if adm:
+            D = torch.arange(data.num_features) < data.num_features // 2
+            runs = [ch3b.sa_bypass_experiment(data, (), group, D, lr=0.1, max_iter=iters, seed=seed + 100 * t,
+                                              generator=torch.Generator().manual_seed(1000 * seed + t))
+                    for t in range(U // group)]
+            out["secagg"] = float(np.mean([r["auc"] for r in runs]))
+        else:
+            sums = protect(case.update, "secagg", group=group, generator=gen)
+            auc = ro.attack_oltr(case.subset(list(range(0, U, group))), sums.to(case.update.dtype),
+                                 max_iter=iters, seed=seed)
+            out["secagg"] = float(auc.mean())
+    return out
+
+
+def _oltr_plain(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    return _oltr_row(seed, columns, tiny, adm=False)
+
+
+def _oltr_adm(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    return _oltr_row(seed, columns, tiny, adm=True)
+
+
 ATTACKS: tuple[Attack, ...] = (
     Attack("dlg", "DLG / iDLG (digits, one image per client)", "01a_gradient_leakage", "mean PSNR (dB)", True,
            "honest-but-curious server inverts each client's FedSGD gradient", _dlg_row,
@@ -465,6 +672,22 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("mia", "Membership inference, passive server", "01b_membership_inference", "AUC", True,
            "honest-but-curious server scores members by their loss under the models it observes", _mia_row,
            "chance AUC", secagg_group=10),
+    Attack("mia_active", "Membership inference, active server (isolation + gradient ascent)",
+           "01b_membership_inference", "AUC", True,
+           "malicious server isolates the target and ascends the loss of the candidates before sending the model",
+           _mia_active_row, "chance AUC", secagg_group=10),
+    Attack("pac", "PAC identifiability (Protocol 2)", "02_pac_identifiability", "sign accuracy", True,
+           "malicious server sends a zero item model and estimates each user vector from the item deltas",
+           _pac_row, "accuracy of always predicting 'dislike'", secagg_group=4),
+    Attack("rs", "RAIFLE, recommendation (FCF, embedding estimated)", "03a_raifle_recsys", "AUC", True,
+           "curious server infers which items a user interacted with from its item-embedding update", _rs_row,
+           "chance AUC", secagg_group=4),
+    Attack("oltr", "RAIFLE, online learning to rank", "03b_raifle_oltr", "AUC", True,
+           "curious server infers a user's clicks from its ranker update", _oltr_plain, "chance AUC",
+           secagg_group=4),
+    Attack("oltr_adm", "RAIFLE, online learning to rank + ADM", "03b_raifle_oltr", "AUC", True,
+           "active server manipulates the documents' features (ADM) before inferring the clicks", _oltr_adm,
+           "chance AUC", secagg_group=4),
     Attack("mr", "Local-model reconstruction (eavesdropper)", "04_model_reconstruction", "relative error", False,
            "eavesdropper on client 0's link decodes its local optimum from (sent, returned) model pairs", _mr_row,
            "relative error of the released global model", secagg_group=5),
@@ -487,25 +710,26 @@ def _columns(columns) -> list[str]:
     return cols
 
 
-def run_row(row, seed: int, columns: Sequence[str] | None = None) -> dict:
+def run_row(row, seed: int, columns: Sequence[str] | None = None, *, tiny: bool = False) -> dict:
     """Every applicable cell of attack ``row`` (an :class:`Attack` or its key) at ``seed``, the columns
-    ``columns`` (default: all) in one call. Returns ``{column key: value, "baseline": value}`` (no entry
+    ``columns`` (default: all) in one call; ``tiny`` shrinks every size to a few seconds a row (the unit
+    tests; not a setting the book quotes). Returns ``{column key: value, "baseline": value}`` (no entry
     for an n/a cell). Raises ``ValueError`` for an unknown row or column, or a negative seed."""
     a = _attack(row)
     if int(seed) != seed or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed}")
     cols = [c for c in _columns(columns) if c not in a.not_applicable]
-    return a.run(int(seed), cols)
+    return a.run(int(seed), cols, bool(tiny))
 
 
-def cell(row, column: str) -> Callable[[int], float]:
+def cell(row, column: str, *, tiny: bool = False) -> Callable[[int], float]:
     """The cell ``(row, column)`` as a function ``seed -> value``. Raises ``ValueError`` for an unknown
     row or column and for an n/a cell (its reason in the message)."""
     a = _attack(row)
     _columns([column])
     if column in a.not_applicable:
         raise ValueError(f"cell ({a.key}, {column}) is n/a: {a.not_applicable[column]}")
-    return lambda seed: run_row(a, seed, [column])[column]
+    return lambda seed: run_row(a, seed, [column], tiny=tiny)[column]
 
 
 def value_name(row: str, column: str) -> str:
