@@ -68,9 +68,10 @@ from ..privacy import secure_aggregation as sa
 from . import chapter3a as ch3a
 from . import chapter3b as ch3b
 
-__all__ = ["Defense", "Attack", "DEFENSES", "ATTACKS", "DP_SETTING", "LDP_DELTA", "dp_noise_multiplier",
-           "median_norm", "protect", "cell", "run_row", "run_matrix", "value_name", "record_table",
-           "advantage", "render_html", "consistent_with_record"]
+__all__ = ["Defense", "Attack", "DEFENSES", "ATTACKS", "DP_SETTING", "LDP_DELTA", "COLUMN_NOTES",
+           "dp_noise_multiplier", "median_norm", "protect", "cell", "run_row", "run_matrix", "value_name",
+           "describe_matrix", "threat_rows", "page_values", "record_table", "advantage", "render_html",
+           "consistent_with_record"]
 
 #: the DP-FedAvg deployment the ``dp*`` columns are calibrated for (Chapter 1b's demonstration setting)
 DP_SETTING = {"num_clients": 1000, "sampling_prob": 0.1, "num_rounds": 100, "delta": 1e-5}
@@ -103,6 +104,19 @@ DEFENSES: tuple[Defense, ...] = (
     Defense("dpriv5", "d-privacy ν = 5", "dpriv", 5.0),
 )
 _BY_KEY = {d.key: d for d in DEFENSES}
+
+#: what each column changes in what the attacker sees (the page's threat-model table)
+COLUMN_NOTES = {
+    "none": "what the attack's chapter lets it see: each client's update (the server), each message (the eavesdropper)",
+    "clip": "each client scales its update to L2 norm at most C, the median norm of the clean updates",
+    "dp": "a trusted server clips to C and adds N(0, (zC)²) to the sum; the attacker sees the release and knows "
+          "every other client's update (the adversary of the guarantee); a curious server sees the raw updates "
+          "(column 'none')",
+    "ldp": "each client clips to C and adds the Gaussian noise of (ε, 1e-5)-LDP for sensitivity 2C, per release",
+    "prune": "each client sends only the 10 % largest coordinates of its update",
+    "secagg": "the attacker sees only the sum over a group of clients (masked messages, exact sum)",
+    "dpriv": "each client adds Euclidean Laplace noise with E‖ρ‖ = ν ‖update‖ (Galli et al., Algorithm 2)",
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -204,9 +218,10 @@ def _gens(seed: int, salt: int):
 # row 1: DLG with the iDLG label (Chapter 1a)
 def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """DLG (Zhu et al. 2019) with the iDLG label rule (Zhao et al. 2020) on one-image FedSGD gradients of
-    the sigmoid LeNet, 8x8 digits, as Chapter 1a; under secure aggregation groups of 4 clients are summed
-    and DLG inverts the mean gradient of 4 images (labels learned). Metric: mean matched PSNR (dB)."""
-    n_img = _size(tiny, tiny_value=4, quick=8, paper=16)
+    the sigmoid LeNet, 16 digits of 8x8 at quick scale, 3 calls of L-BFGS(20) as Chapter 1a's quick
+    scale; under secure aggregation groups of 4 clients are summed and DLG inverts the mean gradient of
+    4 images (labels learned). Metric: mean matched PSNR (dB)."""
+    n_img = _size(tiny, tiny_value=4, quick=16, paper=32)
     steps, group = _size(tiny, tiny_value=2, quick=3, paper=15), 4
     net = gi.dlg_init_(models.lenet(1, 10, 8), seed=seed)
     w = models.get_params(net)
@@ -239,10 +254,11 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
 # row 2: Inverting Gradients (Chapter 1a)
 def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """Inverting Gradients (Geiping et al. 2020) on one-image gradients of the ReLU LeNet, colour crops,
-    with the iDLG label read from the (defended) gradient, as Chapter 1a (smaller: 16x16 crops at quick
-    scale). Under secure aggregation 2 clients are summed and IG, given both true labels, inverts the
-    sum (cosine distance: the scale does not matter). Metric: mean matched PSNR (dB)."""
-    n_img, size = _size(tiny, tiny_value=2, quick=4, paper=8), 32
+    with the iDLG label read from the (defended) gradient, as Chapter 1a: 6 crops of 32x32, 300
+    signed-Adam steps from 2 restarts at quick scale. Under secure aggregation 2 clients are summed and
+    IG, given both true labels, inverts the sum (cosine distance: the scale does not matter). Metric:
+    mean matched PSNR (dB)."""
+    n_img, size = _size(tiny, tiny_value=2, quick=6, paper=8), 32
     iters, group = _size(tiny, tiny_value=40, quick=300, paper=1500), 2
     restarts = _size(tiny, tiny_value=1, quick=2, paper=4)
     crops = images.sample_image_crops(n_img, size=size, crop=4 * size, seed=seed + 1)
@@ -568,14 +584,14 @@ _CLIPPING = ("clip", "dp", "ldp")     # columns whose clipping the attacker repr
 
 def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """RAIFLE (Sec. 4.2, Algorithm 1) against FCF with the user embedding estimated (Chapter 3a's
-    "FCF emb", the configuration that leaks): synthetic MovieLens-100K (the offline default), 8 users
+    "FCF emb", the configuration that leaks): synthetic MovieLens-100K (the offline default), 16 users
     (quick) with 4 sampled negatives per positive, 64-dimensional embeddings, 1000 L-BFGS evaluations and
     2 restarts per user (:func:`fedlab.experiments.chapter3a.attack_case`), the users' clipping reproduced
     when a column clips. The defense acts on each user's whole item update (padding stays 0: it is
     never sent). Under secure aggregation groups of 4 users send catalogue-wide updates and the server
     attacks each group's first user with the sum restricted to that user's items. Metric: mean AUC
     over users of the inferred interactions."""
-    U, group = _size(tiny, tiny_value=4, quick=8, paper=40), 4
+    U, group = _size(tiny, tiny_value=4, quick=16, paper=40), 4
     iters = _size(tiny, tiny_value=200, quick=1000, paper=1000)
     data = synthetic_movielens(seed=seed)
     users = np.sort(np.random.default_rng(seed).choice(data.num_users, U, replace=False))
@@ -614,14 +630,14 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
 # rows 7-8: RAIFLE against federated online learning to rank, without and with ADM (Chapter 3b)
 def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: bool) -> dict:
     """RAIFLE against FPDGD (Chapter 3b): synthetic LETOR (the offline default, 300 queries at quick
-    scale), the linear ranker, 16 users (quick) with 8 queries each, informational clicks, lr 0.1,
+    scale), the linear ranker, 32 users (quick) with 8 queries each, informational clicks, lr 0.1,
     35 L-BFGS evaluations (:func:`fedlab.attacks.interaction_inference.oltr.attack_oltr`); with ``adm``
     the server first fingerprints the features (ADM, RAIFLE Sec. 3.3). The users' clipping is reproduced
     when a column clips. Secure aggregation: groups of 4 users; without ADM the server attacks each
     group's first user with the group's sum; with ADM it runs RAIFLE's bypass (Sec. 3.4.2,
     :func:`fedlab.experiments.chapter3b.sa_bypass_experiment`, one query, 4 groups of 4). Metric: mean
     AUC over users of the inferred clicks."""
-    U, Q, group = _size(tiny, tiny_value=8, quick=16, paper=50), 8, 4
+    U, Q, group = _size(tiny, tiny_value=8, quick=32, paper=64), 8, 4
     iters = _size(tiny, tiny_value=20, quick=35, paper=200)
     data = synthetic_letor(_size(tiny, tiny_value=100, quick=300, paper=1000), seed=seed)
     case = ro.make_oltr_case(data, U, Q, (), click_model="informational", adm=adm, lr=0.1, seed=seed + 11)
@@ -765,6 +781,39 @@ def describe_matrix() -> dict:
             "dp_noise_multipliers": {d.key: dp_noise_multiplier(d.param) for d in DEFENSES if d.kind == "dp"}}
 
 
+def threat_rows(record: Mapping | None = None) -> list[list[str]]:
+    """Rows ``[column, what the attacker sees]`` of the page's threat-model table, one per column of
+    :data:`DEFENSES` (DP columns with their noise multiplier ``z`` from ``record``'s layout when given,
+    else from :func:`dp_noise_multiplier`)."""
+    zs = (record or {}).get("matrix", {}).get("dp_noise_multipliers") or {}
+    rows = []
+    for d in DEFENSES:
+        note = COLUMN_NOTES[d.kind]
+        if d.kind == "dp":
+            z = zs.get(d.key, dp_noise_multiplier(d.param))
+            note = f"z = {z:.3f}: " + note
+        rows.append([d.label, note])
+    return rows
+
+
+def page_values(record: Mapping) -> dict:
+    """The numbers the page quotes from a matrix record, ``{name: value}``: every cell's mean as
+    ``mx_<row>_<column>`` (dots in keys become ``p``), the baselines, the DP noise multipliers, the
+    number of seeds, the wall seconds (total, mean per seed, slowest row per seed) and the machine.
+    Raises ``ValueError`` for a record without the matrix layout."""
+    if not record or "matrix" not in record:
+        raise ValueError("record is not a matrix record (no 'matrix' layout)")
+    tag = lambda k: k.replace(".", "p")   # noqa: E731
+    out = {f"mx_{tag(n.replace('|', '_'))}": s["mean"] for n, s in record["summary"].items()}
+    out.update({f"mx_z_{tag(k)}": z for k, z in record["matrix"]["dp_noise_multipliers"].items()})
+    secs = record["seconds"]
+    slow = max(record["row_seconds"], key=lambda r: np.mean([x for x in record["row_seconds"][r] if x is not None]))
+    out.update(mx_seeds=len(record["seeds"]), mx_wall_s=float(sum(secs)), mx_seed_s=float(np.mean(secs)),
+               mx_slowest_row=slow, mx_slowest_s=float(np.mean(record["row_seconds"][slow])),
+               mx_machine=str(record.get("machine", "?")), mx_commit=str(record.get("commit", "?")))
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # the table
 def advantage(value: float, baseline: float, undefended: float) -> float:
@@ -814,15 +863,17 @@ def _colour(share: float) -> str:
 
 def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = None) -> str:
     """The colour-coded HTML table of a matrix record: one ``<tr>`` per attack, one column per defense,
-    each cell ``mean [lo, hi]`` (95 % t interval over the seeds), coloured by :func:`advantage` of the
-    mean against the row's baseline mean and the undefended mean; n/a cells grey with the reason as
-    tooltip and footnote. ``chapter_link(stem)`` gives a row's link (default ``"<stem>.html"``).
-    Raises ``ValueError`` for a record without the matrix layout."""
+    each cell ``mean`` over ``[lo, hi]`` (the 95 % t interval over the seeds), coloured by :func:`advantage`
+    of the mean against the row's baseline mean and the undefended mean; n/a cells grey with the reason as
+    tooltip and as a numbered note under the table. Each row header links to its chapter
+    (``chapter_link(stem)``, default ``"<stem>.html"``) and states the metric, its direction, the
+    baseline and the threat model. Raises ``ValueError`` for a record without the matrix layout."""
     rows = record_table(record)
     link = chapter_link or (lambda stem: f"{stem}.html")
     cols = record["matrix"]["columns"]
     notes: list[str] = []
-    head = "".join(f"<th>{html.escape(c['label'])}</th>" for c in cols)
+    cell_css = "padding:3px 4px;text-align:center;min-width:5.2em;border:1px solid #fff;font-size:1em"
+    head = "".join(f'<th style="{cell_css};font-weight:600">{html.escape(c["label"])}</th>' for c in cols)
     body = []
     for r in rows:
         row = r["row"]
@@ -830,29 +881,34 @@ def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = 
         none = r["cells"].get("none")
         arrow = "↑" if row["higher_is_success"] else "↓"
         base_txt = "—" if not base else _fmt(base["mean"])
-        tds = [f'<th style="text-align:left"><a href="{html.escape(link(row["chapter"]))}">{html.escape(row["label"])}</a>'
-               f'<br><small>{html.escape(row["metric"])} {arrow} success; baseline {base_txt} '
-               f'({html.escape(row["baseline"])})<br><i>{html.escape(row["threat"])}</i></small></th>']
+        href, label = html.escape(link(row["chapter"])), html.escape(row["label"])
+        tds = [f'<th style="text-align:left;font-weight:normal;min-width:17em;padding:3px 6px">'
+               f'<a href="{href}"><b>{label}</b></a><br><span style="font-size:0.9em">{html.escape(row["metric"])} {arrow} = success; '
+               f'baseline {base_txt} ({html.escape(row["baseline"])})<br><i>{html.escape(row["threat"])}</i>'
+               f'</span></th>']
         for c in cols:
             s = r["cells"][c["key"]]
             if s is None:
-                tds.append('<td class="mx-missing" style="background:#fff">missing</td>')
+                tds.append(f'<td class="mx-missing" style="{cell_css};background:#fff">missing</td>')
             elif "na" in s:
-                notes.append(s["na"])
-                tds.append(f'<td class="mx-na" style="background:#d0d0d0" title="{html.escape(s["na"])}">'
-                           f'n/a<sup>{len(notes)}</sup></td>')
+                if s["na"] not in notes:
+                    notes.append(s["na"])
+                tds.append(f'<td class="mx-na" style="{cell_css};background:#d0d0d0" title="{html.escape(s["na"])}">'
+                           f'n/a<sup>{notes.index(s["na"]) + 1}</sup></td>')
             else:
                 ci = s.get("ci95")
-                txt = _fmt(s["mean"]) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+                interval = f'<br><span style="font-size:0.85em">[{_fmt(ci[0])}, {_fmt(ci[1])}]</span>' if ci else ""
                 share = (advantage(s["mean"], base["mean"], none["mean"])
                          if base and none and "mean" in none else 0.0)
-                tds.append(f'<td class="mx-cell" style="background:{_colour(share)}" '
-                           f'title="{share:.0%} of the undefended advantage over the baseline; n = {s["n"]}">'
-                           f'{html.escape(txt)}</td>')
+                tds.append(f'<td class="mx-cell" style="{cell_css};background:{_colour(share)}" '
+                           f'title="{share:.0%} of the undefended advantage over the baseline; n = {s["n"]} seeds">'
+                           f'{html.escape(_fmt(s["mean"]))}{interval}</td>')
         body.append("<tr>" + "".join(tds) + "</tr>")
     foot = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
-    return ('<table class="fedlab-matrix" style="font-size:0.8em;border-collapse:collapse">'
-            f"<thead><tr><th>attack \\ defense</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return ('<div style="overflow-x:auto"><table class="fedlab-matrix" '
+            'style="font-size:0.72em;border-collapse:collapse;line-height:1.25">'
+            f'<thead><tr><th style="{cell_css}">attack \\ defense</th>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>"
             + (f'<ol class="mx-notes" style="font-size:0.8em">{foot}</ol>' if notes else ""))
 
 
