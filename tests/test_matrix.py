@@ -212,3 +212,28 @@ def test_live_cell_is_checked_against_the_record():
     assert not mx.consistent_with_record(rec, "mr", "none", 10.0)
     with pytest.raises(ValueError, match="no values"):
         mx.consistent_with_record(rec, "imprint", "dp1", 0.0)
+
+
+def test_reproduce_matrix_writes_a_record_and_names_a_failing_seed(tmp_path, monkeypatch):
+    """`python -m fedlab reproduce matrix` through fedlab.reproduce.reproduce_matrix, with the cells stubbed
+    (the real run is the stored record above): one entry per seed, the summary, the layout, a failing seed."""
+    from fedlab import reproduce as rp
+
+    def fake(seed, progress=None):
+        if seed == 5:
+            raise RuntimeError("boom")
+        progress("dlg", 0.25)
+        return {"dlg|none": 1.0 + seed, "dlg|baseline": 0.5}, {"dlg": 0.25}
+
+    monkeypatch.setattr(mx, "run_matrix", fake)
+    path, failures = rp.reproduce_matrix(scale="quick", seeds=[0, 1, 2], out=tmp_path, root=ROOT, command="c")
+    rec = json.loads(path.read_text())
+    assert path.name == "matrix.quick.json" and failures == [] and set(RECORD_FIELDS) <= set(rec)
+    assert rec["values"]["dlg|none"] == [1.0, 2.0, 3.0] and rec["summary"]["dlg|none"]["n"] == 3
+    assert rec["row_seconds"] == {"dlg": [0.25, 0.25, 0.25]} and len(rec["matrix"]["rows"]) == len(mx.ATTACKS)
+    path2, failures = rp.reproduce_matrix(scale="quick", seeds=[4, 5, 6], out=tmp_path, root=ROOT)
+    assert [f["seed"] for f in failures] == [5] and failures[0]["cell"] == "dlg" and "boom" in failures[0]["error"]
+    assert path2.name == "matrix.quick.failed.json"                      # never replaces the clean record
+    assert json.loads(path2.read_text())["summary"]["dlg|none"]["n"] == 2
+    with pytest.raises(ValueError, match="seeds"):
+        rp.reproduce_matrix(scale="quick", seeds=[1, 1], out=tmp_path, root=ROOT)
