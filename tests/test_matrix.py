@@ -47,6 +47,7 @@ def test_protect_does_what_each_column_says():
     for key, eps in (("ldp1", 1.0), ("ldp10", 10.0), ("ldp500", 500.0)):
         noise = mx.protect(U, key, clip_norm=C, generator=gen()) - clipped   # clipped to (2C)/2 = C
         assert float(noise.std()) == pytest.approx(ldp.gaussian_sigma(eps, mx.LDP_DELTA, 2 * C), rel=0.02)
+        assert float(noise.norm(dim=1).mean()) / C == pytest.approx(mx.ldp_noise_ratio(eps, 400), rel=0.02)
     pruned = mx.protect(U, "prune90")
     assert ((pruned != 0).sum(1) == 40).all() and torch.equal(pruned[pruned != 0], U[pruned != 0])
     sums = mx.protect(U, "secagg", group=4)

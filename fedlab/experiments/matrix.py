@@ -70,7 +70,7 @@ from . import chapter3b as ch3b
 
 __all__ = ["Defense", "Attack", "DEFENSES", "ATTACKS", "DP_SETTING", "LDP_DELTA", "COLUMN_NOTES",
            "dp_noise_multiplier", "median_norm", "protect", "cell", "run_row", "run_matrix", "value_name",
-           "describe_matrix", "threat_rows", "page_values", "record_table", "advantage", "render_html",
+           "describe_matrix", "threat_rows", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
            "consistent_with_record"]
 
 #: the DP-FedAvg deployment the ``dp*`` columns are calibrated for (Chapter 1b's demonstration setting)
@@ -794,6 +794,16 @@ def threat_rows(record: Mapping | None = None) -> list[list[str]]:
             note = f"z = {z:.3f}: " + note
         rows.append([d.label, note])
     return rows
+
+
+def ldp_noise_ratio(epsilon: float, num_params: int) -> float:
+    """The expected norm of the ``ldp*`` columns' noise over the clipping bound ``C``: ``sigma sqrt(n) / C``
+    with ``sigma`` the Gaussian noise of :func:`fedlab.privacy.ldp.ldp_gaussian` for sensitivity ``2 C``
+    and ``n = num_params`` coordinates (the noise's norm concentrates there). Raises ``ValueError`` for
+    ``epsilon <= 0`` or ``num_params < 1``."""
+    if int(num_params) != num_params or num_params < 1:
+        raise ValueError(f"num_params must be a positive integer, got {num_params}")
+    return float(ldp.gaussian_sigma(float(epsilon), LDP_DELTA, 2.0) * math.sqrt(int(num_params)))
 
 
 def page_values(record: Mapping) -> dict:
