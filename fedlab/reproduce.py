@@ -26,9 +26,17 @@ at paper scale) or whose kernel dies is run once more before it counts as failed
 record lists the first failures). Glued names ending in ``_paper`` or ``_note`` quote a stored record
 and are not collected.
 
+``python -m fedlab reproduce matrix`` is the one name that is not a notebook: it runs the attack x defense
+matrix (:func:`fedlab.experiments.matrix.run_matrix`, every cell at every seed, one seed after the other
+in this process) and writes ``<out>/matrix.<scale>.json`` in the same format (``values`` named
+``"<attack>|<defense>"``, ``summary`` by :func:`summarize`), plus ``matrix`` (the layout: rows, columns,
+n/a reasons) and ``row_seconds`` (wall seconds of each attack row at each seed); see
+:func:`reproduce_matrix`.
+
 Usage::
 
     python -m fedlab reproduce --list
+    python -m fedlab reproduce matrix --seeds 0-2
     python -m fedlab reproduce 02 --scale quick --seeds 1,2 --out /tmp/rec
     python -m fedlab reproduce all --scale paper --seeds 0,1,2 --jobs 2
 """
@@ -52,7 +60,7 @@ from .config import progress_enabled
 from .metrics import t_interval
 
 __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "summarize", "t_interval",
-           "run_notebook", "reproduce", "main"]
+           "run_notebook", "reproduce", "reproduce_matrix", "main"]
 
 #: glued names with these endings quote a stored record (``run.paper(...)``, ``run.describe()``) and
 #: are not collected into a new one
@@ -480,6 +488,73 @@ def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: in
 
 
 # --------------------------------------------------------------------------------------------------
+# the attack x defense matrix (not a notebook: fedlab.experiments.matrix computes its cells)
+MATRIX = "matrix"
+
+
+def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Path, command: str = "",
+                     stderr=None, force: bool = False) -> tuple[Path, list[dict]]:
+    """Run :func:`fedlab.experiments.matrix.run_matrix` at every seed of ``seeds`` (``FEDLAB_SCALE`` set
+    to ``scale``, every RNG seeded with the seed, one torch thread) and write the record
+    ``<out>/matrix.<scale>.json`` with :func:`write_record`. A seed whose run raises is a failure
+    (``{"seed", "cell": the attack row, "line": "", "error"}``), kept out of the summary. Returns the
+    written path and the failures. Raises ``ValueError`` for bad ``seeds`` or ``scale``."""
+    import torch
+
+    from .config import SCALES, seed_everything
+    from .experiments import matrix as mx
+
+    stderr = stderr or sys.stderr
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+        raise ValueError(f"seeds must be distinct non-negative integers, got {seeds}")
+    old_scale, old_threads = os.environ.get("FEDLAB_SCALE"), torch.get_num_threads()
+    os.environ["FEDLAB_SCALE"] = scale
+    torch.set_num_threads(1)
+    runs, row_seconds = [], {}
+    try:
+        for seed in seeds:
+            seed_everything(seed)
+            t0 = time.perf_counter()
+            run = SeedRun(seed=seed)
+            done = []
+
+            def progress(row, secs, seed=seed, done=done):
+                done.append(row)
+                print(f"matrix seed {seed}: {row} in {secs:.1f} s", file=stderr, flush=True)
+
+            try:
+                run.values, secs = mx.run_matrix(seed, progress=progress)
+                for row, s in secs.items():
+                    row_seconds.setdefault(row, {})[seed] = round(s, 2)
+            except Exception as exc:   # a failing seed is a result: record it and go on
+                rows = [a.key for a in mx.ATTACKS]
+                failed = rows[len(done)] if len(done) < len(rows) else None
+                run.failure = {"seed": seed, "cell": failed, "line": "", "error": f"{type(exc).__name__}: {exc}"}
+            run.seconds = time.perf_counter() - t0
+            runs.append(run)
+    finally:
+        if old_scale is None:
+            os.environ.pop("FEDLAB_SCALE", None)
+        else:
+            os.environ["FEDLAB_SCALE"] = old_scale
+        torch.set_num_threads(old_threads)
+    chapter = Chapter(MATRIX, root / "chapters" / "07_matrix.ipynb", "Attack x defense matrix")
+    record = build_record(chapter, scale, runs, root=root, command=command)
+    record["matrix"] = mx.describe_matrix()
+    record["row_seconds"] = {row: [by_seed.get(s) for s in seeds] for row, by_seed in row_seconds.items()}
+    path = write_record(record, out, force=force)
+    failures = [dict(f, chapter=MATRIX) for f in record["failures"]]
+    for f in failures:
+        print(f"FAILED matrix seed {f['seed']}, row {f['cell']}: {f['error']}", file=stderr)
+    secs = ", ".join(f"{s:.0f}" for s in record["seconds"])
+    print(f"matrix: {len(seeds) - len(failures)}/{len(seeds)} seeds clean, seconds per seed [{secs}] -> {path}",
+          file=stderr)
+    return path, failures
+
+
+# --------------------------------------------------------------------------------------------------
 # command line
 def _parse_seeds(text: str) -> list[int]:
     seeds = []
@@ -507,7 +582,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("reproduce", help="run a chapter at several seeds and store its glued numbers",
                        description=__doc__.split("\n\n")[0])
-    r.add_argument("chapter", nargs="?", help="notebook stem, its prefix (02, 03a) or 'all'")
+    r.add_argument("chapter", nargs="?", help="notebook stem, its prefix (02, 03a), 'all', or 'matrix' "
+                                              "(the attack x defense matrix)")
     r.add_argument("--list", action="store_true", help="list the chapters of _toc.yml and exit")
     r.add_argument("--scale", choices=("quick", "paper"), default="quick")
     r.add_argument("--seeds", type=_parse_seeds, default=[0, 1, 2], help="e.g. 0,1,2 or 0-4 (default 0,1,2)")
@@ -555,6 +631,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        if args.chapter == MATRIX:
+            out = Path(args.out) if args.out else root / "chapters" / "records"
+            _, failures = reproduce_matrix(scale=args.scale, seeds=args.seeds, out=out, root=root,
+                                           command="python -m fedlab " + " ".join(argv), force=args.force)
+            return 1 if failures else 0
         selected = resolve_chapters(args.chapter, chapters)
         show = not args.no_progress and progress_enabled()       # validates FEDLAB_PROGRESS
     except ValueError as exc:

@@ -1,0 +1,935 @@
+"""The attack x defense matrix (issue 23, item 6): every attack of the book against every defense.
+
+Rows are the chapters' attacks, columns the defenses of :mod:`fedlab.privacy`; each cell is the
+attack's own success metric (the one its chapter reports) under that defense, at one seed, computed
+from the chapters' functions (nothing is re-implemented here: the attacks come from
+:mod:`fedlab.attacks`, the mechanisms from :mod:`fedlab.privacy`, the protocols from :mod:`fedlab.fl`).
+``python -m fedlab reproduce matrix --seeds 0-2`` runs :func:`run_matrix` once per seed and stores the
+record ``chapters/records/matrix.<scale>.json``; the book's page ``chapters/07_matrix.ipynb`` renders
+it with :func:`render_html`.
+
+**One threat model per column** (:data:`DEFENSES`), the same for every row:
+
+* ``none`` -- the attacker sees what its chapter lets it see (the server: each client's update; the
+  eavesdropper: each message of the target);
+* ``clip`` -- each client clips its update to L2 norm ``C`` (:func:`fedlab.privacy.defenses.clip_rows`),
+  ``C`` the median norm of the clean updates of the round (the quantile adaptive clipping aims at);
+* ``dp1`` / ``dp8`` -- DP-FedAvg (McMahan et al. 2018): updates clipped to ``C``, a *trusted* server adds
+  ``N(0, (z C)^2)`` to their sum (:func:`fedlab.privacy.dp_fedavg.dp_aggregate`) with ``z`` calibrated by
+  :func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon` for client-level ``(eps, 1e-5)`` over a
+  deployment of ``K = 1000`` clients, sampling rate ``q = 0.1``, ``T = 100`` rounds (the setting of
+  Chapter 1b). The attacker sees the released noisy sum and knows every other client's update (the
+  adversary the guarantee is stated against), i.e. the target's clipped update plus that noise. A
+  curious server itself sees the raw updates (column ``none``); against a *malicious* server (the imprint
+  attack) central DP is n/a;
+* ``ldp1`` / ``ldp10`` / ``ldp500`` -- local DP (:func:`fedlab.privacy.ldp.ldp_gaussian`): each client
+  clips to ``C`` and adds Gaussian noise for ``(eps, 1e-5)``-LDP, sensitivity ``2 C``, per release;
+* ``prune90`` -- each client zeroes the 90 % smallest coordinates (:func:`fedlab.privacy.defenses.prune_rows`);
+* ``secagg`` -- secure aggregation (:func:`fedlab.privacy.secure_aggregation.secure_sum`): the attacker
+  sees only the sum over a group of clients (its size is given per row);
+* ``dpriv0.5`` / ``dpriv5`` -- d-privacy (Galli et al. 2022, Algorithm 2,
+  :func:`fedlab.privacy.dprivacy.sanitize_update`): Euclidean Laplace noise with ``E ||rho|| = nu ||update||``
+  (``nu = 5`` is Chapter 5's setting).
+
+Each row (:data:`ATTACKS`) names its chapter, its metric and which direction means "the attack
+succeeds", and a *no-information baseline* computed at every seed (the mean-colour image's PSNR, AUC
+0.5, the error of the released global model, ...). The page colours a cell by the share of the
+undefended attack's advantage over that baseline that survives the defense (:func:`advantage`).
+"""
+from __future__ import annotations
+
+import functools
+import html
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .. import fl, models
+from ..config import pick
+from ..fl.dp_fedavg import dp_fedavg
+from ..fl.recsys import ratings as rec
+from ..attacks import gradient_inversion as gi
+from ..attacks import imprint as imp
+from ..attacks import identifiability as pac
+from ..attacks import membership as mia
+from ..attacks import model_reconstruction as mr
+from ..attacks.interaction_inference import oltr as ro
+from ..data.letor import synthetic_letor
+from ..data.movielens import sample_user_items, synthetic_movielens
+from ..data import client_datasets, images, load_digits, partition_iid, train_test_split
+from ..privacy import defenses as pdef
+from ..privacy import dp_fedavg as dpf
+from ..privacy import dprivacy, ldp
+from ..privacy import secure_aggregation as sa
+from . import chapter3a as ch3a
+from . import chapter3b as ch3b
+
+__all__ = ["Defense", "Attack", "DEFENSES", "ATTACKS", "DP_SETTING", "LDP_DELTA", "COLUMN_NOTES",
+           "dp_noise_multiplier", "median_norm", "protect", "cell", "run_row", "run_matrix", "value_name",
+           "describe_matrix", "threat_rows", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
+           "consistent_with_record"]
+
+#: the DP-FedAvg deployment the ``dp*`` columns are calibrated for (Chapter 1b's demonstration setting)
+DP_SETTING = {"num_clients": 1000, "sampling_prob": 0.1, "num_rounds": 100, "delta": 1e-5}
+#: delta of the local (eps, delta)-DP Gaussian mechanism of the ``ldp*`` columns
+LDP_DELTA = 1e-5
+
+
+@dataclass(frozen=True)
+class Defense:
+    """A column: ``key`` (record names), ``label`` (table header), ``kind`` (one of ``none, clip, dp,
+    ldp, prune, secagg, dpriv``) and its parameter ``param`` (epsilon, pruned fraction or nu)."""
+
+    key: str
+    label: str
+    kind: str
+    param: float | None = None
+
+
+DEFENSES: tuple[Defense, ...] = (
+    Defense("none", "none", "none"),
+    Defense("clip", "clipping (C = median norm)", "clip"),
+    Defense("dp1", "DP-FedAvg ε = 1", "dp", 1.0),
+    Defense("dp8", "DP-FedAvg ε = 8", "dp", 8.0),
+    Defense("ldp1", "LDP ε = 1", "ldp", 1.0),
+    Defense("ldp10", "LDP ε = 10", "ldp", 10.0),
+    Defense("ldp500", "LDP ε = 500", "ldp", 500.0),
+    Defense("prune90", "pruning 90 %", "prune", 0.9),
+    Defense("secagg", "secure aggregation", "secagg"),
+    Defense("dpriv0.5", "d-privacy ν = 0.5", "dpriv", 0.5),
+    Defense("dpriv5", "d-privacy ν = 5", "dpriv", 5.0),
+)
+_BY_KEY = {d.key: d for d in DEFENSES}
+
+#: what each column changes in what the attacker sees (the page's threat-model table)
+COLUMN_NOTES = {
+    "none": "what the attack's chapter lets it see: each client's update (the server), each message (the eavesdropper)",
+    "clip": "each client scales its update to L2 norm at most C, the median norm of the clean updates",
+    "dp": "a trusted server clips to C and adds N(0, (zC)²) to the sum; the attacker sees the release and knows "
+          "every other client's update (the adversary of the guarantee); a curious server sees the raw updates "
+          "(column 'none')",
+    "ldp": "each client clips to C and adds the Gaussian noise of (ε, 1e-5)-LDP for sensitivity 2C, per release",
+    "prune": "each client sends only the 10 % largest coordinates of its update",
+    "secagg": "the attacker sees only the sum over a group of clients (masked messages, exact sum)",
+    "dpriv": "each client adds Euclidean Laplace noise with E‖ρ‖ = ν ‖update‖ (Galli et al., Algorithm 2)",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def dp_noise_multiplier(epsilon: float) -> float:
+    """The DP-FedAvg noise multiplier ``z`` for client-level ``(epsilon, DP_SETTING['delta'])`` in the
+    deployment :data:`DP_SETTING` (RDP accountant, :func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon`).
+    Raises ``ValueError`` unless ``epsilon > 0``."""
+    if not epsilon > 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    s = DP_SETTING
+    return dpf.noise_multiplier_for_epsilon(float(epsilon), s["sampling_prob"], s["num_rounds"], s["delta"],
+                                            num_clients=s["num_clients"])
+
+
+def median_norm(updates: torch.Tensor) -> float:
+    """The median L2 norm of the rows of ``updates`` ``[A, n]`` (the clipping bound ``C`` of every
+    column that clips). Raises ``ValueError`` for a shape other than ``[A, n]`` or a zero median."""
+    if updates.ndim != 2 or updates.shape[0] < 1:
+        raise ValueError(f"updates must be [A, n], got shape {tuple(updates.shape)}")
+    c = float(updates.double().norm(dim=1).median())
+    if not c > 0:
+        raise ValueError("updates: the median update norm is 0, no clipping bound")
+    return c
+
+
+def protect(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float | None = None, group: int = 1,
+            generator: torch.Generator | None = None, rng: np.random.Generator | None = None) -> torch.Tensor:
+    """What the attacker sees of the clients' updates ``updates`` ``[A, n]`` (row ``a``: client ``a``'s
+    update) under ``defense`` (a :class:`Defense` or its key), in the threat model of the module docstring.
+
+    Returns ``[A, n]`` (one view per client) for every column but ``secagg``, which returns the sums
+    ``[A // group, n]`` of consecutive groups of ``group`` clients (the protocol's masked messages summed
+    and decoded). ``clip_norm``: ``C`` (default :func:`median_norm` of ``updates``); ``generator``: the
+    torch noise stream (DP, LDP), ``rng``: the numpy stream of the Laplace draws (d-privacy).
+    Raises ``ValueError`` for an unknown defense, ``updates`` not ``[A, n]``, ``group`` not dividing ``A``
+    or ``clip_norm <= 0``.
+    """
+    d = _BY_KEY.get(defense) if isinstance(defense, str) else defense
+    if not isinstance(d, Defense):
+        raise ValueError(f"defense must be one of {list(_BY_KEY)}, got {defense!r}")
+    if updates.ndim != 2 or updates.shape[0] < 1:
+        raise ValueError(f"updates must be [A, n], got shape {tuple(updates.shape)}")
+    C = median_norm(updates) if clip_norm is None else float(clip_norm)
+    if not C > 0:
+        raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+    if d.kind == "none":
+        return updates.clone()
+    if d.kind == "clip":
+        return pdef.clip_rows(updates, C)
+    if d.kind == "dp":
+        sigma = dpf.noise_std(dp_noise_multiplier(d.param), C, 1.0)     # z C on the sum
+        return pdef.gaussian_noise(pdef.clip_rows(updates, C), sigma, generator=generator)
+    if d.kind == "ldp":
+        return ldp.ldp_gaussian(updates, d.param, LDP_DELTA, 2.0 * C, generator=generator)
+    if d.kind == "prune":
+        return pdef.prune_rows(updates, d.param)
+    if d.kind == "secagg":
+        if int(group) != group or group < 1 or updates.shape[0] % group:
+            raise ValueError(f"group must be a positive integer dividing {updates.shape[0]}, got {group}")
+        rows = updates.double().reshape(-1, int(group), updates.shape[1])
+        return torch.stack([sa.secure_sum(r, generator=generator) for r in rows]).to(updates.dtype)
+    if d.kind == "dpriv":
+        out = dprivacy.sanitize_update(updates.double(), torch.zeros_like(updates, dtype=torch.float64), d.param,
+                                       rng=rng).theta
+        return out.to(updates.dtype)
+    raise ValueError(f"unknown defense kind {d.kind!r}")
+
+
+@dataclass(frozen=True)
+class Attack:
+    """A row: ``key``, ``label``, ``chapter`` (notebook stem it links to), ``metric`` (what a cell holds),
+    ``higher_is_success`` (the direction in which the attack succeeds), ``threat`` (one sentence: who
+    attacks and what it sees), ``run(seed, columns, tiny) -> {column key: value, "baseline": value}``,
+    ``not_applicable`` (``{column key: reason}``, cells that do not exist) and ``secagg_group`` (clients
+    per secure sum)."""
+
+    key: str
+    label: str
+    chapter: str
+    metric: str
+    higher_is_success: bool
+    threat: str
+    run: Callable[..., dict]
+    baseline: str
+    not_applicable: Mapping[str, str] = field(default_factory=dict)
+    secagg_group: int = 1
+
+
+def _size(tiny: bool, *, tiny_value, quick, paper):
+    """``tiny_value`` for the unit tests' tiny run, else :func:`fedlab.pick` of ``quick`` / ``paper``."""
+    return tiny_value if tiny else pick(quick=quick, paper=paper)
+
+
+def _gens(seed: int, salt: int):
+    return torch.Generator().manual_seed(1000 * int(seed) + salt), np.random.default_rng(1000 * int(seed) + salt)
+
+
+# ----------------------------------------------------------------------------------------------------
+# row 1: DLG with the iDLG label (Chapter 1a)
+def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """DLG (Zhu et al. 2019) with the iDLG label rule (Zhao et al. 2020) on one-image FedSGD gradients of
+    the sigmoid LeNet, 16 digits of 8x8 at quick scale, 3 calls of L-BFGS(20) as Chapter 1a's quick
+    scale; under secure aggregation groups of 4 clients are summed and DLG inverts the mean gradient of
+    4 images (labels learned). Metric: mean matched PSNR (dB)."""
+    n_img = _size(tiny, tiny_value=4, quick=16, paper=32)
+    steps, group = _size(tiny, tiny_value=2, quick=3, paper=15), 4
+    net = gi.dlg_init_(models.lenet(1, 10, 8), seed=seed)
+    w = models.get_params(net)
+    digits = images.digit_images(n_img, seed=seed)
+    X, y = digits.X, digits.y
+    G = models.flatten_stacked(gi.per_example_gradients(net, w, X, y))
+    fc = [k for k, v in w.items() if v.ndim == 2][-1]
+    gen, rng = _gens(seed, 1)
+    C = median_norm(G)
+    out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
+    single = [c for c in columns if _BY_KEY[c].kind != "secagg"]
+    if single:
+        views = torch.cat([protect(G, c, clip_norm=C, generator=gen, rng=rng) for c in single])
+        obs = models.unflatten_stacked(views, w)
+        labels = torch.tensor([[gi.idlg_label(obs[fc][i])] for i in range(len(views))])
+        res = gi.dlg(net, w, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=gi.DLG_REFERENCE_MAX_ITER,
+                     steps=steps, labels=labels, stacked=True, seed=seed)
+        psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
+        out.update({c: float(psnr[i * n_img:(i + 1) * n_img].mean()) for i, c in enumerate(single)})
+    if "secagg" in columns:
+        sums = protect(G, "secagg", group=group, generator=gen) / group     # the server knows the group size
+        res = gi.dlg(net, w, models.unflatten_stacked(sums, w), input_shape=(1, 8, 8), num_classes=10,
+                     batch_size=group, max_iter=gi.DLG_REFERENCE_MAX_ITER, steps=steps, stacked=True, seed=seed)
+        Xs = X.reshape(-1, group, 1, 8, 8)
+        out["secagg"] = float(np.concatenate([gi.matched_psnr(r, t) for r, t in zip(res.x, Xs)]).mean())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# row 2: Inverting Gradients (Chapter 1a)
+def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """Inverting Gradients (Geiping et al. 2020) on one-image gradients of the ReLU LeNet, colour crops,
+    with the iDLG label read from the (defended) gradient, as Chapter 1a: 6 crops of 32x32, 300
+    signed-Adam steps from 2 restarts at quick scale. Under secure aggregation 2 clients are summed and
+    IG, given both true labels, inverts the sum (cosine distance: the scale does not matter). Metric:
+    mean matched PSNR (dB)."""
+    n_img, size = _size(tiny, tiny_value=2, quick=6, paper=8), 32
+    iters, group = _size(tiny, tiny_value=40, quick=300, paper=1500), 2
+    restarts = _size(tiny, tiny_value=1, quick=2, paper=4)
+    crops = images.sample_image_crops(n_img, size=size, crop=4 * size, seed=seed + 1)
+    public = images.sample_image_crops(32, size=size, crop=4 * size, seed=seed + 2).X
+    net = models.lenet(3, 10, size, activation="relu", seed=seed)
+    w = models.get_params(net)
+    X, y = crops.X, crops.y
+    G = models.flatten_stacked(gi.per_example_gradients(net, w, X, y))
+    fc = [k for k, v in w.items() if v.ndim == 2][-1]
+    gen, rng = _gens(seed, 2)
+    C = median_norm(G)
+    kw = dict(input_shape=(3, size, size), max_iter=iters, lr=0.1, tv_weight=0.1, restarts=restarts,
+              init_mean=public.mean((0, 2, 3)), init_std=public.std((0, 2, 3)), stacked=True, seed=seed)
+    out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
+    single = [c for c in columns if _BY_KEY[c].kind != "secagg"]
+    if single:
+        views = torch.cat([protect(G, c, clip_norm=C, generator=gen, rng=rng) for c in single])
+        obs = models.unflatten_stacked(views, w)
+        labels = torch.tensor([[gi.idlg_label(obs[fc][i])] for i in range(len(views))])
+        res = gi.inverting_gradients(net, w, obs, labels=labels, **kw)
+        psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
+        out.update({c: float(psnr[i * n_img:(i + 1) * n_img].mean()) for i, c in enumerate(single)})
+    if "secagg" in columns:
+        sums = protect(G, "secagg", group=group, generator=gen)
+        res = gi.inverting_gradients(net, w, models.unflatten_stacked(sums, w), labels=y.reshape(-1, group), **kw)
+        Xs = X.reshape(-1, group, *X.shape[1:])
+        out["secagg"] = float(np.concatenate([gi.matched_psnr(r, t) for r, t in zip(res.x, Xs)]).mean())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# row 3: imprint (Chapter 1a)
+IMPRINT_TOL = 0.05
+
+
+def _imprint_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """Robbing the Fed (Fowl et al. 2022): the malicious server sends the imprinted model of Chapter 1a
+    (``imprint_model`` on a linear digit classifier, 64 bins, the server's Gaussian model of ``h(x)``);
+    4 clients with 8 digits each compute their real gradient; the server reads inputs from the imprint
+    layer's gradient of each client (of the 4-client sum under secure aggregation) with
+    ``recover_from_imprint``. Metric: share of the 32 digits recovered within relative error 0.05
+    (Chapter 1a asks 1e-4, exact, which no noise defense allows by construction)."""
+    num_clients, batch, bins = 4, 8, _size(tiny, tiny_value=64, quick=64, paper=256)
+    pool = load_digits().X.double()
+    n = num_clients * batch
+    idx = torch.as_tensor(np.random.default_rng(seed).choice(len(pool), size=n, replace=False))
+    X = pool[idx]
+    labels = torch.as_tensor(np.random.default_rng(seed + 1).integers(0, 10, n))
+    direction = imp.imprint_layer(64, 1, mean=0.0, std=1.0, direction="random", seed=seed)[0][0]
+    h = pool @ direction
+    base = torch.nn.Linear(64, 10)
+    with torch.no_grad():
+        base.weight.copy_(torch.randn(10, 64, generator=torch.Generator().manual_seed(seed)) / 8.0)
+        base.bias.zero_()
+    model = imp.imprint_model(base, 64, bins, mean=float(h.mean()), std=float(h.std()), direction=direction,
+                              seed=seed).double()
+    names = [k for k, _ in model.named_parameters()]
+    rows = []
+    for c in range(num_clients):
+        sl = slice(c * batch, (c + 1) * batch)
+        loss = torch.nn.functional.cross_entropy(model(X[sl]), labels[sl])
+        rows.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(model.parameters()))]))
+    G = torch.stack(rows)
+    like = {k: v.detach() for k, v in model.named_parameters()}
+    iw, ib = names.index("imprint.weight"), names.index("imprint.bias")
+    gen, rng = _gens(seed, 3)
+    C = median_norm(G)
+
+    def rate(views: torch.Tensor, truth: list[torch.Tensor]) -> float:
+        obs = models.unflatten_stacked(views, like)
+        hits = []
+        for i, Xt in enumerate(truth):
+            rec = imp.recover_from_imprint(obs[names[iw]][i], obs[names[ib]][i])
+            hits.append(imp.match_recovered(Xt, rec.x) < IMPRINT_TOL)
+        return float(torch.cat(hits).double().mean())
+
+    chunks = list(X.reshape(num_clients, batch, 64))
+    mean_digit = pool.mean(0, keepdim=True)
+    out = {"baseline": float((imp.match_recovered(X, mean_digit) < IMPRINT_TOL).double().mean())}
+    for c in columns:
+        if c in _IMPRINT_NA:
+            continue
+        if _BY_KEY[c].kind == "secagg":
+            out[c] = rate(protect(G, c, group=num_clients, generator=gen), [X])
+        else:
+            out[c] = rate(protect(G, c, clip_norm=C, generator=gen, rng=rng), chunks)
+    return out
+
+
+_IMPRINT_NA = {k: ("central DP trusts the server to add the noise; the imprint attacker is a malicious server, "
+                   "which would not (client-side noise, LDP or d-privacy, is the comparable cell)")
+               for k in ("dp1", "dp8")}
+
+
+# ----------------------------------------------------------------------------------------------------
+# row 4: passive membership inference by the server (Chapter 1b)
+def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """The passive server of Chapter 1b (Nasr et al. 2019 setting): 10 clients with 20 digits each train
+    an MLP with FedAvg (all clients every round, 2 local epochs, B = 10, lr 0.3); the server scores each
+    client's 20 members against 20 non-members by their loss under the models it observed, averaged over
+    the last 10 rounds (:func:`fedlab.attacks.membership.attack_auc`, mean over clients). Every client
+    applies the defense to its update each round and the aggregate is the mean of what was sent (for
+    DP-FedAvg: :func:`fedlab.privacy.dp_fedavg.dp_aggregate`; for secure aggregation the secure sum,
+    and the server observes only the global models). ``C`` is the median update norm of the first
+    round, then fixed. Metric: AUC."""
+    K, n, window = 10, 20, 10
+    num_rounds = _size(tiny, tiny_value=12, quick=30, paper=100)
+    digits = load_digits()
+    train, held = train_test_split(digits, test_fraction=0.5, seed=seed)
+    nonmembers, _ = train_test_split(held, test_fraction=0.5, seed=seed)
+    parts = [p[:n] for p in partition_iid(len(train), K, seed=seed)]
+    clients = fl.stack_clients(client_datasets(train, parts))
+    nm = nonmembers.subset(np.arange(K * n))
+    cand_X = torch.cat([clients.X, nm.X.reshape(K, n, 64)], dim=1)
+    cand_y = torch.cat([clients.y, nm.y.reshape(K, n)], dim=1)
+    is_member = np.r_[np.ones(n), np.zeros(n)]
+    net = models.mlp(64, (64,), 10, seed=seed)
+    w0 = models.get_params(net)
+    out = {"baseline": 0.5}
+    fixed = {}
+    for c in columns:
+        d = _BY_KEY[c]
+        gen, rng = _gens(seed, 4)
+        batches = torch.Generator().manual_seed(seed)
+        recorder = mia.SnapshotRecorder()
+
+        def step(t, w, d=d, gen=gen, rng=rng, batches=batches, recorder=recorder):
+            local = fl.clients_update(net, w, clients, lr=0.3, local_epochs=2, batch_size=10, generator=batches)
+            U = models.flatten_stacked({k: local[k] - w[k] for k in w})
+            theta = models.flatten_params(w)
+            if t == 1:                                                 # C fixed from the first round's updates
+                fixed["C"] = median_norm(U)
+            C = fixed["C"]
+            if d.kind == "dp":
+                upd = models.unflatten_stacked(U, w)
+                noisy, clean = dpf.dp_aggregate(upd, clip_norm=C, noise_multiplier=dp_noise_multiplier(d.param),
+                                                expected_clients=K, generator=gen)
+                noise = K * (models.flatten_params(noisy) - models.flatten_params(clean))
+                views = theta + pdef.clip_rows(U, C) + noise           # target's clipped update + the noise on the sum
+                new = theta + models.flatten_params(noisy)
+            elif d.kind == "secagg":
+                new = theta + protect(U, d, group=K, generator=gen)[0] / K
+                views = new.expand(K, -1)                              # the server sees the aggregate only
+            else:
+                sent = protect(U, d, clip_norm=C, generator=gen, rng=rng)
+                views = theta + sent
+                new = theta + sent.mean(0)
+            recorder(fl.RoundRecord(t, w, np.arange(K), models.unflatten_stacked(views, w), torch.ones(K)))
+            return models.unflatten_params(new, w)
+
+        fl.run_rounds(num_rounds, step, {k: v.clone() for k, v in w0.items()})
+        signals = mia.client_signals(net, recorder, cand_X, cand_y)
+        out[c] = mia.attack_auc(signals[:, -window:], is_member, window)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# row 5: local-model reconstruction by an eavesdropper (Chapter 4)
+def _mr_clients(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    clients = []
+    for k in range(5):
+        X = torch.randn(40 + 20 * k, 10, generator=g, dtype=torch.float64) + 0.3 * k
+        y = X @ torch.randn(10, generator=g, dtype=torch.float64) + 0.1 * torch.randn(len(X), generator=g,
+                                                                                     dtype=torch.float64)
+        clients.append((X, y))
+    return clients
+
+
+def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """The eavesdropper of Chapter 4 (Xu & Neglia 2021): 5 linear-regression clients (Chapter 4's first
+    example), FedAvg with 60% of the clients per round, 3 local full-batch steps, lr 0.01, 60 rounds; the
+    eavesdropper records every (server model, returned model) pair of client 0 and decodes its local
+    optimum with :func:`fedlab.attacks.model_reconstruction.solve_affine` (OLS over every observed round).
+    Client-side defenses are applied to client 0's messages (the decoding uses only those pairs);
+    DP-FedAvg runs :func:`fedlab.fl.dp_fedavg.dp_fedavg` (the trusted server's noise reaches only the
+    broadcast models); under secure aggregation the eavesdropper sees only the masked messages, so it
+    decodes from the round's aggregate. Metric: relative error ``||theta_hat - theta*|| / ||theta*||``."""
+    clients = _mr_clients(seed)
+    theta_star = mr.local_optimum(*clients[0])
+    kw = dict(num_rounds=60, local_epochs=3, batch_size=None, lr=0.01, loss_fn=mr.squared_loss, seed=seed)
+    net = mr.linear_model(10, seed=seed)
+    res, spy = mr.run_eavesdropped_fedavg(net, clients, targets=None, client_fraction=0.6, **kw)
+    rel = lambda th: float((th - theta_star).norm() / theta_star.norm())   # noqa: E731
+    t_in, t_out, rounds = spy.observations(0)
+    gen, rng = _gens(seed, 5)
+    U = (t_out - t_in)
+    C = median_norm(U)
+    out = {"baseline": rel(models.flatten_params(res.params).double())}
+    for c in columns:
+        d = _BY_KEY[c]
+        if d.kind == "dp":
+            pairs = []
+
+            def spy_dp(r):
+                if 0 in r.selected.tolist():
+                    j = r.selected.tolist().index(0)
+                    th = models.flatten_params(r.global_params).double()
+                    pairs.append((th, th + models.flatten_params({k: v[j] for k, v in r.updates.items()}).double()))
+
+            z = dp_noise_multiplier(d.param)
+            dp_fedavg(mr.linear_model(10, seed=seed), clients, sampling_prob=0.6, noise_multiplier=z,
+                         clip_norm=C, callback=spy_dp, **kw)
+            ti, to = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+        elif d.kind == "secagg":
+            ti, to = [], []
+            for r in rounds:
+                outs = [spy.observations(k) for k in range(5)]
+                sel = [(o[0][o[2] == r][0], o[1][o[2] == r][0], len(clients[k][1])) for k, o in enumerate(outs)
+                       if (o[2] == r).any()]
+                th = sel[0][0]
+                wts = torch.tensor([s[2] for s in sel], dtype=torch.float64)
+                msgs = torch.stack([(s[1] - th) * s[2] for s in sel])
+                agg = protect(msgs, d, group=len(sel), generator=gen)[0] / wts.sum()
+                ti.append(th)
+                to.append(th + agg)
+            ti, to = torch.stack(ti), torch.stack(to)
+        else:
+            ti, to = t_in, t_in + protect(U, d, clip_norm=C, generator=gen, rng=rng)
+        out[c] = rel(mr.solve_affine(ti.double(), to.double()).theta)
+    return out
+
+
+def _mia_active_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """The isolating server of Chapter 1b with Nasr et al.'s gradient ascent (gamma = 2): after Chapter 1b's
+    30 honest FedAvg rounds (10 clients x 20 digits, MLP), the server runs 5 attack rounds against each
+    of the 10 clients in turn (:func:`fedlab.attacks.membership.active_attack_rounds`, ``isolate=True``),
+    and scores the target's candidates by their mean loss under the models the target returned. The
+    defenses act on the target's returned update (model returned minus model received) of the
+    undefended run's trace: the attacker's observations change, the run's trajectory does not (a
+    simplification). DP-FedAvg: the target's clipped update plus the noise of the sum; secure
+    aggregation: the server sees only the average of all returned models (the target's among the nine
+    others'), so isolation no longer shows it the target alone. Metric: AUC (mean over targets)."""
+    K, n, gamma = 10, 20, 2.0
+    rounds = _size(tiny, tiny_value=3, quick=5, paper=10)
+    honest_rounds = _size(tiny, tiny_value=12, quick=30, paper=100)
+    fl_args = dict(local_epochs=2, batch_size=10, lr=0.3)
+    digits = load_digits()
+    train, held = train_test_split(digits, test_fraction=0.5, seed=seed)
+    nonmembers, _ = train_test_split(held, test_fraction=0.5, seed=seed)
+    parts = [p[:n] for p in partition_iid(len(train), K, seed=seed)]
+    clients = fl.stack_clients(client_datasets(train, parts))
+    nm = nonmembers.subset(np.arange(K * n))
+    cand_X = torch.cat([clients.X, nm.X.reshape(K, n, 64)], dim=1)
+    cand_y = torch.cat([clients.y, nm.y.reshape(K, n)], dim=1)
+    is_member = np.r_[np.ones(n), np.zeros(n)]
+    net = models.mlp(64, (64,), 10, seed=seed)
+    honest = fl.fedavg(net, clients, num_rounds=honest_rounds, params=models.get_params(net), seed=seed,
+                       progress=False, **fl_args)
+    traces = [mia.active_attack_rounds(net, clients, honest.params, cand_X[k], cand_y[k], target=k, num_rounds=rounds,
+                                       ascent_lr=gamma, attacker="server", isolate=True, seed=seed + 1,
+                                       return_trace=True, **fl_args) for k in range(K)]
+    like = honest.params
+    received = torch.stack([models.flatten_params(p) for tr in traces for p in tr["received"]])    # [K * rounds, n]
+    returned = torch.stack([models.flatten_params(p) for tr in traces for p in tr["returned"]])
+    others = torch.stack([models.flatten_params(p) for tr in traces for p in tr["global"]])
+    U = returned - received
+    C = median_norm(U)
+    gen, rng = _gens(seed, 10)
+    out = {"baseline": 0.5}
+    for c in columns:
+        d = _BY_KEY[c]
+        if d.kind == "secagg":
+            views = (returned + (K - 1) * others) / K
+        else:
+            views = received + protect(U, d, clip_norm=C, generator=gen, rng=rng)
+        aucs = []
+        for k in range(K):
+            rows = models.unflatten_stacked(views[k * rounds:(k + 1) * rounds], like)
+            S = torch.stack([mia.per_example_loss(net, {name: v[t] for name, v in rows.items()}, cand_X[k], cand_y[k])
+                             for t in range(rounds)])
+            aucs.append(mia.attack_auc(S, is_member, rounds))
+        out[c] = float(np.mean(aucs))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# row 5b: PAC identifiability of the user vector (Chapter 2)
+def _pac_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """Protocol 2 of London (2020), Chapter 2's attack: a malicious server sends an all-zero item model,
+    each user runs Protocol 1's CLIENTUPDATE (B = 10, lr 0.3, log loss) and returns its item deltas, and
+    after ``T`` interactions (Theorem 1's ``T`` for failure probability 0.05 at the largest preference
+    rate) the server estimates every user vector (:func:`fedlab.attacks.identifiability.protocol2_attack`,
+    its ``client`` wrapped so that each message goes through the defense; ``C`` is the median norm of
+    the first messages). Synthetic low-rank data as Chapter 2 (200 items, k = 6, 50 rated, preference
+    rates 0.05-0.45), 100 users at quick scale. Secure aggregation: Protocol 2's own cohorts of 4 (the
+    server sees the sum of each cohort's messages; the cohort's first user is the target). Metric: sign
+    accuracy, the share of the catalogue whose like/dislike the estimate predicts right (1 - Definition 1's
+    sign error)."""
+    users = _size(tiny, tiny_value=20, quick=100, paper=500)
+    items, dim, rated, batch, lr, cohort = 200, 6, 50, 10, 0.3, 4
+    data = rec.make_synthetic(users, items, dim, rated, torch.linspace(0.05, 0.45, users), seed=seed)
+    T = math.ceil(pac.theorem1_num_interactions(float(data.pref_rate.max()), batch, 0.05))
+    out = {"baseline": float((data.labels < 0).double().mean())}          # always predict "dislike"
+    for c in columns:
+        d = _BY_KEY[c]
+        gen, rng = _gens(seed, 9)
+        fixed = {}
+
+        def client(u, probe, its, y, *, local_steps, batch_size, lr, loss, generator=None, d=d, gen=gen, rng=rng,
+                   fixed=fixed):
+            u2, deltas = rec.protocol1_client_update(u, probe, its, y, local_steps=local_steps, batch_size=batch_size,
+                                                     lr=lr, loss=loss, generator=generator)
+            if local_steps == 0 or d.kind in ("none", "secagg"):
+                return u2, deltas
+            flat = deltas.reshape(deltas.shape[0], -1)
+            fixed.setdefault("C", median_norm(flat))
+            return u2, protect(flat, d, clip_norm=fixed["C"], generator=gen, rng=rng).reshape(deltas.shape)
+
+        group = cohort if d.kind == "secagg" else 1
+        res = pac.protocol2_attack(data.user_vectors, data.items, data.y, num_interactions=T, batch_size=batch,
+                                   lr=lr, loss="log", num_items=items, cohort_size=group, client=client,
+                                   generator=torch.Generator().manual_seed(seed))
+        err = pac.sign_error(res.final, data.user_vectors[::group], data.item_vectors)
+        out[c] = float(1.0 - err.mean())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# row 6: RAIFLE against federated collaborative filtering (Chapter 3a)
+_CLIPPING = ("clip", "dp", "ldp")     # columns whose clipping the attacker reproduces (RAIFLE's "knows the clip")
+
+
+def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """RAIFLE (Sec. 4.2, Algorithm 1) against FCF with the user embedding estimated (Chapter 3a's
+    "FCF emb", the configuration that leaks): synthetic MovieLens-100K (the offline default), 16 users
+    (quick) with 4 sampled negatives per positive, 64-dimensional embeddings, 1000 L-BFGS evaluations and
+    2 restarts per user (:func:`fedlab.experiments.chapter3a.attack_case`), the users' clipping reproduced
+    when a column clips. The defense acts on each user's whole item update (padding stays 0: it is
+    never sent). Under secure aggregation groups of 4 users send catalogue-wide updates and the server
+    attacks each group's first user with the sum restricted to that user's items. Metric: mean AUC
+    over users of the inferred interactions."""
+    U, group = _size(tiny, tiny_value=4, quick=16, paper=40), 4
+    iters = _size(tiny, tiny_value=200, quick=1000, paper=1000)
+    data = synthetic_movielens(seed=seed)
+    users = np.sort(np.random.default_rng(seed).choice(data.num_users, U, replace=False))
+    ui = sample_user_items(data, neg_ratio=4, users=users, seed=seed)
+    case = ch3a.make_recsys_case(ui, data.num_items, dim=64, fncf_lr=1.0, local_steps=1, seed=seed)
+    mask = case.mask[..., None].to(case.fcf.dtype)
+    flat = case.fcf.reshape(U, -1)
+    gen, rng = _gens(seed, 6)
+    C = median_norm(flat)
+    out = {"baseline": 0.5}
+    for c in columns:
+        d = _BY_KEY[c]
+        if d.kind == "secagg":
+            dim = case.fcf.shape[-1]
+            cat = torch.zeros(U, data.num_items, dim, dtype=case.fcf.dtype)
+            for u in range(U):
+                m = case.mask[u]
+                cat[u].index_add_(0, ui.items[u][m], case.fcf[u][m])
+            sums = protect(cat.reshape(U, -1), d, group=group, generator=gen).reshape(-1, data.num_items, dim)
+            targets = list(range(0, U, group))
+            sub = case.subset(targets)
+            m = sub.mask.shape[1]
+            views = torch.stack([sums[g][ui.items[u][:m]] for g, u in enumerate(targets)]) * sub.mask[..., None]
+            res = ch3a.attack_case(sub, "fcf", estimate_embedding=True, fcf=views.to(case.fcf.dtype),
+                                   max_iter=iters, num_restarts=2, seed=seed)
+        else:
+            views = protect(flat, d, clip_norm=C, generator=gen, rng=rng).reshape(case.fcf.shape) * mask
+            res = ch3a.attack_case(case, "fcf", estimate_embedding=True, fcf=views,
+                                   clip_norm=C if d.kind in _CLIPPING else None, max_iter=iters, num_restarts=2,
+                                   seed=seed)
+        out[c] = float(res["auc"].mean())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# rows 7-8: RAIFLE against federated online learning to rank, without and with ADM (Chapter 3b)
+def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: bool) -> dict:
+    """RAIFLE against FPDGD (Chapter 3b): synthetic LETOR (the offline default, 300 queries at quick
+    scale), the linear ranker, 32 users (quick) with 8 queries each, informational clicks, lr 0.1,
+    35 L-BFGS evaluations (:func:`fedlab.attacks.interaction_inference.oltr.attack_oltr`); with ``adm``
+    the server first fingerprints the features (ADM, RAIFLE Sec. 3.3). The users' clipping is reproduced
+    when a column clips. Secure aggregation: groups of 4 users; without ADM the server attacks each
+    group's first user with the group's sum; with ADM it runs RAIFLE's bypass (Sec. 3.4.2,
+    :func:`fedlab.experiments.chapter3b.sa_bypass_experiment`, one query, 4 groups of 4). Metric: mean
+    AUC over users of the inferred clicks."""
+    U, Q, group = _size(tiny, tiny_value=8, quick=32, paper=64), 8, 4
+    iters = _size(tiny, tiny_value=20, quick=35, paper=200)
+    data = synthetic_letor(_size(tiny, tiny_value=100, quick=300, paper=1000), seed=seed)
+    case = ro.make_oltr_case(data, U, Q, (), click_model="informational", adm=adm, lr=0.1, seed=seed + 11)
+    gen, rng = _gens(seed, 7 + int(adm))
+    C = median_norm(case.update)
+    out = {"baseline": 0.5}
+    for clipped in (True, False):
+        cols = [c for c in columns if _BY_KEY[c].kind != "secagg" and (_BY_KEY[c].kind in _CLIPPING) == clipped]
+        if not cols:
+            continue
+        views = torch.cat([protect(case.update, c, clip_norm=C, generator=gen, rng=rng) for c in cols])
+        auc = ro.attack_oltr(ro.cat_cases([case] * len(cols)), views, clip_norm=C if clipped else None,
+                             max_iter=iters, seed=seed)
+        out.update({c: float(auc[i * U:(i + 1) * U].mean()) for i, c in enumerate(cols)})
+    if "secagg" in columns:
+        if adm:
+            D = torch.arange(data.num_features) < data.num_features // 2
+            runs = [ch3b.sa_bypass_experiment(data, (), group, D, lr=0.1, max_iter=iters, seed=seed + 100 * t,
+                                              generator=torch.Generator().manual_seed(1000 * seed + t))
+                    for t in range(U // group)]
+            out["secagg"] = float(np.mean([r["auc"] for r in runs]))
+        else:
+            sums = protect(case.update, "secagg", group=group, generator=gen)
+            auc = ro.attack_oltr(case.subset(list(range(0, U, group))), sums.to(case.update.dtype),
+                                 max_iter=iters, seed=seed)
+            out["secagg"] = float(auc.mean())
+    return out
+
+
+def _oltr_plain(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    return _oltr_row(seed, columns, tiny, adm=False)
+
+
+def _oltr_adm(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    return _oltr_row(seed, columns, tiny, adm=True)
+
+
+ATTACKS: tuple[Attack, ...] = (
+    Attack("dlg", "DLG / iDLG (digits, one image per client)", "01a_gradient_leakage", "mean PSNR (dB)", True,
+           "honest-but-curious server inverts each client's FedSGD gradient", _dlg_row,
+           "PSNR of each digit's mean-colour image", secagg_group=4),
+    Attack("ig", "Inverting Gradients (colour crops)", "01a_gradient_leakage", "mean PSNR (dB)", True,
+           "honest-but-curious server inverts each client's gradient (cosine distance + TV prior)", _ig_row,
+           "PSNR of each crop's mean-colour image", secagg_group=2),
+    Attack("imprint", "Imprint (Robbing the Fed)", "01a_gradient_leakage", "share of digits recovered", True,
+           "malicious server sends an imprinted model and reads inputs from the gradient", _imprint_row,
+           "share of digits the pool's mean digit matches", not_applicable=_IMPRINT_NA, secagg_group=4),
+    Attack("mia", "Membership inference, passive server", "01b_membership_inference", "AUC", True,
+           "honest-but-curious server scores members by their loss under the models it observes", _mia_row,
+           "chance AUC", secagg_group=10),
+    Attack("mia_active", "Membership inference, active server (isolation + gradient ascent)",
+           "01b_membership_inference", "AUC", True,
+           "malicious server isolates the target and ascends the loss of the candidates before sending the model",
+           _mia_active_row, "chance AUC", secagg_group=10),
+    Attack("pac", "PAC identifiability (Protocol 2)", "02_pac_identifiability", "sign accuracy", True,
+           "malicious server sends a zero item model and estimates each user vector from the item deltas",
+           _pac_row, "accuracy of always predicting 'dislike'", secagg_group=4),
+    Attack("rs", "RAIFLE, recommendation (FCF, embedding estimated)", "03a_raifle_recsys", "AUC", True,
+           "curious server infers which items a user interacted with from its item-embedding update", _rs_row,
+           "chance AUC", secagg_group=4),
+    Attack("oltr", "RAIFLE, online learning to rank", "03b_raifle_oltr", "AUC", True,
+           "curious server infers a user's clicks from its ranker update", _oltr_plain, "chance AUC",
+           secagg_group=4),
+    Attack("oltr_adm", "RAIFLE, online learning to rank + ADM", "03b_raifle_oltr", "AUC", True,
+           "active server manipulates the documents' features (ADM) before inferring the clicks", _oltr_adm,
+           "chance AUC", secagg_group=4),
+    Attack("mr", "Local-model reconstruction (eavesdropper)", "04_model_reconstruction", "relative error", False,
+           "eavesdropper on client 0's link decodes its local optimum from (sent, returned) model pairs", _mr_row,
+           "relative error of the released global model", secagg_group=5),
+)
+_ATTACK_BY_KEY = {a.key: a for a in ATTACKS}
+
+
+def _attack(row) -> Attack:
+    a = _ATTACK_BY_KEY.get(row) if isinstance(row, str) else row
+    if not isinstance(a, Attack):
+        raise ValueError(f"row must be one of {list(_ATTACK_BY_KEY)}, got {row!r}")
+    return a
+
+
+def _columns(columns) -> list[str]:
+    cols = [d.key for d in DEFENSES] if columns is None else list(columns)
+    bad = [c for c in cols if c not in _BY_KEY]
+    if bad or not cols:
+        raise ValueError(f"columns must be keys of DEFENSES {list(_BY_KEY)}, got {bad or cols}")
+    return cols
+
+
+def run_row(row, seed: int, columns: Sequence[str] | None = None, *, tiny: bool = False) -> dict:
+    """Every applicable cell of attack ``row`` (an :class:`Attack` or its key) at ``seed``, the columns
+    ``columns`` (default: all) in one call; ``tiny`` shrinks every size to a few seconds a row (the unit
+    tests; not a setting the book quotes). Returns ``{column key: value, "baseline": value}`` (no entry
+    for an n/a cell). Raises ``ValueError`` for an unknown row or column, or a negative seed."""
+    a = _attack(row)
+    if int(seed) != seed or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    cols = [c for c in _columns(columns) if c not in a.not_applicable]
+    return a.run(int(seed), cols, bool(tiny))
+
+
+def cell(row, column: str, *, tiny: bool = False) -> Callable[[int], float]:
+    """The cell ``(row, column)`` as a function ``seed -> value``. Raises ``ValueError`` for an unknown
+    row or column and for an n/a cell (its reason in the message)."""
+    a = _attack(row)
+    _columns([column])
+    if column in a.not_applicable:
+        raise ValueError(f"cell ({a.key}, {column}) is n/a: {a.not_applicable[column]}")
+    return lambda seed: run_row(a, seed, [column], tiny=tiny)[column]
+
+
+def value_name(row: str, column: str) -> str:
+    """The record's name of a cell: ``"<row>|<column>"`` (``column`` may be ``"baseline"``)."""
+    return f"{row}|{column}"
+
+
+def run_matrix(seed: int, *, rows: Sequence[str] | None = None, columns: Sequence[str] | None = None,
+               progress: Callable[[str, float], None] | None = None) -> tuple[dict, dict]:
+    """Every row at ``seed``: returns ``(values, seconds)``, ``values`` ``{value_name(row, col): float}``
+    (baselines included, n/a cells absent) and ``seconds`` ``{row: wall seconds}``. ``progress(row,
+    seconds)`` is called after each row."""
+    keys = [a.key for a in ATTACKS] if rows is None else [_attack(r).key for r in rows]
+    values, seconds = {}, {}
+    for r in keys:
+        t0 = time.perf_counter()
+        res = run_row(r, seed, columns)
+        seconds[r] = time.perf_counter() - t0
+        values.update({value_name(r, c): float(v) for c, v in res.items()})
+        if progress is not None:
+            progress(r, seconds[r])
+    return values, seconds
+
+
+def describe_matrix() -> dict:
+    """The matrix's layout for the record: rows (key, label, chapter, metric, direction, threat, baseline,
+    n/a reasons) and columns (key, label), and the DP settings."""
+    return {"rows": [{"key": a.key, "label": a.label, "chapter": a.chapter, "metric": a.metric,
+                      "higher_is_success": a.higher_is_success, "threat": a.threat, "baseline": a.baseline,
+                      "not_applicable": dict(a.not_applicable), "secagg_group": a.secagg_group} for a in ATTACKS],
+            "columns": [{"key": d.key, "label": d.label} for d in DEFENSES],
+            "dp_setting": dict(DP_SETTING), "ldp_delta": LDP_DELTA,
+            "dp_noise_multipliers": {d.key: dp_noise_multiplier(d.param) for d in DEFENSES if d.kind == "dp"}}
+
+
+def threat_rows(record: Mapping | None = None) -> list[list[str]]:
+    """Rows ``[column, what the attacker sees]`` of the page's threat-model table, one per column of
+    :data:`DEFENSES` (DP columns with their noise multiplier ``z`` from ``record``'s layout when given,
+    else from :func:`dp_noise_multiplier`)."""
+    zs = (record or {}).get("matrix", {}).get("dp_noise_multipliers") or {}
+    rows = []
+    for d in DEFENSES:
+        note = COLUMN_NOTES[d.kind]
+        if d.kind == "dp":
+            z = zs.get(d.key, dp_noise_multiplier(d.param))
+            note = f"z = {z:.3f}: " + note
+        rows.append([d.label, note])
+    return rows
+
+
+def ldp_noise_ratio(epsilon: float, num_params: int) -> float:
+    """The expected norm of the ``ldp*`` columns' noise over the clipping bound ``C``: ``sigma sqrt(n) / C``
+    with ``sigma`` the Gaussian noise of :func:`fedlab.privacy.ldp.ldp_gaussian` for sensitivity ``2 C``
+    and ``n = num_params`` coordinates (the noise's norm concentrates there). Raises ``ValueError`` for
+    ``epsilon <= 0`` or ``num_params < 1``."""
+    if int(num_params) != num_params or num_params < 1:
+        raise ValueError(f"num_params must be a positive integer, got {num_params}")
+    return float(ldp.gaussian_sigma(float(epsilon), LDP_DELTA, 2.0) * math.sqrt(int(num_params)))
+
+
+def page_values(record: Mapping) -> dict:
+    """The numbers the page quotes from a matrix record, ``{name: value}``: every cell's mean as
+    ``mx_<row>_<column>`` (dots in keys become ``p``), the baselines, the DP noise multipliers, the
+    number of seeds, the wall seconds (total, mean per seed, slowest row per seed) and the machine.
+    Raises ``ValueError`` for a record without the matrix layout."""
+    if not record or "matrix" not in record:
+        raise ValueError("record is not a matrix record (no 'matrix' layout)")
+    tag = lambda k: k.replace(".", "p")   # noqa: E731
+    out = {f"mx_{tag(n.replace('|', '_'))}": s["mean"] for n, s in record["summary"].items()}
+    out.update({f"mx_z_{tag(k)}": z for k, z in record["matrix"]["dp_noise_multipliers"].items()})
+    secs = record["seconds"]
+    slow = max(record["row_seconds"], key=lambda r: np.mean([x for x in record["row_seconds"][r] if x is not None]))
+    out.update(mx_seeds=len(record["seeds"]), mx_wall_s=float(sum(secs)), mx_seed_s=float(np.mean(secs)),
+               mx_slowest_row=slow, mx_slowest_s=float(np.mean(record["row_seconds"][slow])),
+               mx_machine=str(record.get("machine", "?")), mx_commit=str(record.get("commit", "?")))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# the table
+def advantage(value: float, baseline: float, undefended: float) -> float:
+    """The share of the undefended attack's advantage over its baseline that survives a defense:
+    ``(value - baseline) / (undefended - baseline)``, clipped to ``[0, 1]`` (the direction cancels, so it
+    serves "higher is success" and "lower is success" alike; 0 when the undefended attack has no
+    advantage). Raises ``ValueError`` for a non-finite argument."""
+    if not all(math.isfinite(x) for x in (value, baseline, undefended)):
+        raise ValueError(f"advantage needs finite numbers, got {value}, {baseline}, {undefended}")
+    gap = undefended - baseline
+    if gap == 0:
+        return 0.0
+    return float(min(1.0, max(0.0, (value - baseline) / gap)))
+
+
+def record_table(record: Mapping) -> list[dict]:
+    """One dict per row of a stored matrix record: ``{"row": layout dict, "baseline": summary,
+    "cells": {column key: summary dict ({"mean", "ci95", "n"}) or {"na": reason} or None (missing)}}``.
+    Raises ``ValueError`` when ``record`` lacks the matrix layout."""
+    layout = record.get("matrix") if isinstance(record, Mapping) else None
+    if not layout:
+        raise ValueError("record is not a matrix record (no 'matrix' layout)")
+    summ = record.get("summary", {})
+    out = []
+    for row in layout["rows"]:
+        cells = {}
+        for col in layout["columns"]:
+            k = col["key"]
+            if k in row["not_applicable"]:
+                cells[k] = {"na": row["not_applicable"][k]}
+            else:
+                cells[k] = summ.get(value_name(row["key"], k))
+        out.append({"row": row, "baseline": summ.get(value_name(row["key"], "baseline")), "cells": cells})
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:.2e}"
+
+
+def _colour(share: float) -> str:
+    """White-ish green (0: at the baseline) to red (1: as strong as undefended)."""
+    lo, hi = np.array([220, 240, 220]), np.array([235, 120, 110])
+    r, g, b = (lo + share * (hi - lo)).round().astype(int)
+    return f"rgb({r},{g},{b})"
+
+
+def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = None) -> str:
+    """The colour-coded HTML table of a matrix record: one ``<tr>`` per attack, one column per defense,
+    each cell ``mean`` over ``[lo, hi]`` (the 95 % t interval over the seeds), coloured by :func:`advantage`
+    of the mean against the row's baseline mean and the undefended mean; n/a cells grey with the reason as
+    tooltip and as a numbered note under the table. Each row header links to its chapter
+    (``chapter_link(stem)``, default ``"<stem>.html"``) and states the metric, its direction, the
+    baseline and the threat model. Raises ``ValueError`` for a record without the matrix layout."""
+    rows = record_table(record)
+    link = chapter_link or (lambda stem: f"{stem}.html")
+    cols = record["matrix"]["columns"]
+    notes: list[str] = []
+    cell_css = "padding:3px 4px;text-align:center;min-width:5.2em;border:1px solid #fff;font-size:1em"
+    head = "".join(f'<th style="{cell_css};font-weight:600">{html.escape(c["label"])}</th>' for c in cols)
+    body = []
+    for r in rows:
+        row = r["row"]
+        base = r["baseline"]
+        none = r["cells"].get("none")
+        arrow = "↑" if row["higher_is_success"] else "↓"
+        base_txt = "—" if not base else _fmt(base["mean"])
+        href, label = html.escape(link(row["chapter"])), html.escape(row["label"])
+        tds = [f'<th style="text-align:left;font-weight:normal;min-width:17em;padding:3px 6px">'
+               f'<a href="{href}"><b>{label}</b></a><br><span style="font-size:0.9em">{html.escape(row["metric"])} {arrow} = success; '
+               f'baseline {base_txt} ({html.escape(row["baseline"])})<br><i>{html.escape(row["threat"])}</i>'
+               f'</span></th>']
+        for c in cols:
+            s = r["cells"][c["key"]]
+            if s is None:
+                tds.append(f'<td class="mx-missing" style="{cell_css};background:#fff">missing</td>')
+            elif "na" in s:
+                if s["na"] not in notes:
+                    notes.append(s["na"])
+                tds.append(f'<td class="mx-na" style="{cell_css};background:#d0d0d0" title="{html.escape(s["na"])}">'
+                           f'n/a<sup>{notes.index(s["na"]) + 1}</sup></td>')
+            else:
+                ci = s.get("ci95")
+                interval = f'<br><span style="font-size:0.85em">[{_fmt(ci[0])}, {_fmt(ci[1])}]</span>' if ci else ""
+                share = (advantage(s["mean"], base["mean"], none["mean"])
+                         if base and none and "mean" in none else 0.0)
+                tds.append(f'<td class="mx-cell" style="{cell_css};background:{_colour(share)}" '
+                           f'title="{share:.0%} of the undefended advantage over the baseline; n = {s["n"]} seeds">'
+                           f'{html.escape(_fmt(s["mean"]))}{interval}</td>')
+        body.append("<tr>" + "".join(tds) + "</tr>")
+    foot = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+    return ('<div style="overflow-x:auto"><table class="fedlab-matrix" '
+            'style="font-size:0.72em;border-collapse:collapse;line-height:1.25">'
+            f'<thead><tr><th style="{cell_css}">attack \\ defense</th>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>"
+            + (f'<ol class="mx-notes" style="font-size:0.8em">{foot}</ol>' if notes else ""))
+
+
+def consistent_with_record(record: Mapping, row: str, column: str, value: float, *, slack: float = 0.0) -> bool:
+    """Whether ``value`` (this build's cell) lies within the range of the record's per-seed values of
+    ``(row, column)`` widened by its 95 % interval and ``slack``. Raises ``ValueError`` when the record
+    lacks the cell."""
+    name = value_name(row, column)
+    vals = [v for v in record.get("values", {}).get(name, []) if v is not None]
+    s = record.get("summary", {}).get(name)
+    if not vals or s is None:
+        raise ValueError(f"the record holds no values of cell ({row}, {column})")
+    half = 0.0 if not s.get("ci95") else (s["ci95"][1] - s["ci95"][0]) / 2
+    return min(vals) - half - slack <= value <= max(vals) + half + slack
