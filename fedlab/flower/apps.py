@@ -591,7 +591,12 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
     if secagg and (dp is not None or evaluate_clients):
         raise ValueError(f"secagg cannot be combined with dp ({dp!r}) or evaluate_clients ({evaluate_clients})")
     if secagg:
-        secagg_config(None, **{**(secagg_settings or {}), "max_weight": (secagg_settings or {}).get("max_weight") or 1.0})
+        checked = secagg_config(None, **{**(secagg_settings or {}),
+                                         "max_weight": (secagg_settings or {}).get("max_weight") or 1.0})
+        m = max(int(round(client_fraction * num_clients)), 1)
+        if m * checked["quantization_range"] >= checked["modulus_range"]:    # the masked sum would wrap around
+            raise ValueError(f"secagg_settings: {m} clients a round x quantization_range {checked['quantization_range']} "
+                             f"must stay below modulus_range {checked['modulus_range']}, or the sum wraps around")
     elif secagg_settings:
         raise ValueError("secagg_settings given without secagg=True")
     if secagg and max(int(round(client_fraction * num_clients)), 1) < 2:

@@ -13,7 +13,11 @@
   2021) on one client's link, read off the transcript: the (global model sent, model returned) pairs of
   every round the client took part in, and the local optimum decoded from them with
   :func:`fedlab.attacks.model_reconstruction.solve_affine` (Observations 1 and 5) or
-  :func:`~fedlab.attacks.model_reconstruction.reconstruct_heuristic` (Algorithm 3).
+  :func:`~fedlab.attacks.model_reconstruction.reconstruct_heuristic` (Algorithm 3);
+* under Flower's SecAgg+ (``secagg=True`` runs), where no reply carries a model:
+  :func:`secagg_error_bound` (how far the decoded average may sit from the exact one) and
+  :func:`imprint_from_aggregate`, chapter 1a's imprint attack (Fowl et al. 2022) read off the aggregate
+  by a malicious server (:func:`fedlab.attacks.imprint.recover_from_imprint`).
 
 None of these imports ``flwr``: they read a transcript.
 """
@@ -27,6 +31,7 @@ import torch
 from torch import nn
 
 from ..attacks import gradient_inversion as gi
+from ..attacks import imprint as imp
 from ..attacks import membership
 from ..attacks import model_reconstruction as mr
 from ..metrics import matched_psnr
@@ -34,7 +39,8 @@ from ..models import flatten_params
 from .transcript import Transcript
 
 __all__ = ["observed_gradients", "TranscriptInversion", "invert_gradients", "membership_signals", "membership_auc",
-           "eavesdropped_pairs", "LocalModelReconstruction", "reconstruct_local_models", "RECONSTRUCTION_METHODS"]
+           "eavesdropped_pairs", "LocalModelReconstruction", "reconstruct_local_models", "RECONSTRUCTION_METHODS",
+           "secagg_error_bound", "ImprintFromAggregate", "imprint_from_aggregate"]
 
 #: values of :func:`reconstruct_local_models`' ``method``
 RECONSTRUCTION_METHODS = ("affine", "heuristic")
@@ -275,3 +281,90 @@ def reconstruct_local_models(transcript: Transcript, partitions, *, method: str 
     res = mr.reconstruct_heuristic(tin, tout, hidden=hidden, fit_max_iter=fit_max_iter,
                                    decode_max_iter=decode_max_iter, seed=seed)
     return LocalModelReconstruction(theta=res.theta, mapping_loss=res.mapping_loss, **common)
+
+
+# --------------------------------------------------------------------------------------------
+# under SecAgg+: what the server still gets
+# --------------------------------------------------------------------------------------------
+def secagg_error_bound(transcript: Transcript, round: int = 1) -> float:
+    """The largest absolute difference, per coordinate, between the weighted average that Flower's SecAgg+
+    decoded in ``round`` (``transcript.globals[round]``) and the exact FedAvg average of the same client
+    models, from the settings in the transcript's meta (``secagg_settings``, ``sizes``) and the clients of
+    the round (its ``secagg-masked`` replies).
+
+    ``secaggplus_mod`` sends ``r_k w_k`` with ``r_k = round(n_k / max_weight * Q) / Q``, clipped to
+    ``[-C, C]`` (``C = clipping_range``) and stochastically rounded to a grid of step ``2C / Q``; the
+    server decodes ``sum_k r_k w_k / sum_k r_k`` up to the ``m`` rounding errors. So, for client models
+    inside ``[-C, C]``::
+
+        |decoded - sum_k n_k w_k / N| <= m (2C / Q) / sum_k r_k + C sum_k |r_k / sum r - n_k / N|.
+
+    Raises ``ValueError`` for a transcript of a run without SecAgg+ or a round without masked replies.
+    """
+    round = _round(transcript, round)
+    settings = transcript.meta.get("secagg_settings")
+    if not transcript.meta.get("secagg") or not settings:
+        raise ValueError(f"transcript {transcript.path} is not of a SecAgg+ run (meta secagg / secagg_settings)")
+    masked = [r for r in transcript.replies if r.kind == "secagg-masked" and r.round == round and r.error is None]
+    if not masked:
+        raise ValueError(f"transcript {transcript.path} holds no masked reply in round {round}")
+    sizes = transcript.meta["sizes"]
+    n = np.array([sizes[r.partition_id] for r in masked], dtype=np.float64)
+    C, Q, W = float(settings["clipping_range"]), int(settings["quantization_range"]), float(settings["max_weight"])
+    r = np.round(n / W * Q) / Q
+    return float(len(n) * 2 * C / Q / r.sum() + C * np.abs(r / r.sum() - n / n.sum()).sum())
+
+
+@dataclass
+class ImprintFromAggregate:
+    """Result of :func:`imprint_from_aggregate`: the :class:`fedlab.attacks.imprint.ImprintRecovery` of the
+    aggregated update, ``rtol`` (the occupancy threshold used), and, when ``X_true`` was given, ``error``
+    ``[n]`` (relative error of the nearest recovered vector to each true input), ``recovered`` ``[n]``
+    (``error < tol``) and ``rate``."""
+
+    recovery: imp.ImprintRecovery
+    rtol: float
+    error: torch.Tensor | None = None
+    recovered: torch.Tensor | None = None
+    rate: float | None = None
+
+
+def imprint_from_aggregate(transcript: Transcript, *, weight_name: str = "imprint.weight",
+                           bias_name: str = "imprint.bias", round: int = 1, X_true: torch.Tensor | None = None,
+                           tol: float = 1e-4) -> ImprintFromAggregate:
+    """Chapter 1a's imprint attack (Fowl et al. 2022, Sec. 3) on what a server learns under secure
+    aggregation: the change of the global model in ``round``, ``w_{round-1} - w_round``, which is ``lr`` times
+    the weighted sum of the clients' gradients when they run FedSGD on the imprinted model
+    (:func:`fedlab.attacks.imprint.imprint_model`) the server sent. The rows of the imprint layer
+    (parameters ``weight_name`` ``[k, dim]`` and ``bias_name`` ``[k]``) are read with
+    :func:`fedlab.attacks.imprint.recover_from_imprint`; the common factor ``lr n_k / N`` cancels in each
+    ratio. A bin counts as occupied when its bias difference exceeds what rounding can explain: ``1e-8``
+    of the largest bias change without SecAgg+, and twice :func:`secagg_error_bound` with it.
+
+    ``X_true``: ``[n, dim]`` the clients' inputs, to score the recovery (``tol``: relative error).
+
+    Raises
+    ------
+    ValueError
+        For a bad ``round``, parameter names the transcript lacks, or a round that changed nothing.
+    """
+    round = _round(transcript, round)
+    g0, g1 = transcript.globals[round - 1], transcript.globals[round]
+    for name in (weight_name, bias_name):
+        if name not in g0 or name not in g1:
+            raise ValueError(f"the transcript's model has no parameter {name!r} (it has {list(g0)})")
+    dW = (g0[weight_name] - g1[weight_name]).double()
+    db = (g0[bias_name] - g1[bias_name]).double()
+    scale = float(db.abs().max())
+    if scale == 0:
+        raise ValueError(f"the imprint bias did not change in round {round}: no client trained on the imprinted model")
+    rtol = 1e-8
+    if transcript.meta.get("secagg"):
+        rtol = max(rtol, 4 * secagg_error_bound(transcript, round) / scale)
+    rec = imp.recover_from_imprint(dW, db, weight=g0[weight_name].double(), bias=g0[bias_name].double(), rtol=rtol)
+    out = ImprintFromAggregate(rec, rtol)
+    if X_true is not None:
+        err = imp.match_recovered(torch.as_tensor(X_true).double().flatten(1), rec.x)
+        out.error, out.recovered = err, err < tol
+        out.rate = float(out.recovered.double().mean())
+    return out
