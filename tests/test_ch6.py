@@ -82,6 +82,33 @@ def test_defense_rows_checks_names():
         ex.defense_rows(att, mem, {"other": 0.9})
 
 
+def test_least_squares_clients_are_chapter_4s():
+    """Chapter 4's first cell: client k holds 40 + 20 k records with mean shift 0.3 k and its own optimum."""
+    from fedlab.attacks import model_reconstruction as mr
+
+    clients = ex.least_squares_clients(0)
+    assert [len(X) for X, _ in clients] == [40, 60, 80, 100, 120] and clients[0][0].dtype == torch.float64
+    assert abs(float(clients[4][0].mean()) - 1.2) < 0.2
+    fit = [float((X @ mr.local_optimum(X, y) - y).pow(2).mean()) for X, y in clients]
+    assert max(fit) < 0.02                                       # y = X theta_k + 0.1 noise
+    assert torch.equal(ex.least_squares_clients(3)[1][0], ex.least_squares_clients(3)[1][0])
+    with pytest.raises(ValueError, match="num_clients"):
+        ex.least_squares_clients(0, num_clients=0)
+
+
+def test_imprint_clients_is_chapter_1a_setting():
+    clients, model_fn, X = ex.imprint_clients(0, num_clients=2, batch_size=3, num_bins=16)
+    assert X.shape == (6, 64) and torch.equal(clients[1][0], X[3:]) and float(X.max()) <= 1.0
+    m = model_fn()
+    assert m.imprint.weight.shape == (16, 64) and m.imprint.weight.dtype == torch.float64
+    assert torch.equal(m.imprint.weight, model_fn().imprint.weight)                  # the same model every call
+    assert (m.imprint.bias[1:] < m.imprint.bias[:-1]).all()                          # cut-offs increasing
+    with pytest.raises(ValueError, match="batch_size"):
+        ex.imprint_clients(0, batch_size=0)
+    with pytest.raises(ValueError, match="exceeds"):
+        ex.imprint_clients(0, num_clients=100, batch_size=20)
+
+
 # ------------------------------------------------------------------------------------------------
 # on Flower transcripts (the `flower` extra)
 # ------------------------------------------------------------------------------------------------
