@@ -429,7 +429,8 @@ def secagg_markdown(rows: Sequence[dict]) -> MarkdownText:
              "values in the clear |", "|---|---|---:|---:|---:|---|"]
     for r in rows:
         clear = ", ".join(f"`{m}`" for m in r["metrics"] if m != "masked-weight") or "none"
-        lines.append(f"| `{r['kind']}` | {_STAGE_TEXT[r['kind']]} | {r['replies']} | {r['bytes']:,.0f} | {r['models']} | {clear} |")
+        lines.append(f"| `{r['kind']}` | {_STAGE_TEXT[r['kind']]} | {r['replies']} | {r['bytes']:,.0f} | "
+                     f"{r['models']} | {clear} |")
     return MarkdownText("\n".join(lines))
 
 
