@@ -379,7 +379,8 @@ def eavesdrop_logistic(transcript: Transcript, reference: mr.Eavesdropper, clien
     federation (binary logistic regression on LEAF's synthetic clients, :class:`fedlab.data.Dataset`),
     beside the same attack (same seed and settings) on the pairs of a :func:`fedlab.fl.fedavg` run.
 
-    Returns ``{"pairs_diff", "decoded", "decoded_fedavg", "last", "oracle": [K] train accuracies,
+    Returns ``{"pairs_diff", "decoded", "decoded_fedavg", "last", "oracle": [K] train accuracies, "gap": [K]
+    ||theta_hat(Flower) - theta_hat(fedavg)|| / ||theta_c*||,
     "dist_decoded", "dist_decoded_fedavg", "dist_last": [K] relative distances to the regularised local
     optimum theta_c* (:func:`~fedlab.attacks.model_reconstruction.logistic_local_optimum`),
     "mapping_loss": [K], "num_obs": int}``."""
@@ -395,6 +396,7 @@ def eavesdrop_logistic(transcript: Transcript, reference: mr.Eavesdropper, clien
     rel = lambda th: ((th - star).norm(dim=1) / star.norm(dim=1)).numpy()  # noqa: E731
     return {"pairs_diff": _pairs_difference(transcript, reference, range(K)), "decoded": acc(ours.theta),
             "decoded_fedavg": acc(ref.theta), "last": acc(ours.last), "oracle": acc(star),
+            "gap": ((ours.theta - ref.theta).norm(dim=1) / star.norm(dim=1)).numpy(),
             "dist_decoded": rel(ours.theta), "dist_decoded_fedavg": rel(ref.theta), "dist_last": rel(ours.last),
             "mapping_loss": ours.mapping_loss.numpy(), "num_obs": int(n)}
 
