@@ -10,7 +10,14 @@ run on what a Flower server recorded (Beutel et al. 2020, Flower; :mod:`fedlab.f
   the sigmoid LeNet) and DLG / iDLG (:func:`fedlab.flower.attacks.invert_gradients`) on the transcript,
   with the PSNR of a flat grey image as the floor a reconstruction has to beat;
 * tables of a transcript's messages, of the DP wrappers' effect and of this chapter beside the stored
-  records of chapters 1a and 1b.
+  records of chapters 1a and 1b;
+* :func:`least_squares_clients`, :func:`eavesdrop_least_squares`, :func:`eavesdrop_logistic`: chapter 4's
+  eavesdropper (:func:`fedlab.flower.attacks.reconstruct_local_models`) on a Flower transcript beside the
+  same attack on :func:`fedlab.fl.fedavg`'s run (:class:`fedlab.attacks.model_reconstruction.Eavesdropper`);
+* :func:`secagg_stages`, :func:`secagg_markdown`, :func:`masked_uniformity`: what a Flower server receives
+  under SecAgg+, stage by stage;
+* :func:`imprint_clients`, :func:`imprint_rows`, :func:`imprint_markdown`: chapter 1a's imprint attack by a
+  malicious server through SecAgg+'s aggregate (:func:`fedlab.flower.attacks.imprint_from_aggregate`).
 
 This module reads transcripts and never imports ``flwr``; the notebook runs the federations with
 :func:`fedlab.flower.run`.
@@ -26,7 +33,9 @@ import torch
 from .. import data, fl, metrics, models
 from .._checks import positive_int
 from ..attacks import gradient_inversion as gi
+from ..attacks import imprint as imp
 from ..attacks import membership as mia
+from ..attacks import model_reconstruction as mr
 from ..flower import attacks as fa
 from ..flower.transcript import Transcript
 from ..plots import MarkdownText
@@ -34,7 +43,9 @@ from ..plots import MarkdownText
 __all__ = ["MembershipFederation", "membership_federation", "max_abs_difference", "round_differences",
            "plot_round_differences", "transcript_markdown",
            "permutation_floor", "reply_membership", "fedsgd_clients", "grey_psnr", "fedsgd_attack",
-           "update_norms", "plot_clipping", "defense_rows", "defense_markdown", "compare_markdown", "COMPARE_1A", "COMPARE_1B"]
+           "update_norms", "plot_clipping", "defense_rows", "defense_markdown", "compare_markdown", "COMPARE_1A", "COMPARE_1B",
+           "least_squares_clients", "eavesdrop_least_squares", "eavesdrop_logistic", "secagg_stages", "secagg_markdown",
+           "masked_uniformity", "imprint_clients", "imprint_rows", "imprint_markdown"]
 
 #: values of chapter 1a's stored record quoted beside ours: record name -> (our name, label, decimals)
 COMPARE_1A = {"idlg_acc": ("idlg_acc", "iDLG label accuracy", 3),
@@ -307,3 +318,206 @@ def compare_markdown(ours: Mapping[str, float], paper_1a: Callable[[str], str], 
             lines.append(f"| {chapter} | {label} | {ours[our_name]:.{digits}f} | {paper(rec_name, digits)} |")
     notes = " ".join(f"**{c}:** {s}" for c, s in settings.items())
     return MarkdownText("\n".join(lines) + ("\n\n" + notes if notes else ""))
+
+
+# ------------------------------------------------------------------------------------------------
+# chapter 4 on a transcript: the eavesdropper
+# ------------------------------------------------------------------------------------------------
+def least_squares_clients(seed: int, *, num_clients: int = 5, dim: int = 10) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Chapter 4's first federation (its Observation 1 cell): client ``k`` holds ``40 + 20 k`` records
+    ``X ~ N(0.3 k, 1)^dim`` and ``y = X theta_k + 0.1 N(0, 1)`` with its own ``theta_k ~ N(0, I)``, all
+    from one generator seeded ``seed`` (float64). Returns ``[(X [n_k, dim], y [n_k])]``. Raises
+    ``ValueError`` for a non-positive count."""
+    num_clients, dim = positive_int("num_clients", num_clients), positive_int("dim", dim)
+    g = torch.Generator().manual_seed(int(seed))
+    clients = []
+    for k in range(num_clients):
+        X = torch.randn(40 + 20 * k, dim, generator=g, dtype=torch.float64) + 0.3 * k
+        y = X @ torch.randn(dim, generator=g, dtype=torch.float64) + 0.1 * torch.randn(len(X), generator=g, dtype=torch.float64)
+        clients.append((X, y))
+    return clients
+
+
+def _pairs_difference(transcript: Transcript, reference: mr.Eavesdropper, partitions) -> float:
+    """Largest difference between the eavesdropped pairs of a transcript and of a fedavg run (same rounds)."""
+    out = 0.0
+    for k in partitions:
+        ti, to, rounds = fa.eavesdropped_pairs(transcript, k)
+        ri, ro, rr = reference.observations(k)
+        if not np.array_equal(rounds, rr):
+            raise ValueError(f"client {k} was observed in rounds {rounds.tolist()} on Flower, {rr.tolist()} on fedavg")
+        out = max(out, float((ti - ri.double()).abs().max()), float((to - ro.double()).abs().max()))
+    return out
+
+
+def eavesdrop_least_squares(transcript: Transcript, reference: mr.Eavesdropper, clients: Sequence) -> dict:
+    """Observation 1 of chapter 4 (Xu & Neglia 2021) on a Flower transcript of least-squares clients with
+    full-batch local gradient descent: every client's local optimum decoded from its first ``d + 1``
+    and its first ``d`` eavesdropped rounds (:func:`fedlab.flower.attacks.reconstruct_local_models`), and
+    the same ``d + 1``-round decoding on the pairs the :class:`~fedlab.attacks.model_reconstruction.Eavesdropper`
+    of a :func:`fedlab.fl.fedavg` run with the same data and seed recorded.
+
+    Returns ``{"pairs_diff": largest difference between the two runs' pairs, "err_d1", "err_d1_fedavg",
+    "err_d": [K] relative errors ||theta_hat - theta_c*|| / ||theta_c*||, "identifiable_d1",
+    "identifiable_d": [K] bool, "num_obs": [K] rounds each client was observed}``."""
+    K, d = len(clients), clients[0][0].shape[1]
+    star = torch.stack([mr.local_optimum(X, y) for X, y in clients])
+    rel = lambda th: ((th - star).norm(dim=1) / star.norm(dim=1)).numpy()  # noqa: E731
+    full = fa.reconstruct_local_models(transcript, range(K), max_obs=d + 1)
+    short = fa.reconstruct_local_models(transcript, range(K), max_obs=d)
+    ref = mr.solve_affine(torch.stack([reference.observations(k, d + 1)[0] for k in range(K)]).double(),
+                          torch.stack([reference.observations(k, d + 1)[1] for k in range(K)]).double())
+    return {"pairs_diff": _pairs_difference(transcript, reference, range(K)), "err_d1": rel(full.theta),
+            "err_d1_fedavg": rel(ref.theta), "err_d": rel(short.theta), "identifiable_d1": np.array(full.identifiable),
+            "identifiable_d": np.array(short.identifiable),
+            "num_obs": np.array([len(fa.eavesdropped_pairs(transcript, k)[2]) for k in range(K)])}
+
+
+def eavesdrop_logistic(transcript: Transcript, reference: mr.Eavesdropper, clients: Sequence, *, weight_decay: float,
+                       fit_max_iter: int, decode_max_iter: int, hidden: int = 1000, seed: int = 0) -> dict:
+    """Algorithm 3 of chapter 4 (Xu & Neglia 2021) on a Flower transcript of chapter 4's Table 1
+    federation (binary logistic regression on LEAF's synthetic clients, :class:`fedlab.data.Dataset`),
+    beside the same attack (same seed and settings) on the pairs of a :func:`fedlab.fl.fedavg` run.
+
+    Returns ``{"pairs_diff", "decoded", "decoded_fedavg", "last", "oracle": [K] train accuracies, "gap": [K]
+    ||theta_hat(Flower) - theta_hat(fedavg)|| / ||theta_c*||,
+    "dist_decoded", "dist_decoded_fedavg", "dist_last": [K] relative distances to the regularised local
+    optimum theta_c* (:func:`~fedlab.attacks.model_reconstruction.logistic_local_optimum`),
+    "mapping_loss": [K], "num_obs": int}``."""
+    K = len(clients)
+    star = torch.stack([mr.logistic_local_optimum(c.X, c.y, weight_decay=weight_decay) for c in clients])
+    kw = dict(hidden=hidden, fit_max_iter=fit_max_iter, decode_max_iter=decode_max_iter, seed=seed)
+    ours = fa.reconstruct_local_models(transcript, range(K), method="heuristic", **kw)
+    n = ours.num_obs
+    tin = torch.stack([reference.observations(k)[0][:n] for k in range(K)]).double()
+    tout = torch.stack([reference.observations(k)[1][:n] for k in range(K)]).double()
+    ref = mr.reconstruct_heuristic(tin, tout, **kw)
+    acc = lambda th: np.array([float(mr.binary_accuracy(th[k], c.X, c.y)) for k, c in enumerate(clients)])  # noqa: E731
+    rel = lambda th: ((th - star).norm(dim=1) / star.norm(dim=1)).numpy()  # noqa: E731
+    return {"pairs_diff": _pairs_difference(transcript, reference, range(K)), "decoded": acc(ours.theta),
+            "decoded_fedavg": acc(ref.theta), "last": acc(ours.last), "oracle": acc(star),
+            "gap": ((ours.theta - ref.theta).norm(dim=1) / star.norm(dim=1)).numpy(),
+            "dist_decoded": rel(ours.theta), "dist_decoded_fedavg": rel(ref.theta), "dist_last": rel(ours.last),
+            "mapping_loss": ours.mapping_loss.numpy(), "num_obs": int(n)}
+
+
+# ------------------------------------------------------------------------------------------------
+# SecAgg+: what the server receives, and what it still learns
+# ------------------------------------------------------------------------------------------------
+_STAGE_TEXT = {"secagg-keys": "two public keys", "secagg-shares": "key shares encrypted for other clients",
+               "secagg-masked": "the masked, quantized model", "secagg-unmask": "key shares to remove the masks"}
+
+
+def secagg_stages(transcript: Transcript, round: int = 1) -> list[dict]:
+    """One row per SecAgg+ stage of ``round`` in a transcript of a ``secagg=True`` run (in protocol order):
+    ``{"kind", "replies", "bytes" (mean per reply), "models" (replies that carry float model parameters),
+    "metrics" (names of the values each reply carries in the clear)}``. Raises ``ValueError`` when the round
+    holds no SecAgg+ reply."""
+    rows = []
+    for kind in _STAGE_TEXT:
+        rs = [r for r in transcript.replies if r.kind == kind and r.round == round and r.error is None]
+        if rs:
+            floats = sum(any(v.is_floating_point() for v in r.params.values()) for r in rs)
+            rows.append({"kind": kind, "replies": len(rs), "bytes": float(np.mean([r.metrics["bytes"] for r in rs])),
+                         "models": int(floats), "metrics": sorted({k for r in rs for k in r.metrics} - {"bytes"})})
+    if not rows:
+        raise ValueError(f"transcript {transcript.path} holds no SecAgg+ reply in round {round}")
+    return rows
+
+
+def secagg_markdown(rows: Sequence[dict]) -> MarkdownText:
+    """:func:`secagg_stages` as a Markdown table."""
+    lines = ["| stage | what each reply carries | replies | bytes per reply | replies with a float model | "
+             "values in the clear |", "|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        clear = ", ".join(f"`{m}`" for m in r["metrics"] if m != "masked-weight") or "none"
+        lines.append(f"| `{r['kind']}` | {_STAGE_TEXT[r['kind']]} | {r['replies']} | {r['bytes']:,.0f} | "
+                     f"{r['models']} | {clear} |")
+    return MarkdownText("\n".join(lines))
+
+
+def masked_uniformity(transcript: Transcript, reference: Transcript, round: int = 1) -> dict:
+    """How much the masked models of a SecAgg+ transcript say about the models the clients trained: the
+    masked ring elements of every ``secagg-masked`` reply, scaled to ``[0, 1)`` by ``modulus_range``, against
+    the model the same client returned in ``reference`` (a transcript of the same run without SecAgg+).
+
+    Returns ``{"mean": mean scaled value (1/2 for uniform masks), "ks": largest Kolmogorov-Smirnov distance
+    to Uniform(0, 1) over clients, "corr": largest |Pearson correlation| between a client's masked vector
+    and its true model, "n": entries per client}``."""
+    mod = float(transcript.meta["secagg_settings"]["modulus_range"])
+    true = {r.partition_id: r for r in reference.train_replies(round)}
+    ks, corr, means, n = [], [], [], 0
+    for r in transcript.replies:
+        if r.kind != "secagg-masked" or r.round != round:
+            continue
+        u = torch.cat([r.params[k].reshape(-1).double() for k in transcript.param_names]) / mod
+        w = torch.cat([true[r.partition_id].params[k].reshape(-1).double() for k in transcript.param_names])
+        s, n = torch.sort(u).values, len(u)
+        grid = torch.arange(1, n + 1, dtype=torch.float64) / n
+        ks.append(float(torch.maximum((grid - s).abs(), (s - (grid - 1 / n)).abs()).max()))
+        corr.append(abs(float(torch.corrcoef(torch.stack([u, w]))[0, 1])))
+        means.append(float(u.mean()))
+    return {"mean": float(np.mean(means)), "ks": max(ks), "corr": max(corr), "n": n}
+
+
+def imprint_clients(seed: int, *, num_clients: int = 4, batch_size: int = 8, num_bins: int = 256):
+    """Chapter 1a's imprint setting (``imprint_demo``) as a federation: ``num_clients`` clients with
+    ``batch_size`` scikit-learn digits each, drawn without replacement (numpy generator ``seed``),
+    flattened to ``[batch_size, 64]`` with their labels; and the malicious server's model: the imprint
+    module (:func:`fedlab.attacks.imprint.imprint_model`, ``num_bins`` bins, a random unit measurement
+    direction drawn with ``seed``, cut-offs from the Gaussian fit of ``h(x)`` over all 1797 digits: known data
+    statistics) in front of a linear classifier, in float64.
+
+    Returns ``(clients, model_fn, X)``: the ``(X_k, y_k)`` pairs, a ``() -> ImprintedModel`` and all the
+    clients' digits ``[num_clients * batch_size, 64]``. Raises ``ValueError`` for a non-positive count."""
+    from ..data import images
+
+    num_clients, batch_size = positive_int("num_clients", num_clients), positive_int("batch_size", batch_size)
+    num_bins = positive_int("num_bins", num_bins)
+    ds = images.digit_images(None)
+    flat = ds.X.reshape(len(ds.X), -1).double()
+    if num_clients * batch_size > len(flat):
+        raise ValueError(f"num_clients * batch_size = {num_clients * batch_size} exceeds the {len(flat)} digits")
+    w = imp.imprint_layer(flat.shape[1], 1, mean=0.0, std=1.0, direction="random", seed=seed)[0][0]
+    h = flat @ w
+    idx = torch.as_tensor(np.random.default_rng(seed).choice(len(flat), size=num_clients * batch_size, replace=False))
+    X, y = flat[idx], ds.y[idx]
+    clients = [(X[k * batch_size:(k + 1) * batch_size], y[k * batch_size:(k + 1) * batch_size]) for k in range(num_clients)]
+    mean, std = float(h.mean()), float(h.std())
+
+    def model_fn():
+        g = torch.Generator().manual_seed(int(seed))
+        base = torch.nn.Linear(flat.shape[1], 10)
+        with torch.no_grad():
+            base.weight.copy_(torch.randn(10, flat.shape[1], generator=g) / flat.shape[1] ** 0.5)
+            base.bias.zero_()
+        return imp.imprint_model(base, flat.shape[1], num_bins, mean=mean, std=std, direction=w).double()
+
+    return clients, model_fn, X
+
+
+def imprint_rows(runs: Mapping[str, Transcript], X: torch.Tensor, *, tol: float = 1e-4) -> dict:
+    """:func:`fedlab.flower.attacks.imprint_from_aggregate` on each transcript of ``runs`` (label -> a
+    one-round FedSGD transcript on the imprinted model), scored against the clients' digits ``X``.
+
+    Returns ``{label: {"rate", "median_error", "lr", "quantization_range" (``None`` without SecAgg+),
+    "recovered": [n] bool, "x": the recovered vectors}}``."""
+    out = {}
+    for label, T in runs.items():
+        res = fa.imprint_from_aggregate(T, X_true=X, tol=tol)
+        settings = T.meta.get("secagg_settings") or {}
+        out[label] = {"rate": res.rate, "median_error": float(res.error.median()), "lr": T.meta["lr"],
+                      "quantization_range": settings.get("quantization_range"), "recovered": res.recovered,
+                      "x": res.recovery.x}
+    return out
+
+
+def imprint_markdown(rows: Mapping[str, dict], expected: float) -> MarkdownText:
+    """:func:`imprint_rows` as a Markdown table, with the expected rate ``(k / (k + 1))^n`` of chapter 1a."""
+    lines = ["| run | SecAgg+ quantization $Q$ | learning rate sent | digits recovered | median relative error |",
+             "|---|---:|---:|---:|---:|"]
+    for label, r in rows.items():
+        q = "none" if r["quantization_range"] is None else f"$2^{{{int(np.log2(r['quantization_range']))}}}$"
+        lines.append(f"| {label} | {q} | {r['lr']:g} | {r['rate']:.3f} | {r['median_error']:.1e} |")
+    lines.append(f"\nChapter 1a's expected rate for this many digits and bins: {expected:.3f}.")
+    return MarkdownText("\n".join(lines))

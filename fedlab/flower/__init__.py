@@ -2,11 +2,13 @@
 what a real Flower server receives.
 
 * :mod:`fedlab.flower.apps` (needs the ``flower`` extra, ``flwr[simulation]``): :func:`client_app`,
-  :func:`server_app`, the :class:`Recorder` strategy wrapper and :func:`run` (a simulation);
+  :func:`server_app`, the :class:`Recorder` strategy wrapper and :func:`run` (a simulation), with
+  Flower's central-DP wrappers (``dp=``) or Flower's SecAgg+ (``secagg=True``);
 * :mod:`fedlab.flower.transcript` (no ``flwr`` needed): the transcript format and
   :func:`load_transcript`;
-* :mod:`fedlab.flower.attacks` (no ``flwr`` needed): chapter 1a's DLG / iDLG and chapter 1b's passive
-  membership inference on a transcript;
+* :mod:`fedlab.flower.attacks` (no ``flwr`` needed): chapter 1a's DLG / iDLG, chapter 1b's passive
+  membership inference and chapter 4's local-model reconstruction on a transcript, and chapter 1a's
+  imprint attack on the aggregate of a SecAgg+ run;
 * :mod:`fedlab.flower.deploy`: a Flower App project for deployment mode, and a local SuperLink with
   SuperNodes (the ``flwr`` commands run as subprocesses).
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 from .transcript import Reply, Transcript, TranscriptWriter, load_transcript
 
 _APPS = ("fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "run", "FlowerRun",
-         "quiet_flower", "DP_MODES")
+         "quiet_flower", "DP_MODES", "SECAGG_DEFAULTS", "secagg_config")
 
 __all__ = ["Reply", "Transcript", "TranscriptWriter", "load_transcript", *_APPS]
 

@@ -20,12 +20,20 @@ The protocol (McMahan et al. 2017, Algorithm 1, as :func:`fedlab.fl.fedavg` runs
    and :class:`Recorder`, the outermost strategy, writes every reply it receives to the transcript
    (:mod:`fedlab.flower.transcript`) before anything else touches it.
 
+With ``secagg=True`` (:func:`server_app`, :func:`client_app`, :func:`run`) steps 3-4 run through Flower's
+SecAgg+ instead (Bell et al. 2020; Bonawitz et al. 2017): ``flwr.server.workflow.SecAggPlusWorkflow`` on
+the server, ``flwr.client.mod.secaggplus_mod`` on the clients. Each round then takes four message
+exchanges (public keys, encrypted key shares, masked models, unmasking shares); every client sends its
+model weighted, quantized and masked, and the server learns only the weighted sum. The recorder then
+stores what the server receives in each stage (:class:`SecAggRecordingGrid`): no reply carries a model.
+
 Because step 2 reproduces fedavg's client sampling and shuffles exactly, a Flower run and
 ``fedlab.fl.fedavg`` with the same data, seed and settings give the same global model up to float
 rounding (``tests/test_flower.py`` measures the difference).
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import tempfile
@@ -51,18 +59,39 @@ try:
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import (DifferentialPrivacyClientSideFixedClipping,
                                          DifferentialPrivacyServerSideFixedClipping, FedAvg, Strategy)
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key as SecAggKey, Stage
+    from flwr.compat.common import recorddict_compat as compat
+    from flwr.server import ServerConfig
+    from flwr.server.client_manager import SimpleClientManager
+    from flwr.server.compat.grid_client_proxy import GridClientProxy
+    from flwr.server.compat.legacy_context import LegacyContext
+    from flwr.server.strategy import Strategy as LegacyStrategy
+    from flwr.server.workflow import SecAggPlusWorkflow
+    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key as WorkflowKey
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError("fedlab.flower needs Flower: install the extra with `pip install \".[flower]\"` "
                       f"(flwr[simulation]>=1.41,<2); the import failed with: {err}") from err
 
 __all__ = ["fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "LocalGrid", "run",
-           "FlowerRun", "quiet_flower", "DP_MODES", "ENGINES"]
+           "FlowerRun", "quiet_flower", "DP_MODES", "ENGINES", "SECAGG_DEFAULTS", "secagg_config", "SecAggSchedule",
+           "SecAggRecordingGrid", "SECAGG_KINDS"]
 
 #: values of the ``dp`` argument: no DP, Flower's client-side or server-side fixed clipping wrapper
 DP_MODES = (None, "client", "server")
 #: values of :func:`run`'s ``engine``: Flower's simulation engine (Ray), or :class:`LocalGrid` (in-process)
 ENGINES = ("ray", "local")
 LoadPartition = Callable[[int, int], object]
+#: SecAgg+ settings (``flwr.server.workflow.SecAggPlusWorkflow``'s arguments); ``num_shares=1.0`` shares every
+#: key with all the round's clients, ``max_weight=None`` means the largest client's number of examples
+#: (the server learns every ``n_k`` in the query); the rest are Flower's defaults
+SECAGG_DEFAULTS = {"num_shares": 1.0, "reconstruction_threshold": 0.5, "max_weight": None, "clipping_range": 8.0,
+                   "quantization_range": 2 ** 22, "modulus_range": 2 ** 32}
+#: transcript kinds of the four SecAgg+ stages, in protocol order (what each reply carries: public keys,
+#: encrypted key shares for other clients, the masked model, key shares for unmasking)
+SECAGG_KINDS = {Stage.SETUP: "secagg-keys", Stage.SHARE_KEYS: "secagg-shares",
+                Stage.COLLECT_MASKED_VECTORS: "secagg-masked", Stage.UNMASK: "secagg-unmask"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,7 +182,7 @@ def _partition(context: Context) -> tuple[int, int]:
 # ClientApp
 # --------------------------------------------------------------------------------------------
 def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition, *,
-               loss_fn=cross_entropy, dp_client_clipping: bool = False) -> ClientApp:
+               loss_fn=cross_entropy, dp_client_clipping: bool = False, secagg: bool = False) -> ClientApp:
     """A Flower ``ClientApp`` whose ``train`` is fedlab's ClientUpdate on the node's partition.
 
     Parameters
@@ -181,6 +210,8 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
         raise ValueError(f"model_fn must be callable, got {type(model_fn).__name__}")
     if not callable(load_partition):
         raise ValueError(f"load_partition must be callable, got {type(load_partition).__name__}")
+    if secagg and dp_client_clipping:
+        raise ValueError("secagg and dp_client_clipping cannot be combined (Flower's mods expect different records)")
     app = ClientApp()
 
     def data_of(context):
@@ -194,11 +225,8 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
         return Message(RecordDict({"client": ConfigRecord({"partition-id": pid, "num-examples": len(X)})}),
                        reply_to=msg)
 
-    @app.train(mods=[fixedclipping_mod] if dp_client_clipping else None)   # train messages only
-    def train(msg: Message, context: Context) -> Message:
+    def local_update(context, params, cfg):
         pid, X, y = data_of(context)
-        cfg = msg.content["config"]
-        params = _from_record(msg.content["arrays"])
         gen = torch.Generator()
         gen.set_state(torch.frombuffer(bytearray(cfg["rng-state"]), dtype=torch.uint8).clone())
         model = model_fn()
@@ -206,10 +234,32 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
                             batch_size=int(cfg["batch-size"]) or None, generator=gen, loss_fn=loss_fn,
                             local_steps=int(cfg["local-steps"]) or None, weight_decay=float(cfg["weight-decay"]))
         new = {k: v.detach() for k, v in new.items()}
-        loss = evaluate(model, new, X, y, loss_fn)["loss"]
-        return Message(RecordDict({"arrays": _to_record(new),
-                                   "metrics": MetricRecord({"num-examples": len(X), "train-loss": loss}),
-                                   "client": ConfigRecord({"partition-id": pid})}), reply_to=msg)
+        return pid, len(X), new, evaluate(model, new, X, y, loss_fn)["loss"]
+
+    if secagg:
+        names = [k for k, _ in model_fn().named_parameters()]
+
+        @app.train(mods=[secaggplus_mod])   # train messages only; the mod runs the four SecAgg+ stages
+        def train(msg: Message, context: Context) -> Message:
+            fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
+            arrays = parameters_to_ndarrays(fitins.parameters)
+            if len(arrays) != len(names):
+                raise ValueError(f"the server sent {len(arrays)} arrays, the model has {len(names)} parameters")
+            params = OrderedDict((k, torch.from_numpy(np.array(a))) for k, a in zip(names, arrays))
+            pid, n, new, loss = local_update(context, params, fitins.config)
+            res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([new[k].cpu().numpy() for k in names]), n,
+                         {"train-loss": float(loss), "partition-id": pid})
+            content = compat.fitres_to_recorddict(res, keep_input=True)
+            content["client"] = ConfigRecord({"partition-id": pid})
+            return Message(content, reply_to=msg)
+    else:
+        @app.train(mods=[fixedclipping_mod] if dp_client_clipping else None)   # train messages only
+        def train(msg: Message, context: Context) -> Message:
+            cfg = msg.content["config"]
+            pid, n, new, loss = local_update(context, _from_record(msg.content["arrays"]), cfg)
+            return Message(RecordDict({"arrays": _to_record(new),
+                                       "metrics": MetricRecord({"num-examples": n, "train-loss": loss}),
+                                       "client": ConfigRecord({"partition-id": pid})}), reply_to=msg)
 
     @app.evaluate()
     def evaluate_(msg: Message, context: Context) -> Message:
@@ -314,6 +364,165 @@ class Recorder(Strategy):
 
 
 # --------------------------------------------------------------------------------------------
+# SecAgg+: Flower's workflow with fedlab's schedule, and what the server receives
+# --------------------------------------------------------------------------------------------
+def secagg_config(sizes=None, **overrides) -> dict:
+    """The SecAgg+ settings :func:`server_app` uses: :data:`SECAGG_DEFAULTS` updated with ``overrides``,
+    ``max_weight=None`` replaced by ``max(sizes)`` (the largest client's number of examples).
+
+    ``flwr.client.mod.secaggplus_mod`` sends ``round(n_k / max_weight * Q) / Q`` times its model, clipped to
+    ``[-clipping_range, clipping_range]`` and stochastically rounded to ``Q = quantization_range`` levels,
+    masked modulo ``modulus_range``; the server's weighted average is then off by at most
+    ``m * 2 clipping_range / Q / sum_k r_k`` per coordinate (``r_k`` the rounded weights, ``m`` clients).
+
+    Raises
+    ------
+    ValueError
+        For an unknown key, ``max_weight`` below the largest size, a ``modulus_range`` that is not a power
+        of 2 or not larger than ``quantization_range``, or a non-positive value.
+    """
+    unknown = set(overrides) - set(SECAGG_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown SecAgg+ settings {sorted(unknown)}; known: {sorted(SECAGG_DEFAULTS)}")
+    cfg = {**SECAGG_DEFAULTS, **overrides}
+    largest = max(int(n) for n in sizes) if sizes is not None else None
+    if cfg["max_weight"] is None:
+        if largest is None:
+            raise ValueError("max_weight=None needs the clients' sizes")
+        cfg["max_weight"] = float(largest)
+    cfg["max_weight"] = float(cfg["max_weight"])
+    if largest is not None and cfg["max_weight"] < largest:
+        raise ValueError(f"max_weight must be at least the largest client size {largest}, got {cfg['max_weight']}")
+    for key in ("num_shares", "reconstruction_threshold", "max_weight", "clipping_range"):
+        if not cfg[key] > 0:
+            raise ValueError(f"{key} must be > 0, got {cfg[key]!r}")
+    cfg["clipping_range"] = float(cfg["clipping_range"])
+    q, mod = cfg["quantization_range"], cfg["modulus_range"]
+    if not (isinstance(q, int) and 0 < q < 2 ** 31):
+        raise ValueError(f"quantization_range must be an integer in [1, 2^31) (int32 rounding), got {q!r}")
+    if not (isinstance(mod, int) and mod > q and bin(mod).count("1") == 1 and mod <= 2 ** 32):
+        raise ValueError(f"modulus_range must be a power of 2 in (quantization_range, 2^32], got {mod!r}")
+    return cfg
+
+
+class SecAggSchedule(LegacyStrategy):
+    """The legacy Flower ``Strategy`` that ``SecAggPlusWorkflow`` drives: ``configure_fit`` sends round ``t``'s
+    global model to the nodes of ``schedule[t - 1]`` (:func:`fedavg_schedule`, each with its ``rng-state``),
+    and ``aggregate_fit`` receives the unmasked weighted average (the workflow hands it, in place of every
+    client's parameters, the one aggregate it decoded), casts it to the model's dtypes and writes it to the
+    transcript as the global model of round ``t``. No evaluation."""
+
+    def __init__(self, schedule, node_of_partition: dict[int, int], train_config: dict, names, dtypes,
+                 writer: TranscriptWriter):
+        super().__init__()
+        self.schedule, self.node_of_partition = schedule, dict(node_of_partition)
+        self.train_config, self.names, self.dtypes, self.writer = dict(train_config), list(names), list(dtypes), writer
+        self.grid = None
+        self.aggregated_rounds: list[int] = []
+
+    def initialize_parameters(self, client_manager):
+        return None
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        if not 1 <= server_round <= len(self.schedule):
+            raise ValueError(f"server_round {server_round} is outside the schedule of {len(self.schedule)} rounds")
+        out = []
+        for k, state in self.schedule[server_round - 1]:
+            cfg = {**self.train_config, "server-round": server_round, "rng-state": state.numpy().tobytes()}
+            proxy = GridClientProxy(self.node_of_partition[k], self.grid, 0)
+            out.append((proxy, FitIns(parameters, cfg)))
+        return out
+
+    def aggregate_fit(self, server_round, results, failures):
+        if failures or not results:
+            raise RuntimeError(f"SecAgg+ round {server_round}: {len(results)} results, failures {failures}")
+        arrays = parameters_to_ndarrays(results[0][1].parameters)
+        arrays = [np.asarray(a).astype(dt, copy=False) for a, dt in zip(arrays, self.dtypes)]
+        self.writer.add_global(server_round, dict(zip(self.names, arrays)))
+        self.writer.flush()
+        self.aggregated_rounds.append(int(server_round))
+        return ndarrays_to_parameters(arrays), {}
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        return []
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        return None, {}
+
+    def evaluate(self, server_round, parameters):
+        return None
+
+
+class SecAggRecordingGrid(Grid):
+    """Wraps the ``Grid`` the ServerApp gets and writes every reply of the SecAgg+ workflow to the transcript
+    as it arrives, under the kind of its stage (:data:`SECAGG_KINDS`): the transport-level view of a server
+    operator who logs everything. A ``secagg-masked`` reply stores the masked model (``{name: uint64/int64
+    array}``, ring elements modulo ``modulus_range``; the masked weight in its metrics as ``masked-weight``)
+    together with what the client sent unmasked (``num_examples``, the ``fitres.metrics``: ``train-loss``);
+    the other stages store the sizes of what they carry (``bytes``)."""
+
+    def __init__(self, grid: Grid, writer: TranscriptWriter, names, partition_of_node: dict[int, int]):
+        self.grid, self.writer, self.names = grid, writer, list(names)
+        self.partition_of_node = dict(partition_of_node)
+        self.round = 0
+
+    def set_run(self, run) -> None:
+        self.grid.set_run(run)
+
+    @property
+    def run(self):
+        return self.grid.run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
+        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self):
+        return self.grid.get_node_ids()
+
+    def push_messages(self, messages):
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        stages = {str(m.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.STAGE]) for m in messages
+                  if RECORD_KEY_CONFIGS in m.content.config_records}
+        replies = list(self.grid.send_and_receive(messages, timeout=timeout))
+        if len(stages) == 1:
+            kind = SECAGG_KINDS.get(stages.pop(), "secagg-other")
+            for r in replies:
+                self._record(kind, r)
+            self.writer.flush()
+        return replies
+
+    def _record(self, kind: str, reply: Message) -> None:
+        node = int(reply.metadata.src_node_id)
+        pid = self.partition_of_node.get(node)
+        if reply.has_error():
+            self.writer.add_reply(self.round, kind, node, partition_id=pid, error=str(reply.error.reason))
+            return
+        cfg = reply.content.config_records[RECORD_KEY_CONFIGS]
+        size = sum(len(b) if isinstance(b, bytes) else 8 for v in cfg.values()
+                   for b in (v if isinstance(v, list) else [v]))
+        params, metrics, n = None, {"bytes": int(size)}, None
+        if kind == "secagg-masked":
+            from flwr.common import bytes_to_ndarray
+
+            masked = [bytes_to_ndarray(b) for b in cfg[SecAggKey.MASKED_PARAMETERS]]
+            params = dict(zip(self.names, masked[1:]))
+            metrics["masked-weight"] = int(masked[0].reshape(-1)[0])
+            if "fitres.num_examples" in reply.content.metric_records:
+                n = int(reply.content.metric_records["fitres.num_examples"]["num_examples"])
+            if "fitres.metrics" in reply.content.config_records:
+                metrics.update({k: v for k, v in reply.content.config_records["fitres.metrics"].items()
+                                if isinstance(v, (int, float))})
+        self.writer.add_reply(self.round, kind, node, params=params, metrics=metrics, partition_id=pid,
+                              num_examples=n)
+
+
+# --------------------------------------------------------------------------------------------
 # ServerApp
 # --------------------------------------------------------------------------------------------
 def _wait_for_nodes(grid: Grid, num_clients: int, timeout: float) -> list[int]:
@@ -329,6 +538,7 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
                lr: float, local_epochs: int = 1, batch_size: int | None = 10, local_steps: int | None = None,
                weight_decay: float = 0.0, client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
                noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
+               secagg: bool = False, secagg_settings: dict | None = None,
                node_timeout: float = 60.0, round_timeout: float = 600.0) -> ServerApp:
     """A Flower ``ServerApp`` running FedAvg with fedlab's schedule, recording a transcript.
 
@@ -348,11 +558,20 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
         with ``noise_multiplier`` and ``clipping_norm`` (noise std ``z C / m`` on the average).
     evaluate_clients : bool
         Also send each round's global model to every node for evaluation (replies are recorded).
+    secagg : bool
+        Aggregate with Flower's SecAgg+ (``SecAggPlusWorkflow``; the ClientApp must be built with
+        ``secagg=True``): each round is the workflow's four stages, :class:`SecAggSchedule` samples the
+        clients and receives the decoded weighted average, :class:`SecAggRecordingGrid` records what the
+        server receives in each stage. ``secagg_settings``: overrides of :data:`SECAGG_DEFAULTS` (see
+        :func:`secagg_config`). A round needs at least 2 clients.
 
     Raises
     ------
     ValueError
-        For a ``dp`` not in :data:`DP_MODES`, non-positive ``lr`` or a bad count.
+        For a ``dp`` not in :data:`DP_MODES`, non-positive ``lr`` or a bad count, ``secagg`` combined
+        with ``dp`` or ``evaluate_clients``, or bad ``secagg_settings``.
+    RuntimeError
+        (in the running ServerApp) When a SecAgg+ round halts without an aggregate.
     """
     if dp not in DP_MODES:
         raise ValueError(f"dp must be one of {DP_MODES}, got {dp!r}")
@@ -369,12 +588,26 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
         raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
     if dp is not None and not (noise_multiplier >= 0 and clipping_norm > 0):
         raise ValueError(f"noise_multiplier must be >= 0 and clipping_norm > 0, got {noise_multiplier}, {clipping_norm}")
+    if secagg and (dp is not None or evaluate_clients):
+        raise ValueError(f"secagg cannot be combined with dp ({dp!r}) or evaluate_clients ({evaluate_clients})")
+    if secagg:
+        checked = secagg_config(None, **{**(secagg_settings or {}),
+                                         "max_weight": (secagg_settings or {}).get("max_weight") or 1.0})
+        m = max(int(round(client_fraction * num_clients)), 1)
+        if m * checked["quantization_range"] >= checked["modulus_range"]:    # the masked sum would wrap around
+            raise ValueError(f"secagg_settings: {m} clients a round x quantization_range {checked['quantization_range']} "
+                             f"must stay below modulus_range {checked['modulus_range']}, or the sum wraps around")
+    elif secagg_settings:
+        raise ValueError("secagg_settings given without secagg=True")
+    if secagg and max(int(round(client_fraction * num_clients)), 1) < 2:
+        raise ValueError(f"secagg needs at least 2 clients a round, got num_clients={num_clients}, "
+                         f"client_fraction={client_fraction}")
     transcript_dir = Path(transcript_dir)
     meta = dict(num_clients=num_clients, num_rounds=num_rounds, lr=float(lr), local_epochs=local_epochs,
                 batch_size=batch_size, local_steps=local_steps, weight_decay=float(weight_decay),
                 client_fraction=float(client_fraction), seed=int(seed), dp=dp,
                 noise_multiplier=float(noise_multiplier) if dp else None,
-                clipping_norm=float(clipping_norm) if dp else None)
+                clipping_norm=float(clipping_norm) if dp else None, secagg=bool(secagg))
     train_config = {"lr": float(lr), "local-epochs": local_epochs, "batch-size": batch_size or 0,
                     "local-steps": local_steps or 0, "weight-decay": float(weight_decay)}
     app = ServerApp()
@@ -399,6 +632,12 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
                                    local_epochs=local_epochs, batch_size=batch_size, local_steps=local_steps,
                                    seed=seed)
         m = len(schedule[0])
+        if secagg:
+            _run_secagg(grid, context, init, schedule, node_of, train_config, sizes,
+                        secagg_config(sizes, **(secagg_settings or {})), transcript_dir,
+                        {**meta, "sizes": sizes, "node_of_partition": {str(k): v for k, v in node_of.items()}},
+                        round_timeout)
+            return
         strategy: Strategy = ScheduledFedAvg(schedule, node_of, train_config, min_train_nodes=m,
                                              fraction_evaluate=1.0 if evaluate_clients else 0.0,
                                              min_evaluate_nodes=num_clients if evaluate_clients else 0)
@@ -412,6 +651,36 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
         recorder.start(grid, _to_record(init), num_rounds=num_rounds, timeout=round_timeout)
 
     return app
+
+
+def _run_secagg(grid, context, init, schedule, node_of, train_config, sizes, settings, transcript_dir, meta,
+                round_timeout):
+    """The ServerApp's rounds under SecAgg+: ``SecAggPlusWorkflow`` once per round with a LegacyContext."""
+    names = list(init)
+    writer = TranscriptWriter(transcript_dir, names, {**meta, "secagg_settings": settings})
+    strategy = SecAggSchedule(schedule, node_of, train_config, names, [v.detach().cpu().numpy().dtype for v in init.values()],
+                              writer)
+    rgrid = SecAggRecordingGrid(grid, writer, names, {n: k for k, n in node_of.items()})
+    strategy.grid = rgrid
+    legacy = LegacyContext(context, config=ServerConfig(num_rounds=len(schedule)), strategy=strategy,
+                           client_manager=SimpleClientManager())
+    arrays = [v.detach().cpu().numpy() for v in init.values()]
+    writer.add_global(0, dict(zip(names, arrays)))
+    writer.flush()
+    legacy.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(ndarrays_to_parameters(arrays), True)
+    cfg = ConfigRecord()
+    legacy.state.config_records[MAIN_CONFIGS_RECORD] = cfg
+    workflow = SecAggPlusWorkflow(settings["num_shares"], settings["reconstruction_threshold"],
+                                  max_weight=settings["max_weight"], clipping_range=settings["clipping_range"],
+                                  quantization_range=settings["quantization_range"],
+                                  modulus_range=settings["modulus_range"], timeout=round_timeout)
+    for t in range(1, len(schedule) + 1):
+        cfg[WorkflowKey.CURRENT_ROUND] = t
+        rgrid.round = t
+        workflow(rgrid, legacy)
+        if strategy.aggregated_rounds[-1:] != [t]:
+            raise RuntimeError(f"SecAgg+ halted in round {t} without an aggregate; see the transcript in "
+                               f"{transcript_dir} (errors of the replies) and rerun with verbose=True")
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,8 +720,8 @@ class LocalGrid(Grid):
         node = msg.metadata.dst_node_id
         if node not in self.contexts:
             return Message(Error(code=0, reason=f"no node {node}"), reply_to=msg)
-        try:
-            return self.app(msg, self.contexts[node])
+        try:   # a copy, as a transport would deliver: a ClientApp (or a mod) may change what it receives
+            return self.app(copy.deepcopy(msg), self.contexts[node])
         except Exception as err:  # noqa: BLE001 - Flower turns a failing ClientApp into an error reply
             return Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
 
@@ -514,13 +783,14 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
         local_epochs: int = 1, batch_size: int | None = 10, local_steps: int | None = None,
         weight_decay: float = 0.0, client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
         noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
+        secagg: bool = False, secagg_settings: dict | None = None,
         transcript_dir=None, engine: str = "ray", num_cpus: int = 1, loss_fn=cross_entropy,
         verbose: bool = False) -> FlowerRun:
     """Run FedAvg in Flower's simulation engine (Ray), one virtual SuperNode per client.
 
     Same arguments as :func:`fedlab.fl.fedavg` (``clients``: a :class:`fedlab.fl.ClientData` or a list
-    of per-client data sets; partition ``k`` is client ``k``), plus the ``dp`` wrapper of
-    :func:`server_app` and ``transcript_dir`` (default: a new temporary directory).
+    of per-client data sets; partition ``k`` is client ``k``), plus the ``dp`` wrapper and the ``secagg``
+    option of :func:`server_app` and ``transcript_dir`` (default: a new temporary directory).
     ``engine="ray"`` runs ``flwr.simulation.run_simulation`` (``num_cpus``: the CPUs Ray may use; each
     ClientApp takes one); ``engine="local"`` runs the same apps over a :class:`LocalGrid` in this process.
 
@@ -546,9 +816,9 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
                       local_epochs=local_epochs, batch_size=batch_size, local_steps=local_steps,
                       weight_decay=weight_decay, client_fraction=client_fraction, seed=seed, dp=dp,
                       noise_multiplier=noise_multiplier, clipping_norm=clipping_norm,
-                      evaluate_clients=evaluate_clients)
+                      evaluate_clients=evaluate_clients, secagg=secagg, secagg_settings=secagg_settings)
     capp = client_app(model_fn, lambda pid, num: data.client(pid), loss_fn=loss_fn,
-                      dp_client_clipping=(dp == "client"))
+                      dp_client_clipping=(dp == "client"), secagg=secagg)
     backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                       "init_args": {"num_cpus": num_cpus, "num_gpus": 0, "include_dashboard": False,
                                     "log_to_driver": bool(verbose), "logging_level": "INFO" if verbose else "ERROR"}}

@@ -8,7 +8,16 @@
   of the last layer's weight gradient) with :func:`fedlab.attacks.gradient_inversion.dlg` on them, one
   stacked attack over the clients of the round (chapter 1a);
 * :func:`membership_signals` / :func:`membership_auc`: the passive membership inference of chapter 1b
-  (per-example loss under the models a client returned, :mod:`fedlab.attacks.membership`).
+  (per-example loss under the models a client returned, :mod:`fedlab.attacks.membership`);
+* :func:`eavesdropped_pairs` / :func:`reconstruct_local_models`: chapter 4's eavesdropper (Xu & Neglia
+  2021) on one client's link, read off the transcript: the (global model sent, model returned) pairs of
+  every round the client took part in, and the local optimum decoded from them with
+  :func:`fedlab.attacks.model_reconstruction.solve_affine` (Observations 1 and 5) or
+  :func:`~fedlab.attacks.model_reconstruction.reconstruct_heuristic` (Algorithm 3);
+* under Flower's SecAgg+ (``secagg=True`` runs), where no reply carries a model:
+  :func:`secagg_error_bound` (how far the decoded average may sit from the exact one) and
+  :func:`imprint_from_aggregate`, chapter 1a's imprint attack (Fowl et al. 2022) read off the aggregate
+  by a malicious server (:func:`fedlab.attacks.imprint.recover_from_imprint`).
 
 None of these imports ``flwr``: they read a transcript.
 """
@@ -22,11 +31,19 @@ import torch
 from torch import nn
 
 from ..attacks import gradient_inversion as gi
+from ..attacks import imprint as imp
 from ..attacks import membership
+from ..attacks import model_reconstruction as mr
 from ..metrics import matched_psnr
+from ..models import flatten_params
 from .transcript import Transcript
 
-__all__ = ["observed_gradients", "TranscriptInversion", "invert_gradients", "membership_signals", "membership_auc"]
+__all__ = ["observed_gradients", "TranscriptInversion", "invert_gradients", "membership_signals", "membership_auc",
+           "eavesdropped_pairs", "LocalModelReconstruction", "reconstruct_local_models", "RECONSTRUCTION_METHODS",
+           "secagg_error_bound", "ImprintFromAggregate", "imprint_from_aggregate"]
+
+#: values of :func:`reconstruct_local_models`' ``method``
+RECONSTRUCTION_METHODS = ("affine", "heuristic")
 
 
 def _round(transcript: Transcript, round: int) -> int:
@@ -148,3 +165,206 @@ def membership_auc(model_fn: Callable[[], nn.Module], transcript: Transcript, pa
     labels ``is_member`` (1: in the client's training data)."""
     return membership.attack_auc(membership_signals(model_fn, transcript, partition, X, y, signal=signal),
                                  is_member, window)
+
+
+def eavesdropped_pairs(transcript: Transcript, partition: int, *, max_obs: int | None = None):
+    """What chapter 4's eavesdropper on client ``partition``'s link sees, read off a transcript (Xu &
+    Neglia 2021, Sec. 3.2, the messages ``M^c``): for every round ``t`` in which the client returned a
+    model, the global model ``w_{t-1}`` the server sent it and the model it returned, flattened in the
+    transcript's parameter order (:func:`fedlab.models.flatten_params`, as
+    :class:`fedlab.attacks.model_reconstruction.Eavesdropper` does on :func:`fedlab.fl.fedavg`).
+
+    Returns ``(theta_in [n, d], theta_out [n, d], rounds [n])`` (float64, the first ``max_obs``
+    observations when given).
+
+    Raises
+    ------
+    ValueError
+        When the client returned no model in the transcript (for example under secure aggregation,
+        where no reply carries a model) or ``max_obs < 1``.
+    """
+    if max_obs is not None and (isinstance(max_obs, bool) or not isinstance(max_obs, (int, np.integer)) or max_obs < 1):
+        raise ValueError(f"max_obs must be a positive integer or None, got {max_obs!r}")
+    replies = [r for r in transcript.train_replies() if r.partition_id == partition and r.params]
+    if not replies:
+        raise ValueError(f"partition {partition} returned no model in transcript {transcript.path} "
+                         f"(train replies with parameters: {len([r for r in transcript.train_replies() if r.params])})")
+    replies = sorted(replies, key=lambda r: r.round)[:max_obs]
+    names = transcript.param_names
+    flat = lambda p: flatten_params({k: p[k] for k in names}).double()  # noqa: E731
+    theta_in = torch.stack([flat(transcript.globals[r.round - 1]) for r in replies])
+    theta_out = torch.stack([flat(r.params) for r in replies])
+    return theta_in, theta_out, np.array([r.round for r in replies])
+
+
+@dataclass
+class LocalModelReconstruction:
+    """Result of :func:`reconstruct_local_models`: ``partitions`` in attack order, the decoded local
+    optima ``theta`` ``[P, d]`` (flattened in the transcript's parameter order, see ``params``), the
+    eavesdropped pairs ``theta_in`` / ``theta_out`` ``[P, n, d]`` the decoder used, the last returned
+    models ``last`` ``[P, d]`` (the baseline), ``num_obs`` and the decoder's diagnostics:
+    ``identifiable`` ``[P]`` (affine: rank ``d + 1`` of ``[theta_in, -1]``, else ``None``), ``residual``
+    (affine) or ``mapping_loss`` ``[P]`` (heuristic)."""
+
+    partitions: list
+    method: str
+    theta: torch.Tensor
+    theta_in: torch.Tensor
+    theta_out: torch.Tensor
+    last: torch.Tensor
+    num_obs: int
+    param_names: list
+    shapes: list
+    identifiable: list | None = None
+    residual: float | None = None
+    mapping_loss: torch.Tensor | None = None
+
+    def params(self, i: int = 0) -> dict:
+        """The ``i``-th decoded local optimum as a parameter dict (``{name: tensor}``, float64)."""
+        out, j = {}, 0
+        for name, shape in zip(self.param_names, self.shapes):
+            n = int(np.prod(shape)) if len(shape) else 1
+            out[name] = self.theta[i, j:j + n].reshape(shape)
+            j += n
+        return out
+
+
+def reconstruct_local_models(transcript: Transcript, partitions, *, method: str = "affine",
+                             max_obs: int | None = None, hidden: int = 1000, fit_max_iter: int = 1000,
+                             decode_max_iter: int = 1000, seed: int = 0) -> LocalModelReconstruction:
+    """Chapter 4's local-model reconstruction (Xu & Neglia 2021) on a Flower transcript: for each client
+    of ``partitions``, the pairs :func:`eavesdropped_pairs` (the same ``n`` observations for every
+    client: its first ``n = min`` over clients, or ``max_obs``) and the decoded local optimum.
+
+    * ``method="affine"``: :func:`fedlab.attacks.model_reconstruction.solve_affine` (Observation 1:
+      exact after ``d + 1`` rounds for least squares with full-batch local gradient descent; the OLS
+      estimator of Observation 5 with more rounds); neither ``lr`` nor the local steps are used.
+    * ``method="heuristic"``: :func:`fedlab.attacks.model_reconstruction.reconstruct_heuristic`
+      (Algorithm 3, ``hidden``, ``fit_max_iter``, ``decode_max_iter``, ``seed``), all clients in one
+      batch, started from the last returned model.
+
+    Parameters
+    ----------
+    partitions : int or sequence of int
+        The attacked clients (their data partitions).
+
+    Returns
+    -------
+    LocalModelReconstruction
+
+    Raises
+    ------
+    ValueError
+        For a ``method`` not in :data:`RECONSTRUCTION_METHODS`, an empty ``partitions``, a client that
+        returned no model, or fewer than 2 observations for the heuristic.
+    """
+    if method not in RECONSTRUCTION_METHODS:
+        raise ValueError(f"method must be one of {RECONSTRUCTION_METHODS}, got {method!r}")
+    parts = [int(partitions)] if isinstance(partitions, (int, np.integer)) else [int(p) for p in partitions]
+    if not parts:
+        raise ValueError("partitions must name at least one client")
+    pairs = [eavesdropped_pairs(transcript, k, max_obs=max_obs) for k in parts]
+    n = min(len(p[0]) for p in pairs)
+    tin = torch.stack([p[0][:n] for p in pairs])
+    tout = torch.stack([p[1][:n] for p in pairs])
+    g0 = transcript.globals[0]
+    shapes = [tuple(g0[k].shape) for k in transcript.param_names]
+    common = dict(partitions=parts, method=method, theta_in=tin, theta_out=tout, last=tout[:, -1],
+                  num_obs=n, param_names=list(transcript.param_names), shapes=shapes)
+    if method == "affine":
+        est = mr.solve_affine(tin, tout)
+        ident = [bool(torch.linalg.matrix_rank(torch.cat([t, -torch.ones(n, 1, dtype=t.dtype)], 1)) == t.shape[1] + 1)
+                 for t in tin]
+        return LocalModelReconstruction(theta=est.theta, identifiable=ident, residual=est.residual, **common)
+    if n < 2:
+        raise ValueError(f"the heuristic needs at least 2 observations per client, got {n}")
+    res = mr.reconstruct_heuristic(tin, tout, hidden=hidden, fit_max_iter=fit_max_iter,
+                                   decode_max_iter=decode_max_iter, seed=seed)
+    return LocalModelReconstruction(theta=res.theta, mapping_loss=res.mapping_loss, **common)
+
+
+# --------------------------------------------------------------------------------------------
+# under SecAgg+: what the server still gets
+# --------------------------------------------------------------------------------------------
+def secagg_error_bound(transcript: Transcript, round: int = 1) -> float:
+    """The largest absolute difference, per coordinate, between the weighted average that Flower's SecAgg+
+    decoded in ``round`` (``transcript.globals[round]``) and the exact FedAvg average of the same client
+    models, from the settings in the transcript's meta (``secagg_settings``, ``sizes``) and the clients of
+    the round (its ``secagg-masked`` replies).
+
+    ``secaggplus_mod`` sends ``r_k w_k`` with ``r_k = round(n_k / max_weight * Q) / Q``, clipped to
+    ``[-C, C]`` (``C = clipping_range``) and stochastically rounded to a grid of step ``2C / Q``; the
+    server decodes ``sum_k r_k w_k / sum_k r_k`` up to the ``m`` rounding errors. So, for client models
+    inside ``[-C, C]``::
+
+        |decoded - sum_k n_k w_k / N| <= m (2C / Q) / sum_k r_k + C sum_k |r_k / sum r - n_k / N|.
+
+    Raises ``ValueError`` for a transcript of a run without SecAgg+ or a round without masked replies.
+    """
+    round = _round(transcript, round)
+    settings = transcript.meta.get("secagg_settings")
+    if not transcript.meta.get("secagg") or not settings:
+        raise ValueError(f"transcript {transcript.path} is not of a SecAgg+ run (meta secagg / secagg_settings)")
+    masked = [r for r in transcript.replies if r.kind == "secagg-masked" and r.round == round and r.error is None]
+    if not masked:
+        raise ValueError(f"transcript {transcript.path} holds no masked reply in round {round}")
+    sizes = transcript.meta["sizes"]
+    n = np.array([sizes[r.partition_id] for r in masked], dtype=np.float64)
+    C, Q, W = float(settings["clipping_range"]), int(settings["quantization_range"]), float(settings["max_weight"])
+    r = np.round(n / W * Q) / Q
+    return float(len(n) * 2 * C / Q / r.sum() + C * np.abs(r / r.sum() - n / n.sum()).sum())
+
+
+@dataclass
+class ImprintFromAggregate:
+    """Result of :func:`imprint_from_aggregate`: the :class:`fedlab.attacks.imprint.ImprintRecovery` of the
+    aggregated update, ``rtol`` (the occupancy threshold used), and, when ``X_true`` was given, ``error``
+    ``[n]`` (relative error of the nearest recovered vector to each true input), ``recovered`` ``[n]``
+    (``error < tol``) and ``rate``."""
+
+    recovery: imp.ImprintRecovery
+    rtol: float
+    error: torch.Tensor | None = None
+    recovered: torch.Tensor | None = None
+    rate: float | None = None
+
+
+def imprint_from_aggregate(transcript: Transcript, *, weight_name: str = "imprint.weight",
+                           bias_name: str = "imprint.bias", round: int = 1, X_true: torch.Tensor | None = None,
+                           tol: float = 1e-4) -> ImprintFromAggregate:
+    """Chapter 1a's imprint attack (Fowl et al. 2022, Sec. 3) on what a server learns under secure
+    aggregation: the change of the global model in ``round``, ``w_{round-1} - w_round``, which is ``lr`` times
+    the weighted sum of the clients' gradients when they run FedSGD on the imprinted model
+    (:func:`fedlab.attacks.imprint.imprint_model`) the server sent. The rows of the imprint layer
+    (parameters ``weight_name`` ``[k, dim]`` and ``bias_name`` ``[k]``) are read with
+    :func:`fedlab.attacks.imprint.recover_from_imprint`; the common factor ``lr n_k / N`` cancels in each
+    ratio. A bin counts as occupied when its bias difference exceeds what rounding can explain: ``1e-8``
+    of the largest bias change without SecAgg+, and twice :func:`secagg_error_bound` with it.
+
+    ``X_true``: ``[n, dim]`` the clients' inputs, to score the recovery (``tol``: relative error).
+
+    Raises
+    ------
+    ValueError
+        For a bad ``round``, parameter names the transcript lacks, or a round that changed nothing.
+    """
+    round = _round(transcript, round)
+    g0, g1 = transcript.globals[round - 1], transcript.globals[round]
+    for name in (weight_name, bias_name):
+        if name not in g0 or name not in g1:
+            raise ValueError(f"the transcript's model has no parameter {name!r} (it has {list(g0)})")
+    dW = (g0[weight_name] - g1[weight_name]).double()
+    db = (g0[bias_name] - g1[bias_name]).double()
+    scale = float(db.abs().max())
+    if scale == 0:
+        raise ValueError(f"the imprint bias did not change in round {round}: no client trained on the imprinted model")
+    rtol = 1e-8
+    if transcript.meta.get("secagg"):
+        rtol = max(rtol, 4 * secagg_error_bound(transcript, round) / scale)
+    rec = imp.recover_from_imprint(dW, db, weight=g0[weight_name].double(), bias=g0[bias_name].double(), rtol=rtol)
+    out = ImprintFromAggregate(rec, rtol)
+    if X_true is not None:
+        err = imp.match_recovered(torch.as_tensor(X_true).double().flatten(1), rec.x)
+        out.error, out.recovered = err, err < tol
+        out.rate = float(out.recovered.double().mean())
+    return out
