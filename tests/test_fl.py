@@ -32,6 +32,17 @@ def test_weighted_average_matches_hand_computation():
     assert torch.allclose(got, want)
 
 
+def test_weighted_average_keeps_float64_precision():
+    # weights 1/3 normalised in float32 would be off by ~1e-8 relative; a float64 model keeps float64 weights
+    v = torch.tensor([[1.0], [2.0], [4.0]], dtype=torch.float64) * (1 + 1e-12)
+    got = fl.weighted_average({"w": v}, torch.tensor([1, 1, 1]))["w"]
+    assert got.dtype == torch.float64 and abs(float(got) - 7 / 3 * (1 + 1e-12)) < 1e-14
+    # float32 models get the correctly rounded float32 weights, as before the change
+    v32 = torch.tensor([[1.0], [2.0], [4.0]])
+    assert torch.equal(fl.weighted_average({"w": v32}, torch.tensor([1.0, 1.0, 1.0]))["w"],
+                       torch.tensordot(torch.full((3,), 1.0) / 3.0, v32, dims=1))
+
+
 def test_weighted_average_rejects_bad_weights():
     with pytest.raises(ValueError, match="weights"):
         fl.weighted_average({"w": torch.ones(2, 3)}, torch.tensor([-1.0, 1.0]))

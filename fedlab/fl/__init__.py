@@ -279,10 +279,12 @@ def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: floa
 def weighted_average(stacked: dict, weights: torch.Tensor) -> dict:
     """Server aggregation of FedAvg: ``sum_k (n_k / m) * w^k`` for a stacked dict ``{name: [K, ...]}``.
 
-    ``weights``: ``[K]`` non-negative and finite (e.g. the ``n_k``); normalised here. Raises
-    ``ValueError`` for NaN / infinite / negative weights or a zero sum.
+    ``weights``: ``[K]`` non-negative and finite (e.g. the ``n_k``); normalised here in float64 and then
+    cast to each tensor's dtype (a float64 model gets float64 weights; for float32 the result is the
+    correctly rounded float32 quotient, as before). Raises ``ValueError`` for NaN / infinite / negative
+    weights or a zero sum.
     """
-    weights = torch.as_tensor(weights, dtype=torch.float32)
+    weights = torch.as_tensor(weights, dtype=torch.float64)
     if weights.ndim != 1 or not bool(torch.isfinite(weights).all()) or (weights < 0).any() or weights.sum() <= 0:
         raise ValueError(f"weights must be a finite non-negative vector with a positive sum, got {weights}")
     wn = weights / weights.sum()
