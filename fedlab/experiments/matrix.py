@@ -355,6 +355,22 @@ _IMPRINT_NA = {k: ("central DP trusts the server to add the noise; the imprint a
 
 # ----------------------------------------------------------------------------------------------------
 # row 4: passive membership inference by the server (Chapter 1b)
+def _mia_federation(seed: int, K: int, n: int):
+    """Chapter 1b's federation: ``K`` clients of ``n`` digits each, every client's candidates (its ``n``
+    members, then ``n`` non-members from held-out digits), the membership labels and the 64-64-10 MLP.
+    Returns ``(clients, cand_X [K, 2n, 64], cand_y [K, 2n], is_member [2n], net)``."""
+    digits = load_digits()
+    train, held = train_test_split(digits, test_fraction=0.5, seed=seed)
+    nonmembers, _ = train_test_split(held, test_fraction=0.5, seed=seed)
+    parts = [p[:n] for p in partition_iid(len(train), K, seed=seed)]
+    clients = fl.stack_clients(client_datasets(train, parts))
+    nm = nonmembers.subset(np.arange(K * n))
+    cand_X = torch.cat([clients.X, nm.X.reshape(K, n, 64)], dim=1)
+    cand_y = torch.cat([clients.y, nm.y.reshape(K, n)], dim=1)
+    is_member = np.r_[np.ones(n), np.zeros(n)]
+    return clients, cand_X, cand_y, is_member, models.mlp(64, (64,), 10, seed=seed)
+
+
 def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """The passive server of Chapter 1b (Nasr et al. 2019 setting): 10 clients with 20 digits each train
     an MLP with FedAvg (all clients every round, 2 local epochs, B = 10, lr 0.3); the server scores each
@@ -366,16 +382,7 @@ def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     round, then fixed. Metric: AUC."""
     K, n, window = 10, 20, 10
     num_rounds = _size(tiny, tiny_value=12, quick=30, paper=100)
-    digits = load_digits()
-    train, held = train_test_split(digits, test_fraction=0.5, seed=seed)
-    nonmembers, _ = train_test_split(held, test_fraction=0.5, seed=seed)
-    parts = [p[:n] for p in partition_iid(len(train), K, seed=seed)]
-    clients = fl.stack_clients(client_datasets(train, parts))
-    nm = nonmembers.subset(np.arange(K * n))
-    cand_X = torch.cat([clients.X, nm.X.reshape(K, n, 64)], dim=1)
-    cand_y = torch.cat([clients.y, nm.y.reshape(K, n)], dim=1)
-    is_member = np.r_[np.ones(n), np.zeros(n)]
-    net = models.mlp(64, (64,), 10, seed=seed)
+    clients, cand_X, cand_y, is_member, net = _mia_federation(seed, K, n)
     w0 = models.get_params(net)
     out = {"baseline": 0.5}
     fixed = {}
@@ -496,16 +503,7 @@ def _mia_active_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
     rounds = _size(tiny, tiny_value=3, quick=5, paper=10)
     honest_rounds = _size(tiny, tiny_value=12, quick=30, paper=100)
     fl_args = dict(local_epochs=2, batch_size=10, lr=0.3)
-    digits = load_digits()
-    train, held = train_test_split(digits, test_fraction=0.5, seed=seed)
-    nonmembers, _ = train_test_split(held, test_fraction=0.5, seed=seed)
-    parts = [p[:n] for p in partition_iid(len(train), K, seed=seed)]
-    clients = fl.stack_clients(client_datasets(train, parts))
-    nm = nonmembers.subset(np.arange(K * n))
-    cand_X = torch.cat([clients.X, nm.X.reshape(K, n, 64)], dim=1)
-    cand_y = torch.cat([clients.y, nm.y.reshape(K, n)], dim=1)
-    is_member = np.r_[np.ones(n), np.zeros(n)]
-    net = models.mlp(64, (64,), 10, seed=seed)
+    clients, cand_X, cand_y, is_member, net = _mia_federation(seed, K, n)
     honest = fl.fedavg(net, clients, num_rounds=honest_rounds, params=models.get_params(net), seed=seed,
                        progress=False, **fl_args)
     traces = [mia.active_attack_rounds(net, clients, honest.params, cand_X[k], cand_y[k], target=k, num_rounds=rounds,
