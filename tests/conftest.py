@@ -25,3 +25,16 @@ def http_files(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="module")
+def digits_setup():
+    """Chapter 0's small federation: ``(net, w0, train, test, {"iid": 4 stacked iid clients})`` on the digits."""
+    from fedlab import data, fl, models
+
+    digits = data.load_digits()
+    train, test = data.train_test_split(digits, test_fraction=0.3, seed=0)
+    parts = data.partition_iid(len(train), 4, seed=0)
+    clients = {"iid": fl.stack_clients(data.client_datasets(train, parts))}
+    net = models.mlp(64, (8,), 10, seed=0)
+    return net, models.get_params(net), train, test, clients

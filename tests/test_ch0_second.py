@@ -6,20 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedlab import data, fl, metrics, models
+from fedlab import data, fl, metrics
 from fedlab.experiments import chapter0 as ch0
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def setup():
-    digits = data.load_digits()
-    train, test = data.train_test_split(digits, test_fraction=0.3, seed=0)
-    parts = data.partition_iid(len(train), 4, seed=0)
-    clients = {"iid": fl.stack_clients(data.client_datasets(train, parts))}
-    net = models.mlp(64, (8,), 10, seed=0)
-    return net, models.get_params(net), train, test, clients
 
 
 @pytest.fixture(autouse=True)
@@ -28,8 +18,8 @@ def _close_figures():
     plt.close("all")
 
 
-def test_tuning_scores_each_lr_on_validation_data_never_on_test(setup):
-    net, w0, train, _, _ = setup
+def test_tuning_scores_each_lr_on_validation_data_never_on_test(digits_setup):
+    net, w0, train, _, _ = digits_setup
     tuned = ch0.tune_learning_rates(net, train, params=w0, lrs=(1.0, 0.01), num_rounds=2, num_clients=4, seed=0)
     assert list(tuned["scores"]) == list(ch0.METHODS)
     # the score is the mean validation accuracy of rounds 1..R of the very run fl.fedavg makes
@@ -47,8 +37,8 @@ def test_tuning_scores_each_lr_on_validation_data_never_on_test(setup):
     assert table.count("*") == 2 and "| 0.01 |" in table
 
 
-def test_tuning_breaks_ties_towards_the_smaller_step(setup, monkeypatch):
-    net, w0, train, _, _ = setup
+def test_tuning_breaks_ties_towards_the_smaller_step(digits_setup, monkeypatch):
+    net, w0, train, _, _ = digits_setup
 
     class _H:
         history = {"round": [0, 1], "accuracy": [0.1, 0.5]}
@@ -58,8 +48,8 @@ def test_tuning_breaks_ties_towards_the_smaller_step(setup, monkeypatch):
     assert tuned["chosen"] == {m: 0.1 for m in ch0.METHODS}
 
 
-def test_the_comparison_and_the_grid_run_with_the_given_step_sizes(setup):
-    net, w0, _, test, clients = setup
+def test_the_comparison_and_the_grid_run_with_the_given_step_sizes(digits_setup):
+    net, w0, _, test, clients = digits_setup
     lrs = {"FedSGD": 0.7, "FedAvg E=5, B=10": 0.02}
     curves = ch0.fedsgd_vs_fedavg(net, clients, params=w0, eval_data=test, num_rounds=2, seed=0, lrs=lrs)
     sgd = fl.fedsgd(net, clients["iid"], num_rounds=2, lr=0.7, params=w0, seed=0, eval_data=test).history
@@ -76,8 +66,8 @@ def test_the_comparison_and_the_grid_run_with_the_given_step_sizes(setup):
     assert grid[("iid", 1, 50)]["accuracy"] == e1_b50["accuracy"]
 
 
-def test_client_fraction_zero_is_one_client_per_round(setup):
-    net, w0, train, test, _ = setup
+def test_client_fraction_zero_is_one_client_per_round(digits_setup):
+    net, w0, train, test, _ = digits_setup
     lrs = {"FedSGD": 0.5, "FedAvg E=5, B=10": 0.1}
     rounds = ch0.client_fraction_rounds(net, train, params=w0, eval_data=test, num_clients=20, target=0.3,
                                         num_rounds=6, lrs=lrs, fractions=(0.0, 0.05, 1.0), seed=0)
@@ -124,6 +114,6 @@ def test_client_fraction_table_marks_misses_and_speedups():
                                           num_rounds=1, lrs=ch0.DEFAULT_LRS), "num_clients"),
     (lambda s: ch0.client_fraction_table({}, 10), "rounds"),
 ])
-def test_second_edition_helpers_reject_bad_arguments(setup, call, name):
+def test_second_edition_helpers_reject_bad_arguments(digits_setup, call, name):
     with pytest.raises(ValueError, match=name):
-        call(setup)
+        call(digits_setup)

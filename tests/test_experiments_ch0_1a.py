@@ -21,16 +21,6 @@ class _Run:
         return f"paper:{name}"
 
 
-@pytest.fixture(scope="module")
-def digits_setup():
-    digits = data.load_digits()
-    train, test = data.train_test_split(digits, test_fraction=0.3, seed=0)
-    parts = data.partition_iid(len(train), 4, seed=0)
-    clients = {"iid": fl.stack_clients(data.client_datasets(train, parts))}
-    net = models.mlp(64, (8,), 10, seed=0)
-    return net, models.get_params(net), train, test, clients
-
-
 @pytest.fixture(autouse=True)
 def _close_figures():
     yield
