@@ -587,11 +587,16 @@ def item_federation(seed: int, *, cohort_size: int = 10, num_users: int | None =
     ``pick(quick=500, paper=2000)`` and ``pick(quick=60, paper=150)``): synthetic ratings
     (:func:`~fedlab.fl.recsys.ratings.make_synthetic`), Protocol 1's honest training
     (:func:`~fedlab.fl.recsys.ratings.train_protocol1`), then a cohort of ``cohort_size`` users drawn with
-    ``seed``, each a Flower client whose data are its ``N`` rated items. One Flower round with
-    ``lr=self.lr``, ``local_epochs=1`` and ``batch_size=None`` is Protocol 1's client update with one local
-    step on all ``N`` items (``R = 1``, ``B = N``): item ``i``'s row moves by ``-alpha l'(y u.v_i) y u_c``.
+    ``seed``, each a Flower client whose data are its ``N`` rated items. One Flower round with the result's
+    ``lr``, ``local_epochs=1`` and ``batch_size=None`` is Protocol 1's client update with one local step on
+    all ``N`` items (``R = 1``, ``B = N``): item ``i``'s row moves by ``-alpha l'(y u.v_i) y u_c``.
 
-    Raises ``ValueError`` for a ``cohort_size`` below 2 or above the number of users."""
+    Returns
+    -------
+    ItemFederation
+
+    Raises ``ValueError`` for a ``cohort_size`` below 2 or above the number of users, or a non-positive
+    ``num_users`` / ``num_rounds``."""
     from ..config import pick
 
     num_users = pick(quick=500, paper=2000) if num_users is None else positive_int("num_users", num_users)
