@@ -183,3 +183,40 @@ def test_eavesdrop_logistic_compares_the_two_runs():
     out = ex.eavesdrop_logistic(T, spy, leaf, weight_decay=0.01, fit_max_iter=60, decode_max_iter=60, hidden=64)
     assert out["num_obs"] == 12 and out["decoded"].shape == (3,) and out["pairs_diff"] < 1e-6
     assert out["gap"].max() < 0.01 and np.all(out["oracle"] > 0.8), out
+
+
+def test_item_federation_is_chapter_2s_model_and_data():
+    from fedlab.fl.recsys import ratings as rec
+
+    fed = ex.item_federation(2, cohort_size=3, num_users=30, num_rounds=3)
+    I, k, N = ex.CHAPTER2["num_items"], ex.CHAPTER2["dim"], ex.CHAPTER2["num_rated"]
+    assert len(fed.clients) == 3 and len(set(fed.users.tolist())) == 3 and fed.lr == ex.CHAPTER2["lr"] * N
+    X, y = fed.clients[1]
+    u = fed.users[1]
+    assert X.shape == (N, I + k) and X.dtype == torch.float64 and torch.equal(y, fed.data.y[u])
+    model = fed.model_fn()
+    scores = model(X)                                                     # u_c . v_i for each rated item i
+    want = (fed.honest.item_vectors[fed.data.items[u]] * fed.honest.user_vectors[u]).sum(-1)
+    assert torch.allclose(scores, want, atol=1e-12)
+    loss = fed.loss_fn(scores, y)
+    assert torch.allclose(loss, rec.margin_loss(y * want, "log"))
+    assert fed.clipping_range >= float(fed.honest.item_vectors.abs().max()) + 1
+    with pytest.raises(ValueError, match="cohort_size"):
+        ex.item_federation(0, cohort_size=1, num_users=30, num_rounds=1)
+    with pytest.raises(ValueError, match="item_vectors"):
+        ex.ItemScores(torch.zeros(3))
+
+
+def test_item_sums_check_refuses_another_cohort_and_reports_the_table():
+    from fedlab.flower.attacks import ItemSums
+
+    fed = ex.item_federation(0, cohort_size=2, num_users=20, num_rounds=2)
+    I, k = ex.CHAPTER2["num_items"], ex.CHAPTER2["dim"]
+    wrong = ItemSums(torch.zeros(I, k, dtype=torch.float64), 0.0, torch.zeros(I, dtype=torch.bool), [0, 1, 2], [50] * 3)
+    with pytest.raises(ValueError, match="sums must be of the federation's 2 clients"):
+        ex.item_sums_check(fed, wrong)
+    none = ItemSums(torch.zeros(I, k, dtype=torch.float64), 1e-5, torch.zeros(I, dtype=torch.bool), [0, 1], [50] * 2)
+    chk = ex.item_sums_check(fed, none)                    # a server that read nothing exposes nobody
+    assert chk["readable"] == chk["single_readable"] == 0 and chk["exposed"] == 0.0 and chk["touched"] > 0
+    md = str(ex.item_sums_markdown(chk))
+    assert "| items with one contributor |" in md and f"| {chk['touched']} | 0 above the rounding bound |" in md

@@ -263,3 +263,45 @@ def test_secagg_runs_in_flowers_simulation_engine():
     assert sorted(r.kind for r in T.replies) == sorted(["secagg-keys", "secagg-shares", "secagg-masked", "secagg-unmask"] * 3)
     assert T.train_replies() == [] and T.num_rounds == 1
     assert ex.max_abs_difference(T.globals[1], plain.globals[1]) <= fa.secagg_error_bound(T)
+
+
+def test_item_sums_from_the_aggregate_are_chapter_2s_per_item_sums():
+    """Chapter 2's recommender as Flower clients (chapter 6's ItemScores): one round without SecAgg+ returns
+    exactly Protocol 1's item deltas (R = 1, B = N) and the per-item sums of secure_aggregate_items; under
+    SecAgg+ the server's sums stay within m x secagg_error_bound of them, and every row above that bound is
+    an item some client rated."""
+    from fedlab.attacks import identifiability as pac
+    from fedlab.experiments import chapter6 as ex
+    from fedlab.fl.recsys import ratings as rec
+
+    fed = ex.item_federation(1, cohort_size=4, num_users=40, num_rounds=5)
+    m, N, I = 4, fed.data.num_rated, fed.data.num_items
+    args = dict(num_rounds=1, lr=fed.lr, batch_size=None, seed=1, engine="local", loss_fn=fed.loss_fn)
+    plain = flower.run(fed.model_fn, fed.clients, **args).transcript
+    T = flower.run(fed.model_fn, fed.clients, secagg=True, secagg_settings={"clipping_range": fed.clipping_range},
+                   **args).transcript
+    U, items, y = fed.honest.user_vectors[fed.users], fed.data.items[fed.users], fed.data.y[fed.users]
+    _, deltas = rec.protocol1_client_update(U, fed.honest.item_vectors, items, y, local_steps=1, batch_size=N,
+                                            lr=0.3, loss="log")
+    dense = rec.to_dense(deltas, items, I)                                            # [m, I, k]
+    V0 = plain.globals[0]["item_vectors"]
+    for r in plain.train_replies(1):                                                  # each reply is Protocol 1's
+        assert float((r.params["item_vectors"] - V0 - dense[r.partition_id]).abs().max()) < 1e-12
+    exact = pac.secure_aggregate_items(deltas, items, I, m)[0]
+    counts = pac.secure_aggregate_items(rec.touched_items(deltas)[..., None].double(), items, I, m)[0, :, 0]
+    clear = fa.item_sums_from_aggregate(plain)
+    assert clear.cohort == [0, 1, 2, 3] and clear.num_examples == [N] * 4 and clear.bound < 1e-12
+    assert float((clear.sums - exact).abs().max()) <= clear.bound
+    assert not bool((clear.readable & (counts == 0)).any()) and int(clear.readable.sum()) >= int((counts > 0).sum()) - 5
+    sa = fa.item_sums_from_aggregate(T)
+    assert sa.bound == pytest.approx(m * fa.secagg_error_bound(T)) and 1e-6 < sa.bound < 1e-3
+    assert float((sa.sums - exact).abs().max()) <= sa.bound
+    assert not bool((sa.readable & (counts == 0)).any()) and int(sa.readable.sum()) > 0
+    assert float((sa.sums - clear.sums).abs().max()) > 0                             # the rounding is really there
+    with pytest.raises(ValueError, match="no parameter"):
+        fa.item_sums_from_aggregate(T, name="fc.weight")
+    with pytest.raises(ValueError, match="round"):
+        fa.item_sums_from_aggregate(T, round=2)
+    chk = ex.item_sums_check(fed, sa, seed=1)
+    assert chk["single"] == chk["single_counted"] == int((counts == 1).sum())
+    assert chk["false_rows"] == 0 and chk["max_error"] <= chk["bound"] and chk["exposed"] <= chk["exposed_exact"]

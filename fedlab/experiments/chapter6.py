@@ -17,7 +17,11 @@ run on what a Flower server recorded (Beutel et al. 2020, Flower; :mod:`fedlab.f
 * :func:`secagg_stages`, :func:`secagg_markdown`, :func:`masked_uniformity`: what a Flower server receives
   under SecAgg+, stage by stage;
 * :func:`imprint_clients`, :func:`imprint_rows`, :func:`imprint_markdown`: chapter 1a's imprint attack by a
-  malicious server through SecAgg+'s aggregate (:func:`fedlab.flower.attacks.imprint_from_aggregate`).
+  malicious server through SecAgg+'s aggregate (:func:`fedlab.flower.attacks.imprint_from_aggregate`);
+* :func:`item_federation`, :func:`item_sums_check`, :func:`item_sums_markdown`: chapter 2's recommender as a
+  Flower federation, and the per-item sums its SecAgg+ aggregate still reveals
+  (:func:`fedlab.flower.attacks.item_sums_from_aggregate`) beside chapter 2's own count
+  (:func:`fedlab.experiments.chapter2.secagg_experiment`).
 
 This module reads transcripts and never imports ``flwr``; the notebook runs the federations with
 :func:`fedlab.flower.run`.
@@ -27,16 +31,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 import torch
+from torch import nn
 
 from .. import data, fl, metrics, models
 from .._checks import positive_int
 from ..attacks import gradient_inversion as gi
+from ..attacks import identifiability as pac
 from ..attacks import imprint as imp
 from ..attacks import membership as mia
 from ..attacks import model_reconstruction as mr
+from ..fl.recsys import ratings as rec
 from ..flower import attacks as fa
+from . import chapter2 as ch2
 from ..flower.transcript import Transcript
 from ..plots import MarkdownText
 
@@ -45,7 +55,8 @@ __all__ = ["MembershipFederation", "membership_federation", "max_abs_difference"
            "permutation_floor", "reply_membership", "fedsgd_clients", "grey_psnr", "fedsgd_attack",
            "update_norms", "plot_clipping", "defense_rows", "defense_markdown", "compare_markdown", "COMPARE_1A", "COMPARE_1B",
            "least_squares_clients", "eavesdrop_least_squares", "eavesdrop_logistic", "secagg_stages", "secagg_markdown",
-           "masked_uniformity", "imprint_clients", "imprint_rows", "imprint_markdown"]
+           "masked_uniformity", "imprint_clients", "imprint_rows", "imprint_markdown", "CHAPTER2", "ItemScores",
+           "ItemFederation", "item_federation", "item_sums_check", "item_sums_markdown"]
 
 #: values of chapter 1a's stored record quoted beside ours: record name -> (our name, label, decimals)
 COMPARE_1A = {"idlg_acc": ("idlg_acc", "iDLG label accuracy", 3),
@@ -520,4 +531,154 @@ def imprint_markdown(rows: Mapping[str, dict], expected: float) -> MarkdownText:
         q = "none" if r["quantization_range"] is None else f"$2^{{{int(np.log2(r['quantization_range']))}}}$"
         lines.append(f"| {label} | {q} | {r['lr']:g} | {r['rate']:.3f} | {r['median_error']:.1e} |")
     lines.append(f"\nChapter 1a's expected rate for this many digits and bins: {expected:.3f}.")
+    return MarkdownText("\n".join(lines))
+
+
+# ------------------------------------------------------------------------------------------------
+# chapter 2's recommender under SecAgg+: the per-item sums
+# ------------------------------------------------------------------------------------------------
+#: chapter 2's federation (its first cells): catalog, factor dimension, items rated per user, batch, step,
+#: clients per training round, local steps and the scale of the initial vectors; users and rounds by scale
+CHAPTER2 = dict(num_items=200, dim=6, num_rated=50, batch_size=10, lr=0.3, per_round=250, local_steps=5,
+                init_scale=0.3, loss="log")
+
+
+class ItemScores(nn.Module):
+    """Chapter 2's predictor ``u_c . v_i`` (London 2020, Sec. 3) as a model with one parameter,
+    ``item_vectors`` ``[I, k]`` (the global model): an example is a row ``[one-hot(i) (I), u_c (k)]``, the
+    item and the client's private vector, and the output ``[n]`` is the score ``u_c . v_i``. The gradient of
+    a row ``v_i`` is zero unless the batch holds item ``i``; with :func:`item_loss` it is Eq. (2)'s.
+
+    Raises ``ValueError`` for an ``item_vectors`` that is not 2-D."""
+
+    def __init__(self, item_vectors: torch.Tensor):
+        super().__init__()
+        if item_vectors.dim() != 2:
+            raise ValueError(f"item_vectors must be [I, k], got shape {tuple(item_vectors.shape)}")
+        self.item_vectors = nn.Parameter(item_vectors.detach().clone())
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        I = self.item_vectors.shape[0]
+        return ((X[:, :I] @ self.item_vectors) * X[:, I:]).sum(-1)
+
+
+@dataclass
+class ItemFederation:
+    """Chapter 2's recommender as a Flower federation (:func:`item_federation`): ``data`` (its
+    :class:`~fedlab.fl.recsys.ratings.RecData`), ``honest`` (the model Protocol 1 trained), ``users`` ``[m]``
+    the cohort (one Flower client each, partition ``j`` is user ``users[j]``), ``clients`` their ``(X, y)``
+    (``[N, I + k]`` rows of :class:`ItemScores`, labels in {-1, +1}), ``model_fn``, ``loss_fn``, ``lr`` (the
+    step on the mean loss that equals chapter 2's step ``alpha`` per item: ``alpha N``) and the SecAgg+
+    ``clipping_range`` that holds the model."""
+
+    data: rec.RecData
+    honest: rec.RecResult
+    users: torch.Tensor
+    clients: list
+    model_fn: Callable
+    loss_fn: Callable
+    lr: float
+    clipping_range: float
+
+
+def item_federation(seed: int, *, cohort_size: int = 10, num_users: int | None = None,
+                    num_rounds: int | None = None) -> ItemFederation:
+    """Chapter 2's setting (:data:`CHAPTER2`, ``num_users`` and ``num_rounds`` default to its
+    ``pick(quick=500, paper=2000)`` and ``pick(quick=60, paper=150)``): synthetic ratings
+    (:func:`~fedlab.fl.recsys.ratings.make_synthetic`), Protocol 1's honest training
+    (:func:`~fedlab.fl.recsys.ratings.train_protocol1`), then a cohort of ``cohort_size`` users drawn with
+    ``seed``, each a Flower client whose data are its ``N`` rated items. One Flower round with the result's
+    ``lr``, ``local_epochs=1`` and ``batch_size=None`` is Protocol 1's client update with one local step on
+    all ``N`` items (``R = 1``, ``B = N``): item ``i``'s row moves by ``-alpha l'(y u.v_i) y u_c``.
+
+    Returns
+    -------
+    ItemFederation
+
+    Raises ``ValueError`` for a ``cohort_size`` below 2 or above the number of users, or a non-positive
+    ``num_users`` / ``num_rounds``."""
+    from ..config import pick
+
+    num_users = pick(quick=500, paper=2000) if num_users is None else positive_int("num_users", num_users)
+    num_rounds = pick(quick=60, paper=150) if num_rounds is None else positive_int("num_rounds", num_rounds)
+    m = positive_int("cohort_size", cohort_size)
+    if not 2 <= m <= num_users:
+        raise ValueError(f"cohort_size must be in [2, num_users={num_users}] (SecAgg+ needs 2 clients), got {m}")
+    c = CHAPTER2
+    data_ = rec.make_synthetic(num_users, c["num_items"], c["dim"], c["num_rated"],
+                               torch.linspace(0.05, 0.45, num_users), seed=seed)
+    honest = rec.train_protocol1(data_, num_rounds=num_rounds, clients_per_round=min(c["per_round"], num_users),
+                                 local_steps=c["local_steps"], batch_size=c["batch_size"], lr=c["lr"], loss=c["loss"],
+                                 init_scale=c["init_scale"], seed=seed)
+    users = torch.randperm(num_users, generator=torch.Generator().manual_seed(int(seed)))[:m]
+    I, N = c["num_items"], c["num_rated"]
+    clients = [(torch.cat([torch.nn.functional.one_hot(data_.items[u], I).double(),
+                           honest.user_vectors[u].expand(N, -1)], dim=1), data_.y[u].clone()) for u in users.tolist()]
+    V = honest.item_vectors
+    clip = float(2 ** math.ceil(math.log2(float(V.abs().max()) + 1.0)))   # SecAgg+ must hold the model's values
+    return ItemFederation(data_, honest, users, clients, lambda: ItemScores(V),
+                          lambda z, y: rec.margin_loss(y * z, c["loss"]), c["lr"] * N, clip)
+
+
+def item_sums_check(fed: ItemFederation, sums: "fa.ItemSums", *, seed: int = 0) -> dict:
+    """The server's per-item sums (``sums``, from :func:`fedlab.flower.attacks.item_sums_from_aggregate` on
+    the federation's round) against chapter 2's: the clients' exact updates
+    (:func:`~fedlab.fl.recsys.ratings.protocol1_client_update`, ``R = 1``, ``B = N``), their per-item sums
+    and contributor counts (:func:`~fedlab.attacks.identifiability.secure_aggregate_items`) and
+    :func:`fedlab.experiments.chapter2.secagg_experiment` on the same cohort (one cohort of ``m``; its
+    shuffle of the members changes nothing then).
+
+    Returns a dict: ``max_error`` (largest ``|server's sum - exact sum|`` per coordinate), ``bound``,
+    ``touched`` (items some member trained on), ``readable`` (rows above the bound), ``false_rows``
+    (readable rows nobody touched), ``single`` (items with one contributor, ``secagg_experiment``'s count),
+    ``single_counted`` (the same from the counts here), ``single_readable`` (those above the bound: the server
+    holds that member's own update of the item, to within ``bound``), ``single_rel_error`` (median relative
+    L2 error of those rows against the member's update), ``single_cos`` (median ``|cos|`` between those rows
+    and the member's ``u_c``), ``exposed_exact`` (``secagg_experiment``'s fraction of members exposed by the
+    exact sums), ``exposed`` (fraction of members with a readable single-contributor row), ``m``.
+
+    Raises ``ValueError`` when ``sums`` is not of the federation's cohort."""
+    m, c = len(fed.users), CHAPTER2
+    if sums.cohort != list(range(m)):
+        raise ValueError(f"sums must be of the federation's {m} clients (partitions 0..{m - 1}), got {sums.cohort}")
+    U, items, y = fed.honest.user_vectors[fed.users], fed.data.items[fed.users], fed.data.y[fed.users]
+    N, I = items.shape[1], c["num_items"]
+    _, deltas = rec.protocol1_client_update(U, fed.honest.item_vectors, items, y, local_steps=1, batch_size=N,
+                                            lr=c["lr"], loss=c["loss"])
+    exact = pac.secure_aggregate_items(deltas, items, I, m)[0]                                     # [I, k]
+    touched = rec.touched_items(deltas)                                                           # [m, N]
+    counts = pac.secure_aggregate_items(touched[..., None].double(), items, I, m)[0, :, 0]        # [I]
+    sub_data = rec.RecData(fed.data.item_vectors, fed.data.user_vectors[fed.users], fed.data.labels[fed.users], items, y)
+    sub_honest = rec.RecResult(fed.honest.item_vectors, U, {})
+    sa = ch2.secagg_experiment(sub_honest, sub_data, [m], batch_size=N, lr=c["lr"], loss=c["loss"], num_items=I,
+                               seed=seed)[m]
+    ones = (counts == 1) & sums.readable                                                          # [I]
+    owner = torch.zeros(I, dtype=torch.long)                                                      # the single contributor
+    for j in range(m):
+        owner[items[j][touched[j]]] = j
+    own, rows = exact[ones], sums.sums[ones]
+    rel = (rows - own).norm(dim=1) / own.norm(dim=1)
+    cos = torch.nn.functional.cosine_similarity(rows, U[owner[ones]], dim=1).abs()
+    exposed = torch.zeros(m, dtype=torch.bool)
+    exposed[owner[ones]] = True
+    nan = float("nan")
+    return {"m": m, "max_error": float((sums.sums - exact).abs().max()), "bound": sums.bound,
+            "touched": int((counts > 0).sum()), "readable": int(sums.readable.sum()),
+            "false_rows": int((sums.readable & (counts == 0)).sum()), "single": int(sa["single"][0]),
+            "single_counted": int((counts == 1).sum()), "single_readable": int(ones.sum()),
+            "single_rel_error": float(rel.median()) if len(rel) else nan,
+            "single_cos": float(cos.median()) if len(cos) else nan,
+            "exposed_exact": float(sa["exposed"][0]), "exposed": float(exposed.double().mean())}
+
+
+def item_sums_markdown(check: Mapping) -> MarkdownText:
+    """:func:`item_sums_check` as a Markdown table: chapter 2's exact per-item sums beside the server's."""
+    r = check
+    lines = ["| per-item sums of one cohort | chapter 2 (exact sums) | Flower's SecAgg+ aggregate |", "|---|---:|---:|",
+             f"| items some member trained on | {r['touched']} | {r['readable']} above the rounding bound |",
+             f"| items with one contributor | {r['single']} | {r['single_readable']} above the rounding bound |",
+             f"| members whose $\\mathbf u_c$ a sum reveals | {r['exposed_exact']:.2f} | {r['exposed']:.2f} "
+             f"(median cosine {r['single_cos']:.6f}) |",
+             f"\nCohort of {r['m']} clients; largest error of the server's sums {r['max_error']:.1e} "
+             f"(SecAgg+'s bound {r['bound']:.1e})."]
     return MarkdownText("\n".join(lines))

@@ -17,7 +17,9 @@
 * under Flower's SecAgg+ (``secagg=True`` runs), where no reply carries a model:
   :func:`secagg_error_bound` (how far the decoded average may sit from the exact one) and
   :func:`imprint_from_aggregate`, chapter 1a's imprint attack (Fowl et al. 2022) read off the aggregate
-  by a malicious server (:func:`fedlab.attacks.imprint.recover_from_imprint`).
+  by a malicious server (:func:`fedlab.attacks.imprint.recover_from_imprint`), and
+  :func:`item_sums_from_aggregate`, chapter 2's per-item sums (London 2020, Sec. 6) read off the aggregate
+  by an honest-but-curious server.
 
 None of these imports ``flwr``: they read a transcript.
 """
@@ -40,7 +42,8 @@ from .transcript import Transcript
 
 __all__ = ["observed_gradients", "TranscriptInversion", "invert_gradients", "membership_signals", "membership_auc",
            "eavesdropped_pairs", "LocalModelReconstruction", "reconstruct_local_models", "RECONSTRUCTION_METHODS",
-           "secagg_error_bound", "ImprintFromAggregate", "imprint_from_aggregate"]
+           "secagg_error_bound", "ImprintFromAggregate", "imprint_from_aggregate",
+           "ItemSums", "item_sums_from_aggregate"]
 
 #: values of :func:`reconstruct_local_models`' ``method``
 RECONSTRUCTION_METHODS = ("affine", "heuristic")
@@ -368,3 +371,67 @@ def imprint_from_aggregate(transcript: Transcript, *, weight_name: str = "imprin
         out.error, out.recovered = err, err < tol
         out.rate = float(out.recovered.double().mean())
     return out
+
+
+@dataclass
+class ItemSums:
+    """Result of :func:`item_sums_from_aggregate`: ``sums`` ``[I, k]`` (float64) the per-item sums of the
+    round's client updates as the server decodes them, ``bound`` the largest error per coordinate that
+    SecAgg+'s rounding allows on them (float rounding without SecAgg+), ``readable`` ``[I]`` (bool) the rows with some
+    coordinate above ``bound`` (an item some client of the cohort trained on, for certain), ``cohort`` the
+    partitions of the round and ``num_examples`` their ``n_k`` (sent in the clear)."""
+
+    sums: torch.Tensor
+    bound: float
+    readable: torch.Tensor
+    cohort: list
+    num_examples: list
+
+
+def item_sums_from_aggregate(transcript: Transcript, *, name: str = "item_vectors", round: int = 1) -> ItemSums:
+    """What a server learns of one round of chapter 2's recommender (London 2020, Sec. 6) from the aggregate
+    alone: the change of the global parameter ``name`` (``[I, k]``, one row per item) times the number
+    ``m`` of the round's clients, i.e. ``sum_k (n_k / mean n) (w_k - w)``, the per-item sum of the clients'
+    updates (:func:`fedlab.attacks.identifiability.secure_aggregate_items`) when every client holds equally
+    many examples, as chapter 2's clients do (each rates ``N`` items).
+
+    A client's update of an item's row is non-zero only if it trained on that item, so the non-zero rows
+    say which items the cohort touched, and a row touched by one client only is that client's own update.
+    Under Flower's SecAgg+ (a ``secagg=True`` transcript, clients taken from its ``secagg-masked`` replies)
+    each coordinate of the sums is off by at most ``bound = m *`` :func:`secagg_error_bound`; a row with a
+    coordinate above ``bound`` is certainly touched (``readable``), a touched row whose change is smaller is
+    lost in the rounding. Without SecAgg+ the clients are the round's train replies and ``bound`` is ``m`` times
+    the float rounding of an average (``8 eps max|w|``, ``eps`` of the parameter's dtype).
+
+    Returns
+    -------
+    ItemSums
+
+    Raises
+    ------
+    ValueError
+        For a bad ``round``, a ``name`` the transcript's model lacks or that is not 2-D, or a round without
+        clients.
+    """
+    round = _round(transcript, round)
+    g0, g1 = transcript.globals[round - 1], transcript.globals[round]
+    if name not in g0 or name not in g1:
+        raise ValueError(f"the transcript's model has no parameter {name!r} (it has {list(g0)})")
+    if g0[name].dim() != 2:
+        raise ValueError(f"parameter {name!r} must be [num_items, k], got shape {tuple(g0[name].shape)}")
+    if transcript.meta.get("secagg"):
+        replies = [r for r in transcript.replies if r.kind == "secagg-masked" and r.round == round and r.error is None]
+        bound_avg = secagg_error_bound(transcript, round) if replies else 0.0
+    else:   # FedAvg's average of equal rows may differ from them by float rounding
+        replies = transcript.train_replies(round)
+        bound_avg = 8 * torch.finfo(g0[name].dtype).eps * float(g0[name].abs().max())
+    if not replies:
+        raise ValueError(f"transcript {transcript.path} holds no client update in round {round}")
+    sizes = transcript.meta.get("sizes")
+    cohort = sorted(int(r.partition_id) for r in replies)
+    n = [int(sizes[k]) if sizes is not None else None for k in cohort]
+    m = len(cohort)
+    sums = (g1[name].double() - g0[name].double()) * m
+    bound = m * bound_avg
+    readable = sums.abs().amax(dim=1) > bound
+    return ItemSums(sums, float(bound), readable, cohort, n)
