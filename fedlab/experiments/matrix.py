@@ -974,7 +974,10 @@ def ldp_noise_ratio(epsilon: float, num_params: int) -> float:
 def page_values(record: Mapping) -> dict:
     """The numbers the page quotes from a matrix record, ``{name: value}``: every cell's mean as
     ``mx_<row>_<column>`` (dots in keys become ``p``), the baselines, the DP noise multipliers, the
-    number of seeds, the wall seconds (total, mean per seed, slowest row per seed) and the machine.
+    number of seeds, the wall seconds (total, mean per seed, slowest row per seed) and the machine, each
+    row's secure-aggregation group (``mx_group_<row>``), releases observed and effective DP-FedAvg epsilons
+    (``mx_eps_<row>_<column>``), the eavesdropper's cells in scientific notation (``mx_mr_<column>_sci``),
+    :data:`IMPRINT_TOL` and the sentence naming the rows without a significant undefended advantage.
     Raises ``ValueError`` for a record without the matrix layout."""
     if not record or "matrix" not in record:
         raise ValueError("record is not a matrix record (no 'matrix' layout)")
@@ -983,6 +986,16 @@ def page_values(record: Mapping) -> dict:
     out.update({f"mx_z_{tag(k)}": z for k, z in record["matrix"]["dp_noise_multipliers"].items()})
     secs = record["seconds"]
     slow = max(record["row_seconds"], key=lambda r: np.mean([x for x in record["row_seconds"][r] if x is not None]))
+    for r in record["matrix"]["rows"]:
+        out[f"mx_group_{r['key']}"] = r["secagg_group"]
+        out[f"mx_releases_{r['key']}"] = r["epsilons"]["releases"]
+        out.update({f"mx_eps_{r['key']}_{k}": v for k, v in r["epsilons"]["dp"].items() if v is not None})
+    out.update({f"mx_{tag(n.replace('|', '_'))}_sci": f"{s['mean']:.1e}" for n, s in record["summary"].items()
+                if n.startswith("mr|")})                                 # ~1e-14: not 0.0 at 3 digits
+    flat = [r["label"] for r in record["matrix"]["rows"] if not undefended_advantage(record, r["key"])["significant"]]
+    out["mx_not_significant"] = ("every row has a significant undefended advantage at this scale" if not flat else
+                                 f"{' and '.join(flat)}: {NOT_SIGNIFICANT}; its row is not coloured")
+    out["mx_imprint_tol"] = IMPRINT_TOL
     out.update(mx_seeds=len(record["seeds"]), mx_wall_s=float(sum(secs)), mx_seed_s=float(np.mean(secs)),
                mx_slowest_row=slow, mx_slowest_s=float(np.mean(record["row_seconds"][slow])),
                mx_machine=str(record.get("machine", "?")), mx_commit=str(record.get("commit", "?")))
