@@ -303,7 +303,7 @@ def test_threat_table_shows_group_sizes_releases_and_effective_epsilons():
     assert e["ldp"] == {"ldp1": 30.0, "ldp10": 300.0, "ldp500": 15000.0}
     assert mx.effective_epsilons("dlg")["dp"]["dp1"] < 1.0 + 1e-6
     assert mx.effective_epsilons("mr")["dp"] == {"dp1": None, "dp8": None}      # before the noise: no guarantee
-    assert "after the tapped link" in rows[label["mr"]][3] and rows[label["imprint"]][3] == "n/a / n/a"
+    assert rows[label["mr"]][3] == "none: the noise is added after the tapped link" and rows[label["imprint"]][3] == "n/a / n/a"
     from fedlab.attacks import identifiability as pac                  # the row's own T (its data's largest rate)
     T_row = pac.theorem1_num_interactions(float(torch.linspace(0.05, 0.45, 100).max()), 10, 0.05)
     assert mx.effective_epsilons("pac")["releases"] == int(np.ceil(T_row))

@@ -917,14 +917,9 @@ def row_threats(record: Mapping) -> list[list[str]]:
     for r in layout["rows"]:
         e = r["epsilons"]
         obs = str(e["releases"]) if e["sampling_prob"] == 1 else f'{e["releases"]} ({e["rounds"]} rounds × q = {e["sampling_prob"]:g})'
-        dp = []
-        for k, v in e["dp"].items():
-            if k in r["not_applicable"]:
-                dp.append("n/a")
-            elif v is None:
-                dp.append("none (noise added after the tapped link)")
-            else:
-                dp.append(f"{v:.3g}")
+        dp = ["n/a" if k in r["not_applicable"] else "none" if v is None else f"{v:.3g}" for k, v in e["dp"].items()]
+        if set(dp) == {"none"}:
+            dp = ["none: the noise is added after the tapped link"]
         out.append([r["label"], str(r["secagg_group"]), obs, " / ".join(dp),
                     " / ".join(f"{v:g}" for v in e["ldp"].values())])
     return out
