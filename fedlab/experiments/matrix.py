@@ -20,10 +20,15 @@ it with :func:`render_html`.
   deployment of ``K = 1000`` clients, sampling rate ``q = 0.1``, ``T = 100`` rounds (the setting of
   Chapter 1b). The attacker sees the released noisy sum and knows every other client's update (the
   adversary the guarantee is stated against), i.e. the target's clipped update plus that noise. A
-  curious server itself sees the raw updates (column ``none``); against a *malicious* server (the imprint
-  attack) central DP is n/a;
+  curious server itself sees the raw updates (column ``none``); against every *malicious* server
+  (imprint, active membership, PAC, RAIFLE with ADM) central DP is n/a (:data:`MALICIOUS_SERVER_DP_NA`).
+  The eavesdropper on a client's link sees the clipped update before the server adds the noise
+  (McMahan et al.'s Algorithm 1 clips on the client). ``z`` is calibrated for the deployment above; the
+  epsilon that a row's attacker actually faces depends on how many releases it observes
+  (:func:`effective_epsilons`);
 * ``ldp1`` / ``ldp10`` / ``ldp500`` -- local DP (:func:`fedlab.privacy.ldp.ldp_gaussian`): each client
-  clips to ``C`` and adds Gaussian noise for ``(eps, 1e-5)``-LDP, sensitivity ``2 C``, per release;
+  clips to ``C`` and adds Gaussian noise for ``(eps, 1e-5)``-LDP, sensitivity ``2 C``, per release (it
+  composes over the releases a row observes);
 * ``prune90`` -- each client zeroes the 90 % smallest coordinates (:func:`fedlab.privacy.defenses.prune_rows`);
 * ``secagg`` -- secure aggregation (:func:`fedlab.privacy.secure_aggregation.secure_sum`): the attacker
   sees only the sum over a group of clients (its size is given per row);
@@ -34,7 +39,9 @@ it with :func:`render_html`.
 Each row (:data:`ATTACKS`) names its chapter, its metric and which direction means "the attack
 succeeds", and a *no-information baseline* computed at every seed (the mean-colour image's PSNR, AUC
 0.5, the error of the released global model, ...). The page colours a cell by the share of the
-undefended attack's advantage over that baseline that survives the defense (:func:`advantage`).
+undefended attack's advantage over that baseline that survives the defense (:func:`advantage`); a row
+whose undefended advantage is not significant over the record's seeds (:func:`undefended_advantage`)
+is not coloured.
 """
 from __future__ import annotations
 
@@ -50,6 +57,7 @@ import torch
 
 from .. import fl, models
 from ..config import pick
+from ..metrics import t_interval
 from ..fl.dp_fedavg import dp_fedavg
 from ..fl.recsys import ratings as rec
 from ..attacks import gradient_inversion as gi
@@ -70,7 +78,8 @@ from . import chapter3b as ch3b
 
 __all__ = ["Defense", "Attack", "DEFENSES", "ATTACKS", "DP_SETTING", "LDP_DELTA", "COLUMN_NOTES",
            "dp_noise_multiplier", "median_norm", "protect", "cell", "run_row", "run_matrix", "value_name",
-           "describe_matrix", "threat_rows", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
+           "describe_matrix", "threat_rows", "row_threats", "row_threat_header", "effective_epsilons",
+           "undefended_advantage", "NOT_SIGNIFICANT", "MALICIOUS_SERVER_DP_NA", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
            "consistent_with_record"]
 
 #: the DP-FedAvg deployment the ``dp*`` columns are calibrated for (Chapter 1b's demonstration setting)
@@ -109,9 +118,10 @@ _BY_KEY = {d.key: d for d in DEFENSES}
 COLUMN_NOTES = {
     "none": "what the attack's chapter lets it see: each client's update (the server), each message (the eavesdropper)",
     "clip": "each client scales its update to L2 norm at most C, the median norm of the clean updates",
-    "dp": "a trusted server clips to C and adds N(0, (zC)²) to the sum; the attacker sees the release and knows "
-          "every other client's update (the adversary of the guarantee); a curious server sees the raw updates "
-          "(column 'none')",
+    "dp": "each client clips to C, a trusted server adds N(0, (zC)²) to the sum; the attacker sees the release and "
+          "knows every other client's update (the adversary of the guarantee); a curious server sees the raw updates "
+          "(column 'none'), an eavesdropper on a client's link the clipped update (the noise comes after the link), "
+          "a malicious server would not add the noise (n/a)",
     "ldp": "each client clips to C and adds the Gaussian noise of (ε, 1e-5)-LDP for sensitivity 2C, per release",
     "prune": "each client sends only the 10 % largest coordinates of its update",
     "secagg": "the attacker sees only the sum over a group of clients (masked messages, exact sum)",
@@ -143,7 +153,8 @@ def median_norm(updates: torch.Tensor) -> float:
 
 
 def protect(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float | None = None, group: int = 1,
-            generator: torch.Generator | None = None, rng: np.random.Generator | None = None) -> torch.Tensor:
+            generator: torch.Generator | None = None, rng: np.random.Generator | None = None,
+            client_side_noise: bool = True) -> torch.Tensor:
     """What the attacker sees of the clients' updates ``updates`` ``[A, n]`` (row ``a``: client ``a``'s
     update) under ``defense`` (a :class:`Defense` or its key), in the threat model of the module docstring.
 
@@ -151,6 +162,8 @@ def protect(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float |
     ``[A // group, n]`` of consecutive groups of ``group`` clients (the protocol's masked messages summed
     and decoded). ``clip_norm``: ``C`` (default :func:`median_norm` of ``updates``); ``generator``: the
     torch noise stream (DP, LDP), ``rng``: the numpy stream of the Laplace draws (d-privacy).
+    ``client_side_noise=False`` (DP-FedAvg columns only) returns what crosses the client's link under
+    McMahan et al.'s Algorithm 1, the clipped update: the trusted server adds the noise after the link.
     Raises ``ValueError`` for an unknown defense, ``updates`` not ``[A, n]``, ``group`` not dividing ``A``
     or ``clip_norm <= 0``.
     """
@@ -167,6 +180,8 @@ def protect(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float |
     if d.kind == "clip":
         return pdef.clip_rows(updates, C)
     if d.kind == "dp":
+        if not client_side_noise:
+            return pdef.clip_rows(updates, C)
         sigma = dpf.noise_std(dp_noise_multiplier(d.param), C, 1.0)     # z C on the sum
         return pdef.gaussian_noise(pdef.clip_rows(updates, C), sigma, generator=generator)
     if d.kind == "ldp":
@@ -190,8 +205,12 @@ class Attack:
     """A row: ``key``, ``label``, ``chapter`` (notebook stem it links to), ``metric`` (what a cell holds),
     ``higher_is_success`` (the direction in which the attack succeeds), ``threat`` (one sentence: who
     attacks and what it sees), ``run(seed, columns, tiny) -> {column key: value, "baseline": value}``,
-    ``not_applicable`` (``{column key: reason}``, cells that do not exist) and ``secagg_group`` (clients
-    per secure sum)."""
+    ``not_applicable`` (``{column key: reason}``, cells that do not exist), ``secagg_group`` (clients
+    per secure sum), ``releases() -> (T, q)`` (how many releases of the target the attacker observes: ``T``
+    rounds, the target sampled with probability ``q`` in each; read at record time, so at the record's
+    scale) and ``cell_notes`` (``{column key: note}``, a cell computed differently from its column's
+    threat model, shown as a footnote); ``sees_central_noise`` is False for an attacker placed before the
+    trusted server's noise (the eavesdropper on a client's link)."""
 
     key: str
     label: str
@@ -203,6 +222,9 @@ class Attack:
     baseline: str
     not_applicable: Mapping[str, str] = field(default_factory=dict)
     secagg_group: int = 1
+    releases: Callable[[], tuple[int, float]] = lambda: (1, 1.0)
+    sees_central_noise: bool = True
+    cell_notes: Mapping[str, str] = field(default_factory=dict)
 
 
 def _size(tiny: bool, *, tiny_value, quick, paper):
@@ -348,27 +370,30 @@ def _imprint_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     return out
 
 
-_IMPRINT_NA = {k: ("central DP trusts the server to add the noise; the imprint attacker is a malicious server, "
-                   "which would not (client-side noise, LDP or d-privacy, is the comparable cell)")
-               for k in ("dp1", "dp8")}
+#: central DP trusts the server to add the noise: against every malicious-server row its cells are n/a
+MALICIOUS_SERVER_DP_NA = ("central DP trusts the server to add the noise; this attacker is a malicious server, "
+                          "which would not (client-side noise, LDP or d-privacy, is the comparable cell)")
+_IMPRINT_NA = {k: MALICIOUS_SERVER_DP_NA for k in ("dp1", "dp8")}
+_MALICIOUS_NA = _IMPRINT_NA
 
 
 # ----------------------------------------------------------------------------------------------------
 # row 4: passive membership inference by the server (Chapter 1b)
 def _mia_federation(seed: int, K: int, n: int):
     """Chapter 1b's federation: ``K`` clients of ``n`` digits each, every client's candidates (its ``n``
-    members, then ``n`` non-members from held-out digits), the membership labels and the 64-64-10 MLP.
-    Returns ``(clients, cand_X [K, 2n, 64], cand_y [K, 2n], is_member [2n], net)``."""
+    members, then ``n`` non-members from held-out digits), the membership labels, the 64-64-10 MLP and a
+    test set (held-out digits that are no client's and no candidate's).
+    Returns ``(clients, cand_X [K, 2n, 64], cand_y [K, 2n], is_member [2n], net, test)``."""
     digits = load_digits()
     train, held = train_test_split(digits, test_fraction=0.5, seed=seed)
-    nonmembers, _ = train_test_split(held, test_fraction=0.5, seed=seed)
+    nonmembers, test = train_test_split(held, test_fraction=0.5, seed=seed)
     parts = [p[:n] for p in partition_iid(len(train), K, seed=seed)]
     clients = fl.stack_clients(client_datasets(train, parts))
     nm = nonmembers.subset(np.arange(K * n))
     cand_X = torch.cat([clients.X, nm.X.reshape(K, n, 64)], dim=1)
     cand_y = torch.cat([clients.y, nm.y.reshape(K, n)], dim=1)
     is_member = np.r_[np.ones(n), np.zeros(n)]
-    return clients, cand_X, cand_y, is_member, models.mlp(64, (64,), 10, seed=seed)
+    return clients, cand_X, cand_y, is_member, models.mlp(64, (64,), 10, seed=seed), test
 
 
 def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
@@ -379,10 +404,11 @@ def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     applies the defense to its update each round and the aggregate is the mean of what was sent (for
     DP-FedAvg: :func:`fedlab.privacy.dp_fedavg.dp_aggregate`; for secure aggregation the secure sum,
     and the server observes only the global models). ``C`` is the median update norm of the first
-    round, then fixed. Metric: AUC."""
+    round, then fixed. Metric: AUC. Also returns ``"acc_<column>"``: the test accuracy of the final global
+    model under each column (the utility the defense leaves)."""
     K, n, window = 10, 20, 10
-    num_rounds = _size(tiny, tiny_value=12, quick=30, paper=100)
-    clients, cand_X, cand_y, is_member, net = _mia_federation(seed, K, n)
+    num_rounds = 12 if tiny else _mia_rounds()
+    clients, cand_X, cand_y, is_member, net, test = _mia_federation(seed, K, n)
     w0 = models.get_params(net)
     out = {"baseline": 0.5}
     fixed = {}
@@ -404,7 +430,8 @@ def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
                 noisy, clean = dpf.dp_aggregate(upd, clip_norm=C, noise_multiplier=dp_noise_multiplier(d.param),
                                                 expected_clients=K, generator=gen)
                 noise = K * (models.flatten_params(noisy) - models.flatten_params(clean))
-                views = theta + pdef.clip_rows(U, C) + noise           # target's clipped update + the noise on the sum
+                clipped = protect(U, d, clip_norm=C, client_side_noise=False)
+                views = theta + clipped + noise                        # target's clipped update + the noise on the sum
                 new = theta + models.flatten_params(noisy)
             elif d.kind == "secagg":
                 new = theta + protect(U, d, group=K, generator=gen)[0] / K
@@ -416,18 +443,33 @@ def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
             recorder(fl.RoundRecord(t, w, np.arange(K), models.unflatten_stacked(views, w), torch.ones(K)))
             return models.unflatten_params(new, w)
 
-        fl.run_rounds(num_rounds, step, {k: v.clone() for k, v in w0.items()})
+        final, _, _ = fl.run_rounds(num_rounds, step, {k: v.clone() for k, v in w0.items()})
         signals = mia.client_signals(net, recorder, cand_X, cand_y)
         out[c] = mia.attack_auc(signals[:, -window:], is_member, window)
+        out[f"acc_{c}"] = fl.evaluate(net, final, test.X, test.y)["accuracy"]
     return out
+
+
+#: Chapter 1b's honest FedAvg rounds of the membership rows, (quick, paper)
+_MIA_ROUNDS = (30, 100)
+
+
+def _mia_rounds() -> int:
+    return pick(quick=_MIA_ROUNDS[0], paper=_MIA_ROUNDS[1])
 
 
 # ----------------------------------------------------------------------------------------------------
 # row 5: local-model reconstruction by an eavesdropper (Chapter 4)
+#: Chapter 4's first example: clients, share of clients per round, rounds
+_MR_CLIENTS, _MR_FRACTION, _MR_ROUNDS = 5, 0.6, 60
+#: participants per FedAvg round (:func:`fedlab.fl.fedavg`'s ``max(round(fraction K), 1)``): the secure sum's group
+_MR_GROUP = max(int(round(_MR_FRACTION * _MR_CLIENTS)), 1)
+
+
 def _mr_clients(seed: int):
     g = torch.Generator().manual_seed(seed)
     clients = []
-    for k in range(5):
+    for k in range(_MR_CLIENTS):
         X = torch.randn(40 + 20 * k, 10, generator=g, dtype=torch.float64) + 0.3 * k
         y = X @ torch.randn(10, generator=g, dtype=torch.float64) + 0.1 * torch.randn(len(X), generator=g,
                                                                                      dtype=torch.float64)
@@ -435,20 +477,49 @@ def _mr_clients(seed: int):
     return clients
 
 
+def _mr_decode(theta_in: torch.Tensor, sent: torch.Tensor, clip_norm: float | None) -> torch.Tensor:
+    """The eavesdropper's decoding of ``theta*`` from pairs ``(theta_in [P, d], theta_in + sent [P, d])``
+    with :func:`fedlab.attacks.model_reconstruction.solve_affine`. With ``clip_norm`` the attacker knows the
+    clipping bound ``C`` (as RAIFLE's rows do): a message of norm ``C`` (to relative 1e-9) was clipped, so
+    it is ``u / lambda`` for the affine map's output ``u = M [theta_in; 1]`` and an unknown ``lambda >= 1``,
+    a message shorter than ``C`` is ``u`` itself. Both are linear in ``(M, lambda)``: one least-squares
+    solve (``P d`` equations, ``d (d + 1) + #clipped`` unknowns; it needs one unclipped message to fix
+    the scale) restores the clipped messages' length, and ``solve_affine`` decodes from all pairs. With no
+    unclipped message, or fewer equations than unknowns, it decodes from the messages as they are."""
+    ti, u = theta_in.double(), sent.double()
+    if clip_norm is not None:
+        clipped = u.norm(dim=1) >= clip_norm * (1 - 1e-9)
+        P, d = u.shape
+        m = int(clipped.sum())
+        if 0 < m < P and P * d >= d * (d + 1) + m:
+            X = torch.cat([ti, torch.ones(P, 1, dtype=torch.float64)], 1)             # [P, d + 1]
+            A = torch.zeros(P, d, d * (d + 1) + m, dtype=torch.float64)
+            A[:, :, :d * (d + 1)] = torch.stack([torch.kron(torch.eye(d, dtype=torch.float64), x[None]) for x in X])
+            A[clipped.nonzero()[:, 0], :, d * (d + 1) + torch.arange(m)] = -u[clipped]
+            rhs = torch.where(clipped[:, None], torch.zeros_like(u), u)
+            sol = torch.linalg.lstsq(A.reshape(P * d, -1), rhs.reshape(-1, 1)).solution[:, 0]
+            u = u.clone()
+            u[clipped] = u[clipped] * sol[d * (d + 1):, None]
+    return mr.solve_affine(ti, ti + u).theta
+
+
 def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """The eavesdropper of Chapter 4 (Xu & Neglia 2021): 5 linear-regression clients (Chapter 4's first
-    example), FedAvg with 60% of the clients per round, 3 local full-batch steps, lr 0.01, 60 rounds; the
-    eavesdropper records every (server model, returned model) pair of client 0 and decodes its local
-    optimum with :func:`fedlab.attacks.model_reconstruction.solve_affine` (OLS over every observed round).
-    Client-side defenses are applied to client 0's messages (the decoding uses only those pairs);
-    DP-FedAvg runs :func:`fedlab.fl.dp_fedavg.dp_fedavg` (the trusted server's noise reaches only the
-    broadcast models); under secure aggregation the eavesdropper sees only the masked messages, so it
-    decodes from the round's aggregate. Metric: relative error ``||theta_hat - theta*|| / ||theta*||``."""
+    example), FedAvg with 60% of the clients per round (3 of 5), 3 local full-batch steps, lr 0.01, 60
+    rounds; the eavesdropper records every (server model, returned model) pair of client 0 and decodes
+    its local optimum with :func:`fedlab.attacks.model_reconstruction.solve_affine` (OLS over the observed
+    rounds). Client-side defenses are applied to client 0's messages (the decoding uses only those pairs);
+    when a column clips, the eavesdropper knows ``C`` and restores the length of the messages of norm
+    ``C`` before decoding (:func:`_mr_decode`). DP-FedAvg runs :func:`fedlab.fl.dp_fedavg.dp_fedavg` as McMahan et al.'s
+    Algorithm 1: the client clips its update, the trusted server adds the noise after the tapped link, so
+    the eavesdropper sees the clipped update (and broadcast models that carry the earlier rounds' noise).
+    Under secure aggregation the eavesdropper sees only the masked messages, so it decodes from the
+    round's aggregate of the 3 participants. Metric: relative error ``||theta_hat - theta*|| / ||theta*||``."""
     clients = _mr_clients(seed)
     theta_star = mr.local_optimum(*clients[0])
-    kw = dict(num_rounds=60, local_epochs=3, batch_size=None, lr=0.01, loss_fn=mr.squared_loss, seed=seed)
+    kw = dict(num_rounds=_MR_ROUNDS, local_epochs=3, batch_size=None, lr=0.01, loss_fn=mr.squared_loss, seed=seed)
     net = mr.linear_model(10, seed=seed)
-    res, spy = mr.run_eavesdropped_fedavg(net, clients, targets=None, client_fraction=0.6, **kw)
+    res, spy = mr.run_eavesdropped_fedavg(net, clients, targets=None, client_fraction=_MR_FRACTION, **kw)
     rel = lambda th: float((th - theta_star).norm() / theta_star.norm())   # noqa: E731
     t_in, t_out, rounds = spy.observations(0)
     gen, rng = _gens(seed, 5)
@@ -460,16 +531,20 @@ def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
         if d.kind == "dp":
             pairs = []
 
-            def spy_dp(r):
+            def spy_dp(r, d=d):
                 if 0 in r.selected.tolist():
                     j = r.selected.tolist().index(0)
                     th = models.flatten_params(r.global_params).double()
-                    pairs.append((th, th + models.flatten_params({k: v[j] for k, v in r.updates.items()}).double()))
+                    u = models.flatten_params({k: v[j] for k, v in r.updates.items()}).double()
+                    # Algorithm 1: client 0 clips before sending; the server's noise comes after the link
+                    pairs.append((th, protect(u[None], d, clip_norm=C, client_side_noise=False)[0]))
 
             z = dp_noise_multiplier(d.param)
-            dp_fedavg(mr.linear_model(10, seed=seed), clients, sampling_prob=0.6, noise_multiplier=z,
-                         clip_norm=C, callback=spy_dp, **kw)
-            ti, to = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+            dp_fedavg(mr.linear_model(10, seed=seed), clients, sampling_prob=_MR_FRACTION, noise_multiplier=z,
+                      clip_norm=C, callback=spy_dp, **kw)
+            ti, sent = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+            out[c] = rel(_mr_decode(ti, sent, C))
+            continue
         elif d.kind == "secagg":
             ti, to = [], []
             for r in rounds:
@@ -483,9 +558,10 @@ def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
                 ti.append(th)
                 to.append(th + agg)
             ti, to = torch.stack(ti), torch.stack(to)
+            out[c] = rel(mr.solve_affine(ti.double(), to.double()).theta)
         else:
-            ti, to = t_in, t_in + protect(U, d, clip_norm=C, generator=gen, rng=rng)
-        out[c] = rel(mr.solve_affine(ti.double(), to.double()).theta)
+            out[c] = rel(_mr_decode(t_in, protect(U, d, clip_norm=C, generator=gen, rng=rng),
+                                    C if d.kind == "clip" else None))
     return out
 
 
@@ -501,9 +577,9 @@ def _mia_active_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
     others'), so isolation no longer shows it the target alone. Metric: AUC (mean over targets)."""
     K, n, gamma = 10, 20, 2.0
     rounds = _size(tiny, tiny_value=3, quick=5, paper=10)
-    honest_rounds = _size(tiny, tiny_value=12, quick=30, paper=100)
+    honest_rounds = 12 if tiny else _mia_rounds()
     fl_args = dict(local_epochs=2, batch_size=10, lr=0.3)
-    clients, cand_X, cand_y, is_member, net = _mia_federation(seed, K, n)
+    clients, cand_X, cand_y, is_member, net, _ = _mia_federation(seed, K, n)
     honest = fl.fedavg(net, clients, num_rounds=honest_rounds, params=models.get_params(net), seed=seed,
                        progress=False, **fl_args)
     traces = [mia.active_attack_rounds(net, clients, honest.params, cand_X[k], cand_y[k], target=k, num_rounds=rounds,
@@ -535,6 +611,11 @@ def _mia_active_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
 
 # ----------------------------------------------------------------------------------------------------
 # row 5b: PAC identifiability of the user vector (Chapter 2)
+def _pac_interactions() -> int:
+    """Theorem 1's ``T`` of the PAC row (failure probability 0.05 at its largest preference rate, 0.45)."""
+    return math.ceil(pac.theorem1_num_interactions(0.45, 10, 0.05))
+
+
 def _pac_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """Protocol 2 of London (2020), Chapter 2's attack: a malicious server sends an all-zero item model,
     each user runs Protocol 1's CLIENTUPDATE (B = 10, lr 0.3, log loss) and returns its item deltas, and
@@ -560,7 +641,7 @@ def _pac_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
                    fixed=fixed):
             u2, deltas = rec.protocol1_client_update(u, probe, its, y, local_steps=local_steps, batch_size=batch_size,
                                                      lr=lr, loss=loss, generator=generator)
-            if local_steps == 0 or d.kind in ("none", "secagg"):
+            if local_steps == 0 or d.kind == "secagg":
                 return u2, deltas
             flat = deltas.reshape(deltas.shape[0], -1)
             fixed.setdefault("C", median_norm(flat))
@@ -685,26 +766,33 @@ ATTACKS: tuple[Attack, ...] = (
            "share of digits the pool's mean digit matches", not_applicable=_IMPRINT_NA, secagg_group=4),
     Attack("mia", "Membership inference, passive server", "01b_membership_inference", "AUC", True,
            "honest-but-curious server scores members by their loss under the models it observes", _mia_row,
-           "chance AUC", secagg_group=10),
+           "chance AUC", secagg_group=10, releases=lambda: (_mia_rounds(), 1.0)),
     Attack("mia_active", "Membership inference, active server (isolation + gradient ascent)",
            "01b_membership_inference", "AUC", True,
            "malicious server isolates the target and ascends the loss of the candidates before sending the model",
-           _mia_active_row, "chance AUC", secagg_group=10),
+           _mia_active_row, "chance AUC", not_applicable=_MALICIOUS_NA, secagg_group=10,
+           releases=lambda: (pick(quick=5, paper=10), 1.0)),
     Attack("pac", "PAC identifiability (Protocol 2)", "02_pac_identifiability", "sign accuracy", True,
            "malicious server sends a zero item model and estimates each user vector from the item deltas",
-           _pac_row, "accuracy of always predicting 'dislike'", secagg_group=4),
+           _pac_row, "accuracy of always predicting 'dislike'", not_applicable=_MALICIOUS_NA, secagg_group=4,
+           releases=lambda: (_pac_interactions(), 1.0)),
     Attack("rs", "RAIFLE, recommendation (FCF, embedding estimated)", "03a_raifle_recsys", "AUC", True,
            "curious server infers which items a user interacted with from its item-embedding update", _rs_row,
-           "chance AUC", secagg_group=4),
+           "chance AUC", secagg_group=4,
+           cell_notes={"secagg": "an upper bound: the server attacks the group's sum restricted to the target's own "
+                                 "item set, which it is given (an attacker without it would search the group's union)"}),
     Attack("oltr", "RAIFLE, online learning to rank", "03b_raifle_oltr", "AUC", True,
            "curious server infers a user's clicks from its ranker update", _oltr_plain, "chance AUC",
            secagg_group=4),
     Attack("oltr_adm", "RAIFLE, online learning to rank + ADM", "03b_raifle_oltr", "AUC", True,
            "active server manipulates the documents' features (ADM) before inferring the clicks", _oltr_adm,
-           "chance AUC", secagg_group=4),
+           "chance AUC", not_applicable=_MALICIOUS_NA, secagg_group=4,
+           cell_notes={"secagg": "a different experiment: RAIFLE's bypass (Chapter 3b's sa_bypass_experiment), one "
+                                 "query per user, groups of 4, a fresh ranker per group, not the row's 8-query case"}),
     Attack("mr", "Local-model reconstruction (eavesdropper)", "04_model_reconstruction", "relative error", False,
            "eavesdropper on client 0's link decodes its local optimum from (sent, returned) model pairs", _mr_row,
-           "relative error of the released global model", secagg_group=5),
+           "relative error of the released global model", secagg_group=_MR_GROUP,
+           releases=lambda: (_MR_ROUNDS, _MR_FRACTION), sees_central_noise=False),
 )
 _ATTACK_BY_KEY = {a.key: a for a in ATTACKS}
 
@@ -768,12 +856,36 @@ def run_matrix(seed: int, *, rows: Sequence[str] | None = None, columns: Sequenc
     return values, seconds
 
 
+def effective_epsilons(row) -> dict:
+    """What the ``dp*`` and ``ldp*`` columns guarantee against the attacker of ``row`` (an :class:`Attack`
+    or its key), given the releases it observes (``row.releases()``: ``T`` rounds, sampled with
+    probability ``q``). Returns ``{"rounds": T, "sampling_prob": q, "releases": round(T q),
+    "dp": {column: epsilon or None}, "ldp": {column: epsilon}}``: ``dp`` is
+    :func:`fedlab.privacy.dp_fedavg.epsilon_spent` of the column's ``z`` at ``(q, T)`` (``None`` for an
+    n/a cell and for an attacker before the noise, ``row.sees_central_noise`` False: no guarantee against
+    it), ``ldp`` the per-release epsilon composed over the releases (basic composition, ``releases * eps``).
+    Raises ``ValueError`` for an unknown row."""
+    a = _attack(row)
+    T, q = a.releases()
+    k = max(int(round(T * q)), 1)
+    s = DP_SETTING
+    dp = {}
+    for d in DEFENSES:
+        if d.kind == "dp":
+            dp[d.key] = (None if d.key in a.not_applicable or not a.sees_central_noise else
+                         dpf.epsilon_spent(dp_noise_multiplier(d.param), float(q), int(T), s["delta"]))
+    return {"rounds": int(T), "sampling_prob": float(q), "releases": k, "dp": dp,
+            "ldp": {d.key: k * float(d.param) for d in DEFENSES if d.kind == "ldp"}}
+
+
 def describe_matrix() -> dict:
     """The matrix's layout for the record: rows (key, label, chapter, metric, direction, threat, baseline,
-    n/a reasons) and columns (key, label), and the DP settings."""
+    n/a reasons, secure-aggregation group, cell notes, :func:`effective_epsilons`) and columns (key,
+    label), and the DP settings."""
     return {"rows": [{"key": a.key, "label": a.label, "chapter": a.chapter, "metric": a.metric,
                       "higher_is_success": a.higher_is_success, "threat": a.threat, "baseline": a.baseline,
-                      "not_applicable": dict(a.not_applicable), "secagg_group": a.secagg_group} for a in ATTACKS],
+                      "not_applicable": dict(a.not_applicable), "secagg_group": a.secagg_group,
+                      "cell_notes": dict(a.cell_notes), "epsilons": effective_epsilons(a)} for a in ATTACKS],
             "columns": [{"key": d.key, "label": d.label} for d in DEFENSES],
             "dp_setting": dict(DP_SETTING), "ldp_delta": LDP_DELTA,
             "dp_noise_multipliers": {d.key: dp_noise_multiplier(d.param) for d in DEFENSES if d.kind == "dp"}}
@@ -794,6 +906,56 @@ def threat_rows(record: Mapping | None = None) -> list[list[str]]:
     return rows
 
 
+def row_threats(record: Mapping) -> list[list[str]]:
+    """Rows of the page's per-attack threat table, from a record's layout: ``[attack, secure-aggregation
+    group, releases observed, effective epsilon of each DP-FedAvg column, LDP epsilon composed over the
+    releases]`` (see :func:`effective_epsilons`). Raises ``ValueError`` for a record without the layout."""
+    layout = record.get("matrix") if isinstance(record, Mapping) else None
+    if not layout:
+        raise ValueError("record is not a matrix record (no 'matrix' layout)")
+    out = []
+    for r in layout["rows"]:
+        e = r["epsilons"]
+        obs = str(e["releases"]) if e["sampling_prob"] == 1 else f'{e["releases"]} ({e["rounds"]} rounds × q = {e["sampling_prob"]:g})'
+        dp = ["n/a" if k in r["not_applicable"] else "none" if v is None else f"{v:.3g}" for k, v in e["dp"].items()]
+        if set(dp) == {"none"}:
+            dp = ["none: the noise is added after the tapped link"]
+        out.append([r["label"], str(r["secagg_group"]), obs, " / ".join(dp),
+                    " / ".join(f"{v:g}" for v in e["ldp"].values())])
+    return out
+
+
+def row_threat_header(record: Mapping) -> list[str]:
+    """The header of :func:`row_threats`' table (column labels from the record's layout)."""
+    cols = {c["key"]: c["label"] for c in record["matrix"]["columns"]}
+    first = record["matrix"]["rows"][0]["epsilons"]
+    dp = " / ".join(cols[k] for k in first["dp"])
+    ldp = " / ".join(cols[k] for k in first["ldp"])
+    return ["attack", "secure-aggregation group", "releases observed",
+            f"effective ε of {dp}", f"{ldp}, composed over the releases"]
+
+
+def undefended_advantage(record: Mapping, row: str) -> dict:
+    """The paired difference, seed by seed, between the undefended cell and the baseline of ``row`` in a
+    stored record, signed so that positive means the attack succeeds: ``{"mean", "ci95": [lo, hi] or
+    None, "n", "significant"}``, ``significant`` when the 95 % t interval lies above 0. Raises
+    ``ValueError`` when the record lacks the row's undefended cell or baseline."""
+    vals = record.get("values", {})
+    none, base = vals.get(value_name(row, "none")), vals.get(value_name(row, "baseline"))
+    layout = {r["key"]: r for r in (record.get("matrix") or {}).get("rows", [])}
+    if not none or not base or row not in layout:
+        raise ValueError(f"the record holds no undefended cell and baseline of row {row!r}")
+    sign = 1.0 if layout[row]["higher_is_success"] else -1.0
+    diff = [sign * (a - b) for a, b in zip(none, base) if a is not None and b is not None]
+    mean, _, ci = t_interval(diff)
+    return {"mean": float(mean), "ci95": None if ci is None else [float(ci[0]), float(ci[1])], "n": len(diff),
+            "significant": ci is not None and ci[0] > 0}
+
+
+#: the note of a row whose undefended advantage is not significant (rendered neutral)
+NOT_SIGNIFICANT = "no significant undefended advantage at this scale (the paired 95 % interval of undefended minus baseline includes 0)"
+
+
 def ldp_noise_ratio(epsilon: float, num_params: int) -> float:
     """The expected norm of the ``ldp*`` columns' noise over the clipping bound ``C``: ``sigma sqrt(n) / C``
     with ``sigma`` the Gaussian noise of :func:`fedlab.privacy.ldp.ldp_gaussian` for sensitivity ``2 C``
@@ -807,7 +969,10 @@ def ldp_noise_ratio(epsilon: float, num_params: int) -> float:
 def page_values(record: Mapping) -> dict:
     """The numbers the page quotes from a matrix record, ``{name: value}``: every cell's mean as
     ``mx_<row>_<column>`` (dots in keys become ``p``), the baselines, the DP noise multipliers, the
-    number of seeds, the wall seconds (total, mean per seed, slowest row per seed) and the machine.
+    number of seeds, the wall seconds (total, mean per seed, slowest row per seed) and the machine, each
+    row's secure-aggregation group (``mx_group_<row>``), releases observed and effective DP-FedAvg epsilons
+    (``mx_eps_<row>_<column>``), the eavesdropper's cells in scientific notation (``mx_mr_<column>_sci``),
+    :data:`IMPRINT_TOL` and the sentence naming the rows without a significant undefended advantage.
     Raises ``ValueError`` for a record without the matrix layout."""
     if not record or "matrix" not in record:
         raise ValueError("record is not a matrix record (no 'matrix' layout)")
@@ -816,6 +981,16 @@ def page_values(record: Mapping) -> dict:
     out.update({f"mx_z_{tag(k)}": z for k, z in record["matrix"]["dp_noise_multipliers"].items()})
     secs = record["seconds"]
     slow = max(record["row_seconds"], key=lambda r: np.mean([x for x in record["row_seconds"][r] if x is not None]))
+    for r in record["matrix"]["rows"]:
+        out[f"mx_group_{r['key']}"] = r["secagg_group"]
+        out[f"mx_releases_{r['key']}"] = r["epsilons"]["releases"]
+        out.update({f"mx_eps_{r['key']}_{k}": v for k, v in r["epsilons"]["dp"].items() if v is not None})
+    out.update({f"mx_{tag(n.replace('|', '_'))}_sci": f"{s['mean']:.1e}" for n, s in record["summary"].items()
+                if n.startswith("mr|")})                                 # ~1e-14: not 0.0 at 3 digits
+    flat = [r["label"] for r in record["matrix"]["rows"] if not undefended_advantage(record, r["key"])["significant"]]
+    out["mx_not_significant"] = ("every row has a significant undefended advantage at this scale" if not flat else
+                                 f"{' and '.join(flat)}: {NOT_SIGNIFICANT}; its row is not coloured")
+    out["mx_imprint_tol"] = IMPRINT_TOL
     out.update(mx_seeds=len(record["seeds"]), mx_wall_s=float(sum(secs)), mx_seed_s=float(np.mean(secs)),
                mx_slowest_row=slow, mx_slowest_s=float(np.mean(record["row_seconds"][slow])),
                mx_machine=str(record.get("machine", "?")), mx_commit=str(record.get("commit", "?")))
@@ -873,7 +1048,10 @@ def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = 
     """The colour-coded HTML table of a matrix record: one ``<tr>`` per attack, one column per defense,
     each cell ``mean`` over ``[lo, hi]`` (the 95 % t interval over the seeds), coloured by :func:`advantage`
     of the mean against the row's baseline mean and the undefended mean; n/a cells grey with the reason as
-    tooltip and as a numbered note under the table. Each row header links to its chapter
+    tooltip and as a numbered note under the table. A row whose undefended advantage over the baseline is
+    not significant (:func:`undefended_advantage`) is rendered neutral (class ``mx-neutral``, no share)
+    with the note :data:`NOT_SIGNIFICANT`; a cell with a note of its row's ``cell_notes`` carries it as a
+    numbered note. Each row header links to its chapter
     (``chapter_link(stem)``, default ``"<stem>.html"``) and states the metric, its direction, the
     baseline and the threat model. Raises ``ValueError`` for a record without the matrix layout."""
     rows = record_table(record)
@@ -883,15 +1061,27 @@ def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = 
     cell_css = "padding:3px 4px;text-align:center;min-width:5.2em;border:1px solid #fff;font-size:1em"
     head = "".join(f'<th style="{cell_css};font-weight:600">{html.escape(c["label"])}</th>' for c in cols)
     body = []
+
+    def note_mark(text: str) -> str:
+        if text not in notes:
+            notes.append(text)
+        return f"<sup>{notes.index(text) + 1}</sup>"
+
     for r in rows:
         row = r["row"]
         base = r["baseline"]
         none = r["cells"].get("none")
+        try:
+            significant = undefended_advantage(record, row["key"])["significant"]
+        except ValueError:
+            significant = True
+        row_mark = "" if significant else note_mark(NOT_SIGNIFICANT)
+        cell_notes = row.get("cell_notes") or {}
         arrow = "↑" if row["higher_is_success"] else "↓"
         base_txt = "—" if not base else _fmt(base["mean"])
         href, label = html.escape(link(row["chapter"])), html.escape(row["label"])
         tds = [f'<th style="text-align:left;font-weight:normal;min-width:17em;padding:3px 6px">'
-               f'<a href="{href}"><b>{label}</b></a><br><span style="font-size:0.9em">{html.escape(row["metric"])} {arrow} = success; '
+               f'<a href="{href}"><b>{label}</b></a>{row_mark}<br><span style="font-size:0.9em">{html.escape(row["metric"])} {arrow} = success; '
                f'baseline {base_txt} ({html.escape(row["baseline"])})<br><i>{html.escape(row["threat"])}</i>'
                f'</span></th>']
         for c in cols:
@@ -899,18 +1089,25 @@ def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = 
             if s is None:
                 tds.append(f'<td class="mx-missing" style="{cell_css};background:#fff">missing</td>')
             elif "na" in s:
-                if s["na"] not in notes:
-                    notes.append(s["na"])
+                mark = note_mark(s["na"])
                 tds.append(f'<td class="mx-na" style="{cell_css};background:#d0d0d0" title="{html.escape(s["na"])}">'
-                           f'n/a<sup>{notes.index(s["na"]) + 1}</sup></td>')
+                           f'n/a{mark}</td>')
             else:
                 ci = s.get("ci95")
                 interval = f'<br><span style="font-size:0.85em">[{_fmt(ci[0])}, {_fmt(ci[1])}]</span>' if ci else ""
-                share = (advantage(s["mean"], base["mean"], none["mean"])
-                         if base and none and "mean" in none else 0.0)
-                tds.append(f'<td class="mx-cell" style="{cell_css};background:{_colour(share)}" '
-                           f'title="{share:.0%} of the undefended advantage over the baseline; n = {s["n"]} seeds">'
-                           f'{html.escape(_fmt(s["mean"]))}{interval}</td>')
+                extra = cell_notes.get(c["key"])
+                mark = note_mark(extra) if extra else ""
+                tail = f"; {extra}" if extra else ""
+                if significant:
+                    share = (advantage(s["mean"], base["mean"], none["mean"])
+                             if base and none and "mean" in none else 0.0)
+                    cls, bg = "mx-cell", _colour(share)
+                    title = f"{share:.0%} of the undefended advantage over the baseline; n = {s['n']} seeds{tail}"
+                else:
+                    cls, bg = "mx-cell mx-neutral", "#f2f2f2"
+                    title = f"{NOT_SIGNIFICANT}; n = {s['n']} seeds{tail}"
+                tds.append(f'<td class="{cls}" style="{cell_css};background:{bg}" title="{html.escape(title)}">'
+                           f'{html.escape(_fmt(s["mean"]))}{mark}{interval}</td>')
         body.append("<tr>" + "".join(tds) + "</tr>")
     foot = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
     return ('<div style="overflow-x:auto"><table class="fedlab-matrix" '
