@@ -238,6 +238,15 @@ def _gens(seed: int, salt: int):
 
 # ----------------------------------------------------------------------------------------------------
 # row 1: DLG with the iDLG label (Chapter 1a)
+def _protected_gradients(G: torch.Tensor, w: dict, columns: Sequence[str], fc: str, **protect_kwargs):
+    """The gradient rows ``G`` ``[A, n]`` under each of ``columns`` in turn (:func:`protect`), as the attacker
+    observes them: ``(views [len(columns) * A, n], the same as stacked parameters like w, iDLG's label of each
+    view read off the last linear layer fc [len(columns) * A, 1])``."""
+    views = torch.cat([protect(G, c, **protect_kwargs) for c in columns])
+    obs = models.unflatten_stacked(views, w)
+    return views, obs, torch.tensor([[gi.idlg_label(obs[fc][i])] for i in range(len(views))])
+
+
 def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """DLG (Zhu et al. 2019) with the iDLG label rule (Zhao et al. 2020) on one-image FedSGD gradients of
     the sigmoid LeNet, 16 digits of 8x8 at quick scale, 3 calls of L-BFGS(20) as Chapter 1a's quick
@@ -256,9 +265,7 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
     single = [c for c in columns if _BY_KEY[c].kind != "secagg"]
     if single:
-        views = torch.cat([protect(G, c, clip_norm=C, generator=gen, rng=rng) for c in single])
-        obs = models.unflatten_stacked(views, w)
-        labels = torch.tensor([[gi.idlg_label(obs[fc][i])] for i in range(len(views))])
+        views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng)
         res = gi.dlg(net, w, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=gi.DLG_REFERENCE_MAX_ITER,
                      steps=steps, labels=labels, stacked=True, seed=seed)
         psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
@@ -297,9 +304,7 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
     single = [c for c in columns if _BY_KEY[c].kind != "secagg"]
     if single:
-        views = torch.cat([protect(G, c, clip_norm=C, generator=gen, rng=rng) for c in single])
-        obs = models.unflatten_stacked(views, w)
-        labels = torch.tensor([[gi.idlg_label(obs[fc][i])] for i in range(len(views))])
+        views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng)
         res = gi.inverting_gradients(net, w, obs, labels=labels, **kw)
         psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
         out.update({c: float(psnr[i * n_img:(i + 1) * n_img].mean()) for i, c in enumerate(single)})
