@@ -25,7 +25,7 @@ from ..metrics import auc_permutation_floor, t_interval
 from .tables import mean_interval
 from ..privacy import dp_fedavg as dpf
 
-__all__ = ["LECTURE_WINDOW_AUC", "LECTURE_ACTIVE_ACCURACY", "LECTURE_WHITE_BOX", "window_values", "window_table",
+__all__ = ["LECTURE_WINDOW_AUC", "SUMMARY_LABELS", "LECTURE_ACTIVE_ACCURACY", "LECTURE_WHITE_BOX", "window_values", "window_table",
            "passive_curves", "passive_curve_values", "plot_passive_curves", "white_black_box",
            "white_black_box_values", "white_black_box_table",
            "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "active_attack_sweep",
@@ -46,6 +46,30 @@ LECTURE_ACTIVE_ACCURACY = {("server", False): 0.851, ("server", True): 0.882, ("
 #: lecture slide "Additional information leaked in FL - white-box access" (Nasr et al. 2019, Table IV),
 #: Purchase100 fully connected row (the task of the lecture's gradient-norm figure): attack accuracy
 LECTURE_WHITE_BOX = {"black-box (outputs)": 0.676, "white-box (gradients)": 0.734}
+# the chapter's main numbers, name -> label, for the over-seeds summary figure (plots.record_errorbars)
+SUMMARY_LABELS = {
+    "mia_auc_last": "MIA AUC, last round",
+    "mia_auc_avg10": "MIA AUC, last 10 rounds",
+    "auc_peak": "MIA AUC, best single round",
+    "auc_floor": "MIA AUC, chance floor (shuffled labels)",
+    "wb_diff": "white-box − black-box AUC",
+    "act_server_p_auc": "server, passive (AUC)",
+    "act_server_isolating_p_auc": "server, isolating (AUC)",
+    "d_iso_p": "isolating − passive server (AUC)",
+    "act_server_isolating_g2_auc": "isolating, ascent γ = 2 (AUC)",
+    "act_participant_p_auc": "participant, passive (AUC)",
+    "act_participant_g5_auc": "participant, ascent γ = 5 (AUC)",
+    "act_floor": "active attacks, chance floor (AUC)",
+    "lo2": "local-only, 2 classes",
+    "ce2": "Centaur, 2 classes",
+    "ft2": "DP-FedAvg + FT, 2 classes",
+    "ce_minus_lo2": "Centaur − local-only, 2 classes",
+    "ce_minus_ft2": "Centaur − DP-FedAvg + FT, 2 classes",
+    "ce_minus_ft10": "Centaur − DP-FedAvg + FT, 10 classes",
+    "pe_ce_minus_lo_0p5": "Centaur − local-only, ε = 0.5",
+    "pe_ce_minus_ft_0p5": "Centaur − DP-FedAvg + FT, ε = 0.5",
+    "snr_gain": "SNR of the representation, Centaur / DP-FedAvg",
+}
 
 
 # ---------------------------------------------------------------------------------------------------
