@@ -1,6 +1,8 @@
 # The two commands of the README:
-#   make book   -> builds the HTML book (executing every notebook) into _build/html
-#   make test   -> unit tests of fedlab + nbval over every notebook in chapters/
+#   make book      -> builds the HTML book (executing every notebook once, on every core) into _build/html
+#   make test      -> unit tests of fedlab + nbval over every notebook in chapters/, on every core
+# and for contributors (CONTRIBUTING.md):
+#   make test-fast -> the unit tests without notebooks, Ray or deployment (markers notebook, flower, slow)
 # Both create .venv on first use and reuse it afterwards.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,7 +12,11 @@ STAMP   = $(VENV)/.installed-stamp
 # threads each on a 2-core machine run several times slower than one thread each (measured).
 RUNENV  = FEDLAB_PROGRESS=0 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 
-.PHONY: book test venv clean screenshots pdf
+.PHONY: book test test-fast venv clean screenshots pdf
+
+# pytest-xdist workers (and notebooks executed at once by `make book`): every core unless JOBS is set
+JOBS   ?= auto
+PYTEST  = $(RUNENV) FEDLAB_SCALE=$${FEDLAB_SCALE:-quick} $(PY) -m pytest -q -n $(JOBS)
 
 venv: $(STAMP)
 
@@ -22,11 +28,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 book: $(STAMP)
+	$(RUNENV) FEDLAB_SCALE=$${FEDLAB_SCALE:-quick} $(PY) scripts/execute_notebooks.py $(if $(filter-out auto,$(JOBS)),--jobs $(JOBS))
 	$(RUNENV) FEDLAB_SCALE=$${FEDLAB_SCALE:-quick} $(VENV)/bin/jupyter-book build . --all -W --keep-going
 	@echo "Book built: open $(CURDIR)/_build/html/index.html"
 
+# notebooks first: they are the longest items, so the workers start on them and the unit tests fill in;
+# --dist loadfile keeps each notebook's cells (one kernel) on one worker
 test: $(STAMP)
-	$(RUNENV) FEDLAB_SCALE=$${FEDLAB_SCALE:-quick} $(PY) -m pytest tests/ chapters/ --nbval-lax --nbval-current-env -q
+	$(PYTEST) --dist loadfile chapters/ tests/ --nbval-lax --nbval-current-env
+
+test-fast: $(STAMP)
+	$(PYTEST) --dist load tests/ -m "not notebook and not flower and not slow"
 
 # the whole book as one PDF (executes every notebook; needs XeLaTeX and latexmk, e.g. Debian's
 # texlive-latex-extra texlive-xetex texlive-fonts-extra fonts-freefont-otf latexmk xindy)

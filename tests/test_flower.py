@@ -45,6 +45,7 @@ def _weighted(replies):
     return {k: sum(wi * r.params[k] for wi, r in zip(w, replies)) for k in replies[0].params}
 
 
+@pytest.mark.flower
 def test_simulation_engine_gives_fedavg_and_records_every_reply(capsys):
     """One FedAvg run through Flower's simulation engine (Ray) and through fedlab.fl.fedavg: same data,
     seed and schedule (all 3 clients every round, E=2, B=16) -> same global model."""
@@ -171,6 +172,7 @@ def test_apps_validate_their_arguments(tmp_path):
         flower.run(_model_fn, _clients(2), num_rounds=1, engine="spark")
 
 
+@pytest.mark.flower
 def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
     """One SuperLink and two SuperNodes on 127.0.0.1, `flwr run` of a generated Flower App, 2 rounds; the
     transcript holds 2 replies a round from partitions 0 and 1, and the final model is fedlab's FedAvg."""

@@ -250,6 +250,7 @@ def test_secagg_arguments_are_checked():
         apps.client_app(lenet, lambda pid, num: victims[pid], secagg=True, dp_client_clipping=True)
 
 
+@pytest.mark.flower
 def test_secagg_runs_in_flowers_simulation_engine():
     """Flower 1.42's SecAggPlusWorkflow and secaggplus_mod run in the Ray simulation engine offline: the
     recorded stages and the decoded aggregate are those of the in-process engine (within the rounding bound
