@@ -598,7 +598,12 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
     * ``"float"``: Mironov's (2012) attack on two secrets of equal norm, ``(0.6, 0.8)`` and ``(0.8, 0.6)``,
       released in float32 from ``theta_global = 0`` by the plain (``safe=False``) and the snapping
       (``safe=True``) release: ``{safe: FloatingPointAttack}``, and ``"float_eps_d"``, the ``eps d``
-      (plus the snapping's extra eps) that the guarantee allows between them;
+      (plus the snapping's largest extra eps, ``fp_slack``) that the guarantee allows between them;
+    * ``"grid"``: the snapping grid's own leak (issue 34): secrets of norms 0.79 and 0.81 (0.02 apart,
+      ``eps d`` about ``0.01`` at ``nu = 5``), the event "some coordinate off the 4-grid", with the
+      grid chosen from the secret's epsilon (``"secret"``, the old release: grids 2 and 4 at
+      ``nu = 5``) and with the public grid of the safe release (``"public"``):
+      ``{kind: FloatingPointAttack}``, and ``"grid_eps_d"``, the ``eps d + fp_slack`` allowed;
     * ``"norm"``: how well one plain release reveals ``||delta||`` (median relative error of
       :func:`~fedlab.privacy.dprivacy.estimate_update_norm`) for ``n`` in ``norm_dims``;
     * ``"adaptive"``: the privacy loss between secrets of norms 1.1 and 1.0 (0.1 apart) against the
@@ -623,7 +628,22 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
     out = {"float": {safe: fp.distinguishing_event_probabilities(release(safe), a, b, num_samples=m, rng=seed)
                      for safe in (False, True)}}
     eps = 2 / nu                                               # both secrets have ||delta|| = 1, n = 2
-    out["float_eps_d"] = eps * float(torch.linalg.vector_norm(a - b)) + float(dp.snapping_extra_epsilon(2, eps))
+    out["float_eps_d"] = eps * float(torch.linalg.vector_norm(a - b)) + dp.DEFAULT_FP_SLACK
+
+    def adaptive(secret_grid):
+        def f(x, size, g):
+            x32 = x.to(torch.float32).expand(size, -1)
+            if not secret_grid:
+                return dp.sanitize_update(x32, torch.zeros_like(x32), nu, rng=g).theta
+            e = 2 / (nu * float(torch.linalg.vector_norm(x.double())))
+            return dp.release_euclidean_laplace(x32, e, rng=g)           # grid = snapping_grid(e)
+        return f
+
+    a2, b2 = torch.tensor([0.79, 0.0]), torch.tensor([0.81, 0.0])
+    out["grid"] = {kind: fp.distinguishing_event_probabilities(adaptive(kind == "secret"), a2, b2, num_samples=m,
+                                                               rng=seed, event=fp.off_grid(4.0))
+                   for kind in ("secret", "public")}
+    out["grid_eps_d"] = 2 / (nu * 0.79) * 0.02 + dp.DEFAULT_FP_SLACK
     out["norm"] = {n: dp.norm_disclosure(n, nu, num_trials=max(m // 25, 10), safe=False, rng=seed)
                    for n in norm_dims}
     vec = lambda *v: torch.tensor(v, dtype=torch.float64)     # noqa: E731
