@@ -158,3 +158,13 @@ def test_adaptive_release_grid_does_not_reveal_the_norm():
     old = fp.distinguishing_event_probabilities(_adaptive(True), a, b, num_samples=100_000, rng=7,
                                                 event=fp.off_grid(4.0))
     assert old.p_b == 0 and old.p_a > 0.5 and old.violates(eps_d), old
+
+
+def test_chapter5_gaussian_float_check():
+    from fedlab.experiments import chapter5 as ex
+
+    g = ex.gaussian_float_check(num_samples=5_000, seed=1)
+    assert g[False].p_b == 0 and g[False].violates(g["epsilon"], g["delta"])
+    assert not g[True].violates(g["epsilon"], g["delta"])
+    with pytest.raises(ValueError, match="num_samples"):
+        ex.gaussian_float_check(num_samples=0, seed=0)

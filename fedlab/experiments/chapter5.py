@@ -30,7 +30,7 @@ __all__ = ["hospital_net", "diabetes_split", "rmse", "dist_to_optima", "private_
            "plot_laplace_samples", "output_privacy_loss", "loss_increase_draws", "plot_loss_increase", "model_hypotheses", "ifca_grid",
            "grid_values", "grid_budgets", "plot_grid_metric", "PAPER_TABLE1", "table1_markdown",
            "plot_budget_histogram", "PAPER_TABLE2", "table2_name", "table2_values", "table2_markdown",
-           "dlg_on_sanitised", "plot_dlg_reconstructions", "plot_dlg_psnr", "dlg_markdown",
+           "dlg_on_sanitised", "gaussian_float_check", "plot_dlg_reconstructions", "plot_dlg_psnr", "dlg_markdown",
            "guarantee_gaps"]
 
 
@@ -653,3 +653,33 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
                                            radius=clip_radius, num_samples=m, rng=seed)
     return out
 
+
+
+def gaussian_float_check(*, num_samples: int, seed: int, epsilon: float = 2.0, delta: float = 1e-5,
+                         sensitivity: float = 2.0) -> dict:
+    """Mironov's distinguishing test on the book's Gaussian mechanisms (issue 34): the local Gaussian
+    (:func:`fedlab.privacy.ldp.ldp_gaussian`) at ``(epsilon, delta)`` with L2 ``sensitivity``, on the
+    neighbouring inputs ``[1, 0]`` and ``[0, 1]`` in float32, as the float mechanism (``safe=False``)
+    and as the discrete Gaussian on a grid (``safe=True``). ``num_samples`` releases per input, the
+    event "some coordinate out of the plain release's reach from ``[0, 1]``"
+    (:func:`fedlab.attacks.floating_point.unreachable_from`).
+
+    Returns ``{safe: FloatingPointAttack}`` for ``safe`` in ``(False, True)``, with ``"epsilon"`` and
+    ``"delta"``. The guarantee requires ``P_A <= e^epsilon P_B + delta`` (``violates(epsilon, delta)``
+    is ``False``). Raises ``ValueError`` on a bad ``num_samples``."""
+    from ..attacks import floating_point as fp
+    from ..privacy import ldp
+
+    m = positive_int("num_samples", num_samples)
+
+    def release(safe):
+        def f(x, size, g):
+            gen = torch.Generator().manual_seed(int(g.integers(2 ** 62)))
+            return ldp.ldp_gaussian(x.expand(size, -1).clone(), epsilon, delta, sensitivity, generator=gen, safe=safe)
+        return f
+
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    out = {safe: fp.distinguishing_event_probabilities(release(safe), a, b, num_samples=m, rng=seed)
+           for safe in (False, True)}
+    out.update(epsilon=float(epsilon), delta=float(delta))
+    return out
