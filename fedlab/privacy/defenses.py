@@ -67,10 +67,10 @@ def _add_noise(t: torch.Tensor, sigma: float, generator) -> torch.Tensor:
     """``t + N(0, sigma^2)``: in ``t``'s dtype for float32 and float64 (bit for bit the old result);
     for float16 and bfloat16 the noise is drawn and added in float32 and the sum rounded once to the
     dtype. Raises ``ValueError`` naming ``sigma`` when the dtype cannot represent the noise: ``sigma``
-    below half the spacing of the dtype at the largest ``|t|`` (bfloat16 at 1000: spacing 4), where
+    below half the spacing of the dtype at the median ``|t|`` (bfloat16 at 1000: spacing 4), where
     most noisy values would round back to the clean ones."""
     if t.numel():
-        top = float(t.detach().abs().max())
+        top = float(t.detach().abs().double().median())
         spacing = float(torch.finfo(t.dtype).eps) * 2.0 ** math.floor(math.log2(top)) if top > 0 else 0.0
         if sigma < spacing / 2:
             raise ValueError(f"sigma={sigma:g} is below the resolution of {t.dtype} at |value|={top:g} (spacing "
