@@ -186,12 +186,14 @@ def test_safe_release_is_default_snapped_and_keeps_the_noise_law():
     out = dp.sanitize_update(theta_local, theta_global, nu, rng=4)               # safe by default
     assert out.theta.dtype == torch.float32
     torch.testing.assert_close(out.leakage, torch.full((K,), n / nu, dtype=torch.float64))
-    # every coordinate on its grid Lambda = 2^ceil(log2(1/eps)), a power of two in [1/eps, 2/eps)
+    # every coordinate on one public grid (a power of two from n, the bound and the slack, never from
+    # the secret's epsilon, which would reveal the norm's power-of-two bin: issue 34)
     lam = out.grid.unsqueeze(1)
-    assert torch.equal(torch.log2(out.grid), torch.round(torch.log2(out.grid)))
-    assert ((out.grid >= 1 / out.epsilon) & (out.grid < 2 / out.epsilon)).all()
+    assert (out.grid == dp.public_grid(n)).all() and math.log2(dp.public_grid(n)).is_integer()
     assert torch.equal(torch.remainder(out.theta.double(), lam), torch.zeros_like(lam).expand(K, n))
-    assert ((out.fp_leakage > 0) & (out.fp_leakage < 1e-9)).all()
+    assert ((out.fp_leakage > 0) & (out.fp_leakage <= dp.DEFAULT_FP_SLACK)).all()
+    torch.testing.assert_close(out.fp_leakage, torch.from_numpy(
+        dp.snapping_extra_epsilon(n, out.epsilon.numpy(), grid=dp.public_grid(n))))
     # the noise is the Laplace noise plus rounding (variance Lambda^2 / 12 per coordinate, at most 1/(3 eps^2)):
     # the mean noise norm stays within a few percent of nu ||delta||
     delta = torch.linalg.vector_norm((theta_local - theta_global).double(), dim=1)

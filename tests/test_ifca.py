@@ -9,6 +9,7 @@ from torch import nn
 from fedlab import models
 from fedlab.data import OfflineError, clustered
 from fedlab.fl import ifca as I
+from fedlab.privacy import dprivacy as dp
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +82,27 @@ def test_private_ifca_accounts_n_over_nu_per_participation(synthetic):
     acct = res.accountant
     for rd in res.rounds:
         assert np.array_equal(rd.leakage, np.full(len(rd.selected), 2 / nu))
-    np.testing.assert_allclose(acct.spent, acct.participations * (2 / nu))
+    # n / nu per participation plus the snapping's floating-point slack, charged and kept apart
+    np.testing.assert_allclose(acct.spent, acct.participations * (2 / nu) + acct.fp_spent)
+    assert (acct.fp_spent[acct.participations > 0] > 0).all()
+    assert (acct.fp_spent <= acct.participations * dp.DEFAULT_FP_SLACK).all()
     assert acct.participations.sum() == 12 * 7
     # what the server saw is not what the clients trained: the released vectors carry noise
     assert res.rounds[0].released.shape == (7, 2)
+
+
+def test_private_ifca_releases_lie_on_the_public_grid(synthetic):
+    # Algorithm 1's releases are snapped to one grid that depends on no secret (issue 34): every
+    # coordinate of every released vector is a multiple of public_grid(n), in every round, whatever
+    # the client's update norm. The plain float32 release (safe=False) fails this.
+    tr, _, _ = synthetic
+    res = I.private_ifca(_linear(), tr, num_clusters=2, nu=5.0, num_rounds=8, clients_per_round=7,
+                         loss_fn=I.squared_error, seed=3)
+    lam = dp.public_grid(2)
+    released = torch.cat([rd.released for rd in res.rounds]).double()
+    assert released.shape[0] == 8 * 7
+    assert torch.equal(torch.remainder(released, lam), torch.zeros_like(released))
+    assert released.unique().numel() > 50                # not a degenerate (coarse) grid
 
 
 def test_budget_refusal_caps_every_client(synthetic):

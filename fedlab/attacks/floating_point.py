@@ -34,7 +34,8 @@ import torch
 from ..config import as_generator
 from ..privacy.dprivacy import clopper_pearson
 
-__all__ = ["FloatingPointAttack", "distinguishing_event_probabilities", "reachable", "unreachable_from"]
+__all__ = ["FloatingPointAttack", "distinguishing_event_probabilities", "reachable", "unreachable_from",
+           "off_grid"]
 
 #: how many neighbouring floats on each side of ``fl(y - x)`` are tried as the noise value
 _NEIGHBOURS = 3
@@ -85,6 +86,22 @@ def unreachable_from(y, x) -> np.ndarray:
     return ~reachable(y, x).all(axis=-1)
 
 
+def off_grid(step: float):
+    """The event "some coordinate is not a multiple of ``step``", as a function ``event(y, x_b)`` for
+    :func:`distinguishing_event_probabilities` (``x_b`` unused). Against a snapping release whose
+    grid is chosen from a secret-dependent epsilon (issue 34) it tells secrets of different update
+    norms apart: with the grid of the safe release it has the same probability (0 or 1) under every
+    secret. Raises ``ValueError`` unless ``step`` is finite and ``> 0``."""
+    if not (step > 0 and math.isfinite(step)):
+        raise ValueError(f"step must be a finite number > 0, got {step!r}")
+
+    def event(y, x_b=None):
+        y = np.asarray(torch.as_tensor(y).detach().cpu().double().numpy())
+        return (np.remainder(y, step) != 0).any(axis=-1)
+
+    return event
+
+
 @dataclass
 class FloatingPointAttack:
     """Result of :func:`distinguishing_event_probabilities`: the event ``E_B`` (unreachable from
@@ -107,21 +124,25 @@ class FloatingPointAttack:
         beyond sampling error (at ``level`` per interval)."""
         return self.interval_a[0] > self.interval_b[1] or self.interval_b[0] > self.interval_a[1]
 
-    def violates(self, eps_d: float) -> bool:
+    def violates(self, eps_d: float, delta: float = 0.0) -> bool:
         """True when the counts establish (at ``level`` per interval) that the event breaks the
-        guarantee ``P_A[E] <= exp(eps_d) P_B[E]`` or the same with the secrets swapped, i.e. the
-        lower end of one interval exceeds ``exp(eps_d)`` times the upper end of the other. A private
-        mechanism may make ``P_A`` and ``P_B`` differ (by up to that factor), so this, not
-        :attr:`distinguishes`, is the test of the claim. Raises ``ValueError`` for ``eps_d < 0``."""
+        guarantee ``P_A[E] <= exp(eps_d) P_B[E] + delta`` or the same with the secrets swapped, i.e.
+        the lower end of one interval exceeds ``exp(eps_d)`` times the upper end of the other plus
+        ``delta``. A private mechanism may make ``P_A`` and ``P_B`` differ (by up to that much), so
+        this, not :attr:`distinguishes`, is the test of the claim. Raises ``ValueError`` for
+        ``eps_d < 0`` or ``delta`` outside ``[0, 1)``."""
         if not eps_d >= 0:
             raise ValueError(f"eps_d must be >= 0, got {eps_d}")
+        if not 0 <= delta < 1:
+            raise ValueError(f"delta must be in [0, 1), got {delta}")
         f = math.exp(eps_d)
-        return self.interval_a[0] > f * self.interval_b[1] or self.interval_b[0] > f * self.interval_a[1]
+        return (self.interval_a[0] > f * self.interval_b[1] + delta
+                or self.interval_b[0] > f * self.interval_a[1] + delta)
 
 
 def distinguishing_event_probabilities(release: Callable, secret_a, secret_b, *,
                                        num_samples: int = 100_000, level: float = 0.95,
-                                       rng=None) -> FloatingPointAttack:
+                                       rng=None, event: Callable | None = None) -> FloatingPointAttack:
     """Mironov's distinguishing test (Mironov 2012, Sec. 4) as probabilities with intervals.
 
     ``release(secret, size, rng)`` must return ``size`` independent releases ``[size, n]`` of the
@@ -129,7 +150,8 @@ def distinguishing_event_probabilities(release: Callable, secret_a, secret_b, *,
     ``lambda x, m, g: dp.sanitize_update(x.expand(m, -1), theta_global.expand(m, -1), nu, rng=g,
     safe=False).theta``). Both secrets are released ``num_samples`` times from one generator
     (``rng``: numpy Generator, int seed or ``None`` for :func:`fedlab.config.global_rng`), and
-    the event ``E_B = unreachable_from(y, secret_b)`` is counted under each.
+    the event ``E_B = unreachable_from(y, secret_b)`` is counted under each (or ``event(y, secret_b)``,
+    a function returning a bool array ``[size]``, for instance :func:`off_grid`).
 
     For an eps-d-private mechanism ``P_A[E] <= exp(eps d) P_B[E]``; the plain float32 release gives
     ``P_B[E] = 0`` exactly and ``P_A[E] > 0``. Returns a :class:`FloatingPointAttack`.
@@ -153,7 +175,10 @@ def distinguishing_event_probabilities(release: Callable, secret_a, secret_b, *,
         y = torch.as_tensor(y)
         if tuple(y.shape) != (m, a.shape[0]):
             raise ValueError(f"release must return shape {(m, a.shape[0])}, got {tuple(y.shape)}")
-        counts.append(int(unreachable_from(y, b.to(y.dtype)).sum()))
+        hit = unreachable_from(y, b.to(y.dtype)) if event is None else np.asarray(event(y, b.to(y.dtype)))
+        if hit.shape != (m,):
+            raise ValueError(f"event must return a bool array of shape {(m,)}, got {hit.shape}")
+        counts.append(int(hit.sum()))
     lo, hi = clopper_pearson(np.array(counts), m, level)
     return FloatingPointAttack(counts[0] / m, counts[1] / m, (float(lo[0]), float(hi[0])),
                                (float(lo[1]), float(hi[1])), counts[0], counts[1], m, level)

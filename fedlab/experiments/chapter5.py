@@ -30,7 +30,7 @@ __all__ = ["hospital_net", "diabetes_split", "rmse", "dist_to_optima", "private_
            "plot_laplace_samples", "output_privacy_loss", "loss_increase_draws", "plot_loss_increase", "model_hypotheses", "ifca_grid",
            "grid_values", "grid_budgets", "plot_grid_metric", "PAPER_TABLE1", "table1_markdown",
            "plot_budget_histogram", "PAPER_TABLE2", "table2_name", "table2_values", "table2_markdown",
-           "dlg_on_sanitised", "plot_dlg_reconstructions", "plot_dlg_psnr", "dlg_markdown",
+           "dlg_on_sanitised", "gaussian_float_check", "plot_dlg_reconstructions", "plot_dlg_psnr", "dlg_markdown",
            "guarantee_gaps"]
 
 
@@ -598,7 +598,12 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
     * ``"float"``: Mironov's (2012) attack on two secrets of equal norm, ``(0.6, 0.8)`` and ``(0.8, 0.6)``,
       released in float32 from ``theta_global = 0`` by the plain (``safe=False``) and the snapping
       (``safe=True``) release: ``{safe: FloatingPointAttack}``, and ``"float_eps_d"``, the ``eps d``
-      (plus the snapping's extra eps) that the guarantee allows between them;
+      (plus the snapping's largest extra eps, ``fp_slack``) that the guarantee allows between them;
+    * ``"grid"``: the snapping grid's own leak (issue 34): secrets of norms 0.79 and 0.81 (0.02 apart,
+      ``eps d`` about ``0.01`` at ``nu = 5``), the event "some coordinate off the 4-grid", with the
+      grid chosen from the secret's epsilon (``"secret"``, the old release: grids 2 and 4 at
+      ``nu = 5``) and with the public grid of the safe release (``"public"``):
+      ``{kind: FloatingPointAttack}``, and ``"grid_eps_d"``, the ``eps d + fp_slack`` allowed;
     * ``"norm"``: how well one plain release reveals ``||delta||`` (median relative error of
       :func:`~fedlab.privacy.dprivacy.estimate_update_norm`) for ``n`` in ``norm_dims``;
     * ``"adaptive"``: the privacy loss between secrets of norms 1.1 and 1.0 (0.1 apart) against the
@@ -623,7 +628,22 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
     out = {"float": {safe: fp.distinguishing_event_probabilities(release(safe), a, b, num_samples=m, rng=seed)
                      for safe in (False, True)}}
     eps = 2 / nu                                               # both secrets have ||delta|| = 1, n = 2
-    out["float_eps_d"] = eps * float(torch.linalg.vector_norm(a - b)) + float(dp.snapping_extra_epsilon(2, eps))
+    out["float_eps_d"] = eps * float(torch.linalg.vector_norm(a - b)) + dp.DEFAULT_FP_SLACK
+
+    def adaptive(secret_grid):
+        def f(x, size, g):
+            x32 = x.to(torch.float32).expand(size, -1)
+            if not secret_grid:
+                return dp.sanitize_update(x32, torch.zeros_like(x32), nu, rng=g).theta
+            e = 2 / (nu * float(torch.linalg.vector_norm(x.double())))
+            return dp.release_euclidean_laplace(x32, e, rng=g)           # grid = snapping_grid(e)
+        return f
+
+    a2, b2 = torch.tensor([0.79, 0.0]), torch.tensor([0.81, 0.0])
+    out["grid"] = {kind: fp.distinguishing_event_probabilities(adaptive(kind == "secret"), a2, b2, num_samples=m,
+                                                               rng=seed, event=fp.off_grid(4.0))
+                   for kind in ("secret", "public")}
+    out["grid_eps_d"] = 2 / (nu * 0.79) * 0.02 + dp.DEFAULT_FP_SLACK
     out["norm"] = {n: dp.norm_disclosure(n, nu, num_trials=max(m // 25, 10), safe=False, rng=seed)
                    for n in norm_dims}
     vec = lambda *v: torch.tensor(v, dtype=torch.float64)     # noqa: E731
@@ -633,3 +653,33 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
                                            radius=clip_radius, num_samples=m, rng=seed)
     return out
 
+
+
+def gaussian_float_check(*, num_samples: int, seed: int, epsilon: float = 2.0, delta: float = 1e-5,
+                         sensitivity: float = 2.0) -> dict:
+    """Mironov's distinguishing test on the book's Gaussian mechanisms (issue 34): the local Gaussian
+    (:func:`fedlab.privacy.ldp.ldp_gaussian`) at ``(epsilon, delta)`` with L2 ``sensitivity``, on the
+    neighbouring inputs ``[1, 0]`` and ``[0, 1]`` in float32, as the float mechanism (``safe=False``)
+    and as the discrete Gaussian on a grid (``safe=True``). ``num_samples`` releases per input, the
+    event "some coordinate out of the plain release's reach from ``[0, 1]``"
+    (:func:`fedlab.attacks.floating_point.unreachable_from`).
+
+    Returns ``{safe: FloatingPointAttack}`` for ``safe`` in ``(False, True)``, with ``"epsilon"`` and
+    ``"delta"``. The guarantee requires ``P_A <= e^epsilon P_B + delta`` (``violates(epsilon, delta)``
+    is ``False``). Raises ``ValueError`` on a bad ``num_samples``."""
+    from ..attacks import floating_point as fp
+    from ..privacy import ldp
+
+    m = positive_int("num_samples", num_samples)
+
+    def release(safe):
+        def f(x, size, g):
+            gen = torch.Generator().manual_seed(int(g.integers(2 ** 62)))
+            return ldp.ldp_gaussian(x.expand(size, -1).clone(), epsilon, delta, sensitivity, generator=gen, safe=safe)
+        return f
+
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    out = {safe: fp.distinguishing_event_probabilities(release(safe), a, b, num_samples=m, rng=seed)
+           for safe in (False, True)}
+    out.update(epsilon=float(epsilon), delta=float(delta))
+    return out

@@ -27,7 +27,7 @@ from torch.func import functional_call, vmap
 
 from ..models import flatten_stacked as stack_to_flat, get_params, squared_error
 from ..models import unflatten_stacked as flat_to_stack
-from ..privacy.dprivacy import PrivacyAccountant, sanitize_update
+from ..privacy.dprivacy import DEFAULT_FP_SLACK, PrivacyAccountant, sanitize_update
 from . import ClientData, clients_update, cross_entropy, stack_clients
 from .rounds import History, run_rounds
 
@@ -187,7 +187,10 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
     Each round ``t``: sample ``U = clients_per_round`` clients; each computes ``F_c(theta_j)`` for all
     ``k`` hypotheses, picks ``j = argmin``, runs LocalUpdate (``local_epochs`` E, step ``lr`` s, batch
     ``batch_size`` B_s) from ``theta_j``; with ``nu`` it releases SanitizeUpdate(theta_{j,c}; nu) and
-    pays ``n / nu`` to its :class:`~fedlab.privacy.dprivacy.PrivacyAccountant` (or refuses, past
+    pays ``n / nu`` plus the snapping's floating-point slack (at most
+    :data:`~fedlab.privacy.dprivacy.DEFAULT_FP_SLACK`; the release snaps to the secret-independent
+    :func:`~fedlab.privacy.dprivacy.public_grid`) to its
+    :class:`~fedlab.privacy.dprivacy.PrivacyAccountant` (or refuses, past
     ``budget``; a client whose update is exactly zero sends nothing, see :class:`IFCARound`). The server groups the released vectors (``"argmin"``: by the clients' own choices, as
     in IFCA; ``"kmeans"``: k-means initialised at the hypotheses, as in Algorithm 1) and sets each
     ``theta_j`` to the mean of its group (an empty group keeps its hypothesis).
@@ -251,7 +254,7 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
         selected = np.sort(schedule_rng.choice(K, size=int(clients_per_round), replace=False))
         refused = np.array([], dtype=np.int64)
         if acct is not None:
-            ok = acct.allowed(selected, n / nu)
+            ok = acct.allowed(selected, n / nu + DEFAULT_FP_SLACK)   # the release's public worst case
             selected, refused = selected[ok], selected[~ok]
         idle = np.array([], dtype=np.int64)
         chosen = np.array([], dtype=np.int64)
@@ -277,7 +280,8 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
             if nu is not None:
                 san = sanitize_update(local, start, nu, rng=noise_rng)
                 released, leak = san.theta, san.leakage.numpy()
-                acct.spend(selected, leak, round=t, epsilon=san.epsilon.numpy())   # for budget_at_radius
+                acct.spend(selected, leak, round=t, epsilon=san.epsilon.numpy(),   # for budget_at_radius
+                           fp_leakage=san.fp_leakage.numpy())                     # the snapping's slack
             else:
                 released = local
             labels = (chosen if clustering == "argmin"

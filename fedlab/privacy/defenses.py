@@ -59,9 +59,25 @@ def gaussian_noise(update, sigma, *, generator: torch.Generator | None = None):
                              update, float(sigma.max()))
     if not sigma >= 0 or not math.isfinite(float(sigma)):
         raise ValueError(f"sigma must be finite and >= 0, got {sigma}")
-    out = [_finite_noise(t + sigma * torch.randn(t.shape, generator=generator, dtype=t.dtype), t, sigma)
-           if sigma > 0 else t.clone() for t in ts]
+    out = [_finite_noise(_add_noise(t, sigma, generator), t, sigma) if sigma > 0 else t.clone() for t in ts]
     return _pack(keys, out)
+
+
+def _add_noise(t: torch.Tensor, sigma: float, generator) -> torch.Tensor:
+    """``t + N(0, sigma^2)``: in ``t``'s dtype for float32 and float64 (bit for bit the old result);
+    for float16 and bfloat16 the noise is drawn and added in float32 and the sum rounded once to the
+    dtype. Raises ``ValueError`` naming ``sigma`` when the dtype cannot represent the noise: ``sigma``
+    below half the spacing of the dtype at the median ``|t|`` (bfloat16 at 1000: spacing 4), where
+    most noisy values would round back to the clean ones."""
+    if t.numel():
+        top = float(t.detach().abs().double().median())
+        spacing = float(torch.finfo(t.dtype).eps) * 2.0 ** math.floor(math.log2(top)) if top > 0 else 0.0
+        if sigma < spacing / 2:
+            raise ValueError(f"sigma={sigma:g} is below the resolution of {t.dtype} at |value|={top:g} (spacing "
+                             f"{spacing:g}): the noise would be rounded away; use float32 or float64")
+    if t.dtype in (torch.float32, torch.float64):
+        return t + sigma * torch.randn(t.shape, generator=generator, dtype=t.dtype)
+    return (t.float() + sigma * torch.randn(t.shape, generator=generator, dtype=torch.float32)).to(t.dtype)
 
 
 def _finite_noise(noisy: torch.Tensor, clean: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -143,6 +159,7 @@ def clip_rows(update, clip_norm: float):
     norms, over, m = _row_norms(flat)
     factor = torch.clamp(clip_norm / (norms + 1e-12), max=1.0)
     if over is None:
+        factor = factor * _round_down(flat, factor, clip_norm)
         return _pack(keys, [t * factor.reshape(-1, *([1] * (t.dim() - 1))) for t in ts])
     # rows whose norm overflows the dtype: row * C / ||row|| = (row / m) * (C / ||row / m||)
     base = (flat / m[:, None]).norm(dim=1)
@@ -151,6 +168,29 @@ def clip_rows(update, clip_norm: float):
     factor = torch.where(shrink, clip_norm / base, torch.where(over, torch.ones_like(factor), factor))
     shape = lambda t: (-1, *([1] * (t.dim() - 1)))                # noqa: E731
     return _pack(keys, [(t / div.reshape(shape(t))) * factor.reshape(shape(t)) for t in ts])
+
+
+def _round_down(flat: torch.Tensor, factor: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """A constant (detached) correction ``[U]`` to the clipping factor so that every clipped row's
+    norm, computed in float64 on the values as stored in ``flat``'s dtype, is at most ``clip_norm``.
+
+    In low precision the scaled row ``fl(row * factor)`` rounds each entry by up to half a unit in the
+    last place, so its norm can exceed ``clip_norm`` (bfloat16: up to about ``C (1 + 2^-8)``). Rows
+    that do are scaled down by ``(1 - 2u)^j`` (``u`` the dtype's unit roundoff) until they do not;
+    the others keep a factor of exactly 1, so float32 and float64 results are unchanged wherever
+    they were already within ``clip_norm``."""
+    with torch.no_grad():
+        f = factor.detach()
+        u = torch.finfo(flat.dtype).eps / 2
+        corr = torch.ones_like(f)
+        for _ in range(64):
+            row_norm = (flat.detach() * (f * corr)[:, None]).double().norm(dim=1)
+            bad = row_norm > clip_norm
+            if not bool(bad.any()):
+                return corr
+            corr = torch.where(bad, corr * (1 - 2 * u) * torch.clamp(
+                clip_norm / row_norm, max=1.0).to(corr.dtype), corr)
+        raise ValueError(f"clip_rows could not bring the rows within clip_norm={clip_norm:g} in {flat.dtype}")
 
 
 def prune_rows(update, fraction: float, *, mask: torch.Tensor | None = None):

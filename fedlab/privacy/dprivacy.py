@@ -24,8 +24,10 @@ Which guarantee each release gives:
   With ``safe=False`` (float noise added in float32, the paper's implementation) no finite eps holds:
   :mod:`fedlab.attacks.floating_point` builds an event of probability zero under one secret.
 * :func:`sanitize_update` is Algorithm 2 (SanitizeUpdate): ``eps = n / (nu ||delta||)`` so that every
-  participation "leaks ``n / nu`` towards the ``||delta||``-neighbourhood". Eps is computed from the
-  secret, so this is *not* eps-d-private for any eps: one release reveals ``||delta||``
+  participation "leaks ``n / nu`` towards the ``||delta||``-neighbourhood". Its safe release snaps to a
+  grid that depends on no secret (:func:`public_grid`; a grid from this eps would reveal the norm's
+  power-of-two bin) at a floating-point slack of at most ``fp_slack`` per release. Eps is computed
+  from the secret, so this is *not* eps-d-private for any eps: one release reveals ``||delta||``
   (:func:`norm_disclosure`) and the loss between nearby secrets exceeds ``eps d`` often
   (:func:`privacy_loss_check`).
 * :func:`sanitize_update_clipped` clips ``delta`` to a radius R and uses a fixed eps: eps-d-private in
@@ -47,7 +49,8 @@ from scipy.special import gammaln
 __all__ = [
     "laplace_constant", "log_laplace_density", "log_likelihood_ratio", "radius_distribution",
     "expected_radius", "component_variance", "sample_euclidean_laplace", "DEFAULT_BOUND",
-    "snapping_grid", "snapping_extra_epsilon", "release_euclidean_laplace", "sanitize_update",
+    "snapping_grid", "snapping_extra_epsilon", "DEFAULT_FP_SLACK", "public_grid", "epsilon_cap",
+    "release_euclidean_laplace", "sanitize_update",
     "clip_update", "sanitize_update_clipped", "SanitizedUpdate", "estimate_update_norm",
     "norm_disclosure", "clopper_pearson", "empirical_privacy_loss", "privacy_loss_check",
     "PrivacyAccountant", "rmse_increase_bound",
@@ -218,7 +221,7 @@ def snapping_grid(epsilon, bound: float = DEFAULT_BOUND) -> np.ndarray:
     return np.where(finite, np.maximum(lam, floor), 0.0)
 
 
-def snapping_extra_epsilon(n: int, epsilon, bound: float = DEFAULT_BOUND) -> np.ndarray:
+def snapping_extra_epsilon(n: int, epsilon, bound: float = DEFAULT_BOUND, *, grid=None) -> np.ndarray:
     """Extra privacy loss ``eps_fp`` of the safe release (:func:`release_euclidean_laplace` with
     ``safe=True``): for every pair of secrets and every released vector ``y``,
     ``log P[y | x1] - log P[y | x2] <= epsilon * ||x1 - x2|| + eps_fp``.
@@ -239,13 +242,15 @@ def snapping_extra_epsilon(n: int, epsilon, bound: float = DEFAULT_BOUND) -> np.
 
     The term does not scale with the distance: it is an additive slack on every pair, tiny for the
     course's settings (about 2e-12 at n = 2, eps = 0.4, B = 1024). ``epsilon`` scalar or ``[m]``
-    (``inf``: nothing is added, 0 returned). Raises ``ValueError`` on bad ``n``, ``epsilon``,
-    ``bound``.
+    (``inf``: nothing is added, 0 returned). ``grid``: the grid ``Lambda`` actually used (scalar or
+    ``[m]``; default :func:`snapping_grid` of ``epsilon``); the derivation holds for any grid that does
+    not depend on the secret and is coarser than ``4 tau``. Raises ``ValueError`` on bad ``n``,
+    ``epsilon``, ``bound`` or a ``grid`` that is not finite and ``> 4 tau``.
     """
     n = _check_n(n)
     eps = _check_eps(epsilon)
     b = _check_bound(bound)
-    lam = snapping_grid(eps, b)
+    lam = snapping_grid(eps, b) if grid is None else _check_grid(grid, b)
     finite = np.isfinite(eps)
     lam_f = np.where(finite, lam, 1.0)
     tau = _rounding_error(b, lam_f)
@@ -253,8 +258,62 @@ def snapping_extra_epsilon(n: int, epsilon, bound: float = DEFAULT_BOUND) -> np.
     return np.where(finite, extra, 0.0)
 
 
+def _check_grid(grid, bound: float) -> np.ndarray:
+    g = np.asarray(grid, dtype=np.float64)
+    if g.size == 0 or not np.all(np.isfinite(g)) or np.any(g <= 4 * _rounding_error(bound, g)):
+        raise ValueError(f"grid must be finite and coarser than the float64 rounding error "
+                         f"(> {4 * _rounding_error(bound, 0.0):.3g} for bound={bound:g}), got {grid!r}")
+    return g
+
+
+#: Default floating-point slack of the adaptive release (:func:`sanitize_update`): the largest
+#: ``eps_fp`` it may add to each release's privacy loss, and what :class:`PrivacyAccountant`
+#: charges per release on top of ``n / nu`` in :func:`fedlab.fl.ifca.ifca`.
+DEFAULT_FP_SLACK = 1e-4
+
+
+def public_grid(n: int, bound: float = DEFAULT_BOUND, fp_slack: float = DEFAULT_FP_SLACK) -> float:
+    """The snapping grid of the *adaptive* release (:func:`sanitize_update`), chosen from public
+    quantities only: the finest power of two ``Lambda`` whose volume term
+    ``n log((Lambda + 2 tau) / (Lambda - 2 tau))`` of :func:`snapping_extra_epsilon` is at most
+    ``fp_slack / 2`` (``tau`` the float64 rounding error at ``bound``).
+
+    Why not :func:`snapping_grid` of the release's epsilon: Algorithm 2's epsilon is
+    ``n / (nu ||delta||)``, a function of the secret, so a grid chosen from it tells the server the
+    power-of-two bin of ``||delta||`` in one release (issue 34: norms 0.79 and 0.81 at ``n = 2``,
+    ``nu = 5`` get grids 2 and 4, and "some coordinate off the 4-grid" has probability about 0.74
+    under one and 0 under the other). A grid from ``n``, ``bound`` and ``fp_slack`` is the same for
+    every secret. It is usually much finer than the noise (about ``7e-6 n`` for the default ``bound``
+    and slack, against a noise scale ``nu ||delta|| / n``), so the release is close to the plain one.
+
+    Returns a float. Raises ``ValueError`` on bad ``n``, ``bound`` or ``fp_slack`` (finite, > 0).
+    """
+    n = _check_n(n)
+    b = _check_bound(bound)
+    if not (fp_slack > 0 and math.isfinite(fp_slack)):
+        raise ValueError(f"fp_slack must be a finite number > 0, got {fp_slack!r}")
+    k = math.ceil(math.log2(64 * _rounding_error(b, 0.0)))
+    while True:
+        lam = 2.0 ** k
+        tau = float(_rounding_error(b, lam))
+        if lam > 4 * tau and n * math.log1p(4 * tau / (lam - 2 * tau)) <= fp_slack / 2:
+            return lam
+        k += 1
+
+
+def epsilon_cap(n: int, bound: float = DEFAULT_BOUND, fp_slack: float = DEFAULT_FP_SLACK) -> float:
+    """The largest epsilon the adaptive release uses: ``fp_slack / (4 tau sqrt(n))``, so that the
+    density term ``2 eps tau sqrt(n)`` of :func:`snapping_extra_epsilon` stays below ``fp_slack / 2``.
+    A larger ``n / (nu ||delta||)`` (a tiny update) is released with this epsilon instead: more noise
+    than Algorithm 2 asks for, never less, so the leakage ``eps ||delta||`` stays below ``n / nu``.
+    Raises ``ValueError`` as :func:`public_grid`."""
+    n = _check_n(n)
+    lam = public_grid(n, bound, fp_slack)
+    return float(fp_slack / (4 * _rounding_error(_check_bound(bound), lam) * math.sqrt(n)))
+
+
 def release_euclidean_laplace(x: torch.Tensor, epsilon, *, rng=None, safe: bool = True,
-                              bound: float = DEFAULT_BOUND) -> torch.Tensor:
+                              bound: float = DEFAULT_BOUND, grid=None) -> torch.Tensor:
     """Release ``x + rho`` with ``rho ~ L_{0,eps}`` (Galli et al., Prop. 3.1), one draw per row.
 
     ``safe=False`` is the textbook implementation: ``rho`` drawn in float64, cast to ``x.dtype`` and
@@ -273,7 +332,9 @@ def release_euclidean_laplace(x: torch.Tensor, epsilon, *, rng=None, safe: bool 
     Arguments: ``x``, the secrets, a float tensor ``[n]`` or ``[m, n]``; ``epsilon``, a scalar or an
     array ``[m]``, ``> 0`` (``inf`` allowed); ``rng``, a numpy Generator, an int seed or ``None``
     (:func:`fedlab.config.global_rng`); ``safe``, snapping (``True``) or the plain float addition
-    (``False``); ``bound``, the clamp bound ``B > 0`` of the safe release.
+    (``False``); ``bound``, the clamp bound ``B > 0`` of the safe release; ``grid``, the snapping grid
+    (scalar or ``[m]``; default :func:`snapping_grid` of ``epsilon``, right when ``epsilon`` is public;
+    pass :func:`public_grid` when ``epsilon`` depends on the secret).
 
     Returns the released tensor, same shape and dtype as ``x``. Raises ``ValueError`` on a ``x`` that is
     not ``[n]`` / ``[m, n]`` floating point or not finite, bad ``epsilon`` (length not ``m``) or ``bound``.
@@ -297,7 +358,8 @@ def release_euclidean_laplace(x: torch.Tensor, epsilon, *, rng=None, safe: bool 
         b = _check_bound(bound)
         x64 = xm.double().clamp(-b, b)
         rho = sample_euclidean_laplace(n, eps, size=m, rng=rng, dtype=torch.float64)
-        lam = torch.from_numpy(snapping_grid(eps, b)).unsqueeze(1)
+        lam_np = snapping_grid(eps, b) if grid is None else np.broadcast_to(_check_grid(grid, b), (m,))
+        lam = torch.from_numpy(np.where(np.isfinite(eps), lam_np, 0.0)).unsqueeze(1)
         finite = torch.from_numpy(np.isfinite(eps)).unsqueeze(1)
         lam_f = torch.where(finite, lam, torch.ones_like(lam))
         snapped = torch.round((x64 + rho) / lam_f) * lam_f
@@ -356,12 +418,13 @@ def _check_pair(theta_local, theta_global):
     return theta_local, theta_global
 
 
-def _sanitized(tl, x, eps, leakage, *, rng, safe, bound, single) -> SanitizedUpdate:
+def _sanitized(tl, x, eps, leakage, *, rng, safe, bound, single, grid=None) -> SanitizedUpdate:
     n = tl.shape[-1]
-    released = release_euclidean_laplace(x, eps.numpy(), rng=rng, safe=safe, bound=bound)
+    released = release_euclidean_laplace(x, eps.numpy(), rng=rng, safe=safe, bound=bound, grid=grid)
     if safe:
-        fp = torch.from_numpy(snapping_extra_epsilon(n, eps.numpy(), bound))
-        grid = torch.from_numpy(snapping_grid(eps.numpy(), bound))
+        fp = torch.from_numpy(snapping_extra_epsilon(n, eps.numpy(), bound, grid=grid))
+        grid = torch.from_numpy(np.where(np.isfinite(eps.numpy()), snapping_grid(eps.numpy(), bound)
+                                         if grid is None else grid, 0.0))
     else:
         fp, grid = torch.zeros_like(eps), torch.zeros_like(eps)
     out = SanitizedUpdate(released, eps, leakage, released - tl, fp, grid)
@@ -371,7 +434,8 @@ def _sanitized(tl, x, eps, leakage, *, rng, safe, bound, single) -> SanitizedUpd
 
 
 def sanitize_update(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: float, *,
-                    rng=None, safe: bool = True, bound: float = DEFAULT_BOUND) -> SanitizedUpdate:
+                    rng=None, safe: bool = True, bound: float = DEFAULT_BOUND,
+                    fp_slack: float = DEFAULT_FP_SLACK) -> SanitizedUpdate:
     """SanitizeUpdate (Galli et al., Algorithm 2) for one or many clients at once: the *adaptive*
     mechanism, whose epsilon is computed from the secret.
 
@@ -392,7 +456,20 @@ def sanitize_update(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: f
     Arguments: ``theta_local``, the locally updated parameters ``theta_{j,c}``, ``[n]`` or ``[K, n]``;
     ``theta_global``, the hypothesis ``theta_j`` each client started from, same shape; ``nu > 0``, the
     noise multiplier (``E ||rho|| = nu ||delta||``); ``rng``, a numpy Generator, an int seed or
-    ``None``; ``safe`` and ``bound`` as in :func:`release_euclidean_laplace`.
+    ``None``; ``safe`` and ``bound`` as in :func:`release_euclidean_laplace`; ``fp_slack``, the
+    floating-point slack allowed per release (``safe=True`` only).
+
+    The safe release snaps to :func:`public_grid` ``(n, bound, fp_slack)``, a grid that depends on no
+    secret, and caps epsilon at :func:`epsilon_cap` (more noise for tiny updates, never less). A grid
+    chosen from this epsilon (:func:`snapping_grid`, right for a fixed epsilon) would reveal the
+    power-of-two bin of ``||delta||`` in one release (see :func:`public_grid`). With the public grid
+    the floating-point side is closed: for two secrets ``x1, x2`` and every event ``S`` of outputs,
+    ``P[S | x1]`` relates to ``P[S | x2]`` exactly as for the continuous adaptive mechanism, up to the
+    factor ``exp(fp_leakage)`` with ``fp_leakage <= fp_slack`` (:func:`snapping_extra_epsilon` at the
+    grid used). What the adaptive epsilon guarantees is then what the continuous mechanism guarantees:
+    ``eps ||x1 - x2|| (+ fp_leakage)`` between secrets of *equal* update norm (same epsilon), and no
+    eps-d-privacy between secrets of different norms (the noise law itself differs;
+    :func:`privacy_loss_check`). ``fp_leakage`` is returned per row for the accountant.
 
     A client whose update is exactly zero gets ``eps = inf`` and is released exactly. That release
     tells the server ``delta = 0``, which no finite budget covers, so its ``leakage`` is ``inf``
@@ -410,7 +487,11 @@ def sanitize_update(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: f
     norm = _vector_norm((tl - theta_global).double())
     eps = torch.where(norm > 0, n / (nu * norm), torch.full_like(norm, math.inf))
     leakage = torch.where(norm > 0, torch.full_like(norm, n / nu), torch.full_like(norm, math.inf))
-    return _sanitized(tl, tl, eps, leakage, rng=rng, safe=safe, bound=bound, single=single)
+    grid = None
+    if safe:
+        grid = public_grid(n, bound, fp_slack)
+        eps = torch.where(torch.isfinite(eps), eps.clamp(max=epsilon_cap(n, bound, fp_slack)), eps)
+    return _sanitized(tl, tl, eps, leakage, rng=rng, safe=safe, bound=bound, single=single, grid=grid)
 
 
 def clip_update(theta_local: torch.Tensor, theta_global: torch.Tensor, radius: float) -> torch.Tensor:
@@ -649,7 +730,13 @@ class PrivacyAccountant:
     With a ``budget``, a client refuses (``refuse_past_budget=True``) any participation that would
     push its total above it; the decision is made before the client releases anything.
 
-    Attributes: ``spent`` float64 array ``[num_clients]``; ``epsilon_spent`` float64 ``[num_clients]``
+    The floating-point slack of the safe release (``SanitizedUpdate.fp_leakage``, at most
+    ``fp_slack`` per release) is charged too when :meth:`spend` is given it: it enters ``spent`` and is
+    kept apart in ``fp_spent``; a refusal decided before the release should test ``allowed(c, n / nu
+    + fp_slack)``, the public upper bound (:func:`fedlab.fl.ifca.ifca` does).
+
+    Attributes: ``spent`` float64 array ``[num_clients]`` (leakage plus floating-point slack);
+    ``fp_spent`` float64 ``[num_clients]`` (the slack alone); ``epsilon_spent`` float64 ``[num_clients]``
     (sum of the eps of the releases, NaN once a release was recorded without one);
     ``participations`` int array; ``log`` a list of ``(round, client, leakage)``.
     """
@@ -658,6 +745,7 @@ class PrivacyAccountant:
     budget: float | None = None
     refuse_past_budget: bool = True
     spent: np.ndarray = field(init=False)
+    fp_spent: np.ndarray = field(init=False)
     epsilon_spent: np.ndarray = field(init=False)
     participations: np.ndarray = field(init=False)
     log: list = field(init=False, default_factory=list)
@@ -668,6 +756,7 @@ class PrivacyAccountant:
         if self.budget is not None and not (self.budget > 0 and math.isfinite(self.budget)):
             raise ValueError(f"budget must be a finite number > 0 or None, got {self.budget}")
         self.spent = np.zeros(int(self.num_clients))
+        self.fp_spent = np.zeros(int(self.num_clients))
         self.epsilon_spent = np.zeros(int(self.num_clients))
         self.participations = np.zeros(int(self.num_clients), dtype=np.int64)
 
@@ -705,10 +794,11 @@ class PrivacyAccountant:
             return np.ones(c.shape, dtype=bool)
         return self.spent[c] + lk <= self.budget * (1 + 1e-12)
 
-    def spend(self, clients, leakage, round: int | None = None, *, epsilon=None) -> None:
+    def spend(self, clients, leakage, round: int | None = None, *, epsilon=None, fp_leakage=None) -> None:
         """Record that ``clients`` (distinct ids ``[m]``) released updates with the given ``leakage``
         (scalar or ``[m]``) and, optionally, the ``epsilon`` of each release (scalar or ``[m]``, for
-        :meth:`budget_at_radius`).
+        :meth:`budget_at_radius`) and its floating-point slack ``fp_leakage`` (scalar or ``[m]``,
+        ``SanitizedUpdate.fp_leakage``), which is added to ``spent`` and to ``fp_spent``.
 
         Raises ``ValueError`` on a negative, NaN or infinite leakage, a non-positive or non-finite
         epsilon, unknown or repeated client ids (one release per client per call), or (with refusal
@@ -725,9 +815,11 @@ class PrivacyAccountant:
             ep = np.broadcast_to(ep, c.shape)
             if not np.all(np.isfinite(ep) & (ep > 0)):
                 raise ValueError("epsilon must be finite and > 0")
-        if not np.all(self.allowed(c, lk)):
+        fp = np.zeros(c.shape) if fp_leakage is None else self._leakage(c, fp_leakage)
+        if not np.all(self.allowed(c, lk + fp)):
             raise ValueError("a release would exceed the privacy budget; call allowed() first")
-        self.spent[c] += lk
+        self.spent[c] += lk + fp
+        self.fp_spent[c] += fp
         self.epsilon_spent[c] += ep
         self.participations[c] += 1
         self.log.extend((round, int(ci), float(li)) for ci, li in zip(c, lk))

@@ -6,7 +6,9 @@ so a norm bound ``C`` means sensitivity ``2 C``). Calibration follows RAIFLE: th
 (2018) for ``epsilon > 1`` -- taken from Google's maintained ``dp_accounting`` library, whose
 privacy-loss-distribution accountant is exact for one Gaussian release -- and the classical
 ``sigma = Delta sqrt(2 ln(1.25/delta)) / epsilon`` of Dwork & Roth (2014, Thm. A.1) for
-``epsilon <= 1``. The noise itself is :func:`fedlab.privacy.defenses.gaussian_noise`; pruning per
+``epsilon <= 1``. The noise itself is :func:`fedlab.privacy.defenses.gaussian_noise` (a float
+mechanism, not private on its float output; ``ldp_gaussian(..., safe=True)`` uses the discrete
+Gaussian of :mod:`fedlab.privacy.discrete_gaussian` instead); pruning per
 user is :func:`fedlab.privacy.defenses.prune_rows` and clipping :func:`fedlab.privacy.defenses.clip_rows`.
 """
 from __future__ import annotations
@@ -24,12 +26,12 @@ __all__ = ["classical_gaussian_sigma", "analytic_gaussian_sigma", "gaussian_sigm
 
 
 def _check(epsilon, delta, sensitivity):
-    if not epsilon > 0:
-        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    if not sensitivity > 0:
-        raise ValueError(f"sensitivity must be > 0, got {sensitivity}")
+    if not (sensitivity > 0 and math.isfinite(sensitivity)):
+        raise ValueError(f"sensitivity must be a finite number > 0, got {sensitivity}")
 
 
 def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
@@ -74,9 +76,11 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, *,
                    method: str = "auto") -> float:
     """Noise scale as in RAIFLE Sec. 4.1.1: ``method="auto"`` uses the analytic Gaussian for
     ``epsilon > 1`` and the classical formula for ``epsilon <= 1``; ``"analytic"`` or
-    ``"classical"`` force one. Raises ``ValueError`` for an unknown method or bad parameters."""
+    ``"classical"`` force one. Raises ``ValueError`` naming the argument for an unknown method or bad
+    parameters (non-finite ones included: an infinite ``sensitivity`` would never calibrate)."""
     if method not in ("auto", "analytic", "classical"):
         raise ValueError(f"method must be 'auto', 'analytic' or 'classical', got {method!r}")
+    _check(epsilon, delta, sensitivity)
     if method == "classical" or (method == "auto" and epsilon <= 1.0):
         return classical_gaussian_sigma(epsilon, delta, sensitivity)
     return analytic_gaussian_sigma(epsilon, delta, sensitivity)
@@ -95,8 +99,23 @@ def ldp_clip_norm(sensitivity: float) -> float:
 
 
 def ldp_gaussian(update: torch.Tensor, epsilon: float, delta: float, sensitivity: float, *,
-                 mask: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                 mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                 safe: bool = False, grid: float | None = None) -> torch.Tensor:
     """The local Gaussian mechanism of RAIFLE Sec. 4.1.1, ``(epsilon, delta)``-LDP for each user.
+
+    ``safe=False`` (the default, RAIFLE's and the chapters' float mechanism): continuous Gaussian
+    noise added in floating point. Its guarantee holds for the real-valued mechanism only: on its
+    float32 output :func:`fedlab.attacks.floating_point.distinguishing_event_probabilities` finds an
+    event of probability about 0.19 under one input and 0 under a neighbouring one at
+    ``(epsilon, delta) = (2, 1e-5)`` (``tests/test_ldp.py``), so no ``delta`` below that holds.
+    ``safe=True``: the discrete Gaussian mechanism on a public grid
+    (:func:`fedlab.privacy.discrete_gaussian.discrete_gaussian_release`, Canonne, Kamath & Steinke
+    2020; ``grid`` defaults to :func:`~fedlab.privacy.discrete_gaussian.choose_grid`), calibrated with
+    the rounding's extra sensitivity; ``(epsilon, delta)``-LDP on its real output. The default stays
+    ``False`` so that the chapters' numbers (RAIFLE's setting) do not move; the safe mechanism adds a
+    little more noise (its Renyi accounting is looser than the analytic Gaussian's, and rounding
+    inflates the sensitivity by ``grid sqrt(n) / sensitivity``). Its noise is drawn from a numpy
+    generator seeded from ``generator``.
 
     Each user clips its whole update to L2 norm :func:`ldp_clip_norm` ``(sensitivity) =
     sensitivity / 2`` (any two clipped updates then differ by at most ``sensitivity`` in L2) and adds
@@ -113,6 +132,14 @@ def ldp_gaussian(update: torch.Tensor, epsilon: float, delta: float, sensitivity
     if mask is not None and tuple(mask.shape) != tuple(update.shape[:mask.dim()]):
         raise ValueError(f"mask must have shape {tuple(update.shape[:mask.dim()])}, got {tuple(mask.shape)}")
     clipped = clip_rows(update, ldp_clip_norm(sensitivity))
+    if safe:
+        from .discrete_gaussian import discrete_gaussian_release
+
+        seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator))
+        noisy = discrete_gaussian_release(clipped.detach(), epsilon, delta, sensitivity, grid=grid, rng=seed)
+        if mask is not None:
+            noisy = noisy * mask.reshape(*mask.shape, *([1] * (update.dim() - mask.dim()))).to(noisy.dtype)
+        return noisy
     try:
         noisy = gaussian_noise(clipped, sigma, generator=generator)
     except ValueError as err:
