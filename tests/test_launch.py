@@ -51,6 +51,7 @@ def test_colab_cell_without_a_repository_says_how_to_name_one(monkeypatch):
             book.colab_cell_source(bad)
 
 
+@pytest.mark.slow
 def test_every_notebook_and_the_config_name_the_same_repository():
     out = subprocess.run([sys.executable, "scripts/set_repository_url.py", "--check"], cwd=ROOT,
                          capture_output=True, text=True)

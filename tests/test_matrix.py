@@ -122,6 +122,7 @@ def tiny(tiny_and_calls):
     return tiny_and_calls[0]
 
 
+@pytest.mark.slow
 def test_every_cell_calls_protect_with_its_own_column(tiny_and_calls):
     """Miswiring guard: each row's `protect` calls name exactly its applicable columns (the cells of
     NO_PROTECT excepted) and never an n/a column."""
@@ -131,6 +132,7 @@ def test_every_cell_calls_protect_with_its_own_column(tiny_and_calls):
         assert set(calls[a.key]) == cols, (a.key, sorted(set(calls[a.key]) ^ cols))
 
 
+@pytest.mark.slow
 def test_one_column_at_a_time_calls_protect_with_that_column_only(monkeypatch):
     """Cell by cell on the fast rows: a one-column run calls `protect` with that column's key only,
     and an n/a column runs nothing."""
@@ -146,6 +148,7 @@ def test_one_column_at_a_time_calls_protect_with_that_column_only(monkeypatch):
                 assert keys and set(keys) == {k} and k in vals, (row, k, keys)
 
 
+@pytest.mark.slow
 def test_every_cell_runs_and_na_cells_have_reasons(tiny):
     for a in mx.ATTACKS:
         assert set(a.not_applicable) <= set(KEYS)
@@ -157,6 +160,7 @@ def test_every_cell_runs_and_na_cells_have_reasons(tiny):
     assert mx.cell("mr", "none", tiny=True)(0) == pytest.approx(tiny["mr"]["none"])   # a cell is a function of the seed
 
 
+@pytest.mark.slow
 def test_cells_move_the_way_their_defense_must(tiny):
     t = tiny
     # DLG: undefended it beats the mean-colour image by far; DP-FedAvg and LDP noise push it below it
@@ -187,6 +191,7 @@ def test_cells_move_the_way_their_defense_must(tiny):
     assert max(t["mr"][k] for k in ("none", "clip", "dp1", "dp8")) < 1e-6 and t["mr"]["ldp1"] > 0.1
 
 
+@pytest.mark.slow
 def test_orderings_within_each_row(tiny):
     """Orderings that held at tiny size at seeds 0, 1, 2 and 3 (each with a margin), asserted at seed 0:
     they catch a cell computed under the wrong column."""

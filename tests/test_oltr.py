@@ -328,6 +328,7 @@ def test_raifle_single_query_recovers_clicks(data):
     assert auc.mean() > 0.95, auc
 
 
+@pytest.mark.slow
 def test_adm_helps_linear_ranker_with_mslr_sized_features():
     """Exercise ch3b-ex-blocks: with MSLR's 136 features (5 grades) each of 16 queries keeps 8-9
     features under ADM, and ADM lifts the linear attack (RAIFLE Fig. 5, linear, 16 queries): near

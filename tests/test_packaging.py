@@ -14,6 +14,7 @@ from fedlab import plots
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_md_table_needs_no_ipython_and_renders_as_markdown():
     t = plots.md_table(["a", "b"], [[1, 0.5]])
     assert isinstance(t, str) and t._repr_markdown_() == "| a | b |\n|---|---|\n| 1 | 0.500 |"
