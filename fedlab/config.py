@@ -62,9 +62,12 @@ def default_seed() -> int:
     """Base seed from ``FEDLAB_SEED`` (default 0)."""
     raw = os.environ.get("FEDLAB_SEED", str(DEFAULT_SEED))
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError as exc:
         raise ValueError(f"FEDLAB_SEED must be an integer, got {raw!r}") from exc
+    if not 0 <= value < 2**64:
+        raise ValueError(f"FEDLAB_SEED must be an integer in [0, 2^64), got {raw!r}")
+    return value
 
 
 def seed_everything(seed: int | None = None) -> torch.Generator:
@@ -76,13 +79,16 @@ def seed_everything(seed: int | None = None) -> torch.Generator:
     Raises
     ------
     ValueError
-        If ``seed`` is negative.
+        If ``seed`` is not an integer in ``[0, 2^64)`` (torch takes unsigned 64-bit seeds only; ``2**64`` would
+        fail inside torch with an overflow message that names no argument).
     """
     if seed is None:
         seed = default_seed()
+    if isinstance(seed, bool) or int(seed) != seed:
+        raise ValueError(f"seed must be an integer, got {seed!r}")
     seed = int(seed)
-    if seed < 0:
-        raise ValueError(f"seed must be non-negative, got {seed}")
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an integer in [0, 2^64), got {seed}")
     global _GLOBAL_NP
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -151,7 +157,10 @@ def data_dir(*, create: bool = True) -> Path:
     """
     env = os.environ.get("FEDLAB_DATA")
     if env:
-        path = Path(env).expanduser()
+        try:
+            path = Path(env).expanduser()
+        except RuntimeError as exc:     # "~nosuchuser/x": no such home directory
+            raise ValueError(f"FEDLAB_DATA: cannot expand {env!r} ({exc})") from exc
     else:
         from platformdirs import user_cache_dir
 

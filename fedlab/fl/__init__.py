@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from .._checks import finite_positive, finite_tensor, positive_int
 from ..models import flatten_params, unflatten_params
 from .rounds import History, run_rounds
 
@@ -44,10 +45,24 @@ def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor,
              loss_fn: LossFn = cross_entropy) -> dict[str, float]:
-    """Accuracy and mean loss of ``model`` with ``params`` on ``(X, y)``."""
+    """Accuracy and mean loss of ``model`` with ``params`` on ``(X, y)`` (``X``: ``[n, ...]``,
+    ``y``: ``[n]``; the model is run where ``X`` lives and the numbers returned as Python floats).
+
+    Raises ``ValueError`` naming ``X`` when it is empty or its length differs from ``y``'s, naming
+    ``params`` or ``X`` when they hold NaN or infinite entries, and when the model's outputs are not
+    finite: the argmax of NaN logits is class 0, so a diverged model would otherwise report the share of
+    class 0 as its accuracy."""
+    if len(X) < 1 or len(y) != len(X):
+        raise ValueError(f"X and y must hold the same number >= 1 of examples, got {len(X)} and {len(y)}")
+    finite_tensor("params", params, " (a diverged model has no accuracy: lower the learning rate)")
+    finite_tensor("X", X)
     out = functional_call(model, params, (X,))
-    return {"accuracy": float((out.argmax(-1) == y).float().mean()),
-            "loss": float(loss_fn(out, y).mean())}
+    finite_tensor("the model's outputs on X", out, " (the parameters are finite but too large: training "
+                  "diverged? lower the learning rate)")
+    loss = float(loss_fn(out, y).mean())
+    if not math.isfinite(loss):
+        raise ValueError(f"the loss on (X, y) is {loss} (labels outside the model's classes?)")
+    return {"accuracy": float((out.argmax(-1) == y).float().mean()), "loss": loss}
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,9 +159,7 @@ def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int,
         raise ValueError(f"n must be a non-empty vector of client sizes >= 1 (a client without data has no "
                          f"batch), got {n.tolist()}")
     n_max = int(n.max())
-    B = n_max if batch_size is None else int(batch_size)
-    if B < 1:
-        raise ValueError(f"batch_size must be positive or None, got {batch_size}")
+    B = n_max if batch_size is None else positive_int("batch_size", batch_size)
     B = min(B, n_max)
     if local_steps is not None:
         if int(local_steps) != local_steps or local_steps < 1:
@@ -226,16 +239,39 @@ def client_update(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tens
 
     ``X``: ``[n, ...]``, ``y``: ``[n]``. Returns the new parameter dict.
     """
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
+    finite_positive("lr", lr)
     _check_weight_decay(weight_decay)
     if len(X) < 1 or len(y) != len(X):
         raise ValueError(f"X and y must hold the same number >= 1 of examples, got {len(X)} and {len(y)}")
+    _check_inputs(model, params, X, y, loss_fn)
     idx, w = batch_plan(torch.tensor([len(X)]), batch_size, local_epochs, generator, local_steps)
     step = _step_fn(model, loss_fn, lr, weight_decay)
     for s in range(idx.shape[1]):
         params = step(params, X, y, idx[0, s], w[0, s])
     return params
+
+
+@torch.no_grad()
+def _check_inputs(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
+                  n: torch.Tensor | None = None) -> None:
+    """Clear errors, before any training, for what would otherwise fail deep inside ``vmap`` or pass
+    silently: a meta tensor, a dtype or shape the model does not take (applied to one example of ``X``),
+    and, for the default cross-entropy loss, labels outside ``0..C-1`` (a negative label such as -100 is
+    silently ignored by ``F.cross_entropy``; one ``>= C`` is an index error under ``vmap``). ``X``:
+    ``[n, ...]``, ``y``: ``[n]`` (with ``n`` given, only the first ``n.max()`` rows count)."""
+    if X.device.type == "meta" or y.device.type == "meta":
+        raise ValueError("X and y are meta tensors (shapes without data): load real data onto a device")
+    try:
+        out = functional_call(model, params, (X[:1],))
+    except RuntimeError as exc:
+        raise ValueError(f"the model cannot be applied to X (one example: shape {tuple(X.shape[1:])}, dtype "
+                         f"{X.dtype}; params dtype {next(iter(params.values())).dtype}): {exc}") from exc
+    if loss_fn is cross_entropy and not y.is_floating_point() and out.ndim == 2:
+        C = out.shape[-1]
+        rows = y if n is None else y[..., : int(torch.as_tensor(n).max())]
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= C):
+            raise ValueError(f"y: labels must lie in 0..{C - 1} for a model with {C} outputs, got labels in "
+                             f"{int(rows.min())}..{int(rows.max())}")
 
 
 def _expand(params: dict, K: int) -> dict:
@@ -252,8 +288,7 @@ def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: floa
     tensors have a leading client dimension ``K``. Returns a stacked dict ``{name: [K, ...]}``.
     The result equals running the clients one after the other with the same batch plan.
     """
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
+    finite_positive("lr", lr)
     K = data.num_clients
     if stacked:
         bad = [k for k, v in params.items() if v.shape[0] != K]
@@ -263,6 +298,7 @@ def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: floa
     else:
         p = _expand(params, K)
     _check_weight_decay(weight_decay)
+    _check_inputs(model, {k: v[0] for k, v in p.items()}, data.X[0], data.y[0], loss_fn, n=data.n)
     idx, w = batch_plan(data.n, batch_size, local_epochs, generator, local_steps)
     step = _step_fn(model, loss_fn, lr, weight_decay)
     if K == 1:  # vmap's bookkeeping costs more than it saves for a single client
@@ -373,11 +409,14 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
     """
     if not 0.0 < client_fraction <= 1.0:
         raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
+    finite_positive("lr", lr)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
+    finite_tensor("clients' X", data.X, " (one NaN makes every parameter NaN after the first round)")
     K = data.num_clients
     m = max(int(round(client_fraction * K)), 1)
     gen = torch.Generator().manual_seed(seed)
     w = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}
+    finite_tensor("params", w)
 
     def step(t, w):
         selected = torch.randperm(K, generator=gen)[:m].sort().values
@@ -388,7 +427,10 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
         weights = sub.n.float()
         if callback is not None:
             callback(RoundRecord(t, w, selected.numpy(), local, weights))
-        return weighted_average(local, weights)
+        new = weighted_average(local, weights)
+        finite_tensor(f"the global parameters after round {t}", new,
+                      f" (training diverged: lower lr, got {lr})")
+        return new
 
     w, history, _ = run_rounds(num_rounds, step, w, evaluate=eval_fn(model, eval_data, loss_fn),
                                eval_every=eval_every, history=History("accuracy", "loss"),
