@@ -366,17 +366,13 @@ def test_load_adult_checks_the_vendored_files(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------- 9. environment switches
-def test_the_dead_device_switch_is_gone():
-    from pathlib import Path
-
+def test_the_device_switch_is_read_by_config():
+    # FEDLAB_DEVICE was once read by nothing (issue 21); it is now fedlab.config.device() (issue 32), tested
+    # in tests/test_device.py
     import fedlab
     import fedlab.config
 
-    assert not hasattr(fedlab, "device") and not hasattr(fedlab.config, "device")
-    root = Path(fedlab.__file__).resolve().parent.parent
-    for path in [root / "README.md", *sorted((root / "fedlab").rglob("*.py"))]:
-        text = path.read_text()
-        assert "FEDLAB_DEVICE" not in text.replace("an earlier\n``FEDLAB_DEVICE``", ""), path
+    assert fedlab.device is fedlab.config.device and "FEDLAB_DEVICE" in fedlab.config.__doc__
 
 
 @pytest.mark.parametrize("value, on", [("0", False), ("off", False), ("False", False), ("1", True),

@@ -14,6 +14,7 @@ dimension ``K`` (one slice per client).
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -25,6 +26,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from .._checks import finite_positive, finite_tensor, positive_int
+from ..config import device as _device
 from ..models import flatten_params, unflatten_params
 from .rounds import History, run_rounds
 
@@ -274,6 +276,19 @@ def _check_inputs(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tens
                              f"{int(rows.min())}..{int(rows.max())}")
 
 
+def _model_on(model: nn.Module, dev: torch.device) -> nn.Module:
+    """``model`` itself when its buffers (the parameters are passed to ``functional_call``) already live
+    on ``dev`` (always on the CPU), else a copy moved there."""
+    if all(b.device == dev for b in model.buffers()):
+        return model
+    return copy.deepcopy(model).to(dev)
+
+
+def _on(tensors: dict, dev: torch.device) -> dict:
+    """``{name: tensor on dev}`` (no copy for a tensor already there)."""
+    return {k: v.to(dev) for k, v in tensors.items()}
+
+
 def _expand(params: dict, K: int) -> dict:
     return {k: v.unsqueeze(0).expand(K, *v.shape).clone() for k, v in params.items()}
 
@@ -299,7 +314,8 @@ def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: floa
         p = _expand(params, K)
     _check_weight_decay(weight_decay)
     _check_inputs(model, {k: v[0] for k, v in p.items()}, data.X[0], data.y[0], loss_fn, n=data.n)
-    idx, w = batch_plan(data.n, batch_size, local_epochs, generator, local_steps)
+    idx, w = batch_plan(data.n, batch_size, local_epochs, generator, local_steps)   # drawn on the CPU
+    idx, w = idx.to(data.X.device), w.to(data.X.device)          # the same plan wherever the data lives
     step = _step_fn(model, loss_fn, lr, weight_decay)
     if K == 1:  # vmap's bookkeeping costs more than it saves for a single client
         q = {k: v[0] for k, v in p.items()}
@@ -328,7 +344,7 @@ def weighted_average(stacked: dict, weights: torch.Tensor) -> dict:
     for k, v in stacked.items():
         if v.shape[0] != len(wn):
             raise ValueError(f"stacked[{k!r}] has {v.shape[0]} clients, weights has {len(wn)}")
-        out[k] = torch.tensordot(wn.to(v.dtype), v, dims=1)
+        out[k] = torch.tensordot(wn.to(device=v.device, dtype=v.dtype), v, dims=1)
     return out
 
 
@@ -360,10 +376,11 @@ class FLResult:
     history: History = field(default_factory=lambda: History("accuracy", "loss"))
 
 
-def eval_fn(model: nn.Module, eval_data, loss_fn: LossFn = cross_entropy):
+def eval_fn(model: nn.Module, eval_data, loss_fn: LossFn = cross_entropy, device=None):
     """``params -> {"accuracy", "loss"}`` on ``eval_data`` (for :func:`fedlab.fl.rounds.run_rounds`),
     or ``None`` when ``eval_data`` is ``None``. ``eval_data`` is a ``Dataset`` (anything with ``X`` and
-    ``y``) or an ``(X, y)`` pair; anything else raises a ``ValueError`` naming ``eval_data``."""
+    ``y``) or an ``(X, y)`` pair; anything else raises a ``ValueError`` naming ``eval_data``. With
+    ``device`` (a ``torch.device``) the data is moved there once, for parameters living there."""
     if eval_data is None:
         return None
     if hasattr(eval_data, "X") and hasattr(eval_data, "y"):
@@ -372,6 +389,8 @@ def eval_fn(model: nn.Module, eval_data, loss_fn: LossFn = cross_entropy):
         X, y = eval_data
     else:
         raise ValueError(f"eval_data must be a Dataset or an (X, y) pair, got {type(eval_data).__name__}")
+    if device is not None:
+        X, y, model = torch.as_tensor(X).to(device), torch.as_tensor(y).to(device), _model_on(model, device)
     return lambda params: evaluate(model, params, X, y, loss_fn)
 
 
@@ -380,7 +399,7 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
            params: dict | None = None, seed: int = 0, eval_data=None, eval_every: int = 1,
            loss_fn: LossFn = cross_entropy, callback: Callable[[RoundRecord], None] | None = None,
            progress: bool | None = None, local_steps: int | None = None,
-           weight_decay: float = 0.0) -> FLResult:
+           weight_decay: float = 0.0, device=None) -> FLResult:
     """FederatedAveraging (McMahan et al. 2017; Shokri's CS5562 lecture, Algorithm 1).
 
     Each round ``t``: the server samples ``m = max(C*K, 1)`` clients, each runs ClientUpdate from the
@@ -402,40 +421,55 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
         Run exactly this many SGD steps per client and round instead of ``local_epochs`` epochs.
     weight_decay : float
         lambda >= 0: each client's local objective is ``mean loss + lambda/2 ||w||^2`` (0: none).
+    device : str or torch.device, optional
+        Where the clients train and the server averages (default :func:`fedlab.config.device`, i.e.
+        ``FEDLAB_DEVICE``, ``cpu`` unless set). Client sampling and mini-batches are drawn on the CPU,
+        so every device runs the same schedule; the callback's record and the result are on the CPU.
 
     Returns
     -------
     FLResult
+
+    Raises
+    ------
+    ValueError
+        Naming ``lr`` (not finite and > 0, or training diverged to NaN/inf parameters), the clients'
+        ``X`` (NaN or infinite entries), ``y`` (labels outside the model's classes), ``params``, or
+        ``device`` / ``FEDLAB_DEVICE``.
     """
     if not 0.0 < client_fraction <= 1.0:
         raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
     finite_positive("lr", lr)
+    dev = _device(device)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
     finite_tensor("clients' X", data.X, " (one NaN makes every parameter NaN after the first round)")
+    data = ClientData(data.X.to(dev), data.y.to(dev), data.n)        # no copy on the CPU
     K = data.num_clients
     m = max(int(round(client_fraction * K)), 1)
     gen = torch.Generator().manual_seed(seed)
     w = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}
     finite_tensor("params", w)
+    w, on_model = _on(w, dev), _model_on(model, dev)
+    cpu = (lambda d: d) if dev.type == "cpu" else (lambda d: {k: v.cpu() for k, v in d.items()})
 
     def step(t, w):
         selected = torch.randperm(K, generator=gen)[:m].sort().values
         sub = data.select(selected)
-        local = clients_update(model, w, sub, lr=lr, local_epochs=local_epochs,
+        local = clients_update(on_model, w, sub, lr=lr, local_epochs=local_epochs,
                                batch_size=batch_size, generator=gen, loss_fn=loss_fn,
                                local_steps=local_steps, weight_decay=weight_decay)
         weights = sub.n.float()
         if callback is not None:
-            callback(RoundRecord(t, w, selected.numpy(), local, weights))
+            callback(RoundRecord(t, cpu(w), selected.numpy(), cpu(local), weights))
         new = weighted_average(local, weights)
         finite_tensor(f"the global parameters after round {t}", new,
                       f" (training diverged: lower lr, got {lr})")
         return new
 
-    w, history, _ = run_rounds(num_rounds, step, w, evaluate=eval_fn(model, eval_data, loss_fn),
+    w, history, _ = run_rounds(num_rounds, step, w, evaluate=eval_fn(model, eval_data, loss_fn, dev),
                                eval_every=eval_every, history=History("accuracy", "loss"),
                                progress=progress, desc="FedAvg rounds")
-    return FLResult(w, history)
+    return FLResult(cpu(w), history)
 
 
 def fedsgd(model: nn.Module, clients, *, num_rounds: int, client_fraction: float = 1.0,
