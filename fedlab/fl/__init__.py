@@ -87,7 +87,7 @@ class ClientData:
         return int(self.n.shape[0])
 
     def select(self, idx) -> "ClientData":
-        idx = torch.as_tensor(idx, dtype=torch.long)
+        idx = torch.as_tensor(idx, dtype=torch.long, device=self.n.device)   # n stays on the CPU
         return ClientData(self.X[idx], self.y[idx], self.n[idx])
 
     def client(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,12 +125,12 @@ def stack_clients(datasets: Sequence) -> ClientData:
                              f"got {sorted(str(d) for d in dtypes)}")
     n_max, K = max(sizes), len(pairs)
     X0, y0 = pairs[0]
-    X = torch.zeros((K, n_max, *X0.shape[1:]), dtype=X0.dtype)
-    y = torch.zeros((K, n_max, *y0.shape[1:]), dtype=y0.dtype)
+    X = torch.zeros((K, n_max, *X0.shape[1:]), dtype=X0.dtype, device=X0.device)
+    y = torch.zeros((K, n_max, *y0.shape[1:]), dtype=y0.dtype, device=y0.device)
     for k, (Xk, yk) in enumerate(pairs):
         X[k, : len(Xk)] = Xk
         y[k, : len(yk)] = yk
-    return ClientData(X, y, torch.tensor(sizes))
+    return ClientData(X, y, torch.tensor(sizes, device="cpu"))
 
 
 def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int,
@@ -156,7 +156,7 @@ def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int,
     """
     if int(local_epochs) != local_epochs or local_epochs < 1:
         raise ValueError(f"local_epochs must be a positive integer, got {local_epochs}")
-    n = torch.as_tensor(n, dtype=torch.long)
+    n = torch.as_tensor(n, dtype=torch.long, device="cpu")   # the plan is drawn on the CPU
     if n.ndim != 1 or n.numel() == 0 or bool((n < 1).any()):
         raise ValueError(f"n must be a non-empty vector of client sizes >= 1 (a client without data has no "
                          f"batch), got {n.tolist()}")
@@ -168,13 +168,13 @@ def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int,
             raise ValueError(f"local_steps must be a positive integer or None, got {local_steps}")
         local_steps = int(local_steps)
         K = len(n)
-        idx = torch.zeros((K, local_steps, B), dtype=torch.long)
-        weight = torch.zeros((K, local_steps, B))
+        idx = torch.zeros((K, local_steps, B), dtype=torch.long, device="cpu")
+        weight = torch.zeros((K, local_steps, B), device="cpu")
         for k, nk in enumerate(n.tolist()):
             per_epoch = math.ceil(nk / B)
             for s in range(local_steps):
                 if s % per_epoch == 0:
-                    perm = torch.randperm(nk, generator=generator)
+                    perm = torch.randperm(nk, generator=generator, device="cpu")
                 b = s % per_epoch
                 chunk = perm[b * B:(b + 1) * B]
                 idx[k, s, : len(chunk)] = chunk
@@ -182,12 +182,12 @@ def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int,
         return idx, weight
     steps = [local_epochs * math.ceil(int(nk) / B) for nk in n]
     S, K = max(steps), len(n)
-    idx = torch.zeros((K, S, B), dtype=torch.long)
-    weight = torch.zeros((K, S, B))
+    idx = torch.zeros((K, S, B), dtype=torch.long, device="cpu")
+    weight = torch.zeros((K, S, B), device="cpu")
     for k, nk in enumerate(n.tolist()):
         per_epoch = math.ceil(nk / B)
         for e in range(local_epochs):
-            perm = torch.randperm(nk, generator=generator)
+            perm = torch.randperm(nk, generator=generator, device="cpu")
             for b in range(per_epoch):
                 chunk = perm[b * B:(b + 1) * B]
                 s = e * per_epoch + b
@@ -270,7 +270,7 @@ def _check_inputs(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tens
                          f"{X.dtype}; params dtype {next(iter(params.values())).dtype}): {exc}") from exc
     if loss_fn is cross_entropy and not y.is_floating_point() and out.ndim == 2:
         C = out.shape[-1]
-        rows = y if n is None else y[..., : int(torch.as_tensor(n).max())]
+        rows = y if n is None else y[..., : int(n.max())]
         if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= C):
             raise ValueError(f"y: labels must lie in 0..{C - 1} for a model with {C} outputs, got labels in "
                              f"{int(rows.min())}..{int(rows.max())}")
@@ -336,7 +336,7 @@ def weighted_average(stacked: dict, weights: torch.Tensor) -> dict:
     correctly rounded float32 quotient, as before). Raises ``ValueError`` for NaN / infinite / negative
     weights or a zero sum.
     """
-    weights = torch.as_tensor(weights, dtype=torch.float64)
+    weights = torch.as_tensor(weights, dtype=torch.float64, device="cpu")   # checked on the CPU
     if weights.ndim != 1 or not bool(torch.isfinite(weights).all()) or (weights < 0).any() or weights.sum() <= 0:
         raise ValueError(f"weights must be a finite non-negative vector with a positive sum, got {weights}")
     wn = weights / weights.sum()
@@ -390,7 +390,7 @@ def eval_fn(model: nn.Module, eval_data, loss_fn: LossFn = cross_entropy, device
     else:
         raise ValueError(f"eval_data must be a Dataset or an (X, y) pair, got {type(eval_data).__name__}")
     if device is not None:
-        X, y, model = torch.as_tensor(X).to(device), torch.as_tensor(y).to(device), _model_on(model, device)
+        X, y, model = torch.as_tensor(X, device=device), torch.as_tensor(y, device=device), _model_on(model, device)
     return lambda params: evaluate(model, params, X, y, loss_fn)
 
 
@@ -453,7 +453,7 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
     cpu = (lambda d: d) if dev.type == "cpu" else (lambda d: {k: v.cpu() for k, v in d.items()})
 
     def step(t, w):
-        selected = torch.randperm(K, generator=gen)[:m].sort().values
+        selected = torch.randperm(K, generator=gen, device="cpu")[:m].sort().values
         sub = data.select(selected)
         local = clients_update(on_model, w, sub, lr=lr, local_epochs=local_epochs,
                                batch_size=batch_size, generator=gen, loss_fn=loss_fn,

@@ -44,7 +44,7 @@ def _per_client_stats(model, like, hyps: torch.Tensor, data: ClientData, loss_fn
     CPU (computed where ``data`` lives)."""
     dev = data.X.device
     n_max = data.X.shape[1]
-    mask = (torch.arange(n_max)[None, :] < data.n[:, None]).float().to(dev)  # [K, n_max]
+    mask = (torch.arange(n_max, device=data.n.device)[None, :] < data.n[:, None]).float().to(dev)  # [K, n_max]
     stacked = flat_to_stack(hyps.to(dev), like)
 
     def one(params, X, y, m):
@@ -168,7 +168,7 @@ class IFCAResult:
 
 def _check_hyps(h: torch.Tensor, like: dict) -> torch.Tensor:
     n = sum(v.numel() for v in like.values())
-    h = torch.as_tensor(h, dtype=torch.float32)
+    h = h.to(torch.float32) if isinstance(h, torch.Tensor) else torch.as_tensor(h, dtype=torch.float32, device="cpu")
     if h.ndim != 2 or h.shape[1] != n:
         raise ValueError(f"hypotheses must have shape [k, {n}] (the model has {n} parameters), "
                          f"got {tuple(h.shape)}")
@@ -247,7 +247,7 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
     gen = torch.Generator().manual_seed(seed)
     schedule_rng, noise_rng = _streams(seed)
     if init is None:
-        hyps = init_std * torch.randn(k, n, generator=gen)
+        hyps = init_std * torch.randn(k, n, generator=gen, device="cpu")
     else:
         hyps = _check_hyps(init, like).clone()
         if hyps.shape[0] != k:
