@@ -255,3 +255,38 @@ def test_concurrent_extractions_of_one_split_never_share_a_temporary_file(tmp_pa
     target.write_text(text[:1000])
     with pytest.raises(ChecksumError):
         load_letor("MSLR-WEB10K", cache_dir=cache, archive_sha256=sha256sum(zpath))
+
+
+# ------------------------------------------------------------------ accounting, attacks, metrics
+def test_dp_accounting_arguments_are_named():                                         # P10g, P10i, P10k
+    from fedlab.privacy import dp_fedavg as dpa
+
+    with pytest.raises(ValueError, match="num_rounds must be a positive integer, got True"):
+        dpa.epsilon_spent(1.0, 0.1, True, 1e-5)
+    with pytest.raises(ValueError, match="epsilon=10000 is so large"):
+        dpa.noise_multiplier_for_epsilon(1e4, 0.1, 10, 1e-5)
+    assert 0.05 <= dpa.noise_multiplier_for_epsilon(10.0, 0.1, 10, 1e-5) < 1.0         # an ordinary call still works
+    for z in (float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="noise_multiplier must be finite and >= 0"):
+            dpa.dp_aggregate({"w": torch.ones(2, 3)}, clip_norm=1.0, noise_multiplier=z, expected_clients=2.0)
+
+
+def test_idlg_label_refuses_a_nan_gradient():                                         # F29
+    from fedlab.attacks.gradient_inversion import idlg_label
+
+    g = torch.tensor([[0.2, 0.1], [-0.5, -0.3], [0.3, 0.2]])
+    assert idlg_label(g) == 1
+    g[2, 0] = float("nan")
+    with pytest.raises(ValueError, match="observed: .*NaN"):
+        idlg_label(g)
+    with pytest.raises(ValueError, match="observed: .*NaN"):
+        idlg_label({"fc.weight": g, "fc.bias": torch.zeros(3)})
+
+
+def test_roc_auc_needs_0_1_labels():                                                  # M2
+    from fedlab.metrics import roc_auc
+
+    assert roc_auc([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3]) == 1.0
+    assert roc_auc([False, True], [0.2, 0.1]) == 0.0
+    with pytest.raises(ValueError, match="labels must be 0/1"):
+        roc_auc([1, 2, 2, 1], [0.1, 0.9, 0.8, 0.3])

@@ -226,6 +226,8 @@ def idlg_label(observed, weight_key: str | None = None) -> int:
     if g.ndim != 2 or g.shape[0] < 2:
         raise ValueError(f"the last-layer weight gradient must have shape [num_classes>=2, features], "
                          f"got {tuple(g.shape)}")
+    if not bool(torch.isfinite(g).all()):            # argmin of NaN sums is row 0: a label out of nothing
+        raise ValueError("observed: the last-layer weight gradient holds NaN or infinite entries")
     return int(g.sum(dim=1).argmin())
 
 
