@@ -37,9 +37,9 @@ def _check_no_other_fedlab() -> None:
 
 _check_no_other_fedlab()
 
-from .config import data_dir, default_seed, is_paper_scale, pick, progress_enabled, rng, scale, seed_everything  # noqa: E402,E501
+from .config import data_dir, default_seed, device, is_paper_scale, pick, progress_enabled, rng, scale, seed_everything  # noqa: E402,E501
 
 __version__ = "0.1.0"
 
 __all__ = ["scale", "is_paper_scale", "pick", "default_seed", "seed_everything", "rng", "data_dir",
-           "progress_enabled", "__version__"]
+           "progress_enabled", "device", "__version__"]

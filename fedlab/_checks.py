@@ -4,7 +4,9 @@ A leaf: this module imports nothing from fedlab, so any module may use it.
 """
 from __future__ import annotations
 
-__all__ = ["positive_int", "in_range"]
+import math
+
+__all__ = ["positive_int", "in_range", "whole_int", "finite_positive", "finite_tensor"]
 
 
 def positive_int(name: str, value) -> int:
@@ -27,3 +29,49 @@ def in_range(name: str, value, low: float, high: float, *, low_closed: bool = Fa
         interval = f"{'[' if low_closed else '('}{low:g}, {high:g}{']' if high_closed else ')'}"
         raise ValueError(f"{name} must be in {interval}, got {value!r}")
     return x
+
+
+def whole_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as an ``int`` when it is a whole number (``3`` and ``3.0`` pass; ``2.5``, ``True``,
+    ``"3"``, NaN and infinities do not), optionally within ``[low, high]``. Raises ``ValueError``
+    naming ``name`` otherwise."""
+    ok = not isinstance(value, (bool, str, bytes))
+    if ok:
+        try:
+            ok = math.isfinite(float(value)) and int(value) == value
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+    if not ok:
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    v = int(value)
+    if (low is not None and v < low) or (high is not None and v > high):
+        lo = "-inf" if low is None else low
+        hi = "inf" if high is None else high
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return v
+
+
+def finite_positive(name: str, value) -> float:
+    """``value`` as a ``float`` when it is a finite real number ``> 0`` (``True``, strings, NaN and
+    infinities fail). Raises ``ValueError`` naming ``name`` otherwise."""
+    ok = not isinstance(value, (bool, str, bytes))
+    if ok:
+        try:
+            x = float(value)
+            ok = math.isfinite(x) and x > 0
+        except (TypeError, ValueError):
+            ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return x
+
+
+def finite_tensor(name: str, value, hint: str = "") -> None:
+    """Raise ``ValueError`` naming ``name`` when the tensor (or dict of tensors) ``value`` holds a
+    NaN or an infinite entry; integer tensors always pass. ``hint`` is appended to the message."""
+    items = value.items() if isinstance(value, dict) else [(None, value)]
+    for key, t in items:
+        if t.is_floating_point() or t.is_complex():
+            if not bool(t.isfinite().all()):
+                where = name if key is None else f"{name}[{key!r}]"
+                raise ValueError(f"{where} holds NaN or infinite entries{hint}")

@@ -9,8 +9,12 @@ reader can change a setting once (an environment variable) and every notebook an
 * ``FEDLAB_SEED``  -- the base seed handed to :func:`seed_everything` when no seed is given (default 0).
 * ``FEDLAB_PROGRESS`` -- ``0`` / ``1`` (or false/true, no/yes, off/on): progress bars off / on (default on).
 
-Everything runs on the CPU: no function takes a device, and there is no device switch (an earlier
-``FEDLAB_DEVICE`` was read by nothing and was removed, issue 21).
+* ``FEDLAB_DEVICE`` -- where the computations that dominate paper scale run (default ``cpu``; also
+  ``cuda``, ``cuda:N`` or ``mps``), read by :func:`device`: gradient inversion (DLG, Inverting
+  Gradients), RAIFLE's batched L-BFGS (:mod:`fedlab.optim`), the FedAvg / DP-FedAvg round loops and
+  IFCA. Their random draws stay on the CPU generators (a GPU run starts from the same points) and their
+  results come back on the CPU; the default changes no number. A value torch cannot use (no CUDA
+  device, an index past the last GPU) raises ``ValueError`` naming ``FEDLAB_DEVICE``.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import torch
 T = TypeVar("T")
 
 SCALES = ("quick", "paper")
+DEVICE_KINDS = ("cpu", "cuda", "mps")
 DEFAULT_SEED = 0
 _GLOBAL_NP: np.random.Generator | None = None
 
@@ -62,9 +67,12 @@ def default_seed() -> int:
     """Base seed from ``FEDLAB_SEED`` (default 0)."""
     raw = os.environ.get("FEDLAB_SEED", str(DEFAULT_SEED))
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError as exc:
         raise ValueError(f"FEDLAB_SEED must be an integer, got {raw!r}") from exc
+    if not 0 <= value < 2**64:
+        raise ValueError(f"FEDLAB_SEED must be an integer in [0, 2^64), got {raw!r}")
+    return value
 
 
 def seed_everything(seed: int | None = None) -> torch.Generator:
@@ -76,13 +84,16 @@ def seed_everything(seed: int | None = None) -> torch.Generator:
     Raises
     ------
     ValueError
-        If ``seed`` is negative.
+        If ``seed`` is not an integer in ``[0, 2^64)`` (torch takes unsigned 64-bit seeds only; ``2**64`` would
+        fail inside torch with an overflow message that names no argument).
     """
     if seed is None:
         seed = default_seed()
+    if isinstance(seed, bool) or int(seed) != seed:
+        raise ValueError(f"seed must be an integer, got {seed!r}")
     seed = int(seed)
-    if seed < 0:
-        raise ValueError(f"seed must be non-negative, got {seed}")
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an integer in [0, 2^64), got {seed}")
     global _GLOBAL_NP
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -151,7 +162,10 @@ def data_dir(*, create: bool = True) -> Path:
     """
     env = os.environ.get("FEDLAB_DATA")
     if env:
-        path = Path(env).expanduser()
+        try:
+            path = Path(env).expanduser()
+        except RuntimeError as exc:     # "~nosuchuser/x": no such home directory
+            raise ValueError(f"FEDLAB_DATA: cannot expand {env!r} ({exc})") from exc
     else:
         from platformdirs import user_cache_dir
 
@@ -187,3 +201,35 @@ def progress_enabled() -> bool:
     if value in ("", "1", "true", "yes", "on"):
         return True
     raise ValueError(f"FEDLAB_PROGRESS must be 0 or 1 (or false/true, no/yes, off/on), got {raw!r}")
+
+
+def device(value: str | torch.device | None = None) -> torch.device:
+    """The ``torch.device`` the heavy computations run on: ``value`` when given (a string or a device,
+    validated the same way), else ``FEDLAB_DEVICE`` (default ``cpu``). Accepted: ``cpu``, ``cuda``,
+    ``cuda:N`` and ``mps`` (any case, surrounding spaces ignored).
+
+    Raises
+    ------
+    ValueError
+        Naming ``FEDLAB_DEVICE`` (or ``device``) for any other value, and for a device torch cannot
+        use here: ``cuda`` without an available CUDA device, ``cuda:N`` with ``N`` past the last GPU,
+        ``mps`` without the MPS backend.
+    """
+    name = "device"
+    if value is None:
+        name, value = "FEDLAB_DEVICE", os.environ.get("FEDLAB_DEVICE", "cpu")
+    raw = value
+    text = str(value).strip().lower() or "cpu"
+    kind, _, index = text.partition(":")
+    if kind not in DEVICE_KINDS or (index and (kind != "cuda" or not index.isdigit())):
+        raise ValueError(f"{name} must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {raw!r}")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={raw!r}: torch finds no CUDA device here (torch.cuda.is_available() is "
+                             f"False); unset {name} or set it to 'cpu'")
+        if index and int(index) >= torch.cuda.device_count():
+            raise ValueError(f"{name}={raw!r}: there are {torch.cuda.device_count()} CUDA device(s), numbered "
+                             f"from 0")
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"{name}={raw!r}: the MPS backend is not available here; unset {name} or set it to 'cpu'")
+    return torch.device(text)

@@ -44,6 +44,8 @@ def roc_auc(labels, scores) -> float:
     labels, scores = _np(labels).ravel(), _np(scores).ravel()
     if labels.shape != scores.shape:
         raise ValueError(f"labels and scores must have the same length, got {labels.shape} and {scores.shape}")
+    if not np.isin(labels, (0, 1)).all():
+        raise ValueError(f"labels must be 0/1 (1 = positive), got values {np.unique(labels)[:5].tolist()}")
     if len(np.unique(labels)) != 2:
         raise ValueError("labels must contain both classes to compute an AUC")
     lab = torch.as_tensor(labels.astype(np.float64))[None]

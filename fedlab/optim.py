@@ -19,6 +19,9 @@ Two drivers share that memory and that recursion:
 * :func:`lbfgs_fixed_step` -- every row takes ``lr`` times the L-BFGS direction each iteration (the
   first step scaled by ``min(1, 1 / ||g||_1)``, as ``torch.optim.LBFGS`` without line search); a
   row whose objective turns non-finite stops and keeps its last finite iterate.
+
+Device: the state of both drivers lives on the device of ``x0`` (a GPU iterate keeps everything on the
+GPU; the callers choose it from :func:`fedlab.config.device`), and on the CPU nothing changes.
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ def lbfgs_direction(g: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, ys: torch
     ``count[b] <= m`` pairs; ``h_diag``: ``[B]`` the initial scaling ``gamma``. Returns ``[B, n]``.
     Steps past the longest memory of the batch are skipped."""
     B, m = ys.shape
-    rows = torch.arange(B)
+    rows = torch.arange(B, device=g.device)
     q = -g
     steps = int(count.max()) if B else 0
     pairs = []
@@ -75,12 +78,14 @@ class Memory:
     h_diag: torch.Tensor   # [B]
 
     @classmethod
-    def empty(cls, rows: int, size: int, dim: int, dtype=torch.float32) -> "Memory":
+    def empty(cls, rows: int, size: int, dim: int, dtype=torch.float32, device=None) -> "Memory":
+        """An empty memory on ``device`` (``None``: the CPU; the optimisers pass their iterate's device)."""
         if rows < 1 or size < 1 or dim < 1:
             raise ValueError(f"rows, size (history_size) and dim must be >= 1, got {rows}, {size}, {dim}")
-        z = torch.zeros(rows, size, dim, dtype=dtype)
-        zl = torch.zeros(rows, dtype=torch.long)
-        return cls(z, z.clone(), torch.ones(rows, size, dtype=dtype), zl, zl.clone(), torch.ones(rows, dtype=dtype))
+        z = torch.zeros(rows, size, dim, dtype=dtype, device=device)
+        zl = torch.zeros(rows, dtype=torch.long, device=device)
+        return cls(z, z.clone(), torch.ones(rows, size, dtype=dtype, device=device), zl, zl.clone(),
+                   torch.ones(rows, dtype=dtype, device=device))
 
     def push(self, s: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Store the pair ``(s, y)`` [B, n] for the rows in ``mask`` [B] whose ``s^T y`` exceeds
@@ -146,16 +151,17 @@ def lbfgs_rows(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x0: tor
         raise ValueError(f"c1 must be in (0, 1), got {c1}")
     x = x0.detach().clone()
     B, n = x.shape
-    f, g = _value_and_grad(fn, x, torch.arange(B))
+    dev = x.device                                       # every state tensor lives where x0 does
+    f, g = _value_and_grad(fn, x, torch.arange(B, device=dev))
     evals = 1
-    used = torch.ones(B, dtype=torch.long)               # evaluations charged to each row
-    mem = Memory.empty(B, history_size, n, dtype=x.dtype)
-    iters = torch.zeros(B, dtype=torch.long)
+    used = torch.ones(B, dtype=torch.long, device=dev)   # evaluations charged to each row
+    mem = Memory.empty(B, history_size, n, dtype=x.dtype, device=dev)
+    iters = torch.zeros(B, dtype=torch.long, device=dev)
     d = torch.zeros_like(x)
-    gd = torch.zeros(B, dtype=x.dtype)
-    t = torch.ones(B, dtype=x.dtype)
-    tries = torch.zeros(B, dtype=torch.long)
-    searching = torch.zeros(B, dtype=torch.bool)
+    gd = torch.zeros(B, dtype=x.dtype, device=dev)
+    t = torch.ones(B, dtype=x.dtype, device=dev)
+    tries = torch.zeros(B, dtype=torch.long, device=dev)
+    searching = torch.zeros(B, dtype=torch.bool, device=dev)
     active = used < max_iter
     while bool(active.any()):
         new = active & ~searching
@@ -224,8 +230,8 @@ def lbfgs_fixed_step(value_and_grad: Callable[[torch.Tensor], tuple[torch.Tensor
         raise ValueError(f"lr must be > 0, got {lr}")
     z = x0.detach().clone()
     B, n = z.shape
-    mem = Memory.empty(B, int(history_size), n, dtype=z.dtype)
-    alive = torch.ones(B, dtype=torch.bool)
+    mem = Memory.empty(B, int(history_size), n, dtype=z.dtype, device=z.device)
+    alive = torch.ones(B, dtype=torch.bool, device=z.device)
     prev_g = prev_step = None
     best = z.clone()
     for it in range(1, int(max_iter) + 1):
@@ -240,7 +246,7 @@ def lbfgs_fixed_step(value_and_grad: Callable[[torch.Tensor], tuple[torch.Tensor
             t = _first_step(g) * lr
         else:
             mem.push(prev_step, g - prev_g, alive)
-            t = torch.full((B,), float(lr))
+            t = torch.full((B,), float(lr), device=z.device)
         d = mem.direction(g)
         step = torch.where(alive[:, None], t[:, None] * d, torch.zeros_like(d))
         z = z + step

@@ -26,6 +26,7 @@ from torch import nn
 from torch.func import functional_call
 
 from .. import fl
+from ..config import device as _device
 from ..metrics import matched_psnr, psnr_from_mse
 from ..optim import Memory, lbfgs_fixed_step
 
@@ -225,6 +226,8 @@ def idlg_label(observed, weight_key: str | None = None) -> int:
     if g.ndim != 2 or g.shape[0] < 2:
         raise ValueError(f"the last-layer weight gradient must have shape [num_classes>=2, features], "
                          f"got {tuple(g.shape)}")
+    if not bool(torch.isfinite(g).all()):            # argmin of NaN sums is row 0: a label out of nothing
+        raise ValueError("observed: the last-layer weight gradient holds NaN or infinite entries")
     return int(g.sum(dim=1).argmin())
 
 
@@ -272,23 +275,24 @@ def _reference_lbfgs(value_and_grad, z0: torch.Tensor, *, steps: int, max_iter: 
     tol_grad, tol_change = 1e-7, 1e-9
     z = z0.detach().clone()
     A, n = z.shape
-    mem = Memory.empty(A, int(history_size), n, dtype=z.dtype)
-    steps_done = torch.zeros(A, dtype=torch.long)
-    evals = torch.zeros(A, dtype=torch.long)
-    inner = torch.zeros(A, dtype=torch.long)              # n_iter of the current step
-    n_iter = torch.zeros(A, dtype=torch.long)             # state["n_iter"], over all steps
-    at_start = torch.ones(A, dtype=torch.bool)            # the next evaluation opens a step
+    dev = z.device                                        # all state lives where z0 does
+    mem = Memory.empty(A, int(history_size), n, dtype=z.dtype, device=dev)
+    steps_done = torch.zeros(A, dtype=torch.long, device=dev)
+    evals = torch.zeros(A, dtype=torch.long, device=dev)
+    inner = torch.zeros(A, dtype=torch.long, device=dev)  # n_iter of the current step
+    n_iter = torch.zeros(A, dtype=torch.long, device=dev)  # state["n_iter"], over all steps
+    at_start = torch.ones(A, dtype=torch.bool, device=dev)  # the next evaluation opens a step
     d = torch.zeros_like(z)
-    t = torch.zeros(A, dtype=z.dtype)
+    t = torch.zeros(A, dtype=z.dtype, device=dev)
     prev_g = torch.zeros_like(z)
-    prev_loss = torch.zeros(A, dtype=z.dtype)
+    prev_loss = torch.zeros(A, dtype=z.dtype, device=dev)
     last_finite = z.clone()
     tick = 0
     while bool((steps_done < steps).any()):
         active = steps_done < steps
         idx = torch.nonzero(active).flatten()              # rows that finished their steps are not evaluated
         loss_a, g_a = value_and_grad(z[idx], idx)
-        loss = torch.zeros(A, dtype=z.dtype).index_put((idx,), loss_a.detach().to(z.dtype))
+        loss = torch.zeros(A, dtype=z.dtype, device=dev).index_put((idx,), loss_a.detach().to(z.dtype))
         g = torch.zeros_like(z).index_put((idx,), g_a.detach())
         broken = active & ~(torch.isfinite(loss) & torch.isfinite(g).all(1))
         if bool(broken.any()):                           # non-finite: stop the row at its last finite iterate
@@ -326,7 +330,7 @@ def _reference_lbfgs(value_and_grad, z0: torch.Tensor, *, steps: int, max_iter: 
         at_start = torch.where(active, ends, at_start)
         if callback is not None:
             callback(tick, z, loss, active)
-    return z, evals
+    return z, evals.cpu()
 
 
 def _matched_mse(x: torch.Tensor, x_true: torch.Tensor) -> np.ndarray:
@@ -357,7 +361,7 @@ def _stack_inputs(observed, params, labels, x_true, stacked):
 def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, num_classes: int,
         batch_size: int = 1, max_iter: int = 100, lr: float = 1.0, labels: torch.Tensor | None = None,
         x_true: torch.Tensor | None = None, snapshot_every: int | None = None, stacked: bool = False,
-        history_size: int = 100, steps: int | None = None, seed: int = 0) -> InversionResult:
+        history_size: int = 100, steps: int | None = None, seed: int = 0, device=None) -> InversionResult:
     """Deep Leakage from Gradients (Zhu et al. 2019, Algorithm 1).
 
     Draw dummy ``x' ~ N(0, 1)`` of shape ``[batch_size, *input_shape]`` and dummy label logits ``y'``;
@@ -392,6 +396,10 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     and ``image_mse`` (array ``[A]``, matched MSE per attack). Returns an :class:`InversionResult`;
     ``x`` is clamped to ``[0, 1]``. An attack whose objective becomes non-finite keeps its last finite
     iterate.
+
+    ``device`` (default :func:`fedlab.config.device`, i.e. ``FEDLAB_DEVICE``): where the model, the
+    gradients and L-BFGS run. The starting points are drawn on the CPU (every device starts from the
+    same ones); ``x``, the labels and the history come back on the CPU.
     """
     from torch.func import grad_and_value, vmap
 
@@ -404,15 +412,17 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     if labels is not None and tuple(labels.shape) != (A, batch_size):
         raise ValueError(f"labels must have shape {[A, batch_size] if stacked else [batch_size]}, "
                          f"got {tuple(labels.shape[1:] if not stacked else labels.shape)}")
+    dev = _device(device)
     gen = torch.Generator().manual_seed(int(seed))
-    x0 = torch.randn((A, batch_size, *input_shape), generator=gen)
-    y0 = torch.randn((A, batch_size, num_classes), generator=gen)
+    x0 = torch.randn((A, batch_size, *input_shape), generator=gen, device="cpu").to(dev)   # drawn on the CPU
+    y0 = torch.randn((A, batch_size, num_classes), generator=gen, device="cpu").to(dev)
     nx = x0[0].numel()
     learn_label = labels is None
-    onehot = None if learn_label else F.one_hot(labels, num_classes).float()
-    params = {k: v.detach() for k, v in params.items()}
+    onehot = None if learn_label else F.one_hot(labels, num_classes).float().to(dev)
+    params = {k: v.detach().to(dev) for k, v in params.items()}
+    obs, model = fl._on(obs, dev), fl._model_on(model, dev)
     groups = list(layer_groups(params).values())
-    sizes = torch.tensor([sum(params[k].numel() for k in g) for g in groups], dtype=torch.float32)
+    sizes = torch.tensor([sum(params[k].numel() for k in g) for g in groups], dtype=torch.float32, device=dev)
 
     def objective(x, ylogit, ob, fixed):
         soft = F.softmax(ylogit, -1) if learn_label else fixed
@@ -425,7 +435,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
         per_layer = torch.stack([sum(((g[k] - ob[k]) ** 2).sum() for k in grp) for grp in groups])
         return gradient_distance(g, ob, "l2"), per_layer.detach()
 
-    fixed = onehot if onehot is not None else torch.zeros(A, batch_size, num_classes)
+    fixed = onehot if onehot is not None else torch.zeros(A, batch_size, num_classes, device=dev)
     vg = vmap(grad_and_value(objective, argnums=(0, 1), has_aux=True))
     last = {"layer_mse": None}
     count = [0]
@@ -439,7 +449,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
         yl = z[:, nx:].reshape(k, *y0.shape[1:]) if learn_label else sel(y0)
         (gx, gy), (val, per_layer) = vg(x, yl, {kk: sel(v) for kk, v in obs.items()}, sel(fixed))
         full = np.full((A, len(groups)), np.nan)              # NaN: a row that was not evaluated
-        full[slice(None) if rows is None else rows.numpy()] = (per_layer / sizes).numpy()
+        full[slice(None) if rows is None else rows.cpu().numpy()] = (per_layer / sizes).cpu().numpy()
         last["layer_mse"] = full
         g = torch.cat([gx.reshape(k, -1), gy.reshape(k, -1)], 1) if learn_label else gx.reshape(k, -1)
         return val, g
@@ -449,7 +459,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     snapshots = []
 
     def as_images(z_best):
-        return z_best[:, :nx].reshape(x0.shape).clamp(0, 1)
+        return z_best[:, :nx].reshape(x0.shape).clamp(0, 1).cpu()
 
     def record(it, best, val, alive):
         history["layer_mse"].append(last["layer_mse"])
@@ -472,7 +482,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
                                     history_size=history_size, callback=record)
         evaluations = ev.numpy() if stacked else int(ev[0])
     x = as_images(best)
-    rec = labels if labels is not None else best[:, nx:].reshape(y0.shape).argmax(-1)
+    rec = labels if labels is not None else best[:, nx:].reshape(y0.shape).argmax(-1).cpu()
     if not stacked:
         x, rec = x[0], rec[0]
     return InversionResult(x, rec.clone(), history, snapshots, evaluations=evaluations)
@@ -483,7 +493,7 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
                         tv_weight: float = 1e-2, signed: bool = True, restarts: int = 1,
                         init: str = "gaussian", init_mean=0.5, init_std=0.25, stacked: bool = False,
                         x_true: torch.Tensor | None = None, snapshot_every: int | None = None,
-                        seed: int = 0) -> InversionResult:
+                        seed: int = 0, device=None) -> InversionResult:
     """Inverting Gradients (Geiping et al. 2020, Sec. 4, Eq. 4) with the authors' restarts.
 
     Minimise ``1 - cos(grad(x', y), observed) + tv_weight * TV(x')`` over ``x' in [0, 1]`` with Adam
@@ -504,6 +514,9 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
     tensor has a leading dimension ``A``, ``x_true`` is ``[A, batch, *input_shape]`` and the result's
     ``x`` is ``[A, batch, *input_shape]``). Budget: ``max_iter + 1`` evaluations per trial
     (``result.evaluations``). History ``loss``/``psnr`` are means over attacks and trials.
+
+    ``device`` (default :func:`fedlab.config.device`, i.e. ``FEDLAB_DEVICE``): where the model, the
+    gradients and Adam run; the starting points are drawn on the CPU and the result comes back on it.
     """
     from torch.func import grad_and_value, vmap
 
@@ -527,22 +540,24 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
     gen = torch.Generator().manual_seed(int(seed))
     shape = (A * R, batch_size, *input_shape)
     if init == "gaussian":
-        m = torch.as_tensor(init_mean, dtype=torch.float32)
-        sd = torch.as_tensor(init_std, dtype=torch.float32)
+        m = torch.as_tensor(init_mean, dtype=torch.float32, device="cpu")
+        sd = torch.as_tensor(init_std, dtype=torch.float32, device="cpu")
         if m.ndim == 1:
             m = m.reshape(-1, *([1] * (len(input_shape) - 1)))
         if sd.ndim == 1:
             sd = sd.reshape(-1, *([1] * (len(input_shape) - 1)))
         if not (sd > 0).all():
             raise ValueError(f"init_std must be > 0, got {init_std}")
-        x = m + sd * torch.randn(shape, generator=gen)
+        x = m + sd * torch.randn(shape, generator=gen, device="cpu")
     else:
-        x = torch.rand(shape, generator=gen)
-    x = x.requires_grad_(True)
-    row = torch.arange(A).repeat_interleave(R)                       # trial r of attack a is row a * R + r
-    obs_r = {k: v[row] for k, v in obs.items()}
-    labels_r = labels[row]
-    params = {k: v.detach() for k, v in params.items()}
+        x = torch.rand(shape, generator=gen, device="cpu")
+    dev = _device(device)
+    x = x.to(dev).requires_grad_(True)                               # drawn on the CPU
+    row = torch.arange(A, device="cpu").repeat_interleave(R)         # trial r of attack a is row a * R + r
+    obs_r = {k: v[row].to(dev) for k, v in obs.items()}
+    labels_r = labels[row].to(dev)
+    params = {k: v.detach().to(dev) for k, v in params.items()}
+    model = fl._model_on(model, dev)
     use_tv = tv_weight > 0 and len(input_shape) == 3
 
     def objective(xi, ob, yi):
@@ -569,11 +584,12 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
             x.clamp_(0, 1)
         _log_iteration(history, snapshots, it, float(loss.mean()),
                        psnr=None if xt_r is None else (lambda: float(np.mean(
-                           [matched_psnr(a, b).mean() for a, b in zip(x.detach(), xt_r)]))),
-                       snapshot_every=snapshot_every, snapshot=lambda: x.detach().clone())
+                           [matched_psnr(a, b).mean() for a, b in zip(x.detach().cpu(), xt_r)]))),
+                       snapshot_every=snapshot_every, snapshot=lambda: x.detach().cpu().clone())
     _, (_, score) = vg(x.detach(), obs_r, labels_r)                 # keep the trial of least gradient loss
+    score = score.cpu()
     best = score.reshape(A, R).argmin(1)
-    x_best = x.detach().reshape(A, R, batch_size, *input_shape)[torch.arange(A), best].clone()
+    x_best = x.detach().cpu().reshape(A, R, batch_size, *input_shape)[torch.arange(A, device="cpu"), best].clone()
     history["restart_loss"] = score.reshape(A, R).numpy()
     history["chosen"] = best.numpy()
     out_x, out_y = (x_best, labels.clone()) if stacked else (x_best[0], labels[0].clone())

@@ -39,20 +39,22 @@ VENDOR = Path(__file__).with_name("vendor")
 
 
 def real_or_synthetic(load_real, make_synthetic, *, name: str = "the real data", echo=print):
-    """The data a notebook runs on: ``load_real()`` when the real files are usable, else
-    ``make_synthetic()``, with one line (through ``echo``) saying which and why. Data we may not
-    redistribute (MovieLens, LETOR) is only read from the local cache, so the usual reason is
-    :class:`OfflineError` (not in the cache); a corrupt or unreadable cache (:class:`ChecksumError`,
-    ``OSError``, a ``ValueError`` from parsing) also falls back instead of stopping the book. Any other
-    exception is a bug and propagates. Returns what the chosen function returns."""
+    """The data a notebook runs on: ``load_real()`` when the real files are in the local cache, else
+    ``make_synthetic()``, with one line (through ``echo``) saying which. Data we may not redistribute
+    (MovieLens, LETOR) is only read from the local cache, so the one reason to fall back is
+    :class:`OfflineError` (the data is absent). Any other error of the real loader -- a corrupt cache
+    (:class:`ChecksumError`), an unreadable or half-written file (``OSError``), a parse error
+    (``ValueError``), a bug -- propagates after a line naming ``name``: a page must never switch to
+    synthetic data silently because the real loader crashed. Returns what the chosen function returns."""
     try:
         data = load_real()
     except OfflineError:
         echo(f"{name} is not in the local cache: using the synthetic default")
         return make_synthetic()
-    except (ChecksumError, OSError, ValueError) as err:
-        echo(f"{name} could not be used ({type(err).__name__}: {err}): using the synthetic default")
-        return make_synthetic()
+    except Exception as err:
+        echo(f"{name} is in the local cache but could not be loaded ({type(err).__name__}: {err}); not "
+             f"falling back to synthetic data: repair or remove the cached files")
+        raise
     echo(f"using {name} from the local cache")
     return data
 

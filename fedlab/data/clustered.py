@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from . import Dataset, load_digits
-from .download import fetch
+from .download import fetch, verify_or_warn
 
 __all__ = ["THETA_STAR", "synthetic_linear_clusters", "rotated_digits_clients", "DIABETES_INPUTS",
            "DIABETES_TARGET_SCALE", "diabetes_clients", "CMS_URL",
@@ -212,14 +212,18 @@ def load_cms_inpatient(path: str | Path | None = None, *, zip_coords: dict | Non
     ------
     fedlab.data.download.OfflineError
         If the file is not cached and ``download`` is False.
+    fedlab.data.download.UnverifiedDataWarning
+        When no ``sha256`` is given: the file is loaded, but said NOT to be verified.
     ValueError
-        If a required column is missing or no row matches ``conditions``, or ``download=True`` without
+        If a required column is missing, a row has fewer fields than the header (a truncated file), or
+        no row matches ``conditions``, or the digest differs from ``sha256`` (a ``ChecksumError``), or ``download=True`` without
         ``sha256``: CMS publishes no checksum for the file and :data:`CMS_URL` is a landing page, so a
         download must be checked against a digest you computed for the CSV you chose.
     """
     if path is None:
         path = fetch(CMS_URL, CMS_FILENAME, sha256, download=download)
     path = Path(path)
+    verify_or_warn(path, sha256, "the CMS inpatient CSV")
     cond_index = {c.strip().upper(): i for i, c in enumerate(conditions)}
     per_provider: dict[str, list] = {}
     with open(path, newline="", encoding="utf-8-sig") as fh:
@@ -230,8 +234,12 @@ def load_cms_inpatient(path: str | Path | None = None, *, zip_coords: dict | Non
             raise ValueError(f"CSV at {path} lacks required column(s) {missing}")
         col = {k: header.index(v) for k, v in _COLS.items()}
         for row in reader:
+            if not any(cell.strip() for cell in row):
+                continue                    # a blank line
             if len(row) < len(header):
-                continue
+                # a row cut short (a truncated file) was once skipped silently, dropping providers
+                raise ValueError(f"CSV at {path}, line {reader.line_num}: {len(row)} fields, the header has "
+                                 f"{len(header)}: the file looks truncated or malformed")
             j = cond_index.get(row[col["drg"]].strip().upper())
             if j is None:
                 continue

@@ -8,12 +8,17 @@ into place only once the hash matches, so a partial or wrong download never beco
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import tempfile
+import warnings
 from pathlib import Path
 
 from ..config import data_dir
 
-__all__ = ["sha256sum", "verify_sha256", "fetch", "ChecksumError", "OfflineError"]
+__all__ = ["sha256sum", "verify_sha256", "fetch", "ChecksumError", "OfflineError", "UnverifiedDataWarning",
+           "atomic_write_bytes", "verify_or_warn"]
 
 
 class ChecksumError(ValueError):
@@ -22,6 +27,42 @@ class ChecksumError(ValueError):
 
 class OfflineError(RuntimeError):
     """A file is missing from the cache and downloading it was not possible or not allowed."""
+
+
+class UnverifiedDataWarning(UserWarning):
+    """A data file was loaded without a digest to check it against (a truncated or altered file would go
+    unnoticed)."""
+
+
+def atomic_write_bytes(target: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``target`` atomically: into a temporary file with a name unique to this process
+    in the same directory, flushed to disk, then ``os.replace``-d into place. Two processes writing the
+    same target never share a temporary file, and a reader sees the old file or the whole new one."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def verify_or_warn(path: str | Path, expected: str | None, what: str) -> Path:
+    """:func:`verify_sha256` when ``expected`` is known; otherwise an :class:`UnverifiedDataWarning`
+    saying that ``what`` at ``path`` was NOT verified (pass its digest to check it)."""
+    if expected is None:
+        warnings.warn(f"{what} at {path} is NOT verified: no SHA-256 digest is known for it, so a truncated or "
+                      f"altered file would load without an error; pass sha256=<its digest> to check it",
+                      UnverifiedDataWarning, stacklevel=3)
+        return verify_sha256(path, None)
+    return verify_sha256(path, expected)
 
 
 def sha256sum(path: str | Path, chunk_size: int = 1 << 20) -> str:
@@ -92,7 +133,7 @@ def fetch(
         Naming ``FEDLAB_DATA`` (or ``cache_dir``) when the cache is a file, or cannot be created or
         written. A missing cache directory is created only to download into it.
     """
-    if not filename or "/" in filename or "\\" in filename:
+    if not filename or "/" in filename or "\\" in filename or filename in (".", ".."):
         raise ValueError(f"filename must be a plain file name, got {filename!r}")
     from ..config import _check_cache_dir, ensure_cache_dir
 

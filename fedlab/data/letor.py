@@ -21,6 +21,8 @@ queries at once.
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .download import OfflineError, fetch, verify_sha256
+from .download import OfflineError, atomic_write_bytes, fetch, verify_or_warn
 
 __all__ = ["LTRData", "read_svmlight", "load_letor", "synthetic_letor", "normalize_per_query",
            "LETOR_DATASETS", "MSLR10K_URL", "MSLR10K_SHA256"]
@@ -173,8 +175,11 @@ def load_letor(name: str = "MQ2007", *, fold: int = 1, split: str = "train",
     (a RAR archive) into ``<cache>/MQ2007`` yourself. For MSLR-WEB10K, if the split file is missing,
     ``MSLR-WEB10K.zip`` is taken from the cache or, with ``download=True``, fetched from
     :data:`MSLR10K_URL`; either way it is checked against ``archive_sha256`` (default
-    :data:`MSLR10K_SHA256`) and the split file extracted into the cache. ``sha256`` checks the
-    split file itself if given. ``normalize``: ``"query"`` (per-query min-max, :func:`normalize_per_query`) or ``None``;
+    :data:`MSLR10K_SHA256`) and the split file extracted into the cache (atomically, with its digest
+    beside it in ``<split>.txt.sha256``). ``sha256`` checks the split file itself; by default the digest
+    recorded at extraction is checked, and a split without one (MQ2007, which you unpack yourself) loads
+    with an :class:`fedlab.data.download.UnverifiedDataWarning` saying it was not verified. A split that
+    does not end with a newline (cut short) raises ``ValueError``. ``normalize``: ``"query"`` (per-query min-max, :func:`normalize_per_query`) or ``None``;
     by default ``"query"`` for MSLR-WEB10K and ``None`` for MQ2007.
 
     Raises ``ValueError`` for an unknown ``name``/``split``/``normalize``, ``fold`` outside 1..5 or
@@ -203,9 +208,12 @@ def load_letor(name: str = "MQ2007", *, fold: int = 1, split: str = "train",
     if not path.is_file():
         raise OfflineError(f"{path} not found: download {name} from Microsoft Research, unpack it "
                            f"into {root / folder}, and call load_letor again")
-    if sha256 is not None:
-        verify_sha256(path, sha256)
+    sidecar = path.with_name(path.name + ".sha256")
+    if sha256 is None and sidecar.is_file():      # written when the split was extracted from the verified archive
+        sha256 = sidecar.read_text().strip()
+    verify_or_warn(path, sha256, f"{name} Fold{fold}/{split}.txt")
     data = read_svmlight(path, num_features=F, num_grades=G, source=name)
+    _check_complete(path, name)
     return normalize_per_query(data) if normalize == "query" else data
 
 
@@ -216,10 +224,26 @@ def _extract_member(archive: Path, suffix: str, target: Path) -> None:
         names = [n for n in zf.namelist() if n == suffix or n.endswith("/" + suffix)]
         if not names:
             raise ValueError(f"archive {archive} has no member {suffix!r}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".part")
-        tmp.write_bytes(zf.read(min(names, key=len)))
-        tmp.replace(target)
+        member = zf.read(min(names, key=len))      # zipfile checks the member's CRC-32
+    # a temporary name unique to this process (two processes extracting on a fresh cache once shared
+    # "train.part", and one crashed); the digest of the extracted file goes beside it, so a later load
+    # checks the split file by default
+    atomic_write_bytes(target.with_name(target.name + ".sha256"), hashlib.sha256(member).hexdigest().encode())
+    atomic_write_bytes(target, member)
+
+
+def _check_complete(path: Path, source: str) -> None:
+    """Raise ``ValueError`` when the file at ``path`` does not end with a newline: a LETOR split cut short
+    (an interrupted copy, a full disk) ends inside its last line, which would otherwise parse with the cut
+    features silently 0."""
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() == 0:
+            return                      # read_svmlight names the empty file
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) != b"\n":
+            raise ValueError(f"{source}: {path} does not end with a newline: the file looks truncated "
+                             f"(its last line would load with features missing); copy it again")
 
 
 def synthetic_letor(num_queries: int = 1000, num_features: int = 46, *, min_docs: int = 20,

@@ -14,6 +14,7 @@ dimension ``K`` (one slice per client).
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -24,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from .._checks import finite_positive, finite_tensor, positive_int
+from ..config import device as _device
 from ..models import flatten_params, unflatten_params
 from .rounds import History, run_rounds
 
@@ -44,10 +47,24 @@ def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor,
              loss_fn: LossFn = cross_entropy) -> dict[str, float]:
-    """Accuracy and mean loss of ``model`` with ``params`` on ``(X, y)``."""
+    """Accuracy and mean loss of ``model`` with ``params`` on ``(X, y)`` (``X``: ``[n, ...]``,
+    ``y``: ``[n]``; the model is run where ``X`` lives and the numbers returned as Python floats).
+
+    Raises ``ValueError`` naming ``X`` when it is empty or its length differs from ``y``'s, naming
+    ``params`` or ``X`` when they hold NaN or infinite entries, and when the model's outputs are not
+    finite: the argmax of NaN logits is class 0, so a diverged model would otherwise report the share of
+    class 0 as its accuracy."""
+    if len(X) < 1 or len(y) != len(X):
+        raise ValueError(f"X and y must hold the same number >= 1 of examples, got {len(X)} and {len(y)}")
+    finite_tensor("params", params, " (a diverged model has no accuracy: lower the learning rate)")
+    finite_tensor("X", X)
     out = functional_call(model, params, (X,))
-    return {"accuracy": float((out.argmax(-1) == y).float().mean()),
-            "loss": float(loss_fn(out, y).mean())}
+    finite_tensor("the model's outputs on X", out, " (the parameters are finite but too large: training "
+                  "diverged? lower the learning rate)")
+    loss = float(loss_fn(out, y).mean())
+    if not math.isfinite(loss):
+        raise ValueError(f"the loss on (X, y) is {loss} (labels outside the model's classes?)")
+    return {"accuracy": float((out.argmax(-1) == y).float().mean()), "loss": loss}
 
 
 # --------------------------------------------------------------------------------------------
@@ -70,7 +87,7 @@ class ClientData:
         return int(self.n.shape[0])
 
     def select(self, idx) -> "ClientData":
-        idx = torch.as_tensor(idx, dtype=torch.long)
+        idx = torch.as_tensor(idx, dtype=torch.long, device=self.n.device)   # n stays on the CPU
         return ClientData(self.X[idx], self.y[idx], self.n[idx])
 
     def client(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,12 +125,12 @@ def stack_clients(datasets: Sequence) -> ClientData:
                              f"got {sorted(str(d) for d in dtypes)}")
     n_max, K = max(sizes), len(pairs)
     X0, y0 = pairs[0]
-    X = torch.zeros((K, n_max, *X0.shape[1:]), dtype=X0.dtype)
-    y = torch.zeros((K, n_max, *y0.shape[1:]), dtype=y0.dtype)
+    X = torch.zeros((K, n_max, *X0.shape[1:]), dtype=X0.dtype, device=X0.device)
+    y = torch.zeros((K, n_max, *y0.shape[1:]), dtype=y0.dtype, device=y0.device)
     for k, (Xk, yk) in enumerate(pairs):
         X[k, : len(Xk)] = Xk
         y[k, : len(yk)] = yk
-    return ClientData(X, y, torch.tensor(sizes))
+    return ClientData(X, y, torch.tensor(sizes, device="cpu"))
 
 
 def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int,
@@ -139,27 +156,25 @@ def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int,
     """
     if int(local_epochs) != local_epochs or local_epochs < 1:
         raise ValueError(f"local_epochs must be a positive integer, got {local_epochs}")
-    n = torch.as_tensor(n, dtype=torch.long)
+    n = torch.as_tensor(n, dtype=torch.long, device="cpu")   # the plan is drawn on the CPU
     if n.ndim != 1 or n.numel() == 0 or bool((n < 1).any()):
         raise ValueError(f"n must be a non-empty vector of client sizes >= 1 (a client without data has no "
                          f"batch), got {n.tolist()}")
     n_max = int(n.max())
-    B = n_max if batch_size is None else int(batch_size)
-    if B < 1:
-        raise ValueError(f"batch_size must be positive or None, got {batch_size}")
+    B = n_max if batch_size is None else positive_int("batch_size", batch_size)
     B = min(B, n_max)
     if local_steps is not None:
         if int(local_steps) != local_steps or local_steps < 1:
             raise ValueError(f"local_steps must be a positive integer or None, got {local_steps}")
         local_steps = int(local_steps)
         K = len(n)
-        idx = torch.zeros((K, local_steps, B), dtype=torch.long)
-        weight = torch.zeros((K, local_steps, B))
+        idx = torch.zeros((K, local_steps, B), dtype=torch.long, device="cpu")
+        weight = torch.zeros((K, local_steps, B), device="cpu")
         for k, nk in enumerate(n.tolist()):
             per_epoch = math.ceil(nk / B)
             for s in range(local_steps):
                 if s % per_epoch == 0:
-                    perm = torch.randperm(nk, generator=generator)
+                    perm = torch.randperm(nk, generator=generator, device="cpu")
                 b = s % per_epoch
                 chunk = perm[b * B:(b + 1) * B]
                 idx[k, s, : len(chunk)] = chunk
@@ -167,12 +182,12 @@ def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int,
         return idx, weight
     steps = [local_epochs * math.ceil(int(nk) / B) for nk in n]
     S, K = max(steps), len(n)
-    idx = torch.zeros((K, S, B), dtype=torch.long)
-    weight = torch.zeros((K, S, B))
+    idx = torch.zeros((K, S, B), dtype=torch.long, device="cpu")
+    weight = torch.zeros((K, S, B), device="cpu")
     for k, nk in enumerate(n.tolist()):
         per_epoch = math.ceil(nk / B)
         for e in range(local_epochs):
-            perm = torch.randperm(nk, generator=generator)
+            perm = torch.randperm(nk, generator=generator, device="cpu")
             for b in range(per_epoch):
                 chunk = perm[b * B:(b + 1) * B]
                 s = e * per_epoch + b
@@ -226,16 +241,52 @@ def client_update(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tens
 
     ``X``: ``[n, ...]``, ``y``: ``[n]``. Returns the new parameter dict.
     """
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
+    finite_positive("lr", lr)
     _check_weight_decay(weight_decay)
     if len(X) < 1 or len(y) != len(X):
         raise ValueError(f"X and y must hold the same number >= 1 of examples, got {len(X)} and {len(y)}")
+    _check_inputs(model, params, X, y, loss_fn)
     idx, w = batch_plan(torch.tensor([len(X)]), batch_size, local_epochs, generator, local_steps)
     step = _step_fn(model, loss_fn, lr, weight_decay)
     for s in range(idx.shape[1]):
         params = step(params, X, y, idx[0, s], w[0, s])
     return params
+
+
+@torch.no_grad()
+def _check_inputs(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
+                  n: torch.Tensor | None = None) -> None:
+    """Clear errors, before any training, for what would otherwise fail deep inside ``vmap`` or pass
+    silently: a meta tensor, a dtype or shape the model does not take (applied to one example of ``X``),
+    and, for the default cross-entropy loss, labels outside ``0..C-1`` (a negative label such as -100 is
+    silently ignored by ``F.cross_entropy``; one ``>= C`` is an index error under ``vmap``). ``X``:
+    ``[n, ...]``, ``y``: ``[n]`` (with ``n`` given, only the first ``n.max()`` rows count)."""
+    if X.device.type == "meta" or y.device.type == "meta":
+        raise ValueError("X and y are meta tensors (shapes without data): load real data onto a device")
+    try:
+        out = functional_call(model, params, (X[:1],))
+    except RuntimeError as exc:
+        raise ValueError(f"the model cannot be applied to X (one example: shape {tuple(X.shape[1:])}, dtype "
+                         f"{X.dtype}; params dtype {next(iter(params.values())).dtype}): {exc}") from exc
+    if loss_fn is cross_entropy and not y.is_floating_point() and out.ndim == 2:
+        C = out.shape[-1]
+        rows = y if n is None else y[..., : int(n.max())]
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= C):
+            raise ValueError(f"y: labels must lie in 0..{C - 1} for a model with {C} outputs, got labels in "
+                             f"{int(rows.min())}..{int(rows.max())}")
+
+
+def _model_on(model: nn.Module, dev: torch.device) -> nn.Module:
+    """``model`` itself when its buffers (the parameters are passed to ``functional_call``) already live
+    on ``dev`` (always on the CPU), else a copy moved there."""
+    if all(b.device == dev for b in model.buffers()):
+        return model
+    return copy.deepcopy(model).to(dev)
+
+
+def _on(tensors: dict, dev: torch.device) -> dict:
+    """``{name: tensor on dev}`` (no copy for a tensor already there)."""
+    return {k: v.to(dev) for k, v in tensors.items()}
 
 
 def _expand(params: dict, K: int) -> dict:
@@ -252,8 +303,7 @@ def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: floa
     tensors have a leading client dimension ``K``. Returns a stacked dict ``{name: [K, ...]}``.
     The result equals running the clients one after the other with the same batch plan.
     """
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
+    finite_positive("lr", lr)
     K = data.num_clients
     if stacked:
         bad = [k for k, v in params.items() if v.shape[0] != K]
@@ -263,7 +313,9 @@ def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: floa
     else:
         p = _expand(params, K)
     _check_weight_decay(weight_decay)
-    idx, w = batch_plan(data.n, batch_size, local_epochs, generator, local_steps)
+    _check_inputs(model, {k: v[0] for k, v in p.items()}, data.X[0], data.y[0], loss_fn, n=data.n)
+    idx, w = batch_plan(data.n, batch_size, local_epochs, generator, local_steps)   # drawn on the CPU
+    idx, w = idx.to(data.X.device), w.to(data.X.device)          # the same plan wherever the data lives
     step = _step_fn(model, loss_fn, lr, weight_decay)
     if K == 1:  # vmap's bookkeeping costs more than it saves for a single client
         q = {k: v[0] for k, v in p.items()}
@@ -284,7 +336,7 @@ def weighted_average(stacked: dict, weights: torch.Tensor) -> dict:
     correctly rounded float32 quotient, as before). Raises ``ValueError`` for NaN / infinite / negative
     weights or a zero sum.
     """
-    weights = torch.as_tensor(weights, dtype=torch.float64)
+    weights = torch.as_tensor(weights, dtype=torch.float64, device="cpu")   # checked on the CPU
     if weights.ndim != 1 or not bool(torch.isfinite(weights).all()) or (weights < 0).any() or weights.sum() <= 0:
         raise ValueError(f"weights must be a finite non-negative vector with a positive sum, got {weights}")
     wn = weights / weights.sum()
@@ -292,7 +344,7 @@ def weighted_average(stacked: dict, weights: torch.Tensor) -> dict:
     for k, v in stacked.items():
         if v.shape[0] != len(wn):
             raise ValueError(f"stacked[{k!r}] has {v.shape[0]} clients, weights has {len(wn)}")
-        out[k] = torch.tensordot(wn.to(v.dtype), v, dims=1)
+        out[k] = torch.tensordot(wn.to(device=v.device, dtype=v.dtype), v, dims=1)
     return out
 
 
@@ -324,10 +376,11 @@ class FLResult:
     history: History = field(default_factory=lambda: History("accuracy", "loss"))
 
 
-def eval_fn(model: nn.Module, eval_data, loss_fn: LossFn = cross_entropy):
+def eval_fn(model: nn.Module, eval_data, loss_fn: LossFn = cross_entropy, device=None):
     """``params -> {"accuracy", "loss"}`` on ``eval_data`` (for :func:`fedlab.fl.rounds.run_rounds`),
     or ``None`` when ``eval_data`` is ``None``. ``eval_data`` is a ``Dataset`` (anything with ``X`` and
-    ``y``) or an ``(X, y)`` pair; anything else raises a ``ValueError`` naming ``eval_data``."""
+    ``y``) or an ``(X, y)`` pair; anything else raises a ``ValueError`` naming ``eval_data``. With
+    ``device`` (a ``torch.device``) the data is moved there once, for parameters living there."""
     if eval_data is None:
         return None
     if hasattr(eval_data, "X") and hasattr(eval_data, "y"):
@@ -336,6 +389,8 @@ def eval_fn(model: nn.Module, eval_data, loss_fn: LossFn = cross_entropy):
         X, y = eval_data
     else:
         raise ValueError(f"eval_data must be a Dataset or an (X, y) pair, got {type(eval_data).__name__}")
+    if device is not None:
+        X, y, model = torch.as_tensor(X, device=device), torch.as_tensor(y, device=device), _model_on(model, device)
     return lambda params: evaluate(model, params, X, y, loss_fn)
 
 
@@ -344,7 +399,7 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
            params: dict | None = None, seed: int = 0, eval_data=None, eval_every: int = 1,
            loss_fn: LossFn = cross_entropy, callback: Callable[[RoundRecord], None] | None = None,
            progress: bool | None = None, local_steps: int | None = None,
-           weight_decay: float = 0.0) -> FLResult:
+           weight_decay: float = 0.0, device=None) -> FLResult:
     """FederatedAveraging (McMahan et al. 2017; Shokri's CS5562 lecture, Algorithm 1).
 
     Each round ``t``: the server samples ``m = max(C*K, 1)`` clients, each runs ClientUpdate from the
@@ -366,34 +421,55 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
         Run exactly this many SGD steps per client and round instead of ``local_epochs`` epochs.
     weight_decay : float
         lambda >= 0: each client's local objective is ``mean loss + lambda/2 ||w||^2`` (0: none).
+    device : str or torch.device, optional
+        Where the clients train and the server averages (default :func:`fedlab.config.device`, i.e.
+        ``FEDLAB_DEVICE``, ``cpu`` unless set). Client sampling and mini-batches are drawn on the CPU,
+        so every device runs the same schedule; the callback's record and the result are on the CPU.
 
     Returns
     -------
     FLResult
+
+    Raises
+    ------
+    ValueError
+        Naming ``lr`` (not finite and > 0, or training diverged to NaN/inf parameters), the clients'
+        ``X`` (NaN or infinite entries), ``y`` (labels outside the model's classes), ``params``, or
+        ``device`` / ``FEDLAB_DEVICE``.
     """
     if not 0.0 < client_fraction <= 1.0:
         raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
+    finite_positive("lr", lr)
+    dev = _device(device)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
+    finite_tensor("clients' X", data.X, " (one NaN makes every parameter NaN after the first round)")
+    data = ClientData(data.X.to(dev), data.y.to(dev), data.n)        # no copy on the CPU
     K = data.num_clients
     m = max(int(round(client_fraction * K)), 1)
     gen = torch.Generator().manual_seed(seed)
     w = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}
+    finite_tensor("params", w)
+    w, on_model = _on(w, dev), _model_on(model, dev)
+    cpu = (lambda d: d) if dev.type == "cpu" else (lambda d: {k: v.cpu() for k, v in d.items()})
 
     def step(t, w):
-        selected = torch.randperm(K, generator=gen)[:m].sort().values
+        selected = torch.randperm(K, generator=gen, device="cpu")[:m].sort().values
         sub = data.select(selected)
-        local = clients_update(model, w, sub, lr=lr, local_epochs=local_epochs,
+        local = clients_update(on_model, w, sub, lr=lr, local_epochs=local_epochs,
                                batch_size=batch_size, generator=gen, loss_fn=loss_fn,
                                local_steps=local_steps, weight_decay=weight_decay)
         weights = sub.n.float()
         if callback is not None:
-            callback(RoundRecord(t, w, selected.numpy(), local, weights))
-        return weighted_average(local, weights)
+            callback(RoundRecord(t, cpu(w), selected.numpy(), cpu(local), weights))
+        new = weighted_average(local, weights)
+        finite_tensor(f"the global parameters after round {t}", new,
+                      f" (training diverged: lower lr, got {lr})")
+        return new
 
-    w, history, _ = run_rounds(num_rounds, step, w, evaluate=eval_fn(model, eval_data, loss_fn),
+    w, history, _ = run_rounds(num_rounds, step, w, evaluate=eval_fn(model, eval_data, loss_fn, dev),
                                eval_every=eval_every, history=History("accuracy", "loss"),
                                progress=progress, desc="FedAvg rounds")
-    return FLResult(w, history)
+    return FLResult(cpu(w), history)
 
 
 def fedsgd(model: nn.Module, clients, *, num_rounds: int, client_fraction: float = 1.0,

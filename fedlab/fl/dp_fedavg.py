@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._checks import finite_positive, finite_tensor
 from ..privacy.dp_fedavg import check_dp_args, dp_aggregate, noise_std
 from . import ClientData, FLResult, clients_update, cross_entropy, eval_fn, stack_clients
 from .rounds import History, run_rounds
@@ -53,6 +54,8 @@ def dp_server_step(t: int, params: dict, selected: torch.Tensor, updates: dict |
     noisy, clipped_mean = dp_aggregate(updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
                                        expected_clients=expected_clients, generator=generator, like=params)
     new = {k: params[k] + server_lr * noisy[k] for k in params}
+    finite_tensor(f"the global parameters after round {t}", new,
+                  f" (server_lr={server_lr} or the noise made them overflow)")
     if callback is not None:
         sigma = 0.0 if noise_multiplier == 0 else noise_std(noise_multiplier, clip_norm, expected_clients)
         callback(DPRoundRecord(t, params, selected.numpy(), updates, clipped_mean, sigma, new))
@@ -84,9 +87,10 @@ def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: floa
     """
     if not 0.0 < sampling_prob <= 1.0:
         raise ValueError(f"sampling_prob must be in (0, 1], got {sampling_prob}")
-    if not server_lr > 0:
-        raise ValueError(f"server_lr must be > 0, got {server_lr}")
+    finite_positive("server_lr", server_lr)
+    finite_positive("lr", lr)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
+    finite_tensor("clients' X", data.X)
     K = data.num_clients
     m = sampling_prob * K
     check_dp_args(noise_multiplier, clip_norm, m)

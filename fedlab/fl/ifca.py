@@ -28,7 +28,8 @@ from torch.func import functional_call, vmap
 from ..models import flatten_stacked as stack_to_flat, get_params, squared_error
 from ..models import unflatten_stacked as flat_to_stack
 from ..privacy.dprivacy import DEFAULT_FP_SLACK, PrivacyAccountant, sanitize_update
-from . import ClientData, clients_update, cross_entropy, stack_clients
+from ..config import device as _device
+from . import ClientData, _model_on, clients_update, cross_entropy, stack_clients
 from .rounds import History, run_rounds
 
 __all__ = ["squared_error", "hypothesis_losses", "evaluate_hypotheses", "kmeans_clusters",
@@ -39,10 +40,12 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _per_client_stats(model, like, hyps: torch.Tensor, data: ClientData, loss_fn):
-    """Mean loss and mean correctness of every client under every hypothesis: two ``[K, k]``."""
+    """Mean loss and mean correctness of every client under every hypothesis: two ``[K, k]``, on the
+    CPU (computed where ``data`` lives)."""
+    dev = data.X.device
     n_max = data.X.shape[1]
-    mask = (torch.arange(n_max)[None, :] < data.n[:, None]).float()  # [K, n_max]
-    stacked = flat_to_stack(hyps, like)
+    mask = (torch.arange(n_max, device=data.n.device)[None, :] < data.n[:, None]).float().to(dev)  # [K, n_max]
+    stacked = flat_to_stack(hyps.to(dev), like)
 
     def one(params, X, y, m):
         out = functional_call(model, params, (X,))
@@ -57,7 +60,7 @@ def _per_client_stats(model, like, hyps: torch.Tensor, data: ClientData, loss_fn
     over_hyps = vmap(over_clients, in_dims=(0, None, None, None))
     with torch.no_grad():
         loss, acc = over_hyps(stacked, data.X, data.y, mask)  # [k, K]
-    return loss.T, acc.T
+    return loss.T.cpu(), acc.T.cpu()
 
 
 def hypothesis_losses(model: nn.Module, hypotheses: torch.Tensor, clients, *,
@@ -165,7 +168,7 @@ class IFCAResult:
 
 def _check_hyps(h: torch.Tensor, like: dict) -> torch.Tensor:
     n = sum(v.numel() for v in like.values())
-    h = torch.as_tensor(h, dtype=torch.float32)
+    h = h.to(torch.float32) if isinstance(h, torch.Tensor) else torch.as_tensor(h, dtype=torch.float32, device="cpu")
     if h.ndim != 2 or h.shape[1] != n:
         raise ValueError(f"hypotheses must have shape [k, {n}] (the model has {n} parameters), "
                          f"got {tuple(h.shape)}")
@@ -181,7 +184,8 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
          local_epochs: int = 1, batch_size: int | None = 10, lr: float = 0.1, nu: float | None = None,
          clustering: str = "argmin", init: torch.Tensor | None = None, init_std: float = 1.0,
          val_clients=None, patience: int | None = None, loss_fn: LossFn = cross_entropy,
-         budget: float | None = None, refuse_past_budget: bool = True, seed: int = 0) -> IFCAResult:
+         budget: float | None = None, refuse_past_budget: bool = True, seed: int = 0,
+         device=None) -> IFCAResult:
     """IFCA (Ghosh et al. 2020) and, with ``nu`` and ``clustering="kmeans"``, Galli et al. Algorithm 1.
 
     Each round ``t``: sample ``U = clients_per_round`` clients; each computes ``F_c(theta_j)`` for all
@@ -212,6 +216,10 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
         schedule, and the first child of ``np.random.SeedSequence(seed)`` for the noise. The schedule
         never depends on ``nu``: runs with and without noise (and with different ``nu``) sample the
         same clients each round, up to budget refusals.
+    device : str or torch.device, optional
+        Where the clients' losses and local updates are computed (default :func:`fedlab.config.device`,
+        i.e. ``FEDLAB_DEVICE``). Hypotheses, noise, k-means and the records stay on the CPU, so every
+        device draws the same numbers.
 
     Raises
     ------
@@ -227,9 +235,13 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
         raise ValueError(f"clustering must be 'argmin' or 'kmeans', got {clustering!r}")
     if patience is not None and patience < 1:
         raise ValueError(f"patience must be >= 1 or None, got {patience}")
+    dev = _device(device)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
     val = None if val_clients is None else (
         val_clients if isinstance(val_clients, ClientData) else stack_clients(val_clients))
+    data = ClientData(data.X.to(dev), data.y.to(dev), data.n)        # no copy on the CPU
+    val = None if val is None else ClientData(val.X.to(dev), val.y.to(dev), val.n)
+    model = _model_on(model, dev)
     K, k = data.num_clients, int(num_clusters)
     if int(clients_per_round) != clients_per_round or not 1 <= clients_per_round <= K:
         raise ValueError(f"clients_per_round must be an integer in [1, {K}], got {clients_per_round}")
@@ -238,7 +250,7 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
     gen = torch.Generator().manual_seed(seed)
     schedule_rng, noise_rng = _streams(seed)
     if init is None:
-        hyps = init_std * torch.randn(k, n, generator=gen)
+        hyps = init_std * torch.randn(k, n, generator=gen, device="cpu")
     else:
         hyps = _check_hyps(init, like).clone()
         if hyps.shape[0] != k:
@@ -264,8 +276,8 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
             chosen = _per_client_stats(model, like, hyps, sub, loss_fn)[0].argmin(1).numpy()
             start = hyps[torch.from_numpy(chosen)]
             local = stack_to_flat(clients_update(
-                model, flat_to_stack(start, like), sub, lr=lr, local_epochs=local_epochs,
-                batch_size=batch_size, generator=gen, loss_fn=loss_fn, stacked=True)).detach()
+                model, flat_to_stack(start.to(dev), like), sub, lr=lr, local_epochs=local_epochs,
+                batch_size=batch_size, generator=gen, loss_fn=loss_fn, stacked=True)).detach().cpu()
             if not torch.isfinite(local).all():
                 # local SGD blew up: nothing is released, the run stops after this round (see IFCAResult)
                 res.diverged = t

@@ -156,7 +156,7 @@ def pdgd_pair_weights(f: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     fm = torch.where(mask, f, torch.full_like(f, -1e4))
     e = torch.exp(fm - fm.amax(-1, keepdim=True).detach()) * mask
     S = e.flip(-1).cumsum(-1).flip(-1)                                   # [B, n]
-    pos = torch.arange(n)
+    pos = torch.arange(n, device=f.device)
     win = (pos[:, None, None] < pos[None, None, :]) & (pos[None, None, :] <= pos[None, :, None])  # [a, b, k]
     inner = (S[:, None, None, :] - e[:, None, :, None]).clamp_min(0) + e[:, :, None, None]
     ok = win & (S[:, None, None, :] > 0)

@@ -38,8 +38,8 @@ def check_dp_args(noise_multiplier: float, clip_norm: float | None, expected_cli
     """Validate DP-FedAvg's mechanism arguments: raises ``ValueError`` naming ``noise_multiplier``
     unless it is ``>= 0``, ``clip_norm`` unless it is ``> 0`` or ``None`` (no clipping), and
     ``expected_clients`` unless it is ``> 0``."""
-    if not noise_multiplier >= 0:
-        raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+    if isinstance(noise_multiplier, bool) or not (noise_multiplier >= 0 and noise_multiplier < float("inf")):
+        raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier!r}")
     if clip_norm is not None and not clip_norm > 0:
         raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm}")
     if not expected_clients > 0:
@@ -198,8 +198,8 @@ def delta_for(num_clients: int, factor: float = 10.0) -> float:
 def _check_acct(sampling_prob, num_rounds, delta, num_clients=None):
     if not 0.0 < sampling_prob <= 1.0:
         raise ValueError(f"sampling_prob must be in (0, 1], got {sampling_prob}")
-    if int(num_rounds) != num_rounds or num_rounds < 1:
-        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds}")
+    if isinstance(num_rounds, bool) or int(num_rounds) != num_rounds or num_rounds < 1:
+        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds!r}")
     check_delta(delta, num_clients)
 
 
@@ -253,6 +253,13 @@ def noise_multiplier_for_epsilon(epsilon: float, sampling_prob: float, num_round
     import dp_accounting
     from dp_accounting import rdp
 
+    lowest = 0.05                       # the search's lower end: below it, noise no longer calibrates usefully
+    floor = epsilon_spent(lowest, sampling_prob, num_rounds, delta)
+    if floor <= epsilon:
+        # dp_accounting would fail with 'Unable to find bracketing interval' (hostile-inputs P10i)
+        raise ValueError(f"epsilon={epsilon:g} is so large that even the smallest noise multiplier searched, "
+                         f"z={lowest}, spends less (epsilon {floor:.4g}); use a smaller epsilon, or epsilon=inf "
+                         f"for no noise")
     return float(dp_accounting.calibrate_dp_mechanism(
         lambda: rdp.RdpAccountant(list(RDP_ORDERS)), lambda z: dp_event(z, sampling_prob, num_rounds), epsilon, delta,
-        dp_accounting.LowerEndpointAndGuess(0.05, 1.0), tol=1e-3))
+        dp_accounting.LowerEndpointAndGuess(lowest, 1.0), tol=1e-3))

@@ -14,6 +14,7 @@ Functions: :func:`encode`, :func:`decode`, :func:`pairwise_masks`, :func:`mask_u
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 __all__ = ["MODULUS_BITS", "FRAC_BITS", "encode", "decode", "pairwise_masks", "mask_updates",
@@ -24,6 +25,11 @@ FRAC_BITS = 32         # fixed-point resolution 2^-32 ~ 2.3e-10
 
 
 def _check(modulus_bits, frac_bits):
+    # integers only (3.0 too would make the ring's 2^bits a float): frac_bits=2.5 would scale by 2^2.5
+    # and decode 1.0 as 1.06, silently
+    for name, v in (("modulus_bits", modulus_bits), ("frac_bits", frac_bits)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{name} must be an integer, got {v!r}")
     if not 8 <= modulus_bits <= 48:
         raise ValueError(f"modulus_bits must be in [8, 48], got {modulus_bits}")
     if not 0 <= frac_bits < modulus_bits - 1:

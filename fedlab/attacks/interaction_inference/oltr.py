@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ...config import device as _device
 from ...fl.oltr import init_rankers, local_update, ranker_size, present, simulate_clicks
 from ...metrics import roc_auc_rows
 from ...privacy.defenses import clip_rows
@@ -251,7 +252,8 @@ def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm
     :func:`fedlab.attacks.interaction_inference.recsys.raifle` (``max_iter``, ``num_restarts``, ``seed``, ``user_ids``...): one L-BFGS per user run as a batch,
     with per-user random starts, so that each user is attacked as if alone (RAIFLE attacks users one
     by one) whatever else shares the batch.
-    ``scores`` of the result are ``[U, Q n]`` (query-major). Raises ``ValueError`` if ``update``
+    ``scores`` of the result are ``[U, Q n]`` (query-major), on the CPU; ``device=`` (default
+    ``FEDLAB_DEVICE``) is where the simulation and L-BFGS run. Raises ``ValueError`` if ``update``
     has the wrong shape.
     """
     if clip_norm is not None and not clip_norm > 0:
@@ -260,6 +262,11 @@ def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm
     if target.shape != case.update.shape:
         raise ValueError(f"update must be {tuple(case.update.shape)}, got {tuple(target.shape)}")
     U, Q, n, _ = case.X.shape
+    dev = kwargs["device"] = _device(kwargs.get("device"))           # FEDLAB_DEVICE unless given
+    case = replace(case, X=case.X.to(dev), mask=case.mask.to(dev), theta0=case.theta0.to(dev),
+                   order=case.order.to(dev))
+    target = target.to(dev)
+    coords = None if coords is None else torch.as_tensor(coords).to(dev)
 
     def loss_fn(I, E, rows):
         X, Ir, mask = case.X[rows], I.reshape(-1, Q, n), case.mask[rows]

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 
 from ...fl.recsys.interactions import fcf_item_updates, fncf_backprop, fncf_first_layer, fncf_updates
+from ...config import device as _device
+from ...fl import _model_on
 from ...optim import lbfgs_rows
 from ...privacy.defenses import clip_rows
 
@@ -68,7 +70,7 @@ def user_generator(seed: int, user: int, stream: int) -> torch.Generator:
 def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None = None,
            num_restarts: int = 1, max_iter: int = 100, tol: float = 1e-9, history_size: int = 20,
            seed: int = 0, user_ids: torch.Tensor | None = None, emb_init_std: float = 1.0,
-           antithetic: bool = True) -> RaifleResult:
+           antithetic: bool = True, device=None) -> RaifleResult:
     """RAIFLE, Algorithm 1 (``dim=None``) or Algorithm 2 (``dim=d``), batched over users.
 
     ``loss_fn(I, E, rows) -> [k]`` returns the matching loss of each of ``k`` candidate rows: ``I``
@@ -87,6 +89,12 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None
     result does not depend on the users it is batched with (``tests/test_interaction_inference.py``
     checks this). Each user keeps its best restart.
 
+    ``device``: where the L-BFGS runs (``None``: the CPU). ``loss_fn`` then receives ``I``, ``E`` and
+    ``rows`` on that device, so the tensors it holds must live there too: :func:`raifle_fcf`,
+    :func:`raifle_fncf` and :func:`fedlab.attacks.interaction_inference.oltr.raifle_oltr` move theirs
+    and pass :func:`fedlab.config.device` (``FEDLAB_DEVICE``). The starting points are drawn on the CPU;
+    the result is on the CPU.
+
     Raises ``ValueError`` for non-positive sizes, ``num_restarts < 1``, ``max_iter < 1`` or
     ``user_ids`` of the wrong length.
     """
@@ -96,24 +104,26 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None
         raise ValueError(f"num_restarts must be >= 1, got {num_restarts}")
     if max_iter < 1:
         raise ValueError(f"max_iter must be >= 1, got {max_iter}")
-    ids = torch.arange(num_users) if user_ids is None else torch.as_tensor(user_ids).flatten()
+    ids = torch.arange(num_users, device="cpu") if user_ids is None else torch.as_tensor(user_ids).flatten()
     if len(ids) != num_users:
         raise ValueError(f"user_ids must hold num_users={num_users} ids, got {len(ids)}")
     B = num_restarts * num_users
-    rows = torch.arange(B) % num_users
-    z = torch.empty(num_restarts, num_users, num_items)
-    E = None if dim is None else torch.empty(num_restarts, num_users, dim)
+    rows = torch.arange(B, device="cpu") % num_users
+    z = torch.empty(num_restarts, num_users, num_items, device="cpu")
+    E = None if dim is None else torch.empty(num_restarts, num_users, dim, device="cpu")
     for u, uid in enumerate(ids.tolist()):
         for r in range(num_restarts):
-            z[r, u] = torch.rand(num_items, generator=user_generator(seed, uid, 2 * r)) * 2 - 1
+            z[r, u] = torch.rand(num_items, generator=user_generator(seed, uid, 2 * r), device="cpu") * 2 - 1
             if E is not None:
                 if antithetic:
                     pair = r - r % 2
-                    e = emb_init_std * torch.randn(dim, generator=user_generator(seed, uid, 2 * pair + 1))
+                    e = emb_init_std * torch.randn(dim, generator=user_generator(seed, uid, 2 * pair + 1), device="cpu")
                     E[r, u] = e if r % 2 == 0 else -e
                 else:
-                    E[r, u] = emb_init_std * torch.randn(dim, generator=user_generator(seed, uid, 2 * r + 1))
+                    E[r, u] = emb_init_std * torch.randn(dim, generator=user_generator(seed, uid, 2 * r + 1), device="cpu")
     x0 = z.reshape(B, num_items) if E is None else torch.cat([z.reshape(B, num_items), E.reshape(B, dim)], 1)
+    dev = torch.device("cpu") if device is None else _device(device)
+    x0, rows = x0.to(dev), rows.to(dev)                           # drawn on the CPU: the same starts anywhere
 
     def rows_loss(x, idx):
         Ex = None if E is None else x[:, num_items:]
@@ -124,8 +134,8 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None
     with torch.no_grad():
         final = loss_fn(torch.sigmoid(zx), Ex, rows).reshape(num_restarts, num_users)
         best = final.argmin(0)                                    # [U]
-        pick = best * num_users + torch.arange(num_users)
-        return RaifleResult(zx[pick], None if Ex is None else Ex[pick], final.min(0).values, evals)
+        pick = best * num_users + torch.arange(num_users, device=dev)
+        return RaifleResult(zx[pick].cpu(), None if Ex is None else Ex[pick].cpu(), final.min(0).values.cpu(), evals)
 
 
 def matching_loss(pred_items, target_items, mask, pred_params=None, target_params=None,
@@ -162,14 +172,14 @@ def _params_distance(pred_params, target_params, params_weight: float = 1.0):
 
 def _guess_embeddings(num_users: int, dim: int, seed: int, user_ids) -> torch.Tensor:
     """Algorithm 1's stand-in for the unknown embeddings: ``N(0, I)`` per user from its own generator."""
-    ids = torch.arange(num_users) if user_ids is None else torch.as_tensor(user_ids).flatten()
-    return torch.stack([torch.randn(dim, generator=user_generator(seed, u, -1 % 2**31)) for u in ids.tolist()])
+    ids = torch.arange(num_users, device="cpu") if user_ids is None else torch.as_tensor(user_ids).flatten()
+    return torch.stack([torch.randn(dim, generator=user_generator(seed, u, -1 % 2**31), device="cpu") for u in ids.tolist()])
 
 
 def _restarts(rows, num_users: int) -> int:
     """``R`` when ``rows`` is every user once per restart (``0..U-1`` repeated ``R`` times), else 0."""
     k = rows.numel()
-    return k // num_users if k % num_users == 0 and torch.equal(rows, torch.arange(num_users).repeat(k // num_users)) else 0
+    return k // num_users if k % num_users == 0 and torch.equal(rows, torch.arange(num_users, device=rows.device).repeat(k // num_users)) else 0
 
 
 def _rows_matvec(T, rows, v):
@@ -202,7 +212,8 @@ def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=N
     :func:`user_generator`) standing in for the unknown private embedding. ``alpha``, ``user_lr``: the
     simulated user's FCF confidence weight and learning rate (the model attacked, not the attack's
     optimiser). ``clip_norm``: the users' clipping norm, reproduced inside the simulated ``g``.
-    Other keywords go to :func:`raifle` (``seed``, ``user_ids``, ``max_iter``, ...).
+    Other keywords go to :func:`raifle` (``seed``, ``user_ids``, ``max_iter``, ``device`` -- default
+    ``FEDLAB_DEVICE`` here --, ...).
     """
     U, m, d = X.shape
     if updates.shape != X.shape or mask.shape != (U, m):
@@ -212,6 +223,9 @@ def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=N
         raise ValueError(f"alpha must be >= 0, got {alpha}")
     if not estimate_embedding and guess_emb is None:
         guess_emb = _guess_embeddings(U, d, kwargs.get("seed", 0), kwargs.get("user_ids"))
+    dev = kwargs["device"] = _device(kwargs.get("device"))           # FEDLAB_DEVICE unless given
+    X, updates, mask = X.to(dev), updates.to(dev), mask.to(dev)
+    guess_emb = None if guess_emb is None else guess_emb.to(dev)
 
     w = mask.to(X.dtype)
     G = updates.double()
@@ -284,13 +298,19 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
     ``params_clip_norm``: the users' clipping, reproduced inside the simulation.
 
     ``use_model_params`` adds the parameter-update term to the loss; ``estimate_embedding`` switches
-    between Algorithms 2 and 1 as in :func:`raifle_fcf`.
+    between Algorithms 2 and 1 as in :func:`raifle_fcf`. ``device=`` (a keyword for :func:`raifle`;
+    default ``FEDLAB_DEVICE``): where the simulation and L-BFGS run.
     """
     U, m, d = X.shape
     if item_updates.shape != X.shape or mask.shape != (U, m):
         raise ValueError(f"item_updates must be {tuple(X.shape)} and mask {(U, m)}")
     if not estimate_embedding and guess_emb is None:
         guess_emb = _guess_embeddings(U, d, kwargs.get("seed", 0), kwargs.get("user_ids"))
+    dev = kwargs["device"] = _device(kwargs.get("device"))           # FEDLAB_DEVICE unless given
+    X, item_updates, mask, model = X.to(dev), item_updates.to(dev), mask.to(dev), _model_on(model, dev)
+    theta = {k: v.to(dev) for k, v in theta.items()} if isinstance(theta, dict) else theta.to(dev)
+    param_updates = None if param_updates is None else {k: v.to(dev) for k, v in param_updates.items()}
+    guess_emb = None if guess_emb is None else guess_emb.to(dev)
 
     if local_steps == 1:
         loss_fn = _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask,

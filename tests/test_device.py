@@ -1,0 +1,136 @@
+"""FEDLAB_DEVICE (issue 32): parsing, the errors for a device torch cannot use, and the plumbing of the
+heavy loops, checked on the CPU.
+
+No GPU runs these tests. The plumbing is checked by running each loop with ``device="cpu"`` while torch's
+*default* device is ``meta`` (tensors without data): a tensor that some step creates without following
+the ``device`` argument lands on ``meta``, and the run then fails or its numbers differ. Every loop must
+instead give, bit for bit, the numbers of the plain CPU run."""
+import pytest
+import torch
+
+import fedlab
+from fedlab import config, fl, models
+from fedlab import data as D
+
+
+# ------------------------------------------------------------------ parsing
+@pytest.mark.parametrize("raw, want", [(None, "cpu"), ("cpu", "cpu"), (" CPU ", "cpu"), ("", "cpu")])
+def test_fedlab_device_values(monkeypatch, raw, want):
+    if raw is None:
+        monkeypatch.delenv("FEDLAB_DEVICE", raising=False)
+    else:
+        monkeypatch.setenv("FEDLAB_DEVICE", raw)
+    assert config.device() == torch.device(want) and fedlab.device() == torch.device(want)
+
+
+@pytest.mark.parametrize("raw", ["gpu", "cuda:x", "cuda:-1", "cpu:0", "mps:1", "tpu", "cuda0"])
+def test_fedlab_device_rejects_unknown_values_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv("FEDLAB_DEVICE", raw)
+    with pytest.raises(ValueError, match=r"FEDLAB_DEVICE must be 'cpu', 'cuda', 'cuda:N' or 'mps'"):
+        config.device()
+    with pytest.raises(ValueError, match=r"^device must be"):
+        config.device(raw)
+
+
+def test_a_device_torch_cannot_use_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("FEDLAB_DEVICE", "cuda")
+    with pytest.raises(ValueError, match="FEDLAB_DEVICE='cuda': torch finds no CUDA device"):
+        config.device()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert config.device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"device='cuda:2': there are 2 CUDA device\(s\)"):
+        config.device("cuda:2")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="MPS backend is not available"):
+        config.device("mps")
+    # the loops read it too: a bad FEDLAB_DEVICE stops fedavg before any work
+    monkeypatch.setenv("FEDLAB_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="FEDLAB_DEVICE"):
+        fl.fedavg(models.mlp(3, (), 2, seed=0), [(torch.zeros(2, 3), torch.tensor([0, 1]))], num_rounds=1)
+
+
+# ------------------------------------------------------------------ plumbing
+def _clients(sizes=(6, 5, 7), d=5, C=3):
+    g = torch.Generator().manual_seed(0)
+    return [D.Dataset(torch.randn(n, d, generator=g), torch.randint(0, C, (n,), generator=g)) for n in sizes]
+
+
+def _same(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a.device.type == "cpu" and torch.equal(a, b)
+
+
+def _under_meta_default(fn):
+    """``fn()`` with torch's default device set to meta: any tensor created without following the
+    ``device`` argument has no data."""
+    with torch.device("meta"):
+        return fn()
+
+
+def test_fedavg_default_equals_fedlab_device_cpu_and_threads_its_device(monkeypatch):
+    net = models.mlp(5, (4,), 3, seed=1)
+    ev = D.Dataset(torch.randn(9, 5), torch.arange(9) % 3)
+    seen, clients = [], _clients()
+    run = lambda **kw: fl.fedavg(net, clients, num_rounds=3, client_fraction=0.67, batch_size=2, lr=0.3,  # noqa: E731
+                                 eval_data=ev, seed=4, **kw)
+    monkeypatch.delenv("FEDLAB_DEVICE", raising=False)
+    base = run(callback=lambda r: seen.append(r.client_params))
+    monkeypatch.setenv("FEDLAB_DEVICE", "cpu")
+    env = run()
+    explicit = _under_meta_default(lambda: run(device="cpu"))
+    for other in (env, explicit):
+        assert _same(base.params, other.params) and base.history == other.history
+    assert all(v.device.type == "cpu" for rec in seen for v in rec.values())
+
+
+def test_ifca_threads_its_device():
+    from fedlab.fl.ifca import ifca
+
+    net = models.mlp(5, (), 3, seed=1)
+    clients, val = _clients((5, 6, 4, 7)), _clients((4, 4))
+    run = lambda **kw: ifca(net, clients, num_clusters=2, num_rounds=3, clients_per_round=3,  # noqa: E731
+                            batch_size=3, seed=2, val_clients=val, **kw)
+    a, b = run(), _under_meta_default(lambda: run(device="cpu"))
+    assert _same(a.hypotheses, b.hypotheses) and _same(a.final, b.final) and a.history == b.history
+
+
+def test_gradient_inversion_threads_its_device():
+    from fedlab.attacks import gradient_inversion as gi
+
+    net = models.mlp(6, (5,), 3, seed=1)
+    params = {k: v.detach().clone() for k, v in net.named_parameters()}
+    X, y = torch.rand(2, 6, generator=torch.Generator().manual_seed(3)), torch.tensor([1, 2])
+    obs = gi.parameter_gradient(net, params, X, y)
+    for fn in (lambda **kw: gi.dlg(net, params, obs, input_shape=(6,), num_classes=3, batch_size=2, max_iter=6,
+                                   x_true=X, **kw),
+               lambda **kw: gi.dlg(net, params, obs, input_shape=(6,), num_classes=3, batch_size=2, max_iter=3,
+                                   steps=3, **kw),
+               lambda **kw: gi.inverting_gradients(net, params, obs, input_shape=(6,), labels=y, max_iter=6,
+                                                   restarts=2, x_true=X, **kw)):
+        a, b = fn(), _under_meta_default(lambda: fn(device="cpu"))
+        assert _same(a.x, b.x) and _same(a.labels, b.labels)
+        assert a.history["loss"] == b.history["loss"]
+
+
+def test_raifle_threads_its_device():
+    from fedlab.attacks.interaction_inference import oltr as ro
+    from fedlab.attacks.interaction_inference import recsys as rf
+
+    g = torch.Generator().manual_seed(0)
+    U, m, d = 3, 5, 4
+    X, upd = torch.randn(U, m, d, generator=g), 0.1 * torch.randn(U, m, d, generator=g)
+    mask = torch.ones(U, m, dtype=torch.bool)
+    fcf = lambda **kw: rf.raifle_fcf(X, upd, mask, max_iter=8, num_restarts=2, **kw)  # noqa: E731
+    a, b = fcf(), _under_meta_default(lambda: fcf(device="cpu"))
+    assert _same(a.scores, b.scores) and _same(a.user_emb, b.user_emb) and _same(a.loss, b.loss)
+
+    from fedlab.data.letor import synthetic_letor
+
+    data = synthetic_letor(40, 6, min_docs=6, seed=1)
+    case = ro.make_oltr_case(data, 3, 2, seed=1)
+    oltr = lambda **kw: ro.raifle_oltr(case, max_iter=8, **kw)  # noqa: E731
+    a, b = oltr(), _under_meta_default(lambda: oltr(device="cpu"))
+    assert _same(a.scores, b.scores) and _same(a.loss, b.loss)
