@@ -325,8 +325,6 @@ class _StallGuard:
     def __init__(self, probe_after: float, grace: float):
         self.probe_after, self.grace = probe_after, grace
         self.pending: str | None = None
-        self.pending_index: int | None = None
-        self.cells = 0
         self.last_seen = time.monotonic()
         self.done_at: float | None = None
         self.probe: tuple[str, str] | None = None        # (probe msg_id, the pending request it was sent after)
@@ -335,8 +333,7 @@ class _StallGuard:
 
     def sent(self, msg: dict) -> None:
         if msg["header"]["msg_type"] == "execute_request" and not self.sending_probe:
-            self.pending, self.pending_index = msg["header"]["msg_id"], self.cells
-            self.cells += 1
+            self.pending = msg["header"]["msg_id"]
             self.done_at, self.last_seen = None, time.monotonic()
 
     def seen(self, channel: str, msg: dict) -> None:
@@ -363,8 +360,8 @@ class _StallGuard:
             return False
         now = time.monotonic()
         if self.done_at is not None and now - self.done_at > self.grace:
-            self.stall = (f"the kernel finished the cell (code cell {self.pending_index} among those run) and went "
-                          f"idle, but the cell's reply had not come {self.grace:.0f} s later")
+            self.stall = (f"the kernel finished the cell and went idle, but the cell's reply had not come "
+                          f"{self.grace:.0f} s later (the seed was stopped instead of waiting for the cell's time limit)")
             return True
         if (self.probe is None or self.probe[1] != self.pending) and now - self.last_seen > self.probe_after:
             self.sending_probe = True
@@ -377,9 +374,9 @@ class _StallGuard:
 
 def _client_class():
     """:class:`GuardedClient`, built on first use (nbclient is imported only when a notebook runs)."""
-    global GuardedClient
-    if GuardedClient is not None:
-        return GuardedClient
+    global _GUARDED
+    if _GUARDED is not None:
+        return _GUARDED
     from queue import Empty
 
     import zmq.asyncio
@@ -479,11 +476,19 @@ def _client_class():
             sliced("shell", shell)
             sliced("iopub", kc.iopub_channel)
 
-    GuardedClient = _GuardedClient
-    return GuardedClient
+    _GuardedClient.__name__ = _GuardedClient.__qualname__ = "GuardedClient"
+    _GUARDED = _GuardedClient
+    return _GUARDED
 
 
-GuardedClient = None   # the class, once :func:`_client_class` built it
+_GUARDED = None   # GuardedClient, once _client_class built it
+
+
+def __getattr__(name: str):
+    """``fedlab.reproduce.GuardedClient`` builds the class on first access (it needs nbclient)."""
+    if name == "GuardedClient":
+        return _client_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _KERNEL_PIDS: set[int] = set()   # kernels this process runs now (a signal in a worker stops them)

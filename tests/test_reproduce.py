@@ -80,6 +80,7 @@ def test_book_toc_lists_every_notebook():
     assert stems == on_disk
 
 
+@pytest.mark.slow
 def test_record_of_a_clean_chapter(tmp_path):
     root = _book(tmp_path)
     out = tmp_path / "rec"
@@ -104,6 +105,7 @@ def test_record_of_a_clean_chapter(tmp_path):
     assert rec2["values"]["draw"] == [rec["values"]["draw"][1]]               # one seed, identical numbers
 
 
+@pytest.mark.slow
 def test_failing_seed_is_named_and_exit_nonzero(tmp_path):
     root = _book(tmp_path)
     out = tmp_path / "rec"
@@ -126,6 +128,7 @@ def test_failing_seed_is_named_and_exit_nonzero(tmp_path):
     assert json.loads((out / "02_bad.quick.json").read_text())["failures"] == []
 
 
+@pytest.mark.slow
 def test_failure_names_the_cell_line(tmp_path):
     long_cell = "\n".join(f"x{i} = {i}" for i in range(11)) + "\nassert x10 < 3"
     cells = [long_cell, "import json\njson.loads('{')", "assert False"]
@@ -176,6 +179,7 @@ def test_bad_arguments(tmp_path):
         rp.run_notebook(root / "chapters" / "01_good.ipynb", seed=-1, scale="quick")
 
 
+@pytest.mark.slow
 def test_a_cell_past_the_timeout_fails_its_seed(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(30)")])
     path = tmp_path / "slow.ipynb"
@@ -186,6 +190,7 @@ def test_a_cell_past_the_timeout_fails_its_seed(tmp_path):
     assert run.seconds < 25
 
 
+@pytest.mark.slow
 def test_a_timed_out_seed_is_run_once_more(tmp_path):
     root = _book(tmp_path)
     slow = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(20)")])
@@ -196,6 +201,7 @@ def test_a_timed_out_seed_is_run_once_more(tmp_path):
     assert len(rec["retries"]) == 1 and rec["failures"][0]["error"].startswith("CellTimeoutError")
 
 
+@pytest.mark.slow
 def test_workers_do_not_outlive_a_killed_command(tmp_path):
     import os
     import signal
@@ -414,3 +420,20 @@ def test_a_signal_stops_the_run_and_keeps_the_stored_record(tmp_path, sig, jobs)
     ours = [p for p in set(family) | set(kernels) if p != str(proc.pid)]
     alive = [p for p in ours if os.path.exists(f"/proc/{p}") and "zombie" not in open(f"/proc/{p}/status").read()]
     assert alive == [], alive
+
+
+def test_the_matrix_with_a_nan_cell_is_not_clean_and_still_written(tmp_path, monkeypatch):
+    from fedlab.experiments import matrix as mx
+
+    def fake(seed, progress=None):
+        progress("dlg", 0.1)
+        return {"dlg|none": float("nan") if seed == 1 else 0.5, "dlg|baseline": 0.25}, {"dlg": 0.1}
+
+    monkeypatch.setattr(mx, "run_matrix", fake)
+    root = Path(__file__).resolve().parents[1]
+    path, failures = rp.reproduce_matrix(scale="quick", seeds=[0, 1], out=tmp_path, root=root)
+    rec = json.loads(path.read_text())                       # valid JSON (it has no NaN)
+    assert [f["seed"] for f in failures] == [1] and failures[0]["error"].startswith("NonFiniteValue")
+    assert rec["values"]["dlg|none"] == [0.5, "nan"] and rec["summary"]["dlg|none"]["n"] == 1
+    with pytest.raises(ValueError, match="--out"):
+        rp.reproduce_matrix(scale="quick", seeds=[0], out=path, root=root)    # a file, not a folder
