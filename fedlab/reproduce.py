@@ -691,6 +691,10 @@ def _worker(args):  # top level so that a process pool can pickle it
             run = run_notebook(path, seed=seed, scale=scale, timeout=timeout, progress=None)
             run.retried = first.failure
         return run
+    except RunInterrupted as exc:
+        if _PROGRESS_QUEUE is not None:   # a worker process: hand the interrupt back to the command, then end
+            threading.Timer(2.0, os._exit, (128 + exc.signum,)).start()
+        raise
     finally:
         _WORKER_BUSY = False
 

@@ -208,12 +208,17 @@ def test_workers_do_not_outlive_a_killed_command(tmp_path):
     import time
 
     root = _book(tmp_path)
-    slow = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(120)")])
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    slow = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        f"import os, time\nopen(os.path.join({str(marks)!r}, str(os.getpid())), 'w').close()\ntime.sleep(120)")])
     nbformat.write(slow, root / "chapters" / "01_good.ipynb")
     proc = subprocess.Popen([sys.executable, "-m", "fedlab", "reproduce", "01", "--seeds", "0,1", "--jobs", "2",
                              "--root", str(root), "--no-progress", "--out", str(tmp_path / "r")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(15)                                   # workers and kernels are up
+    deadline = time.monotonic() + 180                # workers and kernels are up (slow on a loaded machine)
+    while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert children, "the command started no worker"
     os.kill(proc.pid, signal.SIGKILL)
