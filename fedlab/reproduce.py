@@ -44,14 +44,19 @@ from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
+import contextlib
 import datetime as _dt
 import json
 import math
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,8 +64,9 @@ from pathlib import Path
 from .config import progress_enabled
 from .metrics import t_interval
 
-__all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "summarize", "t_interval",
-           "run_notebook", "reproduce", "reproduce_matrix", "main"]
+__all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "non_finite_glues", "summarize",
+           "t_interval", "run_notebook", "reproduce", "reproduce_matrix", "main", "atomic_write_text", "write_record",
+           "check_out", "check_seeds", "check_timeout", "RunInterrupted"]
 
 #: glued names with these endings quote a stored record (``run.paper(...)``, ``run.describe()``) and
 #: are not collected into a new one
@@ -71,10 +77,25 @@ DERIVED_SUFFIXES = ("_paper", "_note")
 CELL_TIMEOUT = {"quick": 300, "paper": 1200}
 DEFAULT_CELL_TIMEOUT = None   # None: take CELL_TIMEOUT[scale]
 
-#: errors after which a seed is run once more: a kernel that stops answering is not a result (seen here
-#: 5 times in about 250 headless runs, with ipykernel 7.4 and 6.31 alike: the kernel idle, nbclient
-#: waiting for a reply that never comes; cause not found); a second failure is reported
-RETRY_ERRORS = ("CellTimeoutError", "DeadKernelError")
+#: errors after which a seed is run once more: a kernel that dies or stops answering is not a result; a
+#: second failure is reported
+RETRY_ERRORS = ("CellTimeoutError", "DeadKernelError", "KernelStallError")
+
+#: at most this many seeds in one command; a seed is an integer in [0, 2**32) (what numpy and torch accept)
+MAX_SEEDS = 1000
+SEED_LIMIT = 2 ** 32
+
+#: the stall guard of :class:`GuardedClient` (seconds): no channel is polled for longer than
+#: ``POLL_SLICE`` at a time; after ``PROBE_AFTER`` s without any message during a cell the kernel is sent
+#: a probe (a silent empty execute request, which it can only answer once the cell is done); once the
+#: kernel is seen done with the cell (its ``idle`` status, or an answer to the probe) and the cell's reply
+#: has not come within ``STALL_GRACE`` s, the seed fails with ``KernelStallError`` (and is run once more)
+POLL_SLICE = 1.0
+PROBE_AFTER = 20.0
+STALL_GRACE = 10.0
+#: seconds to wait, after a cell's reply, for the rest of its output (nbclient's default is 4 s and then
+#: it goes on without the output: a missing glued value; here a missing output fails the seed)
+IOPUB_TIMEOUT = 30
 
 RECORD_FIELDS = ("chapter", "title", "scale", "seeds", "values", "summary", "seconds", "failures", "machine",
                  "python", "torch", "commit", "date", "command")
@@ -210,6 +231,42 @@ def collect_glued(nb) -> dict:
     return values
 
 
+_NON_FINITE = re.compile(r"^[-+]?\(?\s*[-+]?(nan|inf|infinity)\s*\)?$", re.I)
+
+
+def _is_non_finite(text: str) -> bool:
+    """Whether a glued ``text/plain`` is a NaN or an infinity: a float (``nan``, ``-inf``), a numpy
+    scalar (``np.float64(nan)``) or a string that reads as one (``'nan'``, what ``f"{x:.3f}"`` gives for
+    a NaN)."""
+    text = text.strip()
+    m = _NP_SCALAR.match(text)
+    if m:
+        text = m.group(1) + m.group(2)
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1].strip()
+    return bool(_NON_FINITE.match(text))
+
+
+def non_finite_glues(nb) -> list[tuple[str, int]]:
+    """``[(name, code-cell index)]`` of every value glued (as in :func:`collect_glued`) as a NaN or an
+    infinity, in the order glued. A seed that glues one is not clean: a NaN is not a result."""
+    hits: list[tuple[str, int]] = []
+    code_cells = [c for c in nb["cells"] if c.get("cell_type") == "code"]
+    for index, cell in enumerate(code_cells):
+        for out in cell.get("outputs", []):
+            meta = (out.get("metadata") or {}).get("scrapbook") or {}
+            name = meta.get("name")
+            prefix = meta.get("mime_prefix") or ""
+            data = {k[len(prefix):] if prefix and k.startswith(prefix) else k: v
+                    for k, v in (out.get("data") or {}).items()}
+            if not name or name.endswith(DERIVED_SUFFIXES) or "text/plain" not in data:
+                continue
+            text = data["text/plain"]
+            if _is_non_finite("".join(text) if isinstance(text, list) else text):
+                hits.append((name, index))
+    return hits
+
+
 def _as_number(value):
     if isinstance(value, bool) or value is None:
         return None
@@ -260,22 +317,203 @@ def _first_line(source: str) -> str:
     return source.strip().splitlines()[0] if source.strip() else ""
 
 
+class _StallGuard:
+    """What :class:`GuardedClient` knows of the cell in flight: the execute request whose reply has not
+    come (``pending``), when the last message of any kind came, the probe sent to the kernel, and when the
+    kernel was seen done with the cell (``done_at``)."""
+
+    def __init__(self, probe_after: float, grace: float):
+        self.probe_after, self.grace = probe_after, grace
+        self.pending: str | None = None
+        self.last_seen = time.monotonic()
+        self.done_at: float | None = None
+        self.probe: tuple[str, str] | None = None        # (probe msg_id, the pending request it was sent after)
+        self.sending_probe = False
+        self.stall: str | None = None
+
+    def sent(self, msg: dict) -> None:
+        if msg["header"]["msg_type"] == "execute_request" and not self.sending_probe:
+            self.pending = msg["header"]["msg_id"]
+            self.done_at, self.last_seen = None, time.monotonic()
+
+    def seen(self, channel: str, msg: dict) -> None:
+        self.last_seen = time.monotonic()
+        parent = (msg.get("parent_header") or {}).get("msg_id")
+        if self.pending is None or parent is None:
+            return
+        is_probe = self.probe is not None and parent == self.probe[0] and self.probe[1] == self.pending
+        if channel == "shell":
+            if parent == self.pending:
+                self.pending = self.done_at = None
+            elif is_probe:       # the kernel answered a request sent after the cell's: it is done with the cell
+                self.done_at = self.done_at or time.monotonic()
+        elif (msg.get("msg_type") == "status" and msg["content"].get("execution_state") == "idle"
+              and (parent == self.pending or is_probe)):
+            self.done_at = self.done_at or time.monotonic()
+
+    def stalled(self, send_probe) -> bool:
+        """Called while no reply comes: ``True`` once the kernel is known to be done with the cell for
+        longer than ``grace`` s without its reply; sends a probe after ``probe_after`` s of silence."""
+        if self.stall is not None:
+            return True
+        if self.pending is None:
+            return False
+        now = time.monotonic()
+        if self.done_at is not None and now - self.done_at > self.grace:
+            self.stall = (f"the kernel finished the cell and went idle, but the cell's reply had not come "
+                          f"{self.grace:.0f} s later (the seed was stopped instead of waiting for the cell's time limit)")
+            return True
+        if (self.probe is None or self.probe[1] != self.pending) and now - self.last_seen > self.probe_after:
+            self.sending_probe = True
+            try:
+                self.probe = (send_probe(), self.pending)
+            finally:
+                self.sending_probe = False
+        return False
+
+
+def _client_class():
+    """:class:`GuardedClient`, built on first use (nbclient is imported only when a notebook runs)."""
+    global _GUARDED
+    if _GUARDED is not None:
+        return _GUARDED
+    from queue import Empty
+
+    import zmq.asyncio
+    from nbclient import NotebookClient
+
+    class _GuardedClient(NotebookClient):
+        """nbclient's :class:`NotebookClient` that cannot wait for ever on a kernel that is idle.
+
+        The cause of the hang seen in ``reproduce`` (kernel idle, nbclient in ``run_notebook``, and the
+        cell taking exactly its time limit to "finish": 1200 s a cell at paper scale) is a lost wake-up of
+        the shell socket. nbclient mimics an Output widget by sending a ``comm_msg`` on the shell channel
+        for every output the widget captures (chapters 1b and 5 have one); jupyter_client sends it through
+        a *blocking shadow* of the asyncio socket, which bypasses pyzmq's bookkeeping of the socket's
+        edge-triggered file descriptor. When the cell's reply arrives just before such a send, the send
+        consumes the descriptor's wake-up and the asyncio poll waiting for the reply sleeps until its
+        timeout; the reply sits unread in the socket. Measured on a notebook whose cells each print into
+        an Output widget: 5 % of the cells took their full time limit with nbclient alone, none here.
+
+        Three guards: (1) messages to the shell channel are sent through the asyncio socket itself, so
+        pyzmq re-checks the socket after each send (the fix); (2) no channel is polled for more than
+        :data:`POLL_SLICE` s at a time, so any other lost wake-up costs at most that; (3) a stall guard
+        (:class:`_StallGuard`): after :data:`PROBE_AFTER` s without a message during a cell it sends the
+        kernel a silent empty execute request, which the kernel answers only after the cell; once the
+        kernel is seen done with the cell (that answer, or its ``idle`` status) and the cell's reply has not
+        come within :data:`STALL_GRACE` s, the cell fails (``stall`` says why; :func:`run_notebook`
+        reports ``KernelStallError`` and the seed is run once more)."""
+
+        poll_slice = POLL_SLICE
+        probe_after = PROBE_AFTER
+        stall_grace = STALL_GRACE
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.guard = _StallGuard(self.probe_after, self.stall_grace)
+
+        @property
+        def stall(self) -> str | None:
+            return self.guard.stall
+
+        async def async_start_new_kernel_client(self):
+            kc = await super().async_start_new_kernel_client()
+            self._guard_channels(kc)
+            return kc
+
+        async def _receive(self, channel: str, get_msg, timeout: float) -> dict:
+            """One poll of ``channel`` (``"shell"`` or ``"iopub"``) for at most ``timeout`` s (raises
+            ``Empty``); a test overrides it to lose a message."""
+            return await get_msg(timeout=timeout)
+
+        def _guard_channels(self, kc) -> None:
+            guard = self.guard
+            shell = kc.shell_channel
+            plain_send = shell.send
+
+            def send(msg):
+                guard.sent(msg)
+                sock = shell.socket
+                try:
+                    asyncio.get_running_loop()
+                except RuntimeError:
+                    sock = None
+                if not isinstance(sock, zmq.asyncio.Socket):
+                    return plain_send(msg)
+                frames = kc.session.serialize(msg)
+                frames.extend(msg.get("buffers") or [])
+                # through the asyncio socket, not a blocking shadow of it: pyzmq then re-checks the
+                # socket's events after the send and wakes a poll waiting for a reply that came meanwhile
+                sent = sock.send_multipart(frames)
+                sent.add_done_callback(lambda f: f.cancelled() or f.exception() is None
+                                       or self.log.error("sending to the kernel failed: %s", f.exception()))
+                return None
+
+            shell.send = send
+
+            def sliced(name, channel):
+                get_msg = channel.get_msg
+
+                async def get(timeout=None):
+                    deadline = None if timeout is None else time.monotonic() + timeout
+                    while True:
+                        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                        try:
+                            msg = await self._receive(name, get_msg, self.poll_slice if left is None
+                                                      else min(self.poll_slice, left))
+                        except Empty:
+                            if name == "shell" and guard.stalled(
+                                    lambda: kc.execute("", silent=True, store_history=False)):
+                                raise   # nbclient takes it for its time limit: the cell fails
+                            if left is not None and left <= self.poll_slice:
+                                raise
+                            continue
+                        guard.seen(name, msg)
+                        return msg
+
+                channel.get_msg = get
+
+            sliced("shell", shell)
+            sliced("iopub", kc.iopub_channel)
+
+    _GuardedClient.__name__ = _GuardedClient.__qualname__ = "GuardedClient"
+    _GUARDED = _GuardedClient
+    return _GUARDED
+
+
+_GUARDED = None   # GuardedClient, once _client_class built it
+
+
+def __getattr__(name: str):
+    """``fedlab.reproduce.GuardedClient`` builds the class on first access (it needs nbclient)."""
+    if name == "GuardedClient":
+        return _client_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_KERNEL_PIDS: set[int] = set()   # kernels this process runs now (a signal in a worker stops them)
+
+
 def run_notebook(path: str | Path, *, seed: int, scale: str, timeout: int | None = DEFAULT_CELL_TIMEOUT, progress=None,
                  kernel_name: str | None = None) -> SeedRun:
     """Execute the notebook at ``path`` once, headless, with ``FEDLAB_SEED=seed`` and
     ``FEDLAB_SCALE=scale`` in the kernel's environment (the working directory is the notebook's
-    folder). ``progress`` (optional) is called with no argument after each code cell. Never raises for
-    a failing cell: the failure is returned in :attr:`SeedRun.failure`."""
+    folder), through :class:`GuardedClient` (no wait for ever on an idle kernel). ``progress``
+    (optional) is called with no argument after each code cell. Never raises for a failing cell: the
+    failure is returned in :attr:`SeedRun.failure`; a seed that glues a NaN or an infinity fails too
+    (``NonFiniteValue``). The notebook runs in a helper thread, so that a signal reaching this thread
+    (:class:`RunInterrupted`, :class:`KeyboardInterrupt`) stops the kernel and is raised here. Raises
+    ``ValueError`` for a bad ``scale``, ``seed`` or ``timeout``."""
     import nbformat
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     from .config import SCALES
 
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    if int(seed) != seed or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if isinstance(seed, bool) or int(seed) != seed or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+    timeout = check_timeout(timeout)
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     code_index = {id(c): i for i, c in enumerate(c for c in nb.cells if c.cell_type == "code")}
@@ -293,18 +531,80 @@ def run_notebook(path: str | Path, *, seed: int, scale: str, timeout: int | None
     run = SeedRun(seed=int(seed))
     t0 = time.perf_counter()
     timeout = CELL_TIMEOUT[scale] if timeout is None else timeout
-    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name or "python3",
-                            resources={"metadata": {"path": str(path.parent)}},
-                            on_cell_execute=on_start, on_cell_executed=on_done)
+    client = _client_class()(nb, timeout=timeout, kernel_name=kernel_name or "python3",
+                             resources={"metadata": {"path": str(path.parent)}}, iopub_timeout=IOPUB_TIMEOUT,
+                             raise_on_iopub_timeout=True, on_cell_execute=on_start, on_cell_executed=on_done)
+    outcome: dict = {}
+
+    def execute():   # in its own thread and event loop: nbclient then leaves this process's signals alone
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(client.async_execute(env=env, stderr=subprocess.DEVNULL))
+        except BaseException as exc:  # noqa: BLE001  (handed to the calling thread)
+            outcome["error"] = exc
+        finally:
+            _close_loop(loop)
+
+    thread = threading.Thread(target=execute, name=f"notebook {path.stem} seed {seed}", daemon=True)
+    thread.start()
     try:
-        client.execute(env=env, stderr=subprocess.DEVNULL)   # the kernel's own start-up chatter
-    except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
+        while thread.is_alive():
+            thread.join(0.2)
+            pid = _kernel_pid(client)
+            if pid:
+                _KERNEL_PIDS.add(pid)
+    except BaseException:       # RunInterrupted or KeyboardInterrupt: stop the kernel, then pass it on
+        _kill_kernel(client)
+        thread.join(15)
+        raise
+    finally:
+        _KERNEL_PIDS.discard(_kernel_pid(client) or -1)
+    exc = outcome.get("error")
+    if isinstance(exc, (CellExecutionError, CellTimeoutError, DeadKernelError)):
         _record_failure(run, exc, current.get("cell"), code_index)
-    except Exception as exc:  # the kernel did not start, lost its connection, ...: still a failed seed
+    elif exc is not None:  # the kernel did not start, lost its connection, ...: still a failed seed
         run.failure = {"seed": run.seed, "cell": None, "line": "", "error": f"{type(exc).__name__}: {exc}"}
+    if exc is not None and client.stall is not None:
+        run.failure["error"] = f"KernelStallError: {client.stall}"
     run.seconds = time.perf_counter() - t0
     run.values = collect_glued(nb)
+    bad = non_finite_glues(nb)
+    if run.failure is None and bad:
+        names = ", ".join(repr(n) for n, _ in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        first = bad[0][0]
+        run.failure = {"seed": run.seed, "cell": bad[0][1], "line": f"glue of {first!r}",
+                       "error": f"NonFiniteValue: glued a NaN or an infinity for {names} ({run.values.get(first)!r})"}
     return run
+
+
+def _kernel_pid(client) -> int | None:
+    provisioner = getattr(getattr(client, "km", None), "provisioner", None)
+    return getattr(provisioner, "pid", None)
+
+
+def _kill_kernel(client) -> None:
+    """Kill the kernel of ``client`` (nbclient then sees it dead within a second and cleans up)."""
+    pid = _kernel_pid(client)
+    if pid:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _close_loop(loop) -> None:
+    """Cancel what is left on ``loop`` (nbclient's pollers of a failed cell) and close it."""
+    try:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=10))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    except Exception:  # noqa: BLE001  (closing after a failure: nothing left to save)
+        pass
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
 
 
 _CELL_LINE = re.compile(r"Cell In\[\d*\], line (\d+)")
@@ -354,23 +654,49 @@ def _exit_with_parent(parent: int) -> None:
 _PROGRESS_QUEUE = None   # set in each worker process by _init_worker
 
 
+_WORKER_BUSY = False   # in a worker process: a notebook runs now
+
+
+def _worker_signal(signum, frame):
+    """In a worker process: SIGTERM (from the command, when interrupted) or SIGINT stops the notebook
+    that runs (its kernel is stopped and the interrupt goes back to the command); between notebooks the
+    worker just exits."""
+    if _WORKER_BUSY:
+        raise RunInterrupted(signum)
+    for pid in list(_KERNEL_PIDS):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(128 + signum)
+
+
 def _init_worker(queue, parent: int) -> None:
     global _PROGRESS_QUEUE
     _PROGRESS_QUEUE = queue
     _exit_with_parent(parent)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _worker_signal)
 
 
 def _worker(args):  # top level so that a process pool can pickle it
     path, seed, scale, timeout, slot, progress = args
     if progress is None and _PROGRESS_QUEUE is not None:
         progress = lambda: _PROGRESS_QUEUE.put(1)  # noqa: E731
-    time.sleep(2.0 * slot)   # stagger the kernels' start when several jobs begin together
-    run = run_notebook(path, seed=seed, scale=scale, timeout=timeout, progress=progress)
-    if run.failure and run.failure["error"].split(":")[0] in RETRY_ERRORS:
-        first = run
-        run = run_notebook(path, seed=seed, scale=scale, timeout=timeout, progress=None)
-        run.retried = first.failure
-    return run
+    global _WORKER_BUSY
+    _WORKER_BUSY = True
+    try:
+        time.sleep(2.0 * slot)   # stagger the kernels' start when several jobs begin together
+        run = run_notebook(path, seed=seed, scale=scale, timeout=timeout, progress=progress)
+        if run.failure and run.failure["error"].split(":")[0] in RETRY_ERRORS:
+            first = run
+            run = run_notebook(path, seed=seed, scale=scale, timeout=timeout, progress=None)
+            run.retried = first.failure
+        return run
+    except RunInterrupted as exc:
+        if _PROGRESS_QUEUE is not None:   # a worker process: hand the interrupt back to the command, then end
+            threading.Timer(2.0, os._exit, (128 + exc.signum,)).start()
+        raise
+    finally:
+        _WORKER_BUSY = False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -409,81 +735,288 @@ def build_record(chapter: Chapter, scale: str, runs: list[SeedRun], *, root: Pat
             "date": _dt.date.today().isoformat(), "command": command}
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _refuse_link(path: Path, what: str = "record") -> None:
+    if path.is_symlink():
+        raise ValueError(f"the {what} path {path} is a symbolic link (to {os.readlink(path)}): records are never "
+                         f"written through a link (that would overwrite its target); remove the link or choose "
+                         f"another --out")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"the {what} path {path} exists and is not a regular file")
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` so that no reader ever sees part of it: into a temporary file in the same
+    folder, flushed and ``fsync``-ed, then renamed over ``path`` with :func:`os.replace` (atomic on POSIX),
+    and the folder ``fsync``-ed. If anything fails (a full disk, a file-size limit, a signal) the temporary
+    file is removed and the file at ``path`` is left exactly as it was. Two writers at once: the last
+    rename wins, each file whole.
+
+    A symbolic link at ``path`` is refused (``ValueError``) rather than replaced: a link in the records
+    folder was put there on purpose, and neither writing through it (which overwrote its target) nor
+    silently turning it into a regular file is what its owner asked for. Raises ``OSError`` naming
+    ``path`` when the write fails."""
+    path = Path(path)
+    _refuse_link(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        _refuse_link(path)                      # again, just before the rename
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"could not write {path} ({exc.strerror or exc}); the file there was left "
+                                     f"as it was") from exc
+        raise
+    with contextlib.suppress(OSError):         # the rename itself survives a power cut
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return path
+
+
+def record_paths(out: str | Path, stem: str, scale: str) -> tuple[Path, Path]:
+    """``(<out>/<stem>.<scale>.json, <out>/<stem>.<scale>.failed.json)``."""
+    out = Path(out)
+    return out / f"{stem}.{scale}.json", out / f"{stem}.{scale}.failed.json"
+
+
+def check_out(out: str | Path, stems: list[str], scale: str) -> Path:
+    """Check, before any seed runs, that the records of ``stems`` at ``scale`` can be written into
+    ``out``: the folder exists (it is created if not) and a file can be created in it, and no record path
+    there is a symbolic link or a folder. Returns ``out`` as a path. Raises ``ValueError`` naming
+    ``--out`` otherwise."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".write-check.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"--out {out} is not writable ({exc.strerror or exc})") from None
+    for stem in stems:
+        for path in record_paths(out, stem, scale):
+            _refuse_link(path)
+    return out
+
+
+def check_seeds(seeds) -> list[int]:
+    """``seeds`` as a list, after checking that it holds 1 to :data:`MAX_SEEDS` distinct integers in
+    ``[0, 2**32)``. Raises ``ValueError`` naming ``seeds`` otherwise."""
+    seeds = list(seeds)
+    if not seeds or len(seeds) > MAX_SEEDS:
+        raise ValueError(f"seeds must hold 1 to {MAX_SEEDS} seeds, got {len(seeds)}")
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < SEED_LIMIT]
+    if bad:
+        raise ValueError(f"seeds must be integers in [0, 2**32), got {bad[:5]}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct, got {seeds[:20]}")
+    return seeds
+
+
 def write_record(record: dict, out: str | Path, *, force: bool = False) -> Path:
-    """Write ``record`` to ``out/<chapter>.<scale>.json`` and return the path. A record with failing
-    seeds never replaces a stored record without failures (unless ``force``): it goes to
-    ``<chapter>.<scale>.failed.json`` beside it instead."""
+    """Write ``record`` to ``out/<chapter>.<scale>.json`` (atomically: see :func:`atomic_write_text`)
+    and return the path. A record with failing seeds never replaces a stored record without failures
+    (unless ``force``): it goes to ``<chapter>.<scale>.failed.json`` beside it instead. Raises
+    ``ValueError`` for a record that lacks a field or holds a NaN or an infinity (JSON has neither), or
+    for a record path that is a symbolic link; ``OSError`` if the write fails (the stored record is then
+    left as it was)."""
     missing = [k for k in RECORD_FIELDS if k not in record]
     if missing:
         raise ValueError(f"record lacks the fields {missing}")
+    text = json.dumps(record, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{record['chapter']}.{record['scale']}.json"
-    if record["failures"] and path.is_file() and not force:
+    path, failed = record_paths(out, record["chapter"], record["scale"])
+    if record["failures"] and path.is_file() and not path.is_symlink() and not force:
         try:
             stored_clean = not json.loads(path.read_text()).get("failures")
-        except (json.JSONDecodeError, AttributeError):
+        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
             stored_clean = False
         if stored_clean:
-            path = out / f"{record['chapter']}.{record['scale']}.failed.json"
-    path.write_text(json.dumps(record, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
-    return path
+            path = failed
+    return atomic_write_text(path, text)
+
+
+class RunInterrupted(BaseException):
+    """SIGINT or SIGTERM reached ``reproduce``: the whole run stops (a ``BaseException``, like
+    ``KeyboardInterrupt``, so that no ``except Exception`` records it as a failed seed)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+def _raise_interrupted(signum, frame):
+    raise RunInterrupted(signum)
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """While inside: SIGINT and SIGTERM raise :class:`RunInterrupted` in the main thread (elsewhere
+    nothing changes: only the main thread can take signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _stop_workers(pool, timeout: float = 20.0) -> None:
+    """After an interrupt: ask every worker process of ``pool`` to stop (SIGTERM: each stops its
+    kernel), wait up to ``timeout`` s, then kill what is left, and shut the pool down."""
+    import multiprocessing as mp
+
+    workers = [p for p in mp.active_children()]
+    for p in workers:
+        with contextlib.suppress(OSError):
+            os.kill(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in workers:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def check_timeout(timeout) -> int | None:
+    """``timeout`` (seconds a cell may run; ``None``: the default of the scale) after checking that it is
+    a positive integer. Raises ``ValueError`` naming ``timeout`` otherwise (0 or a negative number does not
+    mean "no limit": a paper-scale run must never wait for ever)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return timeout
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold SIGINT and SIGTERM back (main thread only) while a record is renamed into place, so that the
+    message after an interrupt says truly whether the record was written."""
+    held = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
+    if held:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        if held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _run_seeds(chapter: Chapter, scale: str, seeds: list[int], jobs: int, timeout, bar) -> list[SeedRun]:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    if jobs == 1:
+        return [_worker((chapter.path, s, scale, timeout, 0, lambda: bar.update(1))) for s in seeds]
+    ctx = mp.get_context("spawn")
+    # a plain queue handed to the workers at start-up (no manager process that could outlive us)
+    queue = ctx.Queue()
+    pump = threading.Thread(target=lambda: [bar.update(n) for n in iter(queue.get, None)], daemon=True)
+    pump.start()
+    args = [(chapter.path, s, scale, timeout, i if i < jobs else 0, None) for i, s in enumerate(seeds)]
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(seeds)), mp_context=ctx, initializer=_init_worker,
+                               initargs=(queue, os.getpid()))
+    runs = []
+    try:
+        futures = [pool.submit(_worker, a) for a in args]
+        for seed, fut in zip(seeds, futures):
+            try:
+                runs.append(fut.result())
+            except Exception as exc:  # a worker process died: a failed seed, not a crash
+                runs.append(SeedRun(seed=seed, failure={"seed": seed, "cell": None, "line": "",
+                                                        "error": f"{type(exc).__name__}: {exc}"}))
+    except BaseException:   # RunInterrupted here or in a worker: stop every worker (and so its kernel)
+        _stop_workers(pool)
+        raise
+    else:
+        pool.shutdown(wait=True)
+    finally:
+        queue.put(None)
+        pump.join(5)
+    return runs
 
 
 def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: int = 1, out: str | Path,
               root: Path, timeout: int | None = DEFAULT_CELL_TIMEOUT, show_progress: bool = True, command: str = "",
               stderr=None, force: bool = False) -> tuple[list[Path], list[dict]]:
     """Run every chapter at every seed (``jobs`` seeds at a time, each in its own process) and write
-    one record per chapter. Returns the written paths and the failures (empty when all ran clean)."""
-    from concurrent.futures import ProcessPoolExecutor
-    import multiprocessing as mp
-    import threading
+    one record per chapter. Returns the written paths and the failures (empty when all ran clean).
 
+    ``out`` is checked before the first seed runs (:func:`check_out`). SIGINT or SIGTERM stops the whole
+    run: the kernels are stopped, the record of the chapter being run is not written (a stored one is
+    left as it was, and stderr says so), and :class:`RunInterrupted` is raised. Raises ``ValueError``
+    for bad ``jobs``, ``seeds``, ``timeout`` or ``out``."""
     from tqdm.auto import tqdm
 
     stderr = stderr or sys.stderr
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
-        raise ValueError(f"seeds must be distinct non-negative integers, got {seeds}")
+    seeds = check_seeds(seeds)
+    timeout = check_timeout(timeout)
+    out = check_out(out, [c.stem for c in chapters], scale)
     paths, failures = [], []
-    for chapter in chapters:
-        total = len(seeds) * _count_code_cells(chapter.path)
-        bar = tqdm(total=total, desc=f"{chapter.stem} [{scale}, seeds {','.join(map(str, seeds))}]",
-                   unit="cell", disable=not show_progress, file=stderr)
-        ctx = mp.get_context("spawn")
-        if jobs == 1:
-            runs = [_worker((chapter.path, s, scale, timeout, 0, lambda: bar.update(1))) for s in seeds]
-        else:
-            # a plain queue handed to the workers at start-up (no manager process that could outlive us)
-            queue = ctx.Queue()
-            pump = threading.Thread(target=lambda: [bar.update(n) for n in iter(queue.get, None)], daemon=True)
-            pump.start()
-            args = [(chapter.path, s, scale, timeout, i if i < jobs else 0, None) for i, s in enumerate(seeds)]
-            with ProcessPoolExecutor(max_workers=min(jobs, len(seeds)), mp_context=ctx, initializer=_init_worker,
-                                     initargs=(queue, os.getpid())) as pool:
-                futures = [pool.submit(_worker, a) for a in args]
-                runs = []
-                for seed, fut in zip(seeds, futures):
-                    try:
-                        runs.append(fut.result())
-                    except Exception as exc:  # a worker process died: a failed seed, not a crash
-                        runs.append(SeedRun(seed=seed, failure={"seed": seed, "cell": None, "line": "",
-                                                                "error": f"{type(exc).__name__}: {exc}"}))
-            queue.put(None)
-            pump.join()
-        bar.close()
-        record = build_record(chapter, scale, runs, root=root, command=command)
-        paths.append(write_record(record, out, force=force))
-        for f in record["retries"]:
-            print(f"note: {chapter.stem} seed {f['seed']} was run a second time after {f['error']}", file=stderr)
-        for f in record["failures"]:
-            failures.append(dict(f, chapter=chapter.stem))
-            print(f"FAILED {chapter.stem} seed {f['seed']}, code cell {f['cell']} ({f['line']}): {f['error']}",
-                  file=stderr)
-        secs = ", ".join(f"{s:.0f}" for s in record["seconds"])
-        print(f"{chapter.stem}: {len(seeds) - len(record['failures'])}/{len(seeds)} seeds clean, seconds per seed "
-              f"[{secs}] -> {paths[-1]}", file=stderr)
+    with _stop_on_signals():
+        for chapter in chapters:
+            try:
+                total = len(seeds) * _count_code_cells(chapter.path)
+                bar = tqdm(total=total, desc=f"{chapter.stem} [{scale}, seeds {','.join(map(str, seeds))}]",
+                           unit="cell", disable=not show_progress, file=stderr)
+                runs = _run_seeds(chapter, scale, seeds, jobs, timeout, bar)
+                bar.close()
+                record = build_record(chapter, scale, runs, root=root, command=command)
+                with _signals_held():
+                    paths.append(write_record(record, out, force=force))
+            except RunInterrupted as exc:
+                stored, _ = record_paths(out, chapter.stem, scale)
+                if len(paths) > chapters.index(chapter):     # the signal came as its record was renamed
+                    kept = f"its record was written to {paths[-1]} before the signal was handled"
+                elif stored.is_file():
+                    kept = f"no record was written for it: the stored record {stored} is left as it was"
+                else:
+                    kept = f"no record was written for it (none is stored at {stored})"
+                done = (f"; records written before: {', '.join(map(str, paths[:chapters.index(chapter)]))}"
+                        if chapters.index(chapter) else "")
+                print(f"\ninterrupted by {exc.name}: the run stopped during {chapter.stem}; {kept}{done}",
+                      file=stderr, flush=True)
+                raise
+            for f in record["retries"]:
+                print(f"note: {chapter.stem} seed {f['seed']} was run a second time after {f['error']}", file=stderr)
+            for f in record["failures"]:
+                failures.append(dict(f, chapter=chapter.stem))
+                print(f"FAILED {chapter.stem} seed {f['seed']}, code cell {f['cell']} ({f['line']}): {f['error']}",
+                      file=stderr)
+            secs = ", ".join(f"{s:.0f}" for s in record["seconds"])
+            print(f"{chapter.stem}: {len(seeds) - len(record['failures'])}/{len(seeds)} seeds clean, seconds per "
+                  f"seed [{secs}] -> {paths[-1]}", file=stderr)
     return paths, failures
 
 
@@ -507,13 +1040,15 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
     stderr = stderr or sys.stderr
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
-        raise ValueError(f"seeds must be distinct non-negative integers, got {seeds}")
+    seeds = check_seeds(seeds)
+    out = check_out(out, [MATRIX], scale)
     old_scale, old_threads = os.environ.get("FEDLAB_SCALE"), torch.get_num_threads()
     os.environ["FEDLAB_SCALE"] = scale
     torch.set_num_threads(1)
     runs, row_seconds = [], {}
     try:
+        interrupts = _stop_on_signals()
+        interrupts.__enter__()
         for seed in seeds:
             seed_everything(seed)
             t0 = time.perf_counter()
@@ -532,9 +1067,23 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
                 rows = [a.key for a in mx.ATTACKS]
                 failed = rows[len(done)] if len(done) < len(rows) else None
                 run.failure = {"seed": seed, "cell": failed, "line": "", "error": f"{type(exc).__name__}: {exc}"}
+            bad = [k for k, v in run.values.items() if isinstance(v, float) and not math.isfinite(v)]
+            for k in bad:   # JSON has no NaN: kept as text, and the seed is not clean
+                run.values[k] = str(run.values[k])
+            if bad and run.failure is None:
+                run.failure = {"seed": seed, "cell": bad[0].split("|")[0], "line": "",
+                               "error": f"NonFiniteValue: a NaN or an infinity in {', '.join(bad[:5])}"}
             run.seconds = time.perf_counter() - t0
             runs.append(run)
+    except RunInterrupted as exc:
+        stored, _ = record_paths(out, MATRIX, scale)
+        kept = (f"the stored record {stored} is left as it was" if stored.is_file()
+                else f"none is stored at {stored}")
+        print(f"\ninterrupted by {exc.name}: the run stopped; no matrix record was written ({kept})",
+              file=stderr, flush=True)
+        raise
     finally:
+        interrupts.__exit__(None, None, None)
         if old_scale is None:
             os.environ.pop("FEDLAB_SCALE", None)
         else:
@@ -544,7 +1093,7 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
     record = build_record(chapter, scale, runs, root=root, command=command)
     record["matrix"] = mx.describe_matrix()
     record["row_seconds"] = {row: [by_seed.get(s) for s in seeds] for row, by_seed in row_seconds.items()}
-    path = write_record(record, out, force=force)
+    path = write_record(record, out, force=force)     # atomic: an interrupt leaves the old record or the new
     failures = [dict(f, chapter=MATRIX) for f in record["failures"]]
     for f in failures:
         print(f"FAILED matrix seed {f['seed']}, row {f['cell']}: {f['error']}", file=stderr)
@@ -557,7 +1106,9 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
 # --------------------------------------------------------------------------------------------------
 # command line
 def _parse_seeds(text: str) -> list[int]:
-    seeds = []
+    """``0,1,2`` or ``0-4`` or a mix (``0-2,7``): at most :data:`MAX_SEEDS` distinct integers in
+    ``[0, 2**32)`` (a range is sized before it is expanded)."""
+    seeds: list[int] = []
     try:
         for part in text.split(","):
             part = part.strip()
@@ -565,6 +1116,8 @@ def _parse_seeds(text: str) -> list[int]:
                 lo, hi = (int(x) for x in part.split("-", 1))
                 if hi < lo:
                     raise argparse.ArgumentTypeError(f"--seeds range {part!r} runs backwards")
+                if hi - lo + 1 + len(seeds) > MAX_SEEDS:
+                    raise argparse.ArgumentTypeError(f"--seeds {text!r} names more than {MAX_SEEDS} seeds")
                 seeds += list(range(lo, hi + 1))
             elif part:
                 seeds.append(int(part))
@@ -572,9 +1125,21 @@ def _parse_seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--seeds must look like 0,1,2 or 0-4, got {text!r}") from None
     if not seeds:
         raise argparse.ArgumentTypeError("--seeds needs at least one seed, e.g. 0,1,2 or 0-4")
-    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"--seeds must be distinct non-negative integers, got {text!r}")
-    return seeds
+    try:
+        return check_seeds(seeds)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: {exc}") from None
+
+
+def _positive_seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--timeout must be a whole number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--timeout must be a positive number of seconds (a cell always has a "
+                                         f"time limit), got {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -590,9 +1155,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (default 1)")
     r.add_argument("--out", default=None, help="folder for the records (default chapters/records/)")
     r.add_argument("--root", default=None, help="the book's folder (default: found from the working directory)")
-    r.add_argument("--timeout", type=int, default=DEFAULT_CELL_TIMEOUT,
-                   help="seconds one cell may run before the seed counts as failed (default: 300 quick, 1200 paper); "
-                        "a seed whose cell times out or whose kernel dies is run once more")
+    r.add_argument("--timeout", type=_positive_seconds, default=DEFAULT_CELL_TIMEOUT,
+                   help="seconds one cell may run before the seed counts as failed, > 0 (default: 300 quick, 1200 "
+                        "paper); a seed whose cell times out, whose kernel dies or stalls is run once more")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     r.add_argument("--force", action="store_true",
                    help="let a record with failing seeds replace a stored clean one (default: write <stem>.<scale>.failed.json)")
@@ -631,18 +1196,31 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        out = Path(args.out) if args.out else root / "chapters" / "records"
         if args.chapter == MATRIX:
-            out = Path(args.out) if args.out else root / "chapters" / "records"
-            _, failures = reproduce_matrix(scale=args.scale, seeds=args.seeds, out=out, root=root,
-                                           command="python -m fedlab " + " ".join(argv), force=args.force)
+            check_out(out, [MATRIX], args.scale)
+            try:
+                _, failures = reproduce_matrix(scale=args.scale, seeds=args.seeds, out=out, root=root,
+                                               command="python -m fedlab " + " ".join(argv), force=args.force)
+            except OSError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
             return 1 if failures else 0
         selected = resolve_chapters(args.chapter, chapters)
         show = not args.no_progress and progress_enabled()       # validates FEDLAB_PROGRESS
+        check_out(out, [c.stem for c in selected], args.scale)   # before the first seed, not after the last
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else root / "chapters" / "records"
-    _, failures = reproduce(selected, scale=args.scale, seeds=args.seeds, jobs=args.jobs, out=out, root=root,
-                            timeout=args.timeout, show_progress=show,
-                            command="python -m fedlab " + " ".join(argv), force=args.force)
+    except RunInterrupted as exc:
+        return 128 + exc.signum
+    try:
+        _, failures = reproduce(selected, scale=args.scale, seeds=args.seeds, jobs=args.jobs, out=out, root=root,
+                                timeout=args.timeout, show_progress=show,
+                                command="python -m fedlab " + " ".join(argv), force=args.force)
+    except RunInterrupted as exc:
+        return 128 + exc.signum      # reproduce said on stderr what was kept
+    except OSError as exc:           # the record could not be written (the stored one is left as it was)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 1 if failures else 0

@@ -127,3 +127,183 @@ def test_bar_plot_draws_the_reference_line():
     assert len(lines) == 1 and list(lines[0].get_ydata()) == [0.55, 0.55]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["chance floor"]
     assert plots.bar_plot({"a": 1.0}).get_legend() is None
+
+
+# ------------------------------------------------------------------------------------------------
+# writing records: atomic, never through a link, never half a file (fedlab.reproduce.write_record)
+import os          # noqa: E402
+import signal      # noqa: E402
+import time        # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from fedlab import reproduce as rp  # noqa: E402
+
+
+def _full_record(chapter="02_x", n_values=3, fill=0.5, failures=()):
+    values = {f"v{i}": [fill, fill + 1] for i in range(n_values)}
+    return {"chapter": chapter, "title": "X", "scale": "paper", "seeds": [0, 1], "values": values,
+            "summary": summarize(values) if n_values < 10 else {}, "seconds": [1.0, 1.0], "failures": list(failures), "retries": [],
+            "machine": "m", "python": "3", "torch": "2", "commit": "c", "date": "2026-11-27", "command": "x"}
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_write_record_is_atomic_readable_and_leaves_no_temp_file(tmp_path):
+    path = rp.write_record(_full_record(), tmp_path)
+    assert path == tmp_path / "02_x.paper.json" and records.load("02_x", "paper", tmp_path)["values"]["v0"] == [0.5, 1.5]
+    old_umask = os.umask(0o022)
+    try:
+        rp.write_record(_full_record(fill=2.0), tmp_path)
+    finally:
+        os.umask(old_umask)
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)          # not mkstemp's 0600
+    assert records.load("02_x", "paper", tmp_path)["values"]["v0"] == [2.0, 3.0] and _leftovers(tmp_path) == []
+    bad = _full_record()
+    bad["values"]["v0"] = [float("nan"), 1.0]
+    with pytest.raises(ValueError):                                   # JSON has no NaN: nothing is written
+        rp.write_record(bad, tmp_path)
+    assert records.load("02_x", "paper", tmp_path)["values"]["v0"] == [2.0, 3.0] and _leftovers(tmp_path) == []
+
+
+def test_a_symlinked_record_path_is_refused_and_its_target_untouched(tmp_path):
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("precious\n")
+    out = tmp_path / "rec"
+    out.mkdir()
+    (out / "02_x.paper.json").symlink_to(target)
+    with pytest.raises(ValueError, match="symbolic link"):
+        rp.write_record(_full_record(), out)
+    with pytest.raises(ValueError, match="symbolic link"):
+        rp.check_out(out, ["02_x"], "paper")
+    (out / "02_x.paper.json").unlink()
+    (out / "02_x.paper.failed.json").symlink_to(target)
+    with pytest.raises(ValueError, match="symbolic link"):
+        rp.check_out(out, ["02_x"], "paper")
+    assert target.read_text() == "precious\n" and _leftovers(out) == []
+
+
+def test_check_out_and_seeds_and_timeout(tmp_path):
+    assert rp.check_out(tmp_path / "new" / "deeper", ["a"], "quick").is_dir()      # created
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="--out"):
+        rp.check_out(tmp_path / "file", ["a"], "quick")
+    with pytest.raises(ValueError, match="--out"):
+        rp.check_out(tmp_path / "file" / "sub", ["a"], "quick")
+    (tmp_path / "rec").mkdir()
+    (tmp_path / "rec" / "a.quick.json").mkdir()
+    with pytest.raises(ValueError, match="not a regular file"):
+        rp.check_out(tmp_path / "rec", ["a"], "quick")
+    if os.geteuid() != 0:   # root writes into a read-only folder anyway
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match="not writable"):
+            rp.check_out(ro, ["a"], "quick")
+    assert rp.check_seeds(range(1000)) == list(range(1000)) and rp.check_seeds([2**32 - 1]) == [2**32 - 1]
+    for bad in ([], range(1001), [2**32], [-1], [True], [1.0], [3, 3]):
+        with pytest.raises(ValueError, match="seeds"):
+            rp.check_seeds(bad)
+    assert rp.check_timeout(None) is None and rp.check_timeout(5) == 5
+    for bad in (0, -5, 1.5, True):
+        with pytest.raises(ValueError, match="timeout"):
+            rp.check_timeout(bad)
+
+
+def _fork(target, *args):
+    """Run ``target(*args)`` in a forked child (no new interpreter: fedlab is already imported)."""
+    import multiprocessing as mp
+
+    proc = mp.get_context("fork").Process(target=target, args=args, daemon=True)
+    proc.start()
+    return proc
+
+
+def _write_under_fsize_limit(out, mode, conn):
+    import resource
+
+    # CPython ignores SIGXFSZ: the write then fails with EFBIG; with the default action the signal kills
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN if mode == "fsize-ignore" else signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+    try:
+        rp.write_record(_full_record(n_values=5000), out)
+    except OSError as exc:
+        conn.send(str(exc))
+        os._exit(3)
+    os._exit(0)
+
+
+def _write_for_ever(out, n_values, counter, slow_fsync=False):
+    if slow_fsync:   # widen the window between the temporary file's creation and its rename
+        fsync = os.fsync
+        os.fsync = lambda fd: (time.sleep(0.2), fsync(fd))
+    both = [_full_record(n_values=n_values, fill=float(i)) for i in (0, 1)]
+    i = 0
+    while True:
+        rp.write_record(both[i % 2], out)
+        i += 1
+        counter.value = i
+
+
+@pytest.mark.parametrize("mode", ["fsize-ignore", "fsize-signal"])
+def test_a_write_failing_under_rlimit_fsize_keeps_the_old_record(tmp_path, mode):
+    import multiprocessing as mp
+
+    out = tmp_path / "rec"
+    old = rp.write_record(_full_record(), out).read_bytes()           # about 1 kB: under the limit
+    here, there = mp.get_context("fork").Pipe()
+    proc = _fork(_write_under_fsize_limit, out, mode, there)
+    proc.join(30)
+    if mode == "fsize-ignore":
+        message = here.recv()
+        assert proc.exitcode == 3 and "left as it was" in message and "02_x.paper.json" in message, message
+        assert _leftovers(out) == []
+    else:
+        assert proc.exitcode == -signal.SIGXFSZ, proc.exitcode
+    assert (out / "02_x.paper.json").read_bytes() == old                # byte for byte
+
+
+def test_sigkill_during_a_write_leaves_the_old_or_the_new_record(tmp_path):
+    import multiprocessing as mp
+
+    out = tmp_path / "rec"
+    rp.write_record(_full_record(n_values=2000, fill=1.0), out)
+    mid_write = 0
+    for delay in (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35):
+        counter = mp.get_context("fork").Value("i", 0)
+        proc = _fork(_write_for_ever, out, 2000, counter, True)
+        while counter.value < 1 and proc.is_alive():   # one whole write done: the loop runs
+            time.sleep(0.005)
+        time.sleep(delay)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        mid_write += len(_leftovers(out)) > 0          # a temporary file left: killed while writing
+        for tmp in out.glob("*.tmp"):
+            tmp.unlink()
+        rec = records.load("02_x", "paper", out)       # never a partial file
+        assert rec is not None and rec["values"]["v0"][0] in (0.0, 1.0)
+    assert mid_write >= 3 and [p.name for p in out.glob("*.json")] == ["02_x.paper.json"]
+
+
+def test_a_reader_beside_two_writers_always_loads_a_whole_record(tmp_path):
+    import multiprocessing as mp
+
+    out = tmp_path / "rec"
+    rp.write_record(_full_record(n_values=400), out)
+    counters = [mp.get_context("fork").Value("i", 0) for _ in range(2)]
+    writers = [_fork(_write_for_ever, out, n, c) for n, c in zip((400, 40), counters)]   # two sizes
+    try:
+        loads, failures, t0 = 0, [], time.monotonic()
+        while (loads < 2000 or min(c.value for c in counters) < 50) and time.monotonic() - t0 < 30:
+            try:
+                rec = records.load("02_x", "paper", out)
+                assert rec is not None and len(rec["values"]) in (400, 40)
+            except (ValueError, AssertionError) as exc:
+                failures.append(repr(exc)[:100])
+            loads += 1
+    finally:
+        for w in writers:
+            os.kill(w.pid, signal.SIGKILL)
+            w.join()
+    assert min(c.value for c in counters) >= 50, "the writers did not run while the reader read"
+    assert failures == [] and loads >= 2000, (loads, failures[:3])
