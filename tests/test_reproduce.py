@@ -164,6 +164,7 @@ def test_t_interval_and_glue_parsing():
     assert rp.collect_glued(nb) == {"a": 1}
 
 
+@pytest.mark.slow
 def test_bad_arguments(tmp_path):
     root = _book(tmp_path)
     assert _cli(root, "01", "--jobs", "0").returncode == 2
