@@ -34,7 +34,7 @@ from ...fl.recsys.interactions import fcf_item_updates, fncf_backprop, fncf_firs
 from ...optim import lbfgs_rows
 from ...privacy.defenses import clip_rows
 
-__all__ = ["RaifleResult", "user_generator", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf",
+__all__ = ["RaifleResult", "user_generator", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf", "FNCF_CONTINUATION",
            "analytic_fcf_attack", "pointwise_l2_update", "closed_form_interactions", "attack_hessian"]
 
 
@@ -44,13 +44,16 @@ class RaifleResult:
 
     ``scores`` [U, m]: the optimised logits ``z`` (the reconstruction is ``sigmoid(z)``; higher =
     more likely interacted, used for the AUC); ``user_emb`` [U, d] or None (Algorithm 2's estimate);
-    ``loss`` [U]: the best final matching loss per user; ``iterations``: function evaluations used.
+    ``loss`` [U]: the best final matching loss per user; ``iterations``: function evaluations used;
+    ``loss_truth`` [U] or None: the same loss at the true interactions (and the true embedding where
+    it is estimated), when the caller passed them to evaluate the optimiser (``truth=``).
     """
 
     scores: torch.Tensor
     user_emb: torch.Tensor | None
     loss: torch.Tensor
     iterations: int
+    loss_truth: torch.Tensor | None = None
 
     @property
     def interactions(self) -> torch.Tensor:
@@ -68,7 +71,7 @@ def user_generator(seed: int, user: int, stream: int) -> torch.Generator:
 def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None = None,
            num_restarts: int = 1, max_iter: int = 100, tol: float = 1e-9, history_size: int = 20,
            seed: int = 0, user_ids: torch.Tensor | None = None, emb_init_std: float = 1.0,
-           antithetic: bool = True) -> RaifleResult:
+           antithetic: bool = True, warmup=(), truth=None) -> RaifleResult:
     """RAIFLE, Algorithm 1 (``dim=None``) or Algorithm 2 (``dim=d``), batched over users.
 
     ``loss_fn(I, E, rows) -> [k]`` returns the matching loss of each of ``k`` candidate rows: ``I``
@@ -87,15 +90,23 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None
     result does not depend on the users it is batched with (``tests/test_interaction_inference.py``
     checks this). Each user keeps its best restart.
 
-    Raises ``ValueError`` for non-positive sizes, ``num_restarts < 1``, ``max_iter < 1`` or
-    ``user_ids`` of the wrong length.
+    ``warmup``: loss functions with ``loss_fn``'s signature minimised first, in order, each from
+    where the previous one stopped (continuation: smoothed versions of ``loss_fn``, see
+    :func:`raifle_fncf`); the budget is split evenly, each warm-up stage gets ``max_iter // (len(warmup)
+    + 1)`` evaluations and ``loss_fn`` the rest, and the restart kept is the best under ``loss_fn``.
+    ``truth``: ``(I [U, m], E [U, d] or None)``, the true answer, used only to report
+    ``loss_fn`` there (``RaifleResult.loss_truth``), never by the attack.
+
+    Raises ``ValueError`` for non-positive sizes, ``num_restarts < 1``, ``max_iter`` below ``len(warmup)
+    + 1`` or ``user_ids`` of the wrong length.
     """
     if num_users < 1 or num_items < 1:
         raise ValueError(f"num_users and num_items must be >= 1, got {num_users}, {num_items}")
     if num_restarts < 1:
         raise ValueError(f"num_restarts must be >= 1, got {num_restarts}")
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    warmup = list(warmup)
+    if max_iter < len(warmup) + 1:
+        raise ValueError(f"max_iter must be >= {len(warmup) + 1} (one evaluation per stage), got {max_iter}")
     ids = torch.arange(num_users) if user_ids is None else torch.as_tensor(user_ids).flatten()
     if len(ids) != num_users:
         raise ValueError(f"user_ids must hold num_users={num_users} ids, got {len(ids)}")
@@ -115,17 +126,28 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None
                     E[r, u] = emb_init_std * torch.randn(dim, generator=user_generator(seed, uid, 2 * r + 1))
     x0 = z.reshape(B, num_items) if E is None else torch.cat([z.reshape(B, num_items), E.reshape(B, dim)], 1)
 
-    def rows_loss(x, idx):
-        Ex = None if E is None else x[:, num_items:]
-        return loss_fn(torch.sigmoid(x[:, :num_items]), Ex, rows[idx])
+    def rows_loss(fn):
+        def f(x, idx):
+            Ex = None if E is None else x[:, num_items:]
+            return fn(torch.sigmoid(x[:, :num_items]), Ex, rows[idx])
+        return f
 
-    x, _, evals = lbfgs_rows(rows_loss, x0, max_iter=max_iter, history_size=history_size, tol=tol)
+    stage_iter = max_iter // (len(warmup) + 1)
+    x, evals = x0, 0
+    for k, fn in enumerate(warmup + [loss_fn]):
+        budget = stage_iter if k < len(warmup) else max_iter - stage_iter * len(warmup)
+        x, _, used = lbfgs_rows(rows_loss(fn), x, max_iter=budget, history_size=history_size, tol=tol)
+        evals += used
     zx, Ex = x[:, :num_items], None if E is None else x[:, num_items:]
     with torch.no_grad():
         final = loss_fn(torch.sigmoid(zx), Ex, rows).reshape(num_restarts, num_users)
         best = final.argmin(0)                                    # [U]
         pick = best * num_users + torch.arange(num_users)
-        return RaifleResult(zx[pick], None if Ex is None else Ex[pick], final.min(0).values, evals)
+        at_truth = None
+        if truth is not None:
+            tI, tE = truth
+            at_truth = loss_fn(tI.to(zx.dtype), None if E is None else tE.to(zx.dtype), torch.arange(num_users))
+        return RaifleResult(zx[pick], None if Ex is None else Ex[pick], final.min(0).values, evals, at_truth)
 
 
 def matching_loss(pred_items, target_items, mask, pred_params=None, target_params=None,
@@ -238,14 +260,15 @@ def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=N
 
 
 def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, guess_emb, use_model_params,
-                         user_lr, items_clip_norm, params_clip_norm, squared):
+                         user_lr, items_clip_norm, params_clip_norm, squared, temperature: float = 0.0):
     """:func:`matching_loss` of a simulated one-step FNCF update, computed in the row space of the
     first layer's item weights. The item update of item ``i`` is ``-lr W1x^T delta_i`` with
     ``delta_i`` in ``R^h1`` (:func:`fedlab.fl.recsys.interactions.fncf_backprop`), so it lies in the
     ``h1``-dimensional span of ``W1x^T = Q R``; splitting the target ``T_i`` into its coordinates
     ``Q^T T_i`` and the rest gives ``||dX_i - T_i||^2 = ||-lr R delta_i - Q^T T_i||^2 + ||T_i - Q Q^T
     T_i||^2`` exactly. The server computes ``X W1x^T``, ``Q^T T_i`` and the remainders once, so an
-    evaluation touches ``[k, m, h1]`` tensors instead of ``[k, m, d]`` ones (h1 = 16, d = 64)."""
+    evaluation touches ``[k, m, h1]`` tensors instead of ``[k, m, d]`` ones (h1 = 16, d = 64).
+    ``temperature > 0`` simulates the smoothed network of :func:`fncf_backprop` (continuation)."""
     d = X.shape[2]
     W1e, W1x, layers = fncf_first_layer(model, theta, d)
     Q, R = torch.linalg.qr(W1x.T)                                 # W1x^T [d, h1] = Q [d, h1] R [h1, h1]
@@ -258,7 +281,8 @@ def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, 
     def loss_fn(I, E, rows):
         Eu = E if guess_emb is None else guess_emb[rows]
         delta, _, grads = fncf_backprop(layers, theta, XW[rows], Eu, I, w[rows],
-                                        X=(lambda dl: _rows_tmatmul(X, rows, dl)) if use_model_params else None)
+                                        X=(lambda dl: _rows_tmatmul(X, rows, dl)) if use_model_params else None,
+                                        temperature=temperature)
         pred = -user_lr * (delta @ R.T)                           # coordinates of dX_i in the basis Q
         if items_clip_norm is not None:
             pred = clip_rows(pred, items_clip_norm)               # ||dX|| = ||pred||: Q is orthonormal
@@ -273,10 +297,16 @@ def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, 
     return loss_fn
 
 
+#: ReLU temperatures of :func:`raifle_fncf`'s continuation when it estimates the embedding: each
+#: stage minimises the matching loss of the network with ``tau * softplus(a / tau)`` hidden units,
+#: then the exact network (``tau = 0``) takes the last share of the budget
+FNCF_CONTINUATION = (0.3, 0.1, 0.03, 0.01)
+
+
 def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_embedding: bool = True,
                 use_model_params: bool = False, guess_emb=None, user_lr: float = 1.0, local_steps: int = 1,
                 items_clip_norm: float | None = None, params_clip_norm: float | None = None,
-                squared: bool = False, **kwargs) -> RaifleResult:
+                squared: bool = False, continuation="auto", **kwargs) -> RaifleResult:
     """RAIFLE on FNCF (Table 3, rows "FNCF"). ``X`` [U, m, d], ``item_updates`` [U, m, d],
     ``param_updates`` {name: [U, ...]}, ``mask`` [U, m]; ``model, theta`` from
     :func:`fedlab.fl.recsys.interactions.fncf_init`; ``user_lr, local_steps`` the simulated users'
@@ -285,20 +315,43 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
 
     ``use_model_params`` adds the parameter-update term to the loss; ``estimate_embedding`` switches
     between Algorithms 2 and 1 as in :func:`raifle_fcf`.
+
+    ``continuation``: ReLU temperatures (decreasing, > 0) of warm-up stages (:func:`raifle`'s
+    ``warmup``), or ``None`` for none; ``"auto"`` (default) is :data:`FNCF_CONTINUATION` when the
+    embedding is estimated, ``local_steps == 1`` and the budget gives every stage at least 10
+    evaluations, else none. Why (our addition, not in the paper):
+    the embedding enters an item's update through which hidden ReLUs are active, and the matching
+    loss is piecewise smooth in it; inside one activation pattern a change of the embedding is
+    absorbed by the interactions, so the exact loss's gradient says nothing about the right pattern
+    and L-BFGS stops after a few dozen evaluations far above the loss at the truth. Smoothed ReLUs
+    make the pattern visible to the gradient. Raises ``ValueError`` for a continuation with
+    ``local_steps > 1`` or a temperature that is not > 0.
     """
     U, m, d = X.shape
     if item_updates.shape != X.shape or mask.shape != (U, m):
         raise ValueError(f"item_updates must be {tuple(X.shape)} and mask {(U, m)}")
     if not estimate_embedding and guess_emb is None:
         guess_emb = _guess_embeddings(U, d, kwargs.get("seed", 0), kwargs.get("user_ids"))
+    if isinstance(continuation, str):
+        if continuation != "auto":
+            raise ValueError(f"continuation must be 'auto', None or a tuple of temperatures, got {continuation!r}")
+        continuation = (FNCF_CONTINUATION if estimate_embedding and local_steps == 1
+                        and kwargs.get("max_iter", 100) >= 10 * (len(FNCF_CONTINUATION) + 1) else None)
+    temps = () if continuation is None else tuple(float(t) for t in continuation)
+    if any(not t > 0 for t in temps):
+        raise ValueError(f"continuation temperatures must be > 0, got {temps}")
+    if temps and local_steps != 1:
+        raise ValueError("continuation needs local_steps == 1 (the written-out backward pass)")
 
     if local_steps == 1:
-        loss_fn = _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask,
-                                       guess_emb=None if estimate_embedding else guess_emb,
-                                       use_model_params=use_model_params, user_lr=user_lr,
-                                       items_clip_norm=items_clip_norm, params_clip_norm=params_clip_norm,
-                                       squared=squared)
-        return raifle(loss_fn, U, m, dim=d if estimate_embedding else None, **kwargs)
+        def projected(temperature):
+            return _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask,
+                                        guess_emb=None if estimate_embedding else guess_emb,
+                                        use_model_params=use_model_params, user_lr=user_lr,
+                                        items_clip_norm=items_clip_norm, params_clip_norm=params_clip_norm,
+                                        squared=squared, temperature=temperature)
+        return raifle(projected(0.0), U, m, dim=d if estimate_embedding else None,
+                      warmup=[projected(t) for t in temps], **kwargs)
 
     def loss_fn(I, E, rows):
         Eu = E if estimate_embedding else guess_emb[rows]
