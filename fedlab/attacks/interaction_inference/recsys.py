@@ -11,7 +11,9 @@ The server knows the items ``X`` it showed a user, the global model ``theta`` an
   threshold, random restarts keeping each user's best, and per-user random draws
   (:func:`user_generator`), so that a user's result does not depend on its batch.
 * :func:`raifle_fcf`, :func:`raifle_fncf` -- the recommender instances of Table 3 (estimate the user
-  embedding or not; include the model-parameter update in the loss or not).
+  embedding or not; include the model-parameter update in the loss or not). With the embedding
+  estimated, FNCF's attack runs a continuation over smoothed ReLUs first (:data:`FNCF_CONTINUATION`,
+  our addition): the exact loss is piecewise smooth in the embedding and L-BFGS stalls on it.
 * :func:`matching_loss` -- the RS loss of Sec. 4.1.1: mean L2 distance between matching rows of the
   item-embedding updates (+ squared error on the model-parameter update).
 * :func:`analytic_fcf_attack` -- a one-shot attack on FCF: the update ``(I - X e) e^T`` has rank one,
