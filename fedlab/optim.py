@@ -37,30 +37,38 @@ CURVATURE_EPS = 1e-10
 
 
 def lbfgs_direction(g: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, ys: torch.Tensor, head: torch.Tensor,
-                    count: torch.Tensor, h_diag: torch.Tensor) -> torch.Tensor:
+                    count: torch.Tensor, h_diag: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """The L-BFGS search direction ``-H g`` per row: the two-loop recursion (Nocedal & Wright,
     Algorithm 7.4) batched over rows.
 
     ``g``: ``[B, n]``; ``S``, ``Y``: ``[B, m, n]`` ring buffers of curvature pairs, ``ys`` ``[B, m]``
     their ``s^T y``; row ``b``'s newest pair is in slot ``head[b] - 1`` (mod ``m``), and it holds
     ``count[b] <= m`` pairs; ``h_diag``: ``[B]`` the initial scaling ``gamma``. Returns ``[B, n]``.
-    Steps past the longest memory of the batch are skipped."""
-    B, m = ys.shape
-    rows = torch.arange(B, device=g.device)
+    Steps past the longest memory of the batch are skipped. ``rows`` [k] (optional): compute the
+    direction of those rows of the memory only, ``g`` then being their ``[k, n]`` gradients (the
+    rows still running, so that finished rows cost nothing); returns ``[k, n]``."""
+    rows = torch.arange(S.shape[0], device=g.device) if rows is None else rows
+    if g.shape[0] != rows.numel():
+        raise ValueError(f"g must have one row per selected row ({rows.numel()}), got {tuple(g.shape)}")
+    m = ys.shape[1]
+    count, h_diag = count[rows], h_diag[rows]
     q = -g
-    steps = int(count.max()) if B else 0
-    pairs = []
+    steps = int(count.max()) if rows.numel() else 0
+    if steps == 0:
+        return q * h_diag[:, None]
+    slots = (head[rows][:, None] - 1 - torch.arange(steps, device=g.device)[None, :]) % m      # [k, steps], newest first
+    S_o, Y_o = S[rows[:, None], slots], Y[rows[:, None], slots]             # [k, steps, n], one gather each
+    valid = torch.arange(steps, device=g.device)[None, :] < count[:, None]
+    rho_all = torch.where(valid, 1.0 / ys[rows[:, None], slots].clamp_min(CURVATURE_EPS), torch.zeros((), dtype=g.dtype, device=g.device))
+    alphas = []
     for j in range(steps):                  # newest -> oldest
-        slot = (head - 1 - j) % m
-        s_j, y_j = S[rows, slot], Y[rows, slot]
-        rho = torch.where(j < count, 1.0 / ys[rows, slot].clamp_min(CURVATURE_EPS), torch.zeros_like(h_diag))
-        alpha = rho * (s_j * q).sum(-1)
-        q = q - alpha[:, None] * y_j
-        pairs.append((s_j, y_j, rho, alpha))
+        alpha = rho_all[:, j] * (S_o[:, j] * q).sum(-1)
+        q = q - alpha[:, None] * Y_o[:, j]
+        alphas.append(alpha)
     d = q * h_diag[:, None]
-    for s_j, y_j, rho, alpha in reversed(pairs):   # oldest -> newest
-        beta = rho * (y_j * d).sum(-1)
-        d = d + s_j * (alpha - beta)[:, None]
+    for j in range(steps - 1, -1, -1):      # oldest -> newest
+        beta = rho_all[:, j] * (Y_o[:, j] * d).sum(-1)
+        d = d + S_o[:, j] * (alphas[j] - beta)[:, None]
     return d
 
 
@@ -103,9 +111,9 @@ class Memory:
         self.h_diag = torch.where(accept, ys / (y * y).sum(1).clamp_min(1e-20), self.h_diag)
         return accept
 
-    def direction(self, g: torch.Tensor) -> torch.Tensor:
-        """``-H g`` for every row (:func:`lbfgs_direction`)."""
-        return lbfgs_direction(g, self.S, self.Y, self.ys, self.head, self.count, self.h_diag)
+    def direction(self, g: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``-H g`` for every row, or for ``rows`` only with ``g`` their gradients (:func:`lbfgs_direction`)."""
+        return lbfgs_direction(g, self.S, self.Y, self.ys, self.head, self.count, self.h_diag, rows)
 
 
 def _first_step(g: torch.Tensor) -> torch.Tensor:
@@ -166,16 +174,17 @@ def lbfgs_rows(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x0: tor
     while bool(active.any()):
         new = active & ~searching
         if bool(new.any()):
-            dn = mem.direction(g)
-            gdn = (g * dn).sum(1)
+            nidx = torch.nonzero(new).flatten()           # only the rows starting an iteration need a direction
+            gn = g[nidx]
+            dn = mem.direction(gn, nidx)
+            gdn = (gn * dn).sum(1)
             bad = ~(gdn < 0)                             # not a descent direction: steepest descent
-            dn = torch.where(bad[:, None], -g, dn)
-            gdn = torch.where(bad, -(g * g).sum(1), gdn)
-            t0 = torch.where(iters == 0, _first_step(g), torch.ones_like(t))
-            d = torch.where(new[:, None], dn, d)
-            gd = torch.where(new, gdn, gd)
-            t = torch.where(new, t0, t)
-            tries = torch.where(new, torch.zeros_like(tries), tries)
+            dn = torch.where(bad[:, None], -gn, dn)
+            gdn = torch.where(bad, -(gn * gn).sum(1), gdn)
+            d[nidx] = dn
+            gd[nidx] = gdn
+            t[nidx] = torch.where(iters[nidx] == 0, _first_step(gn), torch.ones_like(gdn))
+            tries[nidx] = 0
             searching = searching | new
         idx = torch.nonzero(active).flatten()
         trial = x + t[:, None] * d

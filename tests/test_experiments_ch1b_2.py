@@ -176,7 +176,11 @@ def test_secagg_experiment_and_label_leak_on_a_small_population():
     assert sa[1]["exposed"].shape == (120,) and bool((sa[1]["exposed"] == 1).all())   # no cohort: all exposed
     assert sa[40]["exposed"].shape == (3,) and float(sa[40]["exposed"].mean()) < float(sa[4]["exposed"].mean())
     rows = ch2.secagg_rows(sa)
-    assert [r[0] for r in rows] == [1, 4, 40] and rows[0][1].startswith("1.000 ± 0.000") and rows[2][2] == 3
+    assert [r[0] for r in rows] == [1, 4, 40] and rows[0][1].startswith("1.000 ± 0.000") and rows[2][4] == 3
+    for m, v in sa.items():        # every exposed member is exposed either alone or through a shared sum
+        assert torch.allclose(v["exposed_alone"] + v["exposed_shared"], v["exposed"])
+    assert bool((sa[1]["exposed_alone"] == 1).all())                  # a cohort of one: every sum is its own
+    assert rows[0][2:4] == [1.0, 0.0] and rows[2][5] == int(sa[40]["single"].median())
     leak = ch2.label_leak(honest, data, batch_size=5, lr=0.3, loss="log", seed=0)
     assert leak["revealed"] == 0.25 and leak["all_or_nothing"] == 1.0                  # B = 5 of N = 20
     assert leak["accuracy"] == pytest.approx(leak["clients_right"])

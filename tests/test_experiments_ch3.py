@@ -53,6 +53,15 @@ def test_table3_runs_every_configuration(case, run):
         ch3a.table3(case, fcf_max_iter=0, fncf_max_iter=3, num_restarts=1)
     with pytest.raises(ValueError, match="configurations"):
         ch3a.table3_summary({})
+    headers, rows = ch3a.table3_loss_table(res)
+    assert [r[0] for r in rows] == [ch3a.VARIANTS[k] for k in ch3a.TABLE3_CONFIGS]
+    for r, k in zip(rows, ch3a.TABLE3_CONFIGS):
+        assert r[1] == round(res[k]["loss_truth"].median().item(), 3) and r[2] == round(res[k]["loss"].median().item(), 3)
+        assert 1 <= r[4] and r[3] == round(res[k]["auc"].mean().item(), 3)
+    # at the truth (true interactions and, where estimated, embedding) the loss is its floor, ~0
+    assert rows[1][1] < 0.05 and rows[3][1] < 0.05, rows
+    with pytest.raises(ValueError, match="configurations"):
+        ch3a.table3_loss_table({})
 
 
 def test_prune_sweep_at_zero_is_the_honest_attack(case):

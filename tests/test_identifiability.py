@@ -61,6 +61,38 @@ def test_client_update_matches_hand_computation():
     assert torch.allclose(deltas[0, 0], -lr * s[0] * u[0]) and torch.allclose(deltas[0, 1], -lr * s[1] * u[0])
 
 
+def test_protocol3_client_update_under_a_nonzero_probe_matches_plain_sgd():
+    """Protocol 3 (SGD without replacement, London 2020 App. A.4) from a non-zero user vector and
+    non-zero item vectors, two epochs of N / B batches, against Eq. (1)-(2) written out item by item
+    with autograd on l(y u.v) for the gradients; the batches are the permutations the client draws
+    from the same generator. (The attack only ever runs it on the zero probe, where the user step
+    is invisible in the message of the first batch.)"""
+    C, N, k, B, lr, E = 3, 6, 4, 2, 0.3, 2
+    g = torch.Generator().manual_seed(11)
+    U = torch.randn(C, k, generator=g, dtype=F64)
+    V = torch.randn(20, k, generator=g, dtype=F64)
+    items = torch.stack([torch.randperm(20, generator=g)[:N] for _ in range(C)])
+    y = torch.where(torch.rand(C, N, generator=g, dtype=F64) < 0.3, 1.0, -1.0).to(F64)
+    for loss in ("log", "hinge"):
+        u_new, deltas = rec.protocol3_client_update(U, V, items, y, local_epochs=E, batch_size=B, lr=lr, loss=loss,
+                                                    generator=torch.Generator().manual_seed(5))
+        gen = torch.Generator().manual_seed(5)
+        perms = [torch.argsort(torch.rand(C, N, generator=gen, dtype=F64), dim=1) for _ in range(E)]
+        for c in range(C):
+            u, Vc = U[c].clone(), V[items[c]].clone()
+            for perm in perms:
+                for r in range(N // B):
+                    batch = perm[c, r * B:(r + 1) * B].tolist()
+                    uu, vv = u.clone().requires_grad_(True), Vc[batch].clone().requires_grad_(True)
+                    f = rec.margin_loss(y[c, batch] * (vv @ uu), loss)
+                    gu, = torch.autograd.grad(f.mean(), uu, retain_graph=True)   # Eq. (1): mean over the batch
+                    gv, = torch.autograd.grad(f.sum(), vv)                 # Eq. (2): each item its own term
+                    Vc[batch] = Vc[batch] - lr * gv
+                    u = u - lr * gu
+            assert torch.allclose(u_new[c], u, atol=1e-12), (loss, c)
+            assert torch.allclose(deltas[c], Vc - V[items[c]], atol=1e-12), (loss, c)
+
+
 def test_protocol1_training_learns():
     d = rec.make_synthetic(200, 80, 4, 30, torch.linspace(0.1, 0.4, 200), seed=1)
     res = rec.train_protocol1(d, num_rounds=30, clients_per_round=100, local_steps=3, batch_size=10, lr=0.3,

@@ -306,3 +306,42 @@ def test_roc_auc_rows_matches_sklearn_with_ties_and_masks():
         roc_auc_rows(torch.zeros(1, 12), scores[:1], mask[:1])
     with pytest.raises(ValueError, match="finite"):
         roc_auc_rows(labels[:1], torch.full((1, 12), float("inf")), mask[:1])
+
+
+def test_fncf_backprop_temperature_tends_to_the_relu_network():
+    """fncf_backprop(temperature=tau) smooths the hidden ReLUs into tau * softplus(a / tau): close to
+    the network at a small tau, different at a large one; a negative tau is refused."""
+    from fedlab.fl.recsys.interactions import fncf_backprop, fncf_first_layer
+    X, E, I, mask = _users(U=2, m=15, d=6, seed=3)
+    model, theta = fncf_init(6, seed=1)
+    _, W1x, layers = fncf_first_layer(model, theta, 6)
+    args = (layers, theta, X @ W1x.T, E, I, mask.float())
+    exact, gE, _ = fncf_backprop(*args)
+    small, gE_small, _ = fncf_backprop(*args, temperature=1e-5)
+    large, _, _ = fncf_backprop(*args, temperature=1.0)
+    assert torch.allclose(small, exact, atol=1e-6) and torch.allclose(gE_small, gE, atol=1e-6)
+    assert (large - exact).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="temperature"):
+        fncf_backprop(*args, temperature=-0.1)
+
+
+def test_fncf_continuation_reaches_the_loss_at_the_truth():
+    """Algorithm 2 on FNCF: the exact matching loss is piecewise smooth in the embedding (ReLU
+    patterns), and plain L-BFGS stalls far above the loss at the truth; the continuation over
+    smoothed ReLUs (raifle_fncf's default) gets close to it with the same budget. The loss at the
+    truth is reported (truth=) and equals matching_loss there."""
+    d = 32
+    X, E, I, mask = _users(U=3, m=60, d=d, seed=5)
+    model, theta = fncf_init(d, seed=4)
+    dX, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=1.0, local_steps=1)
+    kw = dict(max_iter=250, num_restarts=2, seed=0, truth=(I, E))
+    plain = raifle_fncf(model, theta, X, dX, dT, mask, continuation=None, **kw)
+    cont = raifle_fncf(model, theta, X, dX, dT, mask, **kw)
+    assert torch.allclose(cont.loss_truth, matching_loss(dX, dX, mask), atol=1e-2) and cont.loss_truth.max() < 0.01
+    assert plain.loss.min() > 0.5, plain.loss                    # the stall
+    assert cont.loss.max() < 0.3 and cont.iterations == 250, (cont.loss, cont.iterations)
+    assert roc_auc_rows(I, cont.scores, mask).mean() > roc_auc_rows(I, plain.scores, mask).mean()
+    with pytest.raises(ValueError, match="max_iter"):
+        raifle_fncf(model, theta, X, dX, dT, mask, continuation=(0.1, 0.01), max_iter=2)
+    with pytest.raises(ValueError, match="temperatures"):
+        raifle_fncf(model, theta, X, dX, dT, mask, continuation=(0.1, 0.0), max_iter=30)

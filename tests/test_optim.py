@@ -82,3 +82,24 @@ def test_a_float64_loss_on_float32_rows_keeps_the_rows_float32():
 
     x, f, _ = lbfgs_rows(fn, torch.zeros(3, 4), max_iter=50)
     assert x.dtype == torch.float32 and f.dtype == torch.float64 and float(f.max()) < float(fn(torch.zeros(1, 4), None))
+
+
+def test_direction_of_selected_rows_equals_those_rows_of_the_full_direction():
+    """lbfgs_rows computes directions only for the rows starting an iteration (Memory.direction(g,
+    rows)); they must be those rows of the full two-loop recursion, whatever each row's memory
+    length and ring position."""
+    from fedlab.optim import Memory
+    g = torch.Generator().manual_seed(0)
+    B, n, m = 6, 5, 4
+    mem = Memory.empty(B, m, n, dtype=torch.float64)
+    for step in range(7):                          # rows store different numbers of pairs
+        s = torch.randn(B, n, generator=g, dtype=torch.float64)
+        y = s + 0.1 * torch.randn(B, n, generator=g, dtype=torch.float64)    # s.y > 0
+        mem.push(s, y, torch.arange(B) <= step)
+    grad = torch.randn(B, n, generator=g, dtype=torch.float64)
+    full = mem.direction(grad)
+    rows = torch.tensor([4, 0, 5])
+    assert torch.allclose(mem.direction(grad[rows], rows), full[rows], atol=1e-12)
+    assert (full * grad).sum(1).lt(0).all()        # descent directions
+    with pytest.raises(ValueError, match="one row per selected row"):
+        mem.direction(grad, rows)

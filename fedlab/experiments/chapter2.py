@@ -546,7 +546,11 @@ def secagg_experiment(honest, data, cohorts: Sequence[int], *, batch_size: int, 
 
     Every repeat shuffles the clients into cohorts and runs the round again (one generator seeded
     ``seed``). Returns ``{m: {"exposed": [cohorts * repeats] fraction of each cohort's members
-    exposed, "single": [cohorts * repeats] number of per-item sums with exactly one contributor}}``.
+    exposed, "single": [cohorts * repeats] number of per-item sums with exactly one contributor,
+    "exposed_alone": the fraction of members exposed who trained an item no other member of their
+    cohort trained (a single-contributor sum, exactly a multiple of ``u_c``), "exposed_shared": the
+    fraction exposed only through sums they share with others (their contribution dominates, the
+    others' are negligible)}}``; ``exposed_alone + exposed_shared = exposed``.
     Raises ``ValueError`` for a cohort size below 1 or one that does not divide the clients.
     """
     if any(int(m) != m or m < 1 for m in cohorts):
@@ -556,17 +560,24 @@ def secagg_experiment(honest, data, cohorts: Sequence[int], *, batch_size: int, 
     u, V = honest.user_vectors, honest.item_vectors
     out = {}
     for m in cohorts:
-        exposed, single = [], []
+        exposed, single, alone, shared = [], [], [], []
         for _ in range(repeats):
             perm = torch.randperm(u.shape[0], generator=g)
             _, deltas = rec.protocol1_client_update(u[perm], V, data.items[perm], data.y[perm], local_steps=1,
                                                     batch_size=batch_size, lr=lr, loss=loss, generator=g)
             sums = pac.secure_aggregate_items(deltas, data.items[perm], num_items, int(m))
-            exposed.append(pac.exposed_members(sums, u[perm]).double().mean(1))
-            trained = rec.touched_items(deltas)[..., None].to(deltas.dtype)                # [C, N, 1]
-            counts = pac.secure_aggregate_items(trained, data.items[perm], num_items, int(m))[..., 0]
+            exp = pac.exposed_members(sums, u[perm])                                        # [G, m]
+            exposed.append(exp.double().mean(1))
+            touched = rec.touched_items(deltas)                                             # [C, N]
+            trained = touched[..., None].to(deltas.dtype)                                   # [C, N, 1]
+            counts = pac.secure_aggregate_items(trained, data.items[perm], num_items, int(m))[..., 0]   # [G, I]
             single.append((counts == 1).sum(1).double())
-        out[int(m)] = {"exposed": torch.cat(exposed), "single": torch.cat(single)}
+            cohort = torch.arange(u.shape[0]) // int(m)
+            sole = (touched & (counts[cohort[:, None], data.items[perm]] == 1)).any(1).view(exp.shape)   # [G, m]
+            alone.append((exp & sole).double().mean(1))
+            shared.append((exp & ~sole).double().mean(1))
+        out[int(m)] = {"exposed": torch.cat(exposed), "single": torch.cat(single),
+                       "exposed_alone": torch.cat(alone), "exposed_shared": torch.cat(shared)}
     return out
 
 
@@ -589,12 +600,14 @@ def label_leak(honest, data, *, batch_size: int, lr: float, loss: str, seed: int
 
 
 def secagg_rows(sa: Mapping) -> list[list]:
-    """Rows ``[m, mean fraction of members exposed ± 95 % t half-width over cohorts, number of cohorts,
-    median number of single-contributor item sums per cohort]`` of a :func:`secagg_experiment`
-    result."""
+    """Rows ``[m, mean fraction of members exposed ± 95 % t half-width over cohorts, of which through a
+    single-contributor sum, of which through a shared sum, number of cohorts, median number of
+    single-contributor item sums per cohort]`` of a :func:`secagg_experiment` result (the two parts as
+    mean fractions of all members, 3 decimals)."""
     rows = []
     for m, v in sa.items():
         mean, _, ci = t_interval(v["exposed"].tolist())
         hw = float("nan") if ci is None else (ci[1] - ci[0]) / 2
-        rows.append([m, f"{mean:.3f} ± {hw:.3f}", len(v["exposed"]), int(v["single"].median())])
+        rows.append([m, f"{mean:.3f} ± {hw:.3f}", round(float(v["exposed_alone"].mean()), 3),
+                     round(float(v["exposed_shared"].mean()), 3), len(v["exposed"]), int(v["single"].median())])
     return rows

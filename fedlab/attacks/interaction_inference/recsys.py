@@ -11,7 +11,9 @@ The server knows the items ``X`` it showed a user, the global model ``theta`` an
   threshold, random restarts keeping each user's best, and per-user random draws
   (:func:`user_generator`), so that a user's result does not depend on its batch.
 * :func:`raifle_fcf`, :func:`raifle_fncf` -- the recommender instances of Table 3 (estimate the user
-  embedding or not; include the model-parameter update in the loss or not).
+  embedding or not; include the model-parameter update in the loss or not). With the embedding
+  estimated, FNCF's attack runs a continuation over smoothed ReLUs first (:data:`FNCF_CONTINUATION`,
+  our addition): the exact loss is piecewise smooth in the embedding and L-BFGS stalls on it.
 * :func:`matching_loss` -- the RS loss of Sec. 4.1.1: mean L2 distance between matching rows of the
   item-embedding updates (+ squared error on the model-parameter update).
 * :func:`analytic_fcf_attack` -- a one-shot attack on FCF: the update ``(I - X e) e^T`` has rank one,
@@ -36,7 +38,7 @@ from ...fl import _model_on
 from ...optim import lbfgs_rows
 from ...privacy.defenses import clip_rows
 
-__all__ = ["RaifleResult", "user_generator", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf",
+__all__ = ["RaifleResult", "user_generator", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf", "FNCF_CONTINUATION",
            "analytic_fcf_attack", "pointwise_l2_update", "closed_form_interactions", "attack_hessian"]
 
 
@@ -46,13 +48,16 @@ class RaifleResult:
 
     ``scores`` [U, m]: the optimised logits ``z`` (the reconstruction is ``sigmoid(z)``; higher =
     more likely interacted, used for the AUC); ``user_emb`` [U, d] or None (Algorithm 2's estimate);
-    ``loss`` [U]: the best final matching loss per user; ``iterations``: function evaluations used.
+    ``loss`` [U]: the best final matching loss per user; ``iterations``: function evaluations used;
+    ``loss_truth`` [U] or None: the same loss at the true interactions (and the true embedding where
+    it is estimated), when the caller passed them to evaluate the optimiser (``truth=``).
     """
 
     scores: torch.Tensor
     user_emb: torch.Tensor | None
     loss: torch.Tensor
     iterations: int
+    loss_truth: torch.Tensor | None = None
 
     @property
     def interactions(self) -> torch.Tensor:
@@ -70,7 +75,7 @@ def user_generator(seed: int, user: int, stream: int) -> torch.Generator:
 def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None = None,
            num_restarts: int = 1, max_iter: int = 100, tol: float = 1e-9, history_size: int = 20,
            seed: int = 0, user_ids: torch.Tensor | None = None, emb_init_std: float = 1.0,
-           antithetic: bool = True, device=None) -> RaifleResult:
+           antithetic: bool = True, device=None, warmup=(), truth=None) -> RaifleResult:
     """RAIFLE, Algorithm 1 (``dim=None``) or Algorithm 2 (``dim=d``), batched over users.
 
     ``loss_fn(I, E, rows) -> [k]`` returns the matching loss of each of ``k`` candidate rows: ``I``
@@ -95,15 +100,23 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None
     and pass :func:`fedlab.config.device` (``FEDLAB_DEVICE``). The starting points are drawn on the CPU;
     the result is on the CPU.
 
-    Raises ``ValueError`` for non-positive sizes, ``num_restarts < 1``, ``max_iter < 1`` or
-    ``user_ids`` of the wrong length.
+    ``warmup``: loss functions with ``loss_fn``'s signature minimised first, in order, each from
+    where the previous one stopped (continuation: smoothed versions of ``loss_fn``, see
+    :func:`raifle_fncf`); the budget is split evenly, each warm-up stage gets ``max_iter // (len(warmup)
+    + 1)`` evaluations and ``loss_fn`` the rest, and the restart kept is the best under ``loss_fn``.
+    ``truth``: ``(I [U, m], E [U, d] or None)``, the true answer, used only to report
+    ``loss_fn`` there (``RaifleResult.loss_truth``), never by the attack.
+
+    Raises ``ValueError`` for non-positive sizes, ``num_restarts < 1``, ``max_iter`` below ``len(warmup)
+    + 1`` or ``user_ids`` of the wrong length.
     """
     if num_users < 1 or num_items < 1:
         raise ValueError(f"num_users and num_items must be >= 1, got {num_users}, {num_items}")
     if num_restarts < 1:
         raise ValueError(f"num_restarts must be >= 1, got {num_restarts}")
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    warmup = list(warmup)
+    if max_iter < len(warmup) + 1:
+        raise ValueError(f"max_iter must be >= {len(warmup) + 1} (one evaluation per stage), got {max_iter}")
     ids = torch.arange(num_users, device="cpu") if user_ids is None else torch.as_tensor(user_ids).flatten()
     if len(ids) != num_users:
         raise ValueError(f"user_ids must hold num_users={num_users} ids, got {len(ids)}")
@@ -125,17 +138,31 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None
     dev = torch.device("cpu") if device is None else _device(device)
     x0, rows = x0.to(dev), rows.to(dev)                           # drawn on the CPU: the same starts anywhere
 
-    def rows_loss(x, idx):
-        Ex = None if E is None else x[:, num_items:]
-        return loss_fn(torch.sigmoid(x[:, :num_items]), Ex, rows[idx])
+    def rows_loss(fn):
+        def f(x, idx):
+            Ex = None if E is None else x[:, num_items:]
+            return fn(torch.sigmoid(x[:, :num_items]), Ex, rows[idx])
+        return f
 
-    x, _, evals = lbfgs_rows(rows_loss, x0, max_iter=max_iter, history_size=history_size, tol=tol)
+    stage_iter = max_iter // (len(warmup) + 1)
+    x, evals = x0, 0
+    for k, fn in enumerate(warmup + [loss_fn]):
+        budget = stage_iter if k < len(warmup) else max_iter - stage_iter * len(warmup)
+        x, _, used = lbfgs_rows(rows_loss(fn), x, max_iter=budget, history_size=history_size, tol=tol)
+        evals += used
     zx, Ex = x[:, :num_items], None if E is None else x[:, num_items:]
     with torch.no_grad():
         final = loss_fn(torch.sigmoid(zx), Ex, rows).reshape(num_restarts, num_users)
         best = final.argmin(0)                                    # [U]
         pick = best * num_users + torch.arange(num_users, device=dev)
-        return RaifleResult(zx[pick].cpu(), None if Ex is None else Ex[pick].cpu(), final.min(0).values.cpu(), evals)
+        at_truth = None
+        if truth is not None:
+            tI, tE = truth
+            at_truth = loss_fn(tI.to(device=dev, dtype=zx.dtype),
+                               None if E is None else tE.to(device=dev, dtype=zx.dtype),
+                               torch.arange(num_users, device=dev)).cpu()
+        return RaifleResult(zx[pick].cpu(), None if Ex is None else Ex[pick].cpu(), final.min(0).values.cpu(), evals,
+                            at_truth)
 
 
 def matching_loss(pred_items, target_items, mask, pred_params=None, target_params=None,
@@ -252,14 +279,15 @@ def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=N
 
 
 def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, guess_emb, use_model_params,
-                         user_lr, items_clip_norm, params_clip_norm, squared):
+                         user_lr, items_clip_norm, params_clip_norm, squared, temperature: float = 0.0):
     """:func:`matching_loss` of a simulated one-step FNCF update, computed in the row space of the
     first layer's item weights. The item update of item ``i`` is ``-lr W1x^T delta_i`` with
     ``delta_i`` in ``R^h1`` (:func:`fedlab.fl.recsys.interactions.fncf_backprop`), so it lies in the
     ``h1``-dimensional span of ``W1x^T = Q R``; splitting the target ``T_i`` into its coordinates
     ``Q^T T_i`` and the rest gives ``||dX_i - T_i||^2 = ||-lr R delta_i - Q^T T_i||^2 + ||T_i - Q Q^T
     T_i||^2`` exactly. The server computes ``X W1x^T``, ``Q^T T_i`` and the remainders once, so an
-    evaluation touches ``[k, m, h1]`` tensors instead of ``[k, m, d]`` ones (h1 = 16, d = 64)."""
+    evaluation touches ``[k, m, h1]`` tensors instead of ``[k, m, d]`` ones (h1 = 16, d = 64).
+    ``temperature > 0`` simulates the smoothed network of :func:`fncf_backprop` (continuation)."""
     d = X.shape[2]
     W1e, W1x, layers = fncf_first_layer(model, theta, d)
     Q, R = torch.linalg.qr(W1x.T)                                 # W1x^T [d, h1] = Q [d, h1] R [h1, h1]
@@ -272,7 +300,8 @@ def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, 
     def loss_fn(I, E, rows):
         Eu = E if guess_emb is None else guess_emb[rows]
         delta, _, grads = fncf_backprop(layers, theta, XW[rows], Eu, I, w[rows],
-                                        X=(lambda dl: _rows_tmatmul(X, rows, dl)) if use_model_params else None)
+                                        X=(lambda dl: _rows_tmatmul(X, rows, dl)) if use_model_params else None,
+                                        temperature=temperature)
         pred = -user_lr * (delta @ R.T)                           # coordinates of dX_i in the basis Q
         if items_clip_norm is not None:
             pred = clip_rows(pred, items_clip_norm)               # ||dX|| = ||pred||: Q is orthonormal
@@ -287,10 +316,16 @@ def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, 
     return loss_fn
 
 
+#: ReLU temperatures of :func:`raifle_fncf`'s continuation when it estimates the embedding: each
+#: stage minimises the matching loss of the network with ``tau * softplus(a / tau)`` hidden units,
+#: then the exact network (``tau = 0``) takes the last share of the budget
+FNCF_CONTINUATION = (0.3, 0.1, 0.03, 0.01)
+
+
 def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_embedding: bool = True,
                 use_model_params: bool = False, guess_emb=None, user_lr: float = 1.0, local_steps: int = 1,
                 items_clip_norm: float | None = None, params_clip_norm: float | None = None,
-                squared: bool = False, **kwargs) -> RaifleResult:
+                squared: bool = False, continuation="auto", **kwargs) -> RaifleResult:
     """RAIFLE on FNCF (Table 3, rows "FNCF"). ``X`` [U, m, d], ``item_updates`` [U, m, d],
     ``param_updates`` {name: [U, ...]}, ``mask`` [U, m]; ``model, theta`` from
     :func:`fedlab.fl.recsys.interactions.fncf_init`; ``user_lr, local_steps`` the simulated users'
@@ -300,6 +335,17 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
     ``use_model_params`` adds the parameter-update term to the loss; ``estimate_embedding`` switches
     between Algorithms 2 and 1 as in :func:`raifle_fcf`. ``device=`` (a keyword for :func:`raifle`;
     default ``FEDLAB_DEVICE``): where the simulation and L-BFGS run.
+
+    ``continuation``: ReLU temperatures (decreasing, > 0) of warm-up stages (:func:`raifle`'s
+    ``warmup``), or ``None`` for none; ``"auto"`` (default) is :data:`FNCF_CONTINUATION` when the
+    embedding is estimated, ``local_steps == 1`` and the budget gives every stage at least 10
+    evaluations, else none. Why (our addition, not in the paper):
+    the embedding enters an item's update through which hidden ReLUs are active, and the matching
+    loss is piecewise smooth in it; inside one activation pattern a change of the embedding is
+    absorbed by the interactions, so the exact loss's gradient says nothing about the right pattern
+    and L-BFGS stops after a few dozen evaluations far above the loss at the truth. Smoothed ReLUs
+    make the pattern visible to the gradient. Raises ``ValueError`` for a continuation with
+    ``local_steps > 1`` or a temperature that is not > 0.
     """
     U, m, d = X.shape
     if item_updates.shape != X.shape or mask.shape != (U, m):
@@ -311,14 +357,26 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
     theta = {k: v.to(dev) for k, v in theta.items()} if isinstance(theta, dict) else theta.to(dev)
     param_updates = None if param_updates is None else {k: v.to(dev) for k, v in param_updates.items()}
     guess_emb = None if guess_emb is None else guess_emb.to(dev)
+    if isinstance(continuation, str):
+        if continuation != "auto":
+            raise ValueError(f"continuation must be 'auto', None or a tuple of temperatures, got {continuation!r}")
+        continuation = (FNCF_CONTINUATION if estimate_embedding and local_steps == 1
+                        and kwargs.get("max_iter", 100) >= 10 * (len(FNCF_CONTINUATION) + 1) else None)
+    temps = () if continuation is None else tuple(float(t) for t in continuation)
+    if any(not t > 0 for t in temps):
+        raise ValueError(f"continuation temperatures must be > 0, got {temps}")
+    if temps and local_steps != 1:
+        raise ValueError("continuation needs local_steps == 1 (the written-out backward pass)")
 
     if local_steps == 1:
-        loss_fn = _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask,
-                                       guess_emb=None if estimate_embedding else guess_emb,
-                                       use_model_params=use_model_params, user_lr=user_lr,
-                                       items_clip_norm=items_clip_norm, params_clip_norm=params_clip_norm,
-                                       squared=squared)
-        return raifle(loss_fn, U, m, dim=d if estimate_embedding else None, **kwargs)
+        def projected(temperature):
+            return _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask,
+                                        guess_emb=None if estimate_embedding else guess_emb,
+                                        use_model_params=use_model_params, user_lr=user_lr,
+                                        items_clip_norm=items_clip_norm, params_clip_norm=params_clip_norm,
+                                        squared=squared, temperature=temperature)
+        return raifle(projected(0.0), U, m, dim=d if estimate_embedding else None,
+                      warmup=[projected(t) for t in temps], **kwargs)
 
     def loss_fn(I, E, rows):
         Eu = E if estimate_embedding else guess_emb[rows]

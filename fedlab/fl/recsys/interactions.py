@@ -97,7 +97,7 @@ def fncf_first_layer(model, theta, dim: int):
     return W1[:, :dim], W1[:, dim:], layers
 
 
-def fncf_backprop(layers, theta, XW, E, I, w, *, X=None):
+def fncf_backprop(layers, theta, XW, E, I, w, *, X=None, temperature: float = 0.0):
     """The backward pass of one FNCF step written out (ReLU hidden layers, ``theta`` shared by the
     users; RAIFLE Sec. 4.1.3), for a batch of users.
 
@@ -110,7 +110,16 @@ def fncf_backprop(layers, theta, XW, E, I, w, *, X=None):
     may also be a function ``delta -> delta^T X`` [U, h1, d], for a caller that avoids gathering ``X``).
     Differentiable in ``I`` and ``E`` with one autograd pass (no double backward); matches autograd
     (``tests/test_interaction_inference.py``).
+
+    ``temperature`` ``tau > 0`` replaces every hidden ReLU by its smooth version ``tau *
+    softplus(a / tau)`` (derivative ``sigmoid(a / tau)``), which tends to the ReLU as ``tau -> 0``;
+    ``0`` (default) is the network itself. A server uses it to see, in the gradient, which hidden
+    units of which item are active (RAIFLE's attack by continuation,
+    :func:`fedlab.attacks.interaction_inference.recsys.raifle_fncf`). Raises ``ValueError`` for a
+    negative ``temperature``.
     """
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
     d = E.shape[1]
     n = w.sum(1)
     (w1, b1) = layers[0]
@@ -118,7 +127,7 @@ def fncf_backprop(layers, theta, XW, E, I, w, *, X=None):
     a = [XW + (E @ W1e.T + theta[b1].detach())[:, None, :]]      # pre-activations [U, m, h]
     z = [None]
     for (wk, bk) in layers[1:]:
-        z.append(torch.relu(a[-1]))
+        z.append(torch.relu(a[-1]) if temperature == 0 else temperature * F.softplus(a[-1] / temperature))
         a.append(z[-1] @ theta[wk].detach().T + theta[bk].detach())
     delta = ((torch.sigmoid(a[-1].squeeze(-1)) - I) * w / n[:, None])[..., None]   # dL/dlogit [U, m, 1]
     grads = {} if X is not None else None
@@ -127,7 +136,8 @@ def fncf_backprop(layers, theta, XW, E, I, w, *, X=None):
         if grads is not None:
             grads[wk] = delta.transpose(1, 2) @ z[k]             # [U, out, in]
             grads[bk] = delta.sum(1)
-        delta = (delta @ theta[wk].detach()) * (a[k - 1] > 0).to(delta.dtype)
+        gate = (a[k - 1] > 0).to(delta.dtype) if temperature == 0 else torch.sigmoid(a[k - 1] / temperature)
+        delta = (delta @ theta[wk].detach()) * gate
     g1 = delta.sum(1)                                            # [U, h1]
     if grads is not None:
         dXt = X(delta) if callable(X) else delta.transpose(1, 2) @ X        # [U, h1, d]
