@@ -762,11 +762,15 @@ def _outcome_text(o: Mapping) -> str:
     return f"refused in `{o['stage']}` by {o['refused']} clients; {o['key_shares']} key shares of survivors"
 
 
-def malicious_markdown(outcomes: Mapping[str, Mapping[str, Mapping]]) -> MarkdownText:
+def malicious_markdown(outcomes: Mapping[str, Mapping[str, Mapping]], notes: Mapping[str, str] | None = None
+                       ) -> MarkdownText:
     """``{attack: {column: outcome}}`` (columns of :data:`MALICIOUS_COLUMNS`, outcomes of
-    :func:`secagg_outcome`) as a Markdown table; a missing cell reads "not run"."""
+    :func:`secagg_outcome`) as a Markdown table; a missing cell reads "not run". ``notes``: ``{attack: text}``
+    appended to the cells of that attack's completed rounds (what the sum gives the server)."""
+    notes = dict(notes or {})
     lines = ["| attack | " + " | ".join(MALICIOUS_COLUMNS) + " |", "|---|" + "---|" * len(MALICIOUS_COLUMNS)]
     for name, row in outcomes.items():
-        cells = [_outcome_text(row[c]) if c in row else "not run" for c in MALICIOUS_COLUMNS]
+        cells = [(_outcome_text(row[c]) + (f"; {notes[name]}" if name in notes and row[c]["completed"] else ""))
+                 if c in row else "not run" for c in MALICIOUS_COLUMNS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return MarkdownText("\n".join(lines))
