@@ -155,11 +155,19 @@ def test_dropouts_up_to_n_minus_t_in_any_stage(fed, stage):
     assert f"{t - 1} of" in str(err) and f"t={t}" in str(err), str(err)
 
 
-def test_dropouts_in_two_rounds_and_bad_arguments(fed):
+def test_dropouts_in_two_rounds_and_bad_arguments(fed, caplog):
+    """Two rounds with the same two clients failing in each; Flower's own warning (a dropped client's
+    SecAgg+ state restarts at the next setup) reaches the user, and Flower's task identity is restored
+    through its public setters."""
+    from flwr.supercore.task_identity import TaskIdentity
+
     victims, lenet, _, _ = fed
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 5, 6, 7
     res = flower.run(lenet, victims, secagg=True, **{**ARGS, "num_rounds": 2},
                      secagg_client_mods=[sa.drop_out_mod("collect_masked_vectors", [0, 5])])
     assert len(res.secagg_log.rounds) == 2 and res.transcript.num_rounds == 2
+    assert any("Restart from the setup stage" in r.getMessage() for r in caplog.records if r.name == "flwr")
+    assert (TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id) == (5, 6, 7)
     with pytest.raises(ValueError, match="stage"):
         sa.drop_out_mod("nope", [0])
     with pytest.raises(ValueError, match="target"):

@@ -785,21 +785,32 @@ class LocalGrid(Grid):
 @contextmanager
 def _task_identity():
     """Flower's messages take their run and source node from ``TaskIdentity``, which Flower's runtimes set
-    per process; set it as ``run_simulation`` does (task 1, run 0, the SuperLink's node id) and restore it."""
+    per process; set it through its public setters as ``flwr.server.compat`` does (task 1, run 0, the
+    SuperLink's node id) and restore what was there (an unset identity reads as ``RuntimeError`` and is
+    restored unset)."""
     from flwr.common.constant import SUPERLINK_NODE_ID
     from flwr.supercore.task_identity import TaskIdentity
 
-    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    def current(name):
+        try:
+            return getattr(TaskIdentity, name)
+        except RuntimeError:   # not set in this process
+            return None
+
+    old = {name: current(name) for name in ("task_id", "run_id", "node_id")}
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 0, SUPERLINK_NODE_ID
     try:
         yield
     finally:
-        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
+        for name, value in old.items():
+            setattr(TaskIdentity, name, value)
 
 
 @contextmanager
-def quiet_flower(level: int = logging.ERROR):
-    """Lower the ``flwr`` logger to ``level`` inside the block and switch Flower's telemetry off."""
+def quiet_flower(level: int = logging.WARNING):
+    """Set the ``flwr`` logger to ``level`` inside the block (default ``WARNING``: Flower's own warnings,
+    deprecations included, reach the user; its per-round INFO lines do not) and switch Flower's telemetry
+    off."""
     logger = logging.getLogger("flwr")
     old = logger.level
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -878,7 +889,7 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
                       "init_args": {"num_cpus": num_cpus, "num_gpus": 0, "include_dashboard": False,
                                     "log_to_driver": bool(verbose), "logging_level": "INFO" if verbose else "ERROR"}}
     t0 = time.perf_counter()
-    with quiet_flower(logging.INFO if verbose else logging.ERROR):
+    with quiet_flower(logging.INFO if verbose else logging.WARNING):
         if engine == "local":
             with _task_identity():
                 sapp(LocalGrid(capp, data.num_clients), Context(run_id=0, node_id=0, node_config={},
