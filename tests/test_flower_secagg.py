@@ -176,3 +176,20 @@ def test_dropouts_in_two_rounds_and_bad_arguments(fed, caplog):
         _run(fed, secagg_attack=fa.FalseDropout(99))
     with pytest.raises(ValueError, match="without secagg=True"):
         flower.run(lenet, victims, consistency=True, **ARGS)
+
+
+def test_flowers_own_unmask_stage_halts_on_an_early_dropout(fed, monkeypatch):
+    """Why fedlab has its own unmask stage: Flower 1.42's ``SecAggPlusWorkflow.unmask_stage`` asks for shares of
+    every sampled client, so one client failing in the setup stage halts the round (measured; if a Flower
+    release fixes it, this test fails and the chapter's sentence must change)."""
+    from flwr.server.workflow import SecAggPlusWorkflow
+
+    def flowers_unmask(self, tap, context, state, recipients, extra, actx):
+        if not SecAggPlusWorkflow.unmask_stage(self, tap, context, state):
+            raise RuntimeError("Flower's unmask stage halted")
+
+    monkeypatch.setattr(sa.SecAggWorkflow, "_unmask", flowers_unmask)
+    with pytest.raises(RuntimeError, match="halted"):
+        _run(fed, secagg_client_mods=[sa.drop_out_mod("setup", [1])])
+    monkeypatch.undo()
+    assert list(_run(fed, secagg_client_mods=[sa.drop_out_mod("setup", [1])]).secagg_log.refusals(1, "setup")) == [1]

@@ -4,11 +4,11 @@ Bonawitz et al.'s consistency round (CCS 2017, Sec. 6) as a client mod.
 This module imports ``flwr``. The pieces:
 
 * :class:`SecAggWorkflow`: ``flwr.server.workflow.SecAggPlusWorkflow`` (Bell et al. 2020) with Flower's first
-  three stages unchanged and its own unmask stage. Flower's unmask stage asks for shares of every *sampled*
-  node and removes the pairwise masks of a dead node with *all* its neighbours, so a client that fails in
-  the setup or share-keys stage, or two clients that fail while sending their masked models, halt the round
-  or corrupt the sum; here a dead node is one that distributed its key shares but sent no masked model
-  (``U2 \\ U3`` in Bonawitz et al.'s notation), and only the masks the survivors actually added are removed.
+  three stages unchanged and its own unmask stage. Flower's unmask stage (flwr 1.42) asks for shares of
+  every *sampled* node, so a single client that fails in the setup or share-keys stage halts the round
+  ("Not enough shares to recover secret"; measured); here a dead node is one that distributed its key
+  shares but sent no masked model (``U2 \\ U3`` in Bonawitz et al.'s notation), and only the masks the
+  survivors actually added are removed.
   Any stage may lose up to ``n - t`` clients; with fewer than ``t`` answers the workflow raises
   :class:`SecAggAborted` naming how many answered. It records what each stage sent and received in a
   :class:`SecAggLog`, including every client model it *could* unmask (it holds at least ``t`` shares of both
