@@ -560,7 +560,7 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
                noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
                secagg: bool = False, secagg_settings: dict | None = None, secagg_attack=None,
                consistency: bool = False, secagg_log=None,
-               node_timeout: float = 60.0, round_timeout: float = 600.0) -> ServerApp:
+               node_timeout: float = 300.0, round_timeout: float = 600.0) -> ServerApp:
     """A Flower ``ServerApp`` running FedAvg with fedlab's schedule, recording a transcript.
 
     Parameters
@@ -594,6 +594,11 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
         refuse a threshold ``t`` that is not above half of the registered clients.
     secagg_log : fedlab.flower.secagg.SecAggLog, optional
         Filled with what each SecAgg+ stage sent and received.
+
+    node_timeout : float
+        Seconds for the ``num_clients`` nodes to connect, and again for them to answer the first query (Ray
+        starts its workers on the first message: 10 virtual nodes on a loaded 2-core machine took over 60 s,
+        the former default, three times in a row).
 
     Raises
     ------
