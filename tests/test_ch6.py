@@ -220,3 +220,33 @@ def test_item_sums_check_refuses_another_cohort_and_reports_the_table():
     assert chk["readable"] == chk["single_readable"] == 0 and chk["exposed"] == 0.0 and chk["touched"] > 0
     md = str(ex.item_sums_markdown(chk))
     assert "| items with one contributor |" in md and f"| {chk['touched']} | 0 above the rounding bound |" in md
+
+
+def test_secagg_outcome_summarises_completed_refused_and_impossible_rounds():
+    """The malicious-server section's bookkeeping: a completed run, a round that stopped (an error carrying a
+    SecAggLog) and an attack that cannot be mounted, summarised and tabulated; errors without a log pass."""
+    pytest.importorskip("flwr")
+    from fedlab import flower
+    from fedlab.flower import attacks as fa
+
+    victims, lenet = ex.fedsgd_clients(0, 4)
+    args = dict(num_rounds=1, lr=0.1, batch_size=None, seed=0, engine="local", secagg=True)
+    lie = ex.secagg_outcome(lambda: flower.run(lenet, victims, secagg_attack=fa.FalseDropout(1), **args))
+    assert lie["completed"] and lie["exposed"] == [1] and lie["key_shares"] >= 2 and lie["messages"] == 16
+    assert ex.exposed_model(lie, 1).keys() == lie["run"].params.keys()
+    with pytest.raises(ValueError, match="not exposed"):
+        ex.exposed_model(lie, 0)
+    refused = ex.secagg_outcome(lambda: flower.run(lenet, victims, secagg_attack=fa.FalseDropout(1), consistency=True,
+                                                   secagg_settings={"reconstruction_threshold": 0.75}, **args))
+    assert not refused["completed"] and refused["stage"] == "unmask" and refused["key_shares"] == 0
+    impossible = ex.secagg_outcome(lambda: flower.run(lenet, victims, secagg_attack=fa.SplitView(1), consistency=True,
+                                                      secagg_settings={"reconstruction_threshold": 0.75}, **args))
+    assert impossible["stage"] == "none" and "n >= 2t" in impossible["reason"]
+    table = ex.malicious_markdown({"(a)": {ex.MALICIOUS_COLUMNS[0]: lie, ex.MALICIOUS_COLUMNS[2]: refused}},
+                                  {"(a)": "note"})
+    assert f"**model of client 1 unmasked**; {lie['key_shares']} key shares of survivors; note" in table
+    assert "not run" in table and "refused in `unmask`" in table
+    with pytest.raises(RuntimeError, match="boom"):
+        ex.secagg_outcome(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(ValueError, match="returned no model"):
+        ex.survivor_average(lie["run"].transcript, [0])      # a SecAgg+ transcript holds no train reply

@@ -217,3 +217,40 @@ def test_evaluate_replies_are_recorded_and_a_failing_node_is_named():
     from flwr.app import Context, RecordDict
     with _task_identity(), pytest.raises(RuntimeError, match="disk gone"):
         server(LocalGrid(app, 2), Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}))
+
+
+def test_transcript_reads_only_its_own_files_and_refuses_duplicates(tmp_path):
+    """A transcript index names files inside its directory only (an absolute or ``..`` path once let
+    load_transcript read any .npz on the disk), and a reply or global model is never listed twice."""
+    outside = tmp_path / "secret.npz"
+    np.savez(outside, a=np.full(2, 7.0, dtype=np.float32))
+    w = TranscriptWriter(tmp_path / "t", ["a"])
+    w.add_global(0, {"a": np.zeros(2, dtype=np.float32)})
+    w.add_reply(1, "train", 42, params={"a": np.ones(2, dtype=np.float32)}, partition_id=0, num_examples=1)
+    with pytest.raises(ValueError, match="already holds a 'train' reply of node 42 in round 1"):
+        w.add_reply(1, "train", 42, params={"a": np.zeros(2, dtype=np.float32)})
+    w.add_global(1, {"a": np.full(2, 0.5, dtype=np.float32)})
+    w.flush()
+    good = json.loads((tmp_path / "t" / "index.json").read_text())
+    assert load_transcript(tmp_path / "t").num_rounds == 1
+
+    def load_with(edit):
+        index = json.loads(json.dumps(good))
+        edit(index)
+        (tmp_path / "t" / "index.json").write_text(json.dumps(index))
+        return load_transcript(tmp_path / "t")
+
+    for bad in [str(outside), "../secret.npz", "sub/x.npz", "global_000.npy", 3]:
+        with pytest.raises(ValueError, match="file"):
+            load_with(lambda ix: ix["messages"][0].update(file=bad))
+        with pytest.raises(ValueError, match="global model of round 0"):
+            load_with(lambda ix: ix["globals"][0].update(file=bad))
+    (tmp_path / "t" / "link.npz").symlink_to(outside)
+    with pytest.raises(ValueError, match="leads outside"):
+        load_with(lambda ix: ix["messages"][0].update(file="link.npz"))
+    with pytest.raises(ValueError, match="replies twice"):
+        load_with(lambda ix: ix["messages"].append(dict(ix["messages"][0], file=None)))
+    with pytest.raises(ValueError, match="global model twice"):
+        load_with(lambda ix: ix["globals"].append(dict(ix["globals"][1])))
+    with pytest.raises(ValueError, match="same file"):
+        load_with(lambda ix: ix["messages"].append(dict(ix["messages"][0], node_id=43)))

@@ -18,6 +18,9 @@ run on what a Flower server recorded (Beutel et al. 2020, Flower; :mod:`fedlab.f
   under SecAgg+, stage by stage;
 * :func:`imprint_clients`, :func:`imprint_rows`, :func:`imprint_markdown`: chapter 1a's imprint attack by a
   malicious server through SecAgg+'s aggregate (:func:`fedlab.flower.attacks.imprint_from_aggregate`);
+* :func:`secagg_outcome`, :func:`exposed_model`, :func:`survivor_average`, :func:`malicious_markdown`: a
+  malicious server inside SecAgg+ (:mod:`fedlab.flower.attacks`' false dropout, split view and model
+  inconsistency), the consistency round (:mod:`fedlab.flower.secagg`) and dropouts, summarised;
 * :func:`item_federation`, :func:`item_sums_check`, :func:`item_sums_markdown`: chapter 2's recommender as a
   Flower federation, and the per-item sums its SecAgg+ aggregate still reveals
   (:func:`fedlab.flower.attacks.item_sums_from_aggregate`) beside chapter 2's own count
@@ -56,7 +59,8 @@ __all__ = ["MembershipFederation", "membership_federation", "max_abs_difference"
            "update_norms", "plot_clipping", "defense_rows", "defense_markdown", "compare_markdown", "COMPARE_1A", "COMPARE_1B",
            "least_squares_clients", "eavesdrop_least_squares", "eavesdrop_logistic", "secagg_stages", "secagg_markdown",
            "masked_uniformity", "imprint_clients", "imprint_rows", "imprint_markdown", "CHAPTER2", "ItemScores",
-           "ItemFederation", "item_federation", "item_sums_check", "item_sums_markdown"]
+           "ItemFederation", "item_federation", "item_sums_check", "item_sums_markdown", "secagg_outcome",
+           "exposed_model", "survivor_average", "malicious_markdown", "MALICIOUS_COLUMNS"]
 
 #: values of chapter 1a's stored record quoted beside ours: record name -> (our name, label, decimals)
 COMPARE_1A = {"idlg_acc": ("idlg_acc", "iDLG label accuracy", 3),
@@ -681,4 +685,92 @@ def item_sums_markdown(check: Mapping) -> MarkdownText:
              f"(median cosine {r['single_cos']:.6f}) |",
              f"\nCohort of {r['m']} clients; largest error of the server's sums {r['max_error']:.1e} "
              f"(SecAgg+'s bound {r['bound']:.1e})."]
+    return MarkdownText("\n".join(lines))
+
+
+# --------------------------------------------------------------------------------------------
+# what SecAgg+ promises: a malicious server, the consistency round, dropouts
+# --------------------------------------------------------------------------------------------
+#: the columns of :func:`malicious_markdown`: which client side each run had
+MALICIOUS_COLUMNS = ("Flower's SecAgg+", "+ naive check (active ∩ dropped = ∅)", "+ consistency round")
+
+
+def secagg_outcome(run_fn: Callable) -> dict:
+    """Run ``run_fn() -> fedlab.flower.FlowerRun`` (a ``secagg=True`` run) and summarise what the server got.
+
+    Returns ``{"completed", "exposed" (partitions whose model the server unmasked alone), "key_shares" (shares
+    of a survivor's mask key received), "seed_shares", "refused" (clients that answered a stage with an
+    error), "stage" (the stage where the round stopped, else ``None``), "reason" (the first refusal or the
+    error), "messages", "seconds" (server-side, all stages), "run", "log"}``. A round that stops
+    (:class:`fedlab.flower.secagg.SecAggAborted`) and an attack that cannot be mounted (``ValueError`` from
+    the attack) are outcomes, not errors."""
+    run, log, error = None, None, None
+    try:
+        run = run_fn()
+        log = run.secagg_log
+    except RuntimeError as err:
+        log = getattr(err, "log", None)
+        if log is None:
+            raise
+        error = str(err)
+    except ValueError as err:      # the attack cannot be mounted with these settings
+        return {"completed": False, "exposed": [], "key_shares": 0, "seed_shares": 0, "refused": 0, "stage": "none",
+                "reason": str(err), "messages": 0, "seconds": 0.0, "run": None, "log": None}
+    last = log.rounds[-1]
+    stage = None
+    if error is not None:
+        stage = [k for k, v in last["stages"].items() if v["errors"]][-1]
+    refusals = log.refusals(len(log.rounds))
+    return {"completed": error is None, "exposed": log.exposed_partitions(len(log.rounds)),
+            "key_shares": log.key_shares_of_survivors(len(log.rounds)),
+            "seed_shares": int(sum(last["shares"]["seed"].values())), "refused": len(refusals), "stage": stage,
+            "reason": error if error is not None else "", "messages": log.messages(len(log.rounds)),
+            "seconds": log.seconds(len(log.rounds)), "run": run, "log": log}
+
+
+def exposed_model(outcome: Mapping, partition: int, round: int = 1) -> dict:
+    """The model of ``partition`` that the server unmasked on its own in ``outcome`` (:func:`secagg_outcome`),
+    as ``{name: float64 tensor}``. Raises ``ValueError`` when it was not exposed."""
+    log, run = outcome["log"], outcome["run"]
+    node = {p: n for n, p in log.partition_of_node.items()}.get(partition)
+    exposed = log.rounds[round - 1]["exposed"] if log is not None else {}
+    if node not in exposed:
+        raise ValueError(f"partition {partition} was not exposed (exposed: {outcome['exposed']})")
+    return {k: torch.as_tensor(np.asarray(a)).double() for k, a in zip(run.transcript.param_names, exposed[node])}
+
+
+def survivor_average(transcript: Transcript, partitions, round: int = 1) -> dict:
+    """FedAvg's weighted average (by ``num_examples``) of the models that ``partitions`` returned in ``round``
+    of a transcript without SecAgg+: what a SecAgg+ round whose survivors are ``partitions`` should decode.
+
+    Raises ``ValueError`` for a partition without a reply."""
+    replies = {r.partition_id: r for r in transcript.train_replies(round)}
+    missing = [k for k in partitions if k not in replies]
+    if missing or not partitions:
+        raise ValueError(f"partitions {missing or partitions} returned no model in round {round}")
+    total = sum(replies[k].num_examples for k in partitions)
+    return {n: sum(replies[k].num_examples * replies[k].params[n].double() for k in partitions) / total
+            for n in transcript.param_names}
+
+
+def _outcome_text(o: Mapping) -> str:
+    if o["stage"] == "none":
+        return "cannot be mounted (" + o["reason"].split(":")[0] + ")"
+    if o["completed"]:
+        got = f"**model of client {', '.join(map(str, o['exposed']))} unmasked**" if o["exposed"] else "sum only"
+        return f"round completes; {got}; {o['key_shares']} key shares of survivors"
+    return f"refused in `{o['stage']}` by {o['refused']} clients; {o['key_shares']} key shares of survivors"
+
+
+def malicious_markdown(outcomes: Mapping[str, Mapping[str, Mapping]], notes: Mapping[str, str] | None = None
+                       ) -> MarkdownText:
+    """``{attack: {column: outcome}}`` (columns of :data:`MALICIOUS_COLUMNS`, outcomes of
+    :func:`secagg_outcome`) as a Markdown table; a missing cell reads "not run". ``notes``: ``{attack: text}``
+    appended to the cells of that attack's completed rounds (what the sum gives the server)."""
+    notes = dict(notes or {})
+    lines = ["| attack | " + " | ".join(MALICIOUS_COLUMNS) + " |", "|---|" + "---|" * len(MALICIOUS_COLUMNS)]
+    for name, row in outcomes.items():
+        cells = [(_outcome_text(row[c]) + (f"; {notes[name]}" if name in notes and row[c]["completed"] else ""))
+                 if c in row else "not run" for c in MALICIOUS_COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return MarkdownText("\n".join(lines))

@@ -8,7 +8,11 @@ what a real Flower server receives.
   :func:`load_transcript`;
 * :mod:`fedlab.flower.attacks` (no ``flwr`` needed): chapter 1a's DLG / iDLG, chapter 1b's passive
   membership inference and chapter 4's local-model reconstruction on a transcript, and chapter 1a's
-  imprint attack and chapter 2's per-item sums on the aggregate of a SecAgg+ run;
+  imprint attack and chapter 2's per-item sums on the aggregate of a SecAgg+ run, and the malicious
+  server inside SecAgg+ (false dropout, split view, model inconsistency);
+* :mod:`fedlab.flower.secagg` (needs ``flwr`` and ``cryptography``): fedlab's SecAgg+ workflow (dropouts in
+  any stage up to ``n - t``, a malicious server's hooks, a log of every stage) and Bonawitz et al.'s
+  consistency round as a client mod (:func:`~fedlab.flower.secagg.consistency_mod`);
 * :mod:`fedlab.flower.deploy`: a Flower App project for deployment mode, and a local SuperLink with
   SuperNodes (the ``flwr`` commands run as subprocesses).
 

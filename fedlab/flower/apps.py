@@ -182,7 +182,8 @@ def _partition(context: Context) -> tuple[int, int]:
 # ClientApp
 # --------------------------------------------------------------------------------------------
 def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition, *,
-               loss_fn=cross_entropy, dp_client_clipping: bool = False, secagg: bool = False) -> ClientApp:
+               loss_fn=cross_entropy, dp_client_clipping: bool = False, secagg: bool = False,
+               consistency_keys=None, secagg_mods=()) -> ClientApp:
     """A Flower ``ClientApp`` whose ``train`` is fedlab's ClientUpdate on the node's partition.
 
     Parameters
@@ -197,6 +198,14 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
         Add Flower's ``fixedclipping_mod`` (needed by the server's
         ``DifferentialPrivacyClientSideFixedClipping``: the client clips its update to the norm the
         server sends).
+    secagg : bool
+        Run Flower's ``secaggplus_mod`` on train messages (the server must run SecAgg+).
+    consistency_keys : fedlab.flower.secagg.ConsistencyKeys, optional
+        With ``secagg``: add :func:`fedlab.flower.secagg.consistency_mod` (Bonawitz et al.'s consistency round,
+        with the clients' signing keys) before ``secaggplus_mod``; the server must run ``consistency=True``.
+    secagg_mods : sequence of Flower mods
+        With ``secagg``: mods placed first (for example :func:`fedlab.flower.secagg.disjoint_lists_mod`,
+        :func:`fedlab.flower.secagg.drop_out_mod`).
 
     Notes
     -----
@@ -212,6 +221,11 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
         raise ValueError(f"load_partition must be callable, got {type(load_partition).__name__}")
     if secagg and dp_client_clipping:
         raise ValueError("secagg and dp_client_clipping cannot be combined (Flower's mods expect different records)")
+    secagg_mods = list(secagg_mods or ())
+    if (consistency_keys is not None or secagg_mods) and not secagg:
+        raise ValueError("consistency_keys and secagg_mods need secagg=True")
+    if not all(callable(m) for m in secagg_mods):
+        raise ValueError(f"secagg_mods must be Flower mods (callables), got {secagg_mods!r}")
     app = ClientApp()
 
     def data_of(context):
@@ -239,7 +253,13 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
     if secagg:
         names = [k for k, _ in model_fn().named_parameters()]
 
-        @app.train(mods=[secaggplus_mod])   # train messages only; the mod runs the four SecAgg+ stages
+        mods = list(secagg_mods)
+        if consistency_keys is not None:
+            from .secagg import consistency_mod
+
+            mods.append(consistency_mod(consistency_keys))
+
+        @app.train(mods=[*mods, secaggplus_mod])   # train messages only; the mod runs the four SecAgg+ stages
         def train(msg: Message, context: Context) -> Message:
             fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
             arrays = parameters_to_ndarrays(fitins.parameters)
@@ -434,8 +454,8 @@ class SecAggSchedule(LegacyStrategy):
         return out
 
     def aggregate_fit(self, server_round, results, failures):
-        if failures or not results:
-            raise RuntimeError(f"SecAgg+ round {server_round}: {len(results)} results, failures {failures}")
+        if not results:
+            raise RuntimeError(f"SecAgg+ round {server_round}: no results, failures {failures}")
         arrays = parameters_to_ndarrays(results[0][1].parameters)
         arrays = [np.asarray(a).astype(dt, copy=False) for a, dt in zip(arrays, self.dtypes)]
         self.writer.add_global(server_round, dict(zip(self.names, arrays)))
@@ -538,8 +558,9 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
                lr: float, local_epochs: int = 1, batch_size: int | None = 10, local_steps: int | None = None,
                weight_decay: float = 0.0, client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
                noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
-               secagg: bool = False, secagg_settings: dict | None = None,
-               node_timeout: float = 60.0, round_timeout: float = 600.0) -> ServerApp:
+               secagg: bool = False, secagg_settings: dict | None = None, secagg_attack=None,
+               consistency: bool = False, secagg_log=None,
+               node_timeout: float = 300.0, round_timeout: float = 600.0) -> ServerApp:
     """A Flower ``ServerApp`` running FedAvg with fedlab's schedule, recording a transcript.
 
     Parameters
@@ -563,7 +584,21 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
         ``secagg=True``): each round is the workflow's four stages, :class:`SecAggSchedule` samples the
         clients and receives the decoded weighted average, :class:`SecAggRecordingGrid` records what the
         server receives in each stage. ``secagg_settings``: overrides of :data:`SECAGG_DEFAULTS` (see
-        :func:`secagg_config`). A round needs at least 2 clients.
+        :func:`secagg_config`). A round needs at least 2 clients. The workflow is
+        :class:`fedlab.flower.secagg.SecAggWorkflow` (Flower's, with dropouts in any stage up to ``n - t``).
+    secagg_attack : optional
+        A malicious server's hooks (:class:`fedlab.flower.attacks.FalseDropout`, ``SplitView``,
+        ``InconsistentModel``); ``None``: honest.
+    consistency : bool
+        Add Bonawitz et al.'s consistency round (the ClientApp needs ``consistency_keys``); the clients then
+        refuse a threshold ``t`` that is not above half of the registered clients.
+    secagg_log : fedlab.flower.secagg.SecAggLog, optional
+        Filled with what each SecAgg+ stage sent and received.
+
+    node_timeout : float
+        Seconds for the ``num_clients`` nodes to connect, and again for them to answer the first query (Ray
+        starts its workers on the first message: 10 virtual nodes on a loaded 2-core machine took over 60 s,
+        the former default, three times in a row).
 
     Raises
     ------
@@ -597,8 +632,8 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
         if m * checked["quantization_range"] >= checked["modulus_range"]:    # the masked sum would wrap around
             raise ValueError(f"secagg_settings: {m} clients a round x quantization_range {checked['quantization_range']} "
                              f"must stay below modulus_range {checked['modulus_range']}, or the sum wraps around")
-    elif secagg_settings:
-        raise ValueError("secagg_settings given without secagg=True")
+    elif secagg_settings or secagg_attack is not None or consistency:
+        raise ValueError("secagg_settings given without secagg=True (secagg_settings, secagg_attack and consistency need it)")
     if secagg and max(int(round(client_fraction * num_clients)), 1) < 2:
         raise ValueError(f"secagg needs at least 2 clients a round, got num_clients={num_clients}, "
                          f"client_fraction={client_fraction}")
@@ -636,7 +671,7 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
             _run_secagg(grid, context, init, schedule, node_of, train_config, sizes,
                         secagg_config(sizes, **(secagg_settings or {})), transcript_dir,
                         {**meta, "sizes": sizes, "node_of_partition": {str(k): v for k, v in node_of.items()}},
-                        round_timeout)
+                        round_timeout, attack=secagg_attack, consistency=consistency, log=secagg_log)
             return
         strategy: Strategy = ScheduledFedAvg(schedule, node_of, train_config, min_train_nodes=m,
                                              fraction_evaluate=1.0 if evaluate_clients else 0.0,
@@ -654,10 +689,15 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
 
 
 def _run_secagg(grid, context, init, schedule, node_of, train_config, sizes, settings, transcript_dir, meta,
-                round_timeout):
-    """The ServerApp's rounds under SecAgg+: ``SecAggPlusWorkflow`` once per round with a LegacyContext."""
+                round_timeout, attack=None, consistency=False, log=None):
+    """The ServerApp's rounds under SecAgg+: :class:`fedlab.flower.secagg.SecAggWorkflow` once per round with
+    a LegacyContext."""
+    from .secagg import SecAggLog, SecAggWorkflow
+
     names = list(init)
-    writer = TranscriptWriter(transcript_dir, names, {**meta, "secagg_settings": settings})
+    writer = TranscriptWriter(transcript_dir, names, {**meta, "secagg_settings": settings,
+                                                      "secagg_attack": None if attack is None else type(attack).__name__,
+                                                      "consistency": bool(consistency)})
     strategy = SecAggSchedule(schedule, node_of, train_config, names, [v.detach().cpu().numpy().dtype for v in init.values()],
                               writer)
     rgrid = SecAggRecordingGrid(grid, writer, names, {n: k for k, n in node_of.items()})
@@ -670,10 +710,17 @@ def _run_secagg(grid, context, init, schedule, node_of, train_config, sizes, set
     legacy.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(ndarrays_to_parameters(arrays), True)
     cfg = ConfigRecord()
     legacy.state.config_records[MAIN_CONFIGS_RECORD] = cfg
-    workflow = SecAggPlusWorkflow(settings["num_shares"], settings["reconstruction_threshold"],
-                                  max_weight=settings["max_weight"], clipping_range=settings["clipping_range"],
-                                  quantization_range=settings["quantization_range"],
-                                  modulus_range=settings["modulus_range"], timeout=round_timeout)
+    log = log if log is not None else SecAggLog()
+    log.partition_of_node.update({n: k for k, n in node_of.items()})
+    workflow = SecAggWorkflow(settings["num_shares"], settings["reconstruction_threshold"],
+                              max_weight=settings["max_weight"], clipping_range=settings["clipping_range"],
+                              quantization_range=settings["quantization_range"],
+                              modulus_range=settings["modulus_range"], timeout=round_timeout, attack=attack,
+                              consistency=consistency, log=log, names=names)
+    if attack is not None:
+        if attack.target not in node_of:
+            raise ValueError(f"the attack's target {attack.target} is not a partition of this run (0..{len(node_of) - 1})")
+        workflow.target_node = node_of[attack.target]
     for t in range(1, len(schedule) + 1):
         cfg[WorkflowKey.CURRENT_ROUND] = t
         rgrid.round = t
@@ -743,21 +790,32 @@ class LocalGrid(Grid):
 @contextmanager
 def _task_identity():
     """Flower's messages take their run and source node from ``TaskIdentity``, which Flower's runtimes set
-    per process; set it as ``run_simulation`` does (task 1, run 0, the SuperLink's node id) and restore it."""
+    per process; set it through its public setters as ``flwr.server.compat`` does (task 1, run 0, the
+    SuperLink's node id) and restore what was there (an unset identity reads as ``RuntimeError`` and is
+    restored unset)."""
     from flwr.common.constant import SUPERLINK_NODE_ID
     from flwr.supercore.task_identity import TaskIdentity
 
-    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    def current(name):
+        try:
+            return getattr(TaskIdentity, name)
+        except RuntimeError:   # not set in this process
+            return None
+
+    old = {name: current(name) for name in ("task_id", "run_id", "node_id")}
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 0, SUPERLINK_NODE_ID
     try:
         yield
     finally:
-        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
+        for name, value in old.items():
+            setattr(TaskIdentity, name, value)
 
 
 @contextmanager
-def quiet_flower(level: int = logging.ERROR):
-    """Lower the ``flwr`` logger to ``level`` inside the block and switch Flower's telemetry off."""
+def quiet_flower(level: int = logging.WARNING):
+    """Set the ``flwr`` logger to ``level`` inside the block (default ``WARNING``: Flower's own warnings,
+    deprecations included, reach the user; its per-round INFO lines do not) and switch Flower's telemetry
+    off."""
     logger = logging.getLogger("flwr")
     old = logger.level
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -777,20 +835,25 @@ class FlowerRun:
     transcript_path: Path
     transcript: Transcript
     seconds: float
+    secagg_log: object = None
 
 
 def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: float = 0.1,
         local_epochs: int = 1, batch_size: int | None = 10, local_steps: int | None = None,
         weight_decay: float = 0.0, client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
         noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
-        secagg: bool = False, secagg_settings: dict | None = None,
-        transcript_dir=None, engine: str = "ray", num_cpus: int = 1, loss_fn=cross_entropy,
+        secagg: bool = False, secagg_settings: dict | None = None, secagg_attack=None, consistency: bool = False,
+        secagg_client_mods=(), transcript_dir=None, engine: str = "ray", num_cpus: int = 1, loss_fn=cross_entropy,
         verbose: bool = False) -> FlowerRun:
     """Run FedAvg in Flower's simulation engine (Ray), one virtual SuperNode per client.
 
     Same arguments as :func:`fedlab.fl.fedavg` (``clients``: a :class:`fedlab.fl.ClientData` or a list
     of per-client data sets; partition ``k`` is client ``k``), plus the ``dp`` wrapper and the ``secagg``
-    option of :func:`server_app` and ``transcript_dir`` (default: a new temporary directory).
+    option of :func:`server_app` and ``transcript_dir`` (default: a new temporary directory). Under SecAgg+:
+    ``secagg_attack`` and ``consistency`` (:func:`server_app`; ``consistency=True`` gives every client a signing
+    key, :class:`fedlab.flower.secagg.ConsistencyKeys`) and ``secagg_client_mods`` (:func:`client_app`'s
+    ``secagg_mods``); the returned ``secagg_log`` is the :class:`fedlab.flower.secagg.SecAggLog`. A SecAgg+ round
+    that stops raises :class:`fedlab.flower.secagg.SecAggAborted` (its ``log`` says which clients refused).
     ``engine="ray"`` runs ``flwr.simulation.run_simulation`` (``num_cpus``: the CPUs Ray may use; each
     ClientApp takes one); ``engine="local"`` runs the same apps over a :class:`LocalGrid` in this process.
 
@@ -810,20 +873,28 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     num_cpus = _check_int("num_cpus", num_cpus, 1)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
+    log = keys = None
+    if secagg:
+        from .secagg import ConsistencyKeys, SecAggLog
+
+        log = SecAggLog()
+        keys = ConsistencyKeys(range(data.num_clients)) if consistency else None
     if transcript_dir is None:
         transcript_dir = Path(tempfile.mkdtemp(prefix="fedlab-flower-")) / "transcript"
     sapp = server_app(model_fn, transcript_dir, num_clients=data.num_clients, num_rounds=num_rounds, lr=lr,
                       local_epochs=local_epochs, batch_size=batch_size, local_steps=local_steps,
                       weight_decay=weight_decay, client_fraction=client_fraction, seed=seed, dp=dp,
                       noise_multiplier=noise_multiplier, clipping_norm=clipping_norm,
-                      evaluate_clients=evaluate_clients, secagg=secagg, secagg_settings=secagg_settings)
+                      evaluate_clients=evaluate_clients, secagg=secagg, secagg_settings=secagg_settings,
+                      secagg_attack=secagg_attack, consistency=consistency, secagg_log=log)
     capp = client_app(model_fn, lambda pid, num: data.client(pid), loss_fn=loss_fn,
-                      dp_client_clipping=(dp == "client"), secagg=secagg)
+                      dp_client_clipping=(dp == "client"), secagg=secagg, consistency_keys=keys,
+                      secagg_mods=secagg_client_mods)
     backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                       "init_args": {"num_cpus": num_cpus, "num_gpus": 0, "include_dashboard": False,
                                     "log_to_driver": bool(verbose), "logging_level": "INFO" if verbose else "ERROR"}}
     t0 = time.perf_counter()
-    with quiet_flower(logging.INFO if verbose else logging.ERROR):
+    with quiet_flower(logging.INFO if verbose else logging.WARNING):
         if engine == "local":
             with _task_identity():
                 sapp(LocalGrid(capp, data.num_clients), Context(run_id=0, node_id=0, node_config={},
@@ -841,4 +912,4 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
     if transcript.num_rounds != num_rounds:
         raise RuntimeError(f"the simulation recorded {transcript.num_rounds} of {num_rounds} rounds; "
                            f"see the transcript in {transcript_dir} and rerun with verbose=True")
-    return FlowerRun(transcript.final_params, Path(transcript_dir), transcript, seconds)
+    return FlowerRun(transcript.final_params, Path(transcript_dir), transcript, seconds, log)

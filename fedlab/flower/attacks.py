@@ -21,7 +21,18 @@
   :func:`item_sums_from_aggregate`, chapter 2's per-item sums (London 2020, Sec. 6) read off the aggregate
   by an honest-but-curious server.
 
-None of these imports ``flwr``: they read a transcript.
+* a malicious server inside SecAgg+ (:class:`fedlab.flower.secagg.SecAggWorkflow`'s ``attack``, run with
+  ``flower.run(..., secagg=True, secagg_attack=...)``): :class:`FalseDropout` (tell the other clients in the
+  unmask stage that the target dropped out while keeping it among the survivors: the server receives shares
+  of both the target's self-mask seed and its mask key and unmasks its model alone; Bonawitz et al. 2017,
+  Sec. 6, is why their protocol has a consistency round), :class:`SplitView` (the same lie against clients
+  that refuse a node listed both active and dropped: some clients are told "active", the others "dropped",
+  each view consistent) and :class:`InconsistentModel` (Pasquini et al., CCS 2022: every client but the
+  target receives a decoy model whose update the server predicts, so the honest sum isolates the target's;
+  :func:`isolate_from_aggregate`, :func:`silenced_parameters`); :func:`invert_model` runs iDLG on a
+  recovered model.
+
+None of these imports ``flwr``: they read a transcript or change what a server sends.
 """
 from __future__ import annotations
 
@@ -43,7 +54,8 @@ from .transcript import Transcript
 __all__ = ["observed_gradients", "TranscriptInversion", "invert_gradients", "membership_signals", "membership_auc",
            "eavesdropped_pairs", "LocalModelReconstruction", "reconstruct_local_models", "RECONSTRUCTION_METHODS",
            "secagg_error_bound", "ImprintFromAggregate", "imprint_from_aggregate",
-           "ItemSums", "item_sums_from_aggregate"]
+           "ItemSums", "item_sums_from_aggregate", "FalseDropout", "SplitView", "InconsistentModel",
+           "isolate_from_aggregate", "silenced_parameters", "invert_model", "zero_decoy"]
 
 #: values of :func:`reconstruct_local_models`' ``method``
 RECONSTRUCTION_METHODS = ("affine", "heuristic")
@@ -435,3 +447,190 @@ def item_sums_from_aggregate(transcript: Transcript, *, name: str = "item_vector
     bound = m * bound_avg
     readable = sums.abs().amax(dim=1) > bound
     return ItemSums(sums, float(bound), readable, cohort, n)
+
+
+# --------------------------------------------------------------------------------------------
+# a malicious server inside SecAgg+ (hooks of fedlab.flower.secagg.SecAggWorkflow)
+# --------------------------------------------------------------------------------------------
+def _target(target) -> int:
+    if isinstance(target, bool) or not isinstance(target, (int, np.integer)) or target < 0:
+        raise ValueError(f"target must be a partition id (integer >= 0), got {target!r}")
+    return int(target)
+
+
+class _HonestHooks:
+    """The honest server's hooks; the attacks override one each."""
+
+    def fit_content(self, node, content, ctx):
+        return content
+
+    def survivors(self, node, survivors, ctx):
+        return list(survivors)
+
+    def unmask_lists(self, node, active, dead, ctx):
+        return list(active), list(dead)
+
+
+@dataclass
+class FalseDropout(_HonestHooks):
+    """The false-dropout lie (the attack Bonawitz et al.'s consistency round exists for, CCS 2017, Sec. 6).
+    In the unmask stage every client but the target is told that the target (partition ``target``) dropped
+    out, while the target stays in their active list: each returns a share of the target's self-mask seed
+    (for an active node) *and* of its mask key ``sk1`` (for a dropped one). With ``t`` of each the server
+    removes every mask from the target's masked model (its model, to SecAgg+'s rounding step) and still
+    decodes the right aggregate. Flower's ``secaggplus_mod`` does not check that the two lists are disjoint."""
+
+    target: int
+
+    def __post_init__(self):
+        self.target = _target(self.target)
+
+    def unmask_lists(self, node, active, dead, ctx):
+        t = ctx.target_node
+        if node == t or t not in active:
+            return list(active), list(dead)
+        return list(active), sorted(set(dead) | {t})
+
+
+@dataclass
+class SplitView(_HonestHooks):
+    """The split view against clients that refuse a node listed both active and dropped
+    (:func:`fedlab.flower.secagg.disjoint_lists_mod`): of the other survivors, ``t`` (sorted by node id) are
+    told the target dropped (they return shares of its mask key), the rest that it is active (they and the
+    target itself return shares of its self-mask seed). Each client's lists are consistent. Under the
+    consistency round the same groups are shown two survivor sets. It needs ``n >= 2 t`` survivors.
+
+    Raises ``ValueError`` (in the round) when the survivors cannot be split so."""
+
+    target: int
+
+    def __post_init__(self):
+        self.target = _target(self.target)
+
+    def _dropped_group(self, ctx) -> set:
+        others = sorted(set(ctx.survivors) - {ctx.target_node})
+        if len(others) - ctx.threshold + 1 < ctx.threshold:
+            raise ValueError(f"a split view needs n >= 2t survivors: {len(others) + 1} survivors, t={ctx.threshold}")
+        return set(others[:ctx.threshold])
+
+    def survivors(self, node, survivors, ctx):
+        if node in self._dropped_group(ctx):
+            return [j for j in survivors if j != ctx.target_node]
+        return list(survivors)
+
+    def unmask_lists(self, node, active, dead, ctx):
+        t = ctx.target_node
+        if node in self._dropped_group(ctx) and t in active:
+            return [j for j in active if j != t], sorted(set(dead) | {t})
+        return list(active), list(dead)
+
+
+def zero_decoy(model_fn: Callable[[], nn.Module]) -> dict:
+    """A decoy for :class:`InconsistentModel`: every parameter of ``model_fn()`` set to zero. In a network
+    whose hidden units pass zero to a zero output layer (chapter 1a's sigmoid LeNet, a ReLU MLP), the
+    gradient of every layer before the output layer vanishes on *any* input, so a client trained on it
+    returns those parameters unchanged (:func:`silenced_parameters` checks which)."""
+    return {k: torch.zeros_like(v.detach()) for k, v in model_fn().named_parameters()}
+
+
+@dataclass
+class InconsistentModel(_HonestHooks):
+    """Model inconsistency (Pasquini et al., CCS 2022, "Eluding secure aggregation in federated learning via
+    model inconsistency"): the server sends the target (partition ``target``) the real global model and every
+    other client ``decoy`` (``{name: tensor}``, default :func:`zero_decoy`'s zeros, given by the caller as a
+    dict). SecAgg+ runs honestly; the decoded weighted average is ``(r_t w_t + sum_{k != t} r_k w_k') /
+    sum r``, and on the parameters the decoy silences every ``w_k'`` equals the decoy, so
+    :func:`isolate_from_aggregate` reads off ``w_t``."""
+
+    target: int
+    decoy: dict
+
+    def __post_init__(self):
+        self.target = _target(self.target)
+        if not isinstance(self.decoy, dict) or not self.decoy:
+            raise ValueError("decoy must be a non-empty {name: tensor} dict (see zero_decoy)")
+
+    def fit_content(self, node, content, ctx):
+        if node == ctx.target_node:
+            return content
+        import flwr.compat.common.recorddict_compat as compat
+        from flwr.common import ndarrays_to_parameters
+
+        missing = [k for k in ctx.names if k not in self.decoy]
+        if missing:
+            raise ValueError(f"the decoy lacks parameters {missing}")
+        fitins = compat.recorddict_to_fitins(content, keep_input=True)
+        fitins.parameters = ndarrays_to_parameters([torch.as_tensor(self.decoy[k]).detach().cpu().numpy()
+                                                    for k in ctx.names])
+        return compat.fitins_to_recorddict(fitins, keep_input=True)
+
+
+def isolate_from_aggregate(transcript: Transcript, target: int, decoy: dict, *, round: int = 1) -> dict:
+    """The target's model under :class:`InconsistentModel`, from the aggregate SecAgg+ decoded
+    (``transcript.globals[round]``) and what the server knows in the clear: the clients of the round (its
+    ``secagg-masked`` replies), their ``n_k`` (``meta["sizes"]``) and SecAgg+'s weights ``r_k =
+    round(n_k / max_weight * Q) / Q``::
+
+        w_t = (sum_k r_k * aggregate - sum_{k != t} r_k * decoy) / r_t
+
+    exact (to SecAgg+'s rounding, amplified by ``sum r / r_t``) on every parameter the decoy silences.
+    Returns ``{name: float64 tensor}``.
+
+    Raises ``ValueError`` for a transcript of a run without SecAgg+, a target not among the round's clients,
+    or a decoy without the model's parameters."""
+    round = _round(transcript, round)
+    settings = transcript.meta.get("secagg_settings")
+    if not transcript.meta.get("secagg") or not settings:
+        raise ValueError(f"transcript {transcript.path} is not of a SecAgg+ run (meta secagg / secagg_settings)")
+    cohort = sorted({int(r.partition_id) for r in transcript.replies
+                     if r.kind == "secagg-masked" and r.round == round and r.error is None})
+    if target not in cohort:
+        raise ValueError(f"target {target} sent no masked model in round {round} (clients: {cohort})")
+    agg = transcript.globals[round]
+    missing = [k for k in agg if k not in decoy]
+    if missing:
+        raise ValueError(f"the decoy lacks parameters {missing}")
+    Q, W = int(settings["quantization_range"]), float(settings["max_weight"])
+    r = {k: round_half_even(transcript.meta["sizes"][k] / W * Q) / Q for k in cohort}
+    total, rest = sum(r.values()), sum(v for k, v in r.items() if k != target)
+    return {k: (total * agg[k].double() - rest * torch.as_tensor(decoy[k]).double()) / r[target] for k in agg}
+
+
+def round_half_even(x: float) -> int:
+    """Python's ``round`` (half to even), as ``secaggplus_mod`` rounds a weight."""
+    return int(round(x))
+
+
+def silenced_parameters(model_fn: Callable[[], nn.Module], decoy: dict, X: torch.Tensor, y: torch.Tensor,
+                        loss_fn=None) -> list[str]:
+    """The parameters whose gradient at ``decoy`` is exactly zero on every probe ``(X [n, ...], y [n])``, one
+    example at a time (the server probes with inputs of its own; a zero for every probe is what makes a
+    client's update on those parameters predictable)."""
+    from ..fl import cross_entropy
+
+    loss_fn = loss_fn or cross_entropy
+    model = model_fn()
+    params = {k: torch.as_tensor(decoy[k]).clone().requires_grad_(True) for k, _ in model.named_parameters()}
+    silent = set(params)
+    for i in range(len(X)):
+        out = torch.func.functional_call(model, params, (X[i:i + 1],))
+        grads = torch.autograd.grad(loss_fn(out, y[i:i + 1]), list(params.values()), allow_unused=True)
+        silent -= {k for k, g in zip(params, grads) if g is not None and bool(g.abs().max() > 0)}
+    return [k for k in params if k in silent]
+
+
+def invert_model(model_fn: Callable[[], nn.Module], global_params: dict, client_params: dict, *, lr: float,
+                 input_shape: tuple, num_classes: int, max_iter: int = 100, x_true: torch.Tensor | None = None,
+                 seed: int = 0):
+    """iDLG (Zhao et al. 2020) on one client's FedSGD model recovered by a malicious server: the gradient
+    ``(global - client) / lr``, the label from its last layer, one image of ``input_shape``.
+
+    Returns ``(x [1, *input_shape], label, psnr)`` (``psnr`` against ``x_true`` ``[1, *input_shape]``, else
+    ``None``)."""
+    grad = {k: ((torch.as_tensor(global_params[k]).double() - torch.as_tensor(client_params[k]).double()) / lr)
+            .to(torch.as_tensor(global_params[k]).dtype)[None] for k in global_params}
+    label = gi.idlg_label({k: v[0] for k, v in grad.items()})
+    res = gi.dlg(model_fn(), dict(global_params), grad, input_shape=tuple(input_shape), num_classes=num_classes,
+                 batch_size=1, max_iter=max_iter, labels=torch.tensor([[label]]), stacked=True, seed=seed)
+    psnr = None if x_true is None else float(matched_psnr(res.x[0], x_true)[0])
+    return res.x[0], int(label), psnr

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,7 @@ __all__ = ["FORMAT", "VERSION", "Reply", "Transcript", "TranscriptWriter", "load
 
 FORMAT = "fedlab.flower.transcript"
 VERSION = 1
+_FILE_NAME = re.compile(r"[A-Za-z0-9_.-]+\.npz")
 
 
 @dataclass
@@ -115,7 +117,12 @@ class TranscriptWriter:
     def add_reply(self, round: int, kind: str, node_id: int, *, params: dict | None = None,
                   metrics: dict | None = None, partition_id: int | None = None,
                   num_examples: int | None = None, error: str | None = None) -> None:
-        """Store one reply message."""
+        """Store one reply message.
+
+        Raises ``ValueError`` for a second reply of the same ``(round, kind, node_id)`` (it would overwrite
+        the first one's file)."""
+        if any(m["round"] == round and m["kind"] == kind and m["node_id"] == node_id for m in self.index["messages"]):
+            raise ValueError(f"the transcript already holds a {kind!r} reply of node {node_id} in round {round}")
         name = None
         if params:
             name = f"{kind}_r{round:03d}_n{node_id}.npz"
@@ -139,13 +146,28 @@ def _load_npz(path: Path) -> dict:
         return {k: torch.from_numpy(z[k].copy()) for k in z.files}
 
 
+def _confined(path: Path, name, what: str) -> Path:
+    """``path / name`` for a plain ``.npz`` file name inside the transcript directory; anything else (an
+    absolute path, ``..``, a sub-directory, a link leading out) raises ``ValueError`` naming the entry."""
+    if not isinstance(name, str) or not _FILE_NAME.fullmatch(name) or name.startswith(".."):
+        raise ValueError(f"{what}: file {name!r} is not a plain .npz file name inside the transcript directory")
+    full = path / name
+    if full.resolve().parent != path.resolve():
+        raise ValueError(f"{what}: file {name!r} leads outside the transcript directory {path}")
+    return full
+
+
 def load_transcript(path) -> Transcript:
     """Read a transcript directory written by :class:`fedlab.flower.Recorder`.
+
+    Only files inside ``path`` are read: every file the index names must be a plain ``.npz`` file name.
 
     Raises
     ------
     ValueError
-        If ``path`` holds no ``index.json`` or the index is not a fedlab transcript of a known version.
+        If ``path`` holds no ``index.json``, the index is not a fedlab transcript of a known version, it
+        names a file outside the directory (absolute, ``..``, a sub-directory or a link out), or it holds a
+        round's global model or a ``(round, kind, node_id)`` reply twice, or two entries share a file.
     """
     path = Path(path)
     index_file = path / "index.json"
@@ -160,8 +182,19 @@ def load_transcript(path) -> Transcript:
     def ordered(d):
         return {k: d[k] for k in names if k in d}
 
-    globals_ = {int(g["round"]): ordered(_load_npz(path / g["file"])) for g in index["globals"]}
+    rounds = [int(g["round"]) for g in index["globals"]]
+    if len(set(rounds)) != len(rounds):
+        raise ValueError(f"path {path}: the index lists a round's global model twice (rounds {rounds})")
+    keys = [(m["round"], m["kind"], m["node_id"]) for m in index["messages"]]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"path {path}: the index lists replies twice (round, kind, node): {twice[:3]}")
+    files = [g["file"] for g in index["globals"]] + [m["file"] for m in index["messages"] if m["file"]]
+    if len(set(files)) != len(files):
+        raise ValueError(f"path {path}: two index entries name the same file")
+    globals_ = {int(g["round"]): ordered(_load_npz(_confined(path, g["file"], f"global model of round {g['round']}")))
+                for g in index["globals"]}
     replies = [Reply(m["round"], m["kind"], m["node_id"], m["partition_id"], m["num_examples"], m["metrics"],
-                     ordered(_load_npz(path / m["file"])) if m["file"] else {}, m["error"])
-               for m in index["messages"]]
+                     ordered(_load_npz(_confined(path, m["file"], f"reply {i}"))) if m["file"] else {}, m["error"])
+               for i, m in enumerate(index["messages"])]
     return Transcript(path, names, index["meta"], globals_, replies)
