@@ -428,16 +428,46 @@ def test_heldout_mapping_loss_separates_a_learnable_map_from_noise():
         mr.heldout_mapping_loss(ti, to, holdout=1.0)
 
 
-def test_leaf_label_rule_code_normalises_over_samples():
-    from fedlab.data.leaf import make_leaf_synthetic
+def _leaf_reference(sizes, seed, softmax_fn, d=10, t=2, s=5):
+    """LEAF's data/synthetic/data_generator.py label step, replayed on the same NumPy draws as
+    make_leaf_synthetic: labels = argmax(softmax_fn(logits))."""
+    r = np.random.default_rng(seed)
+    Q = r.normal(0.0, 1.0, size=(d + 1, t, s))
+    sig = np.arange(1, d + 1, dtype=np.float64) ** -1.2
+    centres = [r.normal(r.normal(0.0, 1.0), 1.0, size=s) for _ in range(s)]
+    ys = []
+    for n in sizes:
+        j = int(r.choice(s, p=np.full(s, 1.0 / s)))
+        w = Q @ r.normal(centres[j], 0.1)
+        v = r.normal(r.normal(0.0, 1.0), 1.0, size=d)
+        x = v + r.normal(size=(n, d)) * np.sqrt(sig)
+        z = np.concatenate([np.ones((n, 1)), x], axis=1) @ w + r.normal(0.0, 0.1, size=(n, t))
+        ys.append(np.argmax(softmax_fn(z), axis=1))
+    return ys
 
-    code = make_leaf_synthetic(seed=1)
-    desc = make_leaf_synthetic(seed=1, label_rule="description")
-    assert all(torch.equal(a.X, b.X) for a, b in zip(code, desc))      # same inputs, only the labels differ
+
+def test_leaf_labels_are_the_fixed_softmax_over_classes_and_the_old_rule_is_a_named_variant():
+    from scipy.special import softmax
+
+    from fedlab.data.leaf import LABEL_RULES, XU_NEGLIA_SIZES, make_leaf_synthetic
+
+    assert LABEL_RULES == ("leaf", "leaf_pre_54669fd")
+    for seed in (0, 1, 4):
+        fixed, old = make_leaf_synthetic(seed=seed), make_leaf_synthetic(seed=seed, label_rule="leaf_pre_54669fd")
+        # LEAF since 54669fd: scipy.special.softmax(z, axis=1), a softmax over the classes
+        ref_fixed = _leaf_reference(XU_NEGLIA_SIZES, seed, lambda z: softmax(z, axis=1))
+        # LEAF before it: np.exp(z) / sum(np.exp(z)), Python's sum adds up the rows (the samples)
+        ref_old = _leaf_reference(XU_NEGLIA_SIZES, seed, lambda z: np.exp(z) / sum(np.exp(z)))
+        assert all(np.array_equal(c.y.numpy(), r) for c, r in zip(fixed, ref_fixed))
+        assert all(np.array_equal(c.y.numpy(), r) for c, r in zip(old, ref_old))
+        assert all(torch.equal(a.X, b.X) for a, b in zip(fixed, old))   # same inputs, only the labels differ
+        assert any(not torch.equal(a.y, b.y) for a, b in zip(fixed, old))
     share = lambda cs: np.array([float(c.y.float().mean()) for c in cs])  # noqa: E731
-    assert np.abs(share(code) - 0.5).max() < np.abs(share(desc) - 0.5).max()
-    with pytest.raises(ValueError, match="label_rule"):
-        make_leaf_synthetic(seed=1, label_rule="softmax")
+    assert np.abs(share(make_leaf_synthetic(seed=1, label_rule="leaf_pre_54669fd")) - 0.5).max() \
+        < np.abs(share(make_leaf_synthetic(seed=1)) - 0.5).max()          # the old rule balances the classes
+    for bad in ("softmax", "code", "description"):
+        with pytest.raises(ValueError, match="label_rule"):
+            make_leaf_synthetic(seed=1, label_rule=bad)
 
 
 def test_logistic_local_optimum_converges_on_every_adult_client_of_every_seed_we_record():
