@@ -64,15 +64,19 @@ def _fake_t1(L=2, S=3, K=5):
           "mapping_loss": np.zeros((L, S, K)), "heldout_loss": np.full((L, S, K), 0.25),
           "oracle": np.full(K, 0.9), "dist_last": np.ones((L, S, K)),
           "dist_decoded": np.full((L, S, K), 0.8), "flatness": np.full((L, S, K), 0.99),
-          "separable": np.array([True, True, False, True, False])[:K]}
+          "separable": np.array([True, True, False, True, False])[:K],
+          "residual": np.full((L, S, K), 0.2), "majority": np.full(K, 0.75)}
     t1["decoded"][1, :, 2] = 0.12345
+    t1["residual"][0, 0, 0], t1["residual"][0, 1, 1] = 0.051, 0.6001
     return t1
 
 
 def test_table1_values_names_and_rounding():
     t1 = _fake_t1()
     v = ex4.table1_values(t1)
-    assert len(v) == 2 + 2 * 6 and v["ch4-t1-held5"] == 0.25
+    assert len(v) == 3 + 2 * 9 and v["ch4-t1-held5"] == 0.25 and v["ch4-t1-major"] == 75.0
+    assert (v["ch4-t1-resid1-lo"], v["ch4-t1-resid1-hi"], v["ch4-t1-resid5-lo"], v["ch4-t1-resid5-hi"]) == (5, 61, 20, 20)
+    assert v["ch4-t1-resid5"] == 20.0
     assert v["ch4-t1-last5"] == 50.0 and v["ch4-t1-oracle"] == 90.0 and v["ch4-t1-sep"] == 3
     assert v["ch4-t1-dec5"] == round(float(100 * t1["decoded"][1].mean()), 1)
     assert v["ch4-t1-ddec1"] == 0.8 and v["ch4-t1-flat5"] == 0.99
@@ -104,6 +108,8 @@ def test_leaf_table1_small_run_reports_oracle_distances_and_flatness():
         star = mr.logistic_local_optimum(c.X, c.y, weight_decay=0.01)
         assert t1["oracle"][k] == pytest.approx(float(mr.binary_accuracy(star, c.X, c.y)))
     assert (t1["dist_last"] > 0).all() and ((0 < t1["flatness"]) & (t1["flatness"] <= 1 + 1e-12)).all()
+    assert t1["residual"].shape == (2, 2, 3) and (t1["residual"] > 0).all()
+    assert t1["majority"].tolist() == [max(float(c.y.float().mean()), 1 - float(c.y.float().mean())) for c in leaf]
     assert t1["heldout_loss"].shape == (2, 2, 3) and (t1["heldout_loss"] >= 0).all()
     with pytest.raises(ValueError, match="weight_decay"):
         ex4.leaf_table1(leaf, seeds=[0], num_rounds=3, weight_decay=0.0)
@@ -180,6 +186,8 @@ def test_adult_experiment_values_and_count_variants():
     star = mr.logistic_local_optimum(train[0].X, train[0].y, weight_decay=0.01)
     assert v["ch4-obs7-oracle"] == round(100 * float(mr.binary_accuracy(star, train[0].X, train[0].y)), 1)
     assert v["ch4-obs7-global"] == round(100 * float(f["train_global"][-1][:, 0].mean()), 1)
+    y0 = train[0].y.float()   # always the PhD client's majority label, on its own train records
+    assert v["ch4-obs7-major"] == round(100 * max(float(y0.mean()), 1 - float(y0.mean())), 1)
     with pytest.raises(ValueError, match="targets"):
         ex4.adult_values({**f, "targets": [0, 1]})
     with pytest.raises(ValueError, match="targets"):
@@ -411,8 +419,10 @@ def test_positive_control_finds_the_optimum_and_a_broken_decoder_fails_it(monkey
     pc = ex4.positive_control(leaf, fit_max_iter=250, decode_max_iter=250)     # the quick notebook's setting
     assert np.median(pc["dist_decoded"]) < 0.5 < np.median(pc["dist_last"]), pc
     assert np.median(pc["heldout_loss"]) < 0.2 and pc["oracle"].mean() > pc["last"].mean()
+    assert np.median(pc["residual"]) < 0.03, pc["residual"]     # it finds a zero of the fitted map
     # a decoder that returns the last model it saw (what the FedAvg results alone could not rule out) fails
-    broken = lambda ti, to, **kw: mr.HeuristicResult(to[:, -1], torch.zeros(len(to)), torch.zeros(1, len(to)))  # noqa: E731
+    broken = lambda ti, to, **kw: mr.HeuristicResult(to[:, -1], torch.zeros(len(to)), torch.zeros(1, len(to)),  # noqa: E731
+                                                     torch.zeros(len(to)))
     monkeypatch.setattr(ex4, "reconstruct_heuristic", broken)
     bad = ex4.positive_control(leaf, fit_max_iter=250, decode_max_iter=250)
     assert not np.median(bad["dist_decoded"]) < 0.5
@@ -428,16 +438,46 @@ def test_heldout_mapping_loss_separates_a_learnable_map_from_noise():
         mr.heldout_mapping_loss(ti, to, holdout=1.0)
 
 
-def test_leaf_label_rule_code_normalises_over_samples():
-    from fedlab.data.leaf import make_leaf_synthetic
+def _leaf_reference(sizes, seed, softmax_fn, d=10, t=2, s=5):
+    """LEAF's data/synthetic/data_generator.py label step, replayed on the same NumPy draws as
+    make_leaf_synthetic: labels = argmax(softmax_fn(logits))."""
+    r = np.random.default_rng(seed)
+    Q = r.normal(0.0, 1.0, size=(d + 1, t, s))
+    sig = np.arange(1, d + 1, dtype=np.float64) ** -1.2
+    centres = [r.normal(r.normal(0.0, 1.0), 1.0, size=s) for _ in range(s)]
+    ys = []
+    for n in sizes:
+        j = int(r.choice(s, p=np.full(s, 1.0 / s)))
+        w = Q @ r.normal(centres[j], 0.1)
+        v = r.normal(r.normal(0.0, 1.0), 1.0, size=d)
+        x = v + r.normal(size=(n, d)) * np.sqrt(sig)
+        z = np.concatenate([np.ones((n, 1)), x], axis=1) @ w + r.normal(0.0, 0.1, size=(n, t))
+        ys.append(np.argmax(softmax_fn(z), axis=1))
+    return ys
 
-    code = make_leaf_synthetic(seed=1)
-    desc = make_leaf_synthetic(seed=1, label_rule="description")
-    assert all(torch.equal(a.X, b.X) for a, b in zip(code, desc))      # same inputs, only the labels differ
+
+def test_leaf_labels_are_the_fixed_softmax_over_classes_and_the_old_rule_is_a_named_variant():
+    from scipy.special import softmax
+
+    from fedlab.data.leaf import LABEL_RULES, XU_NEGLIA_SIZES, make_leaf_synthetic
+
+    assert LABEL_RULES == ("leaf", "leaf_pre_54669fd")
+    for seed in (0, 1, 4):
+        fixed, old = make_leaf_synthetic(seed=seed), make_leaf_synthetic(seed=seed, label_rule="leaf_pre_54669fd")
+        # LEAF since 54669fd: scipy.special.softmax(z, axis=1), a softmax over the classes
+        ref_fixed = _leaf_reference(XU_NEGLIA_SIZES, seed, lambda z: softmax(z, axis=1))
+        # LEAF before it: np.exp(z) / sum(np.exp(z)), Python's sum adds up the rows (the samples)
+        ref_old = _leaf_reference(XU_NEGLIA_SIZES, seed, lambda z: np.exp(z) / sum(np.exp(z)))
+        assert all(np.array_equal(c.y.numpy(), r) for c, r in zip(fixed, ref_fixed))
+        assert all(np.array_equal(c.y.numpy(), r) for c, r in zip(old, ref_old))
+        assert all(torch.equal(a.X, b.X) for a, b in zip(fixed, old))   # same inputs, only the labels differ
+        assert any(not torch.equal(a.y, b.y) for a, b in zip(fixed, old))
     share = lambda cs: np.array([float(c.y.float().mean()) for c in cs])  # noqa: E731
-    assert np.abs(share(code) - 0.5).max() < np.abs(share(desc) - 0.5).max()
-    with pytest.raises(ValueError, match="label_rule"):
-        make_leaf_synthetic(seed=1, label_rule="softmax")
+    assert np.abs(share(make_leaf_synthetic(seed=1, label_rule="leaf_pre_54669fd")) - 0.5).max() \
+        < np.abs(share(make_leaf_synthetic(seed=1)) - 0.5).max()          # the old rule balances the classes
+    for bad in ("softmax", "code", "description"):
+        with pytest.raises(ValueError, match="label_rule"):
+            make_leaf_synthetic(seed=1, label_rule=bad)
 
 
 def test_logistic_local_optimum_converges_on_every_adult_client_of_every_seed_we_record():

@@ -232,6 +232,14 @@ def test_heuristic_recovers_a_linear_update_map():
     start = out[-1]
     assert res.mapping_loss < 0.05
     assert (res.theta - star).norm() < 0.25 * (start - star).norm()
+    assert res.residual.shape == () and float(res.residual) < 0.02          # a zero of G was found
+    # without decoding steps: the same fitted map (same seed) at the last returned model, over the RMS update
+    stay = mr.reconstruct_heuristic(server, out, hidden=100, fit_max_iter=500, decode_max_iter=0, seed=0)
+    G, _ = mr.fit_mapping(server, out, hidden=100, max_iter=500, seed=0)
+    delta = server - out
+    with torch.no_grad():
+        expect = float(G(out[-1][None, None])[0, 0].norm() / delta.pow(2).sum(1).mean().sqrt())
+    assert abs(float(stay.residual) - expect) < 1e-4 * expect and expect > 0.3, (float(stay.residual), expect)
 
 
 def test_eavesdropper_sees_only_rounds_with_the_target():

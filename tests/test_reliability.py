@@ -365,6 +365,25 @@ def test_load_adult_checks_the_vendored_files(tmp_path, monkeypatch):
     assert len(data.load_adult()) == 30162
 
 
+def test_load_adult_parses_once_but_a_changed_file_is_verified_again(tmp_path, monkeypatch):
+    import gzip
+    import shutil
+
+    import fedlab.data as data
+
+    for name in ("adult.data.gz", "adult.test.gz"):
+        shutil.copy(data.VENDOR / name, tmp_path / name)
+    monkeypatch.setattr(data, "VENDOR", tmp_path)
+    first = data.load_adult()
+    assert data._read_adult(tmp_path / "adult.data.gz") is data._read_adult(tmp_path / "adult.data.gz")  # cached
+    lines = gzip.open(tmp_path / "adult.data.gz", "rt").read().splitlines(keepends=True)
+    with gzip.open(tmp_path / "adult.data.gz", "wt") as fh:      # the file changes after it was parsed
+        fh.writelines(lines[: len(lines) // 2])
+    with pytest.raises(data.ChecksumError, match="adult.data.gz"):
+        data.load_adult()
+    assert len(first) == 30162
+
+
 # ---------------------------------------------------------------------- 9. environment switches
 def test_the_device_switch_is_read_by_config():
     # FEDLAB_DEVICE was once read by nothing (issue 21); it is now fedlab.config.device() (issue 32), tested

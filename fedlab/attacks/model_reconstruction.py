@@ -584,11 +584,15 @@ def minimise_mapping(G: MappingNet, init: torch.Tensor, *, max_iter: int = 1000,
 @dataclass
 class HeuristicResult:
     """Output of :func:`reconstruct_heuristic`: decoded models ``theta`` ``[P, d]`` (or ``[d]``),
-    final relative mapping loss ``mapping_loss`` ``[P]`` and the loss curve ``[steps, P]``."""
+    final relative mapping loss ``mapping_loss`` ``[P]``, the loss curve ``[steps, P]`` and the
+    *remaining update size* ``residual`` ``[P]``: ``||G(hat theta)|| / sqrt(mean ||Delta theta||^2)``, the
+    fitted map's value at the decoded model relative to the typical observed update (0 when the decoder
+    found a zero of ``G``; ``None`` when the result was built without it)."""
 
     theta: torch.Tensor
     mapping_loss: torch.Tensor
     loss_curve: torch.Tensor = field(repr=False)
+    residual: torch.Tensor | None = None
 
 
 def reconstruct_heuristic(theta_in: torch.Tensor, theta_out: torch.Tensor, *, hidden: int = 1000,
@@ -608,9 +612,11 @@ def reconstruct_heuristic(theta_in: torch.Tensor, theta_out: torch.Tensor, *, hi
     G, curve = fit_mapping(ti, to, hidden=hidden, max_iter=fit_max_iter, lr=fit_lr, seed=seed)
     start = to[:, -1, :] if init is None else (init[None] if single else init)
     theta = minimise_mapping(G, start, max_iter=decode_max_iter, lr=decode_lr)
-    res = HeuristicResult(theta, curve[-1], curve)
+    with torch.no_grad():                       # ||G(theta)|| in units of the RMS observed update norm
+        residual = G.normalised((theta.float()[:, None, :] - G.centre) / G.in_scale)[:, 0, :].norm(dim=-1).double()
+    res = HeuristicResult(theta, curve[-1], curve, residual)
     if single:
-        res = HeuristicResult(theta[0], curve[-1, 0], curve[:, 0])
+        res = HeuristicResult(theta[0], curve[-1, 0], curve[:, 0], residual[0])
     return res
 
 

@@ -132,15 +132,27 @@ ADULT_SHA256 = {
 }
 
 
-def _read_adult(path: Path) -> list[list[str]]:
+#: parsed Adult files: path -> ((path, size, mtime_ns), rows); a file that changes is verified and read again
+_ADULT_ROWS: dict[str, tuple] = {}
+
+
+def _read_adult(path: Path) -> tuple[tuple[str, ...], ...]:
+    """The records of one vendored Adult file (checksum verified), as immutable rows. Parsed once per
+    process and file version: chapter 4 loads the files a dozen times."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    hit = _ADULT_ROWS.get(str(path))
+    if hit is not None and hit[0] == key:
+        return hit[1]
     verify_sha256(path, ADULT_SHA256[path.name])
     rows = []
     with gzip.open(path, "rt") as fh:
         for rec in csv.reader(fh, skipinitialspace=True):
             if len(rec) != len(ADULT_COLUMNS):
                 continue  # blank lines and the test file's "|1x3 Cross validator" header
-            rows.append([v.strip() for v in rec])
-    return rows
+            rows.append(tuple(v.strip() for v in rec))
+    _ADULT_ROWS[str(path)] = (key, tuple(rows))
+    return _ADULT_ROWS[str(path)][1]
 
 
 def load_adult(split: str = "train", *, drop_missing: bool = True) -> Dataset:

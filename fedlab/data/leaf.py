@@ -16,12 +16,13 @@ Generation, with ``d`` features, ``t`` classes and ``s`` clusters:
    a scalar ``B ~ N(0, 1)``, a mean ``v ~ N(B, I_d)`` and inputs ``x ~ N(v, Sigma)``;
    labels ``y = argmax(softmax([1, x] w + N(0, 0.1^2)))``.
 
-Where LEAF's published code differs from its description: its ``_softmax`` divides ``exp(z)`` by
-Python's ``sum`` over the ``[n, t]`` array, which adds up the *samples*, not the classes. The label is then
-``argmax_j (z_ij - log sum_i exp(z_ij))``: each class's logit is shifted by a constant of the client,
-which balances the classes within a client. ``label_rule="code"`` (the default, what the papers that
-ran LEAF's generator got) does that, in a numerically stable form; ``label_rule="description"`` takes
-the argmax of the logits as written (most clients then hold nearly one class).
+LEAF's published code first divided ``exp(z)`` by Python's ``sum`` over the ``[n, t]`` array, which adds
+up the *samples*, not the classes: the label was ``argmax_j (z_ij - log sum_i exp(z_ij))``, each class's
+logit shifted by a constant of the client, which balances the classes within a client. LEAF fixed this
+on 2019-10-28 (commit 54669fd, "fixes softmax bug": ``scipy.special.softmax(..., axis=1)``, a softmax over
+the classes), so its labels are the argmax of the logits, as the description says.
+``label_rule="leaf"`` (the default) is the fixed rule; ``label_rule="leaf_pre_54669fd"`` reproduces the
+old one (in a numerically stable form), for comparison with runs made before the fix.
 
 Xu & Neglia (2021, Sec. 4) use ``d = 10``, ``t = 2``, ``s = 5`` and five clients of 280, 184, 1536,
 256 and 208 samples (:data:`XU_NEGLIA_SIZES`).
@@ -33,15 +34,19 @@ from typing import Sequence
 import numpy as np
 import torch
 
-__all__ = ["XU_NEGLIA_SIZES", "make_leaf_synthetic"]
+__all__ = ["LABEL_RULES", "XU_NEGLIA_SIZES", "make_leaf_synthetic"]
 
 #: client sizes of Xu & Neglia (2021), Sec. 4 ("LEAF synthetic")
 XU_NEGLIA_SIZES = (280, 184, 1536, 256, 208)
 
+#: the label rules of :func:`make_leaf_synthetic`: LEAF's code since commit 54669fd (softmax over the
+#: classes, the default) and before it (softmax over the client's samples)
+LABEL_RULES = ("leaf", "leaf_pre_54669fd")
+
 
 def make_leaf_synthetic(client_sizes: Sequence[int] = XU_NEGLIA_SIZES, *, num_features: int = 10,
                         num_classes: int = 2, num_clusters: int = 5,
-                        prob_clusters: Sequence[float] | None = None, label_rule: str = "code", seed: int = 0):
+                        prob_clusters: Sequence[float] | None = None, label_rule: str = "leaf", seed: int = 0):
     """Draw LEAF synthetic client data sets (Caldas et al. 2018, Appendix A).
 
     Parameters
@@ -52,9 +57,11 @@ def make_leaf_synthetic(client_sizes: Sequence[int] = XU_NEGLIA_SIZES, *, num_fe
         ``d``, ``t`` and ``s`` of the description above.
     prob_clusters : sequence of float, optional
         Probability of each cluster (uniform by default); must sum to 1.
-    label_rule : {"code", "description"}
-        How labels follow from the logits: as LEAF's code computes them (softmax normalised over the
-        client's samples) or as its description says (argmax of the logits); see the module docstring.
+    label_rule : {"leaf", "leaf_pre_54669fd"}
+        How labels follow from the logits: ``"leaf"``, LEAF's code since commit 54669fd (2019-10-28), the
+        argmax of a softmax over the classes, i.e. of the logits, as its description says; or
+        ``"leaf_pre_54669fd"``, its code before that fix (softmax normalised over the client's samples).
+        See the module docstring.
     seed : int
         Seed of the NumPy generator; the same seed gives the same data.
 
@@ -88,8 +95,8 @@ def make_leaf_synthetic(client_sizes: Sequence[int] = XU_NEGLIA_SIZES, *, num_fe
         prob = np.asarray(prob_clusters, dtype=np.float64)
         if prob.shape != (num_clusters,) or (prob < 0).any() or not np.isclose(prob.sum(), 1.0):
             raise ValueError("prob_clusters must hold num_clusters non-negative numbers summing to 1")
-    if label_rule not in ("code", "description"):
-        raise ValueError(f"label_rule must be 'code' or 'description', got {label_rule!r}")
+    if label_rule not in LABEL_RULES:
+        raise ValueError(f"label_rule must be one of {LABEL_RULES}, got {label_rule!r}")
     r = np.random.default_rng(seed)
     d, t, s = num_features, num_classes, num_clusters
     Q = r.normal(0.0, 1.0, size=(d + 1, t, s))
@@ -103,7 +110,7 @@ def make_leaf_synthetic(client_sizes: Sequence[int] = XU_NEGLIA_SIZES, *, num_fe
         v = r.normal(r.normal(0.0, 1.0), 1.0, size=d)
         x = v + r.normal(size=(n, d)) * np.sqrt(sigma_diag)  # N(v, Sigma), Sigma diagonal
         logits = np.concatenate([np.ones((n, 1)), x], axis=1) @ w + r.normal(0.0, 0.1, size=(n, t))
-        if label_rule == "code":                            # exp(z) / sum over the samples, per class
+        if label_rule == "leaf_pre_54669fd":                # exp(z) / sum over the samples, per class
             m = logits.max(axis=0)
             logits = logits - (m + np.log(np.exp(logits - m).sum(axis=0)))
         y = logits.argmax(axis=1)

@@ -115,6 +115,11 @@ def _attack_batch(runs, *, hidden, fit_max_iter, decode_max_iter, seed):
     return res, tin, tout[:, -1]
 
 
+def _majority_share(y: torch.Tensor) -> float:
+    """Accuracy of always predicting the most frequent label of ``y`` (``[n]`` integer labels) on ``y``."""
+    return float(torch.bincount(y.long()).max()) / len(y)
+
+
 def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequence[int] = range(10),
                 num_rounds: int = 100, batch_size: int = 256, lr: float = 0.01, client_fraction: float = 1.0,
                 weight_decay: float = 0.01, hidden: int = 1000, fit_max_iter: int = 1000,
@@ -137,7 +142,9 @@ def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequ
     "flatness": [L, S, K] (:func:`~fedlab.attacks.model_reconstruction.trajectory_flatness` of the
     server models the attack used), "mapping_loss": [L, S, K] (in sample), "heldout_loss": [L, S, K] (on
     20 % of the rounds left out of a second fit, :func:`~fedlab.attacks.model_reconstruction.heldout_mapping_loss`),
-    "num_obs": int, "separable": [K] bool}``.
+    "residual": [L, S, K] (the fitted map's size at the decoded model relative to the RMS observed update,
+    :class:`~fedlab.attacks.model_reconstruction.HeuristicResult`), "majority": [K] (train accuracy of
+    always predicting the client's majority label), "num_obs": int, "separable": [K] bool}``.
     Raises ``ValueError`` for ``weight_decay <= 0`` or a client observed fewer than 2 times."""
     from ..attacks.model_reconstruction import (heldout_mapping_loss, linearly_separable, logistic_local_optimum,
                                                 trajectory_flatness)
@@ -166,6 +173,7 @@ def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequ
             "dist_last": rel(last_theta), "dist_decoded": rel(res.theta),
             "flatness": trajectory_flatness(tin).reshape(shape).numpy(),
             "mapping_loss": res.mapping_loss.reshape(shape).numpy(), "heldout_loss": heldout.reshape(shape).numpy(),
+            "residual": res.residual.reshape(shape).numpy(), "majority": np.array([_majority_share(c.y) for c in clients]),
             "num_obs": int(tin.shape[1]),
             "separable": np.array([linearly_separable(c.X, c.y) for c in clients])}
 
@@ -195,7 +203,8 @@ def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0
 
     Returns ``{"batch_sizes", "targets", "mapping_loss", "test_decoded", "test_last", "test_global",
     "train_decoded", "train_last", "train_global": [B, S, T], "majority": [T] (test accuracy of always
-    predicting the target's majority train label), "train_oracle": [T] (train accuracy of the target's
+    predicting the target's majority train label), "train_majority": [T] (the same on its own train
+    records: the attribute-inference baseline that uses no model), "train_oracle": [T] (train accuracy of the target's
     local optimum, Observation 7's best attribute-inference model), "moved": [B, S] (``||theta_T -
     theta_0||`` of the global model),
     "init_norm": [S] (||theta_0||)}``. Raises ``ValueError`` for a target outside the clients."""
@@ -229,6 +238,7 @@ def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0
         out["train_global"][i, j, k] = float(binary_accuracy(glob[i * len(seeds) + j], tr.X, tr.y))
     major = [float(train_clients[t].y.float().mean()) >= 0.5 for t in targets]
     out["majority"] = np.array([float((test_clients[t].y == int(m)).float().mean()) for t, m in zip(targets, major)])
+    out["train_majority"] = np.array([_majority_share(train_clients[t].y) for t in targets])
     out["train_oracle"] = np.array([float(binary_accuracy(
         logistic_local_optimum(train_clients[t].X, train_clients[t].y, weight_decay=weight_decay),
         train_clients[t].X, train_clients[t].y)) for t in targets])
@@ -351,7 +361,8 @@ def positive_control(clients, *, num_obs: int = 100, spread: float = 1.0, local_
     fails because of what FedAvg lets it observe.
 
     Returns ``{"decoded", "last", "oracle": [K] train accuracies, "dist_decoded", "dist_last": [K]
-    relative distances to theta_c*, "mapping_loss", "heldout_loss": [K]}``."""
+    relative distances to theta_c*, "mapping_loss", "heldout_loss", "residual": [K]}`` (``residual``: the
+    fitted map's size at the decoded model relative to the RMS observed update)."""
     from ..attacks.model_reconstruction import heldout_mapping_loss, logistic_positive_control
 
     obs = [logistic_positive_control(c.X, c.y, num_obs=num_obs, spread=spread, local_steps=local_steps, lr=lr,
@@ -363,7 +374,7 @@ def positive_control(clients, *, num_obs: int = 100, spread: float = 1.0, local_
     rel = lambda th: ((th - star).norm(dim=1) / star.norm(dim=1)).numpy()  # noqa: E731
     return {"decoded": acc(res.theta), "last": acc(tout[:, -1]), "oracle": acc(star),
             "dist_decoded": rel(res.theta), "dist_last": rel(tout[:, -1]),
-            "mapping_loss": res.mapping_loss.numpy(),
+            "mapping_loss": res.mapping_loss.numpy(), "residual": res.residual.numpy(),
             "heldout_loss": heldout_mapping_loss(tin, tout, hidden=hidden, max_iter=fit_max_iter, seed=seed + 1).numpy()}
 
 
@@ -373,7 +384,7 @@ PAPER_TABLE1 = {1: {"last": [53.9, 49.7, 85.1, 28.3, 75.8, 58.6], "decoded": [67
                 10: {"last": [69.4, 60.4, 90.6, 42.3, 83.9, 69.3], "decoded": [67.5, 79.5, 78.1, 75.8, 88.9, 78.0]}}
 
 _T1_KEYS = {"local_steps", "last", "decoded", "oracle", "dist_last", "dist_decoded", "flatness", "separable",
-            "mapping_loss", "heldout_loss"}
+            "mapping_loss", "heldout_loss", "residual", "majority"}
 
 
 def table1_values(t1: dict, prefix: str = "ch4-t1") -> dict:
@@ -381,12 +392,15 @@ def table1_values(t1: dict, prefix: str = "ch4-t1") -> dict:
     for every local-step setting ``E``, the train accuracy in % (one decimal, mean over runs and
     clients) of the last returned (``last{E}``) and decoded (``dec{E}``) models, their mean relative
     distances to the local optimum (``dlast{E}``, ``ddec{E}``, 3 decimals) and the flatness of the
-    observed server models (``flat{E}``); the oracle's accuracy (``oracle``) and the number of linearly
-    separable clients (``sep``). Raises ``ValueError`` if ``t1`` lacks a key of :func:`leaf_table1`."""
+    observed server models (``flat{E}``); the remaining update size at the decoded models in % of the RMS
+    observed update (``resid{E}``: mean; ``resid{E}-lo``, ``resid{E}-hi``: smallest and largest over runs
+    and clients, whole per cent); the oracle's accuracy (``oracle``), the majority-class accuracy
+    (``major``) and the number of linearly separable clients (``sep``). Raises ``ValueError`` if ``t1`` lacks a key of :func:`leaf_table1`."""
     missing = _T1_KEYS - set(t1)
     if missing:
         raise ValueError(f"t1 lacks {sorted(missing)}: pass the output of leaf_table1")
     out = {f"{prefix}-oracle": round(100 * float(np.mean(t1["oracle"])), 1),
+           f"{prefix}-major": round(100 * float(np.mean(t1["majority"])), 1),
            f"{prefix}-sep": int(np.sum(t1["separable"]))}
     for i, E in enumerate(t1["local_steps"]):
         out[f"{prefix}-last{E}"] = round(100 * float(t1["last"][i].mean()), 1)
@@ -395,6 +409,9 @@ def table1_values(t1: dict, prefix: str = "ch4-t1") -> dict:
         out[f"{prefix}-ddec{E}"] = round(float(t1["dist_decoded"][i].mean()), 3)
         out[f"{prefix}-flat{E}"] = round(float(t1["flatness"][i].mean()), 3)
         out[f"{prefix}-held{E}"] = round(float(t1["heldout_loss"][i].mean()), 3)
+        out[f"{prefix}-resid{E}"] = round(100 * float(t1["residual"][i].mean()), 1)
+        out[f"{prefix}-resid{E}-lo"] = int(np.floor(100 * float(t1["residual"][i].min())))
+        out[f"{prefix}-resid{E}-hi"] = int(np.ceil(100 * float(t1["residual"][i].max())))
     return out
 
 
@@ -402,7 +419,8 @@ def table1_markdown(tables: dict, paper=None, paper_table: dict | None = None) -
     """Xu & Neglia (2021), Table 1 beside ours, as a Markdown table. ``tables`` maps a setting's label
     to ``(t1, prefix)`` (:func:`leaf_table1`'s output and its :func:`table1_values` prefix). Per setting
     and local-step count: the paper's mean train accuracy (last returned, decoded), ours as mean ± 95 %
-    interval over the runs (each run's mean over clients), the oracle ``theta_c*``, both models' mean
+    interval over the runs (each run's mean over clients), the oracle ``theta_c*``, the majority class
+    (always predicting each client's most frequent label), both models' mean
     relative distance to it and the flatness of the server models; the last column is the stored
     paper-scale record ``paper(name, digits)`` of the two means (e.g. :meth:`fedlab.records.Run.paper`;
     ``n/a`` when ``None``). ``paper_table`` defaults to :data:`PAPER_TABLE1`. Raises ``ValueError`` for
@@ -423,10 +441,12 @@ def table1_markdown(tables: dict, paper=None, paper_table: dict | None = None) -
                          mean_interval(100 * t1["last"][i].mean(1), 1) + " / "
                          + mean_interval(100 * t1["decoded"][i].mean(1), 1),
                          f"{100 * float(np.mean(t1['oracle'])):.1f}",
+                         f"{100 * float(np.mean(t1['majority'])):.1f}",
                          f"{float(t1['dist_last'][i].mean()):.2f} / {float(t1['dist_decoded'][i].mean()):.2f}",
                          float(t1["flatness"][i].mean()),
                          f"{float(t1['mapping_loss'][i].mean()):.3f} / {float(t1['heldout_loss'][i].mean()):.3f}", stored])
-    header = ["setting", "$E$", "paper: last / dec.", "ours: last / dec.", "oracle", "distance: last / dec.",
+    header = ["setting", "$E$", "paper: last / dec.", "ours: last / dec.", "oracle", "majority class",
+              "distance: last / dec.",
               "flatness", "map loss: fit / held out", "paper scale: last / dec. (mean ± 95 % CI, n)"]
     return ("Mean train accuracy over the five clients (%), last returned / decoded; $E$ local steps; distances "
             "are $\\lVert\\theta-\\theta_c^*\\rVert/\\lVert\\theta_c^*\\rVert$\n\n"
@@ -544,7 +564,9 @@ def adult_values(fig1: dict, num_phd: int = 3) -> dict:
     (mean over seeds and targets) of the decoded, last returned and global models and the majority
     baseline for the PhD targets (the first ``num_phd`` of ``fig1["targets"]`` must be clients below
     ``num_phd``) and the iid control, at the smallest and largest batch size, and the relative mapping
-    loss there; ``ch4-fig1-moved`` is ``||theta_T - theta_0||``. Raises ``ValueError`` for an output
+    loss there; ``ch4-fig1-moved`` is ``||theta_T - theta_0||``; ``ch4-obs7-*``: train accuracy on the PhD
+    clients' own records at the largest batch (Observation 7 on Adult, the book's extension), with
+    ``ch4-obs7-major`` the client's training-majority label. Raises ``ValueError`` for an output
     without both groups."""
     tg = np.asarray(fig1["targets"])
     phd, ctl = tg < num_phd, tg >= num_phd
@@ -562,6 +584,7 @@ def adult_values(fig1: dict, num_phd: int = 3) -> dict:
     for model in ("decoded", "last", "global"):
         out[f"ch4-obs7-{model}"] = round(100 * float(fig1[f"train_{model}"][-1][:, phd].mean()), 1)
     out["ch4-obs7-oracle"] = round(100 * float(fig1["train_oracle"][phd].mean()), 1)
+    out["ch4-obs7-major"] = round(100 * float(fig1["train_majority"][phd].mean()), 1)
     return out
 
 
