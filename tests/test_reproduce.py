@@ -396,7 +396,7 @@ def test_a_signal_stops_the_run_and_keeps_the_stored_record(tmp_path, sig, jobs)
     root = _book(tmp_path)
     started = tmp_path / "started"
     slow = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        f"import time\nopen({str(started)!r}, 'a').close()\ntime.sleep(120)")])
+        f"import time\nopen({str(started)!r}, 'a').write('x')\ntime.sleep(120)")])
     nbformat.write(slow, root / "chapters" / "01_good.ipynb")
     out = tmp_path / "rec"
     out.mkdir()
@@ -407,9 +407,12 @@ def test_a_signal_stops_the_run_and_keeps_the_stored_record(tmp_path, sig, jobs)
                              "--root", str(root), "--no-progress", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
-    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert started.exists(), proc.communicate()[1]
+    def running():                              # kernels that have reached the sleeping cell
+        return len(started.read_text()) if started.exists() else 0
+
+    while running() < jobs and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)                         # a loaded machine starts the second kernel later
+    assert running() == jobs, proc.communicate()[1]
     family = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()  # workers
     kernels = [k for k in subprocess.run(["pgrep", "-f", "ipykernel_launcher"], capture_output=True,
                                          text=True).stdout.split()
