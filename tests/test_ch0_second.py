@@ -18,6 +18,7 @@ def _close_figures():
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_tuning_scores_each_lr_on_validation_data_never_on_test(digits_setup):
     net, w0, train, _, _ = digits_setup
     tuned = ch0.tune_learning_rates(net, train, params=w0, lrs=(1.0, 0.01), num_rounds=2, num_clients=4, seed=0)

@@ -144,6 +144,7 @@ def test_reply_membership_on_a_transcript_equals_chapter_1b_on_fedavg():
     assert md.count("\n| 1 |") == 3 and "20 train replies in 5 rounds, 6 global models" in md
 
 
+@pytest.mark.slow
 def test_fedsgd_attack_and_the_dp_wrappers():
     """iDLG on FedSGD replies: labels exact; server-side DP leaves the recorded replies (and so the attack)
     unchanged; client-side DP sends every update clipped to C, and the label rule survives the rescaling."""

@@ -70,6 +70,7 @@ def _under_meta_default(fn):
         return fn()
 
 
+@pytest.mark.slow
 def test_fedavg_default_equals_fedlab_device_cpu_and_threads_its_device(monkeypatch):
     net = models.mlp(5, (4,), 3, seed=1)
     ev = D.Dataset(torch.randn(9, 5), torch.arange(9) % 3)

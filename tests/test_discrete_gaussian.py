@@ -83,6 +83,7 @@ def _ldp_release(safe):
     return release
 
 
+@pytest.mark.slow
 def test_float_ldp_gaussian_fails_and_the_safe_one_passes_the_distinguishing_test():
     # the numbers: (eps, delta) = (2, 1e-5), sensitivity 2, inputs [1, 0] and [0, 1], 10^5 releases
     plain = fp.distinguishing_event_probabilities(_ldp_release(False), A, B, num_samples=100_000, rng=0)

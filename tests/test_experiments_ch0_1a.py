@@ -28,6 +28,7 @@ def _close_figures():
 
 
 # ------------------------------------------------------------------ chapter 0
+@pytest.mark.slow
 def test_fedsgd_vs_fedavg_and_the_grid_reuse_its_corners(digits_setup):
     net, w0, _, test, clients = digits_setup
     curves = ch0.fedsgd_vs_fedavg(net, clients, params=w0, eval_data=test, num_rounds=3, seed=0)

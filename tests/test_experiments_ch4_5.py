@@ -115,6 +115,7 @@ def test_leaf_table1_small_run_reports_oracle_distances_and_flatness():
         ex4.leaf_table1(leaf, seeds=[0], num_rounds=3, weight_decay=0.0)
 
 
+@pytest.mark.slow
 def test_logistic_local_optimum_is_the_regularised_minimiser():
     g = torch.Generator().manual_seed(0)
     X = torch.randn(80, 3, generator=g, dtype=torch.float64)
@@ -171,6 +172,7 @@ def test_weight_decay_in_fedavg_is_the_regularised_gradient_step_and_zero_change
             fl.client_update(model, p0, X, y, lr=0.1, weight_decay=bad)
 
 
+@pytest.mark.slow
 def test_adult_experiment_values_and_count_variants():
     train = ex4.adult_phd_clients("train", num_other_clients=3)
     test = ex4.adult_phd_clients("test", num_other_clients=3)
@@ -395,6 +397,7 @@ def test_dlg_on_sanitised_attacks_every_noise_level():
         ex5.dlg_on_sanitised(cnn, victims.X, victims.y, [], lr=0.1, max_iter=3)
 
 
+@pytest.mark.slow
 def test_fedavg_ols_curve_exact_at_full_batch_and_not_with_mini_batches():
     g = torch.Generator().manual_seed(0)
     clients = []
@@ -412,6 +415,7 @@ def test_fedavg_ols_curve_exact_at_full_batch_and_not_with_mini_batches():
         ex4.fedavg_ols_curve(clients, [10, 4])
 
 
+@pytest.mark.slow
 def test_positive_control_finds_the_optimum_and_a_broken_decoder_fails_it(monkeypatch):
     from fedlab.data.leaf import make_leaf_synthetic
 

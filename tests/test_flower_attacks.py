@@ -37,6 +37,7 @@ def test_fedsgd_messages_are_the_clients_gradients():
         fa.observed_gradients(T, 2)
 
 
+@pytest.mark.slow
 def test_idlg_and_dlg_reconstruct_the_clients_images_from_the_transcript():
     """One image per client, FedSGD: iDLG's label rule is exact, and the images come back (at seeds 0-9,
     at least 3 of the 4 clients' images had PSNR > 30 dB, most > 100 dB, with 100 L-BFGS iterations)."""

@@ -325,6 +325,7 @@ def test_fncf_backprop_temperature_tends_to_the_relu_network():
         fncf_backprop(*args, temperature=-0.1)
 
 
+@pytest.mark.slow
 def test_fncf_continuation_reaches_the_loss_at_the_truth():
     """Algorithm 2 on FNCF: the exact matching loss is piecewise smooth in the embedding (ReLU
     patterns), and plain L-BFGS stalls far above the loss at the truth; the continuation over

@@ -33,12 +33,14 @@ def measured_delta(epsilon: float, sensitivity: float, seed: int = 0) -> float:
     return pld.from_gaussian_mechanism(sigma, sensitivity=gap).get_delta_for_epsilon(epsilon)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("epsilon", [1.0, 10.0, 100.0])
 @pytest.mark.parametrize("sensitivity", [0.5, 100.0])
 def test_ldp_gaussian_meets_its_claim_on_worst_case_inputs(epsilon, sensitivity):
     assert measured_delta(epsilon, sensitivity) <= 2 * DELTA
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("epsilon", [1.0, 10.0, 100.0])
 def test_the_first_editions_calibration_fails_the_same_check(monkeypatch, epsilon):
     monkeypatch.setattr(ldp, "ldp_clip_norm", lambda s: float(s))      # clip to Delta_2, noise for Delta_2
@@ -65,6 +67,7 @@ def test_bad_parameters(args, match):
 
 
 # ------------------------------------------------------------------ composition (Chapter 2's DP link)
+@pytest.mark.slow
 @pytest.mark.parametrize("z,T", [(1.0, 1), (1.0, 10), (4.0, 1000), (0.8, 3)])
 def test_composed_epsilon_equals_dp_accountings_pld(z, T):
     import dp_accounting

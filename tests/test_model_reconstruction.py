@@ -172,6 +172,7 @@ def test_observation6_lower_bound_and_ols_rate():
         mr.obs6_lower_bound(3, [0], lr=lr, sigma=1.0, local_steps=1)
 
 
+@pytest.mark.slow
 def test_observation6_bound_is_nearly_tight_for_isotropic_H_and_fails_beyond():
     """H = lambda I, lr = m / (4 lambda), S = 10 local steps: the known-W risk equals
     4 d lr^2 sigma^2 (1 - 4^-S) / (555 n) times 185 / (d (1 - 2^-S)^2), so the printed bound is nearly

@@ -263,6 +263,7 @@ def test_a_write_failing_under_rlimit_fsize_keeps_the_old_record(tmp_path, mode)
     assert (out / "02_x.paper.json").read_bytes() == old                # byte for byte
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_write_leaves_the_old_or_the_new_record(tmp_path):
     import multiprocessing as mp
 

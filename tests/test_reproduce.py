@@ -58,6 +58,7 @@ def _cli(root: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_list_and_resolve(tmp_path):
     root = _book(tmp_path)
     chapters = rp.list_chapters(root)
