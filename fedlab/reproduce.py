@@ -735,12 +735,6 @@ def build_record(chapter: Chapter, scale: str, runs: list[SeedRun], *, root: Pat
             "date": _dt.date.today().isoformat(), "command": command}
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def _refuse_link(path: Path, what: str = "record") -> None:
     if path.is_symlink():
         raise ValueError(f"the {what} path {path} is a symbolic link (to {os.readlink(path)}): records are never "
@@ -761,31 +755,15 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     folder was put there on purpose, and neither writing through it (which overwrote its target) nor
     silently turning it into a regular file is what its owner asked for. Raises ``OSError`` naming
     ``path`` when the write fails."""
+    from .data.download import atomic_write_bytes
+
     path = Path(path)
     _refuse_link(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        _refuse_link(path)                      # again, just before the rename
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise OSError(exc.errno, f"could not write {path} ({exc.strerror or exc}); the file there was left "
-                                     f"as it was") from exc
-        raise
-    with contextlib.suppress(OSError):         # the rename itself survives a power cut
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    return path
+        return atomic_write_bytes(path, text.encode("utf-8"))
+    except OSError as exc:
+        raise OSError(exc.errno, f"could not write {path} ({exc.strerror or exc}); the file there was left "
+                                 f"as it was") from exc
 
 
 def record_paths(out: str | Path, stem: str, scale: str) -> tuple[Path, Path]:
