@@ -33,9 +33,11 @@ book: $(STAMP)
 	@echo "Book built: open $(CURDIR)/_build/html/index.html"
 
 # notebooks first: they are the longest items, so the workers start on them and the unit tests fill in;
-# --dist loadfile keeps each notebook's cells (one kernel) on one worker
+# --dist loadfile keeps each notebook's cells (one kernel) on one worker; --keep-executed stores each notebook
+# that passed, executed, so that `make book` right after reuses it (same fedlab, records and environment:
+# scripts/executed_store.py) and CI runs every notebook once
 test: $(STAMP)
-	$(PYTEST) --dist loadfile chapters/ tests/ --nbval-lax --nbval-current-env
+	$(PYTEST) --dist loadfile chapters/ tests/ --nbval-lax --nbval-current-env --keep-executed _build/executed
 
 test-fast: $(STAMP)
 	$(PYTEST) --dist load tests/ -m "not notebook and not flower and not slow"

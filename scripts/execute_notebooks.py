@@ -7,6 +7,11 @@ the two cores are both used. The cache is wiped first, so a change in `fedlab` (
 see) never leaves a page with stale outputs, and the environment (``FEDLAB_SCALE``, ``FEDLAB_SEED``) of this
 run is the one every page shows.
 
+Executed once per CI run: a notebook that `make test` has just run and passed under nbval is stored, executed,
+in ``_build/executed`` with a fingerprint (``scripts/executed_store.py``: the notebook, ``fedlab``, the records,
+the environment). When the fingerprint still matches, this script puts that copy into the cache instead of
+executing the notebook again (``--no-reuse`` turns this off).
+
 Strict: a notebook that raises (outside a cell tagged ``raises-exception``), times out or loses its kernel
 makes this script print its traceback and exit 1, so `make book` stops before Sphinx runs. Should a
 notebook still be missing from the cache when Sphinx reads it, myst-nb executes it itself and
@@ -81,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cache", default=str(ROOT / "_build" / ".jupyter_cache"))
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell (> 0)")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="execute every notebook, even one `make test` stored with a matching fingerprint")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
@@ -103,6 +110,21 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(cache_dir)
     cache = get_cache(str(cache_dir))
 
+    reused = []
+    if not args.no_reuse:
+        sys.path.insert(0, str(ROOT))
+        from scripts import executed_store
+
+        for path in list(notebooks):
+            nb = executed_store.load(path)
+            if nb is not None:
+                cache.cache_notebook_bundle(CacheBundleIn(nb, str(path), data={"executed_by": "make test"}),
+                                            check_validity=False, overwrite=True)
+                notebooks.remove(path)
+                reused.append(path.name)
+        if reused:
+            print(f"reused {len(reused)} notebooks that `make test` executed with the same fedlab, records and "
+                  f"environment: {', '.join(sorted(reused))}", flush=True)
     env = {k: os.environ.get(k, "") for k in ("FEDLAB_SCALE", "FEDLAB_SEED")}
     print(f"executing {len(notebooks)} notebooks, {args.jobs} at a time ({env})", flush=True)
     start = time.perf_counter()
