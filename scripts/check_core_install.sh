@@ -11,7 +11,13 @@ trap 'rm -rf "$(dirname "$VENV")"' EXIT
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
-"$VENV/bin/python" -m pip install --quiet "$ROOT"
+# from a copy of the tree (tracked and new, not ignored files): pip builds in the source folder, and CI runs
+# this beside `make venv`, whose editable install writes the same build files into the tree
+SRC="$(dirname "$VENV")/src"
+mkdir -p "$SRC"
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
+   | tar --null -T - --ignore-failed-read -cf - 2>/dev/null) | tar -xf - -C "$SRC"
+"$VENV/bin/python" -m pip install --quiet "$SRC"
 cd "$(dirname "$VENV")"            # not the source tree: the installed package must be the one imported
 OMP_NUM_THREADS=1 FEDLAB_PROGRESS=0 "$VENV/bin/python" - <<'PY'
 import importlib.util, math
