@@ -87,10 +87,12 @@ def _install_capture(directory: Path) -> None:
         kernel, shadow = self.kernel, self._fedlab_shadow
         # nbclient's Output-widget mimic syncs its state back to the kernel, as a front end does
         shadow.client.kc = kernel.kc
-        execute = kernel.execute_cell_input
 
         def execute_cell_input(cell_input, allow_stdin=None):
-            shadow.msg_id = execute(cell_input, allow_stdin=allow_stdin)
+            # as nbclient (the book) executes a cell: with history, so that IPython's trailing-semicolon rule
+            # (which reads the history) hides a cell's value as it does in the book; nbval's own call passes
+            # store_history=False, and `widgets.interact(...);` would then show a stray execute_result
+            shadow.msg_id = kernel.kc.execute(cell_input, store_history=True, allow_stdin=False)
             return shadow.msg_id
 
         kernel.execute_cell_input = execute_cell_input
