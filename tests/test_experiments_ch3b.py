@@ -110,6 +110,44 @@ def test_settings_grid_table_and_values(data):
         ex.settings_grid(data, {"linear": ()}, {"x": {"momentum": 0.9}}, 2, ["navigational"], 2, max_iter=2)
 
 
+def test_settings_batched_together_give_each_setting_its_own_result(data):
+    """settings_grid attacks the settings of one step size in one batch (the oracle's users told the
+    order, the others not): bit for bit one batch per setting, as before."""
+    settings = {k: ex.SETTINGS[k] for k in ("before", "paper", "known_order")}
+    auc, cases = ex.settings_grid(data, {"linear": ()}, settings, 2, ["navigational"], 2, max_iter=6, seed=1)
+    for name, kw in settings.items():
+        kw = dict(kw)
+        known = kw.pop("known_order", False)
+        alone = ro.cat_cases([ro.make_oltr_case(data, 2, 2, (), click_model="navigational", adm=a, group=g,
+                                                seed=1 + 2000 + 0, **kw) for g, a in enumerate([False, True])])
+        ref = ro.attack_oltr(alone, known_order=known, max_iter=6, seed=1)
+        assert torch.equal(auc[(name, "linear", False)], ref[:2]) and torch.equal(auc[(name, "linear", True)], ref[2:])
+    # a per-user known_order: told users as with True, the others as with False, bit for bit
+    case = cases[("paper", "linear", True)][0]
+    both = ro.cat_cases([case, case])
+    mixed = ro.raifle_oltr(both, known_order=torch.tensor([True, True, False, False]), max_iter=6, seed=1,
+                           user_ids=torch.tensor([0, 1, 0, 1]))
+    told = ro.raifle_oltr(case, known_order=True, max_iter=6, seed=1)
+    blind = ro.raifle_oltr(case, known_order=False, max_iter=6, seed=1)
+    assert torch.equal(mixed.scores[:2], told.scores) and torch.equal(mixed.scores[2:], blind.scores)
+    with pytest.raises(ValueError, match="known_order"):
+        ro.raifle_oltr(case, known_order=torch.tensor([True]), max_iter=2)
+
+
+def test_ldp_grids_give_each_click_model_its_own_ldp_grid(data):
+    kw = dict(delta=1e-8, sensitivity=0.5, lr=0.1, max_iter=5, random_draws=2, seed=3)
+    both = ex.ldp_grids(data, {"linear": ()}, [1.0, 100.0], [(1, [False]), (2, [False, True])], 2, **kw,
+                        click_models={"informational": torch.Generator().manual_seed(1),
+                                      "navigational": torch.Generator().manual_seed(2)})
+    for click, s in (("informational", 1), ("navigational", 2)):
+        alone = ex.ldp_grid(data, {"linear": ()}, [1.0, 100.0], [(1, [False]), (2, [False, True])], 2, **kw,
+                            click_model=click, rand_generator=torch.Generator().manual_seed(s))
+        for got, ref in zip(both[click], alone):
+            assert list(got) == list(ref) and all(torch.equal(got[k], ref[k]) for k in ref), click
+    with pytest.raises(ValueError, match="click_models"):
+        ex.ldp_grids(data, {"linear": ()}, [1.0], [(1, [False])], 2, click_models={}, **kw)
+
+
 def test_prune_grid_at_zero_is_the_plain_attack(data):
     auc = ex.prune_grid(data, {"linear": ()}, [0.0, 0.5], [(1, False), (2, True)], 3, lr=0.1, max_iter=5, seed=0)
     assert set(auc) == {("linear", Q, a, f) for Q, a in [(1, False), (2, True)] for f in (0.0, 0.5)}

@@ -135,3 +135,17 @@ def test_gdp_mu_to_distinguish_is_the_gaussian_test():
 def test_composition_helpers_reject_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_analytic_sigma_is_dp_accountings_answer_remembered():
+    """The answer is cached (a federated run asks for the same sigma every round); it stays
+    dp_accounting's, for floats and ints alike, and bad arguments are still refused."""
+    from dp_accounting.pld import accountant, common
+
+    direct = accountant.get_smallest_gaussian_noise(common.DifferentialPrivacyParameters(20.0, DELTA), num_queries=1,
+                                                    sensitivity=0.5)
+    assert ldp.analytic_gaussian_sigma(20.0, DELTA, 0.5) == float(direct)
+    assert ldp.analytic_gaussian_sigma(20, DELTA, 0.5) == float(direct)     # an int epsilon: the same entry
+    assert ldp.gaussian_sigma(20.0, DELTA, 0.5) == float(direct)
+    with pytest.raises(ValueError, match="epsilon"):
+        ldp.analytic_gaussian_sigma(float("nan"), DELTA, 0.5)

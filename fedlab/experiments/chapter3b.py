@@ -25,7 +25,7 @@ __all__ = ["SETTINGS", "SETTING_LABELS", "settings_grid", "update_drift", "order
            "settings_values", "adm_query_sweep", "noisy_adm_sweep", "sa_bypass_experiment", "ldp_sweep",
            "click_model_rows", "fig5_grid", "fig5_plot", "fig5_mean", "fig5_summary", "PAPER_FIG5", "FIG5_NAMES",
            "fig5_table", "adm_gain", "noisy_adm_grid", "noisy_adm_plot", "PAPER_FIG11", "noisy_name", "noisy_values",
-           "noisy_table", "pir_experiment", "pir_grid", "ldp_grid", "ldp_plot", "PAPER_KS", "PAPER_KS_NAV", "ks_pvalues", "ks_values",
+           "noisy_table", "pir_experiment", "pir_grid", "ldp_grid", "ldp_grids", "ldp_plot", "PAPER_KS", "PAPER_KS_NAV", "ks_pvalues", "ks_values",
            "ks_table", "ks_queries_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "prune_grid", "prune_plot",
            "PAPER_FIG9", "prune_values", "prune_table", "flag_rounds", "ldp_boxplot", "RECORD_LABELS"]
 
@@ -108,26 +108,47 @@ def ldp_sweep(data, hidden, epsilons, configs, num_users: int, *, delta: float, 
     Returns ``(auc, random_auc)``: ``auc[(Q, adm, epsilon)]`` [num_users] and
     ``random_auc[(Q, adm)]`` [num_users * random_draws].
     """
+    return _ldp_sweeps(data, hidden, epsilons, configs, num_users, {click_model: rand_generator}, delta=delta,
+                       sensitivity=sensitivity, attacker_knows_clip=attacker_knows_clip, lr=lr, max_iter=max_iter,
+                       random_draws=random_draws, seed=seed)[click_model]
+
+
+def _ldp_sweeps(data, hidden, epsilons, configs, num_users: int, click_models: dict, *, delta: float,
+                sensitivity: float, attacker_knows_clip: bool, lr: float, max_iter: int, random_draws: int,
+                seed: int) -> dict:
+    """:func:`ldp_sweep` for every click model of ``click_models`` (``{name: rand_generator}``), each
+    ``Q`` of every click model in one batch: each click model's users keep the ids ``0..`` they have
+    in their own sweep (so their random starts) and every user runs its own L-BFGS, so each click
+    model's result is bit for bit :func:`ldp_sweep`'s (fewer, larger batches only save time).
+    Returns ``{click model: (auc, random_auc)}``."""
     if random_draws < 1:
         raise ValueError(f"random_draws must be >= 1, got {random_draws}")
     epsilons = list(epsilons)
-    auc_out, random_out = {}, {}
+    out = {c: ({}, {}) for c in click_models}
     for Q, adms in configs:
-        bases = [make_oltr_case(data, num_users, Q, hidden, click_model=click_model, adm=a, lr=lr, seed=seed + 300 + Q)
-                 for a in adms]
-        gen = torch.Generator().manual_seed(seed)
-        case = cat_cases([b for b in bases for _ in epsilons])
-        noisy = torch.cat([ldp_gaussian(b.update, e, delta, sensitivity, generator=gen) for b in bases for e in epsilons])
-        auc = attack_oltr(case, noisy, clip_norm=ldp_clip_norm(sensitivity) if attacker_knows_clip else None,
-                          max_iter=max_iter, seed=seed)
-        auc = auc.reshape(len(adms), len(epsilons), num_users)
-        for j, (adm, base) in enumerate(zip(adms, bases)):
-            for i, e in enumerate(epsilons):
-                auc_out[(Q, adm, e)] = auc[j, i]
-            I = base.I.reshape(num_users, -1).repeat(random_draws, 1)
-            m = base.mask.reshape(num_users, -1).repeat(random_draws, 1)
-            random_out[(Q, adm)] = roc_auc_rows(I, torch.rand(I.shape, generator=rand_generator), m)
-    return auc_out, random_out
+        runs = []                                              # (click model, bases, case, noisy updates)
+        for click_model in click_models:
+            bases = [make_oltr_case(data, num_users, Q, hidden, click_model=click_model, adm=a, lr=lr,
+                                    seed=seed + 300 + Q) for a in adms]
+            gen = torch.Generator().manual_seed(seed)
+            case = cat_cases([b for b in bases for _ in epsilons])
+            noisy = torch.cat([ldp_gaussian(b.update, e, delta, sensitivity, generator=gen) for b in bases for e in epsilons])
+            runs.append((click_model, bases, case, noisy))
+        auc_all = attack_oltr(cat_cases([r[2] for r in runs]), torch.cat([r[3] for r in runs]),
+                              clip_norm=ldp_clip_norm(sensitivity) if attacker_knows_clip else None,
+                              max_iter=max_iter, seed=seed, user_ids=torch.cat([torch.arange(len(r[2])) for r in runs]))
+        start = 0
+        for click_model, bases, case, _ in runs:
+            auc = auc_all[start:start + len(case)].reshape(len(adms), len(epsilons), num_users)
+            start += len(case)
+            auc_out, random_out = out[click_model]
+            for j, (adm, base) in enumerate(zip(adms, bases)):
+                for i, e in enumerate(epsilons):
+                    auc_out[(Q, adm, e)] = auc[j, i]
+                I = base.I.reshape(num_users, -1).repeat(random_draws, 1)
+                m = base.mask.reshape(num_users, -1).repeat(random_draws, 1)
+                random_out[(Q, adm)] = roc_auc_rows(I, torch.rand(I.shape, generator=click_models[click_model]), m)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -270,8 +291,12 @@ def settings_grid(data, rankers: dict, settings: dict, num_queries: int, click_m
     :func:`~fedlab.attacks.interaction_inference.oltr.make_oltr_case`, plus ``known_order`` for
     :func:`~fedlab.attacks.interaction_inference.oltr.attack_oltr`), every ranker, click model and
     ADM or not, ``num_users`` users are simulated with the seeds :func:`adm_query_sweep` uses (so
-    settings that share ``lr`` and ``init`` share users, lists and clicks) and attacked in one batch
-    per setting and ranker. A setting with ``adm_weights`` runs only for networks, only with ADM.
+    settings that share ``lr`` and ``init`` share users, lists and clicks) and attacked. The
+    settings of one ranker that share ``lr`` are attacked in one batch (``known_order`` per user), each
+    setting's users with the ids ``0..`` it would have alone: one L-BFGS per user with per-user
+    random starts, so every user's result is bit for bit the one of a batch per setting (fewer,
+    larger batches only save time). A setting with ``adm_weights`` runs only for networks, only with
+    ADM.
 
     Returns ``(auc, cases)``: ``auc[(key, ranker, adm)]`` [num_users * len(click_models)] and
     ``cases[(key, ranker, adm)]`` the simulated cases (one per click model). Raises ``ValueError``
@@ -283,11 +308,12 @@ def settings_grid(data, rankers: dict, settings: dict, num_queries: int, click_m
         raise ValueError(f"settings must be a non-empty dict of {{key: keywords in {sorted(allowed)}}}, got {settings!r}")
     click_models = list(click_models)
     out, out_cases = {}, {}
-    for name, kw in settings.items():
-        kw = dict(kw)
-        known = kw.pop("known_order", False)
-        weights = kw.pop("adm_weights", False)
-        for model, hidden in _rankers(rankers).items():
+    for model, hidden in _rankers(rankers).items():
+        batches = {}                                   # lr -> [(key, known_order, adms, cfgs, cases)]
+        for name, kw in settings.items():
+            kw = dict(kw)
+            known = kw.pop("known_order", False)
+            weights = kw.pop("adm_weights", False)
             if weights and not hidden:
                 continue
             adms = [True] if weights else [False, True]
@@ -296,12 +322,23 @@ def settings_grid(data, rankers: dict, settings: dict, num_queries: int, click_m
                                     group=g, seed=seed + 1000 * num_queries + 10 * click_models.index(c) + len(hidden),
                                     **kw)
                      for g, (c, a) in enumerate(cfgs)]
-            case = cat_cases(cases)
-            auc = attack_oltr(case, known_order=known, max_iter=max_iter, seed=seed)
-            for a in adms:
-                groups = [g for g, (_, aa) in enumerate(cfgs) if aa == a]
-                out[(name, model, a)] = torch.cat([auc[case.group == g] for g in groups])
-                out_cases[(name, model, a)] = [cases[g] for g in groups]
+            batches.setdefault(kw.get("lr", 0.1), []).append((name, known, adms, cfgs, cases))
+        for jobs in batches.values():
+            merged = [cat_cases(cases) for *_, cases in jobs]
+            ids = torch.cat([torch.arange(len(c)) for c in merged])
+            told = torch.cat([torch.full((len(c),), known) for (_, known, *_), c in zip(jobs, merged)])
+            auc_all = attack_oltr(cat_cases(merged), known_order=told, max_iter=max_iter, seed=seed, user_ids=ids)
+            start = 0
+            for (name, _, adms, cfgs, cases), case in zip(jobs, merged):
+                auc = auc_all[start:start + len(case)]
+                start += len(case)
+                for a in adms:
+                    groups = [g for g, (_, aa) in enumerate(cfgs) if aa == a]
+                    out[(name, model, a)] = torch.cat([auc[case.group == g] for g in groups])
+                    out_cases[(name, model, a)] = [cases[g] for g in groups]
+    out = {(name, model, a): out[(name, model, a)] for name in settings for model in _rankers(rankers)
+           for a in (False, True) if (name, model, a) in out}
+    out_cases = {k: out_cases[k] for k in out}
     return out, out_cases
 
 
@@ -539,14 +576,30 @@ def ldp_grid(data, rankers: dict, epsilons, configs, num_users: int, *, delta: f
     """RAIFLE Figs. 6-7 and Tables 4-5 for every ranker: :func:`ldp_sweep` per ranker (one
     ``rand_generator`` shared, in ranker order; clicks by ``click_model``). Returns
     ``(auc, random_auc)`` keyed ``(ranker, Q, adm, epsilon)`` and ``(ranker, Q, adm)``."""
-    ldp_auc, random_auc = {}, {}
+    return ldp_grids(data, rankers, epsilons, configs, num_users, click_models={click_model: rand_generator},
+                     delta=delta, sensitivity=sensitivity, lr=lr, max_iter=max_iter, random_draws=random_draws,
+                     attacker_knows_clip=attacker_knows_clip, seed=seed)[click_model]
+
+
+def ldp_grids(data, rankers: dict, epsilons, configs, num_users: int, *, click_models: dict, delta: float,
+              sensitivity: float, lr: float, max_iter: int, random_draws: int = 10, attacker_knows_clip: bool = True,
+              seed: int = 0) -> dict:
+    """:func:`ldp_grid` for several click models at once: ``click_models`` maps each click model to
+    the ``rand_generator`` of its random baseline. Each click model's result is bit for bit that of
+    its own :func:`ldp_grid` call; the click models only share the attack's batches (fewer, larger
+    batches are faster). Returns ``{click model: (auc, random_auc)}``, keyed as :func:`ldp_grid`'s.
+    Raises ``ValueError`` for an empty ``click_models``."""
+    if not click_models:
+        raise ValueError("click_models must map at least one click model to its rand_generator")
+    out = {c: ({}, {}) for c in click_models}
     for model, hidden in _rankers(rankers).items():
-        auc, rnd = ldp_sweep(data, hidden, epsilons, configs, num_users, delta=delta, sensitivity=sensitivity, lr=lr,
-                             max_iter=max_iter, random_draws=random_draws, rand_generator=rand_generator,
-                             attacker_knows_clip=attacker_knows_clip, click_model=click_model, seed=seed)
-        ldp_auc.update({(model, *k): v for k, v in auc.items()})
-        random_auc.update({(model, *k): v for k, v in rnd.items()})
-    return ldp_auc, random_auc
+        res = _ldp_sweeps(data, hidden, epsilons, configs, num_users, click_models, delta=delta,
+                          sensitivity=sensitivity, attacker_knows_clip=attacker_knows_clip, lr=lr, max_iter=max_iter,
+                          random_draws=random_draws, seed=seed)
+        for c, (auc, rnd) in res.items():
+            out[c][0].update({(model, *k): v for k, v in auc.items()})
+            out[c][1].update({(model, *k): v for k, v in rnd.items()})
+    return out
 
 
 def ldp_plot(ldp_auc: dict, random_auc: dict, rankers, epsilons, num_queries: int):

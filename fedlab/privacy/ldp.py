@@ -13,6 +13,7 @@ user is :func:`fedlab.privacy.defenses.prune_rows` and clipping :func:`fedlab.pr
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -47,11 +48,18 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     ``(epsilon, delta)``-DP (Balle & Wang 2018, analytic Gaussian mechanism), computed with
     ``dp_accounting.pld.accountant.get_smallest_gaussian_noise``. Raises ``ValueError`` on bad input."""
     _check(epsilon, delta, sensitivity)
+    return _smallest_gaussian_noise(float(epsilon), float(delta), float(sensitivity))
+
+
+@functools.lru_cache(maxsize=1024)
+def _smallest_gaussian_noise(epsilon: float, delta: float, sensitivity: float) -> float:
+    """dp_accounting's answer for one Gaussian release, remembered: a deterministic function of its
+    three floats that costs about 30 ms (scipy distributions built inside a search), and a federated
+    run under LDP asks for the same ``(epsilon, delta, sensitivity)`` every round."""
     from dp_accounting.pld import accountant, common
 
-    params = common.DifferentialPrivacyParameters(float(epsilon), float(delta))
-    return float(accountant.get_smallest_gaussian_noise(params, num_queries=1,
-                                                        sensitivity=float(sensitivity)))
+    params = common.DifferentialPrivacyParameters(epsilon, delta)
+    return float(accountant.get_smallest_gaussian_noise(params, num_queries=1, sensitivity=sensitivity))
 
 
 def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1.0) -> float:

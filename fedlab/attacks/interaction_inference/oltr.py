@@ -240,7 +240,8 @@ def oltr_matching_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor
 
 
 def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm: float | None = None,
-                coords: torch.Tensor | None = None, known_order: bool = False, **kwargs) -> RaifleResult:
+                coords: torch.Tensor | None = None, known_order: bool | torch.Tensor = False,
+                **kwargs) -> RaifleResult:
     """RAIFLE (Algorithm 1) on FPDGD for every user of ``case`` in one batched L-BFGS problem.
 
     ``update`` [U, P] replaces ``case.update`` (e.g. after LDP noise or SA recovery); ``clip_norm``: the
@@ -248,7 +249,8 @@ def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm
     parameters (e.g. what :func:`sa_recover` can isolate for a network). The server simulates the
     user's training in display order, since it does not know the order the user trained in
     (``case.order``); ``known_order=True`` hands it that order (an oracle, to measure what not
-    knowing it costs). Keywords go to
+    knowing it costs); a ``[U]`` bool tensor hands it to the users marked True only (the others are
+    simulated in display order, bit for bit as with ``False``: one batch can hold both). Keywords go to
     :func:`fedlab.attacks.interaction_inference.recsys.raifle` (``max_iter``, ``num_restarts``, ``seed``, ``user_ids``...): one L-BFGS per user run as a batch,
     with per-user random starts, so that each user is attacked as if alone (RAIFLE attacks users one
     by one) whatever else shares the batch.
@@ -267,11 +269,20 @@ def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm
                    order=case.order.to(dev))
     target = target.to(dev)
     coords = None if coords is None else torch.as_tensor(coords).to(dev)
+    order = None                                                     # the order the server simulates
+    if isinstance(known_order, torch.Tensor):
+        told = known_order.to(device=dev, dtype=torch.bool).reshape(-1)
+        if told.shape != (U,):
+            raise ValueError(f"known_order must be a bool or a [U={U}] bool tensor, got shape {tuple(known_order.shape)}")
+        if bool(told.any()):                                         # display order where not told
+            order = torch.where(told[:, None], case.order, torch.arange(Q, device=dev).expand(U, Q))
+    elif known_order:
+        order = case.order
 
     def loss_fn(I, E, rows):
         X, Ir, mask = case.X[rows], I.reshape(-1, Q, n), case.mask[rows]
-        if known_order:
-            X, Ir, mask = in_order(case.order[rows], X, Ir, mask)
+        if order is not None:
+            X, Ir, mask = in_order(order[rows], X, Ir, mask)
         pred = local_update(case.theta0[rows], X, Ir, mask, case.hidden, lr=case.lr)
         if clip_norm is not None:
             pred = clip_rows(pred, clip_norm)
@@ -283,7 +294,8 @@ def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm
 
 
 def attack_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm: float | None = None,
-                coords: torch.Tensor | None = None, known_order: bool = False, **kwargs) -> torch.Tensor:
+                coords: torch.Tensor | None = None, known_order: bool | torch.Tensor = False,
+                **kwargs) -> torch.Tensor:
     """Per-user AUC ``[U]`` of :func:`raifle_oltr`'s reconstruction over the user's real documents."""
     res = raifle_oltr(case, update, clip_norm=clip_norm, coords=coords, known_order=known_order, **kwargs)
     U = len(case)
