@@ -56,19 +56,26 @@ def lbfgs_direction(g: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, ys: torch
     steps = int(count.max()) if rows.numel() else 0
     if steps == 0:
         return q * h_diag[:, None]
-    slots = (head[rows][:, None] - 1 - torch.arange(steps, device=g.device)[None, :]) % m      # [k, steps], newest first
+    ar = torch.arange(steps, device=g.device)
+    slots = (head[rows][:, None] - 1 - ar[None, :]) % m                      # [k, steps], newest first
     S_o, Y_o = S[rows[:, None], slots], Y[rows[:, None], slots]             # [k, steps, n], one gather each
-    valid = torch.arange(steps, device=g.device)[None, :] < count[:, None]
+    valid = ar[None, :] < count[:, None]
     rho_all = torch.where(valid, 1.0 / ys[rows[:, None], slots].clamp_min(CURVATURE_EPS), torch.zeros((), dtype=g.dtype, device=g.device))
+    # The loops run one small kernel per step, so they are written to launch few of them: views made once
+    # (unbind), products into one buffer, updates in place. Each value is the same float operation as
+    # alpha = rho * (s . q), q = q - alpha y, beta = rho * (y . d), d = d + (alpha - beta) s, so the
+    # direction is bit-for-bit what those expressions give.
+    S_j, Y_j, rho_j = S_o.unbind(1), Y_o.unbind(1), rho_all.unsqueeze(-1).unbind(1)   # [k, n], [k, n], [k, 1]
+    buf = torch.empty_like(q)
     alphas = []
     for j in range(steps):                  # newest -> oldest
-        alpha = rho_all[:, j] * (S_o[:, j] * q).sum(-1)
-        q = q - alpha[:, None] * Y_o[:, j]
+        alpha = rho_j[j] * torch.mul(S_j[j], q, out=buf).sum(-1, keepdim=True)
+        q.sub_(torch.mul(Y_j[j], alpha, out=buf))
         alphas.append(alpha)
-    d = q * h_diag[:, None]
+    d = q.mul_(h_diag[:, None])
     for j in range(steps - 1, -1, -1):      # oldest -> newest
-        beta = rho_all[:, j] * (Y_o[:, j] * d).sum(-1)
-        d = d + S_o[:, j] * (alphas[j] - beta)[:, None]
+        beta = rho_j[j] * torch.mul(Y_j[j], d, out=buf).sum(-1, keepdim=True)
+        d.add_(torch.mul(S_j[j], alphas[j].sub_(beta), out=buf))
     return d
 
 

@@ -159,6 +159,22 @@ def test_transcript_format_and_errors(tmp_path):
         load_transcript(tmp_path / "t")
 
 
+def test_index_json_is_the_text_json_dumps_gives(tmp_path):
+    """The writer encodes each entry of the index once; the file must still be json.dumps(index, indent=1),
+    byte for byte, after every flush (empty lists, nested metrics, an error with a line break, unicode)."""
+    w = TranscriptWriter(tmp_path / "t", ["a", "b"], {"lr": 0.1, "sizes": [3, 4], "dp": None, "name": "σ"})
+    text = lambda: (tmp_path / "t" / "index.json").read_text()   # noqa: E731
+    assert text() == json.dumps(w.index, indent=1)
+    for t in range(3):
+        w.add_global(t, {"a": np.zeros(2, dtype=np.float32), "b": np.ones(1, dtype=np.float32)})
+        w.add_reply(t + 1, "train", 42, params={"a": np.ones(2, dtype=np.float32), "b": np.zeros(1, dtype=np.float32)},
+                    metrics={"num-examples": 3, "train-loss": 0.1 * t, "v": [1.5, 2]}, partition_id=0, num_examples=3)
+        w.add_reply(t + 1, "evaluate", 43, metrics={}, error="boom\nagain" if t else None)
+        w.flush()
+        assert text() == json.dumps(w.index, indent=1), t
+    assert load_transcript(tmp_path / "t").num_rounds == 2
+
+
 def test_apps_validate_their_arguments(tmp_path):
     with pytest.raises(ValueError, match="dp"):
         flower.server_app(_model_fn, tmp_path, num_clients=2, num_rounds=1, lr=0.1, dp="local")

@@ -353,6 +353,41 @@ def test_likes_pmf_is_the_convolution_of_hypergeometric_batches():
         pac.likes_pmf(0, 0.3, 5, 20)
 
 
+def _likes_pmf_uncached(T, p, B, N):
+    """likes_pmf as it was written before its caches: binary powers with scipy's fftconvolve."""
+    from scipy.signal import fftconvolve
+
+    def conv(a, b):
+        if min(a.size, b.size) < 64:
+            return np.convolve(a, b)
+        out = np.clip(fftconvolve(a, b), 0.0, None)
+        return out / out.sum()
+
+    out, base, t = np.array([1.0]), pac._hypergeom_pmf(p, B, N), int(T)
+    while t:
+        if t & 1:
+            out = conv(out, base)
+        t >>= 1
+        if t:
+            base = conv(base, base)
+    return out
+
+
+def test_likes_pmf_caches_change_no_bit(monkeypatch):
+    """The cached squares and spectra give the same arrays as plain binary powers with fftconvolve, in any
+    order of T, with an empty or a warm cache, and with the caches' limits hit."""
+    monkeypatch.setattr(pac, "_POWERS", {})
+    for T in [1, 70, 131, 4096, 3000, 3001, 2999, 65, 12345, 3000]:
+        assert np.array_equal(pac.likes_pmf(T, 0.3, 5, 20), _likes_pmf_uncached(T, 0.3, 5, 20)), T
+    monkeypatch.setattr(pac, "_POWERS_MAX_LEN", 2000)
+    monkeypatch.setattr(pac, "_SPECTRA_MAX", 2)
+    monkeypatch.setattr(pac, "_POWERS", {})
+    for T in [5000, 4999, 777, 5000]:
+        assert np.array_equal(pac.likes_pmf(T, 0.25, 4, 20), _likes_pmf_uncached(T, 0.25, 4, 20)), T
+    powers, spectra = pac._POWERS[(0.25, 4, 20)]
+    assert max(p.size for p in powers) <= 2000 and len(spectra) <= 2
+
+
 def test_event_E1_of_the_real_attack_matches_its_exact_probability():
     """Noise-free Protocol 2 returns m_T u_c exactly; the frequency of m_T <= beta (not E1, Eq. 6) over
     independent runs matches label_mean_tail."""

@@ -432,8 +432,9 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
             return -(soft * F.log_softmax(out, -1)).sum(-1).mean()
 
         g = torch.func.grad(loss_p)(params)
-        per_layer = torch.stack([sum(((g[k] - ob[k]) ** 2).sum() for k in grp) for grp in groups])
-        return gradient_distance(g, ob, "l2"), per_layer.detach()
+        terms = {k: ((g[k] - ob[k]) ** 2).sum() for k in ob}       # each term once, for both sums below
+        per_layer = torch.stack([sum(terms[k] for k in grp) for grp in groups])
+        return sum(terms[k] for k in ob), per_layer.detach()         # = gradient_distance(g, ob, "l2")
 
     fixed = onehot if onehot is not None else torch.zeros(A, batch_size, num_classes, device=dev)
     vg = vmap(grad_and_value(objective, argnums=(0, 1), has_aux=True))

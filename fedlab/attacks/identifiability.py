@@ -353,24 +353,65 @@ def _hypergeom_pmf(pref_rate: float, batch_size: int, num_rated: int) -> np.ndar
                     dtype=float) / math.comb(num_rated, batch_size)
 
 
-def _conv_power(pmf1: np.ndarray, T: int) -> np.ndarray:
+#: Per ``(p_c, B, N)`` (a few laws at a time): the repeated squares ``pmf, pmf^{*2}, pmf^{*4}, ...`` of one
+#: batch's pmf and the spectra of the recent FFT convolutions with them. Every ``T`` of a search for the
+#: smallest sufficient ``T`` reuses them; the arrays are the same as without them (the same convolutions,
+#: the same FFTs, in the same order). Squares longer than ``_POWERS_MAX_LEN`` entries are recomputed
+#: rather than kept, and at most ``_SPECTRA_MAX`` spectra are kept per law.
+_POWERS: dict = {}
+_POWERS_MAX_KEYS, _POWERS_MAX_LEN, _SPECTRA_MAX = 16, 1 << 22, 8
+
+
+def _conv(a: np.ndarray, b: np.ndarray, spectra: dict | None = None, tag=None) -> np.ndarray:
+    """The convolution of two pmfs (FFT once both are long, with round-off below ``1e-15`` clipped to zero
+    and the result renormalised).
+
+    The FFT convolution is ``scipy.signal.fftconvolve(a, b)`` (mode ``"full"``) written out as scipy
+    computes it for two 1-D float arrays, so that the spectrum of ``b`` can be reused: it is looked up in,
+    and stored into, ``spectra`` under ``(tag, FFT length)`` when ``spectra`` is given (``b`` must then
+    be the array that ``tag`` names), and computed once when ``b is a``. The result is bit-for-bit
+    ``fftconvolve``'s (``tests/test_identifiability.py`` checks it)."""
+    if min(a.size, b.size) < 64:
+        return np.convolve(a, b)
+    from scipy import fft as sp_fft
+
+    n = a.size + b.size - 1
+    f = sp_fft.next_fast_len(n, True)                      # as fftconvolve: the next fast real length
+    sa = sp_fft.rfftn(a, [f], axes=[0])
+    if b is a:
+        sb = sa
+    elif spectra is None:
+        sb = sp_fft.rfftn(b, [f], axes=[0])
+    else:
+        sb = spectra.get((tag, f))
+        if sb is None:
+            sb = sp_fft.rfftn(b, [f], axes=[0])
+            if len(spectra) >= _SPECTRA_MAX:
+                spectra.pop(next(iter(spectra)))             # the oldest goes
+            spectra[(tag, f)] = sb
+    out = np.clip(sp_fft.irfftn(sa * sb, [f], axes=[0])[:n].copy(), 0.0, None)
+    return out / out.sum()
+
+
+def _conv_power(pmf1: np.ndarray, T: int, powers: list | None = None, spectra: dict | None = None) -> np.ndarray:
     """The ``T``-fold convolution of a pmf (binary powers; FFT convolution once arrays are long, with
-    round-off below ``1e-15`` clipped to zero)."""
-    from scipy.signal import fftconvolve
-
-    def conv(a, b):
-        if min(a.size, b.size) < 64:
-            return np.convolve(a, b)
-        out = np.clip(fftconvolve(a, b), 0.0, None)
-        return out / out.sum()
-
-    out, base, t = np.array([1.0]), pmf1, int(T)
+    round-off below ``1e-15`` clipped to zero). ``powers``: a list that holds ``pmf1`` and its repeated
+    squares computed so far (it is extended, up to ``_POWERS_MAX_LEN`` entries per square); ``spectra``:
+    a dict of the squares' spectra (see :func:`_conv`)."""
+    powers = [pmf1] if powers is None else powers
+    out, base, t, k = np.array([1.0]), powers[0], int(T), 0
     while t:
         if t & 1:
-            out = conv(out, base)
+            out = _conv(out, base, spectra if k < len(powers) else None, k)
         t >>= 1
         if t:
-            base = conv(base, base)
+            k += 1
+            if k < len(powers):
+                base = powers[k]
+            else:
+                base = _conv(base, base)
+                if k == len(powers) and base.size <= _POWERS_MAX_LEN:
+                    powers.append(base)
     return out
 
 
@@ -388,7 +429,13 @@ def likes_pmf(num_interactions: int, pref_rate: float, batch_size: int, num_rate
         raise ValueError(f"batch_size must be in [1, num_rated={num_rated}], got {batch_size}")
     if not 0 < pref_rate < 1:
         raise ValueError(f"pref_rate must lie in (0, 1), got {pref_rate}")
-    return _conv_power(_hypergeom_pmf(float(pref_rate), int(batch_size), int(num_rated)), T)
+    key = (float(pref_rate), int(batch_size), int(num_rated))
+    if key not in _POWERS:
+        if len(_POWERS) >= _POWERS_MAX_KEYS:
+            _POWERS.pop(next(iter(_POWERS)))                 # the oldest law goes
+        _POWERS[key] = ([_hypergeom_pmf(*key)], {})
+    powers, spectra = _POWERS[key]
+    return _conv_power(powers[0], T, powers, spectra)
 
 
 def label_mean_tail(num_interactions: Sequence[int], pref_rate: float, batch_size: int, num_rated: int,
@@ -543,6 +590,7 @@ class AttackLaw:
             thr = np.where(proj * self.margins < 0, np.abs(self.margins) / np.abs(proj), np.inf)
         self.thresholds = np.sort(thr, axis=1)                                # [S, I]
         self._thr_unsorted = thr
+        self._tau_cache: dict = {}                                            # tau -> _tau_threshold(tau)
         self._lp0 = abs(lr * _lprime0(loss))
         self._n = self.batch_size if protocol == 2 else self.num_rated
         self.multiplier = 1 - 2 * round(self.pref_rate * self.num_rated) / self.num_rated   # 1 - 2 p_c
@@ -609,8 +657,14 @@ class AttackLaw:
         return out
 
     def _tau_threshold(self, tau: float) -> np.ndarray:
-        above = np.abs(self.margins) >= tau
-        return self._thr_unsorted[:, above].min(axis=1) if above.any() else np.full(len(self.max_proj), np.inf)
+        """Per draw, the smallest flip threshold among the items with ``|u_c . v_i| >= tau`` (``inf`` if
+        none); cached by ``tau`` (it does not depend on ``sigma``, so :meth:`with_sigma` shares it)."""
+        tau = float(tau)
+        if tau not in self._tau_cache:
+            above = np.abs(self.margins) >= tau
+            self._tau_cache[tau] = (self._thr_unsorted[:, above].min(axis=1) if above.any()
+                                    else np.full(len(self.max_proj), np.inf))
+        return self._tau_cache[tau]
 
     def fail(self, num_interactions: int, event: str = "error", *, epsilon: float | None = None,
              tau: float | None = None, beta: float | None = None) -> float:

@@ -227,6 +227,21 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
     if not all(callable(m) for m in secagg_mods):
         raise ValueError(f"secagg_mods must be Flower mods (callables), got {secagg_mods!r}")
     app = ClientApp()
+    skeleton = []   # the architecture, built once when that changes nothing (see model_of)
+
+    def model_of():
+        """``model_fn()``, or the instance built on the first call when reusing it cannot change a result:
+        the model holds no buffers (the updates replace every parameter through ``functional_call``, and
+        nothing else of the module is read or written) and building it left torch's global random stream
+        as it was (a seeded constructor, :func:`fedlab.config.seeded`). Building a model per message costs
+        a ``torch.manual_seed`` each time, most of a small client's round."""
+        if skeleton:
+            return skeleton[0]
+        state = torch.get_rng_state()
+        model = model_fn()
+        if next(model.buffers(), None) is None and torch.equal(state, torch.get_rng_state()):
+            skeleton.append(model)
+        return model
 
     def data_of(context):
         pid, num = _partition(context)
@@ -243,7 +258,7 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
         pid, X, y = data_of(context)
         gen = torch.Generator()
         gen.set_state(torch.frombuffer(bytearray(cfg["rng-state"]), dtype=torch.uint8).clone())
-        model = model_fn()
+        model = model_of()
         new = client_update(model, params, X, y, lr=float(cfg["lr"]), local_epochs=int(cfg["local-epochs"]),
                             batch_size=int(cfg["batch-size"]) or None, generator=gen, loss_fn=loss_fn,
                             local_steps=int(cfg["local-steps"]) or None, weight_decay=float(cfg["weight-decay"]))
@@ -284,7 +299,7 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
     @app.evaluate()
     def evaluate_(msg: Message, context: Context) -> Message:
         pid, X, y = data_of(context)
-        res = evaluate(model_fn(), _from_record(msg.content["arrays"]), X, y, loss_fn)
+        res = evaluate(model_of(), _from_record(msg.content["arrays"]), X, y, loss_fn)
         return Message(RecordDict({"metrics": MetricRecord({"num-examples": len(X), **res}),
                                    "client": ConfigRecord({"partition-id": pid})}), reply_to=msg)
 
