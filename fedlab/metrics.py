@@ -3,6 +3,7 @@ images, and the two-sample Kolmogorov-Smirnov p-value RAIFLE reports."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -208,9 +209,11 @@ def t_interval(xs, confidence: float = 0.95) -> tuple[float, float | None, tuple
     return mean, std, (mean - half, mean + half)
 
 
-def auc_permutation_floor(labels, scores, *, num_permutations: int = 1000, quantile: float = 0.95,
-                          seed: int = 0) -> float:
-    """Chance floor of a (mean) ROC AUC: the ``quantile`` of the AUC when the labels are shuffled.
+def auc_permutation_floor(labels, scores, *, num_permutations: int = 1000, quantile: float | Sequence[float] = 0.95,
+                          seed: int = 0) -> float | list[float]:
+    """Chance floor of a (mean) ROC AUC: the ``quantile`` of the AUC when the labels are shuffled
+    (a list of quantiles gives the list of floors, each the number a call with that one quantile gives,
+    from one set of shuffles).
 
     ``labels`` and ``scores``: ``[m]`` or ``[U, m]`` (``U`` rows, e.g. target clients, each with its own
     candidates). Each of ``num_permutations`` draws shuffles the labels within every row and takes the
@@ -222,8 +225,11 @@ def auc_permutation_floor(labels, scores, *, num_permutations: int = 1000, quant
     """
     if int(num_permutations) != num_permutations or num_permutations < 1:
         raise ValueError(f"num_permutations must be a positive integer, got {num_permutations}")
-    if not 0 < quantile < 1:
-        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    many = isinstance(quantile, (list, tuple))
+    quantiles = list(quantile) if many else [quantile]
+    for q in quantiles:
+        if not 0 < q < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {q}")
     lab = torch.as_tensor(_np(labels).astype(np.float64))
     sc = torch.as_tensor(_np(scores).astype(np.float64))
     if lab.shape != sc.shape or lab.dim() not in (1, 2):
@@ -234,8 +240,19 @@ def auc_permutation_floor(labels, scores, *, num_permutations: int = 1000, quant
     g = torch.Generator().manual_seed(int(seed))
     perm = torch.argsort(torch.rand(int(num_permutations), U, m, generator=g), dim=2)
     shuffled = torch.gather(lab.expand(int(num_permutations), U, m), 2, perm)
-    aucs = roc_auc_rows(shuffled.reshape(-1, m), sc.repeat(int(num_permutations), 1)).reshape(-1, U).mean(1)
-    return float(torch.quantile(aucs, quantile))
+    # roc_auc_rows of every shuffle, with the ranks of the scores (the same under every shuffle) taken
+    # once: the same arithmetic on the same numbers as roc_auc_rows(shuffled rows, repeated scores)
+    roc_auc_rows(lab, sc)                                 # its checks: finite scores, both classes per row
+    ordered = sc.sort(1).values.contiguous()
+    below = torch.searchsorted(ordered, sc.contiguous(), right=False).double()
+    upto = torch.searchsorted(ordered, sc.contiguous(), right=True).double()
+    rank = ((below + upto + 1) / 2).repeat(int(num_permutations), 1)
+    pos = shuffled.reshape(-1, m).double() > 0.5
+    n_pos = pos.sum(1).double()
+    n_neg = float(m) - n_pos
+    aucs = (((rank * pos.double()).sum(1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)).reshape(-1, U).mean(1)
+    floors = [float(torch.quantile(aucs, q)) for q in quantiles]
+    return floors if many else floors[0]
 
 
 def _labels_scores(labels, scores):

@@ -31,7 +31,7 @@ from ..privacy.defenses import global_norm
 __all__ = [
     "last_layer_names", "per_example_loss", "per_example_grad_norm", "stack_snapshots",
     "snapshot_signals", "SnapshotRecorder", "membership_score", "attack_auc", "attack_accuracy",
-    "client_signals", "attack_model_auc", "gradient_ascent", "active_attack_rounds", "round_auc",
+    "client_signals", "attack_model_auc", "gradient_ascent", "active_attack_rounds", "active_attack_runs", "round_auc",
     "heldout_accuracy", "leave_one_out_accuracy",
 ]
 
@@ -320,66 +320,118 @@ def active_attack_rounds(model: nn.Module, clients: fl.ClientData, params: dict,
     the ascent step to what it uploads, and observes the next global model. ``ascent_lr = 0`` gives
     the passive attacker on exactly the same schedule (the same batches: ``seed``).
 
-    The rounds run on :func:`fedlab.fl.rounds.run_rounds`. Returns the loss signal
-    ``[num_rounds, n_candidates]`` that the attacker observed each round; with ``return_trace`` a dict
-    ``{"signals", "received", "returned", "global"}``, the last three lists of ``num_rounds`` parameter
-    dicts: the model the target received, the model it returned, and the other clients' next global
-    model (the FedAvg aggregate of the round).
+    The rounds run on :func:`fedlab.fl.rounds.run_rounds` (one run of :func:`active_attack_runs`).
+    Returns the loss signal ``[num_rounds, n_candidates]`` that the attacker observed each round; with
+    ``return_trace`` a dict ``{"signals", "received", "returned", "global"}``, the last three lists of
+    ``num_rounds`` parameter dicts: the model the target received, the model it returned, and the other
+    clients' next global model (the FedAvg aggregate of the round).
 
     Raises ``ValueError`` for an unknown ``attacker``, a ``target`` or ``attacker_index`` that is not
     a client (or ``attacker_index == target``), ``isolate`` with a participant attacker, fewer than two
     clients with ``isolate``, or ``num_rounds`` not a positive integer.
     """
+    run = dict(X_target=X_target, y_target=y_target, target=target, ascent_lr=ascent_lr, attacker=attacker,
+               isolate=isolate, attacker_index=attacker_index)
+    return active_attack_runs(model, clients, params, [run], num_rounds=num_rounds, lr=lr, local_epochs=local_epochs,
+                              batch_size=batch_size, seed=seed, loss_fn=loss_fn, return_trace=return_trace)[0]
+
+
+_ACTIVE_RUN = {"X_target": None, "y_target": None, "target": None, "ascent_lr": None, "attacker": "server",
+               "isolate": False, "attacker_index": None}
+
+
+def _check_active_run(run: dict, K: int) -> dict:
+    bad = set(run) - set(_ACTIVE_RUN)
+    missing = [k for k in ("X_target", "y_target", "target", "ascent_lr") if k not in run]
+    if bad or missing:
+        raise ValueError(f"a run takes {sorted(_ACTIVE_RUN)} (X_target, y_target, target, ascent_lr required), "
+                         f"got {sorted(run)}")
+    r = {**_ACTIVE_RUN, **run}
+    attacker, target, attacker_index = r["attacker"], r["target"], r["attacker_index"]
     if attacker not in ("server", "participant"):
         raise ValueError(f"attacker must be 'server' or 'participant', got {attacker!r}")
-    K = clients.num_clients
     if not 0 <= target < K:
         raise ValueError(f"target must be a client index in 0..{K - 1}, got {target}")
     if attacker == "participant":
         if attacker_index is None or not 0 <= attacker_index < K or attacker_index == target:
             raise ValueError("attacker_index must be a client index different from target")
-        if isolate:
+        if r["isolate"]:
             raise ValueError("isolate: only the server (attacker='server') can isolate a participant")
-    if isolate and K < 2:
+    if r["isolate"] and K < 2:
         raise ValueError("isolate needs at least two clients (the target and the rest of the federation)")
+    return r
+
+
+def active_attack_runs(model: nn.Module, clients: fl.ClientData, params: dict, runs: Sequence[dict], *,
+                       num_rounds: int, lr: float = 0.1, local_epochs: int = 1, batch_size: int | None = 10,
+                       seed: int = 0, loss_fn=fl.cross_entropy, return_trace: bool = False) -> list:
+    """Several :func:`active_attack_rounds` at once, on the same federation (``clients``, ``params``,
+    ``num_rounds``, the clients' ``lr``, ``local_epochs``, ``batch_size`` and the ``seed``): each run is a
+    mapping of that function's other arguments, ``X_target``, ``y_target``, ``target``, ``ascent_lr`` and
+    optionally ``attacker``, ``isolate``, ``attacker_index``. Every run has its own generator seeded with
+    ``seed``, as a call of :func:`active_attack_rounds` has; the local training of all runs' clients goes
+    through one vmapped step (:func:`fedlab.fl.stacked.sgd_jobs`). Returns what
+    :func:`active_attack_rounds` returns for each run, bit for bit, in order. Raises ``ValueError`` as
+    that function does, and for no runs."""
+    from ..fl.stacked import PlanCache, SGDJob, sgd_jobs
+
+    K = clients.num_clients
+    if not runs:
+        raise ValueError("runs must hold at least one run")
+    runs = [_check_active_run(dict(r), K) for r in runs]
     if int(num_rounds) != num_rounds or num_rounds < 1:
         raise ValueError(f"num_rounds must be a positive integer, got {num_rounds}")
-    gen = torch.Generator().manual_seed(seed)
     weights = clients.n.float()
-    others = weights.clone()
-    others[target] = 0.0                      # the isolated target's returns stay out of the others' aggregate
-    observed, trace = [], {"received": [], "returned": [], "global": []}
-    own = {k: v.detach().clone() for k, v in params.items()}          # the isolated target's model
+    plans = PlanCache()
+    state = []
+    for r in runs:
+        others = weights.clone()
+        others[r["target"]] = 0.0         # the isolated target's returns stay out of the others' aggregate
+        state.append({"gen": torch.Generator().manual_seed(seed), "others": others, "observed": [],
+                      "trace": {"received": [], "returned": [], "global": []},
+                      "own": {k: v.detach().clone() for k, v in params.items()}})   # the isolated target's model
 
-    def step(t, w):
-        nonlocal own
-        send = {k: v.unsqueeze(0).repeat(K, *([1] * v.ndim)) for k, v in w.items()}
-        if attacker == "server":
-            base = own if isolate else w
-            if ascent_lr > 0:
-                base = gradient_ascent(model, base, X_target, y_target, ascent_lr=ascent_lr, loss_fn=loss_fn)
-            rows = [target] if isolate else list(range(K))
-            for k in send:
-                send[k][rows] = base[k]
-        local = fl.clients_update(model, send, clients, lr=lr, local_epochs=local_epochs,
-                                  batch_size=batch_size, generator=gen, loss_fn=loss_fn, stacked=True)
-        if attacker == "participant" and ascent_lr > 0:
-            mine = {k: v[attacker_index] for k, v in local.items()}
-            up = gradient_ascent(model, mine, X_target, y_target, ascent_lr=ascent_lr, loss_fn=loss_fn)
-            for k in local:
-                local[k][attacker_index] = up[k]
-        new_w = fl.weighted_average(local, others if isolate else weights)
-        returned = {k: v[target].detach().clone() for k, v in local.items()}
-        if isolate:
-            own = returned
-        seen = returned if attacker == "server" else new_w
-        observed.append(per_example_loss(model, seen, X_target, y_target, loss_fn))
-        if return_trace:
-            trace["received"].append({k: v[target].detach().clone() for k, v in send.items()})
-            trace["returned"].append(returned)
-            trace["global"].append({k: v.detach().clone() for k, v in new_w.items()})
-        return {k: v.detach() for k, v in new_w.items()}
+    def step(t, ws):
+        jobs, sends = [], []
+        for r, st, w in zip(runs, state, ws):
+            send = {k: v.unsqueeze(0).repeat(K, *([1] * v.ndim)) for k, v in w.items()}
+            if r["attacker"] == "server":
+                base = st["own"] if r["isolate"] else w
+                if r["ascent_lr"] > 0:
+                    base = gradient_ascent(model, base, r["X_target"], r["y_target"], ascent_lr=r["ascent_lr"],
+                                           loss_fn=loss_fn)
+                rows = [r["target"]] if r["isolate"] else list(range(K))
+                for k in send:
+                    send[k][rows] = base[k]
+            idx, wt = plans.batch_plan(clients.n, batch_size, local_epochs, st["gen"])
+            jobs.append(SGDJob(send, clients.X, clients.y, idx.to(clients.X.device), wt.to(clients.X.device), lr,
+                               single=K == 1))
+            sends.append(send)
+        new_ws = []
+        for r, st, send, local in zip(runs, state, sends, sgd_jobs(model, jobs, loss_fn=loss_fn)):
+            target = r["target"]
+            if r["attacker"] == "participant" and r["ascent_lr"] > 0:
+                a = r["attacker_index"]
+                mine = {k: v[a] for k, v in local.items()}
+                up = gradient_ascent(model, mine, r["X_target"], r["y_target"], ascent_lr=r["ascent_lr"], loss_fn=loss_fn)
+                for k in local:
+                    local[k][a] = up[k]
+            new_w = fl.weighted_average(local, st["others"] if r["isolate"] else weights)
+            returned = {k: v[target].detach().clone() for k, v in local.items()}
+            if r["isolate"]:
+                st["own"] = returned
+            seen = returned if r["attacker"] == "server" else new_w
+            st["observed"].append(per_example_loss(model, seen, r["X_target"], r["y_target"], loss_fn))
+            if return_trace:
+                st["trace"]["received"].append({k: v[target].detach().clone() for k, v in send.items()})
+                st["trace"]["returned"].append(returned)
+                st["trace"]["global"].append({k: v.detach().clone() for k, v in new_w.items()})
+            new_ws.append({k: v.detach() for k, v in new_w.items()})
+        return new_ws
 
-    fl.run_rounds(int(num_rounds), step, {k: v.detach().clone() for k, v in params.items()})
-    signals = torch.stack(observed)
-    return {"signals": signals, **trace} if return_trace else signals
+    fl.run_rounds(int(num_rounds), step, [{k: v.detach().clone() for k, v in params.items()} for _ in runs])
+    out = []
+    for st in state:
+        signals = torch.stack(st["observed"])
+        out.append({"signals": signals, **st["trace"]} if return_trace else signals)
+    return out

@@ -14,10 +14,10 @@ from torch import nn
 
 from .._checks import finite_positive, finite_tensor
 from ..privacy.dp_fedavg import check_dp_args, dp_aggregate, noise_std
-from . import ClientData, FLResult, clients_update, cross_entropy, eval_fn, stack_clients
+from . import ClientData, FLResult, cross_entropy, eval_fn, stack_clients
 from .rounds import History, run_rounds
 
-__all__ = ["DPRoundRecord", "poisson_sample", "dp_server_step", "dp_fedavg"]
+__all__ = ["DPRoundRecord", "poisson_sample", "dp_server_step", "dp_fedavg", "dp_fedavg_runs"]
 
 
 @dataclass
@@ -62,13 +62,17 @@ def dp_server_step(t: int, params: dict, selected: torch.Tensor, updates: dict |
     return new
 
 
+_DP_RUN = {"clients": None, "sampling_prob": None, "noise_multiplier": None, "clip_norm": None, "local_epochs": 1,
+           "batch_size": 10, "lr": 0.1, "server_lr": 1.0, "params": None, "seed": 0, "callback": None}
+
+
 def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: float,
               noise_multiplier: float, clip_norm: float | None, local_epochs: int = 1,
               batch_size: int | None = 10, lr: float = 0.1, server_lr: float = 1.0,
               params: dict | None = None, seed: int = 0, eval_data=None,
               loss_fn=cross_entropy, callback: Callable[[DPRoundRecord], None] | None = None) -> FLResult:
     """DP-FedAvg (McMahan et al. 2018, Alg. 1) with the functional, vmapped client update of
-    :mod:`fedlab.fl`.
+    :mod:`fedlab.fl` (one run of :func:`dp_fedavg_runs`).
 
     Parameters
     ----------
@@ -85,30 +89,77 @@ def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: floa
     An :class:`fedlab.fl.FLResult` (final parameters, test history when ``eval_data``).
     The privacy spent is :func:`fedlab.privacy.dp_fedavg.epsilon_spent` ``(noise_multiplier, sampling_prob, num_rounds, delta)``.
     """
-    if not 0.0 < sampling_prob <= 1.0:
-        raise ValueError(f"sampling_prob must be in (0, 1], got {sampling_prob}")
-    finite_positive("server_lr", server_lr)
-    finite_positive("lr", lr)
-    data = clients if isinstance(clients, ClientData) else stack_clients(clients)
+    run = dict(clients=clients, sampling_prob=sampling_prob, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
+               local_epochs=local_epochs, batch_size=batch_size, lr=lr, server_lr=server_lr, params=params, seed=seed,
+               callback=callback)
+    return dp_fedavg_runs(model, [run], num_rounds=num_rounds, eval_data=eval_data, loss_fn=loss_fn)[0]
+
+
+def _dp_run(model: nn.Module, spec) -> dict:
+    bad = set(spec) - set(_DP_RUN)
+    missing = [k for k in ("clients", "sampling_prob", "noise_multiplier", "clip_norm") if k not in spec]
+    if bad or missing:
+        raise ValueError(f"a run takes the dp_fedavg arguments {sorted(_DP_RUN)} (clients, sampling_prob, "
+                         f"noise_multiplier, clip_norm required), got {sorted(spec)}")
+    r = {**_DP_RUN, **spec}
+    if not 0.0 < r["sampling_prob"] <= 1.0:
+        raise ValueError(f"sampling_prob must be in (0, 1], got {r['sampling_prob']}")
+    finite_positive("server_lr", r["server_lr"])
+    finite_positive("lr", r["lr"])
+    data = r["clients"] if isinstance(r["clients"], ClientData) else stack_clients(r["clients"])
     finite_tensor("clients' X", data.X)
     K = data.num_clients
-    m = sampling_prob * K
-    check_dp_args(noise_multiplier, clip_norm, m)
-    if noise_multiplier > 0 and clip_norm is None:
+    m = r["sampling_prob"] * K
+    check_dp_args(r["noise_multiplier"], r["clip_norm"], m)
+    if r["noise_multiplier"] > 0 and r["clip_norm"] is None:
         raise ValueError("noise_multiplier > 0 needs a finite clip_norm")
-    gen = torch.Generator().manual_seed(seed)
-    w = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}
+    r.update(data=data, K=K, m=m, gen=torch.Generator().manual_seed(r["seed"]),
+             w={k: v.detach().clone() for k, v in (r["params"] or dict(model.named_parameters())).items()},
+             history=History("accuracy", "loss"))
+    return r
 
-    def step(t, w):
-        selected = poisson_sample(K, sampling_prob, gen)
-        updates = None
-        if len(selected):
-            local = clients_update(model, w, data.select(selected), lr=lr, local_epochs=local_epochs,
-                                   batch_size=batch_size, generator=gen, loss_fn=loss_fn)
-            updates = {k: (local[k] - w[k]).detach() for k in w}
-        return dp_server_step(t, w, selected, updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                              expected_clients=m, server_lr=server_lr, generator=gen, callback=callback)
 
-    w, history, _ = run_rounds(num_rounds, step, w, evaluate=eval_fn(model, eval_data, loss_fn),
-                               history=History("accuracy", "loss"))
-    return FLResult(w, history)
+def dp_fedavg_runs(model: nn.Module, runs, *, num_rounds: int, eval_data=None, loss_fn=cross_entropy) -> list[FLResult]:
+    """Several :func:`dp_fedavg` runs advanced round by round together: each run is a mapping of that
+    function's arguments (``clients``, ``sampling_prob``, ``noise_multiplier``, ``clip_norm`` and
+    optionally ``local_epochs``, ``batch_size``, ``lr``, ``server_lr``, ``params``, ``seed``,
+    ``callback``), ``num_rounds``, ``eval_data`` and ``loss_fn`` are shared. Every run samples its
+    clients, mini-batches and noise from its own generator in :func:`dp_fedavg`'s order; the local steps
+    of all runs go through one vmapped step (:func:`fedlab.fl.stacked.sgd_jobs`). Returns one
+    :class:`fedlab.fl.FLResult` per run, bit for bit what :func:`dp_fedavg` returns. Raises
+    ``ValueError`` as :func:`dp_fedavg` does, and for no runs or an unknown argument."""
+    from .stacked import SGDJob, _expand, batch_plan, sgd_jobs
+
+    if not runs:
+        raise ValueError("runs must hold at least one run")
+    state = [_dp_run(model, r) for r in runs]
+    ev = eval_fn(model, eval_data, loss_fn)
+
+    def step(t, ws):
+        jobs, subs, live = [], [], []
+        for i, (r, w) in enumerate(zip(state, ws)):
+            selected = poisson_sample(r["K"], r["sampling_prob"], r["gen"])
+            subs.append(selected)
+            if len(selected):
+                sub = r["data"].select(selected)
+                idx, wt = batch_plan(sub.n, r["batch_size"], r["local_epochs"], r["gen"])
+                jobs.append(SGDJob(_expand(w, len(selected)), sub.X, sub.y, idx, wt, r["lr"], single=len(selected) == 1))
+                live.append(i)
+        local = dict(zip(live, sgd_jobs(model, jobs, loss_fn=loss_fn))) if jobs else {}
+        new = []
+        for i, (r, w, selected) in enumerate(zip(state, ws, subs)):
+            updates = {k: (local[i][k] - w[k]).detach() for k in w} if i in local else None
+            new.append(dp_server_step(t, w, selected, updates, clip_norm=r["clip_norm"],
+                                      noise_multiplier=r["noise_multiplier"], expected_clients=r["m"],
+                                      server_lr=r["server_lr"], generator=r["gen"], callback=r["callback"]))
+        return new
+
+    def log(t, ws, _history=None):
+        for r, w in zip(state, ws):
+            r["history"].log(t, **ev(w))
+
+    ws = [r["w"] for r in state]
+    if ev is not None:
+        log(0, ws)
+    ws, _, _ = run_rounds(num_rounds, step, ws, after_round=None if ev is None else log)
+    return [FLResult(w, r["history"]) for r, w in zip(state, ws)]

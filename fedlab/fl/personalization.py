@@ -24,12 +24,14 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from . import ClientData, batch_plan, cross_entropy, train_standalone
+from . import ClientData, cross_entropy, train_standalone
+from .stacked import SGDJob, batch_plan, clients_update_runs, sgd_jobs
 from .dp_fedavg import DPRoundRecord, dp_server_step, poisson_sample
 from .rounds import run_rounds
 
-__all__ = ["make_representation_task", "head_names_of", "partial_clients_update", "evaluate_clients",
-           "local_only", "finetune", "centaur", "per_layer_snr", "client_agreement"]
+__all__ = ["make_representation_task", "head_names_of", "partial_clients_update", "partial_clients_update_runs",
+           "evaluate_clients", "local_only", "local_only_runs", "finetune", "finetune_runs", "centaur", "centaur_runs",
+           "per_layer_snr", "client_agreement"]
 
 
 def make_representation_task(num_clients: int, n_train: int, n_test: int, *, dim: int = 64,
@@ -83,12 +85,19 @@ def partial_clients_update(model: nn.Module, stacked: dict, data: ClientData, tr
     and local fine-tuning. ``stacked`` is ``{name: [K, ...]}``; returns the same layout.
     ``batch_size=None`` (or at least the largest client) is full-batch gradient descent, one step per
     epoch, and draws nothing from ``generator``; otherwise :func:`fedlab.fl.batch_plan` shuffles."""
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
-    trainable = list(trainable)
+    run = dict(stacked=stacked, data=data, lr=lr, local_epochs=local_epochs, batch_size=batch_size, generator=generator)
+    return partial_clients_update_runs(model, [run], trainable, loss_fn=loss_fn)[0]
+
+
+def _partial_job(run: dict, trainable: list[str]) -> SGDJob:
+    """The :class:`fedlab.fl.stacked.SGDJob` of one :func:`partial_clients_update` call (its plan drawn)."""
+    if not run["lr"] > 0:
+        raise ValueError(f"lr must be > 0, got {run['lr']}")
+    stacked, data = run["stacked"], run["data"]
     bad = [k for k in trainable if k not in stacked]
     if bad:
         raise ValueError(f"trainable names not in params: {bad}")
+    batch_size, local_epochs = run.get("batch_size"), run.get("local_epochs", 1)
     if batch_size is None or batch_size >= int(data.n.max()):
         # full batch: every step sees all of a client's records, so no shuffle is needed (and none is
         # drawn from ``generator``); the gradient is the same as with batch_plan's shuffled order
@@ -98,24 +107,20 @@ def partial_clients_update(model: nn.Module, stacked: dict, data: ClientData, tr
         idx = torch.arange(n_max).expand(data.num_clients, int(local_epochs), n_max)
         w = (idx < data.n.view(-1, 1, 1)).float()
     else:
-        idx, w = batch_plan(data.n, batch_size, local_epochs, generator)
+        idx, w = batch_plan(data.n, batch_size, local_epochs, run.get("generator"))
+    return SGDJob(stacked, data.X, data.y, idx, w, run["lr"])
 
-    def batch_loss(sub, frozen, X, y, i, wt):
-        out = functional_call(model, {**frozen, **sub}, (X[i],))
-        return (loss_fn(out, y[i]) * wt).sum() / wt.sum().clamp_min(1.0)
 
-    g = grad(batch_loss)
-
-    def step(sub, frozen, X, y, i, wt):
-        gr = g(sub, frozen, X, y, i, wt)
-        return {k: sub[k] - lr * gr[k] for k in sub}
-
-    vstep = vmap(step)
-    sub = {k: stacked[k].clone() for k in trainable}
-    frozen = {k: v for k, v in stacked.items() if k not in trainable}
-    for s in range(idx.shape[1]):
-        sub = vstep(sub, frozen, data.X, data.y, idx[:, s], w[:, s])
-    return {k: (sub[k] if k in sub else stacked[k]).detach() for k in stacked}
+def partial_clients_update_runs(model: nn.Module, runs: Sequence[dict], trainable: Sequence[str], *,
+                                loss_fn=cross_entropy) -> list[dict]:
+    """Several :func:`partial_clients_update` calls with the same ``trainable`` parameters at once:
+    each run is a mapping of that function's ``stacked``, ``data``, ``lr`` and optionally
+    ``local_epochs`` (1), ``batch_size`` (``None``) and ``generator``. The plans are drawn run by run,
+    in order; the steps of all runs go through one vmapped step (:func:`fedlab.fl.stacked.sgd_jobs`).
+    Returns each run's stacked parameters, bit for bit what :func:`partial_clients_update` returns."""
+    trainable = list(trainable)
+    jobs = [_partial_job(r, trainable) for r in runs]
+    return [{k: v.detach() for k, v in out.items()} for out in sgd_jobs(model, jobs, trainable=trainable, loss_fn=loss_fn)]
 
 
 @torch.no_grad()
@@ -144,15 +149,36 @@ def local_only(model: nn.Module, train: ClientData, *, num_epochs: int, lr: floa
     return {k: v.detach() for k, v in local.items()}
 
 
+def local_only_runs(model: nn.Module, runs: Sequence[dict]) -> list[dict]:
+    """Several :func:`local_only` trainings at once (each a mapping of its ``train``, ``num_epochs``,
+    ``lr`` and optionally ``batch_size`` (10), ``params``, ``seed`` (0)), their steps stacked
+    (:func:`fedlab.fl.stacked.clients_update_runs`); bit for bit what :func:`local_only` returns."""
+    specs = []
+    for r in runs:
+        w = {k: v.detach().clone() for k, v in (r.get("params") or dict(model.named_parameters())).items()}
+        specs.append(dict(params=w, data=r["train"], lr=r["lr"], local_epochs=r["num_epochs"],
+                          batch_size=r.get("batch_size", 10), generator=torch.Generator().manual_seed(r.get("seed", 0))))
+    return [{k: v.detach() for k, v in out.items()} for out in clients_update_runs(model, specs)]
+
+
 def finetune(model: nn.Module, params: dict, train: ClientData, *, trainable: Sequence[str] | None = None,
              num_epochs: int, lr: float, batch_size: int | None = None, seed: int = 0) -> dict:
     """Local fine-tuning of a global model (lecture, "DP-FedAvg + fine-tuning"): every client
     trains ``trainable`` (default: the head) on its own data, the rest frozen. The result never
     leaves the client, so it costs no privacy. Returns stacked models ``{name: [K, ...]}``."""
-    trainable = head_names_of(params) if trainable is None else list(trainable)
-    gen = torch.Generator().manual_seed(seed)
-    return partial_clients_update(model, _stack(params, train.num_clients), train, trainable, lr=lr,
-                                  local_epochs=num_epochs, batch_size=batch_size, generator=gen)
+    return finetune_runs(model, [dict(params=params, train=train, num_epochs=num_epochs, lr=lr, batch_size=batch_size,
+                                      seed=seed)], trainable=trainable)[0]
+
+
+def finetune_runs(model: nn.Module, runs: Sequence[dict], *, trainable: Sequence[str] | None = None) -> list[dict]:
+    """Several :func:`finetune` calls at once (each a mapping of its ``params``, ``train``,
+    ``num_epochs``, ``lr`` and optionally ``batch_size``, ``seed``), the same ``trainable`` (default:
+    the head of the first run's ``params``) for all; bit for bit what :func:`finetune` returns."""
+    trainable = head_names_of(runs[0]["params"]) if trainable is None else list(trainable)
+    specs = [dict(stacked=_stack(r["params"], r["train"].num_clients), data=r["train"], lr=r["lr"],
+                  local_epochs=r["num_epochs"], batch_size=r.get("batch_size"),
+                  generator=torch.Generator().manual_seed(r.get("seed", 0))) for r in runs]
+    return partial_clients_update_runs(model, specs, trainable)
 
 
 def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, sampling_prob: float,
@@ -173,38 +199,85 @@ def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, sampling_pr
     Returns the stacked personalised models ``{name: [K, ...]}``. Privacy: the same
     :func:`fedlab.privacy.dp_fedavg.epsilon_spent` as DP-FedAvg with the same ``(z, q, T)``.
     """
-    if not 0.0 < sampling_prob <= 1.0:
-        raise ValueError(f"sampling_prob must be in (0, 1], got {sampling_prob}")
-    K = train.num_clients
-    m = sampling_prob * K
-    gen = torch.Generator().manual_seed(seed)
-    w0 = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}
-    heads = list(head_names) if head_names is not None else head_names_of(w0)
-    rep = [k for k in w0 if k not in heads]
-    b = {k: w0[k] for k in rep}
-    head_state = {k: v for k, v in _stack(w0, K).items() if k in heads}
-    def step(t, b):
-        sel = poisson_sample(K, sampling_prob, gen)
-        updates = None
-        if len(sel):
-            sub = train.select(sel)
-            p = {**_stack(b, len(sel)), **{k: head_state[k][sel] for k in heads}}
-            p = partial_clients_update(model, p, sub, heads, lr=lr, local_epochs=head_epochs,
-                                       batch_size=None, generator=gen)                   # Phase 1
-            for k in heads:
-                head_state[k][sel] = p[k]
-            p = partial_clients_update(model, p, sub, rep, lr=lr, local_epochs=rep_epochs,
-                                       batch_size=batch_size, generator=gen)             # Phase 2
-            updates = {k: p[k] - b[k] for k in rep}                                      # Phase 3
-        return dp_server_step(t, b, sel, updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                              expected_clients=m, server_lr=server_lr, generator=gen, callback=callback)
+    run = dict(train=train, sampling_prob=sampling_prob, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
+               head_epochs=head_epochs, rep_epochs=rep_epochs, lr=lr, batch_size=batch_size, server_lr=server_lr,
+               final_head_epochs=final_head_epochs, params=params, head_names=head_names, seed=seed, callback=callback)
+    return centaur_runs(model, [run], num_rounds=num_rounds)[0]
 
-    b, _, _ = run_rounds(num_rounds, step, b)
-    final = {**_stack(b, K), **head_state}
-    final = {k: final[k] for k in w0}
-    return partial_clients_update(model, final, train, heads, lr=lr,
-                                  local_epochs=final_head_epochs or head_epochs, batch_size=None,
-                                  generator=gen)
+
+_CENTAUR_RUN = {"train": None, "sampling_prob": None, "noise_multiplier": None, "clip_norm": None, "head_epochs": 5,
+                "rep_epochs": 1, "lr": 0.1, "batch_size": 10, "server_lr": 1.0, "final_head_epochs": None,
+                "params": None, "head_names": None, "seed": 0, "callback": None}
+
+
+def centaur_runs(model: nn.Module, runs: Sequence[dict], *, num_rounds: int) -> list[dict]:
+    """Several :func:`centaur` runs advanced round by round together: each run is a mapping of that
+    function's arguments but ``num_rounds`` (``train``, ``sampling_prob``, ``noise_multiplier``,
+    ``clip_norm`` and optionally the others), every run with its own generator, drawing in
+    :func:`centaur`'s order. Each phase of all runs goes through one vmapped step
+    (:func:`fedlab.fl.stacked.sgd_jobs`), which needs the same head names in every run. Returns each
+    run's stacked personalised models, bit for bit what :func:`centaur` returns. Raises ``ValueError``
+    as :func:`centaur` does, for no runs, an unknown argument or runs whose heads differ."""
+    if not runs:
+        raise ValueError("runs must hold at least one run")
+    state = []
+    for spec in runs:
+        bad = set(spec) - set(_CENTAUR_RUN)
+        missing = [k for k in ("train", "sampling_prob", "noise_multiplier", "clip_norm") if k not in spec]
+        if bad or missing:
+            raise ValueError(f"a run takes the centaur arguments {sorted(_CENTAUR_RUN)} (train, sampling_prob, "
+                             f"noise_multiplier, clip_norm required), got {sorted(spec)}")
+        r = {**_CENTAUR_RUN, **spec}
+        if not 0.0 < r["sampling_prob"] <= 1.0:
+            raise ValueError(f"sampling_prob must be in (0, 1], got {r['sampling_prob']}")
+        K = r["train"].num_clients
+        w0 = {k: v.detach().clone() for k, v in (r["params"] or dict(model.named_parameters())).items()}
+        heads = list(r["head_names"]) if r["head_names"] is not None else head_names_of(w0)
+        r.update(K=K, m=r["sampling_prob"] * K, gen=torch.Generator().manual_seed(r["seed"]), w0=w0, heads=heads,
+                 rep=[k for k in w0 if k not in heads],
+                 head_state={k: v for k, v in _stack(w0, K).items() if k in heads})
+        state.append(r)
+    heads, rep = state[0]["heads"], state[0]["rep"]
+    if any(r["heads"] != heads or r["rep"] != rep for r in state):
+        raise ValueError("every run must split its parameters into the same head and representation")
+
+    def step(t, bs):
+        sels, phase1 = [], []
+        for r, b in zip(state, bs):
+            sel = poisson_sample(r["K"], r["sampling_prob"], r["gen"])
+            sels.append(sel)
+            if len(sel):
+                p = {**_stack(b, len(sel)), **{k: r["head_state"][k][sel] for k in heads}}
+                phase1.append((r, dict(stacked=p, data=r["train"].select(sel), lr=r["lr"], local_epochs=r["head_epochs"],
+                                       batch_size=None, generator=r["gen"])))
+        phase2 = []
+        if phase1:
+            for (r, spec), p in zip(phase1, partial_clients_update_runs(model, [s for _, s in phase1], heads)):  # Phase 1
+                phase2.append((r, dict(spec, stacked=p, local_epochs=r["rep_epochs"], batch_size=r["batch_size"])))
+        updates = {}
+        if phase2:
+            for (r, spec), p in zip(phase2, partial_clients_update_runs(model, [s for _, s in phase2], rep)):  # Phase 2
+                updates[id(r)] = (spec["stacked"], p)
+        new = []
+        for r, b, sel in zip(state, bs, sels):
+            upd = None
+            if id(r) in updates:
+                p1, p = updates[id(r)]
+                for k in heads:
+                    r["head_state"][k][sel] = p1[k]
+                upd = {k: p[k] - b[k] for k in rep}                                             # Phase 3
+            new.append(dp_server_step(t, b, sel, upd, clip_norm=r["clip_norm"], noise_multiplier=r["noise_multiplier"],
+                                      expected_clients=r["m"], server_lr=r["server_lr"], generator=r["gen"],
+                                      callback=r["callback"]))
+        return new
+
+    bs, _, _ = run_rounds(num_rounds, step, [{k: r["w0"][k] for k in rep} for r in state])
+    finals = []
+    for r, b in zip(state, bs):
+        final = {**_stack(b, r["K"]), **r["head_state"]}
+        finals.append(dict(stacked={k: final[k] for k in r["w0"]}, data=r["train"], lr=r["lr"],
+                           local_epochs=r["final_head_epochs"] or r["head_epochs"], batch_size=None, generator=r["gen"]))
+    return partial_clients_update_runs(model, finals, heads)
 
 
 def per_layer_snr(clipped_mean: dict, noise_std_value: float) -> dict[str, float]:
