@@ -44,7 +44,8 @@ def test_tuning_breaks_ties_towards_the_smaller_step(digits_setup, monkeypatch):
     class _H:
         history = {"round": [0, 1], "accuracy": [0.1, 0.5]}
 
-    monkeypatch.setattr(ch0.fl, "fedavg", lambda *a, **k: _H())
+    # every run (fl.fedavg per method and step size, advanced together by fedlab.fl.stacked) scores the same
+    monkeypatch.setattr(ch0.stacked, "fedavg_runs", lambda model, runs, **k: [_H() for _ in runs])
     tuned = ch0.tune_learning_rates(net, train, params=w0, lrs=(0.3, 0.1, 1.0), num_rounds=1, seed=0)
     assert tuned["chosen"] == {m: 0.1 for m in ch0.METHODS}
 

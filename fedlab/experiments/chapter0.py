@@ -6,8 +6,10 @@ the step size of each method tuned on held-out validation data, and the rounds t
 against the client fraction ``C`` (McMahan et al. 2017, Table 1).
 
 Every function takes the model, its starting parameters and the seed from the page and runs the
-library's algorithms (:mod:`fedlab.fl`) in a fixed order, so a page that calls them draws exactly the
-random numbers it drew when the loops stood in its cells.
+library's algorithms (:mod:`fedlab.fl`), so a page that calls them gets exactly the numbers it got when
+the loops stood in its cells. The runs of a sweep are independent (each has its own generator), so they
+go through :mod:`fedlab.fl.stacked`, which advances them together with their local SGD steps in one
+``vmap`` and returns, bit for bit, what running them one after another returns.
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
+import torch
 
 from .. import data, fl, metrics, plots
 from .._checks import positive_int
+from ..fl import stacked
 
 __all__ = ["SETTING_NAMES", "METHODS", "DEFAULT_LRS", "compare_settings", "settings_table", "dssgd_sweep", "plot_dssgd",
            "tune_learning_rates", "lr_table", "fedsgd_vs_fedavg", "plot_rounds", "client_fraction_rounds",
@@ -69,17 +73,23 @@ def compare_settings(model, train, clients: Mapping, *, params: dict, eval_data,
     num_rounds = positive_int("num_rounds", num_rounds)
     num_epochs = positive_int("num_epochs", num_epochs)
     _check_clients(clients)
-    central = fl.train_centralized(model, train, num_epochs=num_epochs, batch_size=32, lr=0.1,
-                                   params=params, seed=seed, eval_data=eval_data)
+    # fl.train_centralized: FedAvg with one client holding all the data, one epoch per round
+    central = stacked.fedavg_runs(model, [dict(clients=[train], local_epochs=1, batch_size=32, lr=0.1, params=params,
+                                               seed=seed)], num_rounds=num_epochs, eval_data=eval_data)[0]
     central_acc = central.history["accuracy"][-1]
     acc = {"centralized": {name: central_acc for name in clients},
            "standalone (mean client)": {}, "FedAvg": {}}
-    for name, cd in clients.items():
-        _, evals = fl.train_standalone(model, cd, num_epochs=num_epochs, batch_size=10, lr=0.1,
-                                       params=params, seed=seed, eval_data=eval_data)
+    # fl.train_standalone of every split (each client alone, its own generator per split), stacked
+    w = {k: v.detach().clone() for k, v in params.items()}
+    alone = stacked.clients_update_runs(model, [
+        dict(params=w, data=cd, lr=0.1, local_epochs=num_epochs, batch_size=10,
+             generator=torch.Generator().manual_seed(seed)) for cd in clients.values()])
+    fed = stacked.fedavg_runs(model, [dict(clients=cd, local_epochs=2, batch_size=10, lr=0.1, params=params, seed=seed)
+                                      for cd in clients.values()], num_rounds=num_rounds, eval_data=eval_data)
+    for name, cd, local, res in zip(clients, clients.values(), alone, fed):
+        evals = [fl.evaluate(model, {n: v[k] for n, v in local.items()}, eval_data.X, eval_data.y)
+                 for k in range(cd.num_clients)]
         acc["standalone (mean client)"][name] = float(np.mean([e["accuracy"] for e in evals]))
-        res = fl.fedavg(model, cd, num_rounds=num_rounds, local_epochs=2, batch_size=10, lr=0.1,
-                        params=params, seed=seed, eval_data=eval_data)
         acc["FedAvg"][name] = res.history["accuracy"][-1]
     return acc
 
@@ -114,14 +124,12 @@ def dssgd_sweep(model, clients, *, params: dict, eval_data, num_rounds: int, thr
     bad = [u for u in upload_fractions if not 0.0 < u <= 1.0]
     if bad:
         raise ValueError(f"upload_fractions must lie in (0, 1], got {bad}")
-    out = {}
-    for criterion in criteria:
-        for theta_u in upload_fractions:
-            res = fl.selective_sgd(model, clients, num_rounds=num_rounds, upload_fraction=theta_u,
-                                   criterion=criterion, threshold=threshold, batch_size=10, lr=0.1,
-                                   params=params, seed=seed, eval_data=eval_data)
-            out[(criterion, theta_u)] = res.history
-    return out
+    keys = [(criterion, theta_u) for criterion in criteria for theta_u in upload_fractions]
+    # fl.selective_sgd once per (criterion, theta_u), the runs stacked (the same numbers, bit for bit)
+    runs = stacked.selective_sgd_runs(model, clients, [dict(criterion=c, upload_fraction=u, threshold=threshold)
+                                                       for c, u in keys], num_rounds=num_rounds, batch_size=10,
+                                      lr=0.1, params=params, seed=seed, eval_data=eval_data)
+    return {key: res.history for key, res in zip(keys, runs)}
 
 
 def plot_dssgd(dssgd: Mapping, *, standalone: float):
@@ -170,13 +178,13 @@ def tune_learning_rates(model, train, *, params: dict, lrs: Sequence[float], num
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     clients, val = _split_validation(train, num_clients, val_fraction, seed)
-    scores = {}
-    for method, (E, B) in METHODS.items():
-        scores[method] = {}
-        for lr in lrs:
-            h = fl.fedavg(model, clients, num_rounds=num_rounds, local_epochs=E, batch_size=B, lr=lr,
-                          params=params, seed=seed, eval_data=val).history
-            scores[method][lr] = float(np.mean(h["accuracy"][1:]))
+    keys = [(method, lr) for method in METHODS for lr in lrs]
+    runs = stacked.fedavg_runs(model, [dict(clients=clients, local_epochs=METHODS[m][0], batch_size=METHODS[m][1],
+                                            lr=lr, params=params, seed=seed) for m, lr in keys],
+                               num_rounds=num_rounds, eval_data=val)       # fl.fedavg per (method, eta), stacked
+    scores = {method: {} for method in METHODS}
+    for (method, lr), res in zip(keys, runs):
+        scores[method][lr] = float(np.mean(res.history["accuracy"][1:]))
     chosen = {m: max(sc, key=lambda lr: (sc[lr], -lr)) for m, sc in scores.items()}
     return {"scores": scores, "chosen": chosen}
 
@@ -209,13 +217,11 @@ def fedsgd_vs_fedavg(model, clients: Mapping, *, params: dict, eval_data, num_ro
     lrs = dict(DEFAULT_LRS if lrs is None else lrs)
     if any(m not in lrs or not lrs[m] > 0 for m in METHODS):
         raise ValueError(f"lrs must give a positive step size for each of {list(METHODS)}, got {lrs}")
-    curves = {}
-    for name, cd in clients.items():
-        for method, (E, B) in METHODS.items():
-            curves[(name, method)] = fl.fedavg(model, cd, num_rounds=num_rounds, local_epochs=E, batch_size=B,
-                                               lr=lrs[method], params=params, seed=seed,
-                                               eval_data=eval_data).history
-    return curves
+    keys = [(name, method) for name in clients for method in METHODS]
+    runs = stacked.fedavg_runs(model, [dict(clients=clients[n], local_epochs=METHODS[m][0], batch_size=METHODS[m][1],
+                                            lr=lrs[m], params=params, seed=seed) for n, m in keys],
+                               num_rounds=num_rounds, eval_data=eval_data)   # fl.fedavg per run, stacked
+    return {key: res.history for key, res in zip(keys, runs)}
 
 
 def client_fraction_rounds(model, train, *, params: dict, eval_data, num_clients: int, target: float,
@@ -241,16 +247,17 @@ def client_fraction_rounds(model, train, *, params: dict, eval_data, num_clients
         raise ValueError(f"lrs must give a step size for each of {list(METHODS)}, got {dict(lrs)}")
     parts = {"iid": data.partition_iid(len(train), num_clients, seed=seed),
              "non-iid": data.partition_label_skew(train.y, num_clients, classes_per_client=2, seed=seed)}
-    out = {}
+    keys, runs = [], []
     for split, p in parts.items():
         cd = fl.stack_clients(data.client_datasets(train, p))
         for B, lr in ((None, lrs["FedSGD"]), (10, lrs["FedAvg E=5, B=10"])):
             for C in fractions:
-                h = fl.fedavg(model, cd, num_rounds=num_rounds, client_fraction=max(C, 1.0 / num_clients),
-                              local_epochs=1, batch_size=B, lr=lr, params=params, seed=seed,
-                              eval_data=eval_data).history
-                out[(split, B, C)] = metrics.rounds_to_accuracy(h, target)
-    return out
+                keys.append((split, B, C))
+                runs.append(dict(clients=cd, client_fraction=max(C, 1.0 / num_clients), local_epochs=1, batch_size=B,
+                                 lr=lr, params=params, seed=seed))
+    # fl.fedavg per cell, stacked; a run stops at the target (the rounds to it are those of the full run)
+    res = stacked.fedavg_runs(model, runs, num_rounds=num_rounds, eval_data=eval_data, stop_at=target)
+    return {key: metrics.rounds_to_accuracy(r.history, target) for key, r in zip(keys, res)}
 
 
 def client_fraction_table(rounds: Mapping, num_rounds: int):
@@ -302,17 +309,20 @@ def local_work_grid(model, clients: Mapping, curves: Mapping, *, params: dict, e
     _check_clients(clients)
     lrs = dict(DEFAULT_LRS if lrs is None else lrs)
     first = lambda h: {k: v[:num_rounds + 1] for k, v in h.items()}   # rounds 0..num_rounds
-    grid = {}
-    for name, cd in clients.items():
+    grid, todo = {}, []
+    for name in clients:
         grid[(name, 1, None)] = first(curves[(name, "FedSGD")])
         grid[(name, 5, 10)] = first(curves[(name, "FedAvg E=5, B=10")])
         for E in _GRID_E:
             for B in _GRID_B:
-                if (name, E, B) in grid:
-                    continue
-                grid[(name, E, B)] = fl.fedavg(model, cd, num_rounds=num_rounds, local_epochs=E, batch_size=B,
-                                               lr=lrs["FedSGD" if B is None else "FedAvg E=5, B=10"], params=params, seed=seed,
-                                               eval_data=eval_data).history
+                if (name, E, B) not in grid:
+                    grid[(name, E, B)] = None
+                    todo.append((name, E, B))
+    runs = stacked.fedavg_runs(model, [dict(clients=clients[n], local_epochs=E, batch_size=B, params=params, seed=seed,
+                                            lr=lrs["FedSGD" if B is None else "FedAvg E=5, B=10"]) for n, E, B in todo],
+                               num_rounds=num_rounds, eval_data=eval_data)   # fl.fedavg per cell, stacked
+    for key, res in zip(todo, runs):
+        grid[key] = res.history
     return grid
 
 
