@@ -20,7 +20,7 @@ from ..attacks import membership as mia
 from ..data import Dataset, client_datasets, partition_iid
 from ..fl import personalization as pers
 from ..fl import stack_clients
-from ..fl.dp_fedavg import dp_fedavg
+from ..fl.dp_fedavg import dp_fedavg_runs
 from ..metrics import auc_permutation_floor, t_interval
 from .tables import mean_interval
 from ..privacy import dp_fedavg as dpf
@@ -341,19 +341,20 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
     if not ascent_lrs or not all(g > 0 for g in ascent_lrs):
         raise ValueError(f"ascent_lrs must be a non-empty list of steps > 0, got {ascent_lrs}")
     num_rounds = positive_int("num_rounds", num_rounds)
+    cells = [(name, gamma) for name in variants for gamma in [0.0, *ascent_lrs]]
+    runs = []
+    for name, gamma in cells:
+        kw = variants[name]
+        for k in targets:
+            extra = {"attacker_index": (k + 1) % num_clients} if kw["attacker"] == "participant" else {}
+            runs.append(dict(X_target=cand_X[k], y_target=cand_y[k], target=k, ascent_lr=gamma, **kw, **extra))
+    # mia.active_attack_rounds for every (variant, gamma, target), all runs' clients trained in one vmap
+    signals = iter(mia.active_attack_runs(model, clients, params, runs, num_rounds=num_rounds, seed=seed, **fl_args))
     out = {"auc": {}, "accuracy": {}}
-    for name, kw in variants.items():
-        for gamma in [0.0, *ascent_lrs]:
-            scores = []
-            for k in targets:
-                extra = {"attacker_index": (k + 1) % num_clients} if kw["attacker"] == "participant" else {}
-                S = mia.active_attack_rounds(model, clients, params, cand_X[k], cand_y[k], target=k,
-                                             num_rounds=num_rounds, ascent_lr=gamma, seed=seed,
-                                             **fl_args, **kw, **extra)
-                scores.append(mia.membership_score(S, num_rounds).numpy())
-            scores = np.stack(scores)                                                   # [U, 2n]
-            out["auc"][(name, gamma)] = np.asarray([roc_auc(is_member, s) for s in scores])
-            out["accuracy"][(name, gamma)] = mia.leave_one_out_accuracy(is_member, scores)[0]
+    for cell in cells:
+        scores = np.stack([mia.membership_score(next(signals), num_rounds).numpy() for _ in targets])   # [U, 2n]
+        out["auc"][cell] = np.asarray([roc_auc(is_member, s) for s in scores])
+        out["accuracy"][cell] = mia.leave_one_out_accuracy(is_member, scores)[0]
     out["floor"] = auc_permutation_floor(np.tile(np.asarray(is_member), (len(targets), 1)), scores)
     return out
 
@@ -448,26 +449,29 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
         raise ValueError(f"window ({window}) must not exceed num_rounds ({num_rounds})")
     for K in client_counts:
         dpf.check_delta(delta, K)
-    grid = {}
+    cells, runs, released, data = [], [], {}, {}
     for K in client_counts:
         parts_K = [p[:n] for p in partition_iid(len(train), K, seed=seed)]
         members = Dataset(train.X[np.concatenate(parts_K)], train.y[np.concatenate(parts_K)])
         cl_K = stack_clients(client_datasets(train, parts_K))
-        X_all = torch.cat([members.X, nonmembers.X])
-        y_all = torch.cat([members.y, nonmembers.y])
-        lab = np.r_[np.ones(len(members)), np.zeros(len(nonmembers))]
+        data[K] = (torch.cat([members.X, nonmembers.X]), torch.cat([members.y, nonmembers.y]),
+                   np.r_[np.ones(len(members)), np.zeros(len(nonmembers))])
         for eps in epsilons:
             z = dpf.noise_multiplier_for_epsilon(eps, 1.0, num_rounds, delta, num_clients=K)
-            released = []
-            res = dp_fedavg(model, cl_K, num_rounds=num_rounds, sampling_prob=1.0, noise_multiplier=z,
-                            clip_norm=clip_norm, params=params, seed=seed, eval_data=test,
-                            callback=lambda r: released.append(r.new_params), **fl_args)
-            S_rel = mia.snapshot_signals(model, released[-window:], X_all, y_all)
-            scores = mia.membership_score(S_rel, window).numpy()
-            grid[(eps, K)] = {"z": z, "accuracy": res.history["accuracy"][-1],
-                              "auc": mia.attack_auc(S_rel, lab, window),
-                              "floor": auc_permutation_floor(lab, scores, seed=seed),
-                              "floor_999": auc_permutation_floor(lab, scores, quantile=0.999, seed=seed)}
+            cells.append((eps, K, z))
+            released[(eps, K)] = []
+            runs.append(dict(clients=cl_K, sampling_prob=1.0, noise_multiplier=z, clip_norm=clip_norm, params=params,
+                             seed=seed, callback=lambda r, out=released[(eps, K)]: out.append(r.new_params), **fl_args))
+    # dp_fedavg for every (eps, K), the runs advanced together (the same numbers as one after another)
+    results = dp_fedavg_runs(model, runs, num_rounds=num_rounds, eval_data=test)
+    grid = {}
+    for (eps, K, z), res in zip(cells, results):
+        X_all, y_all, lab = data[K]
+        S_rel = mia.snapshot_signals(model, released[(eps, K)][-window:], X_all, y_all)
+        scores = mia.membership_score(S_rel, window).numpy()
+        floor, floor_999 = auc_permutation_floor(lab, scores, quantile=[0.95, 0.999], seed=seed)   # the same shuffles
+        grid[(eps, K)] = {"z": z, "accuracy": res.history["accuracy"][-1], "auc": mia.attack_auc(S_rel, lab, window),
+                          "floor": floor, "floor_999": floor_999}
     return grid
 
 
@@ -535,27 +539,63 @@ def personalization_sweep(model, params: dict, classes_per_client: Sequence[int]
     methods = list(PERSONALIZATION_METHODS) if methods is None else list(methods)
     if not methods or any(m not in PERSONALIZATION_METHODS for m in methods):
         raise ValueError(f"methods must be a non-empty subset of {list(PERSONALIZATION_METHODS)}, got {methods}")
-    dp_args = dict(sampling_prob=sampling_prob, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
-                   server_lr=server_lr, lr=lr, batch_size=batch_size, params=params, seed=seed)
+    runs = _personalization_runs(model, params, [(cpc, noise_multiplier, methods) for cpc in classes_per_client],
+                                 num_clients=num_clients, num_rounds=num_rounds, sampling_prob=sampling_prob,
+                                 clip_norm=clip_norm, server_lr=server_lr, lr=lr, batch_size=batch_size, n_train=n_train,
+                                 n_test=n_test, local_only_epochs=local_only_epochs, finetune_epochs=finetune_epochs,
+                                 head_epochs=head_epochs, final_head_epochs=final_head_epochs, seed=seed)
     util = {m: {} for m in PERSONALIZATION_METHODS if m in methods}
     diag = {}
-    for cpc in classes_per_client:
-        tr, te = pers.make_representation_task(num_clients, n_train, n_test, classes_per_client=cpc, seed=seed)
-        recs_fa, recs_ce = [], []
-        if "local-only" in methods:
-            lo = pers.local_only(model, tr, num_epochs=local_only_epochs, lr=lr, batch_size=batch_size,
-                                 params=params, seed=seed)
-            util["local-only"][cpc] = float(pers.evaluate_clients(model, lo, te).mean())
-        if "DP-FedAvg + fine-tuning" in methods:
-            glob = dp_fedavg(model, tr, num_rounds=num_rounds, local_epochs=1, callback=recs_fa.append, **dp_args)
-            ft = pers.finetune(model, glob.params, tr, num_epochs=finetune_epochs, lr=lr, seed=seed)
-            util["DP-FedAvg + fine-tuning"][cpc] = float(pers.evaluate_clients(model, ft, te).mean())
-        if "Centaur" in methods:
-            ce = pers.centaur(model, tr, num_rounds=num_rounds, head_epochs=head_epochs,
-                              final_head_epochs=final_head_epochs, callback=recs_ce.append, **dp_args)
-            util["Centaur"][cpc] = float(pers.evaluate_clients(model, ce, te).mean())
-        diag[cpc] = (recs_fa, recs_ce)
+    for cpc, (acc, recs) in zip(classes_per_client, runs):
+        for m, a in acc.items():
+            util[m][cpc] = a
+        diag[cpc] = recs
     return util, diag
+
+
+def _personalization_runs(model, params: dict, settings: Sequence[tuple[int, float, Sequence[str]]], *,
+                          num_clients: int, num_rounds: int, sampling_prob: float, clip_norm: float, server_lr: float,
+                          lr: float, batch_size: int, n_train: int = 10, n_test: int = 20, local_only_epochs: int = 20,
+                          finetune_epochs: int = 30, head_epochs: int = 10, final_head_epochs: int = 30,
+                          seed: int = 0) -> list[tuple[dict, tuple[list, list]]]:
+    """The runs of :func:`personalization_sweep` for every setting ``(classes per client, noise
+    multiplier, methods)``: one task per setting, each method's runs of all settings advanced together
+    (:func:`fedlab.fl.personalization.local_only_runs`, :func:`fedlab.fl.dp_fedavg.dp_fedavg_runs` and
+    :func:`~fedlab.fl.personalization.finetune_runs`, :func:`~fedlab.fl.personalization.centaur_runs`;
+    the same numbers as one run after another). Returns per setting ``({method: mean client test
+    accuracy}, (records of DP-FedAvg, records of Centaur))``."""
+    tasks = [pers.make_representation_task(num_clients, n_train, n_test, classes_per_client=cpc, seed=seed)
+             for cpc, _, _ in settings]
+    out = [({}, ([], [])) for _ in settings]
+    dp_args = dict(sampling_prob=sampling_prob, clip_norm=clip_norm, server_lr=server_lr, lr=lr, batch_size=batch_size,
+                   params=params, seed=seed)
+
+    def which(method):
+        return [i for i, (_, _, methods) in enumerate(settings) if method in methods]
+
+    def record(method, idx, models):
+        for i, stacked in zip(idx, models):
+            out[i][0][method] = float(pers.evaluate_clients(model, stacked, tasks[i][1]).mean())
+
+    idx = which("local-only")
+    if idx:
+        record("local-only", idx, pers.local_only_runs(model, [
+            dict(train=tasks[i][0], num_epochs=local_only_epochs, lr=lr, batch_size=batch_size, params=params, seed=seed)
+            for i in idx]))
+    idx = which("DP-FedAvg + fine-tuning")
+    if idx:
+        glob = dp_fedavg_runs(model, [dict(clients=tasks[i][0], local_epochs=1, noise_multiplier=settings[i][1],
+                                           callback=out[i][1][0].append, **dp_args) for i in idx], num_rounds=num_rounds)
+        record("DP-FedAvg + fine-tuning", idx, pers.finetune_runs(model, [
+            dict(params=g.params, train=tasks[i][0], num_epochs=finetune_epochs, lr=lr, seed=seed)
+            for i, g in zip(idx, glob)]))
+    idx = which("Centaur")
+    if idx:
+        record("Centaur", idx, pers.centaur_runs(model, [
+            dict(train=tasks[i][0], head_epochs=head_epochs, final_head_epochs=final_head_epochs,
+                 noise_multiplier=settings[i][1], callback=out[i][1][1].append, **dp_args) for i in idx],
+            num_rounds=num_rounds))
+    return out
 
 
 def snr_and_agreement(recs_fa: Sequence, recs_ce: Sequence, params: dict) -> dict:
@@ -646,19 +686,23 @@ def personalization_eps_sweep(model, params: dict, epsilons: Sequence[float], *,
     util = {m: {} for m in PERSONALIZATION_METHODS}
     zs = {}
     local = next((v["local-only"] for v in known.values()), None)
+    settings, todo = [], []
     for eps in epsilons:
         zs[eps] = dpf.noise_multiplier_for_epsilon(eps, sampling_prob, num_rounds, delta, num_clients=num_clients)
-        if eps in known:
-            u = {m: {classes_per_client: known[eps][m]} for m in PERSONALIZATION_METHODS}
-        else:
-            methods = [m for m in PERSONALIZATION_METHODS if m != "local-only" or local is None]
-            u, _ = personalization_sweep(model, params, [classes_per_client], num_clients=num_clients,
-                                         num_rounds=num_rounds, sampling_prob=sampling_prob,
-                                         noise_multiplier=zs[eps], methods=methods, **sweep_args)
+        if eps not in known:
+            # local-only spends no budget: it runs once, with the first budget not already known
+            methods = [m for m in PERSONALIZATION_METHODS if m != "local-only" or (local is None and not todo)]
+            settings.append((classes_per_client, zs[eps], methods))
+            todo.append(eps)
+    # personalization_sweep([classes_per_client], noise_multiplier=z) for every budget, the runs advanced together
+    ran = dict(zip(todo, _personalization_runs(model, params, settings, num_clients=num_clients, num_rounds=num_rounds,
+                                               sampling_prob=sampling_prob, **sweep_args))) if todo else {}
+    for eps in epsilons:
+        u = known[eps] if eps in known else ran[eps][0]
         if local is None:
-            local = u["local-only"][classes_per_client]
+            local = u["local-only"]
         for m in PERSONALIZATION_METHODS:
-            util[m][eps] = local if m == "local-only" else u[m][classes_per_client]
+            util[m][eps] = local if m == "local-only" else u[m]
     return {"util": util, "z": zs}
 
 
