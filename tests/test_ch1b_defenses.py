@@ -89,7 +89,7 @@ def test_the_chapters_delta_is_below_one_over_K_for_every_K_it_uses(scale, monke
     pairs += [(ns["DELTA"], K) for K in ns["CLIENT_COUNTS"]]
     for delta, K in pairs:
         assert 0 < delta <= 1 / (10 * K) < 1 / K, (delta, K)
-    assert ns["P_CLIENTS"] == (1000 if scale == "paper" else 300)
+    assert ns["P_CLIENTS"] == (1000 if scale == "paper" else 200)
 
 
 # ------------------------------------------------------------------ budget sweep (Centaur vs the others)
