@@ -75,17 +75,16 @@ def local_sgd(p: dict, X: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, wt: 
     of accumulating the three paths into ``m`` and into ``x``."""
     W, b = p["weight"], p.get("bias")
     dtype = W.dtype
-    rows = torch.arange(X.shape[0])[:, None]
-    g0_all = 1.0 / wt.sum(2).clamp_min(1.0).to(dtype)                      # [K, S]: d loss / d sum
+    rows = torch.arange(X.shape[0])[:, None, None]
+    X_all, y_all = X[rows, idx], y[rows, idx].to(dtype)                     # every step's batch: [K, S, B, (d)]
+    g_l_all = (1.0 / wt.sum(2).clamp_min(1.0).to(dtype))[:, :, None] * wt   # d loss / d per-sample loss
     decay_all = (wt.sum(2) > 0).to(dtype) * weight_decay                     # a padding step decays nothing
     zero = torch.zeros((), dtype=dtype)
     for s in range(idx.shape[1]):
-        i, w = idx[:, s], wt[:, s]
-        Xb, yb = X[rows, i], y[rows, i].to(dtype)                            # [K, B, d], [K, B]
+        Xb, yb, g_l = X_all[:, s], y_all[:, s], g_l_all[:, s]               # [K, B, d], [K, B], [K, B]
         out = torch.bmm(Xb, W.transpose(1, 2))[..., 0]                      # [K, B]
         if b is not None:
             out = b + out
-        g_l = g0_all[:, s, None] * w                                         # d loss / d per-sample loss
         if logistic:
             a = -out
             m = a.clamp_min(0)
@@ -150,20 +149,20 @@ def mlp_local_sgd(model: nn.Sequential, p: dict, X: torch.Tensor, y: torch.Tenso
     ``threshold_backward`` through a ReLU). ``p`` stacked ``{name: [K, ...]}``."""
     layers = _mlp_layers(model)
     dtype = p[layers[0][0] + "weight"].dtype
-    rows = torch.arange(X.shape[0])[:, None]
-    g0_all = 1.0 / wt.sum(2).clamp_min(1.0).to(dtype)
+    rows = torch.arange(X.shape[0])[:, None, None]
+    X_all, y_all = X[rows, idx], y[rows, idx].to(dtype)                     # every step's batch: [K, S, B, (d)]
+    g_l_all = (1.0 / wt.sum(2).clamp_min(1.0).to(dtype))[:, :, None] * wt   # d loss / d per-sample loss
     decay_all = (wt.sum(2) > 0).to(dtype) * weight_decay
     p = dict(p)
     for s in range(idx.shape[1]):
-        i, w = idx[:, s], wt[:, s]
-        acts = [X[rows, i]]                                                  # [K, B, d_in]
+        acts = [X_all[:, s]]                                                 # [K, B, d_in]
         for j, (pre, bias) in enumerate(layers):
             z = torch.bmm(acts[-1], p[pre + "weight"].transpose(1, 2))
             if bias:
                 z = p[pre + "bias"][:, None, :] + z
             acts.append(torch.relu(z) if j < len(layers) - 1 else z)
         out = acts[-1][..., 0]
-        g = ((g0_all[:, s, None] * w) * (2 * (out - y[rows, i].to(dtype))))[..., None]   # [K, B, 1]
+        g = (g_l_all[:, s] * (2 * (out - y_all[:, s])))[..., None]          # [K, B, 1]
         grads = {}
         for j in range(len(layers) - 1, -1, -1):
             pre, bias = layers[j]
