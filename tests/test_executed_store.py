@@ -44,9 +44,13 @@ def test_load_needs_the_same_fingerprint(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLAB_SEED", "2")                   # another seed: execute again
     assert executed_store.load(nb_path, out) is None
     monkeypatch.setenv("FEDLAB_SEED", "1")
-    monkeypatch.setenv("FEDLAB_SCALE", "paper")              # another scale
+    scale = os.environ.get("FEDLAB_SCALE")                  # make test sets it to quick
+    monkeypatch.setenv("FEDLAB_SCALE", "paper" if scale != "paper" else "quick")   # another scale
     assert executed_store.load(nb_path, out) is None
-    monkeypatch.delenv("FEDLAB_SCALE")
+    if scale is None:
+        monkeypatch.delenv("FEDLAB_SCALE")
+    else:
+        monkeypatch.setenv("FEDLAB_SCALE", scale)
     assert executed_store.load(nb_path, out) is not None
     _notebook(nb_path, CELLS + ["2 + 2"])                     # the notebook changed
     assert executed_store.load(nb_path, out) is None

@@ -61,6 +61,33 @@ def test_local_engine_gives_fedavg_with_client_sampling(local):
         assert [r.partition_id for r in res.transcript.train_replies(t)] == rec.selected.tolist()
 
 
+def test_client_app_reuses_a_model_only_when_that_changes_nothing():
+    """The ClientApp builds a seeded, buffer-free model once; a model_fn that draws from torch's global stream
+    (or a model with buffers) is still called for every message, and both runs give the same models."""
+    clients, kw = _clients(3), dict(num_rounds=2, lr=0.1, seed=7, batch_size=8, engine="local")
+    calls = {"seeded": 0, "unseeded": 0, "buffers": 0}
+
+    def seeded():
+        calls["seeded"] += 1
+        return _model_fn()
+
+    def unseeded():      # the same initial weights, and one draw from the global stream as a side effect
+        calls["unseeded"] += 1
+        torch.rand(1)
+        return _model_fn()
+
+    def with_buffer():
+        calls["buffers"] += 1
+        m = _model_fn()
+        m.register_buffer("counter", torch.zeros(1))
+        return m
+
+    a, b, c = (flower.run(f, clients, **kw) for f in (seeded, unseeded, with_buffer))
+    messages = len(a.transcript.train_replies())
+    assert calls["unseeded"] > messages and calls["buffers"] > messages and calls["seeded"] < messages
+    assert _maxdiff(a.params, b.params) == 0 and _maxdiff(a.params, c.params) == 0
+
+
 def test_schedule_replays_fedavg_sampling_and_validates():
     sched = flower.fedavg_schedule([5, 7, 9, 11, 13], num_rounds=4, client_fraction=0.4, seed=2)
     sent = []

@@ -171,11 +171,15 @@ def sample_euclidean_laplace(n: int, epsilon, size: int | None = None, *, rng=No
     eps = np.broadcast_to(eps.reshape(-1) if eps.ndim else eps, (m,))
     finite = np.isfinite(eps)
     scale = np.where(finite, 1.0 / np.where(finite, eps, 1.0), 0.0)
-    radius = stats.gamma.rvs(n, size=m, random_state=gen) * scale
+    # the draws of stats.gamma.rvs(n, size=m) and stats.uniform_direction(n).rvs(size=m) with random_state=gen,
+    # made directly (the same generator calls and arithmetic, without SciPy's per-call argument handling;
+    # tests/test_dprivacy.py compares the two)
+    radius = gen.standard_gamma(n, m) * scale
     if n == 1:
         direction = np.where(gen.random(m) < 0.5, -1.0, 1.0)[:, None]
     else:
-        direction = stats.uniform_direction(n).rvs(size=m, random_state=gen).reshape(m, n)
+        direction = gen.standard_normal((m, n))
+        direction /= np.linalg.norm(direction, axis=-1, keepdims=True)
     rho = torch.from_numpy(radius[:, None] * direction).to(dtype)
     if not bool(torch.isfinite(rho).all()):
         raise ValueError(f"epsilon too small for {dtype}: the noise overflows to inf (smallest epsilon "
