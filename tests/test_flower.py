@@ -5,7 +5,6 @@ engine (Ray) and in deployment mode.
 Needs the ``flower`` extra (``pip install ".[flower]"``); without ``flwr`` every test here is skipped.
 """
 import json
-import time
 
 import numpy as np
 import pytest
@@ -187,32 +186,6 @@ def test_apps_validate_their_arguments(tmp_path):
         flower.client_app(_model_fn, None)
     with pytest.raises(ValueError, match="engine"):
         flower.run(_model_fn, _clients(2), num_rounds=1, engine="spark")
-
-
-@pytest.mark.flower
-def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
-    """One SuperLink and two SuperNodes on 127.0.0.1, `flwr run` of a generated Flower App, 2 rounds; the
-    transcript holds 2 replies a round from partitions 0 and 1, and the final model is fedlab's FedAvg."""
-    kw = dict(num_rounds=2, lr=0.1, local_epochs=1, batch_size=16, seed=4)
-    transcript = tmp_path / "transcript"
-    app = deploy.write_app(tmp_path / "app", transcript, num_clients=2, model_seed=3, hidden=16,
-                           examples_per_client=60, **kw)
-    t0 = time.perf_counter()
-    with deploy.local_federation(2, workdir=tmp_path / "federation") as fed:
-        deploy.flwr_run(app, fed, timeout=240)
-    seconds = time.perf_counter() - t0
-    assert all(p.poll() is not None for p in fed.processes)          # the federation stopped its processes
-    assert fed.stopped_descendants and not any(deploy._alive(d) for d in fed.stopped_descendants)
-    T = load_transcript(transcript)
-    assert T.num_rounds == 2
-    for t in (1, 2):
-        replies = T.train_replies(t)
-        assert [r.partition_id for r in replies] == [0, 1] and [r.num_examples for r in replies] == [60, 60]
-    ref = fedavg(_model_fn(), deploy.demo_clients(2, examples_per_client=60), progress=False, **kw)
-    diff = _maxdiff(ref.params, T.final_params)
-    with capsys.disabled():
-        print(f"\n[flower] deployment mode vs fedlab.fl.fedavg: max |difference| = {diff:.3g} ({seconds:.1f} s)")
-    assert diff <= TOL, diff
 
 
 def test_evaluate_replies_are_recorded_and_a_failing_node_is_named():
