@@ -1,6 +1,6 @@
 """fedlab on Flower (issue 23): the Flower apps give fedlab's FedAvg, the recorder's transcript holds what
 the server received, Flower's DP wrappers act on it as documented, the apps (SecAgg+ too) run in the simulation
-engine (Ray) and in deployment mode.
+engine (Ray); deployment mode is tests/test_flower_deploy.py.
 
 Needs the ``flower`` extra (``pip install ".[flower]"``); without ``flwr`` every test here is skipped.
 """
