@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
-import torch
+
+# torch is imported inside the functions that use it: `import fedlab` and the command line
+# (`python -m fedlab reproduce`, whose worker processes import it again) need no torch (about 3 s of CPU)
 
 T = TypeVar("T")
 
@@ -94,6 +96,8 @@ def seed_everything(seed: int | None = None) -> torch.Generator:
     seed = int(seed)
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be an integer in [0, 2^64), got {seed}")
+    import torch
+
     global _GLOBAL_NP
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -148,6 +152,8 @@ def seeded(seed: int | None):
         return
     if int(seed) != seed or seed < 0:
         raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         yield
@@ -215,6 +221,8 @@ def device(value: str | torch.device | None = None) -> torch.device:
         use here: ``cuda`` without an available CUDA device, ``cuda:N`` with ``N`` past the last GPU,
         ``mps`` without the MPS backend.
     """
+    import torch
+
     name = "device"
     if value is None:
         name, value = "FEDLAB_DEVICE", os.environ.get("FEDLAB_DEVICE", "cpu")

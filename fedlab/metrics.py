@@ -2,11 +2,12 @@
 images, and the two-sample Kolmogorov-Smirnov p-value RAIFLE reports."""
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+from ._stats import t_interval  # noqa: F401  (lives in fedlab._stats: the command line needs it without torch)
 
 __all__ = ["accuracy", "roc_auc", "roc_auc_rows", "roc_curve", "mse", "psnr", "psnr_from_mse", "matched_psnr",
            "rounds_to_accuracy", "ks_pvalue", "t_interval", "auc_permutation_floor", "best_threshold",
@@ -185,28 +186,6 @@ def ks_pvalue(a, b) -> float:
         if not np.isfinite(x).all():
             raise ValueError(f"{name} must be finite")
     return float(ks_2samp(a, b).pvalue)
-
-
-def t_interval(xs, confidence: float = 0.95) -> tuple[float, float | None, tuple[float, float] | None]:
-    """``(mean, std, (low, high))``: the Student-t interval of the mean of ``xs`` (``std`` with
-    ``ddof=1``). With one value ``std`` and the interval are ``None``. Raises ``ValueError`` for an
-    empty or non-finite ``xs`` or a ``confidence`` outside (0, 1)."""
-    from scipy import stats
-
-    xs = [float(x) for x in xs]
-    if not xs:
-        raise ValueError("xs must hold at least one value")
-    if not all(math.isfinite(x) for x in xs):
-        raise ValueError(f"xs must be finite, got {xs}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    n = len(xs)
-    mean = sum(xs) / n
-    if n == 1:
-        return mean, None, None
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
-    return mean, std, (mean - half, mean + half)
 
 
 def auc_permutation_floor(labels, scores, *, num_permutations: int = 1000, quantile: float | Sequence[float] = 0.95,

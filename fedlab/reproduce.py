@@ -61,8 +61,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._io import atomic_write_bytes
+from ._stats import t_interval
 from .config import progress_enabled
-from .metrics import t_interval
+
+# nothing here imports torch at module level (about 3 s of CPU): the command line, its worker processes and a
+# run that stops on a bad argument start in a fraction of a second
 
 __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "non_finite_glues", "summarize",
            "t_interval", "run_notebook", "reproduce", "reproduce_matrix", "main", "atomic_write_text", "write_record",
@@ -718,10 +722,21 @@ def _machine() -> str:
     return f"{platform.machine()}, {cpus} CPUs"
 
 
+def _torch_version() -> str:
+    """torch's version from its installed metadata (the same string as ``torch.__version__``), without
+    importing torch (about 3 s of CPU in the command line); importing it where the metadata is missing."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        import torch
+
+        return torch.__version__
+
+
 def build_record(chapter: Chapter, scale: str, runs: list[SeedRun], *, root: Path, command: str) -> dict:
     """The record of ``runs`` (one per seed, in seed order) in the format of the module docstring."""
-    import torch
-
     names: list[str] = []
     for r in runs:
         names += [n for n in r.values if n not in names]
@@ -731,7 +746,7 @@ def build_record(chapter: Chapter, scale: str, runs: list[SeedRun], *, root: Pat
             "values": values, "summary": summarize(values, clean), "seconds": [round(r.seconds, 1) for r in runs],
             "failures": [r.failure for r in runs if r.failure],
             "retries": [r.retried for r in runs if r.retried], "machine": _machine(),
-            "python": platform.python_version(), "torch": torch.__version__, "commit": _commit(root),
+            "python": platform.python_version(), "torch": _torch_version(), "commit": _commit(root),
             "date": _dt.date.today().isoformat(), "command": command}
 
 
@@ -755,8 +770,6 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     folder was put there on purpose, and neither writing through it (which overwrote its target) nor
     silently turning it into a regular file is what its owner asked for. Raises ``OSError`` naming
     ``path`` when the write fails."""
-    from .data.download import atomic_write_bytes
-
     path = Path(path)
     _refuse_link(path)
     try:

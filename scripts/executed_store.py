@@ -37,8 +37,6 @@ def _sources_digest() -> str:
 
 def fingerprint(notebook: Path) -> dict:
     """What an executed copy of ``notebook`` depends on; two equal fingerprints mean the same execution."""
-    import torch
-
     notebook = Path(notebook).resolve()
     return {
         "notebook": notebook.name,
@@ -46,8 +44,22 @@ def fingerprint(notebook: Path) -> dict:
         "sources_sha256": _sources_digest(),
         "env": {k: os.environ.get(k, "") for k in _ENV},
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": _torch_version(),
     }
+
+
+def _torch_version() -> str:
+    """torch's version from its installed metadata (the same string as ``torch.__version__``), without
+    importing torch (about 3 s of CPU in a pytest process that runs only notebooks, as the one
+    tests/test_executed_store.py starts); importing it where the metadata is missing."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        import torch
+
+        return torch.__version__
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -148,3 +148,44 @@ def fncf_client_train(model, theta, X, e, I, *, lr: float = 1.0, local_steps: in
         opt.step()
     dtheta = {k: (p.detach() - theta[k]) for k, p in net.named_parameters()}
     return (Xp.detach() - X), dtheta, ep.detach()
+
+
+def mapping_fit_autograd(theta_in, theta_out, *, hidden, max_iter, lr=1e-3, seed=0):
+    """Reference for :func:`fedlab.attacks.model_reconstruction.fit_mapping`: the same
+    :class:`~fedlab.attacks.model_reconstruction.MappingNet` and normalisation, trained with autograd and
+    ``torch.optim.Adam``. ``[P, n, d]`` inputs; returns ``(G, loss_curve [max_iter, P])``."""
+    from fedlab.attacks.model_reconstruction import MappingNet
+
+    ti, to = theta_in.float(), theta_out.float()
+    P, n, d = ti.shape
+    delta = ti - to
+    G = MappingNet(P, d, hidden, seed=seed)
+    centre = ti.mean(1, keepdim=True)
+    G.centre.copy_(centre)
+    G.in_scale.copy_((ti - centre).pow(2).sum(-1).mean(1, keepdim=True).sqrt().clamp_min(1e-12)[..., None])
+    G.out_scale.copy_(delta.pow(2).sum(-1).mean(1, keepdim=True).sqrt().clamp_min(1e-12)[..., None])
+    z_in, z_out = (ti - G.centre) / G.in_scale, delta / G.out_scale
+    var = z_out.pow(2).sum((1, 2)).clamp_min(1e-12)
+    opt = torch.optim.Adam([G.W1, G.b1, G.W2, G.b2], lr=lr)
+    curve = torch.empty(max_iter, P)
+    for s in range(max_iter):
+        opt.zero_grad()
+        per = (G.normalised(z_in) - z_out).pow(2).sum((1, 2))
+        per.sum().backward()
+        opt.step()
+        curve[s] = per.detach() / var
+    return G, curve
+
+
+def mapping_minimise_autograd(G, init, *, max_iter, lr=1e-2):
+    """Reference for :func:`fedlab.attacks.model_reconstruction.minimise_mapping`: Adam on
+    ``||G(z)||^2`` with autograd. Returns ``[P, d]`` float64."""
+    for p in G.parameters():
+        p.requires_grad_(False)
+    z = ((init.float()[:, None, :] - G.centre) / G.in_scale).clone().requires_grad_(True)
+    opt = torch.optim.Adam([z], lr=lr)
+    for _ in range(max_iter):
+        opt.zero_grad()
+        G.normalised(z).pow(2).sum().backward()
+        opt.step()
+    return (z.detach() * G.in_scale + G.centre)[:, 0, :].double()

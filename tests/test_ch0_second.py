@@ -50,6 +50,7 @@ def test_tuning_breaks_ties_towards_the_smaller_step(digits_setup, monkeypatch):
     assert tuned["chosen"] == {m: 0.1 for m in ch0.METHODS}
 
 
+@pytest.mark.slow
 def test_the_comparison_and_the_grid_run_with_the_given_step_sizes(digits_setup):
     net, w0, _, test, clients = digits_setup
     lrs = {"FedSGD": 0.7, "FedAvg E=5, B=10": 0.02}

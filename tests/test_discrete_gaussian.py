@@ -125,6 +125,7 @@ def _dp_agg_release(safe):
     return release
 
 
+@pytest.mark.slow
 def test_float_dp_fedavg_fails_and_the_safe_one_passes_the_distinguishing_test():
     grid = 2.0 ** math.floor(math.log2(1.0 / 1024))
     eps = dg.discrete_gaussian_epsilon(math.ceil((1.0 / grid) ** 2), dg.integer_sensitivity(math.sqrt(2), grid, 2), DELTA)

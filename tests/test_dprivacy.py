@@ -407,3 +407,22 @@ def test_first_order_bound_of_prop_3_2():
 def test_bad_input_raises_value_error(call):
     with pytest.raises(ValueError):
         call()
+
+
+@pytest.mark.parametrize("n", [2, 3, 11, 200])
+def test_sampler_makes_the_draws_of_scipy_gamma_and_uniform_direction(n):
+    """sample_euclidean_laplace draws with the generator directly; it must return what
+    stats.gamma.rvs(n) and stats.uniform_direction(n).rvs give on the same generator (the stored records
+    were made with those), and leave the generator in the same state."""
+    from scipy import stats
+
+    for seed, (eps, m) in enumerate([(0.5, 1), (2.0, 7), (30.0, 64)]):
+        gen = np.random.default_rng(seed)
+        radius = stats.gamma.rvs(n, size=m, random_state=gen) * (1.0 / eps)
+        direction = stats.uniform_direction(n).rvs(size=m, random_state=gen).reshape(m, n)
+        for dtype in (torch.float32, torch.float64):
+            ref = torch.from_numpy(radius[:, None] * direction).to(dtype)
+            assert torch.equal(dp.sample_euclidean_laplace(n, eps, m, rng=seed, dtype=dtype), ref)
+        mine = np.random.default_rng(seed)
+        dp.sample_euclidean_laplace(n, eps, m, rng=mine)
+        assert mine.random() == gen.random()

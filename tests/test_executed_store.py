@@ -59,7 +59,10 @@ def test_load_needs_the_same_fingerprint(tmp_path, monkeypatch):
 
 
 def test_fingerprint_sees_the_library(tmp_path, monkeypatch):
+    import torch
+
     fp = executed_store.fingerprint(_notebook(tmp_path / "a.ipynb"))
+    assert fp["torch"] == torch.__version__                  # read from the metadata, torch unimported
     files = sorted(ROOT.glob("fedlab/**/*.py"))
     assert files
     monkeypatch.setattr(executed_store, "_SOURCES", ("fedlab/privacy/*.py",))   # a different set of sources

@@ -1,10 +1,10 @@
 """fedlab on Flower (issue 23): the Flower apps give fedlab's FedAvg, the recorder's transcript holds what
-the server received, Flower's DP wrappers act on it as documented, and the apps run in deployment mode.
+the server received, Flower's DP wrappers act on it as documented, the apps (SecAgg+ too) run in the simulation
+engine (Ray); deployment mode is tests/test_flower_deploy.py.
 
 Needs the ``flower`` extra (``pip install ".[flower]"``); without ``flwr`` every test here is skipped.
 """
 import json
-import time
 
 import numpy as np
 import pytest
@@ -45,33 +45,6 @@ def _weighted(replies):
     return {k: sum(wi * r.params[k] for wi, r in zip(w, replies)) for k in replies[0].params}
 
 
-@pytest.mark.flower
-def test_simulation_engine_gives_fedavg_and_records_every_reply(capsys):
-    """One FedAvg run through Flower's simulation engine (Ray) and through fedlab.fl.fedavg: same data,
-    seed and schedule (all 3 clients every round, E=2, B=16) -> same global model."""
-    clients = _clients(3)
-    kw = dict(num_rounds=2, lr=0.1, local_epochs=2, batch_size=16, seed=5)
-    sent = []
-    ref = fedavg(_model_fn(), clients, progress=False, callback=sent.append, **kw)
-    res = flower.run(_model_fn, clients, engine="ray", **kw)
-    diff = _maxdiff(ref.params, res.params)
-    with capsys.disabled():
-        print(f"\n[flower] simulation engine vs fedlab.fl.fedavg: max |difference| = {diff:.3g} "
-              f"({res.seconds:.1f} s for the simulation)")
-    assert diff <= TOL, diff
-    T = res.transcript
-    assert T.num_rounds == 2 and T.meta["sizes"] == [40, 50, 60]
-    assert _maxdiff(T.globals[0], dict(_model_fn().named_parameters())) == 0.0
-    for t, rec in enumerate(sent, start=1):
-        replies = T.train_replies(t)
-        assert [r.partition_id for r in replies] == [0, 1, 2]
-        assert [r.num_examples for r in replies] == [40, 50, 60]
-        assert len({r.node_id for r in replies}) == 3
-        for j, r in enumerate(replies):      # each client's returned model is the one fedlab computed
-            assert _maxdiff(r.params, {k: v[j] for k, v in rec.client_params.items()}) <= TOL
-        assert _maxdiff(_weighted(replies), T.globals[t]) <= TOL   # FedAvg of what was recorded
-
-
 @pytest.mark.parametrize("local", [dict(batch_size=8), dict(batch_size=None), dict(batch_size=16, local_epochs=3),
                                    dict(batch_size=16, local_steps=5), dict(batch_size=45, local_steps=3),
                                    dict(batch_size=8, weight_decay=0.1)])
@@ -85,6 +58,33 @@ def test_local_engine_gives_fedavg_with_client_sampling(local):
     assert _maxdiff(ref.params, res.params) <= TOL
     for t, rec in enumerate(sent, start=1):
         assert [r.partition_id for r in res.transcript.train_replies(t)] == rec.selected.tolist()
+
+
+def test_client_app_reuses_a_model_only_when_that_changes_nothing():
+    """The ClientApp builds a seeded, buffer-free model once; a model_fn that draws from torch's global stream
+    (or a model with buffers) is still called for every message, and both runs give the same models."""
+    clients, kw = _clients(3), dict(num_rounds=2, lr=0.1, seed=7, batch_size=8, engine="local")
+    calls = {"seeded": 0, "unseeded": 0, "buffers": 0}
+
+    def seeded():
+        calls["seeded"] += 1
+        return _model_fn()
+
+    def unseeded():      # the same initial weights, and one draw from the global stream as a side effect
+        calls["unseeded"] += 1
+        torch.rand(1)
+        return _model_fn()
+
+    def with_buffer():
+        calls["buffers"] += 1
+        m = _model_fn()
+        m.register_buffer("counter", torch.zeros(1))
+        return m
+
+    a, b, c = (flower.run(f, clients, **kw) for f in (seeded, unseeded, with_buffer))
+    messages = len(a.transcript.train_replies())
+    assert calls["unseeded"] > messages and calls["buffers"] > messages and calls["seeded"] < messages
+    assert _maxdiff(a.params, b.params) == 0 and _maxdiff(a.params, c.params) == 0
 
 
 def test_schedule_replays_fedavg_sampling_and_validates():
@@ -188,32 +188,6 @@ def test_apps_validate_their_arguments(tmp_path):
         flower.run(_model_fn, _clients(2), num_rounds=1, engine="spark")
 
 
-@pytest.mark.flower
-def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
-    """One SuperLink and two SuperNodes on 127.0.0.1, `flwr run` of a generated Flower App, 2 rounds; the
-    transcript holds 2 replies a round from partitions 0 and 1, and the final model is fedlab's FedAvg."""
-    kw = dict(num_rounds=2, lr=0.1, local_epochs=1, batch_size=16, seed=4)
-    transcript = tmp_path / "transcript"
-    app = deploy.write_app(tmp_path / "app", transcript, num_clients=2, model_seed=3, hidden=16,
-                           examples_per_client=60, **kw)
-    t0 = time.perf_counter()
-    with deploy.local_federation(2, workdir=tmp_path / "federation") as fed:
-        deploy.flwr_run(app, fed, timeout=240)
-    seconds = time.perf_counter() - t0
-    assert all(p.poll() is not None for p in fed.processes)          # the federation stopped its processes
-    assert fed.stopped_descendants and not any(deploy._alive(d) for d in fed.stopped_descendants)
-    T = load_transcript(transcript)
-    assert T.num_rounds == 2
-    for t in (1, 2):
-        replies = T.train_replies(t)
-        assert [r.partition_id for r in replies] == [0, 1] and [r.num_examples for r in replies] == [60, 60]
-    ref = fedavg(_model_fn(), deploy.demo_clients(2, examples_per_client=60), progress=False, **kw)
-    diff = _maxdiff(ref.params, T.final_params)
-    with capsys.disabled():
-        print(f"\n[flower] deployment mode vs fedlab.fl.fedavg: max |difference| = {diff:.3g} ({seconds:.1f} s)")
-    assert diff <= TOL, diff
-
-
 def test_evaluate_replies_are_recorded_and_a_failing_node_is_named():
     res = flower.run(_model_fn, _clients(2), engine="local", num_rounds=2, lr=0.1, batch_size=16, seed=0,
                      evaluate_clients=True)
@@ -270,3 +244,65 @@ def test_transcript_reads_only_its_own_files_and_refuses_duplicates(tmp_path):
         load_with(lambda ix: ix["globals"].append(dict(ix["globals"][1])))
     with pytest.raises(ValueError, match="same file"):
         load_with(lambda ix: ix["messages"].append(dict(ix["messages"][0], node_id=43)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Flower's simulation engine (Ray): the two runs share one Ray runtime, and come last in this file
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def one_ray_runtime():
+    """One Ray runtime for this module's simulation-engine runs. Flower's Ray backend starts Ray only where it
+    is not running and stops it after every run (``ray.shutdown``); here the stop waits for the module's end
+    (right after the last of these tests, which come last): each start of Ray's own processes (GCS, raylet,
+    dashboard, agents, monitors) costs about 8 s of CPU. Each run still starts its own ClientApp actors."""
+    import ray
+
+    stop = ray.shutdown
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ray, "shutdown", lambda *args, **kwargs: None)
+        yield
+    stop()
+
+
+@pytest.mark.flower
+def test_simulation_engine_gives_fedavg_and_records_every_reply(capsys, one_ray_runtime):
+    """One FedAvg run through Flower's simulation engine (Ray) and through fedlab.fl.fedavg: same data,
+    seed and schedule (all 3 clients every round, E=2, B=16) -> same global model."""
+    clients = _clients(3)
+    kw = dict(num_rounds=2, lr=0.1, local_epochs=2, batch_size=16, seed=5)
+    sent = []
+    ref = fedavg(_model_fn(), clients, progress=False, callback=sent.append, **kw)
+    res = flower.run(_model_fn, clients, engine="ray", **kw)
+    diff = _maxdiff(ref.params, res.params)
+    with capsys.disabled():
+        print(f"\n[flower] simulation engine vs fedlab.fl.fedavg: max |difference| = {diff:.3g} "
+              f"({res.seconds:.1f} s for the simulation)")
+    assert diff <= TOL, diff
+    T = res.transcript
+    assert T.num_rounds == 2 and T.meta["sizes"] == [40, 50, 60]
+    assert _maxdiff(T.globals[0], dict(_model_fn().named_parameters())) == 0.0
+    for t, rec in enumerate(sent, start=1):
+        replies = T.train_replies(t)
+        assert [r.partition_id for r in replies] == [0, 1, 2]
+        assert [r.num_examples for r in replies] == [40, 50, 60]
+        assert len({r.node_id for r in replies}) == 3
+        for j, r in enumerate(replies):      # each client's returned model is the one fedlab computed
+            assert _maxdiff(r.params, {k: v[j] for k, v in rec.client_params.items()}) <= TOL
+        assert _maxdiff(_weighted(replies), T.globals[t]) <= TOL   # FedAvg of what was recorded
+
+
+@pytest.mark.flower
+def test_secagg_runs_in_flowers_simulation_engine(one_ray_runtime):
+    """Flower 1.42's SecAggPlusWorkflow and secaggplus_mod run in the Ray simulation engine offline: the
+    recorded stages and the decoded aggregate are those of the in-process engine (within the rounding bound
+    of both)."""
+    from fedlab.experiments import chapter6 as ex
+    from fedlab.flower import attacks as fa
+
+    victims, lenet = ex.fedsgd_clients(1, 3)
+    args = dict(num_rounds=1, lr=0.1, local_epochs=1, batch_size=None, seed=1)
+    T = flower.run(lenet, victims, engine="ray", secagg=True, **args).transcript
+    plain = flower.run(lenet, victims, engine="local", **args).transcript
+    assert sorted(r.kind for r in T.replies) == sorted(["secagg-keys", "secagg-shares", "secagg-masked", "secagg-unmask"] * 3)
+    assert T.train_replies() == [] and T.num_rounds == 1
+    assert ex.max_abs_difference(T.globals[1], plain.globals[1]) <= fa.secagg_error_bound(T)

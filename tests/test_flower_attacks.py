@@ -251,22 +251,6 @@ def test_secagg_arguments_are_checked():
         apps.client_app(lenet, lambda pid, num: victims[pid], secagg=True, dp_client_clipping=True)
 
 
-@pytest.mark.flower
-def test_secagg_runs_in_flowers_simulation_engine():
-    """Flower 1.42's SecAggPlusWorkflow and secaggplus_mod run in the Ray simulation engine offline: the
-    recorded stages and the decoded aggregate are those of the in-process engine (within the rounding bound
-    of both)."""
-    from fedlab.experiments import chapter6 as ex
-
-    victims, lenet = ex.fedsgd_clients(1, 3)
-    args = dict(num_rounds=1, lr=0.1, local_epochs=1, batch_size=None, seed=1)
-    T = flower.run(lenet, victims, engine="ray", secagg=True, **args).transcript
-    plain = flower.run(lenet, victims, engine="local", **args).transcript
-    assert sorted(r.kind for r in T.replies) == sorted(["secagg-keys", "secagg-shares", "secagg-masked", "secagg-unmask"] * 3)
-    assert T.train_replies() == [] and T.num_rounds == 1
-    assert ex.max_abs_difference(T.globals[1], plain.globals[1]) <= fa.secagg_error_bound(T)
-
-
 def test_item_sums_from_the_aggregate_are_chapter_2s_per_item_sums():
     """Chapter 2's recommender as Flower clients (chapter 6's ItemScores): one round without SecAgg+ returns
     exactly Protocol 1's item deltas (R = 1, B = N) and the per-item sums of secure_aggregate_items; under

@@ -140,6 +140,27 @@ def test_kmeans_clusters_is_scikit_learn_even_when_a_cluster_empties():
     assert I.kmeans_clusters(X, init[:1]).tolist() == [0] * 20
 
 
+def test_kmeans_clusters_labels_equal_kmeans_fit_on_random_rounds():
+    """kmeans_clusters runs scikit-learn's Lloyd iteration without KMeans.fit's per-call checks; its labels
+    must be KMeans' on every input (the stored records were made with KMeans.fit)."""
+    import warnings
+
+    from sklearn.cluster import KMeans
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        m, n, k = int(rng.integers(6, 30)), int(rng.integers(1, 12)), int(rng.integers(2, 6))
+        X = rng.normal(size=(m, n)) * [0.01, 1.0, 100.0][trial % 3]
+        if trial % 5 == 0:
+            X[: m // 2] = X[0]                                  # repeated releases
+        C = rng.normal(size=(k, n)) * [0.1, 1.0, 10.0][trial % 3]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = KMeans(n_clusters=k, init=C, n_init=1, random_state=trial, tol=0.0).fit(X).labels_
+        if len(np.unique(X, axis=0)) >= k:
+            assert I.kmeans_clusters(torch.tensor(X), torch.tensor(C), seed=trial).tolist() == ref.tolist()
+
+
 @pytest.mark.parametrize("released, hyps", [
     (torch.zeros(5, 2), torch.zeros(2, 3)), (torch.zeros(5), torch.zeros(2, 2)),
     (torch.zeros(5, 2), torch.zeros(0, 2)), (torch.full((5, 2), float("nan")), torch.zeros(2, 2)),
@@ -289,3 +310,42 @@ def test_a_run_whose_local_training_blows_up_stops_and_keeps_its_best_finite_hyp
     ok = I.ifca(_linear(), tr, num_clusters=2, num_rounds=3, clients_per_round=10, lr=0.1, loss_fn=I.squared_error,
                 seed=0)
     assert ok.diverged is None
+
+
+def _run_record(r):
+    return (r.hypotheses, r.final, r.best_round, r.history["val_loss"],
+            [(x.selected, x.chosen, x.released, x.labels) for x in r.rounds],
+            None if r.accountant is None else r.accountant.spent)
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("case", ["linear", "linear_private", "mlp", "mlp_private"])
+def test_dense_fast_path_equals_the_vmap_path(synthetic, monkeypatch, case):
+    """ifca computes nn.Linear(d, 1) and small ReLU nets without vmap (fedlab.fl._linear); every number of a
+    run must equal the vmap path's (the stored records of chapter 5 were made with it)."""
+    from fedlab.experiments import chapter5 as ex5
+
+    if case.startswith("linear"):
+        train, _, val = synthetic
+        model, kw = nn.Linear(2, 1, bias=False), dict(clients_per_round=7, batch_size=10, num_clusters=2)
+    else:
+        train, val = ex5.diabetes_split(0)
+        model = ex5.hospital_net(0)
+        kw = dict(clients_per_round=10, batch_size=10, num_clusters=3, init=ex5.model_hypotheses(ex5.hospital_net, 3))
+    kw.update(num_rounds=12, lr=0.1, loss_fn=models.squared_error, val_clients=val, seed=4)
+    if case.endswith("private"):
+        kw.update(nu=3.0, clustering="kmeans")
+    fast = I.ifca(model, train, **kw)
+    monkeypatch.setattr(I, "linear_fast_path", lambda *a: False)
+    monkeypatch.setattr(I, "mlp_fast_path", lambda *a: False)
+    slow = I.ifca(model, train, **kw)
+    assert _same(_run_record(fast), _run_record(slow))

@@ -336,3 +336,88 @@ def test_adult_phd_split():
         adult_phd_split(edu, age, num_other_clients=0)
     with pytest.raises(ValueError, match="length"):
         adult_phd_split(edu[:5], age[:4])
+
+
+def _fedavg_with_spy(model, clients, **kw):
+    spy = mr.Eavesdropper(None)
+    res = fl.fedavg(model, clients, callback=spy, progress=False, **kw)
+    return res, spy
+
+
+@pytest.mark.parametrize("case", ["logistic", "logistic_sampled", "squared_minibatch", "squared_full", "squared_decay"])
+def test_linear_fast_path_equals_fedavg_bit_for_bit(case):
+    """run_eavesdropped_fedavg's loop without vmap (_linear_fedavg) must give fl.fedavg's numbers exactly:
+    the stored paper-scale records of chapter 4 were made with fl.fedavg."""
+    g = torch.Generator().manual_seed(3)
+    if case.startswith("logistic"):
+        leaf = make_leaf_synthetic([60, 45, 130, 20], seed=1)
+        clients = [(c.X.float(), c.y) for c in leaf]
+        model = mr.linear_model(10, bias=True, dtype=torch.float32, seed=2)
+        kw = dict(num_rounds=6, local_epochs=1, local_steps=4, batch_size=32, lr=0.1, seed=5,
+                  loss_fn=mr.logistic_loss, weight_decay=0.01,
+                  client_fraction=0.5 if case == "logistic_sampled" else 1.0)
+    else:
+        clients = []
+        for k in range(4):
+            X = torch.randn(15 + 7 * k, 6, generator=g, dtype=torch.float64) + 0.3 * k
+            clients.append((X, X @ torch.randn(6, generator=g, dtype=torch.float64)))
+        model = mr.linear_model(6, seed=4)
+        kw = dict(num_rounds=7, client_fraction=0.75, local_epochs=2, lr=0.02, seed=9, loss_fn=mr.squared_loss,
+                  batch_size=None if case == "squared_full" else 4,
+                  weight_decay=0.1 if case == "squared_decay" else 0.0)
+    assert mr._linear_fast_path_applies(model, clients, kw)
+    ref, ref_spy = _fedavg_with_spy(model, clients, **kw)
+    res, spy = mr.run_eavesdropped_fedavg(model, clients, **kw)
+    assert all(torch.equal(ref.params[k], res.params[k]) for k in ref.params)
+    assert set(spy._log) == set(ref_spy._log)
+    for c in ref_spy._log:
+        a, b = ref_spy.observations(c), spy.observations(c)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and np.array_equal(a[2], b[2])
+
+
+def test_linear_fast_path_falls_back_where_it_does_not_apply():
+    clients = [(torch.randn(5, 3, dtype=torch.float64), torch.randn(5, dtype=torch.float64)) for _ in range(3)]
+    lin = mr.linear_model(3)
+    assert not mr._linear_fast_path_applies(lin, clients, {"num_rounds": 2, "client_fraction": 0.3,
+                                                          "loss_fn": mr.squared_loss})   # one client a round
+    assert not mr._linear_fast_path_applies(lin, clients, {"num_rounds": 2})           # cross-entropy
+    assert not mr._linear_fast_path_applies(torch.nn.Linear(3, 2).double(), clients,
+                                            {"num_rounds": 2, "loss_fn": mr.squared_loss})
+    assert not mr._linear_fast_path_applies(lin, clients, {"num_rounds": 2, "loss_fn": mr.squared_loss,
+                                                          "eval_data": clients[0]})
+    with pytest.raises(ValueError, match="client_fraction"):   # fl.fedavg's own error
+        mr.run_eavesdropped_fedavg(lin, clients, num_rounds=2, client_fraction=1.5, loss_fn=mr.squared_loss)
+    with pytest.raises(ValueError, match="batch_size"):
+        mr.run_eavesdropped_fedavg(lin, clients, num_rounds=2, batch_size=0, loss_fn=mr.squared_loss)
+
+
+def test_fast_batch_plan_equals_fl_batch_plan():
+    from fedlab.fl._linear import batch_plan as fast_plan
+
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        n = torch.tensor(rng.integers(1, 30, size=int(rng.integers(1, 5))))
+        B = [None, 1, 3, 8, 64][trial % 5]
+        steps = [None, 1, 2, 7][trial % 4]
+        g1, g2 = torch.Generator().manual_seed(trial), torch.Generator().manual_seed(trial)
+        a, b = fl.batch_plan(n, B, 1 + trial % 3, g1, steps), fast_plan(n, B, 1 + trial % 3, g2, steps)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert torch.equal(torch.rand(2, generator=g1), torch.rand(2, generator=g2))   # same draws used
+
+
+@pytest.mark.parametrize("shape", [(3, 12, 5, 11), (4, 20, 11, 100), (2, 10, 30, 64)])
+def test_mapping_fit_and_decode_equal_autograd_and_torch_adam(shape):
+    """fit_mapping / minimise_mapping write the gradient and Adam's step out; they must match autograd
+    with torch.optim.Adam bit for bit (the stored records were made with the latter)."""
+    from oracles import mapping_fit_autograd, mapping_minimise_autograd
+
+    P, n, d, H = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    ti = 3 * torch.randn(P, n, d, generator=g, dtype=torch.float64)
+    to = 0.8 * ti + 0.1 * torch.randn(P, n, d, generator=g, dtype=torch.float64)
+    G_ref, curve_ref = mapping_fit_autograd(ti, to, hidden=H, max_iter=25, seed=7)
+    G, curve = mr.fit_mapping(ti, to, hidden=H, max_iter=25, seed=7)
+    assert torch.equal(curve, curve_ref)
+    assert all(torch.equal(a, b) for a, b in zip(G.parameters(), G_ref.parameters()))
+    assert torch.equal(mr.minimise_mapping(G, to[:, -1], max_iter=30),
+                       mapping_minimise_autograd(G_ref, to[:, -1], max_iter=30))

@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 import fedlab
 from fedlab import plots
@@ -18,12 +19,30 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_md_table_needs_no_ipython_and_renders_as_markdown():
     t = plots.md_table(["a", "b"], [[1, 0.5]])
     assert isinstance(t, str) and t._repr_markdown_() == "| a | b |\n|---|---|\n| 1 | 0.500 |"
+    # the same process also loads the digits: without importing scikit-learn (fedlab.data reads its file)
     code = ("import sys; sys.modules['IPython'] = None; sys.modules['myst_nb'] = None\n"
             "from fedlab import plots; from fedlab.privacy import ldp, dp_fedavg\n"
-            "print(plots.md_table(['x'], [[1]]), ldp.gaussian_sigma(10, 1e-5) > 0)")
+            "from fedlab import data; assert data.load_digits().X.shape == (1797, 64)\n"
+            "print(plots.md_table(['x'], [[1]]), ldp.gaussian_sigma(10, 1e-5) > 0, 'sklearn' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("True")
+    assert out.stdout.strip().endswith("True False"), out.stdout
+
+
+def test_the_digits_are_scikit_learns():
+    """fedlab.data reads scikit-learn's digits file itself (importing scikit-learn costs about 1.7 s of CPU in
+    each process that wants only the digits): the very arrays of sklearn.datasets.load_digits."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from fedlab import data
+
+    ref = load_digits()
+    X, y = data._digits_arrays()
+    assert X.dtype == ref.data.dtype and np.array_equal(X, ref.data) and np.array_equal(y, ref.target)
+    d = data.load_digits()
+    assert d.X.dtype == torch.float32 and torch.equal(d.X, torch.from_numpy(ref.data.astype(np.float32) / 16.0))
+    assert torch.equal(d.y, torch.from_numpy(ref.target.astype(np.int64)))
 
 
 def test_a_distribution_named_fedlab_stops_the_import(monkeypatch):

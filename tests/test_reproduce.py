@@ -74,6 +74,21 @@ def test_list_and_resolve(tmp_path):
     assert res.returncode == 0 and "01_good" in res.stdout and "Good one" in res.stdout and "02_bad" in res.stdout
 
 
+def test_the_command_line_imports_no_torch(tmp_path):
+    """`python -m fedlab reproduce`, its spawned workers and the record it writes need no torch: importing it
+    costs about 3 s of CPU in each of those processes (a dozen or more per run of this file)."""
+    code = ("import sys; from pathlib import Path; import fedlab.__main__, fedlab.reproduce as rp\n"
+            "runs = [rp.SeedRun(seed=0, values={'a': 1.0}), rp.SeedRun(seed=1, values={'a': 2.0})]\n"
+            f"rec = rp.build_record(rp.Chapter('x', Path('x.ipynb'), 'X'), 'quick', runs, root=Path({str(tmp_path)!r}), "
+            "command='c')\n"
+            f"rp.write_record(rec, {str(tmp_path / 'rec')!r})\n"
+            "assert rec['torch'] and rec['summary']['a']['n'] == 2\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+    assert (tmp_path / "rec" / "x.quick.json").is_file()
+
+
 def test_book_toc_lists_every_notebook():
     root = Path(__file__).resolve().parents[1]
     stems = {c.stem for c in rp.list_chapters(root)}

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from .. import fl
+from ..fl._linear import dense_clients_update, linear_fast_path
 from ..models import flatten_params, linear_model, logistic_loss
 from ..models import squared_error as squared_loss
 from ..privacy.defenses import gaussian_noise
@@ -483,10 +484,87 @@ class Eavesdropper:
 
 def run_eavesdropped_fedavg(model: nn.Module, clients, *, targets=None, **fedavg_kwargs):
     """Run :func:`fedlab.fl.fedavg` honestly with an :class:`Eavesdropper` on ``targets`` (all clients
-    by default). Returns ``(FLResult, Eavesdropper)``."""
+    by default). Returns ``(FLResult, Eavesdropper)``.
+
+    For the one-output linear models of this module (:func:`linear_model` with :func:`squared_loss` or
+    :func:`logistic_loss`, at least two clients per round, on the CPU, no evaluation data) the rounds run
+    through :func:`_linear_fedavg`, which computes the same numbers bit for bit without ``vmap``'s
+    per-step overhead (``tests/test_model_reconstruction.py`` compares the two)."""
     spy = Eavesdropper(targets)
-    res = fl.fedavg(model, clients, callback=spy, progress=False, **fedavg_kwargs)
+    if _linear_fast_path_applies(model, clients, fedavg_kwargs):
+        res = _linear_fedavg(model, clients, callback=spy, **fedavg_kwargs)
+    else:
+        res = fl.fedavg(model, clients, callback=spy, progress=False, **fedavg_kwargs)
     return res, spy
+
+
+# --------------------------------------------------------------------------------------------
+# FedAvg for one-output linear models, without vmap (the same numbers as fl.fedavg)
+# --------------------------------------------------------------------------------------------
+_FAST_KWARGS = {"num_rounds", "client_fraction", "local_epochs", "batch_size", "lr", "params", "seed",
+                "loss_fn", "local_steps", "weight_decay"}
+
+
+def _linear_fast_path_applies(model, clients, kwargs) -> bool:
+    """Whether :func:`_linear_fedavg` reproduces ``fl.fedavg(model, clients, **kwargs)``: an exact
+    ``nn.Linear`` with one output, the squared or logistic loss, only the keywords it implements
+    (no evaluation data, no device other than the CPU), every tensor on the CPU and at least two clients per
+    round (a single client runs outside ``vmap`` in :func:`fedlab.fl.clients_update`, with other kernels)."""
+    from ..config import device as _device
+
+    if not set(kwargs) <= _FAST_KWARGS | {"device"} or not linear_fast_path(model, kwargs.get("loss_fn", fl.cross_entropy)):
+        return False
+    try:
+        if _device(kwargs.get("device")).type != "cpu":
+            return False
+        K = clients.num_clients if isinstance(clients, fl.ClientData) else len(clients)
+        C = float(kwargs.get("client_fraction", 1.0))
+    except (TypeError, ValueError):
+        return False                         # let fl.fedavg raise its own error
+    if not 0.0 < C <= 1.0 or max(int(round(C * K)), 1) < 2:
+        return False
+    tensors = list(model.parameters()) + list((kwargs.get("params") or {}).values())
+    return all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors)
+
+
+def _linear_fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float = 1.0,
+                   local_epochs: int = 1, batch_size: int | None = 10, lr: float = 0.1,
+                   params: dict | None = None, seed: int = 0, loss_fn=fl.cross_entropy, callback=None,
+                   local_steps: int | None = None, weight_decay: float = 0.0, device=None) -> fl.FLResult:
+    """:func:`fedlab.fl.fedavg` for ``nn.Linear(d, 1)`` with :func:`squared_loss` or :func:`logistic_loss`
+    and at least two clients per round (see :func:`_linear_fast_path_applies`): the same client
+    sampling, batch plans, checks, callback records and aggregation, and the same numbers bit for bit,
+    with the clients' SGD steps computed by :func:`fedlab.fl._linear.dense_clients_update` instead of
+    ``vmap(grad(...))``."""
+    from .._checks import finite_positive, finite_tensor
+
+    if not 0.0 < client_fraction <= 1.0:
+        raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
+    finite_positive("lr", lr)
+    fl._check_weight_decay(weight_decay)
+    data = clients if isinstance(clients, fl.ClientData) else fl.stack_clients(clients)
+    finite_tensor("clients' X", data.X, " (one NaN makes every parameter NaN after the first round)")
+    K = data.num_clients
+    m = max(int(round(client_fraction * K)), 1)
+    gen = torch.Generator().manual_seed(seed)
+    w = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}
+    finite_tensor("params", w)
+
+    def step(t, w):
+        selected = torch.randperm(K, generator=gen, device="cpu")[:m].sort().values
+        sub = data.select(selected)
+        p = dense_clients_update(model, w, sub, lr=lr, local_epochs=local_epochs, batch_size=batch_size,
+                                 generator=gen, loss_fn=loss_fn, local_steps=local_steps,
+                                 weight_decay=weight_decay)
+        weights = sub.n.float()
+        if callback is not None:
+            callback(fl.RoundRecord(t, w, selected.numpy(), p, weights))
+        new = fl.weighted_average(p, weights)
+        finite_tensor(f"the global parameters after round {t}", new, f" (training diverged: lower lr, got {lr})")
+        return new
+
+    w, history, _ = fl.run_rounds(num_rounds, step, w, history=fl.History("accuracy", "loss"), progress=False)
+    return fl.FLResult(w, history)
 
 
 # --------------------------------------------------------------------------------------------
@@ -555,15 +633,55 @@ def fit_mapping(theta_in: torch.Tensor, theta_out: torch.Tensor, *, hidden: int 
     z_in = (ti - G.centre) / G.in_scale
     z_out = delta / G.out_scale
     var = z_out.pow(2).sum((1, 2)).clamp_min(1e-12)
-    opt = torch.optim.Adam([G.W1, G.b1, G.W2, G.b2], lr=lr)
+    params = [G.W1, G.b1, G.W2, G.b2]
+    adam = _Adam(params, lr)
     curve = torch.empty(max_iter, P)
-    for s in range(max_iter):
-        opt.zero_grad()
-        per = (G.normalised(z_in) - z_out).pow(2).sum((1, 2))
-        per.sum().backward()
-        opt.step()
-        curve[s] = (per.detach() / var)
+    z_in_t = z_in.transpose(1, 2)
+    with torch.no_grad():                 # the gradient of per.sum() written out: see _mapping_grads
+        for s in range(max_iter):
+            per, grads = _mapping_grads(G, z_in, z_in_t, z_out)
+            adam.step(params, grads)
+            curve[s] = (per / var)
     return G, curve
+
+
+class _Adam:
+    """``torch.optim.Adam(params, lr)`` with its defaults (betas 0.9, 0.999, eps 1e-8, no weight decay,
+    ``foreach=False``) taking the gradients as arguments: the same in-place operations as its
+    single-tensor step, so the same numbers bit for bit, without the optimiser's per-call bookkeeping
+    (``tests/test_model_reconstruction.py`` compares the two)."""
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.lr, (self.beta1, self.beta2), self.eps, self.t = lr, betas, eps, 0
+        self.m = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params]
+        self.v = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params]
+
+    @torch.no_grad()
+    def step(self, params, grads) -> None:
+        self.t += 1
+        step = float(self.t)
+        bias_correction1 = 1 - self.beta1 ** step
+        bias_correction2 = 1 - self.beta2 ** step
+        step_size = self.lr / bias_correction1
+        bias_correction2_sqrt = bias_correction2 ** 0.5
+        for p, g, m, v in zip(params, grads, self.m, self.v):
+            m.lerp_(g, 1 - self.beta1)
+            v.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
+            denom = (v.sqrt() / bias_correction2_sqrt).add_(self.eps)
+            p.addcdiv_(m, denom, value=-step_size)
+
+
+def _mapping_grads(G, z_in, z_in_t, z_out):
+    """``per = ||G.normalised(z_in) - z_out||^2`` per attack ``[P]`` and the gradients of ``per.sum()``
+    with respect to ``W1, b1, W2, b2``, by the operations autograd runs for it (``bmm`` with the same
+    transposed operands, ``threshold_backward`` for the ReLU, bias gradients summed over the rows)."""
+    h = torch.relu(torch.bmm(z_in, G.W1) + G.b1)
+    diff = torch.bmm(h, G.W2) + G.b2 - z_out
+    per = diff.pow(2).sum((1, 2))
+    g = diff.pow(1) * 2                                   # PowBackward: grad * (2 * diff^1), grad = 1
+    g_W2 = torch.bmm(h.transpose(1, 2), g)
+    g_h = torch.ops.aten.threshold_backward(torch.bmm(g, G.W2.transpose(1, 2)), h, 0)
+    return per, [torch.bmm(z_in_t, g_h), g_h.sum(1, keepdim=True), g_W2, g.sum(1, keepdim=True)]
 
 
 def minimise_mapping(G: MappingNet, init: torch.Tensor, *, max_iter: int = 1000,
@@ -572,13 +690,16 @@ def minimise_mapping(G: MappingNet, init: torch.Tensor, *, max_iter: int = 1000,
     (``[P, d]``), in the normalised coordinates of ``G``. Returns ``[P, d]`` (float64)."""
     for p in G.parameters():
         p.requires_grad_(False)
-    z = ((init.float()[:, None, :] - G.centre) / G.in_scale).clone().requires_grad_(True)
-    opt = torch.optim.Adam([z], lr=lr)
-    for _ in range(max_iter):
-        opt.zero_grad()
-        G.normalised(z).pow(2).sum().backward()
-        opt.step()
-    return (z.detach() * G.in_scale + G.centre)[:, 0, :].double()
+    z = ((init.float()[:, None, :] - G.centre) / G.in_scale).clone()
+    adam = _Adam([z], lr)
+    W1_t, W2_t = G.W1.transpose(1, 2), G.W2.transpose(1, 2)
+    with torch.no_grad():      # the gradient of ||G(z)||^2 in z, by the operations autograd runs for it
+        for _ in range(max_iter):
+            h = torch.relu(torch.bmm(z, G.W1) + G.b1)
+            g = (torch.bmm(h, G.W2) + G.b2).pow(1) * 2
+            g_h = torch.ops.aten.threshold_backward(torch.bmm(g, W2_t), h, 0)
+            adam.step([z], [torch.bmm(g_h, W1_t)])
+    return (z * G.in_scale + G.centre)[:, 0, :].double()
 
 
 @dataclass

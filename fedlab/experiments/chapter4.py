@@ -462,17 +462,30 @@ PAPER_ADULT_COUNTS = {"ch4-adult-kept": ("records kept (all of Adult)", 12300),
                       "ch4-adult-c2": ("client 2 (PhD, >52)", 134)}
 
 
+def _adult_education_age(split: str, *, drop_missing: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``(meta["education"], meta["age"])`` of :func:`fedlab.data.load_adult` ``(split, drop_missing=...)``,
+    read from the parsed rows without building the one-hot features (the counts below need only these
+    two columns)."""
+    from ..data import ADULT_COLUMNS, VENDOR, _read_adult
+
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+    files = {"train": ["adult.data.gz"], "test": ["adult.test.gz"], "all": ["adult.data.gz", "adult.test.gz"]}[split]
+    rows = [r for f in files for r in _read_adult(VENDOR / f) if not (drop_missing and "?" in r)]
+    arr = np.array(rows, dtype=object).reshape(len(rows), len(ADULT_COLUMNS))
+    return (arr[:, ADULT_COLUMNS.index("education")].astype(str),
+            arr[:, ADULT_COLUMNS.index("age")].astype(np.int64))
+
+
 def adult_split_counts(train_clients) -> dict:
     """Our counts of the Adult split beside :data:`PAPER_ADULT_COUNTS`: the records kept by
     :func:`adult_phd_split` on all of Adult (train and test) and the train records of the three PhD
     clients ``train_clients[:3]``. Returns ``{glued name: int}``. Raises ``ValueError`` for fewer than
     three clients."""
-    from ..data import load_adult
-
     if len(train_clients) < 3:
         raise ValueError(f"train_clients must hold the three PhD clients first, got {len(train_clients)} clients")
-    full = load_adult("all")
-    kept = len(np.concatenate(adult_phd_split(full.meta["education"], full.meta["age"])))
+    education, age = _adult_education_age("all")
+    kept = len(np.concatenate(adult_phd_split(education, age)))
     ours = [kept, *[len(c) for c in train_clients[:3]]]
     return {name: int(o) for name, o in zip(PAPER_ADULT_COUNTS, ours)}
 
@@ -482,13 +495,11 @@ def adult_count_variants() -> list[list]:
     Sec. 4)? Rows ``[file, missing-value rows, n(age < 38), n(38..52), n(age > 52)]`` of the Doctorate
     records for the train file, the test file and both, with the rows holding a ``?`` dropped or kept
     (:func:`fedlab.data.load_adult`)."""
-    from ..data import load_adult
-
     rows = []
     for split, label in (("train", "adult.data"), ("test", "adult.test"), ("all", "both files")):
         for drop in (True, False):
-            ds = load_adult(split, drop_missing=drop)
-            age = np.asarray(ds.meta["age"])[np.asarray(ds.meta["education"]).astype(str) == "Doctorate"]
+            education, age = _adult_education_age(split, drop_missing=drop)
+            age = age[education == "Doctorate"]
             rows.append([label, "dropped" if drop else "kept", int((age < 38).sum()),
                          int(((age >= 38) & (age <= 52)).sum()), int((age > 52).sum())])
     return rows

@@ -30,6 +30,7 @@ from ..models import unflatten_stacked as flat_to_stack
 from ..privacy.dprivacy import DEFAULT_FP_SLACK, PrivacyAccountant, sanitize_update
 from ..config import device as _device
 from . import ClientData, _model_on, clients_update, cross_entropy, stack_clients
+from ._linear import dense_clients_update, dense_squared_losses, linear_fast_path, mlp_fast_path
 from .rounds import History, run_rounds
 
 __all__ = ["squared_error", "hypothesis_losses", "evaluate_hypotheses", "kmeans_clusters",
@@ -43,6 +44,10 @@ def _per_client_stats(model, like, hyps: torch.Tensor, data: ClientData, loss_fn
     """Mean loss and mean correctness of every client under every hypothesis: two ``[K, k]``, on the
     CPU (computed where ``data`` lives)."""
     dev = data.X.device
+    if dev.type == "cpu" and loss_fn is squared_error and (linear_fast_path(model, loss_fn)
+                                                           or mlp_fast_path(model, loss_fn)):
+        loss = dense_squared_losses(model, flat_to_stack(hyps, like), data)   # the same numbers, without vmap
+        return loss, torch.zeros(loss.shape)
     n_max = data.X.shape[1]
     mask = (torch.arange(n_max, device=data.n.device)[None, :] < data.n[:, None]).float().to(dev)  # [K, n_max]
     stacked = flat_to_stack(hyps.to(dev), like)
@@ -96,7 +101,7 @@ def kmeans_clusters(released: torch.Tensor, hypotheses: torch.Tensor, *, seed: i
     ``[m, n]``, initialised at the current hypotheses ``[k, n]`` so that cluster ``j`` continues
     hypothesis ``j``. When a cluster empties during the iteration scikit-learn moves its centre to the
     point farthest from its assigned centre; this one backend runs at every scale, so quick and paper
-    runs follow the same rule. ``seed`` is scikit-learn's ``random_state``. Returns labels ``[m]``. With fewer
+    runs follow the same rule. ``seed`` is scikit-learn's ``random_state`` (which an explicit init never draws from). Returns labels ``[m]``. With fewer
     distinct vectors than clusters each vector joins its nearest hypothesis.
 
     Raises ``ValueError`` if ``released`` and ``hypotheses`` are not 2-D with the same number of
@@ -117,8 +122,34 @@ def kmeans_clusters(released: torch.Tensor, hypotheses: torch.Tensor, *, seed: i
         return np.zeros(len(X), dtype=np.int64)
     if len(X) < k or len(torch.unique(X, dim=0)) < k:
         return torch.cdist(X, C).argmin(1).numpy().astype(np.int64)
-    km = KMeans(n_clusters=k, init=C.numpy(), n_init=1, random_state=seed, tol=0.0).fit(X.numpy())
-    return km.labels_.astype(np.int64)
+    lloyd = _sklearn_lloyd()
+    if lloyd is None:
+        km = KMeans(n_clusters=k, init=C.numpy(), n_init=1, random_state=seed, tol=0.0).fit(X.numpy())
+        return km.labels_.astype(np.int64)
+    single, n_threads = lloyd
+    # what KMeans(init=C, n_init=1, tol=0).fit(X) computes, without its per-call validation (milliseconds a
+    # round): copies centred on the mean of X, unit weights, one Lloyd run to strict convergence or 300
+    # iterations (tests/test_ifca.py compares the labels with KMeans')
+    Xc = np.array(X.numpy(), dtype=np.float64, order="C", copy=True)
+    init = np.array(C.numpy(), dtype=np.float64, order="C", copy=True)
+    mean = Xc.mean(axis=0)
+    Xc -= mean
+    init -= mean
+    labels = single(Xc, np.ones(len(Xc), dtype=np.float64), init, max_iter=300, verbose=False, tol=0,
+                    n_threads=n_threads)[0]
+    return labels.astype(np.int64)
+
+
+def _sklearn_lloyd():
+    """scikit-learn's single Lloyd run and its thread count, as ``KMeans.fit`` calls them, or ``None`` when
+    this scikit-learn does not have them where 1.x keeps them (then :func:`kmeans_clusters` calls
+    ``KMeans``)."""
+    try:
+        from sklearn.cluster._kmeans import _kmeans_single_lloyd
+        from sklearn.utils._openmp_helpers import _openmp_effective_n_threads
+    except ImportError:
+        return None
+    return _kmeans_single_lloyd, _openmp_effective_n_threads()
 
 
 @dataclass
@@ -256,6 +287,10 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
         if hyps.shape[0] != k:
             raise ValueError(f"init must have num_clusters={k} rows, got {hyps.shape[0]}")
     acct = PrivacyAccountant(K, budget, refuse_past_budget) if nu is not None else None
+    # nn.Linear(d, 1) or a small ReLU net with one output on the CPU: the same local updates without vmap's
+    # per-step cost (fedlab.fl._linear)
+    update = (dense_clients_update if dev.type == "cpu" and (linear_fast_path(model, loss_fn)
+                                                             or mlp_fast_path(model, loss_fn)) else clients_update)
     last_choice = np.full(K, -1)
     hist = History("val_loss", "val_rmse", "val_accuracy")
     hist["max_leakage"] = []                  # [k] per round (private runs), no entry for round 0
@@ -275,7 +310,7 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
             sub = data.select(selected)
             chosen = _per_client_stats(model, like, hyps, sub, loss_fn)[0].argmin(1).numpy()
             start = hyps[torch.from_numpy(chosen)]
-            local = stack_to_flat(clients_update(
+            local = stack_to_flat(update(
                 model, flat_to_stack(start.to(dev), like), sub, lr=lr, local_epochs=local_epochs,
                 batch_size=batch_size, generator=gen, loss_fn=loss_fn, stacked=True)).detach().cpu()
             if not torch.isfinite(local).all():

@@ -161,11 +161,16 @@ def clip_rows(update, clip_norm: float):
     if over is None:
         factor = factor * _round_down(flat, factor, clip_norm)
         return _pack(keys, [t * factor.reshape(-1, *([1] * (t.dim() - 1))) for t in ts])
-    # rows whose norm overflows the dtype: row * C / ||row|| = (row / m) * (C / ||row / m||)
+    # rows whose norm overflows the dtype: row * C / ||row|| = (row / m) * (C / ||row / m||); the other rows
+    # get the factor they get in a batch without such a row (each row's clipping is its own: clip_by_norm
+    # of one row equals its row of clip_rows whatever the other rows hold)
     base = (flat / m[:, None]).norm(dim=1)
     shrink = over & (clip_norm < m.double() * base.double())     # False only when C exceeds the norm
     div = torch.where(shrink, m, torch.ones_like(m))
-    factor = torch.where(shrink, clip_norm / base, torch.where(over, torch.ones_like(factor), factor))
+    corr = torch.ones_like(factor)
+    if bool((~over).any()):
+        corr[~over] = _round_down(flat[~over], factor[~over], clip_norm)
+    factor = torch.where(shrink, clip_norm / base, torch.where(over, torch.ones_like(factor), factor * corr))
     shape = lambda t: (-1, *([1] * (t.dim() - 1)))                # noqa: E731
     return _pack(keys, [(t / div.reshape(shape(t))) * factor.reshape(shape(t)) for t in ts])
 

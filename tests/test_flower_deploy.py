@@ -1,0 +1,53 @@
+"""fedlab on Flower in deployment mode (issue 23): a SuperLink and two SuperNodes on 127.0.0.1 run the
+generated Flower App, and the transcript gives fedlab's FedAvg. In a file of its own (it was in
+tests/test_flower.py): about two minutes of wall time, mostly Flower's polling, which `make test`
+(``--dist loadfile``) can now overlap with test_flower.py's Ray runs on another worker.
+
+Needs the ``flower`` extra (``pip install ".[flower]"``); without ``flwr`` the test is skipped.
+"""
+import time
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is not installed: the `flower` extra (pip install '.[flower]', "
+                                   "flwr[simulation]>=1.41) is needed for tests/test_flower_deploy.py")
+
+from fedlab.fl import fedavg  # noqa: E402
+from fedlab.flower import deploy  # noqa: E402
+from fedlab.flower.transcript import load_transcript  # noqa: E402
+
+TOL = 1e-6   # float32 rounding: vmap (fedlab) vs one client at a time (Flower), and numpy's aggregation
+
+
+def _model_fn():
+    return deploy.demo_model(seed=3, hidden=16)
+
+
+def _maxdiff(a, b):
+    return max(float((a[k].detach() - b[k].detach()).abs().max()) for k in a)
+
+
+@pytest.mark.flower
+def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
+    """One SuperLink and two SuperNodes on 127.0.0.1, `flwr run` of a generated Flower App, 2 rounds; the
+    transcript holds 2 replies a round from partitions 0 and 1, and the final model is fedlab's FedAvg."""
+    kw = dict(num_rounds=2, lr=0.1, local_epochs=1, batch_size=16, seed=4)
+    transcript = tmp_path / "transcript"
+    app = deploy.write_app(tmp_path / "app", transcript, num_clients=2, model_seed=3, hidden=16,
+                           examples_per_client=60, **kw)
+    t0 = time.perf_counter()
+    with deploy.local_federation(2, workdir=tmp_path / "federation") as fed:
+        deploy.flwr_run(app, fed, timeout=240)
+    seconds = time.perf_counter() - t0
+    assert all(p.poll() is not None for p in fed.processes)          # the federation stopped its processes
+    assert fed.stopped_descendants and not any(deploy._alive(d) for d in fed.stopped_descendants)
+    T = load_transcript(transcript)
+    assert T.num_rounds == 2
+    for t in (1, 2):
+        replies = T.train_replies(t)
+        assert [r.partition_id for r in replies] == [0, 1] and [r.num_examples for r in replies] == [60, 60]
+    ref = fedavg(_model_fn(), deploy.demo_clients(2, examples_per_client=60), progress=False, **kw)
+    diff = _maxdiff(ref.params, T.final_params)
+    with capsys.disabled():
+        print(f"\n[flower] deployment mode vs fedlab.fl.fedavg: max |difference| = {diff:.3g} ({seconds:.1f} s)")
+    assert diff <= TOL, diff
