@@ -158,6 +158,7 @@ def plot_round_differences(diffs: Mapping[str, np.ndarray], *, title: str = ""):
         ax.plot(rounds, np.maximum(diffs[key], 1e-9), marker=".", label=label)
     ax.axhline(float(np.finfo(np.float32).eps), color="gray", ls=":", lw=1, label="float32 epsilon")
     ax.set(yscale="log", xlabel="round", ylabel="largest absolute difference", title=title)
+    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))   # rounds are whole numbers
     ax.legend(fontsize=8)
     return ax
 
