@@ -26,6 +26,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(getattr(item, "path", "")).endswith(".ipynb"):
             item.add_marker(pytest.mark.notebook)
+    # Order for `make test` (pytest-xdist, --dist loadfile hands out whole files in this order): the notebooks
+    # first, then the test files with the most `slow` or `flower` tests (test_reproduce, test_matrix, ...),
+    # then the rest in their usual order. Collected alphabetically, test_reproduce (~100 s) came near the end
+    # and ran alone on one worker while the other idled. A stable sort: each file's tests stay together and
+    # in their order.
+    heavy: dict = {}
+    for item in items:
+        path = str(getattr(item, "path", ""))
+        heavy[path] = heavy.get(path, 0) + any(item.get_closest_marker(m) for m in ("slow", "flower"))
+
+    def key(item):
+        path = str(getattr(item, "path", ""))
+        return (not path.endswith(".ipynb"), -heavy[path])
+
+    items.sort(key=key)
 
 
 def pytest_configure(config):
