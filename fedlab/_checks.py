@@ -75,3 +75,15 @@ def finite_tensor(name: str, value, hint: str = "") -> None:
             if not bool(t.isfinite().all()):
                 where = name if key is None else f"{name}[{key!r}]"
                 raise ValueError(f"{where} holds NaN or infinite entries{hint}")
+
+
+def run_spec(spec, defaults: dict, required, what: str) -> dict:
+    """One run of a multi-run function (``fedlab.fl.stacked``, ``dp_fedavg_runs``, ``centaur_runs``,
+    ``active_attack_runs``): ``spec`` merged over ``defaults``. Raises ``ValueError`` naming ``what`` (e.g.
+    "the dp_fedavg arguments") when ``spec`` has a key ``defaults`` lacks or misses one of ``required``."""
+    bad = set(spec) - set(defaults)
+    missing = [k for k in required if k not in spec]
+    if bad or missing:
+        need = f" ({', '.join(required)} required)" if required else ""
+        raise ValueError(f"a run takes {what} {sorted(defaults)}{need}, got {sorted(spec)}")
+    return {**defaults, **spec}

@@ -25,6 +25,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from .. import fl
+from .._checks import run_spec
 from ..metrics import auc_permutation_floor, balanced_accuracy, best_threshold, roc_auc, roc_auc_rows
 from ..privacy.defenses import global_norm
 
@@ -341,12 +342,7 @@ _ACTIVE_RUN = {"X_target": None, "y_target": None, "target": None, "ascent_lr": 
 
 
 def _check_active_run(run: dict, K: int) -> dict:
-    bad = set(run) - set(_ACTIVE_RUN)
-    missing = [k for k in ("X_target", "y_target", "target", "ascent_lr") if k not in run]
-    if bad or missing:
-        raise ValueError(f"a run takes {sorted(_ACTIVE_RUN)} (X_target, y_target, target, ascent_lr required), "
-                         f"got {sorted(run)}")
-    r = {**_ACTIVE_RUN, **run}
+    r = run_spec(run, _ACTIVE_RUN, ("X_target", "y_target", "target", "ascent_lr"), "the arguments")
     attacker, target, attacker_index = r["attacker"], r["target"], r["attacker_index"]
     if attacker not in ("server", "participant"):
         raise ValueError(f"attacker must be 'server' or 'participant', got {attacker!r}")

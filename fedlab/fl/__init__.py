@@ -293,6 +293,18 @@ def _expand(params: dict, K: int) -> dict:
     return {k: v.unsqueeze(0).expand(K, *v.shape).clone() for k, v in params.items()}
 
 
+def _start_params(params: dict, K: int, stacked: bool) -> dict:
+    """Every client's starting parameters ``{name: [K, ...]}``, a copy: ``params`` broadcast to the ``K``
+    clients, or (``stacked``) ``params`` already holding one row per client. Raises ``ValueError`` when a
+    stacked tensor's leading dimension is not ``K``."""
+    if not stacked:
+        return _expand(params, K)
+    bad = [k for k, v in params.items() if v.shape[0] != K]
+    if bad:
+        raise ValueError(f"stacked params must have leading dimension K={K}: {bad}")
+    return {k: v.clone() for k, v in params.items()}
+
+
 def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: float,
                    local_epochs: int = 1, batch_size: int | None = None,
                    generator: torch.Generator | None = None, loss_fn: LossFn = cross_entropy,
@@ -305,13 +317,7 @@ def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: floa
     """
     finite_positive("lr", lr)
     K = data.num_clients
-    if stacked:
-        bad = [k for k, v in params.items() if v.shape[0] != K]
-        if bad:
-            raise ValueError(f"stacked params must have leading dimension K={K}: {bad}")
-        p = {k: v.clone() for k, v in params.items()}
-    else:
-        p = _expand(params, K)
+    p = _start_params(params, K, stacked)
     _check_weight_decay(weight_decay)
     _check_inputs(model, {k: v[0] for k, v in p.items()}, data.X[0], data.y[0], loss_fn, n=data.n)
     idx, w = batch_plan(data.n, batch_size, local_epochs, generator, local_steps)   # drawn on the CPU

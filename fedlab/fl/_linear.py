@@ -16,7 +16,7 @@ from torch import nn
 
 from .._checks import finite_positive
 from ..models import logistic_loss, squared_error
-from . import ClientData, _check_inputs, _check_weight_decay, _expand, clients_update
+from . import ClientData, _check_inputs, _check_weight_decay, _start_params, clients_update
 from . import batch_plan as _vmap_batch_plan
 
 __all__ = ["linear_fast_path", "batch_plan", "local_sgd"]
@@ -193,13 +193,7 @@ def dense_clients_update(model: nn.Module, params: dict, data: ClientData, *, lr
                               generator=generator, loss_fn=loss_fn, stacked=stacked, local_steps=local_steps,
                               weight_decay=weight_decay)
     finite_positive("lr", lr)
-    if stacked:
-        bad = [k for k, v in params.items() if v.shape[0] != K]
-        if bad:
-            raise ValueError(f"stacked params must have leading dimension K={K}: {bad}")
-        p = {k: v.clone() for k, v in params.items()}
-    else:
-        p = _expand(params, K)
+    p = _start_params(params, K, stacked)
     _check_weight_decay(weight_decay)
     _checked_inputs(model, p, data, loss_fn)
     idx, wt = batch_plan(data.n, batch_size, local_epochs, generator, local_steps)

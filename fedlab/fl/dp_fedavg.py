@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import finite_positive, finite_tensor
+from .._checks import finite_positive, finite_tensor, run_spec
 from ..privacy.dp_fedavg import check_dp_args, dp_aggregate, noise_std
 from . import ClientData, FLResult, cross_entropy, eval_fn, stack_clients
 from .rounds import History, run_rounds
@@ -96,12 +96,7 @@ def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: floa
 
 
 def _dp_run(model: nn.Module, spec) -> dict:
-    bad = set(spec) - set(_DP_RUN)
-    missing = [k for k in ("clients", "sampling_prob", "noise_multiplier", "clip_norm") if k not in spec]
-    if bad or missing:
-        raise ValueError(f"a run takes the dp_fedavg arguments {sorted(_DP_RUN)} (clients, sampling_prob, "
-                         f"noise_multiplier, clip_norm required), got {sorted(spec)}")
-    r = {**_DP_RUN, **spec}
+    r = run_spec(spec, _DP_RUN, ("clients", "sampling_prob", "noise_multiplier", "clip_norm"), "the dp_fedavg arguments")
     if not 0.0 < r["sampling_prob"] <= 1.0:
         raise ValueError(f"sampling_prob must be in (0, 1], got {r['sampling_prob']}")
     finite_positive("server_lr", r["server_lr"])

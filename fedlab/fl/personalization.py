@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from .._checks import run_spec
 from . import ClientData, cross_entropy, train_standalone
 from .stacked import SGDJob, batch_plan, clients_update_runs, sgd_jobs
 from .dp_fedavg import DPRoundRecord, dp_server_step, poisson_sample
@@ -222,12 +223,8 @@ def centaur_runs(model: nn.Module, runs: Sequence[dict], *, num_rounds: int) -> 
         raise ValueError("runs must hold at least one run")
     state = []
     for spec in runs:
-        bad = set(spec) - set(_CENTAUR_RUN)
-        missing = [k for k in ("train", "sampling_prob", "noise_multiplier", "clip_norm") if k not in spec]
-        if bad or missing:
-            raise ValueError(f"a run takes the centaur arguments {sorted(_CENTAUR_RUN)} (train, sampling_prob, "
-                             f"noise_multiplier, clip_norm required), got {sorted(spec)}")
-        r = {**_CENTAUR_RUN, **spec}
+        r = run_spec(spec, _CENTAUR_RUN, ("train", "sampling_prob", "noise_multiplier", "clip_norm"),
+                     "the centaur arguments")
         if not 0.0 < r["sampling_prob"] <= 1.0:
             raise ValueError(f"sampling_prob must be in (0, 1], got {r['sampling_prob']}")
         K = r["train"].num_clients

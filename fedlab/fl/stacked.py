@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from .._checks import finite_positive, finite_tensor, positive_int
+from .._checks import finite_positive, finite_tensor, positive_int, run_spec
 from ..config import device as _device
 from ..models import flatten_params, unflatten_params
 from . import ClientData, FLResult, History, cross_entropy, select_upload, stack_clients, weighted_average
@@ -349,11 +349,7 @@ class _Run:
     """The state of one FedAvg run of :func:`fedavg_runs`."""
 
     def __init__(self, model, spec: Mapping, dev, evaluate_fn):
-        bad = set(spec) - set(_FEDAVG_ARGS)
-        if bad or "clients" not in spec:
-            raise ValueError(f"a run takes the fedavg arguments {sorted(_FEDAVG_ARGS)} (clients required), "
-                             f"got {sorted(spec)}")
-        a = {**_FEDAVG_ARGS, **spec}
+        a = run_spec(spec, _FEDAVG_ARGS, ("clients",), "the fedavg arguments")
         if not 0.0 < a["client_fraction"] <= 1.0:
             raise ValueError(f"client_fraction must be in (0, 1], got {a['client_fraction']}")
         finite_positive("lr", a["lr"])
