@@ -144,7 +144,7 @@ def test_transcript_format_and_errors(tmp_path):
     w.add_global(1, {"a": np.full(2, 0.5, dtype=np.float32)})
     w.flush()
     index = json.loads((tmp_path / "t" / "index.json").read_text())
-    assert index["format"] == "fedlab.flower.transcript" and index["version"] == 1
+    assert index["format"] == "fedlab.flower.transcript" and index["version"] == 2
     T = load_transcript(tmp_path / "t")
     assert T.num_rounds == 1 and T.meta == {"lr": 0.1}
     assert [r.node_id for r in T.train_replies()] == [42] and T.replies[1].error == "boom"

@@ -71,6 +71,15 @@ def test_false_dropout_recovers_the_targets_model_and_image(fed):
     x, label, psnr = fa.invert_model(lenet, plain.transcript.globals[0], w, lr=0.1, input_shape=(1, 8, 8),
                                      num_classes=10, max_iter=100, x_true=victims[TARGET][0])
     assert label == int(victims[TARGET][1]) and psnr > 30, psnr
+    # transcript version 2 keeps what the server sent: the lie is on the record. The target sent its masked
+    # model (a survivor), yet unmask requests listed its node as dropped; an honest round lists nobody so.
+    T, node = res.transcript, _node(log, TARGET)
+    assert node in {r.node_id for r in T.replies if r.kind == "secagg-masked"}
+    lied_to = [s.node_id for s in T.sent if s.kind == "secagg-unmask" and node in s.config.get("dead_nids", [])]
+    assert lied_to and node not in lied_to, [s.config for s in T.sent if s.kind == "secagg-unmask"]
+    assert T.inconsistent_rounds() == []          # every client got the same model
+    honest = _run(fed).transcript
+    assert not any(s.config.get("dead_nids") for s in honest.sent if s.kind == "secagg-unmask")
 
 
 def test_naive_client_check_refuses_the_lie_but_not_the_split_view(fed):
@@ -98,6 +107,14 @@ def test_model_inconsistency_isolates_the_target_in_an_honest_sum(fed):
     assert _max_err(fa.isolate_from_aggregate(honest.transcript, TARGET, decoy), models[TARGET], silent) > 100 * bound
     with pytest.raises(ValueError, match="target"):
         fa.isolate_from_aggregate(res.transcript, 99, decoy)
+    # transcript version 2: the server's record shows the inconsistency (it recorded what it sent)
+    T, node = res.transcript, _node(res.secagg_log, TARGET)
+    assert T.inconsistent_rounds() == [1] and honest.transcript.inconsistent_rounds() == []
+    sent = {s.node_id: s for s in T.sent if s.kind == "secagg-masked" and s.digest}
+    assert len(sent) == 8 and sent[node].global_round == 0                  # the target: the real global model
+    others = [s for n, s in sent.items() if n != node]
+    assert all(s.global_round is None for s in others)                      # the rest: a model never published
+    assert all(torch.equal(s.params[k], torch.as_tensor(decoy[k])) for s in others for k in T.param_names)
 
 
 def test_consistency_round_keeps_the_honest_aggregate_and_costs_one_exchange(fed):

@@ -76,7 +76,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 
 __all__ = ["fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "LocalGrid", "run",
            "FlowerRun", "quiet_flower", "DP_MODES", "ENGINES", "SECAGG_DEFAULTS", "secagg_config", "SecAggSchedule",
-           "SecAggRecordingGrid", "SECAGG_KINDS"]
+           "SecAggRecordingGrid", "RecordingGrid", "SECAGG_KINDS"]
 
 #: values of the ``dp`` argument: no DP, Flower's client-side or server-side fixed clipping wrapper
 DP_MODES = (None, "client", "server")
@@ -376,6 +376,7 @@ class Recorder(Strategy):
         return replies
 
     def configure_train(self, server_round, arrays, config, grid):
+        self.writer.round = int(server_round)
         if server_round == 1:
             self.writer.add_global(0, {k: a.numpy() for k, a in arrays.items()})
             self.writer.flush()
@@ -390,6 +391,7 @@ class Recorder(Strategy):
         return arrays, metrics
 
     def configure_evaluate(self, server_round, arrays, config, grid):
+        self.writer.round = int(server_round)
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(self, server_round, replies):
@@ -488,18 +490,15 @@ class SecAggSchedule(LegacyStrategy):
         return None
 
 
-class SecAggRecordingGrid(Grid):
-    """Wraps the ``Grid`` the ServerApp gets and writes every reply of the SecAgg+ workflow to the transcript
-    as it arrives, under the kind of its stage (:data:`SECAGG_KINDS`): the transport-level view of a server
-    operator who logs everything. A ``secagg-masked`` reply stores the masked model (``{name: uint64/int64
-    array}``, ring elements modulo ``modulus_range``; the masked weight in its metrics as ``masked-weight``)
-    together with what the client sent unmasked (``num_examples``, the ``fitres.metrics``: ``train-loss``);
-    the other stages store the sizes of what they carry (``bytes``)."""
+class RecordingGrid(Grid):
+    """Wraps the ``Grid`` the ServerApp gets and writes every message the server *sends* through it to the
+    transcript (:meth:`fedlab.flower.transcript.TranscriptWriter.add_sent`): the model it carries, by digest
+    (stored in full when it is none of the global models) and its small configuration values, under the
+    writer's current round. This is the last step before the transport, so whatever a server's strategy or
+    workflow changed (a decoy model, a false dropout list) is what gets recorded."""
 
-    def __init__(self, grid: Grid, writer: TranscriptWriter, names, partition_of_node: dict[int, int]):
+    def __init__(self, grid: Grid, writer: TranscriptWriter, names):
         self.grid, self.writer, self.names = grid, writer, list(names)
-        self.partition_of_node = dict(partition_of_node)
-        self.round = 0
 
     def set_run(self, run) -> None:
         self.grid.set_run(run)
@@ -514,7 +513,21 @@ class SecAggRecordingGrid(Grid):
     def get_node_ids(self):
         return self.grid.get_node_ids()
 
+    def _kind_of(self, msg: Message) -> str:
+        return str(msg.metadata.message_type)
+
+    def _record_sent(self, messages) -> None:
+        for m in messages:
+            content = m.content
+            arrays = [a.numpy() for rec in content.array_records.values() for a in rec.values()]
+            config = {}
+            for rec in content.config_records.values():
+                config.update(dict(rec))
+            self.writer.add_sent(self._kind_of(m), int(m.metadata.dst_node_id), params=arrays or None, config=config)
+
     def push_messages(self, messages):
+        messages = list(messages)
+        self._record_sent(messages)
         return self.grid.push_messages(messages)
 
     def pull_messages(self, message_ids):
@@ -522,8 +535,43 @@ class SecAggRecordingGrid(Grid):
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
+        self._record_sent(messages)
+        return self.grid.send_and_receive(messages, timeout=timeout)
+
+
+class SecAggRecordingGrid(RecordingGrid):
+    """Wraps the ``Grid`` the ServerApp gets and writes every reply of the SecAgg+ workflow to the transcript
+    as it arrives, under the kind of its stage (:data:`SECAGG_KINDS`): the transport-level view of a server
+    operator who logs everything. A ``secagg-masked`` reply stores the masked model (``{name: uint64/int64
+    array}``, ring elements modulo ``modulus_range``; the masked weight in its metrics as ``masked-weight``)
+    together with what the client sent unmasked (``num_examples``, the ``fitres.metrics``: ``train-loss``);
+    the other stages store the sizes of what they carry (``bytes``). Every message the server sends is
+    recorded as :class:`RecordingGrid` does, under its stage's kind (the model travels in the
+    ``secagg-masked`` request)."""
+
+    def __init__(self, grid: Grid, writer: TranscriptWriter, names, partition_of_node: dict[int, int]):
+        super().__init__(grid, writer, names)
+        self.partition_of_node = dict(partition_of_node)
+
+    @property
+    def round(self) -> int:
+        return self.writer.round
+
+    @round.setter
+    def round(self, value: int) -> None:
+        self.writer.round = int(value)
+
+    def _kind_of(self, msg: Message) -> str:
+        if RECORD_KEY_CONFIGS in msg.content.config_records:
+            stage = str(msg.content.config_records[RECORD_KEY_CONFIGS].get(SecAggKey.STAGE))
+            return SECAGG_KINDS.get(stage, f"secagg-{stage}")
+        return super()._kind_of(msg)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
         stages = {str(m.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.STAGE]) for m in messages
                   if RECORD_KEY_CONFIGS in m.content.config_records}
+        self._record_sent(messages)
         replies = list(self.grid.send_and_receive(messages, timeout=timeout))
         if len(stages) == 1:
             kind = SECAGG_KINDS.get(stages.pop(), "secagg-other")
@@ -698,7 +746,8 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
         writer = TranscriptWriter(transcript_dir, list(init), {**meta, "sizes": sizes,
                                                                "node_of_partition": {str(k): v for k, v in node_of.items()}})
         recorder = Recorder(strategy, writer, {n: k for k, n in node_of.items()})
-        recorder.start(grid, _to_record(init), num_rounds=num_rounds, timeout=round_timeout)
+        recorder.start(RecordingGrid(grid, writer, list(init)), _to_record(init), num_rounds=num_rounds,
+                       timeout=round_timeout)
 
     return app
 
