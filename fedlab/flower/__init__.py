@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .transcript import Reply, Transcript, TranscriptWriter, load_transcript
 
-_APPS = ("fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "run", "FlowerRun",
+_APPS = ("fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "run", "RayStartError", "FlowerRun",
          "quiet_flower", "DP_MODES", "SECAGG_DEFAULTS", "secagg_config")
 
 __all__ = ["Reply", "Transcript", "TranscriptWriter", "load_transcript", *_APPS]

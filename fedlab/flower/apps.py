@@ -36,8 +36,10 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import sys
 import tempfile
 import time
+import warnings
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,7 +77,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
                       f"(flwr[simulation]>=1.41,<2); the import failed with: {err}") from err
 
 __all__ = ["fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "LocalGrid", "run",
-           "FlowerRun", "quiet_flower", "DP_MODES", "ENGINES", "SECAGG_DEFAULTS", "secagg_config", "SecAggSchedule",
+           "RayStartError", "FlowerRun", "quiet_flower", "DP_MODES", "ENGINES", "SECAGG_DEFAULTS", "secagg_config", "SecAggSchedule",
            "SecAggRecordingGrid", "RecordingGrid", "SECAGG_KINDS"]
 
 #: values of the ``dp`` argument: no DP, Flower's client-side or server-side fixed clipping wrapper
@@ -875,6 +877,44 @@ def _task_identity():
             setattr(TaskIdentity, name, value)
 
 
+class RayStartError(RuntimeError):
+    """Ray's runtime did not start (twice): raised by :func:`run` with ``engine="ray"`` before any round."""
+
+
+def _start_ray(init_args: dict, *, attempts: int = 2) -> None:
+    """Start Ray for Flower's simulation engine unless it is running, with the arguments Flower's
+    ``RayBackend.init_ray`` would use (``init_args``, and this process's ``sys.path`` as the workers'
+    ``PYTHONPATH``, which Flower also puts into ``os.environ``). Flower then finds Ray started and uses it
+    (and shuts it down at the end of the run, as it does when it started Ray itself).
+
+    Ray's start-up can fail on a loaded machine (a raylet aborting in ``WaitForDashboardAgentPorts`` was seen
+    three times out of three): a failed start is shut down, reported with a warning and tried once more; a
+    second failure raises :class:`RayStartError` with both reasons."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    errors = []
+    for attempt in range(attempts):
+        try:
+            ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+            return
+        except Exception as err:  # noqa: BLE001 - any failure of Ray's start-up is retried once, then reported
+            errors.append(f"{type(err).__name__}: {err}")
+            try:
+                ray.shutdown()
+            except Exception:  # noqa: BLE001 - a half-started runtime may fail to stop; the retry starts afresh
+                pass
+            if attempt + 1 < attempts:
+                warnings.warn(f"Ray failed to start ({errors[-1]}); trying once more", RuntimeWarning, stacklevel=3)
+    raise RayStartError(f"Ray failed to start {attempts} times ({'; '.join(errors)}); engine='local' runs the same "
+                        f"ServerApp and ClientApp without Ray")
+
+
 @contextmanager
 def quiet_flower(level: int = logging.WARNING):
     """Set the ``flwr`` logger to ``level`` inside the block (default ``WARNING``: Flower's own warnings,
@@ -932,6 +972,8 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
     ------
     ValueError
         For bad arguments (see :func:`server_app`), an ``engine`` not in :data:`ENGINES` or ``num_cpus < 1``.
+    RayStartError
+        (``engine="ray"``) When Ray's runtime fails to start twice (a first failure is retried with a warning).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -969,6 +1011,7 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
             os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
             from flwr.simulation import run_simulation
 
+            _start_ray(backend_config["init_args"])
             run_simulation(server_app=sapp, client_app=capp, num_supernodes=data.num_clients,
                            backend_config=backend_config)
     seconds = time.perf_counter() - t0
