@@ -32,17 +32,20 @@ def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
     """One SuperLink and two SuperNodes on 127.0.0.1, `flwr run` of a generated Flower App, 2 rounds; the
     transcript holds 2 replies a round from partitions 0 and 1, and the final model is fedlab's FedAvg."""
     kw = dict(num_rounds=2, lr=0.1, local_epochs=1, batch_size=16, seed=4)
-    transcript = tmp_path / "transcript"
-    app = deploy.write_app(tmp_path / "app", transcript, num_clients=2, model_seed=3, hidden=16,
-                           examples_per_client=60, **kw)
+    root = tmp_path / "transcripts"
+    # the app's own settings say 3 rounds and lr 0.5; the run config of each `flwr run` overrides them
+    app = deploy.write_app(tmp_path / "app", root, num_clients=2, model_seed=3, hidden=16, examples_per_client=60,
+                           **{**kw, "num_rounds": 3, "lr": 0.5})
     t0 = time.perf_counter()
     with deploy.local_federation(2, workdir=tmp_path / "federation") as fed:
-        deploy.flwr_run(app, fed, timeout=240)
+        deploy.flwr_run(app, fed, run_config={"num-rounds": 2, "lr": 0.1}, timeout=240)
     seconds = time.perf_counter() - t0
     assert all(p.poll() is not None for p in fed.processes)          # the federation stopped its processes
     assert fed.stopped_descendants and not any(deploy._alive(d) for d in fed.stopped_descendants)
-    T = load_transcript(transcript)
-    assert T.num_rounds == 2
+    runs = sorted(root.iterdir())
+    assert len(runs) == 1 and runs[0].name.startswith("run-")        # <transcript-root>/run-<run id>
+    T = load_transcript(runs[0])
+    assert T.num_rounds == 2 and T.meta["lr"] == 0.1
     for t in (1, 2):
         replies = T.train_replies(t)
         assert [r.partition_id for r in replies] == [0, 1] and [r.num_examples for r in replies] == [60, 60]
