@@ -33,7 +33,8 @@ from ..data import Dataset, client_datasets, load_digits, partition_iid
 from ..models import mlp
 
 __all__ = ["demo_clients", "demo_model", "write_app", "run_settings", "demo_server_app", "demo_client_app",
-           "RUN_CONFIG", "Federation", "local_federation", "flwr_run"]
+           "RUN_CONFIG", "Federation", "local_federation", "flwr_run", "write_tls_certificates",
+           "write_supernode_keys"]
 
 APP_MODULE = "fedlab_app"
 
@@ -359,12 +360,82 @@ def _stop(procs, grace: float = 5.0) -> list[int]:
     return below
 
 
+def write_tls_certificates(directory, *, host: str = "127.0.0.1", days: int = 2) -> dict[str, Path]:
+    """A private certificate authority and a server certificate for ``host`` (an IP address, also valid for
+    ``localhost``), signed by it, written to ``directory`` as PEM files: ``{"ca": ca.crt, "cert": server.pem,
+    "key": server.key}`` (the key unencrypted, mode 0600). For tests and a trial on one host; a real
+    federation uses certificates from its own authority."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    ca_key, key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
+    ca = (x509.CertificateBuilder().subject_name(name("fedlab test CA")).issuer_name(name("fedlab test CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder().subject_name(name(host)).issuer_name(ca.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host)),
+                                                        x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(ca_key, hashes.SHA256()))
+    paths = {"ca": directory / "ca.crt", "cert": directory / "server.pem", "key": directory / "server.key"}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    paths["key"].chmod(0o600)
+    return paths
+
+
+def write_supernode_keys(directory, name: str) -> dict[str, Path]:
+    """A SuperNode's authentication key pair (NIST P-384, OpenSSH format, as ``flower-supernode
+    --auth-supernode-private-key`` and ``flwr supernode register`` read them) in ``directory``:
+    ``{"private": <name>, "public": <name>.pub}``."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    paths = {"private": directory / name, "public": directory / f"{name}.pub"}
+    paths["private"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                                   serialization.NoEncryption()))
+    paths["private"].chmod(0o600)
+    paths["public"].write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                              serialization.PublicFormat.OpenSSH))
+    return paths
+
+
 @contextmanager
-def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 60.0, env: dict | None = None):
-    """Start one SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1 (insecure, in-memory state); node
-    ``k`` gets ``--node-config "partition-id=k num-partitions=num_nodes"``. Yields a :class:`Federation`;
-    on exit (normal or not) terminates the process group of every process it started, then kills what
-    is left.
+def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 60.0, env: dict | None = None,
+                     tls: bool = False, supernode_auth: bool = False):
+    """Start one SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1 (in-memory state); node ``k`` gets
+    ``--node-config "partition-id=k num-partitions=num_nodes"`` and a port of its own. Yields a
+    :class:`Federation`; on exit (normal or not) terminates the process group of every process it started,
+    then kills what is left.
+
+    ``tls=False`` runs everything ``--insecure`` (clear text). ``tls=True`` generates a private certificate
+    authority and a certificate for 127.0.0.1 (:func:`write_tls_certificates`, in ``workdir/certs``): the
+    SuperLink serves TLS, the SuperNodes and the ``flwr`` CLI verify it against that authority.
+    ``supernode_auth=True`` (needs ``tls``) also starts the SuperLink with ``--enable-supernode-auth``,
+    generates each SuperNode's key pair (:func:`write_supernode_keys`), registers its public key with ``flwr
+    supernode register`` and starts it with ``--auth-supernode-private-key``: a SuperNode whose key was not
+    registered is refused.
 
     ``workdir`` (default: a temporary directory) holds ``FLWR_HOME`` and one log file per process. The
     processes get ``env`` on top of this process's environment, with ``PYTHONPATH`` extended so that the
@@ -373,20 +444,24 @@ def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 6
     Raises
     ------
     ValueError
-        For ``num_nodes < 1``.
+        For ``num_nodes < 1``, or ``supernode_auth`` without ``tls``.
     RuntimeError
-        If the SuperLink does not listen within ``startup_timeout`` seconds.
+        If the SuperLink does not listen within ``startup_timeout`` seconds, or a registration fails.
     """
     if isinstance(num_nodes, bool) or int(num_nodes) != num_nodes or num_nodes < 1:
         raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
+    if supernode_auth and not tls:
+        raise ValueError("supernode_auth=True needs tls=True (Flower authenticates SuperNodes over TLS only)")
     workdir = Path(workdir or tempfile.mkdtemp(prefix="fedlab-federation-"))
     home, logs = workdir / "flwr_home", workdir / "logs"
     home.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     connection = "fedlab-local"
+    certs = write_tls_certificates(workdir / "certs") if tls else None
+    security = f'root-certificates = "{certs["ca"]}"\n' if tls else "insecure = true\n"
     (home / "config.toml").write_text(f'[superlink]\ndefault = "{connection}"\n\n[superlink.{connection}]\n'
-                                      f'address = "127.0.0.1:{port}"\ninsecure = true\n')
+                                      f'address = "127.0.0.1:{port}"\n{security}')
     root = str(Path(__file__).resolve().parents[2])
     full_env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
                 "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
@@ -400,13 +475,26 @@ def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 6
             procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=full_env,
                                           cwd=workdir, start_new_session=True))
 
+    link_security = (["--ssl-ca-certfile", str(certs["ca"]), "--ssl-certfile", str(certs["cert"]),
+                      "--ssl-keyfile", str(certs["key"])] if tls else ["--insecure"])
+    node_security = ["--root-certificates", str(certs["ca"])] if tls else ["--insecure"]
     try:
-        start("superlink", [_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
-                            "--database", ":flwr-in-memory-state:"])
+        start("superlink", [_bin("flower-superlink"), *link_security, "--host", "127.0.0.1", "--port", str(port),
+                            "--database", ":flwr-in-memory-state:",
+                            *(["--enable-supernode-auth"] if supernode_auth else [])])
         _wait_port(port, startup_timeout, procs)
         for k in range(int(num_nodes)):
-            start(f"supernode{k}", [_bin("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
-                                    "--host", "127.0.0.1", "--port", str(_free_port()),
+            auth = []
+            if supernode_auth:
+                keys = write_supernode_keys(workdir / "keys", f"supernode{k}")
+                res = subprocess.run([_bin("flwr"), "supernode", "register", str(keys["public"]), connection],
+                                     env=full_env, capture_output=True, text=True, timeout=startup_timeout)
+                if res.returncode != 0:
+                    raise RuntimeError(f"flwr supernode register failed for node {k} (status {res.returncode}):\n"
+                                       f"{(res.stdout + res.stderr)[-2000:]}")
+                auth = ["--auth-supernode-private-key", str(keys["private"])]
+            start(f"supernode{k}", [_bin("flower-supernode"), *node_security, "--superlink", f"127.0.0.1:{port}",
+                                    "--host", "127.0.0.1", "--port", str(_free_port()), *auth,
                                     "--node-config", f"partition-id={k} num-partitions={int(num_nodes)}"])
         fed = Federation(f"127.0.0.1:{port}", connection, full_env, logs, procs)
         yield fed
