@@ -11,7 +11,7 @@ from ._stats import t_interval  # noqa: F401  (lives in fedlab._stats: the comma
 
 __all__ = ["accuracy", "roc_auc", "roc_auc_rows", "roc_curve", "mse", "psnr", "psnr_from_mse", "matched_psnr",
            "rounds_to_accuracy", "ks_pvalue", "t_interval", "auc_permutation_floor", "best_threshold",
-           "balanced_accuracy"]
+           "balanced_accuracy", "tpr_at_fpr"]
 
 
 def _np(x):
@@ -95,6 +95,34 @@ def roc_curve(labels, scores):
 
     fpr, tpr, _ = _rc(_np(labels).ravel(), _np(scores).ravel())
     return fpr, tpr
+
+
+def tpr_at_fpr(labels, scores, fpr: float | Sequence[float]) -> float | list[float]:
+    """True-positive rate at a low false-positive rate (Carlini et al., "Membership inference attacks from
+    first principles", S&P 2022, Sec. III): the largest TPR of a rule "positive when ``score >= tau``" whose
+    FPR is at most ``fpr`` (a list of rates gives the list of TPRs).
+
+    Ties are never split: a threshold takes all entries of a score or none, so the result is what a real
+    threshold achieves. With ``n_neg`` negatives the FPRs a threshold can reach are multiples of ``1 / n_neg``;
+    for ``fpr < 1 / n_neg`` this is the TPR at FPR 0 (positives scored above every negative), which is what
+    such a small rate means with that many negatives: report ``n_neg`` beside it.
+
+    ``labels`` in {0, 1} (1 = positive, e.g. member), ``scores`` ``[n]`` (higher: more likely positive).
+    Raises ``ValueError`` for mismatched lengths, non-finite scores, a single class or ``fpr`` outside [0, 1].
+    """
+    many = isinstance(fpr, (list, tuple))
+    rates = list(fpr) if many else [fpr]
+    for r in rates:
+        if isinstance(r, bool) or not isinstance(r, (int, float, np.floating)) or not 0.0 <= float(r) <= 1.0:
+            raise ValueError(f"fpr must be a rate in [0, 1], got {r!r}")
+    labels, scores = _labels_scores(labels, scores)
+    neg, pos = np.sort(scores[labels == 0]), np.sort(scores[labels == 1])
+    # every threshold worth trying: each distinct score, and one above all of them (FPR 0, TPR of what lies above)
+    taus = np.concatenate([np.unique(scores), [np.inf]])
+    fprs = (len(neg) - np.searchsorted(neg, taus, side="left")) / len(neg)       # share of negatives >= tau
+    tprs = (len(pos) - np.searchsorted(pos, taus, side="left")) / len(pos)
+    out = [float(tprs[fprs <= float(r) + 1e-12].max()) for r in rates]
+    return out if many else out[0]
 
 
 def mse(x, x_ref) -> float:

@@ -31,7 +31,7 @@ from ..privacy.defenses import global_norm
 
 __all__ = [
     "last_layer_names", "per_example_loss", "per_example_grad_norm", "stack_snapshots",
-    "snapshot_signals", "SnapshotRecorder", "membership_score", "attack_auc", "attack_accuracy",
+    "snapshot_signals", "SnapshotRecorder", "membership_score", "attack_auc", "attack_tpr_at_fpr", "attack_accuracy",
     "client_signals", "attack_model_auc", "gradient_ascent", "active_attack_rounds", "active_attack_runs", "round_auc",
     "heldout_accuracy", "leave_one_out_accuracy",
 ]
@@ -159,6 +159,24 @@ def attack_auc(signals: torch.Tensor, is_member, window: int = 1) -> float:
     if signals.ndim != 2:
         raise ValueError(f"signals must be [T, n] or [K, T, n], got shape {tuple(signals.shape)}")
     return roc_auc(np.asarray(is_member), membership_score(signals, window).numpy())
+
+
+def attack_tpr_at_fpr(signals: torch.Tensor, is_member, fpr=(0.001, 0.01), window: int = 1) -> list[float]:
+    """TPR at low FPR (:func:`fedlab.metrics.tpr_at_fpr`, Carlini et al. S&P 2022) of :func:`membership_score`
+    with **one** threshold for every candidate: ``signals`` ``[T, n]`` (one observer) or ``[K, T, n]`` (each
+    client's own ``n`` candidates, all labelled by ``is_member`` ``[n]``; the ``K n`` scores are pooled, as a
+    server that flags records across its clients with a single rule). ``fpr``: a rate or a sequence of rates;
+    with ``n_neg`` pooled non-members a rate below ``1 / n_neg`` means no false positive at all. Returns a
+    list (one TPR per rate). Raises ``ValueError`` for another shape."""
+    from ..metrics import tpr_at_fpr
+
+    if signals.ndim not in (2, 3):
+        raise ValueError(f"signals must be [T, n] or [K, T, n], got shape {tuple(signals.shape)}")
+    rates = list(fpr) if isinstance(fpr, (list, tuple)) else [fpr]
+    S = signals if signals.ndim == 3 else signals[None]
+    scores = torch.cat([membership_score(s, window) for s in S]).numpy()
+    labels = np.tile(np.asarray(is_member), len(S))
+    return tpr_at_fpr(labels, scores, rates)
 
 
 def attack_accuracy(is_member, scores) -> float:
