@@ -156,4 +156,5 @@ def describe(record: dict | None, *, stem: str | None = None) -> str:
     return (f"The stored {record['scale']}-scale record ran seeds {seeds} (n = {len(secs)}), "
             f"{mean_s:.0f} s per seed on average on {record.get('machine', '?')} ({record.get('date', '?')}, "
             f"commit {record.get('commit', '?')}, torch {record.get('torch', '?')}); intervals are 95 % t "
-            f"intervals over seeds.{tail}")
+            f"intervals over seeds.{tail}"
+            + (f" Made by `{record['command']}`." if record.get("command") else ""))

@@ -27,6 +27,9 @@ def test_format_and_run(tmp_path):
     assert run.paper("p") == "2.00e-03 ± 2.48e-03 (n = 3)"
     assert run.paper("src") == "syn" and run.paper("one") == "0.250 (n = 1)" and run.paper("zzz") == "not in record"
     assert "seeds 0, 1, 2 (n = 3)" in run.describe() and "10 s per seed" in run.describe()
+    assert run.describe().endswith("Made by `python -m fedlab reproduce 02`.")   # the record's own command
+    del run.record["command"]
+    assert "Made by" not in run.describe()                   # a record without its command says nothing of it
     assert records.Run("03_none", folder=tmp_path).paper("auc") == "no record yet"
     assert "reproduce 03_none --scale paper" in records.Run("03_none", folder=tmp_path).describe()
     rows = records.compare_rows({"auc": 0.55}, run.record, {"auc": "AUC", "c": "C"})
