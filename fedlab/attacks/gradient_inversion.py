@@ -361,7 +361,8 @@ def _stack_inputs(observed, params, labels, x_true, stacked):
 def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, num_classes: int,
         batch_size: int = 1, max_iter: int = 100, lr: float = 1.0, labels: torch.Tensor | None = None,
         x_true: torch.Tensor | None = None, snapshot_every: int | None = None, stacked: bool = False,
-        history_size: int = 100, steps: int | None = None, seed: int = 0, device=None) -> InversionResult:
+        history_size: int = 100, steps: int | None = None, seed: int = 0, device=None,
+        mask: dict | None = None) -> InversionResult:
     """Deep Leakage from Gradients (Zhu et al. 2019, Algorithm 1).
 
     Draw dummy ``x' ~ N(0, 1)`` of shape ``[batch_size, *input_shape]`` and dummy label logits ``y'``;
@@ -400,11 +401,25 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     ``device`` (default :func:`fedlab.config.device`, i.e. ``FEDLAB_DEVICE``): where the model, the
     gradients and L-BFGS run. The starting points are drawn on the CPU (every device starts from the
     same ones); ``x``, the labels and the history come back on the CPU.
+
+    ``mask`` (optional, shaped like ``observed``, leading ``A`` when stacked): match only the coordinates
+    where it is non-zero, ``sum mask * (grad - observed)^2``. This is the attacker who knows a sparsifying
+    defense: under pruning or top-k compression the kept coordinates are visible in the update (the others
+    are exactly 0), so ``mask = observed != 0`` matches what was sent and ignores what was withheld, where
+    the plain objective would pull every withheld coordinate of the dummy gradient to 0 (issue 35). The
+    default ``None`` is the plain objective, unchanged.
     """
     from torch.func import grad_and_value, vmap
 
     _validate_common(input_shape, batch_size, max_iter)
     obs, labels, x_true, A = _stack_inputs(observed, params, labels, x_true, stacked)
+    if mask is not None:
+        if not isinstance(mask, dict) or set(mask) != set(observed):
+            raise ValueError(f"mask must be a dict with the keys of observed {sorted(observed)}")
+        mask = {k: (v if stacked else v.unsqueeze(0)).detach().to(torch.float32) for k, v in mask.items()}
+        for k, v in mask.items():
+            if tuple(v.shape) != tuple(obs[k].shape):
+                raise ValueError(f"mask[{k!r}] has shape {tuple(v.shape)}, observed {tuple(obs[k].shape)}")
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
     if not lr > 0:
@@ -436,8 +451,25 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
         per_layer = torch.stack([sum(terms[k] for k in grp) for grp in groups])
         return sum(terms[k] for k in ob), per_layer.detach()         # = gradient_distance(g, ob, "l2")
 
+    def masked_objective(x, ylogit, ob, fixed, mk):
+        soft = F.softmax(ylogit, -1) if learn_label else fixed
+
+        def loss_p(p):
+            out = functional_call(model, p, (x,))
+            return -(soft * F.log_softmax(out, -1)).sum(-1).mean()
+
+        g = torch.func.grad(loss_p)(params)
+        terms = {k: (mk[k] * (g[k] - ob[k]) ** 2).sum() for k in ob}
+        per_layer = torch.stack([sum(terms[k] for k in grp) for grp in groups])
+        return sum(terms[k] for k in ob), per_layer.detach()
+
     fixed = onehot if onehot is not None else torch.zeros(A, batch_size, num_classes, device=dev)
-    vg = vmap(grad_and_value(objective, argnums=(0, 1), has_aux=True))
+    if mask is None:
+        vg = vmap(grad_and_value(objective, argnums=(0, 1), has_aux=True))
+    else:
+        mask_dev = fl._on(mask, dev)
+        vgm = vmap(grad_and_value(masked_objective, argnums=(0, 1), has_aux=True))
+        vg = None
     last = {"layer_mse": None}
     count = [0]
 
@@ -448,7 +480,11 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
         sel = (lambda t: t) if rows is None else (lambda t: t[rows])
         x = z[:, :nx].reshape(k, *x0.shape[1:])
         yl = z[:, nx:].reshape(k, *y0.shape[1:]) if learn_label else sel(y0)
-        (gx, gy), (val, per_layer) = vg(x, yl, {kk: sel(v) for kk, v in obs.items()}, sel(fixed))
+        if vg is not None:
+            (gx, gy), (val, per_layer) = vg(x, yl, {kk: sel(v) for kk, v in obs.items()}, sel(fixed))
+        else:
+            (gx, gy), (val, per_layer) = vgm(x, yl, {kk: sel(v) for kk, v in obs.items()}, sel(fixed),
+                                             {kk: sel(v) for kk, v in mask_dev.items()})
         full = np.full((A, len(groups)), np.nan)              # NaN: a row that was not evaluated
         full[slice(None) if rows is None else rows.cpu().numpy()] = (per_layer / sizes).cpu().numpy()
         last["layer_mse"] = full

@@ -30,6 +30,9 @@ it with :func:`render_html`.
   clips to ``C`` and adds Gaussian noise for ``(eps, 1e-5)``-LDP, sensitivity ``2 C``, per release (it
   composes over the releases a row observes);
 * ``prune90`` -- each client zeroes the 90 % smallest coordinates (:func:`fedlab.privacy.defenses.prune_rows`);
+  the zeros are visible in the update, so the DLG row's attacker matches only the kept coordinates
+  (``gradient_inversion.dlg(mask=...)``, the attacker who knows the defense); the plain DLG that ignores the
+  mask is kept beside it as ``"dlg|prune90@naive"`` (:data:`NAIVE_SUFFIX`) and printed under the cell;
 * ``secagg`` -- secure aggregation (:func:`fedlab.privacy.secure_aggregation.secure_sum`): the attacker
   sees only the sum over a group of clients (its size is given per row);
 * ``dpriv0.5`` / ``dpriv5`` -- d-privacy (Galli et al. 2022, Algorithm 2,
@@ -227,6 +230,14 @@ class Attack:
     cell_notes: Mapping[str, str] = field(default_factory=dict)
 
 
+#: the note of a cell that shows the naive attack under the adaptive one
+NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG under pruning matches only the coordinates that "
+              "were sent); 'naive' is the same attack ignoring the defense, which overstates the defense")
+#: suffix of a cell's value for the attack that ignores the defense, kept beside the adaptive attacker's (issue 35):
+#: ``"<row>|<column>@naive"`` in a record; the page prints it under the cell
+NAIVE_SUFFIX = "@naive"
+
+
 def _size(tiny: bool, *, tiny_value, quick, paper):
     """``tiny_value`` for the unit tests' tiny run, else :func:`fedlab.pick` of ``quick`` / ``paper``."""
     return tiny_value if tiny else pick(quick=quick, paper=paper)
@@ -270,6 +281,17 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
                      steps=steps, labels=labels, stacked=True, seed=seed)
         psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
         out.update({c: float(psnr[i * n_img:(i + 1) * n_img].mean()) for i, c in enumerate(single)})
+        # the attacker who knows a sparsifying defense matches only the coordinates that were sent (the others
+        # are exactly 0 in the update it sees): that is the cell; the plain DLG above stays as "<column>@naive"
+        for i, c in enumerate(single):
+            if _BY_KEY[c].kind != "prune":
+                continue
+            sl = slice(i * n_img, (i + 1) * n_img)
+            ob = {k: v[sl] for k, v in obs.items()}
+            ada = gi.dlg(net, w, ob, input_shape=(1, 8, 8), num_classes=10, max_iter=gi.DLG_REFERENCE_MAX_ITER,
+                         steps=steps, labels=labels[sl], stacked=True, seed=seed, mask={k: v != 0 for k, v in ob.items()})
+            out[c + NAIVE_SUFFIX] = out[c]
+            out[c] = float(np.mean([gi.matched_psnr(r, t[None])[0] for r, t in zip(ada.x, X)]))
     if "secagg" in columns:
         sums = protect(G, "secagg", group=group, generator=gen) / group     # the server knows the group size
         res = gi.dlg(net, w, models.unflatten_stacked(sums, w), input_shape=(1, 8, 8), num_classes=10,
@@ -981,7 +1003,7 @@ def page_values(record: Mapping) -> dict:
     Raises ``ValueError`` for a record without the matrix layout."""
     if not record or "matrix" not in record:
         raise ValueError("record is not a matrix record (no 'matrix' layout)")
-    tag = lambda k: k.replace(".", "p")   # noqa: E731
+    tag = lambda k: k.replace(".", "p").replace("@", "_")   # noqa: E731
     out = {f"mx_{tag(n.replace('|', '_'))}": s["mean"] for n, s in record["summary"].items()}
     out.update({f"mx_z_{tag(k)}": z for k, z in record["matrix"]["dp_noise_multipliers"].items()})
     secs = record["seconds"]
@@ -1111,8 +1133,13 @@ def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = 
                 else:
                     cls, bg = "mx-cell mx-neutral", "#f2f2f2"
                     title = f"{NOT_SIGNIFICANT}; n = {s['n']} seeds{tail}"
+                naive = record.get("summary", {}).get(value_name(row["key"], c["key"] + NAIVE_SUFFIX))
+                naive_txt = ""
+                if naive and "mean" in naive:
+                    naive_txt = (f'<br><span class="mx-naive" style="font-size:0.85em">naive {html.escape(_fmt(naive["mean"]))}'
+                                 f'{note_mark(NAIVE_NOTE)}</span>')
                 tds.append(f'<td class="{cls}" style="{cell_css};background:{bg}" title="{html.escape(title)}">'
-                           f'{html.escape(_fmt(s["mean"]))}{mark}{interval}</td>')
+                           f'{html.escape(_fmt(s["mean"]))}{mark}{interval}{naive_txt}</td>')
         body.append("<tr>" + "".join(tds) + "</tr>")
     foot = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
     return ('<div style="overflow-x:auto"><table class="fedlab-matrix" '
