@@ -47,3 +47,19 @@ def test_resolution_and_ties():
 def test_bad_input(kw, match):
     with pytest.raises(ValueError, match=match):
         tpr_at_fpr(**kw)
+
+
+def test_the_membership_attack_pools_its_clients_with_one_threshold():
+    import torch
+
+    from fedlab.attacks import membership as mia
+
+    g = torch.Generator().manual_seed(0)
+    is_member = np.r_[np.ones(20), np.zeros(20)]
+    signals = torch.rand(3, 5, 40, generator=g) + torch.as_tensor(1 - is_member) * 0.3   # members: lower loss
+    pooled = np.concatenate([-signals[k, -1].numpy() for k in range(3)])
+    got = mia.attack_tpr_at_fpr(signals, is_member, [0.01, 0.1])
+    assert got == tpr_at_fpr(np.tile(is_member, 3), pooled, [0.01, 0.1]) and got[1] > 0.1
+    assert mia.attack_tpr_at_fpr(signals[0], is_member, 0.1, window=5) == [tpr_at_fpr(is_member, -signals[0].mean(0), 0.1)]
+    with pytest.raises(ValueError, match="signals"):
+        mia.attack_tpr_at_fpr(signals[0, 0], is_member)
