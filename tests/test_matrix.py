@@ -167,7 +167,7 @@ def test_every_cell_runs_and_na_cells_have_reasons(tiny):
         cells = {k for k in tiny[a.key] if not k.startswith("acc_") and not k.endswith(mx.NAIVE_SUFFIX)}
         assert cells == {"baseline"} | (set(KEYS) - set(a.not_applicable)), a.key
         naive = {k[:-len(mx.NAIVE_SUFFIX)] for k in tiny[a.key] if k.endswith(mx.NAIVE_SUFFIX)}
-        assert naive == ({"prune90"} if a.key == "dlg" else set()), (a.key, naive)   # the naive twin of an adaptive cell
+        assert naive == ({"prune90", "clip"} if a.key == "dlg" else set()), (a.key, naive)   # the naive twin of an adaptive cell
         assert all(np.isfinite(v) for v in tiny[a.key].values()), (a.key, tiny[a.key])
         assert a.chapter in {p.stem for p in (ROOT / "chapters").glob("*.ipynb")}
     assert mx.cell("mr", "none", tiny=True)(0) == pytest.approx(tiny["mr"]["none"])   # a cell is a function of the seed

@@ -2,6 +2,7 @@
 On a small instance where pruning is known to leak, the mask-aware DLG beats the naive one that the matrix
 used to report, and the matrix row keeps both numbers."""
 import numpy as np
+import pytest
 import torch
 
 from fedlab import models
@@ -28,7 +29,24 @@ def test_mask_aware_dlg_beats_the_naive_one_under_pruning():
     assert torch.equal(ones.x, naive.x)
 
 
+def test_clip_aware_dlg_beats_the_naive_one_under_clipping():
+    net = gi.dlg_init_(models.lenet(1, 10, 8), seed=0)
+    w = models.get_params(net)
+    d = images.digit_images(8, seed=0)
+    G = models.flatten_stacked(gi.per_example_gradients(net, w, d.X, d.y))
+    C = mx.median_norm(G)
+    obs = models.unflatten_stacked(mx.protect(G, "clip", clip_norm=C), w)
+    kw = dict(input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, labels=d.y[:, None], stacked=True, seed=0)
+    psnr = lambda r: np.mean([gi.matched_psnr(x, t[None])[0] for x, t in zip(r.x, d.X)])   # noqa: E731
+    naive, ada = psnr(gi.dlg(net, w, obs, **kw)), psnr(gi.dlg(net, w, obs, clip_norm=C, **kw))
+    assert ada > naive + 10, (naive, ada)            # the clipped half of the digits comes back
+    huge = gi.dlg(net, w, obs, clip_norm=1e9, **kw)   # a bound no gradient reaches: the plain objective
+    assert np.isclose(psnr(huge), naive, atol=0.5), (psnr(huge), naive)
+    with pytest.raises(ValueError, match="clip_norm"):
+        gi.dlg(net, w, obs, clip_norm=0.0, **kw)
+
+
 def test_the_matrix_cell_is_the_adaptive_attack_and_keeps_the_naive_one():
-    out = mx.run_row("dlg", 0, ["none", "prune90"], tiny=True)
-    assert set(out) == {"baseline", "none", "prune90", "prune90" + mx.NAIVE_SUFFIX}
+    out = mx.run_row("dlg", 0, ["none", "prune90", "clip"], tiny=True)
+    assert set(out) == {"baseline", "none", "prune90", "clip", "prune90" + mx.NAIVE_SUFFIX, "clip" + mx.NAIVE_SUFFIX}
     assert out["prune90"] > out["prune90" + mx.NAIVE_SUFFIX], out

@@ -17,6 +17,7 @@ reconstruction and a history of the objective (and of the PSNR when the true ima
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -362,7 +363,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
         batch_size: int = 1, max_iter: int = 100, lr: float = 1.0, labels: torch.Tensor | None = None,
         x_true: torch.Tensor | None = None, snapshot_every: int | None = None, stacked: bool = False,
         history_size: int = 100, steps: int | None = None, seed: int = 0, device=None,
-        mask: dict | None = None) -> InversionResult:
+        mask: dict | None = None, clip_norm: float | None = None) -> InversionResult:
     """Deep Leakage from Gradients (Zhu et al. 2019, Algorithm 1).
 
     Draw dummy ``x' ~ N(0, 1)`` of shape ``[batch_size, *input_shape]`` and dummy label logits ``y'``;
@@ -408,11 +409,18 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     are exactly 0), so ``mask = observed != 0`` matches what was sent and ignores what was withheld, where
     the plain objective would pull every withheld coordinate of the dummy gradient to 0 (issue 35). The
     default ``None`` is the plain objective, unchanged.
+
+    ``clip_norm`` (optional, ``C > 0``): the attacker who knows that the client clipped its update to L2 norm
+    ``C`` (:func:`fedlab.privacy.defenses.clip_rows`) clips the dummy gradient the same way,
+    ``g' min(1, C / ||g'||)``, before matching, so a rescaled observation is matched by a rescaled dummy
+    instead of pulling the dummy towards a smaller gradient. ``None``: no clipping (the plain objective).
     """
     from torch.func import grad_and_value, vmap
 
     _validate_common(input_shape, batch_size, max_iter)
     obs, labels, x_true, A = _stack_inputs(observed, params, labels, x_true, stacked)
+    if clip_norm is not None and not (isinstance(clip_norm, (int, float)) and clip_norm > 0 and math.isfinite(clip_norm)):
+        raise ValueError(f"clip_norm must be a finite number > 0 or None, got {clip_norm!r}")
     if mask is not None:
         if not isinstance(mask, dict) or set(mask) != set(observed):
             raise ValueError(f"mask must be a dict with the keys of observed {sorted(observed)}")
@@ -459,14 +467,19 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
             return -(soft * F.log_softmax(out, -1)).sum(-1).mean()
 
         g = torch.func.grad(loss_p)(params)
+        if clip_norm is not None:
+            norm = torch.sqrt(sum((g[k] ** 2).sum() for k in g))
+            g = {k: v * torch.clamp(clip_norm / norm, max=1.0) for k, v in g.items()}
         terms = {k: (mk[k] * (g[k] - ob[k]) ** 2).sum() for k in ob}
         per_layer = torch.stack([sum(terms[k] for k in grp) for grp in groups])
         return sum(terms[k] for k in ob), per_layer.detach()
 
     fixed = onehot if onehot is not None else torch.zeros(A, batch_size, num_classes, device=dev)
-    if mask is None:
+    if mask is None and clip_norm is None:
         vg = vmap(grad_and_value(objective, argnums=(0, 1), has_aux=True))
     else:
+        if mask is None:
+            mask = {k: torch.ones_like(v) for k, v in obs.items()}
         mask_dev = fl._on(mask, dev)
         vgm = vmap(grad_and_value(masked_objective, argnums=(0, 1), has_aux=True))
         vg = None

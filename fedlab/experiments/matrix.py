@@ -32,7 +32,8 @@ it with :func:`render_html`.
 * ``prune90`` -- each client zeroes the 90 % smallest coordinates (:func:`fedlab.privacy.defenses.prune_rows`);
   the zeros are visible in the update, so the DLG row's attacker matches only the kept coordinates
   (``gradient_inversion.dlg(mask=...)``, the attacker who knows the defense); the plain DLG that ignores the
-  mask is kept beside it as ``"dlg|prune90@naive"`` (:data:`NAIVE_SUFFIX`) and printed under the cell;
+  mask is kept beside it as ``"dlg|prune90@naive"`` (:data:`NAIVE_SUFFIX`) and printed under the cell (under
+  ``clip`` the DLG row's attacker likewise clips its dummy gradient to ``C``, ``dlg(clip_norm=C)``);
 * ``secagg`` -- secure aggregation (:func:`fedlab.privacy.secure_aggregation.secure_sum`): the attacker
   sees only the sum over a group of clients (its size is given per row);
 * ``dpriv0.5`` / ``dpriv5`` -- d-privacy (Galli et al. 2022, Algorithm 2,
@@ -232,7 +233,8 @@ class Attack:
 
 #: the note of a cell that shows the naive attack under the adaptive one
 NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG under pruning matches only the coordinates that "
-              "were sent); 'naive' is the same attack ignoring the defense, which overstates the defense")
+              "were sent; under clipping it clips its dummy gradient to the same C); 'naive' is the same attack "
+              "ignoring the defense, which overstates the defense")
 #: suffix of a cell's value for the attack that ignores the defense, kept beside the adaptive attacker's (issue 35):
 #: ``"<row>|<column>@naive"`` in a record; the page prints it under the cell
 NAIVE_SUFFIX = "@naive"
@@ -283,13 +285,16 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
         out.update({c: float(psnr[i * n_img:(i + 1) * n_img].mean()) for i, c in enumerate(single)})
         # the attacker who knows a sparsifying defense matches only the coordinates that were sent (the others
         # are exactly 0 in the update it sees): that is the cell; the plain DLG above stays as "<column>@naive"
+        # and the attacker who knows the clipping bound C clips its dummy gradient to C before matching
         for i, c in enumerate(single):
-            if _BY_KEY[c].kind != "prune":
+            if _BY_KEY[c].kind not in ("prune", "clip"):
                 continue
             sl = slice(i * n_img, (i + 1) * n_img)
             ob = {k: v[sl] for k, v in obs.items()}
+            knows = ({"mask": {k: v != 0 for k, v in ob.items()}} if _BY_KEY[c].kind == "prune"
+                     else {"clip_norm": float(C)})
             ada = gi.dlg(net, w, ob, input_shape=(1, 8, 8), num_classes=10, max_iter=gi.DLG_REFERENCE_MAX_ITER,
-                         steps=steps, labels=labels[sl], stacked=True, seed=seed, mask={k: v != 0 for k, v in ob.items()})
+                         steps=steps, labels=labels[sl], stacked=True, seed=seed, **knows)
             out[c + NAIVE_SUFFIX] = out[c]
             out[c] = float(np.mean([gi.matched_psnr(r, t[None])[0] for r, t in zip(ada.x, X)]))
     if "secagg" in columns:
