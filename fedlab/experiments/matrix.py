@@ -703,7 +703,7 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     attacks each group's first user with the sum restricted to that user's items. Metric: mean AUC
     over users of the inferred interactions."""
     U, group = _size(tiny, tiny_value=4, quick=16, paper=40), 4
-    iters = _size(tiny, tiny_value=200, quick=1000, paper=1000)
+    iters = _size(tiny, tiny_value=100, quick=1000, paper=1000)
     data = synthetic_movielens(seed=seed)
     users = np.sort(np.random.default_rng(seed).choice(data.num_users, U, replace=False))
     ui = sample_user_items(data, neg_ratio=4, users=users, seed=seed)
