@@ -97,7 +97,12 @@ def test_nbval_run_stores_what_nbclient_would(tmp_path):
     assert stored is not None
 
     reference = nbformat.read(nb_path, as_version=4)
-    NotebookClient(reference, record_timing=False, resources={"metadata": {"path": str(root)}}).execute()
+    # fedlab's GuardedClient is nbclient's NotebookClient with the lost-wake-up fix for Output widgets (a plain
+    # NotebookClient without a time limit once hung here for 8 minutes with its kernel idle) and a cell limit
+    from fedlab.reproduce import GuardedClient
+
+    assert issubclass(GuardedClient, NotebookClient)
+    GuardedClient(reference, timeout=120, record_timing=False, resources={"metadata": {"path": str(root)}}).execute()
 
     def outputs(nb):
         cells = [c for c in nb.cells if c.cell_type == "code"]

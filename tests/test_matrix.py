@@ -210,7 +210,9 @@ def test_orderings_within_each_row(tiny):
     they catch a cell computed under the wrong column."""
     t = tiny
     d = t["dlg"]
-    assert d["none"] > d["clip"] > d["secagg"] > max(d[k] for k in ("dp1", "dp8", "ldp1", "ldp10", "ldp500")) + 3
+    # the attacker who knows the clipping bound recovers as much as without a defense (its naive twin does not)
+    assert min(d["none"], d["clip"]) > d["secagg"] + 10 and d["secagg"] > max(d[k] for k in ("dp1", "dp8", "ldp1", "ldp10", "ldp500")) + 3
+    assert d["clip"] > d["clip" + mx.NAIVE_SUFFIX] + 5 and d["prune90"] > d["prune90" + mx.NAIVE_SUFFIX] + 5
     assert d["dpriv0.5"] > d["dpriv5"] + 3
     m = t["mia"]
     assert m["ldp500"] > m["ldp10"] + 0.1 and 0.55 < m["secagg"] < m["none"] - 0.05
