@@ -15,12 +15,11 @@ RUNENV  = FEDLAB_PROGRESS=0 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 .PHONY: book test test-fast venv clean screenshots pdf
 
 # pytest-xdist workers (and notebooks executed at once by `make book`): every core unless JOBS is set.
-# The tests get one worker more than there are cores: Ray's start-up, Flower's polling and the timeout tests wait
-# without using a core, and a third worker fills those waits (measured on 2 cores, fresh clone at dc7d651:
-# `make test` 341 s with 3 workers, 389 s with 2); `make test-fast` has no such waits and keeps one worker a core
-# (91 s with 3, 75 s with 2); `make book` executes one notebook a core.
+# A worker more than the cores (to fill the waits of Ray, Flower and the timeout tests) was measured on 2 cores:
+# `make test` 341 s and 409 s with 3 workers against 389 s and 389 s with 2 (fresh clones, 2026-11-27), and
+# `make test-fast` 91 s against 75 s: not a clear gain, so one worker a core. `make test JOBS=3` tries it.
 JOBS   ?= auto
-TEST_JOBS = $(if $(filter auto,$(JOBS)),$(shell $(PYTHON) -c "import os; print((os.cpu_count() or 1) + 1)"),$(JOBS))
+TEST_JOBS = $(JOBS)
 PYTEST  = $(RUNENV) FEDLAB_SCALE=$${FEDLAB_SCALE:-quick} $(PY) -m pytest -q
 
 venv: $(STAMP)
