@@ -447,19 +447,9 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     groups = list(layer_groups(params).values())
     sizes = torch.tensor([sum(params[k].numel() for k in g) for g in groups], dtype=torch.float32, device=dev)
 
-    def objective(x, ylogit, ob, fixed):
-        soft = F.softmax(ylogit, -1) if learn_label else fixed
-
-        def loss_p(p):
-            out = functional_call(model, p, (x,))
-            return -(soft * F.log_softmax(out, -1)).sum(-1).mean()
-
-        g = torch.func.grad(loss_p)(params)
-        terms = {k: ((g[k] - ob[k]) ** 2).sum() for k in ob}       # each term once, for both sums below
-        per_layer = torch.stack([sum(terms[k] for k in grp) for grp in groups])
-        return sum(terms[k] for k in ob), per_layer.detach()         # = gradient_distance(g, ob, "l2")
-
-    def masked_objective(x, ylogit, ob, fixed, mk):
+    def objective(x, ylogit, ob, fixed, mk=None):
+        """The matching loss; ``mk`` (the attacker who knows a sparsifying defense) weights each coordinate,
+        ``clip_norm`` (one who knows the clipping bound) clips the dummy gradient first."""
         soft = F.softmax(ylogit, -1) if learn_label else fixed
 
         def loss_p(p):
@@ -470,19 +460,16 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
         if clip_norm is not None:
             norm = torch.sqrt(sum((g[k] ** 2).sum() for k in g))
             g = {k: v * torch.clamp(clip_norm / norm, max=1.0) for k, v in g.items()}
-        terms = {k: (mk[k] * (g[k] - ob[k]) ** 2).sum() for k in ob}
+        if mk is None:
+            terms = {k: ((g[k] - ob[k]) ** 2).sum() for k in ob}   # each term once, for both sums below
+        else:
+            terms = {k: (mk[k] * (g[k] - ob[k]) ** 2).sum() for k in ob}
         per_layer = torch.stack([sum(terms[k] for k in grp) for grp in groups])
-        return sum(terms[k] for k in ob), per_layer.detach()
+        return sum(terms[k] for k in ob), per_layer.detach()         # = gradient_distance(g, ob, "l2")
 
     fixed = onehot if onehot is not None else torch.zeros(A, batch_size, num_classes, device=dev)
-    if mask is None and clip_norm is None:
-        vg = vmap(grad_and_value(objective, argnums=(0, 1), has_aux=True))
-    else:
-        if mask is None:
-            mask = {k: torch.ones_like(v) for k, v in obs.items()}
-        mask_dev = fl._on(mask, dev)
-        vgm = vmap(grad_and_value(masked_objective, argnums=(0, 1), has_aux=True))
-        vg = None
+    vg = vmap(grad_and_value(objective, argnums=(0, 1), has_aux=True))
+    mask_dev = None if mask is None else fl._on(mask, dev)
     last = {"layer_mse": None}
     count = [0]
 
@@ -493,11 +480,8 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
         sel = (lambda t: t) if rows is None else (lambda t: t[rows])
         x = z[:, :nx].reshape(k, *x0.shape[1:])
         yl = z[:, nx:].reshape(k, *y0.shape[1:]) if learn_label else sel(y0)
-        if vg is not None:
-            (gx, gy), (val, per_layer) = vg(x, yl, {kk: sel(v) for kk, v in obs.items()}, sel(fixed))
-        else:
-            (gx, gy), (val, per_layer) = vgm(x, yl, {kk: sel(v) for kk, v in obs.items()}, sel(fixed),
-                                             {kk: sel(v) for kk, v in mask_dev.items()})
+        extra = () if mask_dev is None else ({kk: sel(v) for kk, v in mask_dev.items()},)
+        (gx, gy), (val, per_layer) = vg(x, yl, {kk: sel(v) for kk, v in obs.items()}, sel(fixed), *extra)
         full = np.full((A, len(groups)), np.nan)              # NaN: a row that was not evaluated
         full[slice(None) if rows is None else rows.cpu().numpy()] = (per_layer / sizes).cpu().numpy()
         last["layer_mse"] = full
