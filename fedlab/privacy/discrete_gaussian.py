@@ -25,8 +25,8 @@ Kairouz, Liu & Steinke ("The distributed discrete Gaussian mechanism for federat
 secure aggregation", ICML 2021) sums modulo ``2^b`` inside secure aggregation
 (:mod:`fedlab.privacy.secure_aggregation` works on integers modulo its field). Each client would add
 its own discrete Gaussian share; the sum of discrete Gaussians is close to, not exactly, a discrete
-Gaussian, and that paper accounts for the gap. This module implements the central (one-noise) form
-only.
+Gaussian, and that paper accounts for the gap. This module implements the central (one-noise) form;
+:mod:`fedlab.privacy.distributed_dg` the distributed one.
 
 Arithmetic: numpy int64 for the uniform draws and Python integers (object arrays) where a product
 could overflow; ``sigma^2`` is an integer in grid units, at most ``MAX_SIGMA2``.
