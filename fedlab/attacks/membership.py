@@ -33,7 +33,7 @@ __all__ = [
     "last_layer_names", "per_example_loss", "per_example_grad_norm", "stack_snapshots",
     "snapshot_signals", "SnapshotRecorder", "membership_score", "attack_auc", "attack_tpr_at_fpr", "attack_accuracy",
     "client_signals", "attack_model_auc", "gradient_ascent", "active_attack_rounds", "active_attack_runs", "round_auc",
-    "heldout_accuracy", "leave_one_out_accuracy",
+    "heldout_accuracy", "leave_one_out_accuracy", "learned_loo_scores",
 ]
 
 
@@ -288,6 +288,42 @@ def attack_model_auc(features, is_member, *, train_fraction: float = 0.5, seed: 
     s = clf.decision_function(F[te])
     acc, _ = heldout_accuracy(lab[tr], clf.decision_function(F[tr]), lab[te], s)
     return {"auc": roc_auc(lab[te], s), "accuracy": acc, "floor": auc_permutation_floor(lab[te], s, seed=seed)}
+
+
+def learned_loo_scores(features, is_member) -> np.ndarray:
+    """Nasr et al. (2019, Sec. IV-C)'s supervised attack across targets: for each target ``u`` a classifier
+    (standardised logistic regression, scikit-learn; the paper uses a neural network) is trained on the
+    signal histories of the *other* targets' candidates, whose membership the adversary knows, and scores
+    target ``u``'s candidates. No score depends on its own target's labels.
+
+    ``features``: ``[U, m, F]`` (``U >= 2`` targets, ``m`` candidates each, ``F`` signals, e.g. the loss of
+    the model the target received and of the model it returned at every attack round); ``is_member``:
+    ``[m]`` (the same for every target) or ``[U, m]``, both classes present among the other targets.
+    Returns the decision scores ``[U, m]`` (higher means "member"). Raises ``ValueError`` for other shapes,
+    fewer than two targets, or non-finite features."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    F = np.asarray(features, dtype=np.float64)
+    if F.ndim != 3 or F.shape[0] < 2:
+        raise ValueError(f"features must be [U, m, F] with U >= 2 targets, got shape {F.shape}")
+    if not np.isfinite(F).all():
+        raise ValueError("features must be finite")
+    L = np.asarray(is_member).astype(int)
+    L = np.broadcast_to(L, F.shape[:2]) if L.shape == F.shape[1:2] else L
+    if L.shape != F.shape[:2]:
+        raise ValueError(f"is_member must be [m] or [U, m] matching features {F.shape[:2]}, got {np.shape(is_member)}")
+    out = np.empty(F.shape[:2])
+    for u in range(F.shape[0]):
+        rest = np.arange(F.shape[0]) != u
+        y = L[rest].ravel()
+        if y.min() == y.max():
+            raise ValueError("is_member must hold members and non-members among the other targets")
+        clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+        clf.fit(F[rest].reshape(-1, F.shape[2]), y)
+        out[u] = clf.decision_function(F[u])
+    return out
 
 
 def gradient_ascent(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, *,

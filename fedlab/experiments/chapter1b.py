@@ -29,7 +29,8 @@ __all__ = ["LECTURE_WINDOW_AUC", "SUMMARY_LABELS", "LECTURE_ACTIVE_ACCURACY", "L
            "passive_curves", "passive_curve_values", "plot_passive_curves", "white_black_box",
            "white_black_box_values", "white_black_box_table",
            "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "active_attack_sweep",
-           "active_attack_name", "active_attack_values", "active_attack_table", "dp_grid", "plot_dp_grid",
+           "active_attack_name", "active_attack_values", "active_attack_table", "LOW_FPR",
+           "active_learned_values", "active_learned_table", "dp_grid", "plot_dp_grid",
            "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
            "personalization_eps_sweep", "personalization_eps_values", "personalization_eps_table"]
 
@@ -46,6 +47,9 @@ LECTURE_ACTIVE_ACCURACY = {("server", False): 0.851, ("server", True): 0.882, ("
 #: lecture slide "Additional information leaked in FL - white-box access" (Nasr et al. 2019, Table IV),
 #: Purchase100 fully connected row (the task of the lecture's gradient-norm figure): attack accuracy
 LECTURE_WHITE_BOX = {"black-box (outputs)": 0.676, "white-box (gradients)": 0.734}
+
+#: false-positive rates at which the active attacks' TPR is reported (Carlini et al., S&P 2022)
+LOW_FPR = (0.001, 0.01)
 # the chapter's main numbers, name -> label, for the over-seeds summary figure (plots.record_errorbars)
 SUMMARY_LABELS = {
     "mia_auc_last": "MIA AUC, last round",
@@ -324,14 +328,19 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
     ``k + 1``), scored on client ``k``'s candidates ``cand_X[k], cand_y[k]`` (``[K, 2n, ...]``, ``[K, 2n]``)
     by minus the loss averaged over the rounds. ``fl_args``: ``local_epochs``, ``batch_size``, ``lr``.
 
-    Returns ``{"auc": {(name, gamma): [U]}, "accuracy": {(name, gamma): [U]}, "floor": float}``: per
+    Returns ``{"auc": {(name, gamma): [U]}, "accuracy": {(name, gamma): [U]}, "auc_learned": {(name, gamma): [U]},
+    "tpr": {(name, gamma): {"mean loss": [..], "learned": [..]}}, "fpr": LOW_FPR, "floor": float}``: per
     target the AUC against ``is_member`` ``[2n]``, the balanced accuracy of a threshold chosen on the
-    *other* targets' candidates (:func:`fedlab.attacks.membership.leave_one_out_accuracy`), and the chance
-    floor of the mean AUC over the ``U`` targets (:func:`fedlab.metrics.auc_permutation_floor`).
+    *other* targets' candidates (:func:`fedlab.attacks.membership.leave_one_out_accuracy`); the AUC of
+    Nasr et al.'s learned attack (:func:`fedlab.attacks.membership.learned_loo_scores`: a classifier on the
+    loss of the model the target received and of the model it returned at every attack round, trained on
+    the other targets' candidates); both scores' TPR at the false-positive rates :data:`LOW_FPR`, pooled
+    over the targets with one threshold (:func:`fedlab.metrics.tpr_at_fpr`); and the chance floor of the
+    mean AUC over the ``U`` targets (:func:`fedlab.metrics.auc_permutation_floor`).
     Raises ``ValueError`` for fewer than two targets, a target that is not a client, no ``ascent_lrs`` or
     one that is not ``> 0``.
     """
-    from ..metrics import auc_permutation_floor, roc_auc
+    from ..metrics import auc_permutation_floor, roc_auc, tpr_at_fpr
 
     targets = list(targets)
     num_clients = cand_X.shape[0]
@@ -349,12 +358,27 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
             extra = {"attacker_index": (k + 1) % num_clients} if kw["attacker"] == "participant" else {}
             runs.append(dict(X_target=cand_X[k], y_target=cand_y[k], target=k, ascent_lr=gamma, **kw, **extra))
     # mia.active_attack_rounds for every (variant, gamma, target), all runs' clients trained in one vmap
-    signals = iter(mia.active_attack_runs(model, clients, params, runs, num_rounds=num_rounds, seed=seed, **fl_args))
-    out = {"auc": {}, "accuracy": {}}
+    traces = iter(mia.active_attack_runs(model, clients, params, runs, num_rounds=num_rounds, seed=seed,
+                                         return_trace=True, **fl_args))
+    loss_fn = fl_args.get("loss_fn")
+    lkw = {} if loss_fn is None else {"loss_fn": loss_fn}
+    out = {"auc": {}, "accuracy": {}, "auc_learned": {}, "tpr": {}, "fpr": tuple(LOW_FPR)}
+    labels = np.tile(np.asarray(is_member), len(targets))
     for cell in cells:
-        scores = np.stack([mia.membership_score(next(signals), num_rounds).numpy() for _ in targets])   # [U, 2n]
+        scores, feats = [], []
+        for k in targets:
+            tr = next(traces)
+            with torch.no_grad():
+                sent = torch.stack([mia.per_example_loss(model, rec, cand_X[k], cand_y[k], **lkw) for rec in tr["received"]])
+            scores.append(mia.membership_score(tr["signals"], num_rounds).numpy())
+            feats.append(torch.cat([sent, tr["signals"]]).T.numpy())       # [2n, 2R]: sent and observed losses
+        scores, feats = np.stack(scores), np.stack(feats)                    # [U, 2n], [U, 2n, 2R]
+        learned = mia.learned_loo_scores(feats, is_member)
         out["auc"][cell] = np.asarray([roc_auc(is_member, s) for s in scores])
         out["accuracy"][cell] = mia.leave_one_out_accuracy(is_member, scores)[0]
+        out["auc_learned"][cell] = np.asarray([roc_auc(is_member, s) for s in learned])
+        out["tpr"][cell] = {"mean loss": tpr_at_fpr(labels, scores.ravel(), list(LOW_FPR)),
+                            "learned": tpr_at_fpr(labels, learned.ravel(), list(LOW_FPR))}
     out["floor"] = auc_permutation_floor(np.tile(np.asarray(is_member), (len(targets), 1)), scores)
     return out
 
@@ -416,6 +440,59 @@ def active_attack_table(sweep: Mapping, paper: Callable[[str], str]):
                  paper("act_floor")])
     return md_table(["attacker", "mode", "paper accuracy", "ours AUC", "ours accuracy (held-out threshold)",
                      "AUC − passive (paired)", "ours AUC, paper scale (mean ± 95 % CI over seeds)"], rows)
+
+
+def _fpr_tag(rate: float) -> str:
+    return f"{100 * rate:g}".replace(".", "p")
+
+
+def active_learned_values(sweep: Mapping) -> dict:
+    """``{name: value}`` the chapter quotes about the learned attack of :func:`active_attack_sweep`
+    (unrounded): per cell the learned attack's mean AUC over targets (:func:`active_attack_name` with
+    ``stat`` ``lauc``), its paired gain over the same attacker's learned passive attack (``ld``, with ``_lo``
+    / ``_hi``: 95 % t interval over targets), and the pooled TPR of both scores at each rate of
+    ``sweep["fpr"]`` (``tpr<percent>`` for the mean loss, ``ltpr<percent>`` for the learned score, e.g.
+    ``act_server_g2_ltpr1``); ``lgain_max`` / ``lgain_min``: the largest and smallest learned ascent gains;
+    ``ltpr<percent>_max``: the learned score's best TPR over the cells at each rate."""
+    out, gains = {}, []
+    for (name, gamma), a in sweep["auc_learned"].items():
+        out[active_attack_name(name, gamma, "lauc")] = float(np.mean(a))
+        for i, rate in enumerate(sweep["fpr"]):
+            out[active_attack_name(name, gamma, f"tpr{_fpr_tag(rate)}")] = float(sweep["tpr"][(name, gamma)]["mean loss"][i])
+            out[active_attack_name(name, gamma, f"ltpr{_fpr_tag(rate)}")] = float(sweep["tpr"][(name, gamma)]["learned"][i])
+        if gamma > 0:
+            m, _, ci = t_interval(np.asarray(a) - np.asarray(sweep["auc_learned"][(name, 0.0)]))
+            tag = active_attack_name(name, gamma, "ld")
+            out.update({tag: m, tag + "_lo": (ci or (m, m))[0], tag + "_hi": (ci or (m, m))[1]})
+            gains.append(m)
+    if gains:
+        out.update(lgain_max=max(gains), lgain_min=min(gains))
+    for i, rate in enumerate(sweep["fpr"]):
+        out[f"ltpr{_fpr_tag(rate)}_max"] = max(float(t["learned"][i]) for t in sweep["tpr"].values())
+    return out
+
+
+def active_learned_table(sweep: Mapping, paper: Callable[[str], str]):
+    """The active attacks scored two ways (Markdown), one row per attacker and ascent step: the fixed score
+    (mean loss over the attack rounds) and Nasr et al.'s learned attack (trained on the other targets),
+    each as AUC (mean ± 95 % interval over targets) and pooled TPR at the rates of ``sweep["fpr"]``; the
+    learned attack's gain over the same attacker's learned passive attack (paired over targets); the
+    stored paper-scale record's learned AUC."""
+    from ..plots import md_table
+
+    rows = []
+    for (name, gamma), a in sweep["auc_learned"].items():
+        t = sweep["tpr"][(name, gamma)]
+        passive = np.asarray(sweep["auc_learned"][(name, 0.0)])
+        rows.append([name, "passive" if gamma == 0 else f"γ = {gamma:g}", mean_interval(sweep["auc"][(name, gamma)]),
+                     " / ".join(f"{v:.3f}" for v in t["mean loss"]), mean_interval(a),
+                     " / ".join(f"{v:.3f}" for v in t["learned"]),
+                     "-" if gamma == 0 else mean_interval(np.asarray(a) - passive),
+                     paper(active_attack_name(name, gamma, "lauc"))])
+    rates = " / ".join(f"{100 * r:g} %" for r in sweep["fpr"])
+    return md_table(["attacker", "ascent", "mean loss: AUC", f"mean loss: TPR at {rates} FPR", "learned: AUC",
+                     f"learned: TPR at {rates} FPR", "learned: AUC − passive (paired)",
+                     "learned AUC, paper scale (over seeds)"], rows)
 
 
 # ---------------------------------------------------------------------------------------------------
