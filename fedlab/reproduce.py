@@ -1006,8 +1006,8 @@ def write_record(record: dict, out: str | Path, *, force: bool = False) -> Path:
             return atomic_write_text(failed, text)
     lost = None if force else seeds_lost(path, record["seeds"])
     if lost:
-        raise ValueError(f"{lost}: nothing was written (force=True replaces it; run every stored seed to keep "
-                         f"them)")
+        raise ValueError(f"{lost}: nothing was written (--force, force=True, replaces it; a run of every stored "
+                         f"seed keeps them)")
     return atomic_write_text(path, text)
 
 
