@@ -26,6 +26,13 @@ at paper scale) or whose kernel dies is run once more before it counts as failed
 record lists the first failures). Glued names ending in ``_paper`` or ``_note`` quote a stored record
 and are not collected.
 
+A run never replaces a stored record with fewer seeds: if ``<stem>.<scale>.json`` holds a seed that
+``--seeds`` leaves out, nothing runs and the command exits 2 naming the stored seeds, their commit and the
+seeds that would be lost (:func:`check_stored_seeds`); ``--seeds`` with every stored seed, another
+``--out`` or ``--force`` go on. Seeds of two runs are never merged into one record (a record holds one
+commit's values). A chapter is named by its stem, its number (``1a``, ``01a``, ``ch3b``, ``4``) or a unique
+prefix of its stem (:func:`resolve_chapters`); an unknown name gets a "did you mean".
+
 ``python -m fedlab reproduce matrix`` is the one name that is not a notebook: it runs the attack x defense
 matrix (:func:`fedlab.experiments.matrix.run_matrix`, every cell at every seed, one seed after the other
 in this process) and writes ``<out>/matrix.<scale>.json`` in the same format (``values`` named
@@ -38,6 +45,7 @@ Usage::
     python -m fedlab reproduce --list
     python -m fedlab reproduce matrix --seeds 0-2
     python -m fedlab reproduce 02 --scale quick --seeds 1,2 --out /tmp/rec
+    python -m fedlab reproduce 3b --scale paper --seeds 0-4 --jobs 2
     python -m fedlab reproduce all --scale paper --seeds 0,1,2 --jobs 2
 """
 from __future__ import annotations
@@ -47,6 +55,7 @@ import ast
 import asyncio
 import contextlib
 import datetime as _dt
+import difflib
 import json
 import math
 import os
@@ -70,7 +79,8 @@ from .config import progress_enabled
 
 __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "non_finite_glues", "summarize",
            "t_interval", "run_notebook", "reproduce", "reproduce_matrix", "main", "atomic_write_text", "write_record",
-           "check_out", "check_seeds", "check_timeout", "RunInterrupted"]
+           "check_out", "check_seeds", "check_timeout", "check_stored_seeds", "seeds_lost", "format_seeds",
+           "chapter_aliases", "MATRIX", "RunInterrupted"]
 
 #: glued names with these endings quote a stored record (``run.paper(...)``, ``run.describe()``) and
 #: are not collected into a new one
@@ -100,6 +110,9 @@ STALL_GRACE = 10.0
 #: seconds to wait, after a cell's reply, for the rest of its output (nbclient's default is 4 s and then
 #: it goes on without the output: a missing glued value; here a missing output fails the seed)
 IOPUB_TIMEOUT = 30
+
+#: the one chapter name that is not a notebook: the attack x defense matrix (:func:`reproduce_matrix`)
+MATRIX = "matrix"
 
 RECORD_FIELDS = ("chapter", "title", "scale", "seeds", "values", "summary", "seconds", "failures", "machine",
                  "python", "torch", "commit", "date", "command")
@@ -171,21 +184,87 @@ def list_chapters(root: str | Path | None = None) -> list[Chapter]:
     return chapters
 
 
+_ALIAS = re.compile(r"^(?:ch(?:apter|ap)?[\s._-]*)?0*(\d+)([a-z]?)$")
+_STEM_NUMBER = re.compile(r"^0*(\d+)([a-z]?)(?:_|$)")
+
+
+def _stem_number(stem: str) -> tuple[int, str] | None:
+    """``(1, "a")`` for ``01a_gradient_leakage``, ``(4, "")`` for ``04_model_reconstruction``, ``None`` for
+    a stem that does not start with a chapter number."""
+    m = _STEM_NUMBER.match(stem.lower())
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def chapter_aliases(stem: str) -> list[str]:
+    """The short names that :func:`resolve_chapters` takes for the notebook ``stem``: for
+    ``03b_raifle_oltr`` ``["03b", "3b", "ch3b", "ch03b"]``, for ``04_model_reconstruction`` ``["04", "4",
+    "ch4", "ch04"]`` (matching ignores case, and ``chapter``/``chap`` may stand for ``ch``, with an
+    optional ``-``, ``_``, ``.`` or space after it). Empty for a stem without a chapter number."""
+    number = _stem_number(stem)
+    if number is None:
+        return []
+    n, letter = number
+    padded, short = f"{n:02d}{letter}", f"{n}{letter}"
+    return list(dict.fromkeys([padded, short, f"ch{short}", f"ch{padded}"]))
+
+
+def _alias_key(name: str) -> tuple[int, str] | None:
+    m = _ALIAS.match(name.strip().lower())
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
 def resolve_chapters(name: str, chapters: list[Chapter]) -> list[Chapter]:
-    """``all``, a notebook stem (``02_pac_identifiability``) or a unique prefix of one (``02``,
-    ``03a``). Raises ``ValueError`` naming the choices when ``name`` matches none or several."""
-    if name == "all":
+    """The chapters that ``name`` names: ``all``; a notebook stem (``02_pac_identifiability``, also as a
+    path: ``chapters/02_pac_identifiability.ipynb``); a chapter number with its letter, padded or not, with
+    or without ``ch`` (``1a``, ``01a``, ``ch3b``, ``4``, ``04``: see :func:`chapter_aliases`); or a
+    unique prefix of a stem (``03a_rai``). A number without its letter where the chapter has several
+    (``1`` for 01a and 01b) is ambiguous.
+
+    Raises ``ValueError`` when ``name`` matches no chapter or several. The first message proposes what
+    was probably meant (for a chapter number the book lacks, ``3c``, the chapters of that number; else the
+    ``difflib.get_close_matches`` of ``name`` among the stems, their aliases and their words, ``raifle``)
+    and lists every valid name; the second names the chapters that match."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"chapter must be a non-empty name, got {name!r}")
+    text = name.strip()
+    if text.lower() == "all":
         return list(chapters)
-    exact = [c for c in chapters if c.stem == name]
+    if text.endswith(".ipynb") or "/" in text:
+        text = Path(text).name.removesuffix(".ipynb")
+    exact = [c for c in chapters if c.stem == text or c.stem.lower() == text.lower()]
     if exact:
-        return exact
-    hits = [c for c in chapters if c.stem.startswith(name)]
+        return exact[:1]
+    key = _alias_key(text)
+    if key is not None:
+        n, letter = key
+        hits = [c for c in chapters if (num := _stem_number(c.stem)) is not None and num[0] == n
+                and (num[1] == letter or not letter)]
+        if len(hits) == 1:
+            return hits
+        if len(hits) > 1:
+            raise ValueError(f"chapter {name!r} is ambiguous ({', '.join(c.stem for c in hits)}): add the "
+                             f"letter, e.g. {', '.join(chapter_aliases(c.stem)[1] for c in hits)}")
+    hits = [c for c in chapters if c.stem.lower().startswith(text.lower())]
     if len(hits) == 1:
         return hits
-    stems = ", ".join(c.stem for c in chapters)
-    if not hits:
-        raise ValueError(f"chapter {name!r} matches no notebook of _toc.yml; choose one of: {stems} (or 'all')")
-    raise ValueError(f"chapter {name!r} is ambiguous ({', '.join(c.stem for c in hits)}); give more of the name")
+    if hits:
+        raise ValueError(f"chapter {name!r} is ambiguous ({', '.join(c.stem for c in hits)}); give more of the name")
+    if key is not None:     # a chapter number the book does not have (3c, ch9): the chapters of that number
+        targets = [c.stem for c in chapters if (num := _stem_number(c.stem)) is not None and num[0] == key[0]]
+    else:                   # a misspelt stem or word of one (raifel, flwoer, matirx)
+        names: dict[str, list[str]] = {"all": ["all"], MATRIX: [MATRIX]}   # a name -> the stems it stands for
+        for c in chapters:
+            words = c.stem.lower().split("_")
+            rest = words[1:] if _stem_number(c.stem) else words
+            for n in [c.stem.lower(), *chapter_aliases(c.stem), "_".join(rest), *(w for w in rest if len(w) > 3)]:
+                names.setdefault(n, []).append(c.stem)
+        close = difflib.get_close_matches(text.lower(), list(names), n=4, cutoff=0.6)
+        targets = list(dict.fromkeys(s for c in close for s in names[c]))
+    guess = f"; did you mean {' or '.join(targets)}?" if targets else "."
+    valid = ", ".join(f"{c.stem} ({chapter_aliases(c.stem)[1]})" if chapter_aliases(c.stem) else c.stem
+                      for c in chapters)
+    raise ValueError(f"chapter {name!r} matches no notebook of _toc.yml{guess} Valid names: {valid}, 'all' "
+                     f"(every chapter) or '{MATRIX}' (the attack x defense matrix)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -823,13 +902,94 @@ def check_seeds(seeds) -> list[int]:
     return seeds
 
 
+def format_seeds(seeds) -> str:
+    """``seeds`` in the form ``--seeds`` takes, sorted, runs of consecutive seeds as ranges:
+    ``format_seeds([7, 0, 1, 2]) == "0-2,7"``, ``format_seeds([3]) == "3"``."""
+    parts: list[str] = []
+    ordered = sorted(set(seeds))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if j == i else f"{ordered[i]}-{ordered[j]}" if j > i + 1
+                     else f"{ordered[i]},{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _stored_seeds(path: Path) -> tuple[list[int], dict] | None:
+    """``(seeds, record)`` of the record stored at ``path``; ``None`` when there is none, or the file is not
+    a readable record (not JSON, no list of integer ``seeds``): such a file holds no seed to lose."""
+    if not path.is_file() or path.is_symlink():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    seeds = stored.get("seeds") if isinstance(stored, dict) else None
+    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        return None
+    return seeds, stored
+
+
+def seeds_lost(path: str | Path, seeds) -> str | None:
+    """Why a record of ``seeds`` may not replace the record stored at ``path``, or ``None`` when it may
+    (none is stored, or ``seeds`` holds every stored seed). The reason names the stored seeds, their commit
+    and date, and the seeds that would be lost."""
+    found = _stored_seeds(Path(path))
+    if found is None:
+        return None
+    stored, record = found
+    lost = sorted(set(stored) - set(seeds))
+    if not lost:
+        return None
+    made = ", ".join(f"{k} {record[k]}" if k == "commit" else str(record[k]) for k in ("commit", "date")
+                     if record.get(k))
+
+    def plural(xs):
+        return f"seed{'s' if len(set(xs)) > 1 else ''} {format_seeds(xs)}"
+
+    return (f"{path} holds {plural(stored)}{f' ({made})' if made else ''}; a record of {plural(seeds)} would "
+            f"replace it and lose {plural(lost)}")
+
+
+def check_stored_seeds(out: str | Path, stems: list[str], scale: str, seeds, *, force: bool = False) -> None:
+    """Before any seed runs: refuse a run whose record would replace a stored record with fewer seeds. For
+    each of ``stems``, the record stored at ``<out>/<stem>.<scale>.json`` may only be replaced by a run
+    whose ``seeds`` include every stored seed (more seeds, or the same seeds again, are fine), unless
+    ``force``. Stored seeds are never merged with new ones: a record holds the values of one commit, one
+    machine and one command, and a mix would state numbers no single run gave.
+
+    Raises ``ValueError`` naming, for each such record, the stored seeds and the seeds that would be lost,
+    and the ways on: ``--seeds`` with every stored seed and the new ones (all run again), ``--out`` to write
+    elsewhere, ``--force`` to replace it."""
+    if force:
+        return
+    seeds = list(seeds)
+    reasons, union = [], set(seeds)
+    for stem in stems:
+        path, _ = record_paths(out, stem, scale)
+        reason = seeds_lost(path, seeds)
+        if reason:
+            reasons.append(reason)
+            union |= set(_stored_seeds(path)[0])
+    if reasons:
+        raise ValueError("; ".join(reasons) + f". Nothing was run. To keep every stored seed, run them all "
+                         f"(a record holds one commit's values, so stored seeds are run again, not merged): "
+                         f"--seeds {format_seeds(union)}; to keep the stored record and write this run's "
+                         f"elsewhere: --out DIR; to replace it with this run's seeds only: --force")
+
+
 def write_record(record: dict, out: str | Path, *, force: bool = False) -> Path:
     """Write ``record`` to ``out/<chapter>.<scale>.json`` (atomically: see :func:`atomic_write_text`)
     and return the path. A record with failing seeds never replaces a stored record without failures
-    (unless ``force``): it goes to ``<chapter>.<scale>.failed.json`` beside it instead. Raises
-    ``ValueError`` for a record that lacks a field or holds a NaN or an infinity (JSON has neither), or
-    for a record path that is a symbolic link; ``OSError`` if the write fails (the stored record is then
-    left as it was)."""
+    (unless ``force``): it goes to ``<chapter>.<scale>.failed.json`` beside it instead. A record never
+    replaces a stored record that holds a seed it lacks (unless ``force``; see :func:`check_stored_seeds`,
+    which ``reproduce`` calls before any seed runs). Raises ``ValueError`` for a record that lacks a field
+    or holds a NaN or an infinity (JSON has neither), for a record path that is a symbolic link, or for a
+    record that would lose stored seeds (nothing is written); ``OSError`` if the write fails (the stored
+    record is then left as it was)."""
     missing = [k for k in RECORD_FIELDS if k not in record]
     if missing:
         raise ValueError(f"record lacks the fields {missing}")
@@ -843,7 +1003,11 @@ def write_record(record: dict, out: str | Path, *, force: bool = False) -> Path:
         except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
             stored_clean = False
         if stored_clean:
-            path = failed
+            return atomic_write_text(failed, text)
+    lost = None if force else seeds_lost(path, record["seeds"])
+    if lost:
+        raise ValueError(f"{lost}: nothing was written (--force, force=True, replaces it; a run of every stored "
+                         f"seed keeps them)")
     return atomic_write_text(path, text)
 
 
@@ -965,7 +1129,8 @@ def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: in
     ``out`` is checked before the first seed runs (:func:`check_out`). SIGINT or SIGTERM stops the whole
     run: the kernels are stopped, the record of the chapter being run is not written (a stored one is
     left as it was, and stderr says so), and :class:`RunInterrupted` is raised. Raises ``ValueError``
-    for bad ``jobs``, ``seeds``, ``timeout`` or ``out``."""
+    for bad ``jobs``, ``seeds``, ``timeout`` or ``out``, and, before any seed runs, when a stored record
+    holds a seed that ``seeds`` leaves out (:func:`check_stored_seeds`; ``force`` replaces it anyway)."""
     from tqdm.auto import tqdm
 
     stderr = stderr or sys.stderr
@@ -974,6 +1139,7 @@ def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: in
     seeds = check_seeds(seeds)
     timeout = check_timeout(timeout)
     out = check_out(out, [c.stem for c in chapters], scale)
+    check_stored_seeds(out, [c.stem for c in chapters], scale, seeds, force=force)
     paths, failures = [], []
     with _stop_on_signals():
         for chapter in chapters:
@@ -1013,7 +1179,6 @@ def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: in
 
 # --------------------------------------------------------------------------------------------------
 # the attack x defense matrix (not a notebook: fedlab.experiments.matrix computes its cells)
-MATRIX = "matrix"
 
 
 def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Path, command: str = "",
@@ -1022,7 +1187,9 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
     to ``scale``, every RNG seeded with the seed, one torch thread) and write the record
     ``<out>/matrix.<scale>.json`` with :func:`write_record`. A seed whose run raises is a failure
     (``{"seed", "cell": the attack row, "line": "", "error"}``), kept out of the summary. Returns the
-    written path and the failures. Raises ``ValueError`` for bad ``seeds`` or ``scale``."""
+    written path and the failures. Raises ``ValueError`` for bad ``seeds`` or ``scale``, and, before any
+    seed runs, when the stored record holds a seed that ``seeds`` leaves out (:func:`check_stored_seeds`;
+    ``force`` replaces it anyway)."""
     import torch
 
     from .config import SCALES, seed_everything
@@ -1033,6 +1200,7 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     seeds = check_seeds(seeds)
     out = check_out(out, [MATRIX], scale)
+    check_stored_seeds(out, [MATRIX], scale, seeds, force=force)
     old_scale, old_threads = os.environ.get("FEDLAB_SCALE"), torch.get_num_threads()
     os.environ["FEDLAB_SCALE"] = scale
     torch.set_num_threads(1)
@@ -1133,15 +1301,48 @@ def _positive_seconds(text: str) -> int:
     return value
 
 
+#: ``python -m fedlab reproduce --help``: plain text (the module docstring is reStructuredText for the API pages)
+HELP_DESCRIPTION = """\
+Run chapters of the book headless, once per seed, and store every number each
+chapter reports, with its mean and 95 % interval over the seeds.
+
+Each chapter's record goes to chapters/records/<chapter>.<scale>.json (or to
+--out DIR). The chapter pages show the paper-scale records beside the numbers
+of the build you read.
+
+A run never replaces a stored record with fewer seeds: if the stored record
+holds a seed this run leaves out, nothing runs and the message says which seeds
+would be lost (run them all again, write elsewhere with --out, or replace it
+with --force). A seed that fails is named on stderr and the command exits 1;
+its record goes to <chapter>.<scale>.failed.json rather than replace a stored
+record without failures.
+
+CHAPTER is a notebook name (02_pac_identifiability), its number (2, 02, 1a,
+01a, ch3b), 'all' for every chapter, or 'matrix' for the attack x defense
+matrix."""
+
+HELP_EXAMPLES = """\
+examples:
+  python -m fedlab reproduce --list
+  python -m fedlab reproduce 02 --seeds 0-4
+  python -m fedlab reproduce 03b --scale paper --seeds 0-4 --jobs 2
+  python -m fedlab reproduce all --seeds 0,1,2 --out /tmp/records
+  python -m fedlab reproduce matrix --seeds 0-2"""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fedlab", description="fedlab command line")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("reproduce", help="run a chapter at several seeds and store its glued numbers",
-                       description=__doc__.split("\n\n")[0])
-    r.add_argument("chapter", nargs="?", help="notebook stem, its prefix (02, 03a), 'all', or 'matrix' "
-                                              "(the attack x defense matrix)")
-    r.add_argument("--list", action="store_true", help="list the chapters of _toc.yml and exit")
-    r.add_argument("--scale", choices=("quick", "paper"), default="quick")
+    r = sub.add_parser("reproduce", help="run chapters at several seeds and store their numbers",
+                       description=HELP_DESCRIPTION, epilog=HELP_EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("chapter", nargs="?", help="a notebook name or number (02_pac_identifiability, 2, 3b, ch1a), "
+                                              "'all', or 'matrix' (the attack x defense matrix)")
+    r.add_argument("--list", action="store_true",
+                   help="list the chapters and their stored records (seeds, seconds per seed) and exit")
+    r.add_argument("--scale", choices=("quick", "paper"), default="quick",
+                   help="quick (the settings the book builds with; default) or paper (the papers' settings; "
+                        "--list shows the stored seconds per seed)")
     r.add_argument("--seeds", type=_parse_seeds, default=[0, 1, 2], help="e.g. 0,1,2 or 0-4 (default 0,1,2)")
     r.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (default 1)")
     r.add_argument("--out", default=None, help="folder for the records (default chapters/records/)")
@@ -1151,7 +1352,9 @@ def _parser() -> argparse.ArgumentParser:
                         "paper); a seed whose cell times out, whose kernel dies or stalls is run once more")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     r.add_argument("--force", action="store_true",
-                   help="let a record with failing seeds replace a stored clean one (default: write <stem>.<scale>.failed.json)")
+                   help="replace the stored record whatever it holds: also when this run leaves out some of its "
+                        "seeds (default: refuse before anything runs) or has failing seeds where the stored one "
+                        "has none (default: write <chapter>.<scale>.failed.json)")
     return p
 
 
@@ -1183,23 +1386,26 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{c.stem:32s} {c.title}{_stored_times(c.stem, out_dir)}")
             return 0
         if not args.chapter:
-            print("error: give a CHAPTER (a stem, its prefix or 'all') or --list", file=sys.stderr)
+            print("error: give a CHAPTER (a stem, its number such as 02 or 3b, 'all' or 'matrix') or --list",
+                  file=sys.stderr)
             return 2
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         out = Path(args.out) if args.out else root / "chapters" / "records"
-        if args.chapter == MATRIX:
+        if args.chapter.strip().lower() == MATRIX:
             check_out(out, [MATRIX], args.scale)
+            check_stored_seeds(out, [MATRIX], args.scale, args.seeds, force=args.force)
             try:
                 _, failures = reproduce_matrix(scale=args.scale, seeds=args.seeds, out=out, root=root,
                                                command="python -m fedlab " + " ".join(argv), force=args.force)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:   # not written (another run stored more seeds meanwhile)
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
             return 1 if failures else 0
         selected = resolve_chapters(args.chapter, chapters)
         show = not args.no_progress and progress_enabled()       # validates FEDLAB_PROGRESS
         check_out(out, [c.stem for c in selected], args.scale)   # before the first seed, not after the last
+        check_stored_seeds(out, [c.stem for c in selected], args.scale, args.seeds, force=args.force)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -1211,7 +1417,7 @@ def main(argv: list[str] | None = None) -> int:
                                 command="python -m fedlab " + " ".join(argv), force=args.force)
     except RunInterrupted as exc:
         return 128 + exc.signum      # reproduce said on stderr what was kept
-    except OSError as exc:           # the record could not be written (the stored one is left as it was)
+    except (OSError, ValueError) as exc:   # a record could not be written (the stored one is left as it was)
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 1 if failures else 0

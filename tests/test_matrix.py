@@ -388,9 +388,10 @@ def test_reproduce_matrix_writes_a_record_and_names_a_failing_seed(tmp_path, mon
     assert path.name == "matrix.quick.json" and failures == [] and set(RECORD_FIELDS) <= set(rec)
     assert rec["values"]["dlg|none"] == [1.0, 2.0, 3.0] and rec["summary"]["dlg|none"]["n"] == 3
     assert rec["row_seconds"] == {"dlg": [0.25, 0.25, 0.25]} and len(rec["matrix"]["rows"]) == len(mx.ATTACKS)
-    path2, failures = rp.reproduce_matrix(scale="quick", seeds=[4, 5, 6], out=tmp_path, root=ROOT)
+    # every stored seed and one more (fewer would be refused before a seed runs: test_reproduce_cli.py)
+    path2, failures = rp.reproduce_matrix(scale="quick", seeds=[0, 1, 2, 5], out=tmp_path, root=ROOT)
     assert [f["seed"] for f in failures] == [5] and failures[0]["cell"] == "dlg" and "boom" in failures[0]["error"]
     assert path2.name == "matrix.quick.failed.json"                      # never replaces the clean record
-    assert json.loads(path2.read_text())["summary"]["dlg|none"]["n"] == 2
+    assert json.loads(path2.read_text())["summary"]["dlg|none"]["n"] == 3
     with pytest.raises(ValueError, match="seeds"):
         rp.reproduce_matrix(scale="quick", seeds=[1, 1], out=tmp_path, root=ROOT)

@@ -158,10 +158,14 @@ def test_failing_seed_is_named_and_exit_nonzero(tmp_path):
     # the failed seed keeps its values but is left out of the summary
     assert rec["summary"]["after"]["n"] == 1 and rec["summary"]["before"] == {"mean": 0.0, "std": None,
                                                                              "ci95": None, "n": 1}
-    # a failing run never replaces a stored clean record
+    # a clean run of seed 0 alone would drop the stored failure of seed 1: refused before it runs, unless --force
     res = _cli(root, "02_bad", "--seeds", "0", "--out", str(out))
+    assert res.returncode == 2 and "lose seed 1" in res.stderr and "--force" in res.stderr, res.stderr
+    assert json.loads((out / "02_bad.quick.json").read_text())["seeds"] == [0, 1]
+    res = _cli(root, "02_bad", "--seeds", "0", "--out", str(out), "--force")
     assert res.returncode == 0 and json.loads((out / "02_bad.quick.json").read_text())["failures"] == []
-    res = _cli(root, "02_bad", "--seeds", "1", "--out", str(out))
+    # a failing run never replaces a stored clean record
+    res = _cli(root, "02_bad", "--seeds", "0,1", "--out", str(out))
     assert res.returncode == 1 and (out / "02_bad.quick.failed.json").is_file()
     assert json.loads((out / "02_bad.quick.json").read_text())["failures"] == []
 
