@@ -599,7 +599,7 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
          "‖Δθ′ − Δθ̂‖² / ‖Δθ̂‖², differentiated"],
         ["optimiser and line search",
          "L-BFGS with the L2 loss (App. B.3)",
-         "every commit: `torch.optim.LBFGS`, lr 0.1, strong Wolfe line search, torch's defaults (history 100, "
+         "c513b97 to HEAD: `torch.optim.LBFGS`, lr 0.1, strong Wolfe line search, torch's defaults (history 100, "
          "tolerance_grad 1e-7, tolerance_change 1e-9)",
          f"`lbfgs_rows`: one L-BFGS per (user, start), history {history}, Armijo backtracking (c1 = {c1:g}, "
          f"at most {backtracks} steps), stops when the loss changes by < {tol:g}"],
@@ -617,11 +617,11 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
          + f"; FCF without the embedding: {no_emb['num_restarts']}"],
         ["start distribution",
          "z ~ U(−1, 1), I′ = sigmoid(z) (App. B.3); e′_u 'random' (Algorithm 2)",
-         "z and the estimated e′_u ~ U(−1, 1) (`torch.rand(...) * 2 - 1`, every commit)",
+         "z and the estimated e′_u ~ U(−1, 1) (`torch.rand(...) * 2 - 1`, c513b97 to HEAD)",
          f"z ~ U(−1, 1); the estimated e′_u ~ N(0, {emb_std:g}²)"],
         ["embedding without estimation",
          "not given",
-         "`torch.rand(64)`: one U(0, 1) draw per user (every commit)",
+         "`torch.rand(64)`: one U(0, 1) draw per user (c513b97 to HEAD)",
          "one N(0, I) draw per user"],
         ["continuation (FNCF with the embedding)",
          "none",
@@ -639,7 +639,7 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
          f"{ldp.ldp_clip_norm(sensitivity['fncf_params']):g}; analytic for ε > 1, classical for ε ≤ 1"],
         ["attacker knows the clipping",
          "not given",
-         "no: it simulates the unclipped update (every commit)",
+         "no: it simulates the unclipped update (c513b97 to HEAD)",
          "yes (reproduced in the simulation); the 'blind' table drops it" if knows_clip
          else "no: it simulates the unclipped update"],
     ]

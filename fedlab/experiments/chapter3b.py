@@ -1015,22 +1015,22 @@ def reference_settings_table(data, rankers: dict, *, queries, click_models, num_
          ranker_text],
         ["initialisation",
          "'a different random set of model parameters' per user (Sec. 4.1.1)",
-         "`gen_params`: every parameter U(−1, 1) (every commit)",
+         "`gen_params`: every parameter U(−1, 1) (c513b97 to HEAD)",
          f"one ranker per user, {init_text} (`init_rankers`, init={init!r})"],
         ["displayed list",
          "at most 10 items 'sampled according to the current ranking model' (Sec. 4.1.1)",
          "`rank(sample=True)`: `torch.multinomial` without replacement in proportion to the scores, shifted "
-         "by their minimum (+1e-10) when one is ≤ 0; the top 10 kept (every commit)",
+         "by their minimum (+1e-10) when one is ≤ 0; the top 10 kept (c513b97 to HEAD)",
          f"Plackett-Luce (Gumbel top-k, `present`), top {k}"],
         ["click model",
          "cascade 'navigational' and 'informational' models of federated OLTR (Sec. 4.1.2)",
          "`CascadeClickModel`: lists with no or all clicks are drawn again, but the clicks are not reset "
-         "between draws, so positions after a stop keep the previous draw's clicks (every commit)",
+         "between draws, so positions after a stop keep the previous draw's clicks (c513b97 to HEAD)",
          f"cascade, redrawn whole when no or all documents are clicked; {clicks_text}"],
         ["local training",
          "FPDGD (Sec. 4.1.3); step size not given",
          "one PDGD step of lr 0.1 per query, in a random order of the user's (`random.sample`); the server "
-         "simulates the display order (every commit)",
+         "simulates the display order (c513b97 to HEAD)",
          f"one PDGD step of η = {lr:g} per query, "
          + ("in a random order of the user's; the server simulates the display order" if shuffle
             else "in display order")],
@@ -1041,16 +1041,16 @@ def reference_settings_table(data, rankers: dict, *, queries, click_models, num_
         ["optimiser and line search",
          "L-BFGS with the L2 loss (App. B.3)",
          "`torch.optim.LBFGS`, lr 0.1, strong Wolfe line search, torch's defaults (history 100, "
-         "tolerance_grad 1e-7, tolerance_change 1e-9), every commit",
+         "tolerance_grad 1e-7, tolerance_change 1e-9), c513b97 to HEAD",
          f"`lbfgs_rows`: one L-BFGS per user, history {history}, Armijo backtracking (c1 = {c1:g}, at most "
          f"{backtracks} steps), stops when the loss changes by < {tol:g}"],
         ["budget",
          "none given; a step budget and a loss-improvement threshold as termination criteria (App. B.3)",
-         "`max_iter = 1000` L-BFGS iterations (torch evaluates the loss up to 1250 times), every commit",
+         "`max_iter = 1000` L-BFGS iterations (torch evaluates the loss up to 1250 times), c513b97 to HEAD",
          f"{max_iter} loss evaluations, not iterations"],
         ["starts",
          "random restarts, best kept; number not given (App. B.3)",
-         "`num_atk = 1`, z ~ U(−1, 1) (every commit)",
+         "`num_atk = 1`, z ~ U(−1, 1) (c513b97 to HEAD)",
          f"{restarts} per user, z ~ U(−1, 1)"],
         ["ADM",
          "features split equally, one block per query, the other features zeroed (Secs. 3.3, 4.1.1); the "
@@ -1072,7 +1072,7 @@ def reference_settings_table(data, rankers: dict, *, queries, click_models, num_
          f"ε ∈ {{{nums(epsilons)}}}; analytic for ε > 1, classical for ε ≤ 1"],
         ["attacker knows the clipping",
          "not given",
-         "no: it simulates the unclipped update (every commit)",
+         "no: it simulates the unclipped update (c513b97 to HEAD)",
          "yes (reproduced in the simulation); one table drops it" if knows_clip
          else "no: it simulates the unclipped update"],
     ]
