@@ -27,7 +27,8 @@ __all__ = ["SETTINGS", "SETTING_LABELS", "settings_grid", "update_drift", "order
            "fig5_table", "adm_gain", "noisy_adm_grid", "noisy_adm_plot", "PAPER_FIG11", "noisy_name", "noisy_values",
            "noisy_table", "pir_experiment", "pir_grid", "ldp_grid", "ldp_grids", "ldp_plot", "PAPER_KS", "PAPER_KS_NAV", "ks_pvalues", "ks_values",
            "ks_table", "ks_queries_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "prune_grid", "prune_plot",
-           "PAPER_FIG9", "prune_values", "prune_table", "flag_rounds", "ldp_boxplot", "RECORD_LABELS"]
+           "PAPER_FIG9", "prune_values", "prune_table", "flag_rounds", "ldp_boxplot", "RECORD_LABELS",
+           "REFERENCE_REPOSITORY", "reference_settings_table"]
 
 
 def adm_query_sweep(data, hidden, queries, click_models, num_users: int, *, lr: float, max_iter: int,
@@ -920,3 +921,159 @@ RECORD_LABELS = {
     "ch3b_ndcg_neural_eps1": "Table 8: neural NDCG@10, ε=1",
     "ch3b_ndcg_neural_inf": "Table 8: neural NDCG@10, no noise",
     "ch3b_total_s": "notebook run time (s)"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The chapter's settings: the paper, its authors' reference code, and ours
+# ---------------------------------------------------------------------------------------------------
+
+#: the authors' public code quoted by :func:`reference_settings_table`: commit c513b97 (2023-11-17) is
+#: the last version before 2024 (two-layer 16-8 network, exact-zero fingerprinting, the paper's Figs.
+#: 5-7); HEAD 7d1a33b (2025-03-04) is the newest
+REFERENCE_REPOSITORY = "github.com/dzungvpham/raifle"
+
+
+def reference_settings_table(data, rankers: dict, *, queries, click_models, num_users: int, lr: float,
+                             max_iter: int, epsilons, delta: float, sensitivity: float) -> tuple[list, list]:
+    """Chapter 3b's settings as ``(header, rows)`` for :func:`fedlab.plots.md_table`: one row per
+    setting that matters for RAIFLE's result on federated OLTR (FPDGD), with three columns: the paper
+    (Pham, Kulkarni & Houmansadr; section cited), its authors' reference code
+    (:data:`REFERENCE_REPOSITORY`, the commit cited, with where it changed across commits), and ours.
+
+    The first two columns quote their sources. Every value of the "ours" column comes from code: from
+    the arguments (the notebook's constants: ``data`` a :class:`fedlab.data.letor.LTRData`,
+    ``rankers`` ``{name: hidden sizes}``, ``queries`` the numbers of queries per user of Figure 5,
+    ``click_models`` their names, ``num_users`` users per cell, ``lr`` the users' step size,
+    ``max_iter`` the attack's budget, ``epsilons``, ``delta``, ``sensitivity`` the LDP sweep's settings)
+    or read from the library (the defaults of
+    :func:`fedlab.attacks.interaction_inference.oltr.make_oltr_case`,
+    :func:`fedlab.attacks.interaction_inference.recsys.raifle`, :func:`fedlab.optim.lbfgs_rows` and
+    :func:`ldp_grid`, :data:`fedlab.fl.oltr.CLICK_MODELS`, :func:`fedlab.fl.oltr.ranker_size` and the
+    ADM blocks of :func:`fedlab.attacks.interaction_inference.oltr.feature_allocation`).
+
+    Raises ``ValueError`` for empty ``rankers``, ``queries``, ``click_models`` or ``epsilons``, an
+    unknown click model, ``num_users < 1``, ``max_iter < 1`` or ``lr``, ``delta``, ``sensitivity`` not
+    > 0.
+    """
+    import inspect
+
+    from ..attacks.interaction_inference import oltr as _oltr
+    from ..attacks.interaction_inference import recsys as _recsys
+    from .. import optim as _optim
+    from ..fl import oltr as _fl_oltr
+
+    def default(fn, name):
+        return inspect.signature(fn).parameters[name].default
+
+    rankers, queries, click_models, epsilons = dict(rankers), list(queries), list(click_models), list(epsilons)
+    for name, value in (("rankers", rankers), ("queries", queries), ("click_models", click_models),
+                        ("epsilons", epsilons)):
+        if not value:
+            raise ValueError(f"{name} must not be empty")
+    if num_users < 1 or max_iter < 1:
+        raise ValueError(f"num_users and max_iter must be >= 1, got {num_users}, {max_iter}")
+    for name, value in (("lr", lr), ("delta", delta), ("sensitivity", sensitivity)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    F, G = data.num_features, data.num_grades
+    probs = {c: _fl_oltr.click_probabilities(c, G) for c in click_models}      # ValueError if unknown
+    fmt = ", ".join
+    nums = lambda xs: fmt(f"{float(x):g}" for x in xs)                          # noqa: E731
+    ranker_text = "; ".join(f"{m}: {'w·x' if not tuple(h) else 'hidden ' + fmt(map(str, h)) + ' ReLU, no biases'} "
+                            f"({_fl_oltr.ranker_size(F, h)} parameters)" for m, h in rankers.items())
+    clicks_text = "; ".join(f"{c} click {nums(pc)}, stop {nums(ps)}" for c, (pc, ps) in probs.items())
+    qmax = max(queries)
+    blocks = _oltr.feature_allocation(torch.tensor([qmax]), qmax, F)[0].sum(-1)
+    k = default(_oltr.make_oltr_case, "k")
+    init = default(_oltr.make_oltr_case, "init")
+    shuffle = default(_oltr.make_oltr_case, "shuffle_queries")
+    restarts = default(_recsys.raifle, "num_restarts")
+    history = default(_recsys.raifle, "history_size")
+    tol = default(_recsys.raifle, "tol")
+    c1 = default(_optim.lbfgs_rows, "c1")
+    backtracks = default(_optim.lbfgs_rows, "max_backtracks")
+    knows_clip = default(ldp_grid, "attacker_knows_clip")
+    init_text = {"uniform": "every parameter U(−1, 1)", "fan_in": "U(±1/√fan-in) per layer"}.get(init, init)
+
+    header = ["setting", "paper (RAIFLE)", f"reference code ({REFERENCE_REPOSITORY})", "ours (this build)"]
+    rows = [
+        ["data",
+         "MSLR-WEB10K (136 features, grades 0-4, normalised) for the main results, MQ2007 (46 features, "
+         "grades 0-2) for Fig. 9 (Sec. 4.1.2, App. C.4)",
+         "c513b97: MQ2008 Fold 1 test set (the MSLR click models commented out); HEAD 7d1a33b: MQ2007 Fold 1 train by default, "
+         "MSLR-WEB10K selectable",
+         f"{data.source}: {len(data)} queries, {F} features, {G} relevance grades"],
+        ["users and queries",
+         f"each user attacked once; 1 or {{4, 8, 12, 16}} queries per user (Sec. 4.1.1); users per cell not given",
+         "every disjoint group of Q shuffled queries is one user (`grouper`); c513b97: Q ∈ {1, 4, 8, 12, 16}; "
+         "HEAD: Q = 16 (MQ2007) or 48 (MSLR)",
+         f"{num_users} users per (ranker, Q, click model) cell; Q ∈ {{{fmt(map(str, queries))}}}"],
+        ["rankers",
+         "linear; 2-layer MLP with 16 and 8 ReLU units (Sec. 4.1.3)",
+         "c513b97: `LinearPDGDRanker`, `Neural2LayerPDGDRanker(16, 8)`, no biases; from 14e057a (2024-04-02) to "
+         "HEAD: `Neural1LayerPDGDRanker`, one hidden layer (16 units at HEAD)",
+         ranker_text],
+        ["initialisation",
+         "'a different random set of model parameters' per user (Sec. 4.1.1)",
+         "`gen_params`: every parameter U(−1, 1) (c513b97 to HEAD)",
+         f"one ranker per user, {init_text} (`init_rankers`, init={init!r})"],
+        ["displayed list",
+         "at most 10 items 'sampled according to the current ranking model' (Sec. 4.1.1)",
+         "`rank(sample=True)`: `torch.multinomial` without replacement in proportion to the scores, shifted "
+         "by their minimum (+1e-10) when one is ≤ 0; the top 10 kept (c513b97 to HEAD)",
+         f"Plackett-Luce (Gumbel top-k, `present`), top {k}"],
+        ["click model",
+         "cascade 'navigational' and 'informational' models of federated OLTR (Sec. 4.1.2)",
+         "`CascadeClickModel`: lists with no or all clicks are drawn again, but the clicks are not reset "
+         "between draws, so positions after a stop keep the previous draw's clicks (c513b97 to HEAD)",
+         f"cascade, redrawn whole when no or all documents are clicked; {clicks_text}"],
+        ["local training",
+         "FPDGD (Sec. 4.1.3); step size not given",
+         "one PDGD step of lr 0.1 per query, in a random order of the user's (`random.sample`); the server "
+         "simulates the display order (c513b97 to HEAD)",
+         f"one PDGD step of η = {lr:g} per query, "
+         + ("in a random order of the user's; the server simulates the display order" if shuffle
+            else "in display order")],
+        ["attack loss",
+         "L2 (App. B.3)",
+         "`F.mse_loss` of the simulated and received updates (c513b97), both divided by the lr (HEAD)",
+         "‖g(I′) − θ̂‖² / ‖θ̂‖² (`oltr_matching_loss`)"],
+        ["optimiser and line search",
+         "L-BFGS with the L2 loss (App. B.3)",
+         "`torch.optim.LBFGS`, lr 0.1, strong Wolfe line search, torch's defaults (history 100, "
+         "tolerance_grad 1e-7, tolerance_change 1e-9), c513b97 to HEAD",
+         f"`lbfgs_rows`: one L-BFGS per user, history {history}, Armijo backtracking (c1 = {c1:g}, at most "
+         f"{backtracks} steps), stops when the loss changes by < {tol:g}"],
+        ["budget",
+         "none given; a step budget and a loss-improvement threshold as termination criteria (App. B.3)",
+         "`max_iter = 1000` L-BFGS iterations (torch evaluates the loss up to 1250 times), c513b97 to HEAD",
+         f"{max_iter} loss evaluations, not iterations"],
+        ["starts",
+         "random restarts, best kept; number not given (App. B.3)",
+         "`num_atk = 1`, z ~ U(−1, 1) (c513b97 to HEAD)",
+         f"{restarts} per user, z ~ U(−1, 1)"],
+        ["ADM",
+         "features split equally, one block per query, the other features zeroed (Secs. 3.3, 4.1.1); the "
+         "unallocated features N(0, s²) instead, s ∈ {1e-4, 1e-3, 0.01, 0.1} (App. C.5)",
+         "c513b97: contiguous blocks of ⌊F/Q⌋ features (features past Q⌊F/Q⌋ zeroed for every query), noisy "
+         "variant, and first-layer weight blocks in a separate cell; 5c8a715 (2024-03-19): optimised noise on "
+         "the unallocated features; 14e057a: a blend (1 − α)x + α·N(0, 0.1²); 0c39b80 (2024-04-29) to HEAD: a "
+         "random fraction α of the features replaced by N(0, 0.1²) noise, α ∈ {0, 1} at HEAD (no ADM, or "
+         "every feature replaced)",
+         f"{F} features in Q contiguous blocks of ⌊F/Q⌋ or ⌈F/Q⌉ (`feature_allocation`; at Q = {qmax}: "
+         f"{int(blocks.min())}-{int(blocks.max())} features); exact zeros, or N(0, s²) noise (`adm_fingerprint`); "
+         "first-layer weight blocks only in one row of the table of earlier settings"],
+        ["LDP",
+         "Gaussian, Δ₂ = 0.5, δ = 1e-8, ε ∈ {1, 10, 20, 100, 500}; analytic Gaussian for ε > 1, classical for "
+         "ε ≤ 1 (Sec. 4.1.1)",
+         "`apply_gaussian_mechanism`: clip to Δ₂/2 = 0.25, diffprivlib noise; c513b97: ε ∈ {1, 10, 20, 100, 500, "
+         "∞}; HEAD: ε ∈ {1, 20, 100, 500, ∞}",
+         f"`ldp_gaussian`, Δ₂ = {sensitivity:g} (clip to {ldp_clip_norm(sensitivity):g}), δ = {delta:g}, "
+         f"ε ∈ {{{nums(epsilons)}}}; analytic for ε > 1, classical for ε ≤ 1"],
+        ["attacker knows the clipping",
+         "not given",
+         "no: it simulates the unclipped update (c513b97 to HEAD)",
+         "yes (reproduced in the simulation); one table drops it" if knows_clip
+         else "no: it simulates the unclipped update"],
+    ]
+    return header, rows
