@@ -21,7 +21,7 @@ from ..privacy import secure_aggregation as sa
 from ..privacy.defenses import prune_rows
 from ..privacy.ldp import gaussian_sigma, ldp_clip_norm, ldp_gaussian
 
-__all__ = ["SETTINGS", "SETTING_LABELS", "settings_grid", "update_drift", "order_mismatch", "settings_table",
+__all__ = ["noise_replacement_grid", "SETTINGS", "SETTING_LABELS", "settings_grid", "update_drift", "order_mismatch", "settings_table",
            "settings_values", "adm_query_sweep", "noisy_adm_sweep", "sa_bypass_experiment", "ldp_sweep",
            "click_model_rows", "fig5_grid", "fig5_plot", "fig5_mean", "fig5_summary", "PAPER_FIG5", "FIG5_NAMES",
            "fig5_table", "adm_gain", "noisy_adm_grid", "noisy_adm_plot", "PAPER_FIG11", "noisy_name", "noisy_values",
@@ -487,6 +487,36 @@ def noisy_table(noisy: dict, rankers, noise_stds, run) -> tuple[list, list]:
     headers = ["noise std", "paper (vs std 0)", "our linear", "our neural", "linear, paper scale (mean ± 95 % CI)",
                "neural, paper scale"]
     return headers, rows
+
+
+def noise_replacement_grid(data, rankers: dict, fractions, num_users: int, num_queries: int, *, lr: float,
+                           max_iter: int, click_model: str = "informational", std: float = 0.1,
+                           seed: int = 0) -> dict:
+    """The reference code's final ADM (:func:`~fedlab.attacks.interaction_inference.oltr.adm_noise_replacement`:
+    a fraction of each list's features replaced by server-known ``N(0, std^2)`` noise) for every ranker and
+    every fraction in ``fractions``, on the same users as :func:`noisy_adm_grid` with the same ``seed`` (same
+    lists and clicks: only the manipulation differs). Returns ``(mean_auc, cases)``, both keyed
+    ``(ranker, fraction)``: the mean AUC over users as a float, and the simulated cases."""
+    from functools import partial
+
+    from ..attacks.interaction_inference.oltr import adm_noise_replacement
+
+    fractions = [float(f) for f in fractions]
+    if not fractions:
+        raise ValueError("fractions must not be empty")
+    out, out_cases = {}, {}
+    for model, hidden in _rankers(rankers).items():
+        cases = []
+        for g, f in enumerate(fractions):
+            manip = partial(adm_noise_replacement, fraction=f, std=std,
+                            generator=torch.Generator().manual_seed(seed + 51 + g))
+            cases.append(make_oltr_case(data, num_users, num_queries, hidden, click_model=click_model, lr=lr,
+                                        manipulate=manip, group=g, seed=seed + 50))
+        case = cat_cases(cases)
+        auc = attack_oltr(case, max_iter=max_iter, seed=seed)
+        out.update({(model, f): auc[case.group == g].mean().item() for g, f in enumerate(fractions)})
+        out_cases.update({(model, f): c for f, c in zip(fractions, cases)})
+    return out, out_cases
 
 
 # ---------------------------------------------------------------------------------------------------

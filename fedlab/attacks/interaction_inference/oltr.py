@@ -31,7 +31,7 @@ from ...metrics import roc_auc_rows
 from ...privacy.defenses import clip_rows
 from .recsys import RaifleResult, raifle
 
-__all__ = ["OltrCase", "feature_allocation", "adm_fingerprint", "adm_weight_blocks", "make_oltr_case", "in_order",
+__all__ = ["OltrCase", "feature_allocation", "adm_fingerprint", "adm_noise_replacement", "adm_weight_blocks", "make_oltr_case", "in_order",
            "cat_cases",
            "oltr_matching_loss", "raifle_oltr", "attack_oltr", "sa_bypass_features", "sa_recover",
            "first_layer_mask", "pir_fingerprint", "pir_detect", "dead_features", "flag_dead_features"]
@@ -101,6 +101,31 @@ def adm_fingerprint(X: torch.Tensor, mask: torch.Tensor, *, noise_std: float = 0
     alloc = feature_allocation(nq, X.shape[1], X.shape[3])[:, :, None, :]            # [U, Q, 1, F]
     fill = torch.zeros_like(X) if noise_std == 0 else noise_std * torch.randn(X.shape, generator=generator)
     return torch.where(alloc, X, fill) * mask[..., None]
+
+
+def adm_noise_replacement(X: torch.Tensor, mask: torch.Tensor, *, fraction: float = 1.0, std: float = 0.1,
+                          generator: torch.Generator | None = None) -> torch.Tensor:
+    """The active data manipulation of RAIFLE's reference code from commit 0c39b80 (2024-04-29) to its
+    HEAD 7d1a33b (``code/experiment_ltr.ipynb``, "stealthiness parameter" ``alpha``), which the paper does
+    not describe: in every displayed list, a random set of ``int(F * fraction)`` features (drawn anew per
+    list) is replaced by ``N(0, std^2)`` noise that the server draws and remembers; the other features keep
+    their real values. ``fraction = 1`` (the code's final setting) replaces every feature: the user then
+    trains on pure server-chosen noise, and only its clicks are its own.
+
+    ``X`` [U, Q, n, F], ``mask`` [U, Q, n] -> same shape; padding stays 0. Raises ``ValueError`` for
+    ``fraction`` outside [0, 1], ``std < 0`` or mismatched shapes."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction!r}")
+    if not std >= 0:
+        raise ValueError(f"std must be >= 0, got {std!r}")
+    if X.dim() != 4 or mask.shape != X.shape[:3]:
+        raise ValueError(f"X must be [U, Q, n, F] and mask [U, Q, n]; got {tuple(X.shape)}, {tuple(mask.shape)}")
+    U, Q, n, F = X.shape
+    noise = std * torch.randn(X.shape, generator=generator)
+    k = int(F * fraction)
+    ranks = torch.rand(U, Q, F, generator=generator).argsort(-1).argsort(-1)        # a random permutation per list
+    replaced = (ranks < k)[:, :, None, :]                                            # [U, Q, 1, F]
+    return torch.where(replaced, noise, X) * mask[..., None]
 
 
 def adm_weight_blocks(theta: torch.Tensor, num_queries, num_features: int, hidden, *, span: int = 2) -> torch.Tensor:
