@@ -9,6 +9,7 @@ import torch
 from fedlab.privacy import discrete_gaussian as dg
 from fedlab.privacy import distributed_dg as ddg
 from fedlab.privacy import secure_aggregation as sa
+from fedlab.privacy.defenses import clip_rows
 
 
 def _sum_log_pmf(n: int, sigma2: float):
@@ -77,16 +78,14 @@ def test_local_sigma2_calibration_is_the_smallest_that_meets_epsilon():
     assert ddg.ddg_epsilon(s, 8, **kw) <= 2.0 < ddg.ddg_epsilon(s - 1, 8, **kw)
 
 
-def test_clip_float64_never_exceeds_the_bound():
+def test_clipping_never_exceeds_the_bound_the_accounting_assumes():
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(2000, 37, generator=g, dtype=torch.float64) * torch.logspace(-3, 3, 2000, dtype=torch.float64)[:, None]
-    for c in (0.1, 0.3, 1.0 / 3.0, 0.7, 5.0):
-        out = ddg.clip_float64(x, c)
-        assert bool((out.norm(dim=1) <= c).all())
-        small = x.norm(dim=1) <= c
-        assert torch.equal(out[small], x[small])
-    big = torch.full((1, 4), 1e300, dtype=torch.float64)
-    assert ddg.clip_float64(big, 1.0).norm() <= 1.0      # overflow-safe norm
+    x = torch.randn(64, 37, generator=g, dtype=torch.float64) * torch.logspace(-3, 3, 64, dtype=torch.float64)[:, None]
+    for c in (0.1, 1.0 / 3.0, 0.7):
+        out = ddg.distributed_discrete_gaussian_sum(x, clip_norm=c, grid=1e-6, local_sigma2=1, rng=0)
+        k = torch.round(clip_rows(x, c) / 1e-6)
+        assert bool((clip_rows(x, c).norm(dim=1) <= c).all())
+        assert (out.total / 1e-6 - k.sum(0)).abs().max() < 64 * 10     # the shares' noise only (sigma^2 = 1 each)
 
 
 def test_sum_is_exact_on_the_grid_and_messages_are_masked():
@@ -96,7 +95,7 @@ def test_sum_is_exact_on_the_grid_and_messages_are_masked():
                                                 generator=torch.Generator().manual_seed(2))
     # the same shares without masks: the masks cancel exactly
     z = torch.from_numpy(dg.sample_discrete_gaussian(64, (6, 50), rng=3))
-    k = torch.round(ddg.clip_float64(u, 0.5) / 2 ** -10).to(torch.int64)
+    k = torch.round(clip_rows(u, 0.5) / 2 ** -10).to(torch.int64)
     assert torch.equal(out.total, (k + z).sum(0).double() * 2 ** -10)
     assert torch.equal(out.total / 2 ** -10, torch.round(out.total / 2 ** -10))     # on the grid
     assert out.masked.dtype == torch.int64 and bool(((out.masked >= 0) & (out.masked < 2 ** sa.MODULUS_BITS)).all())

@@ -6,8 +6,8 @@ server sees every clipped update before it does (chapter 6 reconstructs images f
 With secure aggregation the server sees only the sum, so the noise has to be added by the clients,
 each a share, on integers, because secure aggregation sums integers modulo ``2^b``:
 
-1. each client clips its update to L2 norm ``clip_norm`` (in float64, the scale rounded down so the
-   clipped norm never exceeds ``clip_norm``), rounds it to a public grid, ``k = round(x / grid)``,
+1. each client clips its update to L2 norm ``clip_norm`` (in float64 by
+   :func:`fedlab.privacy.defenses.clip_rows`, whose clipped norm never exceeds ``clip_norm``), rounds it to a public grid, ``k = round(x / grid)``,
    and adds its own share ``Z ~ N_Z(0, local_sigma2)`` per coordinate (the exact sampler of
    :mod:`fedlab.privacy.discrete_gaussian`);
 2. secure aggregation (:mod:`fedlab.privacy.secure_aggregation`'s pairwise masks) sums the integer
@@ -42,7 +42,7 @@ vector randomly and round conditionally to shrink these bounds; this module uses
 (simpler, a larger bound, still a valid one).
 
 Functions: :func:`kls_tau`, :func:`ddg_integer_sensitivity`, :func:`ddg_rho`, :func:`ddg_epsilon`,
-:func:`ddg_local_sigma2`, :func:`clip_float64`, :func:`distributed_discrete_gaussian_sum`.
+:func:`ddg_local_sigma2`, :func:`distributed_discrete_gaussian_sum`.
 """
 from __future__ import annotations
 
@@ -52,11 +52,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .defenses import clip_rows
 from .discrete_gaussian import MAX_SIGMA2, _rdp_epsilon, integer_sensitivity, sample_discrete_gaussian
 from .secure_aggregation import MODULUS_BITS, _check_num_clients, pairwise_masks
 
-__all__ = ["kls_tau", "ddg_integer_sensitivity", "ddg_rho", "ddg_epsilon", "ddg_local_sigma2", "clip_float64",
-           "DDGSum", "distributed_discrete_gaussian_sum"]
+__all__ = ["kls_tau", "ddg_integer_sensitivity", "ddg_rho", "ddg_epsilon", "ddg_local_sigma2", "DDGSum",
+           "distributed_discrete_gaussian_sum"]
 
 
 def _positive(name: str, v) -> float:
@@ -146,31 +147,6 @@ def ddg_local_sigma2(epsilon: float, num_clients: int, *, clip_norm: float, grid
     return hi
 
 
-def clip_float64(updates: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    """Each row of ``updates`` ``[K, d]`` scaled to L2 norm at most ``clip_norm``, in float64, with the
-    scale stepped down (``nextafter``) until the clipped row's computed norm is ``<= clip_norm``:
-    rounding never leaves a row above the bound the accounting assumes. Returns float64 ``[K, d]``.
-    Raises ``ValueError`` naming the argument for non-finite input or a bad ``clip_norm``."""
-    c = _positive("clip_norm", clip_norm)
-    x = torch.as_tensor(updates)
-    if not x.is_floating_point() or x.dim() != 2:
-        raise ValueError(f"updates must be a float tensor [num_clients, dim], got {x.dtype} {tuple(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError("updates must be finite")
-    x = x.double()
-    peak = x.abs().amax(1, keepdim=True).clamp_min(1e-300)     # overflow-safe norm: scale first
-    norm = (x / peak).norm(dim=1, keepdim=True) * peak
-    scale = torch.where(norm > c, c / norm, torch.ones_like(norm))
-    out = x * scale
-    for _ in range(64):      # a few ulps at most
-        over = out.norm(dim=1) > c
-        if not bool(over.any()):
-            return out
-        scale[over] = torch.nextafter(scale[over], torch.zeros_like(scale[over]))
-        out = x * scale
-    raise RuntimeError("clip_float64: the clipped norm did not come under clip_norm")   # pragma: no cover
-
-
 @dataclass(frozen=True)
 class DDGSum:
     """What :func:`distributed_discrete_gaussian_sum` returns.
@@ -189,7 +165,7 @@ def distributed_discrete_gaussian_sum(updates: torch.Tensor, *, clip_norm: float
                                       modulus_bits: int = MODULUS_BITS, rng=None,
                                       generator: torch.Generator | None = None) -> DDGSum:
     """One round of the distributed discrete Gaussian (KLS21, Alg. 1 without the rotation): clip each
-    row of ``updates`` ``[K, d]`` to ``clip_norm`` (:func:`clip_float64`), round to ``grid``, add a
+    row of ``updates`` ``[K, d]`` to ``clip_norm`` (in float64, :func:`fedlab.privacy.defenses.clip_rows`), round to ``grid``, add a
     discrete Gaussian share ``N_Z(0, local_sigma2)`` per coordinate (``rng``: numpy seed or Generator),
     mask the integer vectors pairwise modulo ``2^modulus_bits`` (``generator``: the masks' torch
     generator), and return the server's decoded sum with the messages it received (:class:`DDGSum`).
@@ -202,7 +178,12 @@ def distributed_discrete_gaussian_sum(updates: torch.Tensor, *, clip_norm: float
     c, g = _positive("clip_norm", clip_norm), _positive("grid", grid)
     if isinstance(local_sigma2, bool) or not isinstance(local_sigma2, (int, np.integer)) or not 1 <= local_sigma2 <= MAX_SIGMA2:
         raise ValueError(f"local_sigma2 must be an integer in [1, {MAX_SIGMA2}], got {local_sigma2!r}")
-    x = clip_float64(updates, c)
+    x = torch.as_tensor(updates)
+    if not x.is_floating_point() or x.dim() != 2:
+        raise ValueError(f"updates must be a float tensor [num_clients, dim], got {x.dtype} {tuple(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("updates must be finite")
+    x = clip_rows(x.double(), c)
     k_clients, dim = x.shape
     if k_clients < 2:
         raise ValueError(f"updates must hold at least 2 clients (a sum of one is that client's update), got {k_clients}")
