@@ -329,6 +329,8 @@ def test_threat_table_shows_group_sizes_releases_and_effective_epsilons():
     label = {a.key: a.label for a in mx.ATTACKS}
     # the eavesdropper's secure sum is the round's participants: round(0.6 * 5) = 3 of 5 clients
     assert mx._attack("mr").secagg_group == 3 and rows[label["mr"]][1] == "3" and rows[label["dlg"]][1] == "4"
+    assert rows[label["dlg_outsider"]][1] == "n/a" and rows[label["dlg"]][4] == "0.751 / 10 / 500"   # PLD: one release
+    assert rows[label["dlg"]][3] == "none: the server sees each clipped update before the noise it adds"
     mr_rounds = mx.run_row("mr", 0, ["secagg"], tiny=True)     # runs: the group divides every round's senders
     assert np.isfinite(mr_rounds["secagg"])
     # the passive membership attacker observes 30 releases (q = 1): "eps = 1" calibrated for (K, q, T) =

@@ -1103,8 +1103,9 @@ def row_threats(record: Mapping) -> list[list[str]]:
         dp = ["n/a" if k in r["not_applicable"] else "none" if v is None else f"{v:.3g}" for k, v in e["dp"].items()]
         if set(dp) == {"none"}:
             dp = [_NO_GUARANTEE.get(r.get("observer"), "none: the attacker sees the update before the noise")]
-        out.append([r["label"], str(r["secagg_group"]), obs, " / ".join(dp),
-                    " / ".join(f"{v:g}" for v in e["ldp"].values())])
+        group = "n/a" if "secagg" in r["not_applicable"] else str(r["secagg_group"])
+        out.append([r["label"], group, obs, " / ".join(dp),
+                    " / ".join(f"{v:.3g}" if v < 1000 else f"{v:,.0f}" for v in e["ldp"].values())])
     return out
 
 
