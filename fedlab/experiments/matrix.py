@@ -18,17 +18,20 @@ it with :func:`render_html`.
   ``N(0, (z C)^2)`` to their sum (:func:`fedlab.privacy.dp_fedavg.dp_aggregate`) with ``z`` calibrated by
   :func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon` for client-level ``(eps, 1e-5)`` over a
   deployment of ``K = 1000`` clients, sampling rate ``q = 0.1``, ``T = 100`` rounds (the setting of
-  Chapter 1b). The attacker sees the released noisy sum and knows every other client's update (the
-  adversary the guarantee is stated against), i.e. the target's clipped update plus that noise. A
-  curious server itself sees the raw updates (column ``none``); against every *malicious* server
-  (imprint, active membership, PAC, RAIFLE with ADM) central DP is n/a (:data:`MALICIOUS_SERVER_DP_NA`).
-  The eavesdropper on a client's link sees the clipped update before the server adds the noise
-  (McMahan et al.'s Algorithm 1 clips on the client). ``z`` is calibrated for the deployment above; the
-  epsilon that a row's attacker actually faces depends on how many releases it observes
-  (:func:`effective_epsilons`);
+  Chapter 1b). What the attacker sees depends on where it stands (its row's :attr:`Attack.observer`, one
+  per row, issue 35 item 2): the honest-but-curious server that aggregates sees each client's *clipped
+  update before the noise* (it adds the noise itself), so its cell is the clip-only view under the
+  noisy training; the eavesdropper on a client's link sees the same clipped message (McMahan et al.'s
+  Algorithm 1 clips on the client); an *outsider* (the rows of :data:`OUTSIDER_ROWS`, their own row
+  group) sees the released noisy sum and knows every other client's update (the adversary the guarantee
+  is stated against), i.e. the target's clipped update plus that noise. Against every *malicious*
+  server (imprint, active membership, PAC, RAIFLE with ADM) central DP is n/a
+  (:data:`MALICIOUS_SERVER_DP_NA`). ``z`` is calibrated for the deployment above; the epsilon that an
+  outsider actually faces depends on how many releases it observes (:func:`effective_epsilons`, the
+  privacy-loss-distribution accountant that also charges the ``ldp*`` columns);
 * ``ldp1`` / ``ldp10`` / ``ldp500`` -- local DP (:func:`fedlab.privacy.ldp.ldp_gaussian`): each client
   clips to ``C`` and adds Gaussian noise for ``(eps, 1e-5)``-LDP, sensitivity ``2 C``, per release (it
-  composes over the releases a row observes);
+  composes over the releases a row observes, charged by the same accountant as central DP);
 * ``prune90`` -- each client zeroes the 90 % smallest coordinates (:func:`fedlab.privacy.defenses.prune_rows`);
   the zeros are visible in the update, so the DLG row's attacker matches only the kept coordinates
   (``gradient_inversion.dlg(mask=...)``, the attacker who knows the defense); the plain DLG that ignores the
@@ -45,7 +48,8 @@ succeeds", and a *no-information baseline* computed at every seed (the mean-colo
 0.5, the error of the released global model, ...). The page colours a cell by the share of the
 undefended attack's advantage over that baseline that survives the defense (:func:`advantage`); a row
 whose undefended advantage is not significant over the record's seeds (:func:`undefended_advantage`)
-is not coloured.
+is not coloured. A cell's interval is the 95 % Student-t interval over the seeds cut to its metric's
+range (:func:`bounded_interval`).
 """
 from __future__ import annotations
 
@@ -83,7 +87,9 @@ from . import chapter3b as ch3b
 __all__ = ["Defense", "Attack", "DEFENSES", "ATTACKS", "DP_SETTING", "LDP_DELTA", "COLUMN_NOTES",
            "dp_noise_multiplier", "median_norm", "protect", "cell", "run_row", "run_matrix", "value_name",
            "describe_matrix", "threat_rows", "row_threats", "row_threat_header", "effective_epsilons",
-           "undefended_advantage", "NOT_SIGNIFICANT", "MALICIOUS_SERVER_DP_NA", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
+           "undefended_advantage", "NOT_SIGNIFICANT", "MALICIOUS_SERVER_DP_NA", "OBSERVERS", "OUTSIDER", "OUTSIDER_ROWS",
+           "OUTSIDER_COLUMNS", "OUTSIDER_SAME", "central_epsilon", "ldp_epsilon", "deployment_epsilons", "metric_range",
+           "bounded_interval", "cell_interval", "ACCOUNTANT", "NAIVE_SUFFIX", "NAIVE_NOTE", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
            "consistent_with_record"]
 
 #: the DP-FedAvg deployment the ``dp*`` columns are calibrated for (Chapter 1b's demonstration setting)
@@ -122,10 +128,11 @@ _BY_KEY = {d.key: d for d in DEFENSES}
 COLUMN_NOTES = {
     "none": "what the attack's chapter lets it see: each client's update (the server), each message (the eavesdropper)",
     "clip": "each client scales its update to L2 norm at most C, the median norm of the clean updates",
-    "dp": "each client clips to C, a trusted server adds N(0, (zC)²) to the sum; the attacker sees the release and "
-          "knows every other client's update (the adversary of the guarantee); a curious server sees the raw updates "
-          "(column 'none'), an eavesdropper on a client's link the clipped update (the noise comes after the link), "
-          "a malicious server would not add the noise (n/a)",
+    "dp": "each client clips to C, a trusted server adds N(0, (zC)²) to the sum. The curious server that aggregates "
+          "sees each clipped update before its own noise (the clip-only view, under the noisy training), and so "
+          "does an eavesdropper on a client's link; only an outsider sees the noisy release (its own rows, below: it "
+          "knows every other client's update, the adversary of the guarantee); a malicious server would not add "
+          "the noise (n/a)",
     "ldp": "each client clips to C and adds the Gaussian noise of (ε, 1e-5)-LDP for sensitivity 2C, per release",
     "prune": "each client sends only the 10 % largest coordinates of its update",
     "secagg": "the attacker sees only the sum over a group of clients (masked messages, exact sum)",
@@ -213,8 +220,9 @@ class Attack:
     per secure sum), ``releases() -> (T, q)`` (how many releases of the target the attacker observes: ``T``
     rounds, the target sampled with probability ``q`` in each; read at record time, so at the record's
     scale) and ``cell_notes`` (``{column key: note}``, a cell computed differently from its column's
-    threat model, shown as a footnote); ``sees_central_noise`` is False for an attacker placed before the
-    trusted server's noise (the eavesdropper on a client's link)."""
+    threat model, shown as a footnote); ``observer`` (one of :data:`OBSERVERS`) is the one attacker of every
+    cell of the row (issue 35 item 2: a cell never mixes attackers); ``value_range`` ``(low, high)`` is the
+    range of the metric (``-inf``/``inf`` for none), inside which the page's intervals stay."""
 
     key: str
     label: str
@@ -227,14 +235,44 @@ class Attack:
     not_applicable: Mapping[str, str] = field(default_factory=dict)
     secagg_group: int = 1
     releases: Callable[[], tuple[int, float]] = lambda: (1, 1.0)
-    sees_central_noise: bool = True
+    observer: str = "curious server"
     cell_notes: Mapping[str, str] = field(default_factory=dict)
+    value_range: tuple[float, float] = (-math.inf, math.inf)
+
+    def __post_init__(self):
+        if self.observer not in OBSERVERS:
+            raise ValueError(f"observer must be one of {list(OBSERVERS)}, got {self.observer!r}")
+        lo, hi = self.value_range
+        if not lo < hi:
+            raise ValueError(f"value_range must be (low, high) with low < high, got {self.value_range}")
+
+    @property
+    def sees_central_noise(self) -> bool:
+        """Whether the row's attacker sees the trusted server's DP noise: only an outsider does (the
+        server that adds it and the eavesdropper on a client's link see the clipped update before it)."""
+        return self.observer == OUTSIDER
+
+
+#: who attacks in a row, and what it sees under central DP (one observer per row: issue 35 item 2)
+OBSERVERS = {
+    "curious server": "the honest-but-curious server that aggregates: each client's message; under central DP the "
+                      "clipped update before the noise it adds itself",
+    "malicious server": "a server that deviates from the protocol; it would not add central DP's noise (n/a)",
+    "eavesdropper": "a tap on one client's link: that client's messages; under central DP the clipped update (the "
+                    "server adds the noise after the link)",
+    "outsider": "sees only what the server releases, and knows every other client's update (the adversary of the DP "
+                "guarantee): under central DP the target's clipped update plus the noise of the sum",
+}
+OUTSIDER = "outsider"
+#: the range of a rate (AUC, share, accuracy) and of an error
+UNIT, NONNEG = (0.0, 1.0), (0.0, math.inf)
 
 
 #: the note of a cell that shows the naive attack under the adaptive one
 NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG under pruning matches only the coordinates that "
-              "were sent; under clipping it clips its dummy gradient to the same C); 'naive' is the same attack "
-              "ignoring the defense, which overstates the defense")
+              "were sent; under clipping, and under central DP where the curious server sees the clipped gradient "
+              "before its own noise, it clips its dummy gradient to the same C); 'naive' is the same attack "
+              "ignoring the defense, which overstates the defense (its dummy images start elsewhere in each column)")
 #: suffix of a cell's value for the attack that ignores the defense, kept beside the adaptive attacker's (issue 35):
 #: ``"<row>|<column>@naive"`` in a record; the page prints it under the cell
 NAIVE_SUFFIX = "@naive"
@@ -260,11 +298,14 @@ def _protected_gradients(G: torch.Tensor, w: dict, columns: Sequence[str], fc: s
     return views, obs, torch.tensor([[gi.idlg_label(obs[fc][i])] for i in range(len(views))])
 
 
-def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: bool = False) -> dict:
     """DLG (Zhu et al. 2019) with the iDLG label rule (Zhao et al. 2020) on one-image FedSGD gradients of
     the sigmoid LeNet, 16 digits of 8x8 at quick scale, 3 calls of L-BFGS(20) as Chapter 1a's quick
     scale; under secure aggregation groups of 4 clients are summed and DLG inverts the mean gradient of
-    4 images (labels learned). Metric: mean matched PSNR (dB)."""
+    4 images (labels learned). Under DP-FedAvg the curious server sees the clipped gradient before its
+    own noise and, knowing ``C``, runs the clip-aware DLG (the cell equals the clipping cell's attack on
+    the same input; the plain DLG stays as ``"<column>@naive"``); with ``outsider`` the attacker sees the
+    noisy release instead (:data:`OUTSIDER_ROWS`). Metric: mean matched PSNR (dB)."""
     n_img = _size(tiny, tiny_value=4, quick=16, paper=32)
     steps, group = _size(tiny, tiny_value=2, quick=3, paper=15), 4
     net = gi.dlg_init_(models.lenet(1, 10, 8), seed=seed)
@@ -278,16 +319,18 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
     single = [c for c in columns if _BY_KEY[c].kind != "secagg"]
     if single:
-        views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng)
+        views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng,
+                                                  client_side_noise=outsider)
         res = gi.dlg(net, w, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=gi.DLG_REFERENCE_MAX_ITER,
                      steps=steps, labels=labels, stacked=True, seed=seed)
         psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
         out.update({c: float(psnr[i * n_img:(i + 1) * n_img].mean()) for i, c in enumerate(single)})
         # the attacker who knows a sparsifying defense matches only the coordinates that were sent (the others
         # are exactly 0 in the update it sees): that is the cell; the plain DLG above stays as "<column>@naive"
-        # and the attacker who knows the clipping bound C clips its dummy gradient to C before matching
+        # and the attacker who knows the clipping bound C clips its dummy gradient to C before matching (the
+        # curious server under central DP sees the clipped gradient before its own noise: the same attacker)
         for i, c in enumerate(single):
-            if _BY_KEY[c].kind not in ("prune", "clip"):
+            if _BY_KEY[c].kind not in ("prune", "clip") and not (_BY_KEY[c].kind == "dp" and not outsider):
                 continue
             sl = slice(i * n_img, (i + 1) * n_img)
             ob = {k: v[sl] for k, v in obs.items()}
@@ -308,12 +351,13 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
 
 # ----------------------------------------------------------------------------------------------------
 # row 2: Inverting Gradients (Chapter 1a)
-def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: bool = False) -> dict:
     """Inverting Gradients (Geiping et al. 2020) on one-image gradients of the ReLU LeNet, colour crops,
     with the iDLG label read from the (defended) gradient, as Chapter 1a: 6 crops of 32x32, 300
     signed-Adam steps from 2 restarts at quick scale. Under secure aggregation 2 clients are summed and
-    IG, given both true labels, inverts the sum (cosine distance: the scale does not matter). Metric:
-    mean matched PSNR (dB)."""
+    IG, given both true labels, inverts the sum (cosine distance: the scale does not matter). Under
+    DP-FedAvg the curious server inverts the clipped gradient before its noise, an outsider
+    (``outsider``) the noisy release. Metric: mean matched PSNR (dB)."""
     n_img, size = _size(tiny, tiny_value=2, quick=6, paper=8), 32
     iters, group = _size(tiny, tiny_value=40, quick=300, paper=1500), 2
     restarts = _size(tiny, tiny_value=1, quick=2, paper=4)
@@ -331,7 +375,8 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
     single = [c for c in columns if _BY_KEY[c].kind != "secagg"]
     if single:
-        views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng)
+        views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng,
+                                                  client_side_noise=outsider)
         res = gi.inverting_gradients(net, w, obs, labels=labels, **kw)
         psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
         out.update({c: float(psnr[i * n_img:(i + 1) * n_img].mean()) for i, c in enumerate(single)})
@@ -428,14 +473,17 @@ def _mia_federation(seed: int, K: int, n: int):
     return clients, cand_X, cand_y, is_member, models.mlp(64, (64,), 10, seed=seed), test
 
 
-def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: bool = False) -> dict:
     """The passive server of Chapter 1b (Nasr et al. 2019 setting): 10 clients with 20 digits each train
     an MLP with FedAvg (all clients every round, 2 local epochs, B = 10, lr 0.3); the server scores each
     client's 20 members against 20 non-members by their loss under the models it observed, averaged over
     the last 10 rounds (:func:`fedlab.attacks.membership.attack_auc`, mean over clients). Every client
     applies the defense to its update each round and the aggregate is the mean of what was sent (for
     DP-FedAvg: :func:`fedlab.privacy.dp_fedavg.dp_aggregate`; for secure aggregation the secure sum,
-    and the server observes only the global models). ``C`` is the median update norm of the first
+    and the server observes only the global models). Under DP-FedAvg the curious server observes each
+    client's clipped update before its noise (added to the released model it trains on); an outsider
+    (``outsider``) observes the target's clipped update plus the noise of the sum (the release, all
+    other updates known). ``C`` is the median update norm of the first
     round, then fixed. Metric: AUC. Also returns ``"acc_<column>"``: the test accuracy of the final global
     model under each column (the utility the defense leaves)."""
     K, n, window = 10, 20, 10
@@ -463,7 +511,8 @@ def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
                                                 expected_clients=K, generator=gen)
                 noise = K * (models.flatten_params(noisy) - models.flatten_params(clean))
                 clipped = protect(U, d, clip_norm=C, client_side_noise=False)
-                views = theta + clipped + noise                        # target's clipped update + the noise on the sum
+                # the server sees each clipped update before its noise; an outsider the release minus the others
+                views = theta + clipped + noise if outsider else theta + clipped
                 new = theta + models.flatten_params(noisy)
             elif d.kind == "secagg":
                 new = theta + protect(U, d, group=K, generator=gen)[0] / K
@@ -693,15 +742,16 @@ def _pac_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
 _CLIPPING = ("clip", "dp", "ldp")     # columns whose clipping the attacker reproduces (RAIFLE's "knows the clip")
 
 
-def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: bool = False) -> dict:
     """RAIFLE (Sec. 4.2, Algorithm 1) against FCF with the user embedding estimated (Chapter 3a's
     "FCF emb", the configuration that leaks): synthetic MovieLens-100K (the offline default), 16 users
     (quick) with 4 sampled negatives per positive, 64-dimensional embeddings, 1000 L-BFGS evaluations and
     2 restarts per user (:func:`fedlab.experiments.chapter3a.attack_case`), the users' clipping reproduced
     when a column clips. The defense acts on each user's whole item update (padding stays 0: it is
     never sent). Under secure aggregation groups of 4 users send catalogue-wide updates and the server
-    attacks each group's first user with the sum restricted to that user's items. Metric: mean AUC
-    over users of the inferred interactions."""
+    attacks each group's first user with the sum restricted to that user's items. Under DP-FedAvg the
+    curious server sees the clipped update before its noise, an outsider (``outsider``) the noisy release.
+    Metric: mean AUC over users of the inferred interactions."""
     U, group = _size(tiny, tiny_value=4, quick=16, paper=40), 4
     iters = _size(tiny, tiny_value=100, quick=1000, paper=1000)
     data = synthetic_movielens(seed=seed)
@@ -729,7 +779,8 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
             res = ch3a.attack_case(sub, "fcf", estimate_embedding=True, fcf=views.to(case.fcf.dtype),
                                    max_iter=iters, num_restarts=2, seed=seed)
         else:
-            views = protect(flat, d, clip_norm=C, generator=gen, rng=rng).reshape(case.fcf.shape) * mask
+            views = protect(flat, d, clip_norm=C, generator=gen, rng=rng,
+                            client_side_noise=outsider).reshape(case.fcf.shape) * mask
             res = ch3a.attack_case(case, "fcf", estimate_embedding=True, fcf=views,
                                    clip_norm=C if d.kind in _CLIPPING else None, max_iter=iters, num_restarts=2,
                                    seed=seed)
@@ -739,15 +790,16 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
 
 # ----------------------------------------------------------------------------------------------------
 # rows 7-8: RAIFLE against federated online learning to rank, without and with ADM (Chapter 3b)
-def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: bool) -> dict:
+def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: bool, outsider: bool = False) -> dict:
     """RAIFLE against FPDGD (Chapter 3b): synthetic LETOR (the offline default, 300 queries at quick
     scale), the linear ranker, 32 users (quick) with 8 queries each, informational clicks, lr 0.1,
     35 L-BFGS evaluations (:func:`fedlab.attacks.interaction_inference.oltr.attack_oltr`); with ``adm``
     the server first fingerprints the features (ADM, RAIFLE Sec. 3.3). The users' clipping is reproduced
     when a column clips. Secure aggregation: groups of 4 users; without ADM the server attacks each
     group's first user with the group's sum; with ADM it runs RAIFLE's bypass (Sec. 3.4.2,
-    :func:`fedlab.experiments.chapter3b.sa_bypass_experiment`, one query, 4 groups of 4). Metric: mean
-    AUC over users of the inferred clicks."""
+    :func:`fedlab.experiments.chapter3b.sa_bypass_experiment`, one query, 4 groups of 4). Under DP-FedAvg
+    the curious server sees the clipped update before its noise, an outsider (``outsider``) the noisy
+    release. Metric: mean AUC over users of the inferred clicks."""
     U, Q, group = _size(tiny, tiny_value=8, quick=32, paper=64), 8, 4
     iters = _size(tiny, tiny_value=20, quick=35, paper=200)
     data = synthetic_letor(_size(tiny, tiny_value=100, quick=300, paper=1000), seed=seed)
@@ -759,7 +811,8 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
         cols = [c for c in columns if _BY_KEY[c].kind != "secagg" and (_BY_KEY[c].kind in _CLIPPING) == clipped]
         if not cols:
             continue
-        views = torch.cat([protect(case.update, c, clip_norm=C, generator=gen, rng=rng) for c in cols])
+        views = torch.cat([protect(case.update, c, clip_norm=C, generator=gen, rng=rng, client_side_noise=outsider)
+                           for c in cols])
         auc = ro.attack_oltr(ro.cat_cases([case] * len(cols)), views, clip_norm=C if clipped else None,
                              max_iter=iters, seed=seed)
         out.update({c: float(auc[i * U:(i + 1) * U].mean()) for i, c in enumerate(cols)})
@@ -778,12 +831,26 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
     return out
 
 
-def _oltr_plain(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
-    return _oltr_row(seed, columns, tiny, adm=False)
+def _oltr_plain(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: bool = False) -> dict:
+    return _oltr_row(seed, columns, tiny, adm=False, outsider=outsider)
 
 
 def _oltr_adm(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     return _oltr_row(seed, columns, tiny, adm=True)
+
+
+#: the columns of an outsider row: the undefended reference and central DP, the one defense whose release differs
+#: from each client's message (under a client-side defense an outsider who knows every other update sees the
+#: target's message, which is the curious server's cell)
+OUTSIDER_COLUMNS = ("none", "dp1", "dp8")
+OUTSIDER_SAME = ("not computed for the outsider: knowing every other client's update, it sees under this defense "
+                 "the target's own message, the curious server's view (that row's cell, above)")
+
+
+def _outsider(run: Callable[..., dict]) -> Callable[..., dict]:
+    def row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+        return run(seed, columns, tiny, outsider=True)
+    return row
 
 
 ATTACKS: tuple[Attack, ...] = (
@@ -795,37 +862,61 @@ ATTACKS: tuple[Attack, ...] = (
            "PSNR of each crop's mean-colour image", secagg_group=2),
     Attack("imprint", "Imprint (Robbing the Fed)", "01a_gradient_leakage", "share of digits recovered", True,
            "malicious server sends an imprinted model and reads inputs from the gradient", _imprint_row,
-           "share of digits the pool's mean digit matches", not_applicable=_IMPRINT_NA, secagg_group=4),
+           "share of digits the pool's mean digit matches", not_applicable=_IMPRINT_NA, secagg_group=4,
+           observer="malicious server", value_range=UNIT),
     Attack("mia", "Membership inference, passive server", "01b_membership_inference", "AUC", True,
            "honest-but-curious server scores members by their loss under the models it observes", _mia_row,
-           "chance AUC", secagg_group=10, releases=lambda: (_mia_rounds(), 1.0)),
+           "chance AUC", secagg_group=10, releases=lambda: (_mia_rounds(), 1.0), value_range=UNIT),
     Attack("mia_active", "Membership inference, active server (isolation + gradient ascent)",
            "01b_membership_inference", "AUC", True,
            "malicious server isolates the target and ascends the loss of the candidates before sending the model",
            _mia_active_row, "chance AUC", not_applicable=_MALICIOUS_NA, secagg_group=10,
-           releases=lambda: (pick(quick=5, paper=10), 1.0)),
+           releases=lambda: (pick(quick=5, paper=10), 1.0), observer="malicious server", value_range=UNIT),
     Attack("pac", "PAC identifiability (Protocol 2)", "02_pac_identifiability", "sign accuracy", True,
            "malicious server sends a zero item model and estimates each user vector from the item deltas",
            _pac_row, "accuracy of always predicting 'dislike'", not_applicable=_MALICIOUS_NA, secagg_group=4,
-           releases=lambda: (_pac_interactions(), 1.0)),
+           releases=lambda: (_pac_interactions(), 1.0), observer="malicious server", value_range=UNIT),
     Attack("rs", "RAIFLE, recommendation (FCF, embedding estimated)", "03a_raifle_recsys", "AUC", True,
            "curious server infers which items a user interacted with from its item-embedding update", _rs_row,
-           "chance AUC", secagg_group=4,
+           "chance AUC", secagg_group=4, value_range=UNIT,
            cell_notes={"secagg": "an upper bound: the server attacks the group's sum restricted to the target's own "
                                  "item set, which it is given (an attacker without it would search the group's union)"}),
     Attack("oltr", "RAIFLE, online learning to rank", "03b_raifle_oltr", "AUC", True,
            "curious server infers a user's clicks from its ranker update", _oltr_plain, "chance AUC",
-           secagg_group=4),
+           secagg_group=4, value_range=UNIT),
     Attack("oltr_adm", "RAIFLE, online learning to rank + ADM", "03b_raifle_oltr", "AUC", True,
            "active server manipulates the documents' features (ADM) before inferring the clicks", _oltr_adm,
-           "chance AUC", not_applicable=_MALICIOUS_NA, secagg_group=4,
+           "chance AUC", not_applicable=_MALICIOUS_NA, secagg_group=4, observer="malicious server",
+           value_range=UNIT,
            cell_notes={"secagg": "a different experiment: RAIFLE's bypass (Chapter 3b's sa_bypass_experiment), one "
                                  "query per user, groups of 4, a fresh ranker per group, not the row's 8-query case"}),
     Attack("mr", "Local-model reconstruction (eavesdropper)", "04_model_reconstruction", "relative error", False,
            "eavesdropper on client 0's link decodes its local optimum from (sent, returned) model pairs", _mr_row,
            "relative error of the released global model", secagg_group=_MR_GROUP,
-           releases=lambda: (_MR_ROUNDS, _MR_FRACTION), sees_central_noise=False),
+           releases=lambda: (_MR_ROUNDS, _MR_FRACTION), observer="eavesdropper", value_range=NONNEG),
 )
+
+
+def _outsider_row(a: Attack) -> Attack:
+    """The outsider's twin of curious-server row ``a``: the same attack on the released noisy aggregate, all
+    other updates known, in the columns :data:`OUTSIDER_COLUMNS` (the others would repeat ``a``'s cells)."""
+    na = {d.key: OUTSIDER_SAME for d in DEFENSES if d.key not in OUTSIDER_COLUMNS}
+    return Attack(f"{a.key}_outsider", f"{a.label}: outsider who sees the release", a.chapter, a.metric,
+                  a.higher_is_success, f"outsider who sees the released aggregate and knows every other update "
+                  f"runs the same attack ({_OUTSIDER_TASK[a.key]})", _outsider(a.run), a.baseline, not_applicable=na,
+                  releases=a.releases, observer=OUTSIDER, value_range=a.value_range)
+
+
+_OUTSIDER_TASK = {"dlg": "DLG on the target's gradient read off the release", "ig": "Inverting Gradients on the "
+                  "target's gradient read off the release", "mia": "loss scores under the target's model read off "
+                  "each release", "rs": "RAIFLE on the target's item update read off the release",
+                  "oltr": "RAIFLE on the target's ranker update read off the release"}
+
+
+#: the outsider row group (issue 35 item 2): for every curious-server row that central DP applies to, the same
+#: attack by an outsider who sees only the noisy release (the adversary DP-FedAvg's guarantee is stated against)
+OUTSIDER_ROWS: tuple[Attack, ...] = tuple(_outsider_row(a) for a in ATTACKS if a.observer == "curious server")
+ATTACKS = ATTACKS + OUTSIDER_ROWS
 _ATTACK_BY_KEY = {a.key: a for a in ATTACKS}
 
 
@@ -888,15 +979,55 @@ def run_matrix(seed: int, *, rows: Sequence[str] | None = None, columns: Sequenc
     return values, seconds
 
 
+@functools.lru_cache(maxsize=None)
+def central_epsilon(noise_multiplier: float, sampling_prob: float, num_rounds: int, delta: float) -> float:
+    """Client-level epsilon at ``delta`` of DP-FedAvg's event (:func:`fedlab.privacy.dp_fedavg.dp_event`:
+    ``num_rounds`` compositions of the Poisson-sampled Gaussian of multiplier ``noise_multiplier``) from
+    ``dp_accounting``'s privacy-loss-distribution accountant (``pld.PLDAccountant``, pessimistic
+    discretisation: an upper bound; Koskela et al. 2020, Doroshenko et al. 2022), the accountant of every
+    epsilon the matrix reports (:func:`effective_epsilons`). Raises ``ValueError`` for
+    ``noise_multiplier <= 0``, ``sampling_prob`` outside (0, 1], ``num_rounds < 1`` or ``delta`` outside (0, 1)."""
+    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier must be positive and finite, got {noise_multiplier}")
+    if not 0 < sampling_prob <= 1:
+        raise ValueError(f"sampling_prob must be in (0, 1], got {sampling_prob}")
+    if int(num_rounds) != num_rounds or num_rounds < 1:
+        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds}")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    from dp_accounting import pld
+
+    acc = pld.PLDAccountant()
+    acc.compose(dpf.dp_event(float(noise_multiplier), float(sampling_prob), int(num_rounds)))
+    return float(acc.get_epsilon(float(delta)))
+
+
+def ldp_epsilon(epsilon: float, releases: int) -> float:
+    """The epsilon at :data:`LDP_DELTA` of ``releases`` releases of the ``ldp*`` columns' Gaussian (each
+    ``(epsilon, LDP_DELTA)``-LDP for sensitivity ``2 C``: noise multiplier
+    ``sigma / (2 C) = ldp.gaussian_sigma(epsilon, LDP_DELTA, 1)``), composed by the privacy-loss-distribution
+    accountant of :func:`central_epsilon`: for unsampled Gaussian releases its answer is the closed form
+    :func:`fedlab.privacy.ldp.gaussian_composed_epsilon` (exact Gaussian-DP composition, Dong, Roth & Su
+    2019, Cor. 3.3), which ``dp_accounting``'s ``PLDAccountant`` matches (``tests/test_ldp.py``,
+    ``tests/test_matrix_threats.py``) and which stays cheap where the library's discretised distribution
+    needs seconds to minutes (``epsilon = 500``). At most ``releases * epsilon``, the basic composition.
+    Raises ``ValueError`` for ``epsilon`` not positive and finite or ``releases < 1``."""
+    if int(releases) != releases or releases < 1:
+        raise ValueError(f"releases must be a positive integer, got {releases}")
+    z = ldp.gaussian_sigma(float(epsilon), LDP_DELTA, 1.0)     # checks epsilon
+    return ldp.gaussian_composed_epsilon(z, int(releases), LDP_DELTA)
+
+
 def effective_epsilons(row) -> dict:
     """What the ``dp*`` and ``ldp*`` columns guarantee against the attacker of ``row`` (an :class:`Attack`
     or its key), given the releases it observes (``row.releases()``: ``T`` rounds, sampled with
-    probability ``q``). Returns ``{"rounds": T, "sampling_prob": q, "releases": round(T q),
-    "dp": {column: epsilon or None}, "ldp": {column: epsilon}}``: ``dp`` is
-    :func:`fedlab.privacy.dp_fedavg.epsilon_spent` of the column's ``z`` at ``(q, T)`` (``None`` for an
-    n/a cell and for an attacker before the noise, ``row.sees_central_noise`` False: no guarantee against
-    it), ``ldp`` the per-release epsilon composed over the releases (basic composition, ``releases * eps``).
-    Raises ``ValueError`` for an unknown row."""
+    probability ``q``), every epsilon from one accountant, the privacy-loss distribution (issue 35 item 3).
+    Returns ``{"rounds": T, "sampling_prob": q, "releases": round(T q), "dp": {column: epsilon or None},
+    "ldp": {column: epsilon}}``: ``dp`` is :func:`central_epsilon` of the column's ``z`` at ``(q, T)``
+    (``None`` for an n/a cell and for an attacker that sees the update before the noise, i.e. every
+    observer but the outsider: no guarantee against it), ``ldp`` is :func:`ldp_epsilon`, the per-release
+    guarantee composed over the releases (the client adds fresh noise to each message it sends). Raises
+    ``ValueError`` for an unknown row."""
     a = _attack(row)
     T, q = a.releases()
     k = max(int(round(T * q)), 1)
@@ -905,9 +1036,18 @@ def effective_epsilons(row) -> dict:
     for d in DEFENSES:
         if d.kind == "dp":
             dp[d.key] = (None if d.key in a.not_applicable or not a.sees_central_noise else
-                         dpf.epsilon_spent(dp_noise_multiplier(d.param), float(q), int(T), s["delta"]))
+                         central_epsilon(dp_noise_multiplier(d.param), float(q), int(T), s["delta"]))
     return {"rounds": int(T), "sampling_prob": float(q), "releases": k, "dp": dp,
-            "ldp": {d.key: k * float(d.param) for d in DEFENSES if d.kind == "ldp"}}
+            "ldp": {d.key: ldp_epsilon(d.param, k) for d in DEFENSES if d.kind == "ldp"}}
+
+
+def deployment_epsilons() -> dict:
+    """``{dp column: epsilon}``: what the privacy-loss-distribution accountant (:func:`central_epsilon`) charges
+    the deployment :data:`DP_SETTING` that each ``dp*`` column's ``z`` was calibrated for (by the RDP
+    accountant, as in Chapter 1b: the column's label; PLD is tighter, so at most the label)."""
+    s = DP_SETTING
+    return {d.key: central_epsilon(dp_noise_multiplier(d.param), s["sampling_prob"], s["num_rounds"], s["delta"])
+            for d in DEFENSES if d.kind == "dp"}
 
 
 def describe_matrix() -> dict:
@@ -917,10 +1057,21 @@ def describe_matrix() -> dict:
     return {"rows": [{"key": a.key, "label": a.label, "chapter": a.chapter, "metric": a.metric,
                       "higher_is_success": a.higher_is_success, "threat": a.threat, "baseline": a.baseline,
                       "not_applicable": dict(a.not_applicable), "secagg_group": a.secagg_group,
-                      "cell_notes": dict(a.cell_notes), "epsilons": effective_epsilons(a)} for a in ATTACKS],
+                      "cell_notes": dict(a.cell_notes), "epsilons": effective_epsilons(a), "observer": a.observer,
+                      "value_range": [_json_bound(v) for v in a.value_range]} for a in ATTACKS],
             "columns": [{"key": d.key, "label": d.label} for d in DEFENSES],
-            "dp_setting": dict(DP_SETTING), "ldp_delta": LDP_DELTA,
-            "dp_noise_multipliers": {d.key: dp_noise_multiplier(d.param) for d in DEFENSES if d.kind == "dp"}}
+            "dp_setting": dict(DP_SETTING), "ldp_delta": LDP_DELTA, "accountant": ACCOUNTANT,
+            "dp_noise_multipliers": {d.key: dp_noise_multiplier(d.param) for d in DEFENSES if d.kind == "dp"},
+            "dp_deployment_epsilons": deployment_epsilons()}
+
+
+#: the accountant of every epsilon in the record (central and local DP alike)
+ACCOUNTANT = "privacy-loss distribution (dp_accounting.pld; unsampled Gaussian compositions in its exact closed form)"
+
+
+def _json_bound(v: float) -> float | None:
+    """A range bound for JSON (which has no infinity): ``None`` for an infinite one."""
+    return None if math.isinf(v) else float(v)
 
 
 def threat_rows(record: Mapping | None = None) -> list[list[str]]:
@@ -951,10 +1102,16 @@ def row_threats(record: Mapping) -> list[list[str]]:
         obs = str(e["releases"]) if e["sampling_prob"] == 1 else f'{e["releases"]} ({e["rounds"]} rounds × q = {e["sampling_prob"]:g})'
         dp = ["n/a" if k in r["not_applicable"] else "none" if v is None else f"{v:.3g}" for k, v in e["dp"].items()]
         if set(dp) == {"none"}:
-            dp = ["none: the noise is added after the tapped link"]
-        out.append([r["label"], str(r["secagg_group"]), obs, " / ".join(dp),
-                    " / ".join(f"{v:g}" for v in e["ldp"].values())])
+            dp = [_NO_GUARANTEE.get(r.get("observer"), "none: the attacker sees the update before the noise")]
+        group = "n/a" if "secagg" in r["not_applicable"] else str(r["secagg_group"])
+        out.append([r["label"], group, obs, " / ".join(dp),
+                    " / ".join(f"{v:.3g}" if v < 1000 else f"{v:,.0f}" for v in e["ldp"].values())])
     return out
+
+
+#: why central DP guarantees nothing against an observer before the noise (the threat table's text)
+_NO_GUARANTEE = {"curious server": "none: the server sees each clipped update before the noise it adds",
+                 "eavesdropper": "none: the noise is added after the tapped link"}
 
 
 def row_threat_header(record: Mapping) -> list[str]:
@@ -964,7 +1121,7 @@ def row_threat_header(record: Mapping) -> list[str]:
     dp = " / ".join(cols[k] for k in first["dp"])
     ldp = " / ".join(cols[k] for k in first["ldp"])
     return ["attack", "secure-aggregation group", "releases observed",
-            f"effective ε of {dp}", f"{ldp}, composed over the releases"]
+            f"effective ε of {dp}", f"{ldp}, composed over the releases (same accountant)"]
 
 
 def undefended_advantage(record: Mapping, row: str) -> dict:
@@ -1017,6 +1174,8 @@ def page_values(record: Mapping) -> dict:
         out[f"mx_group_{r['key']}"] = r["secagg_group"]
         out[f"mx_releases_{r['key']}"] = r["epsilons"]["releases"]
         out.update({f"mx_eps_{r['key']}_{k}": v for k, v in r["epsilons"]["dp"].items() if v is not None})
+        out.update({f"mx_eps_{r['key']}_{k}": v for k, v in r["epsilons"]["ldp"].items()})
+    out.update({f"mx_eps_deploy_{k}": v for k, v in (record["matrix"].get("dp_deployment_epsilons") or {}).items()})
     out.update({f"mx_{tag(n.replace('|', '_'))}_sci": f"{s['mean']:.1e}" for n, s in record["summary"].items()
                 if n.startswith("mr|")})                                 # ~1e-14: not 0.0 at 3 digits
     flat = [r["label"] for r in record["matrix"]["rows"] if not undefended_advantage(record, r["key"])["significant"]]
@@ -1065,6 +1224,49 @@ def record_table(record: Mapping) -> list[dict]:
     return out
 
 
+def metric_range(record: Mapping, row: str) -> tuple[float, float]:
+    """The range ``(low, high)`` of row ``row``'s metric (``-inf``/``inf`` for an open end), from the record's
+    layout (``value_range``, ``None`` for an infinite bound) or, for a record written before it was stored,
+    from :data:`ATTACKS`. Raises ``ValueError`` for a row neither knows."""
+    layout = {r["key"]: r for r in (record.get("matrix") or {}).get("rows", [])} if isinstance(record, Mapping) else {}
+    if row in layout and "value_range" in layout[row]:
+        lo, hi = layout[row]["value_range"]
+        return (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
+    return _attack(row).value_range
+
+
+def bounded_interval(ci, value_range) -> list[float] | None:
+    """The 95 % Student-t interval ``ci`` ``[low, high]`` of a cell's mean over the seeds, cut to the metric's
+    range ``value_range`` ``(low, high)`` (issue 35 item 5: an AUC interval never passes 1, an error's never
+    0). The cell's expected value lies in the range, so cutting the interval there keeps its coverage and
+    it still holds the mean of the seeds (which lies in the range too); it leaves the Student-t width
+    where the range does not bind, the honest width for 3 to 10 seeds. (A bootstrap percentile interval
+    over 3 seeds has 10 distinct resampled means and covers far less than 95 %; a logit-scale interval is
+    undefined at a rate of exactly 0 or 1, which cells reach, and need not contain the mean shown.) The
+    significance rule (:func:`undefended_advantage`) keeps the plain paired t interval. ``None`` for
+    ``ci`` None (one seed). Raises ``ValueError`` for an interval or range that is not ``low <= high``."""
+    if ci is None:
+        return None
+    lo, hi = (float(ci[0]), float(ci[1]))
+    a, b = (float(value_range[0]), float(value_range[1]))
+    if not lo <= hi or math.isnan(lo) or math.isnan(hi):
+        raise ValueError(f"ci must be [low, high] with low <= high, got {ci}")
+    if not a < b:
+        raise ValueError(f"value_range must be (low, high) with low < high, got {value_range}")
+    return [min(max(lo, a), b), max(min(hi, b), a)]
+
+
+def cell_interval(record: Mapping, row: str, column: str) -> list[float] | None:
+    """The interval the page shows for cell ``(row, column)`` of a record (``column`` may carry
+    :data:`NAIVE_SUFFIX` or be ``"acc_<column>"``, an accuracy in [0, 1]): :func:`bounded_interval` of the
+    record's t interval and the metric's range. Raises ``ValueError`` when the record lacks the cell."""
+    s = (record.get("summary") or {}).get(value_name(row, column))
+    if s is None:
+        raise ValueError(f"the record holds no summary of cell ({row}, {column})")
+    rng = UNIT if column.startswith("acc_") else metric_range(record, row)
+    return bounded_interval(s.get("ci95"), rng)
+
+
 def _fmt(x: float) -> str:
     return f"{x:.3g}" if abs(x) < 1000 else f"{x:.2e}"
 
@@ -1076,16 +1278,23 @@ def _colour(share: float) -> str:
     return f"rgb({r},{g},{b})"
 
 
+#: the header of a row group (a ``<tr class="mx-group">`` above its first row), by observer
+_ROW_GROUPS = {OUTSIDER: "Outsider who sees only the released aggregate (and, as the DP guarantee assumes, every other "
+                         "update): the same attacks as the curious-server rows above, under central DP's noise"}
+
+
 def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = None) -> str:
     """The colour-coded HTML table of a matrix record: one ``<tr>`` per attack, one column per defense,
-    each cell ``mean`` over ``[lo, hi]`` (the 95 % t interval over the seeds), coloured by :func:`advantage`
+    each cell ``mean`` over ``[lo, hi]`` (the 95 % t interval over the seeds cut to the metric's range,
+    :func:`cell_interval`), coloured by :func:`advantage`
     of the mean against the row's baseline mean and the undefended mean; n/a cells grey with the reason as
     tooltip and as a numbered note under the table. A row whose undefended advantage over the baseline is
     not significant (:func:`undefended_advantage`) is rendered neutral (class ``mx-neutral``, no share)
     with the note :data:`NOT_SIGNIFICANT`; a cell with a note of its row's ``cell_notes`` carries it as a
     numbered note. Each row header links to its chapter
     (``chapter_link(stem)``, default ``"<stem>.html"``) and states the metric, its direction, the
-    baseline and the threat model. Raises ``ValueError`` for a record without the matrix layout."""
+    baseline and the threat model. The outsider rows (:data:`OUTSIDER_ROWS`) come under a group header
+    (``<tr class="mx-group">``). Raises ``ValueError`` for a record without the matrix layout."""
     rows = record_table(record)
     link = chapter_link or (lambda stem: f"{stem}.html")
     cols = record["matrix"]["columns"]
@@ -1099,9 +1308,15 @@ def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = 
             notes.append(text)
         return f"<sup>{notes.index(text) + 1}</sup>"
 
+    groups_seen = set()
     for r in rows:
         row = r["row"]
         base = r["baseline"]
+        group = _ROW_GROUPS.get(row.get("observer"))
+        if group and group not in groups_seen:
+            groups_seen.add(group)
+            body.append(f'<tr class="mx-group"><th colspan="{len(cols) + 1}" style="text-align:left;padding:6px 6px 3px;'
+                        f'border-top:2px solid #888">{html.escape(group)}</th></tr>')
         none = r["cells"].get("none")
         try:
             significant = undefended_advantage(record, row["key"])["significant"]
@@ -1125,7 +1340,7 @@ def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = 
                 tds.append(f'<td class="mx-na" style="{cell_css};background:#d0d0d0" title="{html.escape(s["na"])}">'
                            f'n/a{mark}</td>')
             else:
-                ci = s.get("ci95")
+                ci = bounded_interval(s.get("ci95"), metric_range(record, row["key"]))
                 interval = f'<br><span style="font-size:0.85em">[{_fmt(ci[0])}, {_fmt(ci[1])}]</span>' if ci else ""
                 extra = cell_notes.get(c["key"])
                 mark = note_mark(extra) if extra else ""
