@@ -91,7 +91,8 @@ def reading_minutes(words: int) -> int:
 
 
 def run_time(stem: str, root: Path = ROOT) -> str:
-    """``"12 min per seed (paper scale, n = 5)"`` from the stored record, or ``"no record"``."""
+    """``"12 min (n = 5)"``: the stored record's mean minutes per seed and its seeds (``"2 min (n = 3,
+    quick scale)"`` for a record at another scale than paper), or ``"no record"``."""
     from fedlab import records
 
     rec_stem, scale = RECORDS.get(stem, (stem, "paper"))
@@ -99,7 +100,8 @@ def run_time(stem: str, root: Path = ROOT) -> str:
     if rec is None:
         return "no record"
     secs = rec["seconds"]
-    return f"{sum(secs) / len(secs) / 60:.0f} min per seed ({scale} scale, n = {len(secs)})"
+    other = "" if scale == "paper" else f", {scale} scale"
+    return f"{sum(secs) / len(secs) / 60:.0f} min (n = {len(secs)}{other})"
 
 
 def prerequisites(stem: str) -> tuple[str, ...]:
@@ -119,7 +121,7 @@ def generate(root: Path = ROOT) -> str:
     in_lectures = [s for _, stems in LECTURES for s in stems]
     if set(in_lectures) != set(CHAPTERS) or len(in_lectures) != len(set(in_lectures)):
         raise ValueError(f"every chapter must be in exactly one lecture; lectures: {in_lectures}")
-    rows = ["| chapter | goal | needs | reading | run at the stored record's scale |", "|---|---|---|---|---|"]
+    rows = ["| chapter | goal | needs | reading | paper-scale run, per seed |", "|---|---|---|---|---|"]
     for stem, (goal, _) in CHAPTERS.items():
         needs = ", ".join(short(s) for s in prerequisites(stem)) or "—"
         rows.append(f"| {{doc}}`{short(stem)} <../chapters/{stem}>` | {goal} | {needs} | {minutes[stem]} min | "

@@ -18,9 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "chapters" / "records"
 
 
+def _load(folder):
+    return {stem: records.load(stem, "paper", folder) for stem in cl.chapters()}
+
+
 @pytest.fixture(scope="module")
 def recs():
-    return cl.load_records(RECORDS)
+    return _load(RECORDS)
 
 
 def _labels(stem: str) -> set[str]:
@@ -83,7 +87,7 @@ def _write(tmp_path, recs, stem, key, values):
         if s == stem:
             r["values"][key] = list(values)
         (folder / f"{s}.paper.json").write_text(json.dumps(r))
-    return cl.load_records(folder)
+    return _load(folder)
 
 
 @pytest.mark.parametrize("claim", cl.CLAIMS, ids=lambda c: f"{c.chapter[:3]}-{c.key}")
@@ -149,9 +153,9 @@ def test_bad_records_and_claims_raise_clear_errors():
         cl.Claim("x", "t", "v", "direction", "lab", direction=("=>", 0.0))
 
 
-def test_load_records_names_a_missing_record(tmp_path):
-    with pytest.raises(ValueError, match="no paper-scale record of 00_fl_primer"):
-        cl.load_records(tmp_path)
+def test_a_missing_record_is_named(tmp_path):
+    with pytest.raises(ValueError, match="no stored record for 00_fl_primer"):
+        cl.verdicts(_load(tmp_path))
 
 
 def test_paper_ranges_are_read_from_the_constants_text(monkeypatch):
@@ -206,6 +210,8 @@ def test_tables_link_every_claim_and_record(recs):
     assert notes.count("\n* ") == len(cl.NOTES) - 1
 
 
-def test_records_module_reads_the_same_records():
-    for stem in {c.chapter for c in cl.CLAIMS}:
-        assert records.load(stem, "paper", RECORDS) is not None
+def test_chapters_are_in_book_order():
+    from fedlab.reproduce import list_chapters
+
+    order = [c.stem for c in list_chapters(ROOT)]
+    assert cl.chapters() == sorted(cl.chapters(), key=order.index)

@@ -28,12 +28,9 @@ import math
 import operator
 import re
 from dataclasses import dataclass
-from pathlib import Path
-
-from .. import records as _records
 
 __all__ = ["Paper", "Claim", "Verdict", "CLAIMS", "RULES", "VERDICTS", "CHAPTER2_DELTA", "verdict",
-           "verdicts", "load_records", "claims_table", "records_table", "summary_counts", "NOTES", "notes_markdown"]
+           "verdicts", "chapters", "claims_table", "records_table", "summary_counts", "NOTES", "notes_markdown"]
 
 #: the three verdict words (STYLE.md, "Reporting a reproduction")
 VERDICTS = ("reproduced", "in direction only", "not reproduced")
@@ -215,39 +212,37 @@ def verdict(claim: Claim, record: dict | None) -> Verdict:
         raise ValueError(f"claim {claim.chapter}/{claim.key}: no stored record for {claim.chapter}")
     mean, low, high, n = _interval(claim, record)
     d = claim.digits
-    ours = f"{mean:.{d}f} [{low:.{d}f}, {high:.{d}f}] (n = {n})" if n > 1 else f"{mean:.{d}f} (n = 1)"
+    ours = f"{mean:.{d}f} [{low:.{d}f}, {high:.{d}f}]" if n > 1 else f"{mean:.{d}f}"
+    if claim.direction is not None and isinstance(claim.direction[1], str):   # beside the value it is compared with
+        others = list(_clean(record, claim.direction[1], claim).values())
+        ours += f" vs {sum(others) / len(others):.{d}f}"
+    ours += f" (n = {n})"
     held = _direction_holds(claim, record) if claim.direction is not None else None
-    held_text = "" if held is None else f"{claim.direction_text()} at {held[0]} of {held[1]} seeds"
+    held_text = "" if held is None else f"holds at {held[0]}/{held[1]} seeds"
     if claim.rule == "interval":
         p_low, p_high = claim.paper.range()
         if n < 2:
             raise ValueError(f"claim {claim.chapter}/{claim.key}: an interval needs two clean seeds, got {n}")
-        paper = claim.paper.text(d)
         if p_low <= high and low <= p_high:
-            return Verdict("reproduced", ours, f"paper {paper} meets our interval")
-        side = "above" if p_low > high else "below"
+            return Verdict("reproduced", ours, "paper inside our interval")
+        why = f"paper {'above' if p_low > high else 'below'} our interval"
         if held is not None and held[0] == held[1]:
-            return Verdict("in direction only", ours, f"paper {paper} {side} our interval; {held_text}")
-        return Verdict("not reproduced", ours, f"paper {paper} {side} our interval"
-                       + (f"; {held_text}" if held_text else ""))
+            return Verdict("in direction only", ours, f"{why}; direction {held_text}")
+        return Verdict("not reproduced", ours, why + (f"; direction {held_text}" if held_text else ""))
     word = "reproduced" if held[0] == held[1] else "not reproduced"
     return Verdict(word, ours, held_text)
 
 
-def load_records(folder: str | Path | None = None) -> dict[str, dict]:
-    """``stem -> paper-scale record`` for every chapter a claim names (``folder`` default:
-    :func:`fedlab.records.records_dir`). Raises ``ValueError`` when a chapter's record is missing."""
-    out = {}
-    for stem in dict.fromkeys(c.chapter for c in CLAIMS):
-        record = _records.load(stem, "paper", folder)
-        if record is None:
-            raise ValueError(f"no paper-scale record of {stem} in {folder or _records.records_dir()}")
-        out[stem] = record
-    return out
+def chapters() -> list[str]:
+    """The stems of the chapters :data:`CLAIMS` names, in book order: the records a page loads
+    (``{stem: fedlab.records.load(stem) for stem in claims.chapters()}``; this module reads no file)."""
+    return list(dict.fromkeys(c.chapter for c in CLAIMS))
 
 
-def verdicts(recs: dict[str, dict], claims: list[Claim] | None = None) -> list[tuple[Claim, Verdict]]:
-    """Every claim (default :data:`CLAIMS`) with its verdict on ``recs`` (``stem -> record``)."""
+def verdicts(recs: dict[str, dict | None], claims: list[Claim] | None = None) -> list[tuple[Claim, Verdict]]:
+    """Every claim (default :data:`CLAIMS`) with its verdict on ``recs`` (``stem -> record``, as
+    :func:`fedlab.records.load` returns it). Raises ``ValueError`` naming the chapter whose record is
+    missing or ``None``."""
     return [(c, verdict(c, recs.get(c.chapter))) for c in (CLAIMS if claims is None else claims)]
 
 
@@ -261,15 +256,16 @@ def _short(stem: str) -> str:
 
 
 def claims_table(pairs: list[tuple[Claim, Verdict]]) -> str:
-    """A MyST markdown table: chapter (linked section), claim, paper's value and its source, ours, rule,
-    verdict and why."""
-    rows = ["| chapter | claim | paper | ours: mean [95 % interval] (n seeds) | rule | verdict | evidence |",
-            "|---|---|---|---|---|---|---|"]
+    """A MyST markdown table: chapter (its section linked), the claim and its source, the paper's value,
+    ours (mean [95 % interval], beside the mean it is compared with, n seeds), and the verdict with its
+    rule and evidence."""
+    rows = ["| chapter | claim | paper | ours: mean [95 % interval] (n seeds) | verdict (rule: evidence) |",
+            "|---|---|---|---|---|"]
     for c, v in pairs:
-        paper = "no number (direction)" if c.paper is None else f"{c.paper.text(c.digits)}"
+        paper = "—" if c.paper is None else c.paper.text(c.digits)
         src = f" {c.source}" if c.source else ""
-        rows.append(f"| {{ref}}`{_short(c.chapter)} <{c.label}>` | {c.text}{src} | {paper} | {v.ours} | {c.rule} | "
-                    f"**{v.word}** | {v.why} |")
+        rows.append(f"| {{ref}}`{_short(c.chapter)} <{c.label}>` | {c.text}{src} | {paper} | {v.ours} | "
+                    f"**{v.word}** ({c.rule}: {v.why}) |")
     return "\n".join(rows)
 
 
@@ -312,10 +308,10 @@ CLAIMS: list[Claim] = [
     Claim("01a_gradient_leakage", "DLG's jointly optimised label (label accuracy)", "dlg_label_acc", "interval",
           "ch1a-idlg", paper=_p("chapter1a.ZHAO_LABEL_ACC", "DLG"), source="(Zhao et al., Table 1)", limits=UNIT),
     Claim("01a_gradient_leakage", "attack success rate at batch size 16", "rate_b16", "interval", "ch1a-batch-steps",
-          paper=_p("chapter1a.WEI_RATES", "batch size 16"), direction=("<", "rate_b1"), digits=2,
+          paper=_p("chapter1a.WEI_RATES", "batch size 16"), direction=("<", "rate_b1"),
           source="(Wei et al.)", limits=UNIT),
     Claim("01a_gradient_leakage", "attack success rate after 9 local steps", "rate_k9", "interval", "ch1a-batch-steps",
-          paper=_p("chapter1a.WEI_RATES", "local steps 9"), direction=("<", "rate_k1"), digits=2,
+          paper=_p("chapter1a.WEI_RATES", "local steps 9"), direction=("<", "rate_k1"),
           source="(Wei et al.)", limits=UNIT),
     # 01b: Nasr et al. 2019 (via the lecture)
     Claim("01b_membership_inference", "passive server, loss of the last round: membership AUC", "mia_auc_last",
