@@ -80,7 +80,7 @@ from .config import progress_enabled
 __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "non_finite_glues", "summarize",
            "t_interval", "run_notebook", "reproduce", "reproduce_matrix", "main", "atomic_write_text", "write_record",
            "check_out", "check_seeds", "check_timeout", "check_stored_seeds", "seeds_lost", "format_seeds",
-           "chapter_aliases", "MATRIX", "RunInterrupted"]
+           "chapter_aliases", "MATRIX", "RECORD_PAGES", "RunInterrupted"]
 
 #: glued names with these endings quote a stored record (``run.paper(...)``, ``run.describe()``) and
 #: are not collected into a new one
@@ -110,6 +110,10 @@ STALL_GRACE = 10.0
 #: seconds to wait, after a cell's reply, for the rest of its output (nbclient's default is 4 s and then
 #: it goes on without the output: a missing glued value; here a missing output fails the seed)
 IOPUB_TIMEOUT = 30
+
+#: notebooks of ``_toc.yml`` that only read the stored records (the "What reproduced" page): the book
+#: executes and nbval tests them, but they are not chapters to run at several seeds
+RECORD_PAGES = ("reproduced",)
 
 #: the one chapter name that is not a notebook: the attack x defense matrix (:func:`reproduce_matrix`)
 MATRIX = "matrix"
@@ -167,8 +171,8 @@ def _notebook_title(path: Path) -> str:
 
 
 def list_chapters(root: str | Path | None = None) -> list[Chapter]:
-    """The notebooks listed in ``_toc.yml`` (markdown pages are not chapters to run), in book order.
-    The title is the ``_toc.yml`` title when it has one, else the notebook's first level-1 heading."""
+    """The notebooks listed in ``_toc.yml`` (markdown pages and the pages of :data:`RECORD_PAGES` are not
+    chapters to run), in book order. The title is the ``_toc.yml`` title when it has one, else the notebook's first level-1 heading."""
     import yaml
 
     root = find_root(root) if root is None else Path(root)
@@ -179,7 +183,7 @@ def list_chapters(root: str | Path | None = None) -> list[Chapter]:
         if not file:
             continue
         path = root / (file if file.endswith(".ipynb") else file + ".ipynb")
-        if path.is_file():
+        if path.is_file() and path.stem not in RECORD_PAGES:
             chapters.append(Chapter(path.stem, path, entry.get("title") or _notebook_title(path)))
     return chapters
 
