@@ -43,6 +43,13 @@ it with :func:`render_html`.
   :func:`fedlab.privacy.dprivacy.sanitize_update`): Euclidean Laplace noise with ``E ||rho|| = nu ||update||``
   (``nu = 5`` is Chapter 5's setting).
 
+**A reader's own defense** (issue 35 item 6): ``Defense(key, label, "user", fn=fn, public=(...))`` with ``fn``
+of the contract :data:`USER_CONTRACT` (the clients' updates ``[A, n]`` and the row's generator in, what each
+client sends out, optionally with public parameters from :data:`USER_PUBLIC`: a ``mask`` or a ``clip_norm``)
+goes into :func:`run_row`'s ``columns`` beside the library's keys. Each client applies it to its own update
+where the row applies a client-side defense; the row's attacker reads the public parameters where it has a
+variant that uses them, else it is the naive attacker, and :func:`attacker` says which.
+
 Each row (:data:`ATTACKS`) names its chapter, its metric and which direction means "the attack
 succeeds", and a *no-information baseline* computed at every seed (the mean-colour image's PSNR, AUC
 0.5, the error of the released global model, ...). The page colours a cell by the share of the
@@ -85,7 +92,8 @@ from ..privacy import secure_aggregation as sa
 from . import chapter3a as ch3a
 from . import chapter3b as ch3b
 
-__all__ = ["Defense", "USER_CONTRACT", "USER_PUBLIC", "protect_public", "attacker", "Attack", "DEFENSES", "ATTACKS", "DP_SETTING", "LDP_DELTA", "COLUMN_NOTES",
+__all__ = ["Defense", "USER_CONTRACT", "USER_PUBLIC", "protect_public", "attacker",
+           "Attack", "DEFENSES", "ATTACKS", "DP_SETTING", "LDP_DELTA", "COLUMN_NOTES",
            "dp_noise_multiplier", "median_norm", "protect", "cell", "run_row", "run_matrix", "value_name",
            "describe_matrix", "threat_rows", "row_threats", "row_threat_header", "effective_epsilons",
            "undefended_advantage", "NOT_SIGNIFICANT", "MALICIOUS_SERVER_DP_NA", "OBSERVERS", "OUTSIDER", "OUTSIDER_ROWS",
@@ -231,68 +239,79 @@ def protect(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float |
             generator: torch.Generator | None = None, rng: np.random.Generator | None = None,
             client_side_noise: bool = True) -> torch.Tensor:
     """What the attacker sees of the clients' updates ``updates`` ``[A, n]`` (row ``a``: client ``a``'s
-    update) under ``defense`` (a :class:`Defense` or its key), in the threat model of the module docstring:
-    :func:`protect_public`'s view without its public parameters. Raises as :func:`protect_public`."""
-    return protect_public(updates, defense, clip_norm=clip_norm, group=group, generator=generator, rng=rng,
-                          client_side_noise=client_side_noise)[0]
+    update) under ``defense`` (a :class:`Defense` or its key), in the threat model of the module docstring
+    (:func:`protect_public` adds the defense's public parameters).
 
-
-def protect_public(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float | None = None,
-                   group: int = 1, generator: torch.Generator | None = None, rng: np.random.Generator | None = None,
-                   client_side_noise: bool = True) -> tuple[torch.Tensor, dict]:
-    """What the attacker sees of the clients' updates ``updates`` ``[A, n]`` (row ``a``: client ``a``'s
-    update) under ``defense`` (a :class:`Defense` or its key), in the threat model of the module docstring,
-    and the defense's public parameters, ``(view, public)``.
-
-    ``view`` is ``[A, n]`` (one view per client) for every column but ``secagg``, which returns the sums
+    Returns ``[A, n]`` (one view per client) for every column but ``secagg``, which returns the sums
     ``[A // group, n]`` of consecutive groups of ``group`` clients (the protocol's masked messages summed
     and decoded). ``clip_norm``: ``C`` (default :func:`median_norm` of ``updates``); ``generator``: the
     torch noise stream (DP, LDP, user defenses), ``rng``: the numpy stream of the Laplace draws (d-privacy).
     ``client_side_noise=False`` (DP-FedAvg columns only) returns what crosses the client's link under
     McMahan et al.'s Algorithm 1, the clipped update: the trusted server adds the noise after the link.
-
-    ``public`` holds what an attacker who knows the defense reads, in the names of :data:`USER_PUBLIC`:
-    ``{"clip_norm": C}`` under ``clip`` and under DP-FedAvg's pre-noise view, ``{"mask": view != 0}`` under
-    ``prune``, ``{}`` elsewhere; for a user defense (kind ``"user"``) what its ``fn`` returned, checked
-    against the contract :data:`USER_CONTRACT` (``fn`` gets a copy of ``updates`` and ``generator``).
-
+    A user defense (kind ``"user"``) returns its ``fn``'s view, checked against :data:`USER_CONTRACT`.
     Raises ``ValueError`` for an unknown defense, ``updates`` not ``[A, n]``, ``group`` not dividing ``A``,
-    ``clip_norm <= 0``, or a user ``fn`` that breaks the contract (wrong shape or dtype, a non-finite
-    value, public names other than its Defense's, a mask of the wrong shape or with a sent-out coordinate
-    that is not 0 in the view, a view row longer than its ``clip_norm``).
+    ``clip_norm <= 0``, or a user ``fn`` that breaks the contract (see :func:`protect_public`).
     """
     d = _defense(defense)
     if updates.ndim != 2 or updates.shape[0] < 1:
         raise ValueError(f"updates must be [A, n], got shape {tuple(updates.shape)}")
     if d.kind == "user":
-        return _user_view(d, updates, generator)
+        return _user_view(d, updates, generator)[0]
     C = median_norm(updates) if clip_norm is None else float(clip_norm)
     if not C > 0:
         raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
     if d.kind == "none":
-        return updates.clone(), {}
+        return updates.clone()
     if d.kind == "clip":
-        return pdef.clip_rows(updates, C), {"clip_norm": C}
+        return pdef.clip_rows(updates, C)
     if d.kind == "dp":
         if not client_side_noise:
-            return pdef.clip_rows(updates, C), {"clip_norm": C}
+            return pdef.clip_rows(updates, C)
         sigma = dpf.noise_std(dp_noise_multiplier(d.param), C, 1.0)     # z C on the sum
-        return pdef.gaussian_noise(pdef.clip_rows(updates, C), sigma, generator=generator), {}
+        return pdef.gaussian_noise(pdef.clip_rows(updates, C), sigma, generator=generator)
     if d.kind == "ldp":
-        return ldp.ldp_gaussian(updates, d.param, LDP_DELTA, 2.0 * C, generator=generator), {}
+        return ldp.ldp_gaussian(updates, d.param, LDP_DELTA, 2.0 * C, generator=generator)
     if d.kind == "prune":
-        view = pdef.prune_rows(updates, d.param)
-        return view, {"mask": view != 0}
+        return pdef.prune_rows(updates, d.param)
     if d.kind == "secagg":
         if int(group) != group or group < 1 or updates.shape[0] % group:
             raise ValueError(f"group must be a positive integer dividing {updates.shape[0]}, got {group}")
         rows = updates.double().reshape(-1, int(group), updates.shape[1])
-        return torch.stack([sa.secure_sum(r, generator=generator) for r in rows]).to(updates.dtype), {}
+        return torch.stack([sa.secure_sum(r, generator=generator) for r in rows]).to(updates.dtype)
     if d.kind == "dpriv":
         out = dprivacy.sanitize_update(updates.double(), torch.zeros_like(updates, dtype=torch.float64), d.param,
                                        rng=rng).theta
-        return out.to(updates.dtype), {}
+        return out.to(updates.dtype)
     raise ValueError(f"unknown defense kind {d.kind!r}")
+
+
+def protect_public(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float | None = None,
+                   group: int = 1, generator: torch.Generator | None = None, rng: np.random.Generator | None = None,
+                   client_side_noise: bool = True) -> tuple[torch.Tensor, dict]:
+    """:func:`protect`'s view and the defense's public parameters, ``(view, public)``: what an attacker who
+    knows the defense reads, in the names of :data:`USER_PUBLIC`. For the library's columns ``{"clip_norm":
+    C}`` under ``clip`` and under DP-FedAvg's pre-noise view (``client_side_noise=False``), ``{"mask": view !=
+    0}`` under ``prune``, ``{}`` elsewhere; for a user defense (kind ``"user"``) what its ``fn`` returned.
+
+    A user ``fn`` gets a copy of ``updates`` and ``generator`` (a fixed one when ``None``), and its answer is
+    checked against :data:`USER_CONTRACT`. Raises ``ValueError`` as :func:`protect`, and for a user ``fn`` that
+    returns a view of the wrong shape or dtype or with NaN or inf, public names other than its Defense's, a
+    mask that is not a bool ``[A, n]`` tensor or with a coordinate outside it that is not 0 in the view, or a
+    ``clip_norm`` that is not a finite float > 0 or shorter than a row of the view.
+    """
+    d = _defense(defense)
+    if d.kind == "user":
+        if updates.ndim != 2 or updates.shape[0] < 1:
+            raise ValueError(f"updates must be [A, n], got shape {tuple(updates.shape)}")
+        return _user_view(d, updates, generator)
+    view = protect(updates, d, clip_norm=clip_norm, group=group, generator=generator, rng=rng,
+                   client_side_noise=client_side_noise)
+    C = median_norm(updates) if clip_norm is None else float(clip_norm)
+    if d.kind == "clip" or (d.kind == "dp" and not client_side_noise):
+        return view, {"clip_norm": C}
+    if d.kind == "prune":
+        return view, {"mask": view != 0}
+    return view, {}
 
 
 def _user_view(d: Defense, updates: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, dict]:
