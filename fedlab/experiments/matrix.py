@@ -43,6 +43,13 @@ it with :func:`render_html`.
   :func:`fedlab.privacy.dprivacy.sanitize_update`): Euclidean Laplace noise with ``E ||rho|| = nu ||update||``
   (``nu = 5`` is Chapter 5's setting).
 
+**A reader's own defense** (issue 35 item 6): ``Defense(key, label, "user", fn=fn, public=(...))`` with ``fn``
+of the contract :data:`USER_CONTRACT` (the clients' updates ``[A, n]`` and the row's generator in, what each
+client sends out, optionally with public parameters from :data:`USER_PUBLIC`: a ``mask`` or a ``clip_norm``)
+goes into :func:`run_row`'s ``columns`` beside the library's keys. Each client applies it to its own update
+where the row applies a client-side defense; the row's attacker reads the public parameters where it has a
+variant that uses them, else it is the naive attacker, and :func:`attacker` says which.
+
 Each row (:data:`ATTACKS`) names its chapter, its metric and which direction means "the attack
 succeeds", and a *no-information baseline* computed at every seed (the mean-colour image's PSNR, AUC
 0.5, the error of the released global model, ...). The page colours a cell by the share of the
@@ -53,6 +60,7 @@ range (:func:`bounded_interval`).
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import html
 import math
@@ -84,7 +92,8 @@ from ..privacy import secure_aggregation as sa
 from . import chapter3a as ch3a
 from . import chapter3b as ch3b
 
-__all__ = ["Defense", "Attack", "DEFENSES", "ATTACKS", "DP_SETTING", "LDP_DELTA", "COLUMN_NOTES",
+__all__ = ["Defense", "USER_CONTRACT", "USER_PUBLIC", "protect_public", "attacker",
+           "Attack", "DEFENSES", "ATTACKS", "DP_SETTING", "LDP_DELTA", "COLUMN_NOTES",
            "dp_noise_multiplier", "median_norm", "protect", "cell", "run_row", "run_matrix", "value_name",
            "describe_matrix", "threat_rows", "row_threats", "row_threat_header", "effective_epsilons",
            "undefended_advantage", "NOT_SIGNIFICANT", "MALICIOUS_SERVER_DP_NA", "OBSERVERS", "OUTSIDER", "OUTSIDER_ROWS",
@@ -98,15 +107,65 @@ DP_SETTING = {"num_clients": 1000, "sampling_prob": 0.1, "num_rounds": 100, "del
 LDP_DELTA = 1e-5
 
 
+#: the kinds of the library's columns; ``"user"`` is a reader's defense function (:data:`USER_CONTRACT`)
+_KINDS = ("none", "clip", "dp", "ldp", "prune", "secagg", "dpriv", "user")
+#: the public parameters a user defense may publish with its view (what an attacker who knows the defense reads)
+USER_PUBLIC = ("mask", "clip_norm")
+
+
 @dataclass(frozen=True)
 class Defense:
-    """A column: ``key`` (record names), ``label`` (table header), ``kind`` (one of ``none, clip, dp,
-    ldp, prune, secagg, dpriv``) and its parameter ``param`` (epsilon, pruned fraction or nu)."""
+    """A column: ``key`` (record names: cell ``"<row>|<key>"``), ``label`` (table header), ``kind`` (one of
+    ``none, clip, dp, ldp, prune, secagg, dpriv`` for the library's columns, ``user`` for a reader's defense)
+    and its parameter ``param`` (epsilon, pruned fraction or nu).
+
+    A **user defense** (issue 35 item 6) is ``Defense(key, label, "user", fn=fn, public=(...))``, with ``fn``
+    a function of the contract :data:`USER_CONTRACT` and ``public`` the names (from :data:`USER_PUBLIC`) of
+    the public parameters ``fn`` returns beside its view; :func:`run_row` takes it beside the library's keys.
+    Raises ``ValueError`` for an unknown ``kind``, a user defense without a callable ``fn``, a key that is
+    empty or holds ``|`` or ``@`` (the record's separators), an unknown public name, or ``fn``/``public``
+    on a library kind."""
 
     key: str
     label: str
     kind: str
     param: float | None = None
+    fn: Callable | None = field(default=None, compare=False, repr=False)
+    public: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.kind not in _KINDS:
+            raise ValueError(f"kind must be one of {list(_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.key, str) or not self.key or "|" in self.key or "@" in self.key \
+                or self.key == "baseline" or self.key.startswith("acc_"):
+            raise ValueError(f"key must be a non-empty string without '|' or '@', not 'baseline' or 'acc_*', "
+                             f"got {self.key!r}")
+        object.__setattr__(self, "public", tuple(self.public))
+        if self.kind == "user":
+            if not callable(self.fn):
+                raise ValueError(f"fn must be a callable (updates [A, n], generator) -> view, got {self.fn!r}")
+            bad = [p for p in self.public if p not in USER_PUBLIC]
+            if bad or len(set(self.public)) != len(self.public):
+                raise ValueError(f"public must be distinct names from {list(USER_PUBLIC)}, got {self.public!r}")
+        elif self.fn is not None or self.public:
+            raise ValueError(f"fn and public are for kind 'user' only, got kind {self.kind!r}")
+
+
+#: the contract of a user defense's ``fn`` (issue 35 item 6), also in :func:`protect`'s docstring
+USER_CONTRACT = """\
+fn(updates, generator) -> view, or (view, public) when the Defense declares public names.
+  updates   torch.Tensor [A, n], float32 or float64: row a is client a's update (model delta or gradient),
+            flattened in the model's parameter order; a copy (changing it in place changes nothing).
+  generator torch.Generator: the row's noise stream, the only randomness fn may use (the cell is then a
+            function of the seed).
+  view      torch.Tensor [A, n], same dtype, finite: what client a sends, what the row's attacker observes.
+  public    {name: value} with exactly the Defense's public names: "mask" a bool [A, n] tensor, True where
+            a coordinate was sent (the view is 0 elsewhere); "clip_norm" a float C > 0, every row of the
+            view has L2 norm at most C. An attacker who knows the defense reads them (DLG matches only the
+            masked coordinates or clips its dummy gradient to C; the eavesdropper and RAIFLE undo or
+            reproduce the clipping); a defense without them meets the row's naive attacker (attacker()).
+fn may not: change the shape or dtype, return NaN or inf, mix clients (row a of the view depends on row a of
+updates and the generator only: the defense runs on each client), or see anything else of the row."""
 
 
 DEFENSES: tuple[Defense, ...] = (
@@ -163,26 +222,41 @@ def median_norm(updates: torch.Tensor) -> float:
     return c
 
 
+#: the user defenses of the :func:`run_row` call in progress, ``{key: Defense}`` (the rows look their columns up
+#: with :func:`_defense`, which sees the library's columns and these)
+_USER: contextvars.ContextVar[Mapping[str, Defense]] = contextvars.ContextVar("fedlab_matrix_user_defenses", default={})
+
+
+def _defense(key) -> Defense:
+    """The :class:`Defense` of a column key (the library's, or a user defense of the current :func:`run_row`)."""
+    d = _BY_KEY.get(key) or _USER.get().get(key) if isinstance(key, str) else key
+    if not isinstance(d, Defense):
+        raise ValueError(f"defense must be one of {list(_BY_KEY)} or a user Defense, got {key!r}")
+    return d
+
+
 def protect(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float | None = None, group: int = 1,
             generator: torch.Generator | None = None, rng: np.random.Generator | None = None,
             client_side_noise: bool = True) -> torch.Tensor:
     """What the attacker sees of the clients' updates ``updates`` ``[A, n]`` (row ``a``: client ``a``'s
-    update) under ``defense`` (a :class:`Defense` or its key), in the threat model of the module docstring.
+    update) under ``defense`` (a :class:`Defense` or its key), in the threat model of the module docstring
+    (:func:`protect_public` adds the defense's public parameters).
 
     Returns ``[A, n]`` (one view per client) for every column but ``secagg``, which returns the sums
     ``[A // group, n]`` of consecutive groups of ``group`` clients (the protocol's masked messages summed
     and decoded). ``clip_norm``: ``C`` (default :func:`median_norm` of ``updates``); ``generator``: the
-    torch noise stream (DP, LDP), ``rng``: the numpy stream of the Laplace draws (d-privacy).
+    torch noise stream (DP, LDP, user defenses), ``rng``: the numpy stream of the Laplace draws (d-privacy).
     ``client_side_noise=False`` (DP-FedAvg columns only) returns what crosses the client's link under
     McMahan et al.'s Algorithm 1, the clipped update: the trusted server adds the noise after the link.
-    Raises ``ValueError`` for an unknown defense, ``updates`` not ``[A, n]``, ``group`` not dividing ``A``
-    or ``clip_norm <= 0``.
+    A user defense (kind ``"user"``) returns its ``fn``'s view, checked against :data:`USER_CONTRACT`.
+    Raises ``ValueError`` for an unknown defense, ``updates`` not ``[A, n]``, ``group`` not dividing ``A``,
+    ``clip_norm <= 0``, or a user ``fn`` that breaks the contract (see :func:`protect_public`).
     """
-    d = _BY_KEY.get(defense) if isinstance(defense, str) else defense
-    if not isinstance(d, Defense):
-        raise ValueError(f"defense must be one of {list(_BY_KEY)}, got {defense!r}")
+    d = _defense(defense)
     if updates.ndim != 2 or updates.shape[0] < 1:
         raise ValueError(f"updates must be [A, n], got shape {tuple(updates.shape)}")
+    if d.kind == "user":
+        return _user_view(d, updates, generator)[0]
     C = median_norm(updates) if clip_norm is None else float(clip_norm)
     if not C > 0:
         raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
@@ -209,6 +283,77 @@ def protect(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float |
                                        rng=rng).theta
         return out.to(updates.dtype)
     raise ValueError(f"unknown defense kind {d.kind!r}")
+
+
+def protect_public(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float | None = None,
+                   group: int = 1, generator: torch.Generator | None = None, rng: np.random.Generator | None = None,
+                   client_side_noise: bool = True) -> tuple[torch.Tensor, dict]:
+    """:func:`protect`'s view and the defense's public parameters, ``(view, public)``: what an attacker who
+    knows the defense reads, in the names of :data:`USER_PUBLIC`. For the library's columns ``{"clip_norm":
+    C}`` under ``clip`` and under DP-FedAvg's pre-noise view (``client_side_noise=False``), ``{"mask": view !=
+    0}`` under ``prune``, ``{}`` elsewhere; for a user defense (kind ``"user"``) what its ``fn`` returned.
+
+    A user ``fn`` gets a copy of ``updates`` and ``generator`` (a fixed one when ``None``), and its answer is
+    checked against :data:`USER_CONTRACT`. Raises ``ValueError`` as :func:`protect`, and for a user ``fn`` that
+    returns a view of the wrong shape or dtype or with NaN or inf, public names other than its Defense's, a
+    mask that is not a bool ``[A, n]`` tensor or with a coordinate outside it that is not 0 in the view, or a
+    ``clip_norm`` that is not a finite float > 0 or shorter than a row of the view.
+    """
+    d = _defense(defense)
+    if d.kind == "user":
+        if updates.ndim != 2 or updates.shape[0] < 1:
+            raise ValueError(f"updates must be [A, n], got shape {tuple(updates.shape)}")
+        return _user_view(d, updates, generator)
+    view = protect(updates, d, clip_norm=clip_norm, group=group, generator=generator, rng=rng,
+                   client_side_noise=client_side_noise)
+    C = median_norm(updates) if clip_norm is None else float(clip_norm)
+    if d.kind == "clip" or (d.kind == "dp" and not client_side_noise):
+        return view, {"clip_norm": C}
+    if d.kind == "prune":
+        return view, {"mask": view != 0}
+    return view, {}
+
+
+def _user_view(d: Defense, updates: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, dict]:
+    """Run user defense ``d`` on ``updates`` ``[A, n]`` and check its answer against :data:`USER_CONTRACT`."""
+    name = f"defense {d.key!r}"
+    if generator is None:
+        generator = torch.Generator().manual_seed(0)
+    out = d.fn(updates.clone(), generator)
+    if d.public:
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping)):
+            raise ValueError(f"{name} declares public {d.public}: its fn must return (view, {{name: value}})")
+        view, public = out[0], dict(out[1])
+        if set(public) != set(d.public):
+            raise ValueError(f"{name}: fn returned public names {sorted(public)}, its Defense declares "
+                             f"{sorted(d.public)}")
+    else:
+        view, public = out, {}
+        if isinstance(view, tuple):
+            raise ValueError(f"{name} declares no public names: its fn must return the view tensor only "
+                             f"(declare public=('mask',) or ('clip_norm',) to publish parameters)")
+    if not isinstance(view, torch.Tensor) or view.shape != updates.shape or view.dtype != updates.dtype:
+        got = (tuple(view.shape), view.dtype) if isinstance(view, torch.Tensor) else type(view).__name__
+        raise ValueError(f"{name}: fn must return a tensor of shape {tuple(updates.shape)} and dtype "
+                         f"{updates.dtype}, got {got}")
+    if not torch.isfinite(view).all():
+        raise ValueError(f"{name}: fn returned a view with NaN or inf")
+    if "mask" in public:
+        m = public["mask"]
+        if not isinstance(m, torch.Tensor) or m.dtype != torch.bool or m.shape != updates.shape:
+            raise ValueError(f"{name}: public 'mask' must be a bool tensor of shape {tuple(updates.shape)}")
+        if (view[~m] != 0).any():
+            raise ValueError(f"{name}: the view is not 0 where public 'mask' is False")
+    if "clip_norm" in public:
+        c = public["clip_norm"]
+        if isinstance(c, torch.Tensor) and c.numel() == 1:
+            c = c.item()
+        if not isinstance(c, (int, float)) or not (math.isfinite(c) and c > 0):
+            raise ValueError(f"{name}: public 'clip_norm' must be a finite float > 0, got {c!r}")
+        if float(view.double().norm(dim=1).max()) > float(c) * (1 + 1e-6):
+            raise ValueError(f"{name}: a row of the view is longer than public 'clip_norm' {c}")
+        public["clip_norm"] = float(c)
+    return view, public
 
 
 @dataclass(frozen=True)
@@ -289,11 +434,16 @@ def _gens(seed: int, salt: int):
 
 # ----------------------------------------------------------------------------------------------------
 # row 1: DLG with the iDLG label (Chapter 1a)
-def _protected_gradients(G: torch.Tensor, w: dict, columns: Sequence[str], fc: str, **protect_kwargs):
-    """The gradient rows ``G`` ``[A, n]`` under each of ``columns`` in turn (:func:`protect`), as the attacker
-    observes them: ``(views [len(columns) * A, n], the same as stacked parameters like w, iDLG's label of each
-    view read off the last linear layer fc [len(columns) * A, 1])``."""
-    views = torch.cat([protect(G, c, **protect_kwargs) for c in columns])
+def _protected_gradients(G: torch.Tensor, w: dict, columns: Sequence[str], fc: str, *, publics: list | None = None,
+                         **protect_kwargs):
+    """The gradient rows ``G`` ``[A, n]`` under each of ``columns`` in turn (:func:`protect_public`), as the
+    attacker observes them: ``(views [len(columns) * A, n], the same as stacked parameters like w, iDLG's label
+    of each view read off the last linear layer fc [len(columns) * A, 1])``; each column's public parameters
+    are appended to ``publics`` when given."""
+    pairs = [protect_public(G, c, **protect_kwargs) for c in columns]
+    if publics is not None:
+        publics.extend(p for _, p in pairs)
+    views = torch.cat([v for v, _ in pairs])
     obs = models.unflatten_stacked(views, w)
     return views, obs, torch.tensor([[gi.idlg_label(obs[fc][i])] for i in range(len(views))])
 
@@ -317,10 +467,11 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
     gen, rng = _gens(seed, 1)
     C = median_norm(G)
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
-    single = [c for c in columns if _BY_KEY[c].kind != "secagg"]
+    single = [c for c in columns if _defense(c).kind != "secagg"]
     if single:
+        publics = []
         views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng,
-                                                  client_side_noise=outsider)
+                                                  client_side_noise=outsider, publics=publics)
         res = gi.dlg(net, w, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=gi.DLG_REFERENCE_MAX_ITER,
                      steps=steps, labels=labels, stacked=True, seed=seed)
         psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
@@ -329,13 +480,24 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
         # are exactly 0 in the update it sees): that is the cell; the plain DLG above stays as "<column>@naive"
         # and the attacker who knows the clipping bound C clips its dummy gradient to C before matching (the
         # curious server under central DP sees the clipped gradient before its own noise: the same attacker)
+        # (a user defense: the attacker reads the public parameters its fn returned, issue 35 item 6)
         for i, c in enumerate(single):
-            if _BY_KEY[c].kind not in ("prune", "clip") and not (_BY_KEY[c].kind == "dp" and not outsider):
-                continue
+            d = _defense(c)
             sl = slice(i * n_img, (i + 1) * n_img)
             ob = {k: v[sl] for k, v in obs.items()}
-            knows = ({"mask": {k: v != 0 for k, v in ob.items()}} if _BY_KEY[c].kind == "prune"
-                     else {"clip_norm": float(C)})
+            if d.kind == "user":
+                if not publics[i]:
+                    continue
+                knows = {}
+                if "mask" in publics[i]:
+                    knows["mask"] = models.unflatten_stacked(publics[i]["mask"], w)
+                if "clip_norm" in publics[i]:
+                    knows["clip_norm"] = publics[i]["clip_norm"]
+            elif d.kind not in ("prune", "clip") and not (d.kind == "dp" and not outsider):
+                continue
+            else:
+                knows = ({"mask": {k: v != 0 for k, v in ob.items()}} if d.kind == "prune"
+                         else {"clip_norm": float(C)})
             ada = gi.dlg(net, w, ob, input_shape=(1, 8, 8), num_classes=10, max_iter=gi.DLG_REFERENCE_MAX_ITER,
                          steps=steps, labels=labels[sl], stacked=True, seed=seed, **knows)
             out[c + NAIVE_SUFFIX] = out[c]
@@ -373,7 +535,7 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
     kw = dict(input_shape=(3, size, size), max_iter=iters, lr=0.1, tv_weight=0.1, restarts=restarts,
               init_mean=public.mean((0, 2, 3)), init_std=public.std((0, 2, 3)), stacked=True, seed=seed)
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
-    single = [c for c in columns if _BY_KEY[c].kind != "secagg"]
+    single = [c for c in columns if _defense(c).kind != "secagg"]
     if single:
         views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng,
                                                   client_side_noise=outsider)
@@ -440,7 +602,7 @@ def _imprint_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     for c in columns:
         if c in _IMPRINT_NA:
             continue
-        if _BY_KEY[c].kind == "secagg":
+        if _defense(c).kind == "secagg":
             out[c] = rate(protect(G, c, group=num_clients, generator=gen), [X])
         else:
             out[c] = rate(protect(G, c, clip_norm=C, generator=gen, rng=rng), chunks)
@@ -493,7 +655,7 @@ def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
     out = {"baseline": 0.5}
     fixed = {}
     for c in columns:
-        d = _BY_KEY[c]
+        d = _defense(c)
         gen, rng = _gens(seed, 4)
         batches = torch.Generator().manual_seed(seed)
         recorder = mia.SnapshotRecorder()
@@ -608,7 +770,7 @@ def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     C = median_norm(U)
     out = {"baseline": rel(models.flatten_params(res.params).double())}
     for c in columns:
-        d = _BY_KEY[c]
+        d = _defense(c)
         if d.kind == "dp":
             pairs = []
 
@@ -640,6 +802,9 @@ def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
                 to.append(th + agg)
             ti, to = torch.stack(ti), torch.stack(to)
             out[c] = rel(mr.solve_affine(ti.double(), to.double()).theta)
+        elif d.kind == "user":                  # the eavesdropper knows the clipping bound the defense publishes
+            sent, public = protect_public(U, d, generator=gen)
+            out[c] = rel(_mr_decode(t_in, sent, public.get("clip_norm")))
         else:
             out[c] = rel(_mr_decode(t_in, protect(U, d, clip_norm=C, generator=gen, rng=rng),
                                     C if d.kind == "clip" else None))
@@ -675,7 +840,7 @@ def _mia_active_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
     gen, rng = _gens(seed, 10)
     out = {"baseline": 0.5}
     for c in columns:
-        d = _BY_KEY[c]
+        d = _defense(c)
         if d.kind == "secagg":
             views = (returned + (K - 1) * others) / K
         else:
@@ -714,7 +879,7 @@ def _pac_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     T = math.ceil(pac.theorem1_num_interactions(float(data.pref_rate.max()), batch, 0.05))
     out = {"baseline": float((data.labels < 0).double().mean())}          # always predict "dislike"
     for c in columns:
-        d = _BY_KEY[c]
+        d = _defense(c)
         gen, rng = _gens(seed, 9)
         fixed = {}
 
@@ -764,7 +929,7 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
     C = median_norm(flat)
     out = {"baseline": 0.5}
     for c in columns:
-        d = _BY_KEY[c]
+        d = _defense(c)
         if d.kind == "secagg":
             dim = case.fcf.shape[-1]
             cat = torch.zeros(U, data.num_items, dim, dtype=case.fcf.dtype)
@@ -779,11 +944,11 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
             res = ch3a.attack_case(sub, "fcf", estimate_embedding=True, fcf=views.to(case.fcf.dtype),
                                    max_iter=iters, num_restarts=2, seed=seed)
         else:
-            views = protect(flat, d, clip_norm=C, generator=gen, rng=rng,
-                            client_side_noise=outsider).reshape(case.fcf.shape) * mask
+            views, public = protect_public(flat, d, clip_norm=C, generator=gen, rng=rng, client_side_noise=outsider)
+            views = views.reshape(case.fcf.shape) * mask
+            knows = public.get("clip_norm") if d.kind == "user" else C if d.kind in _CLIPPING else None
             res = ch3a.attack_case(case, "fcf", estimate_embedding=True, fcf=views,
-                                   clip_norm=C if d.kind in _CLIPPING else None, max_iter=iters, num_restarts=2,
-                                   seed=seed)
+                                   clip_norm=knows, max_iter=iters, num_restarts=2, seed=seed)
         out[c] = float(res["auc"].mean())
     return out
 
@@ -808,7 +973,8 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
     C = median_norm(case.update)
     out = {"baseline": 0.5}
     for clipped in (True, False):
-        cols = [c for c in columns if _BY_KEY[c].kind != "secagg" and (_BY_KEY[c].kind in _CLIPPING) == clipped]
+        cols = [c for c in columns if _defense(c).kind not in ("secagg", "user")
+                and (_defense(c).kind in _CLIPPING) == clipped]
         if not cols:
             continue
         views = torch.cat([protect(case.update, c, clip_norm=C, generator=gen, rng=rng, client_side_noise=outsider)
@@ -816,6 +982,10 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
         auc = ro.attack_oltr(ro.cat_cases([case] * len(cols)), views, clip_norm=C if clipped else None,
                              max_iter=iters, seed=seed)
         out.update({c: float(auc[i * U:(i + 1) * U].mean()) for i, c in enumerate(cols)})
+    for c in [c for c in columns if _defense(c).kind == "user"]:     # the clipping bound it publishes, if any
+        view, public = protect_public(case.update, c, generator=gen)
+        auc = ro.attack_oltr(case, view, clip_norm=public.get("clip_norm"), max_iter=iters, seed=seed)
+        out[c] = float(auc.mean())
     if "secagg" in columns:
         if adm:
             D = torch.arange(data.num_features) < data.num_features // 2
@@ -928,33 +1098,100 @@ def _attack(row) -> Attack:
 
 
 def _columns(columns) -> list[str]:
+    return _resolve_columns(columns)[0]
+
+
+def _resolve_columns(columns) -> tuple[list[str], dict]:
+    """``columns`` (keys of :data:`DEFENSES`, library :class:`Defense` objects or user defenses) as
+    ``(keys, {key: user Defense})``. Raises ``ValueError`` naming ``columns`` for an unknown key, a
+    non-Defense entry, a user defense whose key is a library key, or a key given twice."""
+    if isinstance(columns, (str, Defense)):
+        raise ValueError(f"columns must be a sequence of column keys or Defense objects, got {columns!r}")
     cols = [d.key for d in DEFENSES] if columns is None else list(columns)
-    bad = [c for c in cols if c not in _BY_KEY]
+    keys, user, bad = [], {}, []
+    for c in cols:
+        if isinstance(c, Defense) and c.kind == "user":
+            if c.key in _BY_KEY:
+                raise ValueError(f"columns: user defense key {c.key!r} is a library column's key; pick another")
+            user[c.key] = c
+            keys.append(c.key)
+        elif isinstance(c, Defense) and _BY_KEY.get(c.key) == c:
+            keys.append(c.key)
+        elif isinstance(c, str) and c in _BY_KEY:
+            keys.append(c)
+        else:
+            bad.append(c)
     if bad or not cols:
-        raise ValueError(f"columns must be keys of DEFENSES {list(_BY_KEY)}, got {bad or cols}")
-    return cols
+        raise ValueError(f"columns must be keys of DEFENSES {list(_BY_KEY)} or user Defense objects "
+                         f"(Defense(key, label, 'user', fn=...)), got {bad or cols}")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"columns: a key is given twice, got {keys}")
+    return keys, user
 
 
-def run_row(row, seed: int, columns: Sequence[str] | None = None, *, tiny: bool = False) -> dict:
+def run_row(row, seed: int, columns: Sequence | None = None, *, tiny: bool = False) -> dict:
     """Every applicable cell of attack ``row`` (an :class:`Attack` or its key) at ``seed``, the columns
-    ``columns`` (default: all) in one call; ``tiny`` shrinks every size to a few seconds a row (the unit
-    tests; not a setting the book quotes). Returns ``{column key: value, "baseline": value}`` (no entry
-    for an n/a cell). Raises ``ValueError`` for an unknown row or column, or a negative seed."""
+    ``columns`` (default: all library columns) in one call; ``tiny`` shrinks every size to a few seconds a
+    row (the unit tests; not a setting the book quotes). Returns ``{column key: value, "baseline": value}``
+    (no entry for an n/a cell; ``"<key>@naive"`` beside a cell whose attacker knows the defense, where the row
+    keeps the naive one).
+
+    ``columns`` may mix keys of :data:`DEFENSES` and **user defenses** (issue 35 item 6):
+    ``Defense(key, label, "user", fn=fn, public=(...))`` with ``fn`` of the contract :data:`USER_CONTRACT`.
+    Each client applies ``fn`` to its own update wherever the row applies a client-side defense (the
+    generic branch of every row: no secure sum, no central noise); the cell's record name is
+    ``"<row>|<key>"``, its header the Defense's ``label``. The row's attacker reads the public parameters
+    the defense declares where it has a variant that uses them (:func:`attacker` says which attacker a
+    cell gets: the naive one for a defense without them).
+
+    Raises ``ValueError`` for an unknown row or column (naming ``columns``), a negative seed, a user
+    defense in an outsider row (a client-side defense shows the outsider the target's message, the
+    curious server's cell), or a user ``fn`` that breaks the contract."""
     a = _attack(row)
     if int(seed) != seed or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed}")
-    cols = [c for c in _columns(columns) if c not in a.not_applicable]
-    return a.run(int(seed), cols, bool(tiny))
+    keys, user = _resolve_columns(columns)
+    if user and a.observer == OUTSIDER:
+        raise ValueError(f"columns: a user defense runs on each client, so the outsider of row {a.key!r} sees the "
+                         f"target's message, the curious server's cell: run it in row {a.key[:-len('_outsider')]!r}")
+    cols = [c for c in keys if c not in a.not_applicable]
+    token = _USER.set(user)
+    try:
+        return a.run(int(seed), cols, bool(tiny))
+    finally:
+        _USER.reset(token)
 
 
-def cell(row, column: str, *, tiny: bool = False) -> Callable[[int], float]:
-    """The cell ``(row, column)`` as a function ``seed -> value``. Raises ``ValueError`` for an unknown
-    row or column and for an n/a cell (its reason in the message)."""
+#: the public parameter each row's attacker reads when a user defense publishes it (its adaptive variant)
+_READS = {"dlg": ("mask", "clip_norm"), "mr": ("clip_norm",), "rs": ("clip_norm",), "oltr": ("clip_norm",),
+          "oltr_adm": ("clip_norm",)}
+
+
+def attacker(row, defense: Defense) -> str:
+    """Which attacker cell ``(row, defense)`` gets for a user defense ``defense``: ``"adaptive (reads
+    <names>)"`` when the row's attacker has a variant that uses one of the public parameters the defense
+    declares (DLG: ``mask``, ``clip_norm``; the eavesdropper and the RAIFLE rows: ``clip_norm``), else
+    ``"naive (...)"``, the row's attack run on the view as it is (so the cell may overstate the defense).
+    Raises ``ValueError`` for an unknown row or a ``defense`` that is not a user :class:`Defense`."""
     a = _attack(row)
-    _columns([column])
-    if column in a.not_applicable:
-        raise ValueError(f"cell ({a.key}, {column}) is n/a: {a.not_applicable[column]}")
-    return lambda seed: run_row(a, seed, [column], tiny=tiny)[column]
+    if not isinstance(defense, Defense) or defense.kind != "user":
+        raise ValueError(f"defense must be a user Defense (kind 'user'), got {defense!r}")
+    reads = [p for p in _READS.get(a.key, ()) if p in defense.public]
+    if reads:
+        return f"adaptive (reads {', '.join(reads)})"
+    why = ("the defense publishes no parameter" if not defense.public else
+           f"this row's attack has no variant that uses {', '.join(defense.public)}")
+    return f"naive ({why}: the cell may overstate the defense)"
+
+
+def cell(row, column, *, tiny: bool = False) -> Callable[[int], float]:
+    """The cell ``(row, column)`` as a function ``seed -> value`` (``column`` a key or a :class:`Defense`).
+    Raises ``ValueError`` for an unknown row or column and for an n/a cell (its reason in the message)."""
+    a = _attack(row)
+    key = _columns([column])[0]
+    if key in a.not_applicable:
+        raise ValueError(f"cell ({a.key}, {key}) is n/a: {a.not_applicable[key]}")
+    return lambda seed: run_row(a, seed, [column], tiny=tiny)[key]
 
 
 def value_name(row: str, column: str) -> str:
