@@ -189,6 +189,7 @@ def test_chapter_helpers_baselines_imprint_and_intervals():
     assert demo["X"].shape == demo["X_hat"].shape == (12, 1, 8, 8) and rec.any()
     assert torch.allclose(demo["X_hat"][rec], demo["X"][rec], atol=1e-6)   # exact from the sum of 3 clients
     assert (demo["X_hat"][~rec] == 0).all()
+    assert int(rec.sum()) == demo["alone"]             # exactly the digits alone in their bin
     ch1a.plot_imprint(demo, show=6)
     grid = np.array([[0.9, 1.0], [0.1, 0.8]])
     ch1a.plot_imprint_grid(grid, [4, 64], [16, 256])

@@ -227,3 +227,29 @@ def test_active_attack_sweep_runs_every_variant_and_target():
     S = mia.active_attack_rounds(net, clients, models.get_params(net), cand_X[1], cand_y[1], target=1, num_rounds=2,
                                  ascent_lr=0.0, lr=0.5, local_epochs=1, batch_size=None, seed=0)
     assert out["auc"][("server", 0.0)][1] == pytest.approx(metrics.roc_auc(is_member, mia.membership_score(S, 2)))
+
+
+def test_active_attack_sweep_learns_on_the_received_and_the_returned_losses():
+    """The sweep's learned attack (Nasr et al. 2019) reads, per attack round, the loss of the model the target
+    received and of the model it returned (issue 36 item 5: a sweep that fed the returned losses twice and
+    dropped the received ones passed every test and every assert of the page)."""
+    K, n, R = 3, 6, 2
+    clients = _federation(K=K, n=n)
+    g = torch.Generator().manual_seed(5)
+    cand_X = torch.cat([clients.X, torch.randn(K, n, 5, generator=g)], 1)
+    cand_y = torch.cat([clients.y, torch.randint(0, 3, (K, n), generator=g)], 1)
+    is_member = np.r_[np.ones(n), np.zeros(n)]
+    net = models.mlp(5, (7,), 3, seed=0)
+    w0 = models.get_params(net)
+    kw = dict(lr=0.5, local_epochs=1, batch_size=None, seed=0)
+    variants = {"server": dict(attacker="server"), "server, isolating": dict(attacker="server", isolate=True)}
+    out = ch1b.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, targets=range(K), variants=variants,
+                                   num_rounds=R, ascent_lrs=[1.0], **kw)
+    for name, v in variants.items():
+        runs = [dict(X_target=cand_X[k], y_target=cand_y[k], target=k, ascent_lr=0.0, **v) for k in range(K)]
+        feats = []
+        for k, tr in enumerate(mia.active_attack_runs(net, clients, w0, runs, num_rounds=R, return_trace=True, **kw)):
+            received = torch.stack([mia.per_example_loss(net, p, cand_X[k], cand_y[k]) for p in tr["received"]])
+            feats.append(torch.cat([received, tr["signals"]]).T.numpy())            # [2n, 2R]
+        learned = mia.learned_loo_scores(np.stack(feats), is_member)
+        assert out["auc_learned"][(name, 0.0)] == pytest.approx([metrics.roc_auc(is_member, s) for s in learned]), name

@@ -156,6 +156,9 @@ def test_recovery_grid_shape_and_monotone_in_bins():
     assert grid.shape == (2, 3)
     assert ((grid >= 0) & (grid <= 1)).all()
     assert np.all(np.diff(grid[1]) >= 0) and grid[1, -1] > grid[1, 0]
+    rates, alone = im.imprint_recovery_grid(X, (4, 16), (16, 64, 256), trials=3, seed=0, return_alone=True)
+    assert np.array_equal(rates, grid)                  # the same batches and numbers, with or without the count
+    assert np.array_equal(rates, alone)                 # recovered: exactly the inputs alone in their bin
 
 
 def test_bad_inputs_raise_value_error_naming_the_argument():

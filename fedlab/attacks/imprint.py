@@ -365,7 +365,7 @@ def imprint_attack(X, y=None, *, num_bins: int, model: ImprintedModel | None = N
 
 
 def imprint_recovery_grid(X, batch_sizes, bins, trials: int = 5, seed: int = 0, *, y=None,
-                          num_classes: int = 10, direction="random") -> np.ndarray:
+                          num_classes: int = 10, direction="random", return_alone: bool = False):
     """Recovery rate of :func:`imprint_attack` averaged over ``trials`` random batches, for every batch
     size and number of bins: ``[len(batch_sizes), len(bins)]``. ``X``: the pool ``[n, dim]`` (e.g. the
     flattened digits); batches are drawn without replacement; the same batches serve every number of
@@ -373,7 +373,12 @@ def imprint_recovery_grid(X, batch_sizes, bins, trials: int = 5, seed: int = 0, 
     statistics). ``direction`` as in :func:`imprint_layer` (one direction, drawn with ``seed``, for
     the whole grid); the default is a random Gaussian direction because the mean of the pixels of
     quantised images (digits: multiples of 1/16) takes few distinct values, so distinct images tie in
-    ``h`` and share a bin. ``y``: labels ``[n]`` (``None``: random labels)."""
+    ``h`` and share a bin. ``y``: labels ``[n]`` (``None``: random labels).
+
+    ``return_alone=True`` returns ``(rates, alone)``: ``alone`` ``[len(batch_sizes), len(bins)]`` is the share
+    of the inputs that lay alone in their bin above ``c_1`` (counted from the true inputs' measurements and the
+    cut-offs, :attr:`ImprintAttackResult.unique`, not from the gradient), averaged over the same trials: the
+    rate an exact recovery must reach, input for input."""
     X = torch.as_tensor(X)
     if X.ndim != 2 or X.shape[0] < 1:
         raise ValueError(f"X must be [n, dim], got shape {tuple(X.shape)}")
@@ -395,15 +400,18 @@ def imprint_recovery_grid(X, batch_sizes, bins, trials: int = 5, seed: int = 0, 
     mean, std = float(h.mean()), float(h.std())
     rng = np.random.default_rng(int(seed))
     out = np.zeros((len(batch_sizes), len(bins)))
+    alone = np.zeros_like(out)
     for i, B in enumerate(batch_sizes):
         for t in range(trials):
             idx = torch.as_tensor(rng.choice(X.shape[0], size=B, replace=False))
             yb = None if y is None else y[idx]
             s = int(rng.integers(2 ** 31))
             for j, k in enumerate(bins):
-                out[i, j] += imprint_attack(X[idx], yb, num_bins=k, mean=mean, std=std,
-                                            direction=w, num_classes=num_classes, seed=s).rate
-    return out / trials
+                res = imprint_attack(X[idx], yb, num_bins=k, mean=mean, std=std, direction=w,
+                                     num_classes=num_classes, seed=s)
+                out[i, j] += res.rate
+                alone[i, j] += float(res.unique.sum()) / B
+    return (out / trials, alone / trials) if return_alone else out / trials
 
 
 def expected_recovery_rate(batch_size, num_bins):

@@ -522,7 +522,9 @@ def imprint_demo(X: torch.Tensor, *, num_clients: int, batch_size: int, num_bins
 
     Returns ``{"X": true images [n, C, H, W], "X_hat": the nearest recovered vector of each as an image
     (zeros where nothing was recovered), "recovered": bool [n], "error": relative error [n], "rate",
-    "expected": (k / (k + 1))^n}`` with ``n = num_clients * batch_size``. Raises ``ValueError`` if the pool
+    "expected": (k / (k + 1))^n, "alone": the number of inputs alone in their bin above ``c_1`` (from the
+    true inputs' measurements and the cut-offs, not from the gradient: the inputs the attack must recover
+    exactly)}`` with ``n = num_clients * batch_size``. Raises ``ValueError`` if the pool
     holds fewer than ``n`` images or an argument is not a positive integer."""
     num_clients, batch_size = positive_int("num_clients", num_clients), positive_int("batch_size", batch_size)
     num_bins = positive_int("num_bins", num_bins)
@@ -543,7 +545,8 @@ def imprint_demo(X: torch.Tensor, *, num_clients: int, batch_size: int, num_bins
     else:
         X_hat = torch.zeros_like(Xt)
     return {"X": X[idx], "X_hat": X_hat.reshape(X[idx].shape).float(), "recovered": res.recovered,
-            "error": res.error, "rate": res.rate, "expected": imp.expected_recovery_rate(n, num_bins)}
+            "error": res.error, "rate": res.rate, "expected": imp.expected_recovery_rate(n, num_bins),
+            "alone": int(res.unique.sum())}
 
 
 def plot_imprint(demo: Mapping, *, show: int = 16):
