@@ -209,15 +209,21 @@ def test_white_black_box_pairs_clients():
         ch1b.white_black_box({"loss": sig["loss"]}, is_member)
 
 
-def test_active_attack_sweep_runs_every_variant_and_target():
-    K, n = 3, 6
+def _active_setup(K: int, n: int):
+    """A tiny federation, each client's n members followed by n random non-members, an MLP and two server
+    variants: what the active-attack sweep tests share."""
     clients = _federation(K=K, n=n)
     g = torch.Generator().manual_seed(5)
     cand_X = torch.cat([clients.X, torch.randn(K, n, 5, generator=g)], 1)
     cand_y = torch.cat([clients.y, torch.randint(0, 3, (K, n), generator=g)], 1)
     is_member = np.r_[np.ones(n), np.zeros(n)]
-    net = models.mlp(5, (7,), 3, seed=0)
     variants = {"server": dict(attacker="server"), "server, isolating": dict(attacker="server", isolate=True)}
+    return clients, cand_X, cand_y, is_member, models.mlp(5, (7,), 3, seed=0), variants
+
+
+def test_active_attack_sweep_runs_every_variant_and_target():
+    K, n = 3, 6
+    clients, cand_X, cand_y, is_member, net, variants = _active_setup(K, n)
     out = ch1b.active_attack_sweep(net, clients, models.get_params(net), cand_X, cand_y, is_member, targets=[0, 1, 2],
                                    variants=variants, num_rounds=2, ascent_lrs=[1.0], lr=0.5, local_epochs=1,
                                    batch_size=None, seed=0)
@@ -234,15 +240,9 @@ def test_active_attack_sweep_learns_on_the_received_and_the_returned_losses():
     received and of the model it returned (issue 36 item 5: a sweep that fed the returned losses twice and
     dropped the received ones passed every test and every assert of the page)."""
     K, n, R = 3, 6, 2
-    clients = _federation(K=K, n=n)
-    g = torch.Generator().manual_seed(5)
-    cand_X = torch.cat([clients.X, torch.randn(K, n, 5, generator=g)], 1)
-    cand_y = torch.cat([clients.y, torch.randint(0, 3, (K, n), generator=g)], 1)
-    is_member = np.r_[np.ones(n), np.zeros(n)]
-    net = models.mlp(5, (7,), 3, seed=0)
+    clients, cand_X, cand_y, is_member, net, variants = _active_setup(K, n)
     w0 = models.get_params(net)
     kw = dict(lr=0.5, local_epochs=1, batch_size=None, seed=0)
-    variants = {"server": dict(attacker="server"), "server, isolating": dict(attacker="server", isolate=True)}
     out = ch1b.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, targets=range(K), variants=variants,
                                    num_rounds=R, ascent_lrs=[1.0], **kw)
     for name, v in variants.items():
@@ -253,3 +253,15 @@ def test_active_attack_sweep_learns_on_the_received_and_the_returned_losses():
             feats.append(torch.cat([received, tr["signals"]]).T.numpy())            # [2n, 2R]
         learned = mia.learned_loo_scores(np.stack(feats), is_member)
         assert out["auc_learned"][(name, 0.0)] == pytest.approx([metrics.roc_auc(is_member, s) for s in learned]), name
+
+
+def test_ddg_calibration_and_error_ratio():
+    from fedlab.privacy import distributed_dg as ddg
+    kw = dict(clip_norm=1.0, grid=2.0 ** -6, dim=500, delta=1e-5)
+    share, eps = ch1b.ddg_calibration(1.0, 8, **kw)
+    assert eps[8] <= 1.0 < eps[4] < eps[1] and share == ddg.ddg_local_sigma2(1.0, 8, **kw)
+    u = torch.randn(8, 500, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    out = ddg.distributed_discrete_gaussian_sum(u, clip_norm=1.0, grid=2.0 ** -6, local_sigma2=share, rng=1)
+    assert abs(ch1b.ddg_error_ratio(out, u, 1.0) - 1) < 0.2                       # 500 draws: std known to ~3 %
+    half = ddg.distributed_discrete_gaussian_sum(u, clip_norm=1.0, grid=2.0 ** -6, local_sigma2=share // 4, rng=1)
+    assert abs(ch1b.ddg_error_ratio(half, u, 1.0) - 1) < 0.2                      # the ratio reads the sum's own share

@@ -30,7 +30,7 @@ __all__ = ["LECTURE_WINDOW_AUC", "SUMMARY_LABELS", "LECTURE_ACTIVE_ACCURACY", "L
            "white_black_box_values", "white_black_box_table",
            "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "active_attack_sweep",
            "active_attack_name", "active_attack_values", "active_attack_table", "LOW_FPR",
-           "active_learned_values", "active_learned_table", "dp_grid", "plot_dp_grid",
+           "active_learned_values", "active_learned_table", "ddg_calibration", "ddg_error_ratio", "dp_grid", "plot_dp_grid",
            "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
            "personalization_eps_sweep", "personalization_eps_values", "personalization_eps_table"]
 
@@ -493,6 +493,34 @@ def active_learned_table(sweep: Mapping, paper: Callable[[str], str]):
     return md_table(["attacker", "ascent", "mean loss: AUC", f"mean loss: TPR at {rates} FPR", "learned: AUC",
                      f"learned: TPR at {rates} FPR", "learned: AUC − passive (paired)",
                      "learned AUC, paper scale (over seeds)"], rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# distributed DP inside secure aggregation (Kairouz, Liu & Steinke 2021)
+# ---------------------------------------------------------------------------------------------------
+
+def ddg_calibration(epsilon: float, num_clients: int, *, clip_norm: float, grid: float, dim: int, delta: float,
+                    missing: Sequence[int] | None = None) -> tuple[int, dict]:
+    """The share variance (grid units) that makes ``num_clients`` discrete Gaussian shares
+    ``(epsilon, delta)``-DP (:func:`fedlab.privacy.distributed_dg.ddg_local_sigma2`), and the epsilon the
+    same shares give when only ``m`` of them are in the sum, for ``m`` in ``(num_clients, *missing)``
+    (default ``missing``: half of them, and one). Returns ``(share, {m: epsilon})``."""
+    from ..privacy import distributed_dg as ddg
+
+    kw = dict(clip_norm=clip_norm, grid=grid, dim=dim, delta=delta)
+    share = ddg.ddg_local_sigma2(epsilon, num_clients, **kw)
+    counts = [num_clients, *((num_clients // 2, 1) if missing is None else missing)]
+    return share, {m: ddg.ddg_epsilon(share, m, **kw) for m in counts}
+
+
+def ddg_error_ratio(out, updates: torch.Tensor, clip_norm: float) -> float:
+    """The server's error on the clipped sum (``out``: :class:`fedlab.privacy.distributed_dg.DDGSum` of
+    ``updates`` [K, d] clipped to ``clip_norm``), as its standard deviation over the coordinates divided by
+    the calibrated one, ``sqrt(K sigma_share^2) grid``: about 1 when every share is in the sum."""
+    from ..privacy.defenses import clip_rows
+
+    err = out.total - clip_rows(updates.double(), clip_norm).sum(0)
+    return float(err.std()) / ((out.num_clients * out.local_sigma2) ** 0.5 * out.grid)
 
 
 # ---------------------------------------------------------------------------------------------------

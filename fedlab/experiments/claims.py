@@ -195,13 +195,13 @@ def _direction_holds(claim: Claim, record: dict) -> tuple[int, int]:
 
 def _interval(claim: Claim, record: dict) -> tuple[float, float, float, int]:
     """``(mean, low, high, n)`` of the claim's value over the record's clean seeds (95 % t interval)."""
-    from .._stats import t_interval
+    from .._stats import bounded_interval, t_interval
 
     values = list(_clean(record, claim.key, claim).values())
     mean, _, ci = t_interval(values)
     low, high = ci if ci is not None else (mean, mean)
     if claim.limits is not None:     # a rate's interval stays inside [0, 1]
-        low, high = max(low, claim.limits[0]), min(high, claim.limits[1])
+        low, high = bounded_interval([low, high], claim.limits)
     return mean, low, high, len(values)
 
 

@@ -73,6 +73,7 @@ import torch
 
 from .. import fl, models
 from ..config import pick
+from .._stats import bounded_interval
 from ..metrics import t_interval
 from ..fl.dp_fedavg import dp_fedavg
 from ..fl.recsys import ratings as rec
@@ -1470,27 +1471,6 @@ def metric_range(record: Mapping, row: str) -> tuple[float, float]:
         lo, hi = layout[row]["value_range"]
         return (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
     return _attack(row).value_range
-
-
-def bounded_interval(ci, value_range) -> list[float] | None:
-    """The 95 % Student-t interval ``ci`` ``[low, high]`` of a cell's mean over the seeds, cut to the metric's
-    range ``value_range`` ``(low, high)`` (issue 35 item 5: an AUC interval never passes 1, an error's never
-    0). The cell's expected value lies in the range, so cutting the interval there keeps its coverage and
-    it still holds the mean of the seeds (which lies in the range too); it leaves the Student-t width
-    where the range does not bind, the honest width for 3 to 10 seeds. (A bootstrap percentile interval
-    over 3 seeds has 10 distinct resampled means and covers far less than 95 %; a logit-scale interval is
-    undefined at a rate of exactly 0 or 1, which cells reach, and need not contain the mean shown.) The
-    significance rule (:func:`undefended_advantage`) keeps the plain paired t interval. ``None`` for
-    ``ci`` None (one seed). Raises ``ValueError`` for an interval or range that is not ``low <= high``."""
-    if ci is None:
-        return None
-    lo, hi = (float(ci[0]), float(ci[1]))
-    a, b = (float(value_range[0]), float(value_range[1]))
-    if not lo <= hi or math.isnan(lo) or math.isnan(hi):
-        raise ValueError(f"ci must be [low, high] with low <= high, got {ci}")
-    if not a < b:
-        raise ValueError(f"value_range must be (low, high) with low < high, got {value_range}")
-    return [min(max(lo, a), b), max(min(hi, b), a)]
 
 
 def cell_interval(record: Mapping, row: str, column: str) -> list[float] | None:
