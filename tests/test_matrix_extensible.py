@@ -166,3 +166,12 @@ def test_bad_defenses_and_columns():
 def test_cell_takes_a_user_defense():
     f = mx.cell("imprint", mx.Defense("zero", "send nothing", "user", fn=zero), tiny=True)
     assert f(0) == 0.0 and np.isfinite(f(1))
+
+
+def test_own_defense_table_shows_the_record_this_build_and_the_users_cell():
+    rec = {"summary": {mx.value_name("imprint", "none"): {"mean": 0.85, "ci95": [0.7, 1.04], "n": 3}}}
+    d = mx.Defense("q", "my defense", "user", fn=lambda u, g: u)
+    t = mx.own_defense_table(rec, "imprint", d, {"none": 0.8, "q": 0.1}, 4).data
+    assert "0.850 [0.700, 1.000]" in t and "| my defense, this build, seed 4 | 0.100 |" in t and "naive" in t
+    with pytest.raises(ValueError, match="own"):
+        mx.own_defense_table(rec, "imprint", d, {"none": 0.8}, 4)

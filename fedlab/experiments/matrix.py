@@ -99,7 +99,7 @@ __all__ = ["Defense", "USER_CONTRACT", "USER_PUBLIC", "protect_public", "attacke
            "describe_matrix", "threat_rows", "row_threats", "row_threat_header", "effective_epsilons",
            "undefended_advantage", "NOT_SIGNIFICANT", "MALICIOUS_SERVER_DP_NA", "OBSERVERS", "OUTSIDER", "OUTSIDER_ROWS",
            "OUTSIDER_COLUMNS", "OUTSIDER_SAME", "central_epsilon", "ldp_epsilon", "deployment_epsilons", "metric_range",
-           "bounded_interval", "cell_interval", "ACCOUNTANT", "NAIVE_SUFFIX", "NAIVE_NOTE", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
+           "bounded_interval", "cell_interval", "own_defense_table", "ACCOUNTANT", "NAIVE_SUFFIX", "NAIVE_NOTE", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
            "consistent_with_record"]
 
 #: the DP-FedAvg deployment the ``dp*`` columns are calibrated for (Chapter 1b's demonstration setting)
@@ -1471,6 +1471,24 @@ def metric_range(record: Mapping, row: str) -> tuple[float, float]:
         lo, hi = layout[row]["value_range"]
         return (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
     return _attack(row).value_range
+
+
+def own_defense_table(record: Mapping, row: str, defense: "Defense", own: Mapping, seed: int):
+    """Page 07's "Add your own defense" table (Markdown): the stored undefended cell of ``row`` (mean and
+    :func:`cell_interval` over the record's seeds), this build's undefended cell and the ``defense`` cell
+    from ``own`` (what :func:`run_row` returned for ``["none", defense]`` at ``seed``), with the attacker
+    each cell had (:func:`attacker`). Raises ``ValueError`` when the record lacks the cell or ``own`` a value."""
+    from ..plots import md_table
+
+    stored = (record.get("summary") or {}).get(value_name(row, "none"))
+    if stored is None or "none" not in own or defense.key not in own:
+        raise ValueError(f"own_defense_table needs the record's {row}|none cell and own['none'], own[{defense.key!r}]")
+    lo, hi = cell_interval(record, row, "none")
+    return md_table(
+        [f"{row} row", "value", "attacker"],
+        [[f"no defense, stored record ({stored['n']} seeds)", f"{stored['mean']:.3f} [{lo:.3f}, {hi:.3f}]", "the row's attack"],
+         [f"no defense, this build, seed {seed}", f"{own['none']:.3f}", "the row's attack"],
+         [f"{defense.label}, this build, seed {seed}", f"{own[defense.key]:.3f}", attacker(row, defense)]])
 
 
 def cell_interval(record: Mapping, row: str, column: str) -> list[float] | None:
