@@ -581,6 +581,23 @@ def __getattr__(name: str):
 _KERNEL_PIDS: set[int] = set()   # kernels this process runs now (a signal in a worker stops them)
 
 
+def kernel_pythonpath(notebook: str | Path, environ: dict | None = None) -> dict:
+    """``{"PYTHONPATH": ...}`` for the kernel that runs ``notebook``: the book's root first when it holds a
+    ``fedlab`` package, so that the kernel imports the ``fedlab`` of the checkout whose commit the record
+    names. Without it a kernel (its working directory is ``chapters/``) imports whatever ``fedlab`` the
+    environment has installed: with an editable install of another checkout, a record would name one commit
+    and hold another tree's numbers. ``{}`` when the notebook is in no book or the book has no ``fedlab``."""
+    try:
+        root = find_root(Path(notebook).resolve().parent)
+    except ValueError:
+        return {}
+    if not (root / "fedlab" / "__init__.py").is_file():
+        return {}
+    old = (os.environ if environ is None else environ).get("PYTHONPATH", "")
+    parts = [str(root)] + [p for p in old.split(os.pathsep) if p and Path(p).resolve() != root]
+    return {"PYTHONPATH": os.pathsep.join(parts)}
+
+
 def run_notebook(path: str | Path, *, seed: int, scale: str, timeout: int | None = DEFAULT_CELL_TIMEOUT, progress=None,
                  kernel_name: str | None = None) -> SeedRun:
     """Execute the notebook at ``path`` once, headless, with ``FEDLAB_SEED=seed`` and
@@ -615,6 +632,7 @@ def run_notebook(path: str | Path, *, seed: int, scale: str, timeout: int | None
 
     env = dict(os.environ, FEDLAB_SEED=str(int(seed)), FEDLAB_SCALE=scale, FEDLAB_PROGRESS="0",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env.update(kernel_pythonpath(path))
     run = SeedRun(seed=int(seed))
     t0 = time.perf_counter()
     timeout = CELL_TIMEOUT[scale] if timeout is None else timeout

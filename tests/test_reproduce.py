@@ -488,3 +488,28 @@ def test_the_matrix_with_a_nan_cell_is_not_clean_and_still_written(tmp_path, mon
     assert rec["values"]["dlg|none"] == [0.5, "nan"] and rec["summary"]["dlg|none"]["n"] == 1
     with pytest.raises(ValueError, match="--out"):
         rp.reproduce_matrix(scale="quick", seeds=[0], out=path, root=root)    # a file, not a folder
+
+
+def test_the_kernel_imports_the_fedlab_of_the_book_it_runs(tmp_path, monkeypatch):
+    """A record names its checkout's commit, so its kernel must import that checkout's ``fedlab``, not the one
+    an editable install (of another checkout) points at: the book's root goes first on the kernel's
+    PYTHONPATH. Here the book carries a ``fedlab`` of its own that the installed one is not."""
+    root = _book(tmp_path)
+    pkg = root / "fedlab"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("WHERE = 'the book'\n")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import fedlab\nfrom myst_nb import glue\nglue('where', getattr(fedlab, 'WHERE', 'installed'), display=False)")])
+    path = root / "chapters" / "03_where.ipynb"
+    nbformat.write(nb, path)
+    monkeypatch.setenv("PYTHONPATH", "/nonexistent-before")
+    env = rp.kernel_pythonpath(path)
+    assert env["PYTHONPATH"].split(":") == [str(root.resolve()), "/nonexistent-before"]
+    run = rp.run_notebook(path, seed=0, scale="quick")
+    assert run.failure is None, run.failure
+    assert run.values["where"] == "the book"
+    # a notebook outside any book, or a book without fedlab/, leaves the environment alone
+    (pkg / "__init__.py").unlink()
+    pkg.rmdir()
+    assert rp.kernel_pythonpath(path) == {}
+    assert rp.kernel_pythonpath(tmp_path.parent / "nowhere.ipynb") == {}
