@@ -89,7 +89,7 @@ def unreachable_from(y, x) -> np.ndarray:
 def off_grid(step: float):
     """The event "some coordinate is not a multiple of ``step``", as a function ``event(y, x_b)`` for
     :func:`distinguishing_event_probabilities` (``x_b`` unused). Against a snapping release whose
-    grid is chosen from a secret-dependent epsilon (issue 34) it tells secrets of different update
+    grid is chosen from a secret-dependent epsilon it tells secrets of different update
     norms apart: with the grid of the safe release it has the same probability (0 or 1) under every
     secret. Raises ``ValueError`` unless ``step`` is finite and ``> 0``."""
     if not (step > 0 and math.isfinite(step)):

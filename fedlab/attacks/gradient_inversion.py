@@ -407,7 +407,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     where it is non-zero, ``sum mask * (grad - observed)^2``. This is the attacker who knows a sparsifying
     defense: under pruning or top-k compression the kept coordinates are visible in the update (the others
     are exactly 0), so ``mask = observed != 0`` matches what was sent and ignores what was withheld, where
-    the plain objective would pull every withheld coordinate of the dummy gradient to 0 (issue 35). The
+    the plain objective would pull every withheld coordinate of the dummy gradient to 0. The
     default ``None`` is the plain objective, unchanged.
 
     ``clip_norm`` (optional, ``C > 0``): the attacker who knows that the client clipped its update to L2 norm

@@ -599,7 +599,7 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
       released in float32 from ``theta_global = 0`` by the plain (``safe=False``) and the snapping
       (``safe=True``) release: ``{safe: FloatingPointAttack}``, and ``"float_eps_d"``, the ``eps d``
       (plus the snapping's largest extra eps, ``fp_slack``) that the guarantee allows between them;
-    * ``"grid"``: the snapping grid's own leak (issue 34): secrets of norms 0.79 and 0.81 (0.02 apart,
+    * ``"grid"``: the snapping grid's own leak: secrets of norms 0.79 and 0.81 (0.02 apart,
       ``eps d`` about ``0.01`` at ``nu = 5``), the event "some coordinate off the 4-grid", with the
       grid chosen from the secret's epsilon (``"secret"``, the old release: grids 2 and 4 at
       ``nu = 5``) and with the public grid of the safe release (``"public"``):
@@ -657,7 +657,7 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
 
 def gaussian_float_check(*, num_samples: int, seed: int, epsilon: float = 2.0, delta: float = 1e-5,
                          sensitivity: float = 2.0) -> dict:
-    """Mironov's distinguishing test on the book's Gaussian mechanisms (issue 34): the local Gaussian
+    """Mironov's distinguishing test on the book's Gaussian mechanisms: the local Gaussian
     (:func:`fedlab.privacy.ldp.ldp_gaussian`) at ``(epsilon, delta)`` with L2 ``sensitivity``, on the
     neighbouring inputs ``[1, 0]`` and ``[0, 1]`` in float32, as the float mechanism (``safe=False``)
     and as the discrete Gaussian on a grid (``safe=True``). ``num_samples`` releases per input, the

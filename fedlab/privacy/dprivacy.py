@@ -288,7 +288,7 @@ def public_grid(n: int, bound: float = DEFAULT_BOUND, fp_slack: float = DEFAULT_
 
     Why not :func:`snapping_grid` of the release's epsilon: Algorithm 2's epsilon is
     ``n / (nu ||delta||)``, a function of the secret, so a grid chosen from it tells the server the
-    power-of-two bin of ``||delta||`` in one release (issue 34: norms 0.79 and 0.81 at ``n = 2``,
+    power-of-two bin of ``||delta||`` in one release (norms 0.79 and 0.81 at ``n = 2``,
     ``nu = 5`` get grids 2 and 4, and "some coordinate off the 4-grid" has probability about 0.74
     under one and 0 under the other). A grid from ``n``, ``bound`` and ``fp_slack`` is the same for
     every secret. It is usually much finer than the noise (about ``7e-6 n`` for the default ``bound``
