@@ -33,3 +33,33 @@ def test_notebook_is_thin(path):
 
 def test_there_are_chapters():
     assert len(CHAPTERS) >= 8
+
+
+TABLE_CALL = re.compile(r"(^|\.)(md_table|markdown_table|\w+_table)$")
+
+
+def _discarded_tables(src: str) -> list[str]:
+    """Calls that build a table (``plots.md_table``, ``*_table``) as a statement of their own before the cell's
+    last line: Jupyter shows only the last expression, so such a table is computed and never seen."""
+    import ast
+
+    code = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return []
+    return [ast.unparse(st.value.func) for st in body[:-1]
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
+            and TABLE_CALL.search(ast.unparse(st.value.func))]
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_no_table_is_computed_and_discarded(path):
+    lost = [(i, f) for i, src, _ in _code_cells(path) for f in _discarded_tables(src)]
+    assert not lost, f"tables built and never shown (cell, call): {lost}; wrap them in display(...)"
+
+
+def test_the_discarded_table_check_sees_one():
+    assert _discarded_tables("t = 1\nplots.md_table(['a'], [[1]])\nassert t") == ["plots.md_table"]
+    assert _discarded_tables("display(plots.md_table(['a'], [[1]]))\nassert True") == []
+    assert _discarded_tables("x = 2\nplots.md_table(['a'], [[x]])") == []
