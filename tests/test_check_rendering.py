@@ -1,0 +1,43 @@
+"""scripts/check_rendering.py finds what a reader would see broken on a built page, and only that."""
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("check_rendering", ROOT / "scripts" / "check_rendering.py")
+cr = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cr)
+
+CLEAN = """<html><head><script>var s = "$x$ 0.11999999731779099";</script><style>.a{}</style></head><body>
+<p>The bound <span class="math notranslate nohighlight">\\(x^2\\)</span> holds; costs 3 $ nowhere.</p>
+<div class="math notranslate nohighlight">\\[\\sum_i x_i\\]</div>
+<pre>$ make book
+{glue:text}`key` in a code listing</pre><p>value 0.12, p = 1.5e-46, ratio 0.99953</p><br><img src="a.png"></body></html>"""
+
+
+def _page(tmp_path, body: str) -> Path:
+    page = tmp_path / "page.html"
+    page.write_text(body)
+    return page
+
+
+def test_a_clean_page_has_no_findings(tmp_path):
+    assert cr.findings(_page(tmp_path, CLEAN)) == []
+    assert cr.main(["x", str(tmp_path)]) == 0
+
+
+def test_each_defect_is_found(tmp_path):
+    cases = {
+        "literal TeX ($)": "<p>the bound $\\rho_{\\min}$ printed raw</p>",
+        "literal TeX (\\( or \\[)": "<p>the bound \\(x\\) printed raw</p>",
+        "a MyST role printed as text": "<p>see {glue:text}`ch4-slope` here</p>",
+        "a long float repr": "<pre>[0.12999999523162842, 0.14]</pre>",
+        "an unresolved reference": "<p>see Section ?? above</p>",
+    }
+    for what, body in cases.items():
+        found = cr.findings(_page(tmp_path, f"<html><body>{body}</body></html>"))
+        assert len(found) == 1 and what in found[0], (what, found)
+    assert cr.main(["x", str(tmp_path)]) == 1
+
+
+def test_no_pages_is_an_error(tmp_path):
+    assert cr.main(["x", str(tmp_path)]) == 2
