@@ -1270,7 +1270,7 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
         else:
             os.environ["FEDLAB_SCALE"] = old_scale
         torch.set_num_threads(old_threads)
-    chapter = Chapter(MATRIX, root / "chapters" / "07_matrix.ipynb", "Attack x defense matrix")
+    chapter = Chapter(MATRIX, root / "chapters" / "07_matrix.ipynb", "Chapter 7: The attack × defense matrix")
     record = build_record(chapter, scale, runs, root=root, command=command)
     record["matrix"] = mx.describe_matrix()
     record["row_seconds"] = {row: [by_seed.get(s) for s in seeds] for row, by_seed in row_seconds.items()}
