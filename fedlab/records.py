@@ -74,9 +74,25 @@ def _fmt(x: float, digits: int, sci: bool | None = None) -> str:
     return f"{x:.2e}" if (_sci(x, digits) if sci is None else sci) else f"{x:.{digits}f}"
 
 
+def _equal_at_every_seed(record: dict, name: str) -> bool:
+    """Whether the stored value ``name`` is the same number at every clean seed (the summary's std can be
+    1e-17 rather than 0 for equal values)."""
+    failed = {f["seed"] for f in record.get("failures", [])}
+    seen = set()
+    for seed, v in zip(record.get("seeds", []), record.get("values", {}).get(name, [])):
+        if v is None or seed in failed:
+            continue
+        try:
+            seen.add(float(v))
+        except (TypeError, ValueError):
+            return False
+    return len(seen) == 1
+
+
 def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_factor: float = 1.0) -> str:
     """``'mean ± half-width (n = k)'`` for ``name`` in ``record`` (the half-width of the 95 % t interval;
-    ``'mean (n = 1)'`` for one seed), the distinct values for a text value, ``'no record yet'`` when
+    ``'mean (n = 1)'`` for one seed; ``'value (all n = k seeds)'`` for a value equal at every seed, which has
+    no interval), the distinct values for a text value, ``'no record yet'`` when
     there is no record, ``'not in record'`` when the record lacks ``name``. ``scale_factor`` multiplies
     the numbers (e.g. 100 for percent)."""
     if record is None:
@@ -86,6 +102,8 @@ def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_fac
         mean = s["mean"] * scale_factor
         if s["ci95"] is None:
             return f"{_fmt(mean, digits)} (n = {s['n']})"
+        if s.get("std") == 0 or _equal_at_every_seed(record, name):   # a constant has no interval
+            return f"{_fmt(mean, digits)} (all n = {s['n']} seeds)"
         half = (s["ci95"][1] - s["ci95"][0]) / 2 * abs(scale_factor)
         sci = _sci(max(abs(mean), half), digits)   # one notation for both, set by the larger
         return f"{_fmt(mean, digits, sci)} ± {_fmt(half, digits, sci)} (n = {s['n']})"
@@ -94,6 +112,43 @@ def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_fac
         distinct = list(dict.fromkeys(str(v) for v in seen))
         return ", ".join(distinct) if distinct else "failed at every seed"
     return "not in record"
+
+
+def format_pvalue(record: dict | None, name: str, *, brief: bool = False) -> str:
+    """A p-value of ``record`` over its seeds as ``'median m (range lo-hi, n = k)'``, two significant
+    digits: a t interval is no summary for p-values (it runs below 0 and averages numbers that live on a log
+    scale). ``'m (n = 1)'`` for one seed, ``'m (all n = k seeds)'`` when equal at every seed; the same words
+    as :func:`format_summary` without a record or without ``name``; ``brief``: the median alone (for a table
+    whose header says "median over seeds"). Raises ``ValueError`` for a stored value outside [0, 1]."""
+    if record is None:
+        return "no record yet"
+    values = record.get("values", {})
+    if name not in values:
+        return "not in record"
+    failed = {f["seed"] for f in record.get("failures", [])}
+    seen = []
+    for seed, v in zip(record.get("seeds", []), values[name]):
+        if v is None or seed in failed:
+            continue
+        x = float(v)
+        if not 0.0 <= x <= 1.0:
+            raise ValueError(f"name={name!r} holds {v!r}, not a p-value in [0, 1]")
+        seen.append(x)
+    if not seen:
+        return "failed at every seed"
+    seen.sort()
+    k = len(seen)
+    median = seen[k // 2] if k % 2 else (seen[k // 2 - 1] + seen[k // 2]) / 2
+
+    def p(x):
+        return f"{x:.1e}" if x < 0.01 else f"{x:.2f}"
+    if brief:
+        return p(median)
+    if k == 1:
+        return f"{p(median)} (n = 1)"
+    if seen[0] == seen[-1]:
+        return f"{p(median)} (all n = {k} seeds)"
+    return f"median {p(median)} (range {p(seen[0])}–{p(seen[-1])}, n = {k})"
 
 
 class Run(dict):
@@ -108,6 +163,10 @@ class Run(dict):
     def paper(self, name: str, digits: int = 3, *, scale_factor: float = 1.0) -> str:
         """The stored paper-scale value of ``name``: see :func:`format_summary`."""
         return format_summary(self.record, name, digits, scale_factor=scale_factor)
+
+    def paper_p(self, name: str, *, brief: bool = False) -> str:
+        """The stored paper-scale p-value ``name`` as a median and range over seeds: :func:`format_pvalue`."""
+        return format_pvalue(self.record, name, brief=brief)
 
     def per_seed(self, name: str) -> list[float]:
         """The stored value of ``name`` at each seed that finished cleanly (``[]`` without a record)."""

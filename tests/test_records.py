@@ -311,3 +311,22 @@ def test_a_reader_beside_two_writers_always_loads_a_whole_record(tmp_path):
             w.join()
     assert min(c.value for c in counters) >= 50, "the writers did not run while the reader read"
     assert failures == [] and loads >= 2000, (loads, failures[:3])
+
+
+def test_constants_have_no_interval_and_p_values_read_as_median_and_range(tmp_path):
+    _record(tmp_path, {"c": [100.0, 100.0, 100.0], "tenth": [0.1, 0.1, 0.1], "auc": [0.5, 0.6, 0.7],
+                       "p": ["1.5e-46", "2.0e-03", "0.41"], "p_same": [1e-3, 1e-3, 1e-3], "bad": [0.2, 1.5, 0.1],
+                       "p_one": [0.03, None, None]})
+    run = records.Run("02_x", folder=tmp_path)
+    assert run.paper("c") == "100.000 (all n = 3 seeds)"      # not "100.000 ± 0.000 (n = 3)"
+    assert run.paper("tenth") == "0.100 (all n = 3 seeds)"     # std 1e-17 from rounding is still a constant
+    assert run.paper("auc") == "0.600 ± 0.248 (n = 3)"
+    assert run.paper_p("p") == "median 2.0e-03 (range 1.5e-46–0.41, n = 3)"   # not a t interval below 0
+    assert run.paper_p("p_same") == "1.0e-03 (all n = 3 seeds)"
+    assert run.paper_p("p_one") == "0.03 (n = 1)"
+    assert run.paper_p("zzz") == "not in record"
+    assert records.Run("03_none", folder=tmp_path).paper_p("p") == "no record yet"
+    with pytest.raises(ValueError, match="name='bad'"):
+        run.paper_p("bad")
+    _record(tmp_path, {"p": [0.5, 0.01, 0.2, 0.3]}, seeds=range(4), failures=[{"seed": 0, "cell": 1, "error": "x"}])
+    assert records.Run("02_x", folder=tmp_path).paper_p("p") == "median 0.20 (range 0.01–0.30, n = 3)"

@@ -386,7 +386,7 @@ def ks_values(ldp_auc: dict, random_auc: torch.Tensor, epsilons) -> dict:
 def table6_table(ks: dict, epsilons, run) -> tuple[list, list]:
     """``(headers, rows)`` of RAIFLE Table 6: the paper's p-values (:data:`PAPER_TABLE6`), ours
     (``ks`` from :func:`ks_values`; "—" for a variant not swept) and the stored paper-scale record
-    (``run.paper``). ``epsilons`` must be the paper's five (1, 10, 20, 100, 500); raises
+    (``run.paper_p``: median and range over seeds, never a t interval). ``epsilons`` must be the paper's five (1, 10, 20, 100, 500); raises
     ``ValueError`` otherwise."""
     if list(epsilons) != [1.0, 10.0, 20.0, 100.0, 500.0]:
         raise ValueError(f"epsilons must be the paper's [1, 10, 20, 100, 500], got {list(epsilons)}")
@@ -395,7 +395,7 @@ def table6_table(ks: dict, epsilons, run) -> tuple[list, list]:
         tags = [_ks_name(name, e) for e in epsilons]
         rows.append([name, "paper"] + [f"{v:.2e}" for v in paper])
         rows.append([name, "ours"] + [f"{ks[t]:.2e}" if t in ks else "—" for t in tags])
-        rows.append([name, "ours, paper scale (mean ± 95 % CI, n seeds)"] + [run.paper(t) for t in tags])
+        rows.append([name, "ours, paper scale (median, range, n seeds)"] + [run.paper_p(t) for t in tags])
     return ["variant", "source"] + [f"ε={e:g}" for e in epsilons], rows
 
 
@@ -426,8 +426,8 @@ def table7_values(results: dict) -> dict:
 def table7_table(values: dict, run) -> tuple[list, list]:
     """``(headers, rows)`` of RAIFLE Table 7: paper, ours (``values`` from :func:`table7_values`) and
     the stored paper-scale record."""
-    rows = [[a, b, f"{p:.2e}", f"{values[_t7_name(a, b)]:.2e}", run.paper(_t7_name(a, b))] for a, b, p in PAPER_TABLE7]
-    return ["variant 1", "variant 2", "paper p", "our p", "our p, paper scale (mean ± 95 % CI, n seeds)"], rows
+    rows = [[a, b, f"{p:.2e}", f"{values[_t7_name(a, b)]:.2e}", run.paper_p(_t7_name(a, b))] for a, b, p in PAPER_TABLE7]
+    return ["variant 1", "variant 2", "paper p", "our p", "our p, paper scale (median, range, n seeds)"], rows
 
 
 def prune_sweep(case: RecsysCase, fractions, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int,

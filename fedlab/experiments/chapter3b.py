@@ -750,14 +750,14 @@ def ks_table(ks: dict, epsilons, run, *, ks_nav: dict | None = None, queries=(1,
             ours = res.get((model, Q, adm))
             rows.append([label, "paper"] + [f"{v:.2e}" for v in paper])
             rows.append([label, "ours"] + ([f"{v:.1e}" for v in ours] if ours is not None else ["—"] * len(epsilons)))
-            rows.append([label, "ours, paper scale (mean ± 95 % CI)"] + [run.paper(n, 2) for n in names])
+            rows.append([label, "ours, paper scale (median, range, n seeds)"] + [run.paper_p(n) for n in names])
     return ["attack", "source"] + [f"ε={e:g}" for e in epsilons], rows
 
 
 def ks_queries_table(run, epsilon: float, queries=(4, 8, 12, 16)) -> tuple[list, list]:
     """``(headers, rows)``: Tables 4-5 across the number of queries at one ``epsilon``, one row per
-    (ranker, click model, ADM), each cell "paper p / our paper-scale p" (``run.paper``, mean over the
-    record's seeds). Raises ``ValueError`` for an epsilon outside the paper's five."""
+    (ranker, click model, ADM), each cell "paper p / our paper-scale p" (``run.paper_p``, the median over
+    the record's seeds). Raises ``ValueError`` for an epsilon outside the paper's five."""
     eps = [1.0, 10.0, 20.0, 100.0, 500.0]
     if epsilon not in eps:
         raise ValueError(f"epsilon must be one of the paper's {eps}, got {epsilon}")
@@ -767,10 +767,10 @@ def ks_queries_table(run, epsilon: float, queries=(4, 8, 12, 16)) -> tuple[list,
         paper = _paper_ks(click)
         for model in ("linear", "neural"):
             for adm in (False, True):
-                cells = [f"{paper[(model, Q, adm)][j]:.1e} / {run.paper(_ks_name(model, Q, adm, epsilon, click), 2)}"
+                cells = [f"{paper[(model, Q, adm)][j]:.1e} / {run.paper_p(_ks_name(model, Q, adm, epsilon, click), brief=True)}"
                          if (model, Q, adm) in paper else "—" for Q in queries]
                 rows.append([model, click[:3], "yes" if adm else "no"] + cells)
-    return ["ranker", "clicks", "ADM"] + [f"{Q} queries: paper / ours" for Q in queries], rows
+    return ["ranker", "clicks", "ADM"] + [f"{Q} queries: paper / ours (median over seeds)" for Q in queries], rows
 
 
 def utility_grid(train, test, rankers: dict, epsilons, *, num_rounds: int, clients_per_round: int, lr: float,
