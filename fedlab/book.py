@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["COLAB_CELL_ID", "colab_cell_source", "glue", "glue_many", "setup"]
+__all__ = ["COLAB_CELL_ID", "colab_cell_source", "glue", "glue_many", "legend", "setup"]
 
 
 def glue(name: str, value, display: bool = False) -> None:
@@ -93,7 +93,23 @@ def setup(stem: str | None = None, *, threads: int | None = None):
         return seed
     from .records import Run
 
-    return seed, Run(stem)
+    run = Run(stem)
+    print(legend(run.record, scale(), seed))
+    return seed, run
+
+
+def legend(record: dict | None, scale: str, seed: int) -> str:
+    """The line under every chapter's first cell that tells this build's numbers from the stored record's
+    (the Notation page, "How numbers are shown", says it at length)."""
+    if record is None:
+        stored = "no paper-scale record is stored for this chapter yet"
+    else:
+        seeds = record.get("seeds", [])
+        stored = (f"'mean ± half-width (n = k)' is the stored {record.get('scale', 'paper')}-scale record "
+                  f"({len(seeds)} seed{'s' if len(seeds) != 1 else ''}, commit {record.get('commit') or '?'}, "
+                  f"{record.get('date', '?')})")
+    return (f"Numbers on this page: a plain number is this build's ({scale} scale, seed {seed}); {stored}; "
+            "p-values over seeds are a median and range.")
 
 
 #: The id of every chapter's first code cell, the Colab install cell (tagged ``remove-cell``).

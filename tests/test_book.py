@@ -3,6 +3,8 @@ import math
 
 import numpy as np
 import pytest
+
+import fedlab
 import torch
 
 from fedlab import book
@@ -52,3 +54,16 @@ def test_setup_seeds_from_the_environment(monkeypatch, capsys):
     assert torch.equal(first, torch.rand(3))
     with pytest.raises(ValueError, match="threads"):
         book.setup(threads=0)
+
+
+def test_setup_prints_the_legend_of_the_page(monkeypatch, capsys, tmp_path):
+    """Every chapter's first cell tells this build's numbers from the stored record's."""
+    monkeypatch.setenv("FEDLAB_SEED", "2")
+    seed, run = book.setup("no_such_chapter")
+    out = capsys.readouterr().out
+    assert seed == 2 and run.record is None
+    assert f"this build's ({fedlab.scale()} scale, seed 2)" in out and "no paper-scale record is stored" in out
+    record = {"scale": "paper", "seeds": [0, 1, 2, 3, 4], "commit": "abc1234", "date": "2026-11-27"}
+    line = book.legend(record, "quick", 0)
+    assert "stored paper-scale record (5 seeds, commit abc1234, 2026-11-27)" in line and "mean ± half-width" in line
+    assert "(1 seed," in book.legend(dict(record, seeds=[0]), "quick", 0)
