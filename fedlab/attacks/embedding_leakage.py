@@ -1,4 +1,4 @@
-"""Embedding-layer leakage (Melis et al. 2019, Sec. 4.1; CS5562 lecture, "Information leakage via the
+"""Embedding-layer leakage (Melis et al. 2019, Section 4.1; CS5562 lecture, "Information leakage via the
 gradient").
 
 A text model turns word ``v`` into the row ``W_emb[v]`` of its embedding matrix. The loss depends on

@@ -1,4 +1,4 @@
-"""Chapter 1b's experiments: membership inference against FedAvg (Nasr et al. 2019, Secs. IV-V, as
+"""Chapter 1b's experiments: membership inference against FedAvg (Nasr et al. 2019, Sections IV-V, as
 taught in Shokri's CS5562 lecture), client-level DP-FedAvg (McMahan et al. 2018, Alg. 1) against
 that attack, and the personalised alternatives (local-only training, DP-FedAvg followed by
 fine-tuning, Centaur of Shen et al. 2023, Alg. 1-2).

@@ -1,4 +1,4 @@
-"""Chapter 3a's experiments: one honest round of federated recommendation (RAIFLE Sec. 4.1) for a set
+"""Chapter 3a's experiments: one honest round of federated recommendation (RAIFLE Section 4.1) for a set
 of users, one Table 3 configuration of the attack run on all of them in batches, and the chapter's
 sweeps and tables (Table 3, App. A on a linear model, LDP with Table 6, pruning). The attacks
 themselves are :func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf` and :func:`fedlab.attacks.interaction_inference.recsys.raifle_fncf`.

@@ -1,4 +1,4 @@
-"""Chapter 3b's experiments: the sweeps of RAIFLE Sec. 4 (Pham, Kulkarni & Houmansadr) against
+"""Chapter 3b's experiments: the sweeps of RAIFLE Section 4 (Pham, Kulkarni & Houmansadr) against
 federated online learning to rank, as the chapter runs them (Figs. 5-7 and 11, Tables 4-5 and 8, the
 secure aggregation and PIR bypasses end to end), with the chapter's "paper vs ours" tables and
 figures. The attack itself is :mod:`fedlab.attacks.interaction_inference.oltr`.

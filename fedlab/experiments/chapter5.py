@@ -1,4 +1,4 @@
-"""Chapter 5's experiments (Galli et al. 2022, personalized FL with d-privacy): the RMSE of Eq. 15
+"""Chapter 5's experiments (Galli et al. 2022, personalized FL with d-privacy): the RMSE of Equation 15
 for flat parameter vectors, as the chapter measures the utility cost of the Euclidean Laplace noise
 against Proposition 3.2's bound (:func:`fedlab.privacy.dprivacy.rmse_increase_bound`); the checks of
 Proposition 3.1's sampler; the seeds of private IFCA (Algorithm 1) on the synthetic task; the grids of

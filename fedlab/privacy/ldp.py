@@ -1,4 +1,4 @@
-"""Local differential privacy for batched user updates (RAIFLE Sec. 4.1.1, "With LDP"; App. C.4).
+"""Local differential privacy for batched user updates (RAIFLE, Section 4.1.1 "With LDP" and App. C.4).
 
 Each user clips its update to L2 norm ``Delta_2 / 2`` and adds Gaussian noise calibrated to
 ``(epsilon, delta)`` for L2 sensitivity ``Delta_2`` (under local DP any two updates are neighbours,

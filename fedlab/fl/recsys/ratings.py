@@ -1,4 +1,4 @@
-"""Federated recommendation with global item factors and private user vectors (London 2020, Sec. 3-4).
+"""Federated recommendation with global item factors and private user vectors (London 2020, Section 3-4).
 
 The server holds a catalog of ``I`` item vectors ``v_i`` (the *global* model, shape ``[I, k]``); every
 client ``c`` keeps a private user vector ``u_c`` (the *local* model, shape ``[k]``) and binary labels
