@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["COLAB_CELL_ID", "colab_cell_source", "glue", "glue_many", "legend", "setup"]
+__all__ = ["CHAPTER_EXTRAS", "COLAB_CELL_ID", "DEFAULT_EXTRAS", "chapter_extras", "colab_cell_source", "glue", "glue_many", "legend", "setup"]
 
 
 def glue(name: str, value, display: bool = False) -> None:
@@ -114,18 +114,34 @@ def legend(record: dict | None, scale: str, seed: int) -> str:
 
 #: The id of every chapter's first code cell, the Colab install cell (tagged ``remove-cell``).
 COLAB_CELL_ID = "colab-install"
+#: The extras of ``pyproject.toml`` a chapter needs beyond the core install: every chapter glues its numbers
+#: through myst-nb (``book``); Chapter 6 runs Flower (``flower``). Colab's install cell and Binder install them.
+CHAPTER_EXTRAS = {"06_flower": ("book", "flower")}
+DEFAULT_EXTRAS = ("book",)
 
 
-def colab_cell_source(repository: str = "") -> str:
+def chapter_extras(stem: str) -> tuple[str, ...]:
+    """The extras the chapter ``stem`` needs (:data:`CHAPTER_EXTRAS`, else :data:`DEFAULT_EXTRAS`)."""
+    return CHAPTER_EXTRAS.get(stem, DEFAULT_EXTRAS)
+
+
+def colab_cell_source(repository: str = "", extras: tuple[str, ...] = DEFAULT_EXTRAS) -> str:
     """The source of the first code cell of every chapter notebook: on Google Colab only, and only when
     ``fedlab`` is not importable, clone ``repository`` (the book's public git repository; written by
     ``scripts/set_repository_url.py``), ``pip install`` it (Colab's own torch satisfies the pin, so no
     torch download) and change into its ``chapters/`` folder so the stored records are found. Elsewhere
     the cell does nothing. With no repository named, the cell stops on Colab with an error that says
-    how to name one. Raises ``ValueError`` if ``repository`` is neither empty nor an ``https://`` URL."""
+    how to name one. ``extras``: the ``pyproject.toml`` extras installed with it (:func:`chapter_extras`:
+    ``book`` for every chapter, whose numbers are glued through myst-nb, and ``flower`` for Chapter 6).
+    Raises ``ValueError`` if ``repository`` is neither empty nor an ``https://`` URL, or for an extra that is
+    not a plain name."""
     repository = str(repository).strip()
     if repository and (not repository.startswith("https://") or any(c in repository for c in "\"' \n")):
         raise ValueError(f"repository must be an https:// URL without quotes or spaces, got {repository!r}")
+    extras = tuple(extras)
+    if not all(isinstance(e, str) and e.isidentifier() for e in extras):
+        raise ValueError(f"extras must be plain names such as 'book', got {extras!r}")
+    target = "/content/fedlab-course" + (f"[{','.join(extras)}]" if extras else "")
     return (
         "# Google Colab only (hidden in the book; elsewhere this cell does nothing): fetch the book, install fedlab.\n"
         "import importlib.util, os, subprocess, sys\n"
@@ -134,6 +150,6 @@ def colab_cell_source(repository: str = "") -> str:
         "    if not REPOSITORY:\n"
         "        raise RuntimeError(\"this copy of the book names no repository: run scripts/set_repository_url.py\")\n"
         "    subprocess.run([\"git\", \"clone\", \"--depth\", \"1\", REPOSITORY, \"/content/fedlab-course\"], check=True)\n"
-        "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\", \"/content/fedlab-course\"], check=True)\n"
+        f"    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\", \"{target}\"], check=True)\n"
         "    os.chdir(\"/content/fedlab-course/chapters\")  # the stored paper-scale records are found from here"
     )

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from fedlab.book import COLAB_CELL_ID, colab_cell_source  # noqa: E402
+from fedlab.book import COLAB_CELL_ID, chapter_extras, colab_cell_source  # noqa: E402
 
 BINDER, COLAB = "https://mybinder.org", "https://colab.research.google.com"
 
@@ -61,17 +61,17 @@ def write_config(url: str, branch: str, root: Path = ROOT) -> None:
     path.write_text(text)
 
 
-def colab_cell(url: str) -> dict:
+def colab_cell(url: str, stem: str = "") -> dict:
     return {"cell_type": "code", "execution_count": None, "id": COLAB_CELL_ID,
             "metadata": {"tags": ["remove-cell"]}, "outputs": [],
-            "source": colab_cell_source(url).splitlines(keepends=True)}
+            "source": colab_cell_source(url, chapter_extras(stem)).splitlines(keepends=True)}
 
 
 def write_notebook(path: Path, url: str) -> None:
     nb = json.loads(path.read_text())
     cells = [c for c in nb["cells"] if c.get("id") != COLAB_CELL_ID]
     first_code = next(i for i, c in enumerate(cells) if c["cell_type"] == "code")
-    cells.insert(first_code, colab_cell(url))
+    cells.insert(first_code, colab_cell(url, path.stem))
     nb["cells"] = cells
     path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
@@ -79,9 +79,9 @@ def write_notebook(path: Path, url: str) -> None:
 def problems(root: Path = ROOT) -> list[str]:
     """Where the notebooks or the config disagree with ``repository.url`` (empty list: consistent)."""
     url = configured_url(root)
-    want = colab_cell_source(url)
     out = []
     for path in chapter_notebooks(root):
+        want = colab_cell_source(url, chapter_extras(path.stem))
         cells = json.loads(path.read_text())["cells"]
         code = [c for c in cells if c["cell_type"] == "code"]
         if not code or code[0].get("id") != COLAB_CELL_ID:

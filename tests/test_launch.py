@@ -39,8 +39,14 @@ def test_colab_cell_installs_on_colab_only(monkeypatch):
     assert calls == [] and moves == []                     # Colab with fedlab already installed: nothing
     calls, moves = _run_cell(monkeypatch, src, on_colab=True, installed=False)
     assert calls[0] == (["git", "clone", "--depth", "1", URL, "/content/fedlab-course"], True)
-    assert calls[1] == ([sys.executable, "-m", "pip", "install", "--quiet", "/content/fedlab-course"], True)
+    # myst-nb comes with it: every chapter glues its numbers (a bare install failed at the first glue)
+    assert calls[1] == ([sys.executable, "-m", "pip", "install", "--quiet", "/content/fedlab-course[book]"], True)
     assert moves == ["/content/fedlab-course/chapters"] and len(calls) == 2
+    calls, _ = _run_cell(monkeypatch, book.colab_cell_source(URL, book.chapter_extras("06_flower")), on_colab=True,
+                         installed=False)
+    assert calls[1][0][-1] == "/content/fedlab-course[book,flower]"     # Chapter 6 runs Flower
+    with pytest.raises(ValueError, match="extras"):
+        book.colab_cell_source(URL, ("book]; rm -rf /",))
 
 
 def test_colab_cell_without_a_repository_says_how_to_name_one(monkeypatch):
@@ -85,4 +91,12 @@ def test_binder_installs_the_cpu_torch_then_the_package():
     req = (ROOT / "binder" / "requirements.txt").read_text()
     assert "download.pytorch.org/whl/cpu" in req and "torch==2.13.0" in req
     post = (ROOT / "binder" / "postBuild").read_text()
-    assert 'pip install --no-cache-dir ".[book,lab]"' in post and os.access(ROOT / "binder" / "postBuild", os.X_OK)
+    assert 'pip install --no-cache-dir ".[book,lab,flower]"' in post and os.access(ROOT / "binder" / "postBuild", os.X_OK)
+
+
+def test_binder_installs_every_extra_a_chapter_needs():
+    post = (ROOT / "binder" / "postBuild").read_text()
+    import re
+    installed = set(re.search(r'pip install [^\n]*"\.\[([\w,]+)\]"', post).group(1).split(","))
+    needed = set(book.DEFAULT_EXTRAS).union(*book.CHAPTER_EXTRAS.values())
+    assert needed <= installed, needed - installed
