@@ -10,7 +10,7 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 
-__all__ = ["use_style", "PALETTE", "line_plot", "bar_plot", "image_grid", "partition_heatmap", "md_table", "MarkdownText"]
+__all__ = ["use_style", "PALETTE", "line_plot", "tidy_log_ticks", "bar_plot", "image_grid", "partition_heatmap", "md_table", "MarkdownText"]
 
 #: colour-blind-safe palette (Okabe & Ito) used in that order by every figure
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -58,12 +58,32 @@ def line_plot(x: Sequence | Mapping, ys: Mapping[str, Sequence], *, xlabel: str 
         ax.plot(np.asarray(xv), np.asarray(y), label=name, **(styles or {}).get(name, {}))
     if logx:
         ax.set_xscale("log")
+        xs = [np.asarray(v, dtype=float) for v in (x.values() if isinstance(x, Mapping) else [x])]
+        tidy_log_ticks(ax, np.concatenate([v.ravel() for v in xs]) if xs else np.array([]))
     if logy:
         ax.set_yscale("log")
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     if len(ys) > 1:
         ax.legend(loc=legend_loc)
     return ax
+
+
+def tidy_log_ticks(ax, values, *, axis: str = "x", max_ticks: int = 8) -> None:
+    """On a log axis spanning less than two decades matplotlib labels its minor ticks in scientific
+    notation, and the labels run into each other ("3×10¹4×10¹"). There, put the ticks at the data's own
+    values (when there are at most ``max_ticks`` of them) with plain labels ("20", "30", "300") and no minor
+    labels. Wider axes keep matplotlib's powers of ten. ``values``: the positive coordinates plotted."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    v = np.asarray(values, dtype=float).ravel()
+    v = np.unique(v[np.isfinite(v) & (v > 0)])
+    if v.size == 0 or v.max() / v.min() >= 100:
+        return
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    if v.size <= max_ticks:
+        target.set_ticks(v)
+    target.set_major_formatter(FuncFormatter(lambda t, _: f"{t:g}"))
+    target.set_minor_formatter(NullFormatter())
 
 
 def bar_plot(values: Mapping[str, float], *, ylabel: str = "", title: str = "", ax=None,
