@@ -10,7 +10,7 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 
-__all__ = ["use_style", "PALETTE", "line_plot", "tidy_log_ticks", "bar_plot", "image_grid", "partition_heatmap", "md_table", "MarkdownText"]
+__all__ = ["use_style", "PALETTE", "line_plot", "tidy_log_ticks", "wrap_title", "bar_plot", "image_grid", "partition_heatmap", "md_table", "MarkdownText"]
 
 #: colour-blind-safe palette (Okabe & Ito) used in that order by every figure
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -107,6 +107,28 @@ def bar_plot(values: Mapping[str, float], *, ylabel: str = "", title: str = "", 
     return ax
 
 
+def _title_chars(size: float, fontsize: float = 9.0) -> int:
+    """How many characters of a ``fontsize``-point title fit over a tile ``size`` inches wide (the tile and
+    its gap; measured: DejaVu Sans takes about 0.7 em a character in these titles)."""
+    return max(4, int(size * 0.95 / (0.7 * fontsize / 72)))
+
+
+def wrap_title(title: str, width: int) -> str:
+    """``title`` broken into lines of at most ``width`` characters where it can be: first at ``": "`` or before
+    ``" ("`` (``"35.0 dB (mean colour 18.3)"`` -> ``"35.0 dB\n(mean colour 18.3)"``), else at spaces. A title
+    that fits, or a word longer than ``width``, is left as it is."""
+    import textwrap
+
+    if len(title) <= width or "\n" in title:
+        return title
+    for sep, keep in ((": ", ":"), (" (", "(")):
+        k = title.find(sep)
+        if 0 < k and max(k + len(keep.rstrip("(")), len(title) - k - 1) <= width:
+            head, tail = title[:k] + (":" if keep == ":" else ""), ("(" if keep == "(" else "") + title[k + len(sep):]
+            return head + "\n" + tail
+    return "\n".join(textwrap.wrap(title, width, break_long_words=False)) or title
+
+
 def image_grid(images, *, titles: Sequence[str] | None = None, ncols: int = 8, cmap: str = "gray",
                size: float = 1.4, suptitle: str = ""):
     """Show a batch of images ``[n, H, W]``, ``[n, 1, H, W]`` or ``[n, 3, H, W]`` (values in [0, 1]) in
@@ -121,6 +143,9 @@ def image_grid(images, *, titles: Sequence[str] | None = None, ncols: int = 8, c
     n = len(imgs)
     ncols = min(ncols, n)
     nrows = int(np.ceil(n / ncols))
+    if titles is not None:       # a title wider than its tile runs into its neighbours': break it into lines
+        titles = [wrap_title(str(t), _title_chars(size)) for t in titles]
+    lines = max((t.count("\n") + 1 for t in titles), default=1) if titles is not None else 0
     fig = plt.figure(figsize=(size * ncols, size * nrows + (0.4 if suptitle else 0)), layout="none")
     clipped = np.clip(imgs.astype(np.float64), 0, 1)
     if clipped.ndim == 3:                        # grey values through the colormap, as imshow(vmin=0, vmax=1)
@@ -131,7 +156,7 @@ def image_grid(images, *, titles: Sequence[str] | None = None, ncols: int = 8, c
     rgba = rgba.repeat(f, axis=1).repeat(f, axis=2)
     H, W = rgba.shape[1:3]
     gap_x = max(1, round(0.15 * W))                     # the blank between tiles (transparent)
-    gap_top = max(1, round(0.06 * H)) + (round(0.22 / size * H) if titles is not None else 0)   # a title's room
+    gap_top = max(1, round(0.06 * H)) + round(0.22 * lines / size * H)   # the titles' room, line by line
     cell_w, cell_h = W + gap_x, H + gap_top
     canvas = np.zeros((nrows * cell_h + gap_x // 2, ncols * cell_w, 4))
     ax = fig.add_axes((0.0, 0.0, 1.0, 1.0 - (0.4 / (size * nrows + 0.4) if suptitle else 0.0)))

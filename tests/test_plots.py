@@ -33,3 +33,18 @@ def test_a_wide_log_axis_keeps_powers_of_ten():
     ax.set_xscale("log")
     plots.tidy_log_ticks(ax, [0.0, -1.0, np.nan])        # nothing positive: left alone, no error
     plt.close("all")
+
+
+def test_tile_titles_are_wrapped_to_their_tile():
+    """Chapter 5's 'ν=0.001: 29 dB' and 1a's '35.0 dB (mean colour 18.3)' ran into their neighbours."""
+    import torch
+
+    assert plots.wrap_title("35.0 dB (mean colour 18.3)", 19) == "35.0 dB\n(mean colour 18.3)"
+    assert plots.wrap_title("ν=0.001: 29 dB", 10) == "ν=0.001:\n29 dB"
+    assert plots.wrap_title("private", 10) == "private"
+    assert plots.wrap_title("a b c d e f g h", 5) == "a b c\nd e f\ng h"
+    fig = plots.image_grid(torch.rand(4, 8, 8), ncols=4, size=1.0, titles=["ν=0.001: 29 dB"] * 4)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    width = plots._title_chars(1.0)
+    assert texts and all(len(line) <= width for t in texts for line in t.split("\n")), texts
+    plt.close("all")
