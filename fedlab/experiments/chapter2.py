@@ -433,7 +433,9 @@ def plot_dp_composition(comp: Mapping, targets: Mapping, *, floor_eps: float, ep
 
     from ..plots import PALETTE
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), layout="constrained")
+    # one above the other: side by side the 12-inch figure is shrunk to the text column and its legends
+    # and labels came out about 6 px high
+    fig, axes = plt.subplots(2, 1, figsize=(7.5, 9.0), layout="constrained")
     ax = axes[0]
     for j, (name, r) in enumerate(comp.items()):
         col, mk = PALETTE[j], "ox+^"[j % 4]
@@ -442,20 +444,20 @@ def plot_dp_composition(comp: Mapping, targets: Mapping, *, floor_eps: float, ep
         if j == 0:
             for z, e, t in zip(r["z"], r["eps_needed"], r["needed"]):
                 ax.annotate(f"z = {z:g}", (e, t), xytext=(-8, 0), textcoords="offset points", ha="right",
-                            va="center", fontsize=8)
+                            va="center", fontsize=9)
     ax.axvspan(1.0, floor_eps, color="0.85", zorder=0,
                label=f"no attack reaches {1 - delta:g} (DP floor)")
     ax.set(xscale="log", yscale="log", xlabel=f"composed $\\epsilon_{{DP}}$ at $\\delta$ = {dp_delta:g}",
            ylabel="interactions T", title=f"P(error > {epsilon:g}) $\\leq$ {delta:g}: one point per noise multiplier z")
     ax.set_xlim(left=1.0)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=9, loc="upper left")
     ax = axes[1]
     for j, (name, r) in enumerate(targets.items()):
         ax.plot(r["target"], r["eps_needed"], "ox+^"[j % 4] + "-", color=PALETTE[j], ms=7, label=name)
     ax.axhline(floor_eps, color="0.4", ls=":", label="DP floor (any attack)")
     ax.set(yscale="log", xlabel="error target $\\epsilon$ of Definition 1",
            ylabel="composed $\\epsilon_{DP}$ the attack needs", title="Coarser goals cost less budget")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return fig, axes
 
 
