@@ -270,6 +270,7 @@ def record_errorbars(record: Mapping | None, names: Mapping[str, str], *, curren
         n_txt = "no value" if not ns else (f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}-{ns[-1]}")
         ax.set_title(title or f"stored {record.get('scale', '')}-scale record, {n_txt} seeds")
     handles, _ = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(fontsize=8, loc="best")
+    if handles:    # above the rows, under the title: "best" put it on top of the dots of a long figure
+        ax.legend(fontsize=9, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
+        ax.set_title(ax.get_title(), pad=24)
     return ax

@@ -48,3 +48,14 @@ def test_tile_titles_are_wrapped_to_their_tile():
     width = plots._title_chars(1.0)
     assert texts and all(len(line) <= width for t in texts for line in t.split("\n")), texts
     plt.close("all")
+
+
+def test_the_record_figure_legend_sits_above_the_rows():
+    """On 1a's summary the legend ("best") covered the dots of two rows."""
+    rec = {"scale": "paper", "summary": {f"v{i}": {"mean": 0.5, "std": 0.1, "ci95": [0.4, 0.6], "n": 5}
+                                         for i in range(9)}}
+    ax = plots.record_errorbars(rec, {f"v{i}": f"value {i}" for i in range(9)}, current={"v0": 0.5})
+    ax.figure.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    assert legend.y0 >= ax.get_window_extent().y1 - 1, (legend, ax.get_window_extent())
+    plt.close("all")
