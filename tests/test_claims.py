@@ -215,3 +215,31 @@ def test_chapters_are_in_book_order():
 
     order = [c.stem for c in list_chapters(ROOT)]
     assert cl.chapters() == sorted(cl.chapters(), key=order.index)
+
+
+def test_each_chapter_closes_with_its_own_summary(recs):
+    """Every chapter with claims ends (before its exercises) with "What this chapter reproduced", computed from its
+    own record: the summary names every claim of the chapter with the verdict the "What reproduced" page gives."""
+    for stem in cl.chapters():
+        nb = nbformat.read(ROOT / "chapters" / f"{stem}.ipynb", as_version=4)
+        calls = [c.source for c in nb.cells if c.cell_type == "code" and "chapter_summary(" in c.source]
+        assert len(calls) == 1 and f'chapter_summary("{stem}", run.record)' in calls[0], stem
+        text = cl.chapter_summary(stem, recs[stem])
+        mine = [(c, v) for c, v in cl.verdicts(recs) if c.chapter == stem]
+        for c, v in mine:
+            assert f"* **{v.word}**: {c.text} (" in text and f"<{c.label}>" in text, (stem, c.key)
+        counts = cl.summary_counts(mine)
+        assert f"{counts['reproduced']} reproduced" in text, stem
+
+
+def test_the_chapter_summary_follows_the_record_and_refuses_a_stem_without_claims(recs, tmp_path):
+    claim = next(c for c in cl.CLAIMS if c.rule == "direction" and not isinstance(c.direction[1], str))
+    rec = copy.deepcopy(recs[claim.chapter])
+    op, bound = claim.direction
+    sign = 1 if op in (">", ">=") else -1
+    rec["values"][claim.key] = [bound - sign] * len(rec["seeds"])           # the direction fails at every seed
+    rec["summary"] = __import__("fedlab.reproduce", fromlist=["summarize"]).summarize(rec["values"])
+    assert f"* **not reproduced**: {claim.text}" in cl.chapter_summary(claim.chapter, rec)
+    assert "No paper-scale record is stored" in cl.chapter_summary(claim.chapter, None)
+    with pytest.raises(ValueError, match="stem 'nope'"):
+        cl.chapter_summary("nope", rec)

@@ -30,7 +30,8 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["Paper", "Claim", "Verdict", "CLAIMS", "RULES", "VERDICTS", "CHAPTER2_DELTA", "verdict",
-           "verdicts", "chapters", "claims_table", "records_table", "summary_counts", "NOTES", "notes_markdown"]
+           "verdicts", "chapters", "claims_table", "records_table", "summary_counts", "NOTES", "notes_markdown",
+           "chapter_summary"]
 
 #: the three verdict words (STYLE.md, "Reporting a reproduction")
 VERDICTS = ("reproduced", "in direction only", "not reproduced")
@@ -429,3 +430,28 @@ def notes_markdown(pairs: list[tuple[Claim, Verdict]]) -> str:
         if note:
             lines.append(f"* {{ref}}`{_short(c.chapter)} <{c.label}>`, {c.text} (**{v.word}**): {note}.")
     return "\n".join(lines)
+
+
+def chapter_summary(stem: str, record: dict | None) -> str:
+    """The closing section of chapter ``stem`` ("What this chapter reproduced"), in Markdown: one line per claim
+    of :data:`CLAIMS` for the chapter, its verdict word in bold, the claim, the paper's value beside ours (mean
+    [95 % interval] over the stored record's seeds) and a link to the section that makes the comparison, then a
+    link to the book's "What reproduced" page for the rules. Computed from the chapter's stored record, never
+    typed. Without a record: a line that says so. Raises ``ValueError`` for a stem with no claim."""
+    mine = [c for c in CLAIMS if c.chapter == stem]
+    if not mine:
+        raise ValueError(f"stem {stem!r} has no claim in fedlab.experiments.claims.CLAIMS")
+    if record is None:
+        return (f"No paper-scale record is stored for this chapter yet (`python -m fedlab reproduce {_short(stem)} "
+                "--scale paper`), so its claims have no verdict here.")
+    lines = []
+    for c, v in verdicts({stem: record}, mine):
+        paper = "the paper gives no number" if c.paper is None else f"paper {c.paper.text(c.digits)}"
+        lines.append(f"* **{v.word}**: {c.text} ({paper}; ours {v.ours}; {{ref}}`section <{c.label}>`).")
+    counts = summary_counts(verdicts({stem: record}, mine))
+    head = (f"Of this chapter's {len(mine)} headline claims, {counts['reproduced']} reproduced, "
+            f"{counts['in direction only']} in direction only and {counts['not reproduced']} did not, on the stored "
+            f"paper-scale record ({len(record.get('seeds', []))} seeds):")
+    tail = ("The rules, and every chapter's claims side by side, are on {doc}`What reproduced <reproduced>`; "
+            "the sections linked above give the settings and the evidence.")
+    return "\n".join([head, "", *lines, "", tail])
