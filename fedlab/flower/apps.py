@@ -27,6 +27,14 @@ exchanges (public keys, encrypted key shares, masked models, unmasking shares); 
 model weighted, quantized and masked, and the server learns only the weighted sum. The recorder then
 stores what the server receives in each stage (:class:`SecAggRecordingGrid`): no reply carries a model.
 
+Why this module still imports ``flwr.compat`` / ``flwr.server.compat`` (flwr 1.42): Flower's only SecAgg+
+implementation is built on them. ``SecAggPlusWorkflow`` accepts nothing but a ``LegacyContext`` (it raises
+``TypeError`` otherwise), asks a legacy ``Strategy`` for ``(ClientProxy, FitIns)`` pairs (we give it
+``GridClientProxy``, Flower's own proxy over a ``Grid``) and converts with ``recorddict_compat``; on the
+client, ``secaggplus_mod`` reads the reply in the legacy ``fitres.*`` layout that
+``recorddict_compat.fitres_to_recorddict`` writes. Leaving them would mean re-implementing Flower's SecAgg+.
+Everything outside SecAgg+ uses the Message API (``flwr.app``, ``flwr.serverapp``, ``flwr.clientapp``).
+
 Because step 2 reproduces fedavg's client sampling and shuffles exactly, a Flower run and
 ``fedlab.fl.fedavg`` with the same data, seed and settings give the same global model up to float
 rounding (``tests/test_flower.py`` measures the difference).
