@@ -95,7 +95,7 @@ def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
                            **{**kw, "num_rounds": 3, "lr": 0.5})
     def timed_run(run_config):
         t0 = time.perf_counter()
-        deploy.flwr_run(app, fed, run_config=run_config, timeout=480)
+        deploy.flwr_run(app, fed, run_config=run_config, timeout=900)
         return time.perf_counter() - t0
 
     with deploy.local_federation(2, workdir=tmp_path / "federation", tls=True, supernode_auth=True,
