@@ -1,7 +1,9 @@
 """fedlab on Flower in deployment mode (issue 23): a SuperLink and two SuperNodes on 127.0.0.1 run the
-generated Flower App, and the transcript gives fedlab's FedAvg. In a file of its own (it was in
-tests/test_flower.py): about two minutes of wall time, mostly Flower's polling, which `make test`
-(``--dist loadfile``) can now overlap with test_flower.py's Ray runs on another worker.
+generated Flower App, and the transcript gives fedlab's FedAvg; beside it, in the same federation, a SecAgg+
+run with Bonawitz et al.'s consistency round (issue 33). In a file of its own (it was in tests/test_flower.py):
+several minutes of wall time (286 s plain and 524 s SecAgg+, at once, at load 9 on 2 cores), mostly Flower's
+polling and a fresh flwr-clientapp process per message, which `make test` (``--dist loadfile``) can overlap
+with test_flower.py's Ray runs on another worker.
 
 Needs the ``flower`` extra (``pip install ".[flower]"``); without ``flwr`` the test is skipped.
 """
@@ -80,6 +82,7 @@ def _check_unregistered_node_is_refused(fed, tmp_path):
 
 
 @pytest.mark.flower
+@pytest.mark.slow
 def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
     """One SuperLink and two SuperNodes on 127.0.0.1 over TLS (a certificate authority made here) with
     SuperNode authentication (each node's key registered with `flwr supernode register`), `flwr run` of a
