@@ -81,7 +81,7 @@ def test_secagg_with_the_consistency_round_from_the_run_and_node_configs(tmp_pat
     public registry (node config), the server none. The aggregate is FedAvg's within SecAgg's rounding; the
     transcript shows the consistency round."""
     from fedlab.flower.attacks import secagg_error_bound
-    from fedlab.flower.secagg import CONSISTENCY_STAGE
+    from fedlab.flower.apps import CONSISTENCY_KIND
 
     keys = deploy.write_consistency_keys(tmp_path / "keys", 3)
     assert oct(keys["signing"][0].stat().st_mode & 0o777) == "0o600"
@@ -92,7 +92,8 @@ def test_secagg_with_the_consistency_round_from_the_run_and_node_configs(tmp_pat
     _secagg_run(app, config, [_key_config(keys, k) for k in range(3)])
     T = load_transcript(tmp_path / "tr" / "run-21")
     assert T.meta["secagg"] and T.meta["consistency"]
-    assert sorted(s.node_id for s in T.sent if s.kind == f"secagg-{CONSISTENCY_STAGE}") == [1, 2, 3]
+    assert sorted(s.node_id for s in T.sent if s.kind == CONSISTENCY_KIND) == [1, 2, 3]     # transcript kind
+    assert sorted(r.node_id for r in T.replies if r.kind == CONSISTENCY_KIND) == [1, 2, 3]
     assert not [r for r in T.replies if r.error is not None]
     ref = fedavg(deploy.demo_model(seed=3), deploy.demo_clients(3, examples_per_client=30), num_rounds=1, lr=0.1,
                  batch_size=16, seed=4, progress=False)

@@ -21,9 +21,8 @@ pytest.importorskip("flwr", reason="Flower is not installed: the `flower` extra 
 
 from fedlab.fl import client_update, fedavg  # noqa: E402
 from fedlab.flower import deploy  # noqa: E402
-from fedlab.flower.apps import fedavg_schedule  # noqa: E402
+from fedlab.flower.apps import CONSISTENCY_KIND, fedavg_schedule  # noqa: E402
 from fedlab.flower.attacks import secagg_error_bound  # noqa: E402
-from fedlab.flower.secagg import CONSISTENCY_STAGE  # noqa: E402
 from fedlab.flower.transcript import load_transcript  # noqa: E402
 
 TOL = 1e-6   # float32 rounding: vmap (fedlab) vs one client at a time (Flower), and numpy's aggregation
@@ -129,7 +128,8 @@ def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
     clients = deploy.demo_clients(2, examples_per_client=60)
     sdiff = []
     for t in (1, 2):
-        assert len([s for s in S.sent if s.round == t and s.kind == f"secagg-{CONSISTENCY_STAGE}"]) == 2
+        assert len([s for s in S.sent if s.round == t and s.kind == CONSISTENCY_KIND]) == 2
+        assert len([r for r in S.replies if r.round == t and r.kind == CONSISTENCY_KIND]) == 2
         exact = _fedavg_round(S.globals[t - 1], t, clients, kw)
         sdiff.append(max(float((S.globals[t][k].double() - exact[k]).abs().max()) for k in exact))
         assert sdiff[-1] <= secagg_error_bound(S, t) + TOL, (t, sdiff[-1], secagg_error_bound(S, t))

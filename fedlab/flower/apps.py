@@ -86,7 +86,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 
 __all__ = ["fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "LocalGrid", "run",
            "RayStartError", "FlowerRun", "quiet_flower", "DP_MODES", "ENGINES", "SECAGG_DEFAULTS", "secagg_config", "SecAggSchedule",
-           "SecAggRecordingGrid", "RecordingGrid", "SECAGG_KINDS"]
+           "SecAggRecordingGrid", "RecordingGrid", "SECAGG_KINDS", "CONSISTENCY_KIND"]
 
 #: values of the ``dp`` argument: no DP, Flower's client-side or server-side fixed clipping wrapper
 DP_MODES = (None, "client", "server")
@@ -102,6 +102,14 @@ SECAGG_DEFAULTS = {"num_shares": 1.0, "reconstruction_threshold": 0.5, "max_weig
 #: encrypted key shares for other clients, the masked model, key shares for unmasking)
 SECAGG_KINDS = {Stage.SETUP: "secagg-keys", Stage.SHARE_KEYS: "secagg-shares",
                 Stage.COLLECT_MASKED_VECTORS: "secagg-masked", Stage.UNMASK: "secagg-unmask"}
+#: the transcript kind of the consistency round (stage ``fedlab.flower.secagg.CONSISTENCY_STAGE``), sent and received
+CONSISTENCY_KIND = "secagg-consistency"
+
+
+def _secagg_kind(stage: str) -> str:
+    if stage == "fedlab-consistency":
+        return CONSISTENCY_KIND
+    return SECAGG_KINDS.get(stage, f"secagg-{stage}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -574,7 +582,7 @@ class SecAggRecordingGrid(RecordingGrid):
     def _kind_of(self, msg: Message) -> str:
         if RECORD_KEY_CONFIGS in msg.content.config_records:
             stage = str(msg.content.config_records[RECORD_KEY_CONFIGS].get(SecAggKey.STAGE))
-            return SECAGG_KINDS.get(stage, f"secagg-{stage}")
+            return _secagg_kind(stage)
         return super()._kind_of(msg)
 
     def send_and_receive(self, messages, *, timeout=None):
@@ -584,7 +592,7 @@ class SecAggRecordingGrid(RecordingGrid):
         self._record_sent(messages)
         replies = list(self.grid.send_and_receive(messages, timeout=timeout))
         if len(stages) == 1:
-            kind = SECAGG_KINDS.get(stages.pop(), "secagg-other")
+            kind = _secagg_kind(stages.pop())
             for r in replies:
                 self._record(kind, r)
             self.writer.flush()
