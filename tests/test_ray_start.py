@@ -49,3 +49,23 @@ def test_run_stops_before_any_round_when_ray_cannot_start(monkeypatch, tmp_path)
     with pytest.warns(RuntimeWarning), pytest.raises(flower.RayStartError, match="engine='local' runs the same"):
         flower.run(lambda: models.mlp(3, (2,), 2, seed=0), clients, num_rounds=1, engine="ray",
                    transcript_dir=tmp_path / "t")
+
+
+def test_flowers_run_simulation_deprecation_reaches_the_user_as_a_future_warning(monkeypatch, tmp_path):
+    """Flower 1.42's own deprecation of run_simulation (its real function, its log record) is passed on as a
+    FutureWarning that says why fedlab keeps it; Flower's simulation itself is replaced by a no-op here, so the
+    run then stops on the missing rounds."""
+    import torch
+    import importlib
+
+    from fedlab import flower, models
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(importlib.import_module("flwr.simulation.run_simulation"), "_run_simulation", lambda **kw: None)
+    clients = [(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))] * 2
+    with pytest.warns(FutureWarning, match=r"Flower says: DEPRECATED FEATURE: The `run_simulation` function is "
+                                           r"deprecated.*fedlab keeps flwr.simulation.run_simulation") as caught, \
+            pytest.raises(RuntimeError, match="recorded 0 of 1 rounds"):
+        flower.run(lambda: models.mlp(3, (2,), 2, seed=0), clients, num_rounds=1, engine="ray",
+                   transcript_dir=tmp_path / "t")
+    assert len([w for w in caught if issubclass(w.category, FutureWarning)]) == 1

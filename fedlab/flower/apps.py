@@ -27,6 +27,14 @@ exchanges (public keys, encrypted key shares, masked models, unmasking shares); 
 model weighted, quantized and masked, and the server learns only the weighted sum. The recorder then
 stores what the server receives in each stage (:class:`SecAggRecordingGrid`): no reply carries a model.
 
+Why this module still imports ``flwr.compat`` / ``flwr.server.compat`` (flwr 1.42): Flower's only SecAgg+
+implementation is built on them. ``SecAggPlusWorkflow`` accepts nothing but a ``LegacyContext`` (it raises
+``TypeError`` otherwise), asks a legacy ``Strategy`` for ``(ClientProxy, FitIns)`` pairs (we give it
+``GridClientProxy``, Flower's own proxy over a ``Grid``) and converts with ``recorddict_compat``; on the
+client, ``secaggplus_mod`` reads the reply in the legacy ``fitres.*`` layout that
+``recorddict_compat.fitres_to_recorddict`` writes. Leaving them would mean re-implementing Flower's SecAgg+.
+Everything outside SecAgg+ uses the Message API (``flwr.app``, ``flwr.serverapp``, ``flwr.clientapp``).
+
 Because step 2 reproduces fedavg's client sampling and shuffles exactly, a Flower run and
 ``fedlab.fl.fedavg`` with the same data, seed and settings give the same global model up to float
 rounding (``tests/test_flower.py`` measures the difference).
@@ -78,7 +86,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 
 __all__ = ["fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "LocalGrid", "run",
            "RayStartError", "FlowerRun", "quiet_flower", "DP_MODES", "ENGINES", "SECAGG_DEFAULTS", "secagg_config", "SecAggSchedule",
-           "SecAggRecordingGrid", "RecordingGrid", "SECAGG_KINDS"]
+           "SecAggRecordingGrid", "RecordingGrid", "SECAGG_KINDS", "CONSISTENCY_KIND"]
 
 #: values of the ``dp`` argument: no DP, Flower's client-side or server-side fixed clipping wrapper
 DP_MODES = (None, "client", "server")
@@ -94,6 +102,14 @@ SECAGG_DEFAULTS = {"num_shares": 1.0, "reconstruction_threshold": 0.5, "max_weig
 #: encrypted key shares for other clients, the masked model, key shares for unmasking)
 SECAGG_KINDS = {Stage.SETUP: "secagg-keys", Stage.SHARE_KEYS: "secagg-shares",
                 Stage.COLLECT_MASKED_VECTORS: "secagg-masked", Stage.UNMASK: "secagg-unmask"}
+#: the transcript kind of the consistency round (stage ``fedlab.flower.secagg.CONSISTENCY_STAGE``), sent and received
+CONSISTENCY_KIND = "secagg-consistency"
+
+
+def _secagg_kind(stage: str) -> str:
+    if stage == "fedlab-consistency":
+        return CONSISTENCY_KIND
+    return SECAGG_KINDS.get(stage, f"secagg-{stage}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -566,7 +582,7 @@ class SecAggRecordingGrid(RecordingGrid):
     def _kind_of(self, msg: Message) -> str:
         if RECORD_KEY_CONFIGS in msg.content.config_records:
             stage = str(msg.content.config_records[RECORD_KEY_CONFIGS].get(SecAggKey.STAGE))
-            return SECAGG_KINDS.get(stage, f"secagg-{stage}")
+            return _secagg_kind(stage)
         return super()._kind_of(msg)
 
     def send_and_receive(self, messages, *, timeout=None):
@@ -576,7 +592,7 @@ class SecAggRecordingGrid(RecordingGrid):
         self._record_sent(messages)
         replies = list(self.grid.send_and_receive(messages, timeout=timeout))
         if len(stages) == 1:
-            kind = SECAGG_KINDS.get(stages.pop(), "secagg-other")
+            kind = _secagg_kind(stages.pop())
             for r in replies:
                 self._record(kind, r)
             self.writer.flush()
@@ -930,6 +946,46 @@ def quiet_flower(level: int = logging.WARNING):
         logger.setLevel(old)
 
 
+class _Deprecations(logging.Filter):
+    """Takes Flower's ``DEPRECATED FEATURE`` log records off its console handler and keeps their text."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "DEPRECATED FEATURE" not in text:
+            return True
+        self.messages.append(" ".join(text.split()))
+        return False
+
+
+#: why :func:`run` with ``engine="ray"`` still calls Flower's deprecated ``run_simulation`` (shown with the warning)
+RUN_SIMULATION_NOTE = (
+    "fedlab keeps flwr.simulation.run_simulation for engine='ray': Flower's replacement, `flwr run` against a "
+    "simulation SuperLink, runs the ServerApp and ClientApps in processes of their own, so the in-memory model_fn, "
+    "client data, attack hooks and signing keys would have to be shipped to them, and it took about 1.8 times as long "
+    "per run; engine='local' runs the same apps without Ray, and fedlab.flower.deploy runs them with `flwr run`")
+
+
+@contextmanager
+def _deprecations_as_warnings(note: str):
+    """Flower logs a deprecation once as a WARNING record; inside the block each such record becomes a
+    ``FutureWarning`` (Python's category for deprecations meant for end users, shown by default, also in a
+    notebook) that names it and says why fedlab still uses the feature (``note``). Issued when the block
+    ends, also on an error."""
+    caught = _Deprecations()
+    logger = logging.getLogger("flwr")
+    logger.addFilter(caught)
+    try:
+        yield caught
+    finally:
+        logger.removeFilter(caught)
+        for text in caught.messages:
+            warnings.warn(f"Flower says: {text} -- {note}", FutureWarning, stacklevel=4)
+
+
 @dataclass
 class FlowerRun:
     """Result of :func:`run`: the final global ``params``, the ``transcript`` directory, the loaded
@@ -960,6 +1016,14 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
     that stops raises :class:`fedlab.flower.secagg.SecAggAborted` (its ``log`` says which clients refused).
     ``engine="ray"`` runs ``flwr.simulation.run_simulation`` (``num_cpus``: the CPUs Ray may use; each
     ClientApp takes one); ``engine="local"`` runs the same apps over a :class:`LocalGrid` in this process.
+
+    Flower 1.42 deprecates ``run_simulation`` in favour of ``flwr run`` against a simulation SuperLink
+    (``flower-superlink --simulation``). fedlab keeps it (:data:`RUN_SIMULATION_NOTE`) and passes Flower's
+    deprecation on as a ``FutureWarning``: with ``flwr run`` the apps run in processes of their own, which
+    cannot receive the in-memory ``model_fn``, data, attack hooks or signing keys of a call like this one, and
+    the generated demo app (3 clients, 2 rounds) took 15 s to start the SuperLink plus 113 s of ``flwr run``
+    against 71 s through ``run_simulation`` on the same loaded 2-core machine (same global model, difference
+    0).
 
     Returns
     -------
@@ -1012,9 +1076,13 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
             from flwr.simulation import run_simulation
 
             _start_ray(backend_config["init_args"])
-            run_simulation(server_app=sapp, client_app=capp, num_supernodes=data.num_clients,
-                           backend_config=backend_config)
+            with _deprecations_as_warnings(RUN_SIMULATION_NOTE):
+                run_simulation(server_app=sapp, client_app=capp, num_supernodes=data.num_clients,
+                               backend_config=backend_config)
     seconds = time.perf_counter() - t0
+    if not (Path(transcript_dir) / "index.json").is_file():     # the ServerApp never started
+        raise RuntimeError(f"the simulation recorded 0 of {num_rounds} rounds (no transcript in {transcript_dir}); "
+                           "rerun with verbose=True")
     transcript = load_transcript(transcript_dir)
     if transcript.num_rounds != num_rounds:
         raise RuntimeError(f"the simulation recorded {transcript.num_rounds} of {num_rounds} rounds; "

@@ -10,6 +10,15 @@ and SuperNodes (``flower-superlink``, ``flower-supernode``, ``flwr run``; Flower
   (their whole process groups) when the block ends, also on an error.
 * :func:`flwr_run` submits an app to such a federation and waits for it (``flwr run APP CONNECTION
   --stream``).
+* SecAgg+ (``write_app(..., secagg=True)``) with Bonawitz et al.'s consistency round (CCS 2017, Sec. 6;
+  ``consistency=True``): :func:`write_consistency_keys` makes the federation's Ed25519 keys. Who holds what:
+  SuperNode ``k`` holds its own signing key (``signing-key-k.pem``, private, given by path in its
+  ``--node-config "signing-key=..."``) and the registry of everybody's verification keys
+  (``verification-keys.json``, public, ``--node-config "verification-keys=..."``); the SuperLink and the
+  ServerApp hold no key (the server only forwards signatures, which it cannot forge). The registry comes from
+  the node's own configuration, never from the run config: the server writes the run config, and a registry
+  it chose would let it sign for everybody. A SuperNode holding a signing key requires the consistency round
+  in every SecAgg+ run: a server that leaves it out gets error replies and no share.
 
 Every ``flwr`` command here runs as a subprocess; this module itself imports no ``flwr``.
 """
@@ -34,7 +43,7 @@ from ..models import mlp
 
 __all__ = ["demo_clients", "demo_model", "write_app", "run_settings", "demo_server_app", "demo_client_app",
            "RUN_CONFIG", "Federation", "local_federation", "flwr_run", "write_tls_certificates",
-           "write_supernode_keys"]
+           "write_supernode_keys", "write_consistency_keys", "node_consistency_keys"]
 
 APP_MODULE = "fedlab_app"
 
@@ -94,7 +103,9 @@ _MODULE = '''\
 digits, partition ``partition-id`` of ``num-partitions`` (the SuperNode's --node-config) per node. The
 settings are the run config (pyproject.toml's [tool.flwr.app.config], overridden by
 ``flwr run ... --run-config "num-rounds=5 lr=0.05"``); each run writes its transcript to
-``<transcript-root>/run-<run id>``."""
+``<transcript-root>/run-<run id>``. With ``secagg=true`` the rounds run SecAgg+; a node whose --node-config
+names ``signing-key`` and ``verification-keys`` (fedlab.flower.deploy.write_consistency_keys) requires
+Bonawitz et al.'s consistency round (``consistency=true``) and signs with its own key."""
 from fedlab.flower.deploy import demo_client_app, demo_server_app
 
 server = demo_server_app()
@@ -102,11 +113,14 @@ client = demo_client_app()
 '''
 
 #: the run-config keys of a generated app, with their types; 0 means "none" for ``batch-size`` (full batch),
-#: ``local-steps`` and ``examples-per-client`` (all), ``"none"`` for ``dp`` (a run config holds no null)
+#: ``local-steps`` and ``examples-per-client`` (all), ``"none"`` for ``dp`` (a run config holds no null);
+#: ``secagg``, ``consistency``: SecAgg+ and its consistency round; ``secagg-threshold``: SecAgg+'s
+#: ``reconstruction_threshold`` (a fraction of the round's clients)
 RUN_CONFIG = {"num-clients": int, "num-rounds": int, "lr": float, "local-epochs": int, "batch-size": int,
               "local-steps": int, "weight-decay": float, "client-fraction": float, "seed": int, "dp": str,
               "noise-multiplier": float, "clipping-norm": float, "node-timeout": float, "transcript-root": str,
-              "model-seed": int, "hidden": int, "data-seed": int, "examples-per-client": int}
+              "model-seed": int, "hidden": int, "data-seed": int, "examples-per-client": int, "secagg": bool,
+              "consistency": bool, "secagg-threshold": float}
 
 
 def run_settings(run_config: dict) -> dict:
@@ -114,7 +128,10 @@ def run_settings(run_config: dict) -> dict:
     server_app keyword arguments without transcript_dir, "task": {model_seed, hidden, data_seed,
     examples_per_client}, "transcript_root": str}``.
 
-    Raises ``ValueError`` naming the key for a missing key, an unknown key or a value of the wrong type."""
+    Raises ``ValueError`` naming the key for a missing key, an unknown key or a value of the wrong type,
+    ``consistency`` without ``secagg``, a ``secagg-threshold`` outside (0, 1], or one that gives
+    ``2 t <= num-clients`` with ``consistency`` (Flower's ``t = max(round(secagg-threshold m), 2)`` of the
+    ``m`` clients a round; every node would refuse it, see :func:`fedlab.flower.secagg.consistency_mod`)."""
     missing = sorted(set(RUN_CONFIG) - set(run_config))
     unknown = sorted(set(run_config) - set(RUN_CONFIG))
     if missing or unknown:
@@ -123,18 +140,31 @@ def run_settings(run_config: dict) -> dict:
     for key, kind in RUN_CONFIG.items():
         value = run_config[key]
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if kind is float else \
-            (isinstance(value, int) and not isinstance(value, bool)) if kind is int else isinstance(value, str)
+            (isinstance(value, int) and not isinstance(value, bool)) if kind is int else isinstance(value, kind)
         if not ok:
             raise ValueError(f"run config: {key} must be {kind.__name__}, got {value!r}")
         cfg[key] = kind(value)
     if cfg["dp"] not in ("none", "client", "server"):
         raise ValueError(f"run config: dp must be 'none', 'client' or 'server', got {cfg['dp']!r}")
+    if cfg["consistency"] and not cfg["secagg"]:
+        raise ValueError("run config: consistency=true needs secagg=true (the consistency round is part of SecAgg+)")
+    if not 0.0 < cfg["secagg-threshold"] <= 1.0:
+        raise ValueError(f"run config: secagg-threshold must be in (0, 1], got {cfg['secagg-threshold']!r}")
+    if cfg["consistency"]:
+        m = max(int(round(cfg["client-fraction"] * cfg["num-clients"])), 1)
+        t = max(int(round(cfg["secagg-threshold"] * m)), 2)
+        if 2 * t <= cfg["num-clients"]:
+            raise ValueError(f"run config: secagg-threshold={cfg['secagg-threshold']} gives t={t} of {m} clients a "
+                             f"round, not above half of num-clients={cfg['num-clients']}: the nodes' consistency "
+                             "round would refuse it (raise secagg-threshold)")
     server = dict(num_clients=cfg["num-clients"], num_rounds=cfg["num-rounds"], lr=cfg["lr"],
                   local_epochs=cfg["local-epochs"], batch_size=cfg["batch-size"] or None,
                   local_steps=cfg["local-steps"] or None, weight_decay=cfg["weight-decay"],
                   client_fraction=cfg["client-fraction"], seed=cfg["seed"],
                   dp=None if cfg["dp"] == "none" else cfg["dp"], noise_multiplier=cfg["noise-multiplier"],
-                  clipping_norm=cfg["clipping-norm"], node_timeout=cfg["node-timeout"])
+                  clipping_norm=cfg["clipping-norm"], node_timeout=cfg["node-timeout"], secagg=cfg["secagg"],
+                  consistency=cfg["consistency"],
+                  secagg_settings={"reconstruction_threshold": cfg["secagg-threshold"]} if cfg["secagg"] else None)
     task = dict(model_seed=cfg["model-seed"], hidden=cfg["hidden"], data_seed=cfg["data-seed"],
                 examples_per_client=cfg["examples-per-client"] or None)
     return {"server": server, "task": task, "transcript_root": cfg["transcript-root"]}
@@ -171,10 +201,41 @@ def demo_server_app():
     return app
 
 
+def node_consistency_keys(node_config: dict):
+    """The consistency-round keys a SuperNode holds, from its node config (``flower-supernode --node-config``):
+    ``signing-key`` (the absolute path of its own Ed25519 private key) and ``verification-keys`` (the absolute
+    path of the public registry), both written by :func:`write_consistency_keys`, for partition ``partition-id``. Returns a
+    :class:`fedlab.flower.secagg.ConsistencyKeys` that signs only as this node, or ``None`` when the node
+    config names neither.
+
+    Raises ``ValueError`` when it names only one of the two, a relative path, or when the key is not the registry's key of
+    the node's partition (:meth:`fedlab.flower.secagg.ConsistencyKeys.for_node`)."""
+    signing, registry = node_config.get("signing-key"), node_config.get("verification-keys")
+    if signing is None and registry is None:
+        return None
+    if signing is None or registry is None:
+        raise ValueError("node config: signing-key and verification-keys go together (the node signs with its own "
+                         f"key and verifies the others'), got signing-key={signing!r}, verification-keys={registry!r}")
+    if "partition-id" not in node_config:
+        raise ValueError("node config: signing-key needs the node's partition-id")
+    for name, value in (("signing-key", signing), ("verification-keys", registry)):
+        if not Path(str(value)).is_absolute():   # the ClientApp process need not share the SuperNode's directory
+            raise ValueError(f"node config: {name} must be an absolute path, got {value!r}")
+    from .secagg import ConsistencyKeys
+
+    return ConsistencyKeys.for_node(registry, signing, partition=int(node_config["partition-id"]))
+
+
 def demo_client_app():
     """The ClientApp of a generated app: the node's partition of the demonstration task, with the settings of
     the message's run (:func:`run_settings` of ``context.run_config``; one fedlab ClientApp per distinct run
-    config)."""
+    config and node).
+
+    Under SecAgg+ (run config ``secagg``) a node holding consistency keys in its node config
+    (:func:`node_consistency_keys`) runs :func:`fedlab.flower.secagg.consistency_mod` with them whatever the
+    run config says about ``consistency``: the node, not the server, decides that its shares leave only after
+    the consistency round. A run asking for ``consistency`` on a node without keys raises ``ValueError``
+    (an error reply)."""
     from flwr.clientapp import ClientApp
 
     from .apps import client_app
@@ -183,10 +244,17 @@ def demo_client_app():
 
     def inner(context):
         s = run_settings(dict(context.run_config))
-        key = json.dumps(s, sort_keys=True)
+        secagg = s["server"]["secagg"]
+        node = {k: context.node_config.get(k) for k in ("partition-id", "signing-key", "verification-keys")}
+        key = json.dumps([s, node if secagg else None], sort_keys=True)
         if key not in apps:
+            keys = node_consistency_keys(context.node_config) if secagg else None
+            if s["server"]["consistency"] and keys is None:
+                raise ValueError("the run asks for the consistency round, but this node's --node-config names no "
+                                 "signing-key and verification-keys (fedlab.flower.deploy.write_consistency_keys)")
             model_fn, load_partition = _task_fns(s["task"])
-            apps[key] = client_app(model_fn, load_partition, dp_client_clipping=s["server"]["dp"] == "client")
+            apps[key] = client_app(model_fn, load_partition, dp_client_clipping=s["server"]["dp"] == "client",
+                                   secagg=secagg, consistency_keys=keys)
         return apps[key]
 
     app = ClientApp()
@@ -215,6 +283,7 @@ def write_app(path, transcript_root, *, num_clients: int, num_rounds: int, lr: f
               weight_decay: float = 0.0, client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
               noise_multiplier: float = 1.0, clipping_norm: float = 1.0, model_seed: int = 0, hidden: int = 16,
               data_seed: int = 0, examples_per_client: int | None = None, node_timeout: float = 120.0,
+              secagg: bool = False, consistency: bool = False, secagg_threshold: float = 0.5,
               name: str = "fedlab-flower-demo") -> Path:
     """Write a Flower App project to ``path`` (created; must not hold a ``pyproject.toml``).
 
@@ -224,6 +293,11 @@ def write_app(path, transcript_root, *, num_clients: int, num_rounds: int, lr: f
     ``flwr run APP CONNECTION --run-config "num-rounds=5"`` changes them for one run. Each run writes its
     transcript to ``<transcript_root>/run-<run id>`` (``transcript_root`` made absolute; a path on the
     SuperLink's machine). Returns ``path``.
+
+    ``secagg=True`` aggregates with SecAgg+ (:func:`fedlab.flower.apps.server_app`'s ``secagg``, with
+    ``reconstruction_threshold=secagg_threshold``); ``consistency=True`` adds Bonawitz et al.'s consistency
+    round, for which every SuperNode needs its signing key and the registry in its node config
+    (:func:`write_consistency_keys`, :func:`local_federation`'s ``consistency_keys``).
 
     Raises
     ------
@@ -243,7 +317,8 @@ def write_app(path, transcript_root, *, num_clients: int, num_rounds: int, lr: f
               "client-fraction": client_fraction, "seed": seed, "dp": dp or "none",
               "noise-multiplier": noise_multiplier, "clipping-norm": clipping_norm, "node-timeout": node_timeout,
               "transcript-root": str(Path(transcript_root).resolve()), "model-seed": model_seed, "hidden": hidden,
-              "data-seed": data_seed, "examples-per-client": examples_per_client or 0}
+              "data-seed": data_seed, "examples-per-client": examples_per_client or 0, "secagg": secagg,
+              "consistency": consistency, "secagg-threshold": secagg_threshold}
     config = {k: (float(v) if RUN_CONFIG[k] is float and isinstance(v, int) and not isinstance(v, bool) else v)
               for k, v in config.items()}
     s = run_settings(config)          # types, then the FedAvg settings, checked now rather than on the SuperLink
@@ -289,6 +364,8 @@ class Federation:
     processes: list
     #: after the block: the pids of every process found below the started ones when stopping them
     stopped_descendants: list | None = None
+    #: with ``consistency_keys``: :func:`write_consistency_keys`'s paths (node ``k`` got ``signing[k]``)
+    consistency_keys: dict | None = None
 
 
 def _bin(name: str) -> str:
@@ -421,9 +498,48 @@ def write_supernode_keys(directory, name: str) -> dict[str, Path]:
     return paths
 
 
+def write_consistency_keys(directory, num_nodes: int) -> dict:
+    """The keys of Bonawitz et al.'s consistency round (CCS 2017, Sec. 6: a PKI in which every client signs
+    and every client verifies) for a federation of ``num_nodes`` SuperNodes, partitions ``0..num_nodes-1``,
+    written to ``directory``:
+
+    * ``signing-key-<k>.pem``: node ``k``'s Ed25519 private key (PEM, PKCS#8, unencrypted, mode 0600). It is
+      node ``k``'s secret: give it to that node only (``--node-config "signing-key=<path>"``);
+    * ``verification-keys.json``: the public registry ``{"format": "fedlab-consistency-keys/1", "keys":
+      {"k": hex of node k's raw public key}}``, the same file for every node (``--node-config
+      "verification-keys=<path>"``); the server needs no key at all.
+
+    Made in one place, this is for a trial on one host and for tests; across machines each node generates its
+    own key pair and only the public halves are collected into the registry (same format). Files are written
+    atomically. Returns ``{"verification": path, "signing": [path of node 0, ...]}``.
+
+    Raises ``ValueError`` for ``num_nodes < 2`` (the round needs at least two signers)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from .._io import atomic_write_bytes
+
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 2:
+        raise ValueError(f"num_nodes must be an integer >= 2, got {num_nodes!r}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    signing, public = [], {}
+    for k in range(num_nodes):
+        key = Ed25519PrivateKey.generate()
+        path = directory / f"signing-key-{k}.pem"
+        atomic_write_bytes(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
+        path.chmod(0o600)
+        signing.append(path)
+        public[str(k)] = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+    registry = atomic_write_bytes(directory / "verification-keys.json",
+                                  json.dumps({"format": "fedlab-consistency-keys/1", "keys": public}, indent=1).encode())
+    return {"verification": registry, "signing": signing}
+
+
 @contextmanager
 def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 60.0, env: dict | None = None,
-                     tls: bool = False, supernode_auth: bool = False):
+                     tls: bool = False, supernode_auth: bool = False, consistency_keys: bool = False):
     """Start one SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1 (in-memory state); node ``k`` gets
     ``--node-config "partition-id=k num-partitions=num_nodes"`` and a port of its own. Yields a
     :class:`Federation`; on exit (normal or not) terminates the process group of every process it started,
@@ -437,6 +553,11 @@ def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 6
     supernode register`` and starts it with ``--auth-supernode-private-key``: a SuperNode whose key was not
     registered is refused.
 
+    ``consistency_keys=True`` generates the keys of the consistency round (:func:`write_consistency_keys`, in
+    ``workdir/consistency``) and starts node ``k`` with ``signing-key`` (its own key only) and
+    ``verification-keys`` (the public registry) in its node config; their paths are the federation's
+    ``consistency_keys``. Such nodes require the consistency round in every SecAgg+ run.
+
     ``workdir`` (default: a temporary directory) holds ``FLWR_HOME`` and one log file per process. The
     processes get ``env`` on top of this process's environment, with ``PYTHONPATH`` extended so that the
     apps' subprocesses import this ``fedlab`` and Flower's telemetry off.
@@ -444,7 +565,7 @@ def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 6
     Raises
     ------
     ValueError
-        For ``num_nodes < 1``, or ``supernode_auth`` without ``tls``.
+        For ``num_nodes < 1`` (``< 2`` with ``consistency_keys``), or ``supernode_auth`` without ``tls``.
     RuntimeError
         If the SuperLink does not listen within ``startup_timeout`` seconds, or a registration fails.
     """
@@ -459,6 +580,7 @@ def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 6
     port = _free_port()
     connection = "fedlab-local"
     certs = write_tls_certificates(workdir / "certs") if tls else None
+    ckeys = write_consistency_keys(workdir / "consistency", int(num_nodes)) if consistency_keys else None
     security = f'root-certificates = "{certs["ca"]}"\n' if tls else "insecure = true\n"
     (home / "config.toml").write_text(f'[superlink]\ndefault = "{connection}"\n\n[superlink.{connection}]\n'
                                       f'address = "127.0.0.1:{port}"\n{security}')
@@ -493,10 +615,14 @@ def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 6
                     raise RuntimeError(f"flwr supernode register failed for node {k} (status {res.returncode}):\n"
                                        f"{(res.stdout + res.stderr)[-2000:]}")
                 auth = ["--auth-supernode-private-key", str(keys["private"])]
+            node_config = f"partition-id={k} num-partitions={int(num_nodes)}"
+            if ckeys:     # node k's own signing key, and the public registry
+                node_config += (f" signing-key={_toml_value(str(ckeys['signing'][k]))}"
+                                f" verification-keys={_toml_value(str(ckeys['verification']))}")
             start(f"supernode{k}", [_bin("flower-supernode"), *node_security, "--superlink", f"127.0.0.1:{port}",
                                     "--host", "127.0.0.1", "--port", str(_free_port()), *auth,
-                                    "--node-config", f"partition-id={k} num-partitions={int(num_nodes)}"])
-        fed = Federation(f"127.0.0.1:{port}", connection, full_env, logs, procs)
+                                    "--node-config", node_config])
+        fed = Federation(f"127.0.0.1:{port}", connection, full_env, logs, procs, consistency_keys=ckeys)
         yield fed
     finally:
         below = _stop(procs)

@@ -132,15 +132,23 @@ class SecAggLog:
 # --------------------------------------------------------------------------------------------
 # signatures
 # --------------------------------------------------------------------------------------------
+def _int(x: int) -> bytes:
+    # 16 bytes, signed: Flower's node ids are unsigned 64-bit (half of a deployment's are >= 2^63, which a
+    # signed 8-byte field cannot hold: the consistency round then failed in setup on a real SuperNode)
+    return int(x).to_bytes(16, "big", signed=True)
+
+
 def _pack(*parts) -> bytes:
+    """An unambiguous encoding of what a node signs: each part (a string, an integer, or a list of integers)
+    length-prefixed."""
     out = []
     for p in parts:
         if isinstance(p, str):
             p = p.encode()
         elif isinstance(p, int):
-            p = struct.pack(">q", p)
+            p = _int(p)
         elif isinstance(p, (list, tuple)):
-            p = b"".join(struct.pack(">q", int(x)) for x in p)
+            p = b"".join(_int(x) for x in p)
         out.append(struct.pack(">I", len(p)) + p)
     return b"".join(out)
 
@@ -148,7 +156,8 @@ def _pack(*parts) -> bytes:
 class ConsistencyKeys:
     """The clients' Ed25519 signing keys and the public registry of their verification keys (the PKI that
     Bonawitz et al. assume, Sec. 6), by partition id. In a simulation one object holds every client's key;
-    a client only ever signs with its own (:func:`consistency_mod` looks it up by its partition id).
+    a client only ever signs with its own (:func:`consistency_mod` looks it up by its partition id). In a
+    deployment each node holds only its own signing key and the registry (:meth:`for_node`).
 
     Raises ``ValueError`` for fewer than 2 partitions."""
 
@@ -162,6 +171,60 @@ class ConsistencyKeys:
             self._signing = {p: Ed25519PrivateKey.from_private_bytes(hashlib.sha256(_pack("fedlab-key", seed, p)).digest())
                              for p in parts}
         self.public = {p: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for p, k in self._signing.items()}
+
+    @classmethod
+    def for_node(cls, verification_keys, signing_key=None, *, partition: int | None = None) -> "ConsistencyKeys":
+        """One node's view in a deployment: the public registry ``verification_keys`` (a file written by
+        :func:`fedlab.flower.deploy.write_consistency_keys`: JSON ``{"format": "fedlab-consistency-keys/1",
+        "keys": {partition id: hex of the raw Ed25519 public key}}``) and, when ``signing_key`` is given, this
+        node's own Ed25519 private key (PEM, PKCS#8) for ``partition``. The node can then sign only as
+        ``partition``, and verify everybody.
+
+        Raises
+        ------
+        ValueError
+            For a registry that is unreadable, of another format or with fewer than 2 partitions; for a
+            ``signing_key`` without ``partition``, unreadable, not Ed25519, or whose public key is not the
+            registry's key of ``partition`` (a node given another node's key, or an unregistered one).
+        """
+        import json
+        from pathlib import Path
+
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+        try:
+            doc = json.loads(Path(verification_keys).read_text())
+            if doc.get("format") != "fedlab-consistency-keys/1":
+                raise ValueError(f"format {doc.get('format')!r}")
+            public = {int(p): bytes.fromhex(h) for p, h in doc["keys"].items()}
+            for p, raw in public.items():
+                Ed25519PublicKey.from_public_bytes(raw)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"verification_keys {verification_keys}: not a fedlab consistency-key registry "
+                             f"({type(err).__name__}: {err})") from err
+        if len(public) < 2:
+            raise ValueError(f"verification_keys {verification_keys}: registers {len(public)} partition(s), "
+                             "at least 2 are needed")
+        self = cls.__new__(cls)
+        self.public, self._signing = dict(sorted(public.items())), {}
+        if signing_key is None:
+            return self
+        if partition is None or isinstance(partition, bool) or int(partition) != partition:
+            raise ValueError(f"partition must be the node's partition id (an integer), got {partition!r}")
+        partition = int(partition)
+        try:
+            key = load_pem_private_key(Path(signing_key).read_bytes(), password=None)
+        except (OSError, ValueError, TypeError) as err:
+            raise ValueError(f"signing_key {signing_key}: not a readable PEM private key ({err})") from err
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError(f"signing_key {signing_key}: an Ed25519 key is needed, got {type(key).__name__}")
+        mine = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        if self.public.get(partition) != mine:
+            owner = [p for p, raw in self.public.items() if raw == mine]
+            raise ValueError(f"signing_key {signing_key} is not partition {partition}'s key: its public key is "
+                             + (f"partition {owner[0]}'s" if owner else "not in the registry"))
+        self._signing[partition] = key
+        return self
 
     @property
     def size(self) -> int:
