@@ -87,6 +87,8 @@ NO_PROTECT = {
     ("mia_active", "secagg"): "the server averages the target's returned model with the others'",
     ("pac", "secagg"): "Protocol 2's own cohorts sum the messages",
     ("oltr_adm", "secagg"): "RAIFLE's bypass experiment runs its own secure sum",
+    **{(mx.SECAGG_ROW, c): "the malicious server inside Flower's SecAgg+ runs the protocol itself"
+       for c in mx.SECAGG_COLUMNS},
 }
 
 
