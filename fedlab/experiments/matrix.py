@@ -101,7 +101,8 @@ __all__ = ["Defense", "USER_CONTRACT", "USER_PUBLIC", "protect_public", "attacke
            "OUTSIDER_COLUMNS", "OUTSIDER_SAME", "central_epsilon", "ldp_epsilon", "deployment_epsilons", "metric_range",
            "bounded_interval", "cell_interval", "own_defense_table", "ACCOUNTANT", "NAIVE_SUFFIX", "NAIVE_NOTE", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
            "consistent_with_record", "SECAGG_ROW", "SECAGG_ROWS", "SECAGG_ATTACKS", "SECAGG_COLUMNS",
-           "SECAGG_CONSISTENT_SETTINGS", "SECAGG_REFUSED_NOTE", "safe_central_epsilon", "safe_ldp_epsilon"]
+           "SECAGG_CONSISTENT_SETTINGS", "SECAGG_REFUSED_NOTE", "safe_central_epsilon", "safe_ldp_epsilon", "UTILITY_ROW",
+           "utility_table"]
 
 #: what a floating-point-safe column adds to its kind's note (the page's threat-model table)
 _SAFE_NOTE = ("; floating-point-safe: the discrete Gaussian on a public grid (Canonne, Kamath & Steinke 2020) instead "
@@ -441,9 +442,9 @@ UNIT, NONNEG = (0.0, 1.0), (0.0, math.inf)
 
 
 #: the note of a cell that shows the naive attack under the adaptive one
-NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG under pruning matches only the coordinates that "
-              "were sent; under clipping, and under central DP where the curious server sees the clipped gradient "
-              "before its own noise, it clips its dummy gradient to the same C); 'naive' is the same attack "
+NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG and Inverting Gradients under pruning and top-k "
+              "match only the coordinates that were sent; under clipping, and under central DP where the curious server sees the "
+              "clipped gradient before its own noise, DLG clips its dummy gradient to the same C); 'naive' is the same attack "
               "ignoring the defense, which overstates the defense (its dummy images start elsewhere in each column)")
 #: suffix of a cell's value for the attack that ignores the defense, kept beside the adaptive attacker's (issue 35):
 #: ``"<row>|<column>@naive"`` in a record; the page prints it under the cell
@@ -564,11 +565,27 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
     single = [c for c in columns if _defense(c).kind != "secagg"]
     if single:
+        publics = []
         views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng,
-                                                  client_side_noise=outsider)
+                                                  client_side_noise=outsider, publics=publics)
         res = gi.inverting_gradients(net, w, obs, labels=labels, **kw)
         psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
         out.update({c: float(psnr[i * n_img:(i + 1) * n_img].mean()) for i, c in enumerate(single)})
+        # the attacker who knows a sparsifying defense (pruning, top-k; a user defense that publishes its mask)
+        # compares only the coordinates that were sent, as DLG's row does: that is the cell, the plain IG above
+        # stays as "<column>@naive" (one stacked run for every such column)
+        sparse = [i for i, c in enumerate(single) if _defense(c).kind == "prune" or "mask" in publics[i]]
+        if sparse:
+            rows = torch.cat([torch.arange(i * n_img, (i + 1) * n_img) for i in sparse])
+            ob = {k: v[rows] for k, v in obs.items()}
+            mk = models.unflatten_stacked(torch.cat([publics[i]["mask"] if "mask" in publics[i]
+                                                     else views[i * n_img:(i + 1) * n_img] != 0 for i in sparse]), w)
+            ada = gi.inverting_gradients(net, w, ob, labels=labels[rows], mask=mk, **kw)
+            p_ada = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(ada.x, X.repeat(len(sparse), 1, 1, 1))])
+            for j, i in enumerate(sparse):
+                c = single[i]
+                out[c + NAIVE_SUFFIX] = out[c]
+                out[c] = float(p_ada[j * n_img:(j + 1) * n_img].mean())
     if "secagg" in columns:
         sums = protect(G, "secagg", group=group, generator=gen)
         res = gi.inverting_gradients(net, w, models.unflatten_stacked(sums, w), labels=y.reshape(-1, group), **kw)
@@ -1322,7 +1339,7 @@ def run_row(row, seed: int, columns: Sequence | None = None, *, tiny: bool = Fal
 
 
 #: the public parameter each row's attacker reads when a user defense publishes it (its adaptive variant)
-_READS = {"dlg": ("mask", "clip_norm"), "mr": ("clip_norm",), "rs": ("clip_norm",), "oltr": ("clip_norm",),
+_READS = {"dlg": ("mask", "clip_norm"), "ig": ("mask",), "mr": ("clip_norm",), "rs": ("clip_norm",), "oltr": ("clip_norm",),
           "oltr_adm": ("clip_norm",)}
 
 
@@ -1709,6 +1726,37 @@ def own_defense_table(record: Mapping, row: str, defense: "Defense", own: Mappin
         [[f"no defense, stored record ({stored['n']} seeds)", f"{stored['mean']:.3f} [{lo:.3f}, {hi:.3f}]", "the row's attack"],
          [f"no defense, this build, seed {seed}", f"{own['none']:.3f}", "the row's attack"],
          [f"{defense.label}, this build, seed {seed}", f"{own[defense.key]:.3f}", attacker(row, defense)]])
+
+
+#: the row whose training gives every column's utility (its FedAvg run under each column: ``"mia|acc_<column>"``)
+UTILITY_ROW = "mia"
+
+
+def utility_table(record: Mapping):
+    """Page 07's utility table (Markdown): for every column of :data:`DEFENSES`, the test accuracy of the global
+    model that the passive membership row (:data:`UTILITY_ROW`: 10 clients, the 64-64-10 MLP, FedAvg for
+    Chapter 1b's rounds) trains under that column, from the record's ``"mia|acc_<column>"`` (mean and
+    :func:`cell_interval` over its seeds). A column the record does not hold yet reads "not in the stored record
+    yet"; the consistency round (kind ``consistency``) changes no sum, so its utility is secure aggregation's.
+    Raises ``ValueError`` for a record without the matrix layout or without the undefended accuracy."""
+    from ..plots import md_table
+
+    summ = record.get("summary") if isinstance(record, Mapping) else None
+    if not record or "matrix" not in record or not summ:
+        raise ValueError("record is not a matrix record (no 'matrix' layout)")
+    if value_name(UTILITY_ROW, "acc_none") not in summ:
+        raise ValueError(f"the record holds no {UTILITY_ROW}|acc_none: no utility to show")
+    rows = []
+    for d in DEFENSES:
+        key = "secagg" if d.kind == "consistency" else d.key
+        s = summ.get(value_name(UTILITY_ROW, f"acc_{key}"))
+        if s is None:
+            rows.append([d.label, "not in the stored record yet", "—"])
+            continue
+        lo, hi = cell_interval(record, UTILITY_ROW, f"acc_{key}")
+        same = " (secure aggregation's: the consistency round changes no sum)" if key != d.key else ""
+        rows.append([d.label, f"{s['mean']:.3f} [{lo:.3f}, {hi:.3f}]{same}", str(s["n"])])
+    return md_table(["defense (column)", "test accuracy of the trained model", "seeds"], rows)
 
 
 def cell_interval(record: Mapping, row: str, column: str) -> list[float] | None:
