@@ -170,7 +170,8 @@ def test_every_cell_runs_and_na_cells_have_reasons(tiny):
         assert cells == {"baseline"} | (set(KEYS) - set(a.not_applicable)), a.key
         naive = {k[:-len(mx.NAIVE_SUFFIX)] for k in tiny[a.key] if k.endswith(mx.NAIVE_SUFFIX)}
         # the naive twin of an adaptive cell (the curious server under central DP sees the clipped gradient)
-        assert naive == ({"prune90", "topk1", "clip", "dp1", "dp1safe", "dp8"} if a.key == "dlg" else set()), (a.key, naive)
+        expected = {"dlg": {"prune90", "topk1", "clip", "dp1", "dp1safe", "dp8"}, "ig": {"prune90", "topk1"}}
+        assert naive == expected.get(a.key, set()), (a.key, naive)
         assert all(np.isfinite(v) for v in tiny[a.key].values()), (a.key, tiny[a.key])
         assert a.chapter in {p.stem for p in (ROOT / "chapters").glob("*.ipynb")}
     assert mx.cell("mr", "none", tiny=True)(0) == pytest.approx(tiny["mr"]["none"])   # a cell is a function of the seed

@@ -1576,7 +1576,7 @@ def row_threats(record: Mapping) -> list[list[str]]:
         e = r["epsilons"]
         obs = str(e["releases"]) if e["sampling_prob"] == 1 else f'{e["releases"]} ({e["rounds"]} rounds × q = {e["sampling_prob"]:g})'
         dp = ["n/a" if k in r["not_applicable"] else "none" if v is None else f"{v:.3g}" for k, v in e["dp"].items()]
-        if set(dp) == {"none"}:
+        if "none" in dp and set(dp) <= {"none", "n/a"}:     # no guarantee in any cell that exists
             dp = [_NO_GUARANTEE.get(r.get("observer"), "none: the attacker sees the update before the noise")]
         group = "n/a" if "secagg" in r["not_applicable"] else str(r["secagg_group"])
         out.append([r["label"], group, obs, " / ".join(dp),
