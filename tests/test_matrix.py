@@ -346,7 +346,7 @@ def test_threat_table_shows_group_sizes_releases_and_effective_epsilons():
     assert all(v < 30 * mx._defense(k).param for k, v in e["ldp"].items()) and 5.0 < e["ldp"]["ldp1"] < 5.1
     assert mx.effective_epsilons("dlg_outsider")["dp"]["dp1"] < 1.0 + 1e-6
     assert mx.effective_epsilons("mr")["dp"] == {"dp1": None, "dp1safe": None, "dp8": None}      # before the noise: no guarantee
-    assert rows[label["mr"]][3] == "none: the noise is added after the tapped link" and rows[label["imprint"]][3] == "n/a / n/a"
+    assert rows[label["mr"]][3] == "none: the noise is added after the tapped link" and rows[label["imprint"]][3] == "n/a / n/a / n/a"
     from fedlab.attacks import identifiability as pac                  # the row's own T (its data's largest rate)
     T_row = pac.theorem1_num_interactions(float(torch.linspace(0.05, 0.45, 100).max()), 10, 0.05)
     assert mx.effective_epsilons("pac")["releases"] == int(np.ceil(T_row))
