@@ -37,8 +37,16 @@ it with :func:`render_html`.
   (``gradient_inversion.dlg(mask=...)``, the attacker who knows the defense); the plain DLG that ignores the
   mask is kept beside it as ``"dlg|prune90@naive"`` (:data:`NAIVE_SUFFIX`) and printed under the cell (under
   ``clip`` the DLG row's attacker likewise clips its dummy gradient to ``C``, ``dlg(clip_norm=C)``);
+* ``dp1safe`` / ``ldp10safe`` -- the floating-point-safe mechanisms beside the float ones (issue 35 item 4): the
+  same epsilon, the discrete Gaussian on a public grid (``dp_aggregate(..., safe=True)``, ``ldp_gaussian(...,
+  safe=True)``), each row's attacker and threat model as in the float column; their epsilons come from the
+  discrete Gaussian's Renyi bound (:func:`safe_central_epsilon`, :func:`safe_ldp_epsilon`);
+* ``topk1`` -- top-k sparsification at k = 1 % (``prune90`` is top-k at k = 10 %), with the mask-aware DLG and
+  Inverting Gradients (the naive twins kept as ``"<row>|topk1@naive"``);
 * ``secagg`` -- secure aggregation (:func:`fedlab.privacy.secure_aggregation.secure_sum`): the attacker
-  sees only the sum over a group of clients (its size is given per row);
+  sees only the sum over a group of clients (its size is given per row); in the row of the malicious server
+  inside SecAgg+ (:data:`SECAGG_ROW`, its own row group) the cell runs Flower's SecAgg+ itself
+  (:func:`fedlab.flower.run` with ``secagg=True``), and ``secagg_cr`` is SecAgg+ with the consistency round;
 * ``dpriv0.5`` / ``dpriv5`` -- d-privacy (Galli et al. 2022, Algorithm 2,
   :func:`fedlab.privacy.dprivacy.sanitize_update`): Euclidean Laplace noise with ``E ||rho|| = nu ||update||``
   (``nu = 5`` is Chapter 5's setting).
