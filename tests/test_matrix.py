@@ -87,6 +87,8 @@ NO_PROTECT = {
     ("mia_active", "secagg"): "the server averages the target's returned model with the others'",
     ("pac", "secagg"): "Protocol 2's own cohorts sum the messages",
     ("oltr_adm", "secagg"): "RAIFLE's bypass experiment runs its own secure sum",
+    **{(mx.SECAGG_ROW, c): "the malicious server inside Flower's SecAgg+ runs the protocol itself"
+       for c in mx.SECAGG_COLUMNS},
 }
 
 
@@ -164,11 +166,12 @@ def test_every_cell_runs_and_na_cells_have_reasons(tiny):
     for a in mx.ATTACKS:
         assert set(a.not_applicable) <= set(KEYS)
         assert all(isinstance(r, str) and len(r) > 40 for r in a.not_applicable.values()), a.key
-        cells = {k for k in tiny[a.key] if not k.startswith("acc_") and not k.endswith(mx.NAIVE_SUFFIX)}
+        cells = {k for k in tiny[a.key] if not k.startswith("acc_") and "@" not in k}   # "@": a cell's side values
         assert cells == {"baseline"} | (set(KEYS) - set(a.not_applicable)), a.key
         naive = {k[:-len(mx.NAIVE_SUFFIX)] for k in tiny[a.key] if k.endswith(mx.NAIVE_SUFFIX)}
         # the naive twin of an adaptive cell (the curious server under central DP sees the clipped gradient)
-        assert naive == ({"prune90", "clip", "dp1", "dp8"} if a.key == "dlg" else set()), (a.key, naive)
+        expected = {"dlg": {"prune90", "topk1", "clip", "dp1", "dp1safe", "dp8"}, "ig": {"prune90", "topk1"}}
+        assert naive == expected.get(a.key, set()), (a.key, naive)
         assert all(np.isfinite(v) for v in tiny[a.key].values()), (a.key, tiny[a.key])
         assert a.chapter in {p.stem for p in (ROOT / "chapters").glob("*.ipynb")}
     assert mx.cell("mr", "none", tiny=True)(0) == pytest.approx(tiny["mr"]["none"])   # a cell is a function of the seed
@@ -290,7 +293,7 @@ def test_render_html_has_one_row_per_attack_and_one_column_per_defense():
     p.feed(page)
     assert len(p.head) == len(mx.DEFENSES) + 1
     assert len(p.rows) == len(mx.ATTACKS) and all(len(r) == len(mx.DEFENSES) + 1 for r in p.rows)
-    assert p.groups == 1                                              # the outsider rows' group header
+    assert p.groups == 2                                 # the outsider rows' and the SecAgg+ row's group headers
     n_na = sum(len(a.not_applicable) for a in mx.ATTACKS)
     assert sum(r.count("mx-na") for r in p.rows) == n_na and all(p.titles)
     assert sum(r.count("mx-cell") for r in p.rows) == len(mx.ATTACKS) * len(mx.DEFENSES) - n_na
@@ -329,7 +332,7 @@ def test_threat_table_shows_group_sizes_releases_and_effective_epsilons():
     label = {a.key: a.label for a in mx.ATTACKS}
     # the eavesdropper's secure sum is the round's participants: round(0.6 * 5) = 3 of 5 clients
     assert mx._attack("mr").secagg_group == 3 and rows[label["mr"]][1] == "3" and rows[label["dlg"]][1] == "4"
-    assert rows[label["dlg_outsider"]][1] == "n/a" and rows[label["dlg"]][4] == "0.751 / 10 / 500"   # PLD: one release
+    assert rows[label["dlg_outsider"]][1] == "n/a" and rows[label["dlg"]][4] == "0.751 / 10 / 10 / 500"   # PLD: one release
     assert rows[label["dlg"]][3] == "none: the server sees each clipped update before the noise it adds"
     mr_rounds = mx.run_row("mr", 0, ["secagg"], tiny=True)     # runs: the group divides every round's senders
     assert np.isfinite(mr_rounds["secagg"])
@@ -337,13 +340,13 @@ def test_threat_table_shows_group_sizes_releases_and_effective_epsilons():
     # (1000, 0.1, 100) is about 5.8 (PLD) against an outsider who sees them; one release (q = 1) is about 0.86
     e = mx.effective_epsilons("mia")
     assert e["releases"] == 30
-    assert e["dp"] == {"dp1": None, "dp8": None}                     # the curious server sees the updates before the noise
+    assert e["dp"] == {"dp1": None, "dp1safe": None, "dp8": None}    # the curious server sees the updates before the noise
     e = mx.effective_epsilons("mia_outsider")                         # the outsider sees the release: PLD, tighter than RDP
     assert e["releases"] == 30 and 5.0 < e["dp"]["dp1"] < 6.35 and e["dp"]["dp8"] > 8.0
-    assert all(v < 30 * float(k[3:]) for k, v in e["ldp"].items()) and 5.0 < e["ldp"]["ldp1"] < 5.1
+    assert all(v < 30 * mx._defense(k).param for k, v in e["ldp"].items()) and 5.0 < e["ldp"]["ldp1"] < 5.1
     assert mx.effective_epsilons("dlg_outsider")["dp"]["dp1"] < 1.0 + 1e-6
-    assert mx.effective_epsilons("mr")["dp"] == {"dp1": None, "dp8": None}      # before the noise: no guarantee
-    assert rows[label["mr"]][3] == "none: the noise is added after the tapped link" and rows[label["imprint"]][3] == "n/a / n/a"
+    assert mx.effective_epsilons("mr")["dp"] == {"dp1": None, "dp1safe": None, "dp8": None}      # before the noise: no guarantee
+    assert rows[label["mr"]][3] == "none: the noise is added after the tapped link" and rows[label["imprint"]][3] == "n/a / n/a / n/a"
     from fedlab.attacks import identifiability as pac                  # the row's own T (its data's largest rate)
     T_row = pac.theorem1_num_interactions(float(torch.linspace(0.05, 0.45, 100).max()), 10, 0.05)
     assert mx.effective_epsilons("pac")["releases"] == int(np.ceil(T_row))

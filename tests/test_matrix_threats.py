@@ -41,7 +41,9 @@ def test_every_row_has_one_observer_and_the_outsiders_are_their_own_group():
     assert {a.key for a in curious} == {"dlg", "ig", "mia", "rs", "oltr"}
     assert [a.key for a in outsiders] == [a.key + "_outsider" for a in curious]   # one outsider twin per row
     keys = [a.key for a in mx.ATTACKS]
-    assert keys.index(outsiders[0].key) == len(keys) - len(outsiders)           # a contiguous group, last
+    first = keys.index(outsiders[0].key)                                         # a contiguous group, before
+    assert keys[first:first + len(outsiders)] == [a.key for a in outsiders]      # the SecAgg+ row's group (last)
+    assert keys[first + len(outsiders):] == [a.key for a in mx.SECAGG_ROWS]
     for a in mx.ATTACKS:
         e = mx.effective_epsilons(a)
         # no outsider cell in a curious-server row: only an outsider sees central DP's noise (its epsilon)

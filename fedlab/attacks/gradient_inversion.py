@@ -527,7 +527,7 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
                         tv_weight: float = 1e-2, signed: bool = True, restarts: int = 1,
                         init: str = "gaussian", init_mean=0.5, init_std=0.25, stacked: bool = False,
                         x_true: torch.Tensor | None = None, snapshot_every: int | None = None,
-                        seed: int = 0, device=None) -> InversionResult:
+                        seed: int = 0, device=None, mask: dict | None = None) -> InversionResult:
     """Inverting Gradients (Geiping et al. 2020, Sec. 4, Eq. 4) with the authors' restarts.
 
     Minimise ``1 - cos(grad(x', y), observed) + tv_weight * TV(x')`` over ``x' in [0, 1]`` with Adam
@@ -551,6 +551,12 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
 
     ``device`` (default :func:`fedlab.config.device`, i.e. ``FEDLAB_DEVICE``): where the model, the
     gradients and Adam run; the starting points are drawn on the CPU and the result comes back on it.
+
+    ``mask`` (optional, shaped like ``observed``, leading ``A`` when stacked): the attacker who knows a
+    sparsifying defense (pruning, top-k) compares only the coordinates that were sent, the cosine of the
+    masked dummy gradient ``mask * g'`` and the observation (exactly 0 where the mask is 0), as :func:`dlg`'s
+    ``mask`` (issue 35). ``None`` (default): the plain objective, unchanged. Raises ``ValueError`` for a mask
+    that is not a dict with ``observed``'s keys and shapes.
     """
     from torch.func import grad_and_value, vmap
 
@@ -562,6 +568,13 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
     obs, labels, x_true, A = _stack_inputs(observed, params, labels, x_true, stacked)
     if labels.shape[0] != A:
         raise ValueError(f"labels must hold one row per attack ({A}), got {labels.shape[0]}")
+    if mask is not None:
+        if not isinstance(mask, dict) or set(mask) != set(observed):
+            raise ValueError(f"mask must be a dict with the keys of observed {sorted(observed)}")
+        mask = {k: (v if stacked else v.unsqueeze(0)).detach().to(torch.float32) for k, v in mask.items()}
+        for k, v in mask.items():
+            if tuple(v.shape) != tuple(obs[k].shape):
+                raise ValueError(f"mask[{k!r}] has shape {tuple(v.shape)}, observed {tuple(obs[k].shape)}")
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr}")
     if tv_weight < 0:
@@ -590,15 +603,19 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
     row = torch.arange(A, device="cpu").repeat_interleave(R)         # trial r of attack a is row a * R + r
     obs_r = {k: v[row].to(dev) for k, v in obs.items()}
     labels_r = labels[row].to(dev)
+    extra = () if mask is None else ({k: v[row].to(dev) for k, v in mask.items()},)
     params = {k: v.detach().to(dev) for k, v in params.items()}
     model = fl._model_on(model, dev)
     use_tv = tv_weight > 0 and len(input_shape) == 3
 
-    def objective(xi, ob, yi):
+    def objective(xi, ob, yi, mi=None):
         def loss_p(p):
             return F.cross_entropy(functional_call(model, p, (xi,)), yi)
 
-        dist = gradient_distance(torch.func.grad(loss_p)(params), ob, "cosine")
+        g = torch.func.grad(loss_p)(params)
+        if mi is not None:                                   # the attacker who knows the mask: only what was sent
+            g = {k: v * mi[k] for k, v in g.items()}
+        dist = gradient_distance(g, ob, "cosine")
         total = dist + tv_weight * total_variation(xi) if use_tv else dist
         return total, dist.detach()
 
@@ -610,7 +627,7 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
     snapshots = []
     xt_r = None if x_true is None else x_true[row]
     for it in range(1, int(max_iter) + 1):
-        gx, (loss, _) = vg(x.detach(), obs_r, labels_r)
+        gx, (loss, _) = vg(x.detach(), obs_r, labels_r, *extra)
         x.grad = gx.sign() if signed else gx
         opt.step()
         sched.step()
@@ -620,7 +637,7 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
                        psnr=None if xt_r is None else (lambda: float(np.mean(
                            [matched_psnr(a, b).mean() for a, b in zip(x.detach().cpu(), xt_r)]))),
                        snapshot_every=snapshot_every, snapshot=lambda: x.detach().cpu().clone())
-    _, (_, score) = vg(x.detach(), obs_r, labels_r)                 # keep the trial of least gradient loss
+    _, (_, score) = vg(x.detach(), obs_r, labels_r, *extra)         # keep the trial of least gradient loss
     score = score.cpu()
     best = score.reshape(A, R).argmin(1)
     x_best = x.detach().cpu().reshape(A, R, batch_size, *input_shape)[torch.arange(A, device="cpu"), best].clone()

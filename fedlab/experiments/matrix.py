@@ -37,8 +37,16 @@ it with :func:`render_html`.
   (``gradient_inversion.dlg(mask=...)``, the attacker who knows the defense); the plain DLG that ignores the
   mask is kept beside it as ``"dlg|prune90@naive"`` (:data:`NAIVE_SUFFIX`) and printed under the cell (under
   ``clip`` the DLG row's attacker likewise clips its dummy gradient to ``C``, ``dlg(clip_norm=C)``);
+* ``dp1safe`` / ``ldp10safe`` -- the floating-point-safe mechanisms beside the float ones (issue 35 item 4): the
+  same epsilon, the discrete Gaussian on a public grid (``dp_aggregate(..., safe=True)``, ``ldp_gaussian(...,
+  safe=True)``), each row's attacker and threat model as in the float column; their epsilons come from the
+  discrete Gaussian's Renyi bound (:func:`safe_central_epsilon`, :func:`safe_ldp_epsilon`);
+* ``topk1`` -- top-k sparsification at k = 1 % (``prune90`` is top-k at k = 10 %), with the mask-aware DLG and
+  Inverting Gradients (the naive twins kept as ``"<row>|topk1@naive"``);
 * ``secagg`` -- secure aggregation (:func:`fedlab.privacy.secure_aggregation.secure_sum`): the attacker
-  sees only the sum over a group of clients (its size is given per row);
+  sees only the sum over a group of clients (its size is given per row); in the row of the malicious server
+  inside SecAgg+ (:data:`SECAGG_ROW`, its own row group) the cell runs Flower's SecAgg+ itself
+  (:func:`fedlab.flower.run` with ``secagg=True``), and ``secagg_cr`` is SecAgg+ with the consistency round;
 * ``dpriv0.5`` / ``dpriv5`` -- d-privacy (Galli et al. 2022, Algorithm 2,
   :func:`fedlab.privacy.dprivacy.sanitize_update`): Euclidean Laplace noise with ``E ||rho|| = nu ||update||``
   (``nu = 5`` is Chapter 5's setting).
@@ -65,7 +73,7 @@ import functools
 import html
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -100,8 +108,13 @@ __all__ = ["Defense", "USER_CONTRACT", "USER_PUBLIC", "protect_public", "attacke
            "undefended_advantage", "NOT_SIGNIFICANT", "MALICIOUS_SERVER_DP_NA", "OBSERVERS", "OUTSIDER", "OUTSIDER_ROWS",
            "OUTSIDER_COLUMNS", "OUTSIDER_SAME", "central_epsilon", "ldp_epsilon", "deployment_epsilons", "metric_range",
            "bounded_interval", "cell_interval", "own_defense_table", "ACCOUNTANT", "NAIVE_SUFFIX", "NAIVE_NOTE", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
-           "consistent_with_record"]
+           "consistent_with_record", "SECAGG_ROW", "SECAGG_ROWS", "SECAGG_ATTACKS", "SECAGG_COLUMNS",
+           "SECAGG_CONSISTENT_SETTINGS", "SECAGG_REFUSED_NOTE", "safe_central_epsilon", "safe_ldp_epsilon", "UTILITY_ROW",
+           "utility_table"]
 
+#: what a floating-point-safe column adds to its kind's note (the page's threat-model table)
+_SAFE_NOTE = ("; floating-point-safe: the discrete Gaussian on a public grid (Canonne, Kamath & Steinke 2020) instead "
+              "of float Gaussian noise, so the guarantee holds for the float output as well")
 #: the DP-FedAvg deployment the ``dp*`` columns are calibrated for (Chapter 1b's demonstration setting)
 DP_SETTING = {"num_clients": 1000, "sampling_prob": 0.1, "num_rounds": 100, "delta": 1e-5}
 #: delta of the local (eps, delta)-DP Gaussian mechanism of the ``ldp*`` columns
@@ -109,7 +122,7 @@ LDP_DELTA = 1e-5
 
 
 #: the kinds of the library's columns; ``"user"`` is a reader's defense function (:data:`USER_CONTRACT`)
-_KINDS = ("none", "clip", "dp", "ldp", "prune", "secagg", "dpriv", "user")
+_KINDS = ("none", "clip", "dp", "ldp", "prune", "secagg", "consistency", "dpriv", "user")
 #: the public parameters a user defense may publish with its view (what an attacker who knows the defense reads)
 USER_PUBLIC = ("mask", "clip_norm")
 
@@ -118,7 +131,11 @@ USER_PUBLIC = ("mask", "clip_norm")
 class Defense:
     """A column: ``key`` (record names: cell ``"<row>|<key>"``), ``label`` (table header), ``kind`` (one of
     ``none, clip, dp, ldp, prune, secagg, dpriv`` for the library's columns, ``user`` for a reader's defense)
-    and its parameter ``param`` (epsilon, pruned fraction or nu).
+    and its parameter ``param`` (epsilon, pruned fraction or nu). ``safe=True`` (kinds ``dp`` and ``ldp`` only)
+    is the floating-point-safe mechanism, the discrete Gaussian on a public grid
+    (``fedlab.privacy.dp_fedavg.dp_aggregate(..., safe=True)``, ``fedlab.privacy.ldp.ldp_gaussian(..., safe=True)``),
+    instead of the float Gaussian. Kind ``consistency`` is Flower's SecAgg+ with Bonawitz et al.'s consistency
+    round (:func:`fedlab.flower.secagg.consistency_mod`), a column of the malicious-server-in-SecAgg+ row only.
 
     A **user defense** (issue 35 item 6) is ``Defense(key, label, "user", fn=fn, public=(...))``, with ``fn``
     a function of the contract :data:`USER_CONTRACT` and ``public`` the names (from :data:`USER_PUBLIC`) of
@@ -133,10 +150,14 @@ class Defense:
     param: float | None = None
     fn: Callable | None = field(default=None, compare=False, repr=False)
     public: tuple[str, ...] = ()
+    safe: bool = False
 
     def __post_init__(self):
         if self.kind not in _KINDS:
             raise ValueError(f"kind must be one of {list(_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.safe, bool) or (self.safe and self.kind not in ("dp", "ldp")):
+            raise ValueError(f"safe must be a bool, True only for kinds 'dp' and 'ldp', got {self.safe!r} "
+                             f"for kind {self.kind!r}")
         if not isinstance(self.key, str) or not self.key or "|" in self.key or "@" in self.key \
                 or self.key == "baseline" or self.key.startswith("acc_"):
             raise ValueError(f"key must be a non-empty string without '|' or '@', not 'baseline' or 'acc_*', "
@@ -173,12 +194,16 @@ DEFENSES: tuple[Defense, ...] = (
     Defense("none", "none", "none"),
     Defense("clip", "clipping (C = median norm)", "clip"),
     Defense("dp1", "DP-FedAvg ε = 1", "dp", 1.0),
+    Defense("dp1safe", "DP-FedAvg ε = 1, floating-point-safe", "dp", 1.0, safe=True),
     Defense("dp8", "DP-FedAvg ε = 8", "dp", 8.0),
     Defense("ldp1", "LDP ε = 1", "ldp", 1.0),
     Defense("ldp10", "LDP ε = 10", "ldp", 10.0),
+    Defense("ldp10safe", "LDP ε = 10, floating-point-safe", "ldp", 10.0, safe=True),
     Defense("ldp500", "LDP ε = 500", "ldp", 500.0),
-    Defense("prune90", "pruning 90 %", "prune", 0.9),
+    Defense("prune90", "pruning 90 % (top-k, k = 10 %)", "prune", 0.9),
+    Defense("topk1", "top-k, k = 1 %", "prune", 0.99),
     Defense("secagg", "secure aggregation", "secagg"),
+    Defense("secagg_cr", "SecAgg+ with the consistency round", "consistency"),
     Defense("dpriv0.5", "d-privacy ν = 0.5", "dpriv", 0.5),
     Defense("dpriv5", "d-privacy ν = 5", "dpriv", 5.0),
 )
@@ -194,8 +219,13 @@ COLUMN_NOTES = {
           "knows every other client's update, the adversary of the guarantee); a malicious server would not add "
           "the noise (n/a)",
     "ldp": "each client clips to C and adds the Gaussian noise of (ε, 1e-5)-LDP for sensitivity 2C, per release",
-    "prune": "each client sends only the 10 % largest coordinates of its update",
-    "secagg": "the attacker sees only the sum over a group of clients (masked messages, exact sum)",
+    "prune": "each client sends only the k largest coordinates of its update (top-k sparsification: pruning 90 % is "
+             "top-k at k = 10 %); the zeros show the attacker which coordinates were sent",
+    "secagg": "the attacker sees only the sum over a group of clients (masked messages, exact sum); against the "
+              "malicious server inside SecAgg+ (its own row) the cell runs Flower's SecAgg+ itself",
+    "consistency": "Flower's SecAgg+ with Bonawitz et al.'s consistency round: each client signs the survivor set and "
+                   "the model it received and refuses to reveal key shares when another client saw something else "
+                   "(a column of the malicious-server-in-SecAgg+ row only)",
     "dpriv": "each client adds Euclidean Laplace noise with E‖ρ‖ = ν ‖update‖ (Galli et al., Algorithm 2)",
 }
 
@@ -269,9 +299,14 @@ def protect(updates: torch.Tensor, defense: Defense | str, *, clip_norm: float |
         if not client_side_noise:
             return pdef.clip_rows(updates, C)
         sigma = dpf.noise_std(dp_noise_multiplier(d.param), C, 1.0)     # z C on the sum
+        if d.safe:              # the discrete Gaussian of dp_aggregate(..., safe=True), on the target's clipped update
+            return dpf.discrete_noise({"u": pdef.clip_rows(updates, C)}, sigma, generator=generator)["u"]
         return pdef.gaussian_noise(pdef.clip_rows(updates, C), sigma, generator=generator)
     if d.kind == "ldp":
-        return ldp.ldp_gaussian(updates, d.param, LDP_DELTA, 2.0 * C, generator=generator)
+        return ldp.ldp_gaussian(updates, d.param, LDP_DELTA, 2.0 * C, generator=generator, safe=d.safe)
+    if d.kind == "consistency":
+        raise ValueError(f"defense {d.key!r} is Flower's SecAgg+ protocol with the consistency round: it has no view "
+                         f"of a tensor of updates (only the row {SECAGG_ROW!r} runs it)")
     if d.kind == "prune":
         return pdef.prune_rows(updates, d.param)
     if d.kind == "secagg":
@@ -415,9 +450,9 @@ UNIT, NONNEG = (0.0, 1.0), (0.0, math.inf)
 
 
 #: the note of a cell that shows the naive attack under the adaptive one
-NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG under pruning matches only the coordinates that "
-              "were sent; under clipping, and under central DP where the curious server sees the clipped gradient "
-              "before its own noise, it clips its dummy gradient to the same C); 'naive' is the same attack "
+NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG and Inverting Gradients under pruning and top-k "
+              "match only the coordinates that were sent; under clipping, and under central DP where the curious server sees the "
+              "clipped gradient before its own noise, DLG clips its dummy gradient to the same C); 'naive' is the same attack "
               "ignoring the defense, which overstates the defense (its dummy images start elsewhere in each column)")
 #: suffix of a cell's value for the attack that ignores the defense, kept beside the adaptive attacker's (issue 35):
 #: ``"<row>|<column>@naive"`` in a record; the page prints it under the cell
@@ -538,11 +573,27 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
     single = [c for c in columns if _defense(c).kind != "secagg"]
     if single:
+        publics = []
         views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng,
-                                                  client_side_noise=outsider)
+                                                  client_side_noise=outsider, publics=publics)
         res = gi.inverting_gradients(net, w, obs, labels=labels, **kw)
         psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
         out.update({c: float(psnr[i * n_img:(i + 1) * n_img].mean()) for i, c in enumerate(single)})
+        # the attacker who knows a sparsifying defense (pruning, top-k; a user defense that publishes its mask)
+        # compares only the coordinates that were sent, as DLG's row does: that is the cell, the plain IG above
+        # stays as "<column>@naive" (one stacked run for every such column)
+        sparse = [i for i, c in enumerate(single) if _defense(c).kind == "prune" or "mask" in publics[i]]
+        if sparse:
+            rows = torch.cat([torch.arange(i * n_img, (i + 1) * n_img) for i in sparse])
+            ob = {k: v[rows] for k, v in obs.items()}
+            mk = models.unflatten_stacked(torch.cat([publics[i]["mask"] if "mask" in publics[i]
+                                                     else views[i * n_img:(i + 1) * n_img] != 0 for i in sparse]), w)
+            ada = gi.inverting_gradients(net, w, ob, labels=labels[rows], mask=mk, **kw)
+            p_ada = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(ada.x, X.repeat(len(sparse), 1, 1, 1))])
+            for j, i in enumerate(sparse):
+                c = single[i]
+                out[c + NAIVE_SUFFIX] = out[c]
+                out[c] = float(p_ada[j * n_img:(j + 1) * n_img].mean())
     if "secagg" in columns:
         sums = protect(G, "secagg", group=group, generator=gen)
         res = gi.inverting_gradients(net, w, models.unflatten_stacked(sums, w), labels=y.reshape(-1, group), **kw)
@@ -613,7 +664,7 @@ def _imprint_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
 #: central DP trusts the server to add the noise: against every malicious-server row its cells are n/a
 MALICIOUS_SERVER_DP_NA = ("central DP trusts the server to add the noise; this attacker is a malicious server, "
                           "which would not (client-side noise, LDP or d-privacy, is the comparable cell)")
-_IMPRINT_NA = {k: MALICIOUS_SERVER_DP_NA for k in ("dp1", "dp8")}
+_IMPRINT_NA = {k: MALICIOUS_SERVER_DP_NA for k in ("dp1", "dp1safe", "dp8")}
 _MALICIOUS_NA = _IMPRINT_NA
 
 
@@ -671,7 +722,7 @@ def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
             if d.kind == "dp":
                 upd = models.unflatten_stacked(U, w)
                 noisy, clean = dpf.dp_aggregate(upd, clip_norm=C, noise_multiplier=dp_noise_multiplier(d.param),
-                                                expected_clients=K, generator=gen)
+                                                expected_clients=K, generator=gen, safe=d.safe)
                 noise = K * (models.flatten_params(noisy) - models.flatten_params(clean))
                 clipped = protect(U, d, clip_norm=C, client_side_noise=False)
                 # the server sees each clipped update before its noise; an outsider the release minus the others
@@ -745,6 +796,11 @@ def _mr_decode(theta_in: torch.Tensor, sent: torch.Tensor, clip_norm: float | No
             u = u.clone()
             u[clipped] = u[clipped] * sol[d * (d + 1):, None]
     return mr.solve_affine(ti, ti + u).theta
+
+
+#: why the eavesdropper row has no floating-point-safe DP-FedAvg cell
+_MR_SAFE_NA = ("fedlab.fl.dp_fedavg, the protocol this row runs, has only the float Gaussian; the eavesdropper sees "
+               "the clipped update before the server's noise either way (the DP-FedAvg ε = 1 cell)")
 
 
 def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
@@ -1013,7 +1069,7 @@ def _oltr_adm(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
 #: the columns of an outsider row: the undefended reference and central DP, the one defense whose release differs
 #: from each client's message (under a client-side defense an outsider who knows every other update sees the
 #: target's message, which is the curious server's cell)
-OUTSIDER_COLUMNS = ("none", "dp1", "dp8")
+OUTSIDER_COLUMNS = ("none", "dp1", "dp1safe", "dp8")
 OUTSIDER_SAME = ("not computed for the outsider: knowing every other client's update, it sees under this defense "
                  "the target's own message, the curious server's view (that row's cell, above)")
 
@@ -1064,7 +1120,8 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("mr", "Local-model reconstruction (eavesdropper)", "04_model_reconstruction", "relative error", False,
            "eavesdropper on client 0's link decodes its local optimum from (sent, returned) model pairs", _mr_row,
            "relative error of the released global model", secagg_group=_MR_GROUP,
-           releases=lambda: (_MR_ROUNDS, _MR_FRACTION), observer="eavesdropper", value_range=NONNEG),
+           releases=lambda: (_MR_ROUNDS, _MR_FRACTION), observer="eavesdropper", value_range=NONNEG,
+           not_applicable={"dp1safe": _MR_SAFE_NA}),
 )
 
 
@@ -1084,10 +1141,136 @@ _OUTSIDER_TASK = {"dlg": "DLG on the target's gradient read off the release", "i
                   "oltr": "RAIFLE on the target's ranker update read off the release"}
 
 
+
+
+# ----------------------------------------------------------------------------------------------------
+# the malicious server inside SecAgg+ (issue 35 item 4), through Flower's SecAgg+ (fedlab.flower)
+#: the row's key; its cells run :func:`fedlab.flower.run` with ``secagg=True``
+SECAGG_ROW = "secagg_lie"
+#: the malicious server's attacks inside SecAgg+ (:mod:`fedlab.flower.attacks`), in the order the row runs them
+SECAGG_ATTACKS = ("false_dropout", "split_view", "inconsistent_model")
+#: clients of the SecAgg+ round (Chapter 6's FedSGD federation) and FedSGD's learning rate
+_SA_CLIENTS, _SA_LR = 8, 0.1
+#: the SecAgg+ settings of the consistency column: Bonawitz et al.'s consistency round needs ``t > n / 2``
+#: (Chapter 6: at the default ``t`` every client refuses the setup); stock SecAgg+ keeps Flower's defaults
+SECAGG_CONSISTENT_SETTINGS = {"reconstruction_threshold": 0.6}
+#: the cell note of the consistency column: what the row does when the clients refuse
+SECAGG_REFUSED_NOTE = ("when the clients refuse (or the attack cannot be mounted), the round stops before the server "
+                       "gets any share of a survivor's key; the server's best is then an honest round, whose sum is "
+                       "the row's baseline: the cell is that sum's inversion")
+
+
+def _secagg_lie_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
+    """The malicious server inside secure aggregation (Chapter 6; Bonawitz et al. 2017, Sec. 6-7): one FedSGD
+    round of Chapter 6's federation (:func:`fedlab.experiments.chapter6.fedsgd_clients`: 8 clients, one digit
+    each, the sigmoid LeNet, lr 0.1) through **Flower's SecAgg+** (:func:`fedlab.flower.run` with
+    ``secagg=True``, in-process engine), the target client ``seed % 8``. The server mounts each attack of
+    :data:`SECAGG_ATTACKS` (:class:`fedlab.flower.attacks.FalseDropout`, :class:`~fedlab.flower.attacks.SplitView`,
+    :class:`~fedlab.flower.attacks.InconsistentModel` with the zero decoy) against stock SecAgg+ (column
+    ``secagg``, Flower's default settings) and against SecAgg+ with the consistency round (column
+    ``secagg_cr``: ``consistency=True`` with :data:`SECAGG_CONSISTENT_SETTINGS`).
+
+    Metric: the PSNR (dB) of the attacker's best reconstruction of the target's digit, iDLG on the target's
+    FedSGD gradient ``(w_global - w_target) / lr`` as Chapter 6 (:func:`fedlab.flower.attacks.invert_model`),
+    with the target's model as the server recovered it: unmasked alone (false dropout, split view), or isolated
+    from the decoded sum on the parameters the decoy silences (model inconsistency; DLG then matches only
+    those, labels learned: the output layer is not isolated). A round that completes without exposing the
+    target, one the clients refuse, and an attack that cannot be mounted leave the server the honest round's
+    sum (:data:`SECAGG_REFUSED_NOTE`): iDLG on the sum of the 8 models is the row's **baseline** (the sum-only
+    view secure aggregation promises). Column ``none``: no secure aggregation, the server reads the target's
+    model from the plain Flower round. A cell is the best of the three attacks; each attack's value is kept as
+    ``"<column>@<attack>"``, and ``"<column>@exposed"`` counts the attacks that got the target's model.
+    ``tiny``: fewer L-BFGS iterations (40 instead of 100). Needs the ``flower`` extra. Raises ``ValueError``
+    for a column other than ``none``, ``secagg`` and ``secagg_cr``."""
+    from .. import flower
+    from ..flower import attacks as fa
+    from . import chapter6 as ch6
+
+    bad = [c for c in columns if c not in ("none", "secagg", "secagg_cr")]
+    if bad:
+        raise ValueError(f"columns: row {SECAGG_ROW!r} has only the columns none, secagg and secagg_cr, got {bad}")
+    iters = _size(tiny, tiny_value=40, quick=100, paper=300)
+    target = int(seed) % _SA_CLIENTS
+    victims, lenet = ch6.fedsgd_clients(seed, _SA_CLIENTS)
+    args = dict(num_rounds=1, lr=_SA_LR, local_epochs=1, batch_size=None, seed=seed, engine="local")
+    x_true = victims[target][0]
+    plain = flower.run(lenet, victims, **args)
+    w0 = plain.transcript.globals[0]
+
+    def invert(w: Mapping) -> float:
+        return float(fa.invert_model(lenet, w0, w, lr=_SA_LR, input_shape=(1, 8, 8), num_classes=10, max_iter=iters,
+                                     x_true=x_true, seed=seed)[2])
+
+    def invert_silenced(w: Mapping, silent: Sequence[str]) -> float:
+        grad = {k: ((torch.as_tensor(w0[k]).double() - torch.as_tensor(w[k]).double()) / _SA_LR)
+                .to(torch.as_tensor(w0[k]).dtype)[None] for k in w0}
+        mask = {k: torch.full_like(v, k in silent, dtype=torch.bool) for k, v in grad.items()}
+        res = gi.dlg(lenet(), dict(w0), grad, input_shape=(1, 8, 8), num_classes=10, batch_size=1, max_iter=iters,
+                     stacked=True, seed=seed, mask=mask)
+        return float(gi.matched_psnr(res.x[0], x_true)[0])
+
+    honest = ch6.secagg_outcome(lambda: flower.run(lenet, victims, secagg=True, **args))
+    if not honest["completed"] or honest["exposed"]:
+        raise RuntimeError(f"the honest SecAgg+ round did not complete with nothing exposed: {honest['reason']}")
+    base = invert(honest["run"].params)
+    out = {"baseline": base}
+    if "none" in columns:
+        out["none"] = invert({r.partition_id: r.params for r in plain.transcript.train_replies(1)}[target])
+    decoy = fa.zero_decoy(lenet)
+    probes = torch.rand(32, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
+    attacks = {"false_dropout": lambda: fa.FalseDropout(target), "split_view": lambda: fa.SplitView(target),
+               "inconsistent_model": lambda: fa.InconsistentModel(target, decoy)}
+    for c in [c for c in columns if c != "none"]:
+        consistency = c == "secagg_cr"
+        settings = dict(SECAGG_CONSISTENT_SETTINGS) if consistency else None
+        got, exposed = {}, 0
+        for name in SECAGG_ATTACKS:
+            o = ch6.secagg_outcome(lambda name=name: flower.run(
+                lenet, victims, secagg=True, secagg_attack=attacks[name](), consistency=consistency,
+                secagg_settings=settings, **args))
+            if target in o["exposed"]:
+                got[name], exposed = invert(ch6.exposed_model(o, target)), exposed + 1
+            elif name == "inconsistent_model" and o["completed"]:
+                silent = fa.silenced_parameters(lenet, decoy, probes, torch.arange(32) % 10)
+                if silent:
+                    w = fa.isolate_from_aggregate(o["run"].transcript, target, decoy)
+                    got[name], exposed = invert_silenced(w, silent), exposed + 1
+                else:
+                    got[name] = invert(o["run"].params)
+            elif o["completed"]:
+                got[name] = invert(o["run"].params)         # the sum of a round that exposed nothing
+            else:
+                got[name] = base                             # refused: an honest round's sum is all the server gets
+        out[c] = max(got.values())
+        out.update({f"{c}@{name}": v for name, v in got.items()})
+        out[f"{c}@exposed"] = float(exposed)
+    return out
+
+
+#: the row group of the malicious server inside SecAgg+: every column but these is n/a in its row
+SECAGG_COLUMNS = ("none", "secagg", "secagg_cr")
+_SECAGG_ONLY = ("a column of the malicious-server-in-SecAgg+ row only: the consistency round guards against a server "
+                "that lies inside the protocol; against this row's attacker it is secure aggregation (its column)")
+_SECAGG_ROW_NA = ("this row attacks the secure-aggregation protocol itself (Flower's SecAgg+); the column's defense "
+                  "is no secure aggregation, so the row has no such cell (the malicious server's attacks on the other "
+                  "defenses are the imprint, active membership, PAC and ADM rows)")
+
+SECAGG_ROWS: tuple[Attack, ...] = (
+    Attack(SECAGG_ROW, "Malicious server inside SecAgg+ (false dropout, split view, model inconsistency)", "06_flower",
+           "PSNR (dB) of the target's digit", True,
+           "malicious server lies inside Flower's SecAgg+ to unmask or isolate the target's model, then runs iDLG on it",
+           _secagg_lie_row, "iDLG on the honest round's sum of 8 models (what SecAgg+ promises)",
+           not_applicable={d.key: _SECAGG_ROW_NA for d in DEFENSES if d.key not in SECAGG_COLUMNS},
+           secagg_group=_SA_CLIENTS, observer="malicious server",
+           cell_notes={"secagg_cr": SECAGG_REFUSED_NOTE}),
+)
+
+
 #: the outsider row group (issue 35 item 2): for every curious-server row that central DP applies to, the same
 #: attack by an outsider who sees only the noisy release (the adversary DP-FedAvg's guarantee is stated against)
 OUTSIDER_ROWS: tuple[Attack, ...] = tuple(_outsider_row(a) for a in ATTACKS if a.observer == "curious server")
-ATTACKS = ATTACKS + OUTSIDER_ROWS
+ATTACKS = tuple(replace(a, not_applicable={**a.not_applicable, "secagg_cr": _SECAGG_ONLY})
+                for a in ATTACKS + OUTSIDER_ROWS) + SECAGG_ROWS
 _ATTACK_BY_KEY = {a.key: a for a in ATTACKS}
 
 
@@ -1164,7 +1347,7 @@ def run_row(row, seed: int, columns: Sequence | None = None, *, tiny: bool = Fal
 
 
 #: the public parameter each row's attacker reads when a user defense publishes it (its adaptive variant)
-_READS = {"dlg": ("mask", "clip_norm"), "mr": ("clip_norm",), "rs": ("clip_norm",), "oltr": ("clip_norm",),
+_READS = {"dlg": ("mask", "clip_norm"), "ig": ("mask",), "mr": ("clip_norm",), "rs": ("clip_norm",), "oltr": ("clip_norm",),
           "oltr_adm": ("clip_norm",)}
 
 
@@ -1273,10 +1456,70 @@ def effective_epsilons(row) -> dict:
     dp = {}
     for d in DEFENSES:
         if d.kind == "dp":
-            dp[d.key] = (None if d.key in a.not_applicable or not a.sees_central_noise else
-                         central_epsilon(dp_noise_multiplier(d.param), float(q), int(T), s["delta"]))
+            if d.key in a.not_applicable or not a.sees_central_noise:
+                dp[d.key] = None
+            elif d.safe:
+                dp[d.key] = safe_central_epsilon(dp_noise_multiplier(d.param), _SAFE_NUM_PARAMS[a.key](), float(q),
+                                                 int(T), s["delta"])
+            else:
+                dp[d.key] = central_epsilon(dp_noise_multiplier(d.param), float(q), int(T), s["delta"])
     return {"rounds": int(T), "sampling_prob": float(q), "releases": k, "dp": dp,
-            "ldp": {d.key: ldp_epsilon(d.param, k) for d in DEFENSES if d.kind == "ldp"}}
+            "ldp": {d.key: (safe_ldp_epsilon if d.safe else ldp_epsilon)(d.param, k)
+                    for d in DEFENSES if d.kind == "ldp"}}
+
+
+#: an upper bound on the coordinates ``n`` of one client's update in each outsider row (the floating-point-safe
+#: DP column's rounding adds ``sqrt(n)`` to the integer sensitivity): the models' sizes, the RAIFLE rows' whole
+#: catalogue of item embeddings (a user's update holds at most every item) and the ranker's features
+_SAFE_NUM_PARAMS = {
+    "dlg_outsider": lambda: models.num_params(models.lenet(1, 10, 8)),
+    "ig_outsider": lambda: models.num_params(models.lenet(3, 10, 32, activation="relu")),
+    "mia_outsider": lambda: models.num_params(models.mlp(64, (64,), 10)),
+    "rs_outsider": lambda: synthetic_movielens(seed=0).num_items * 64,
+    "oltr_outsider": lambda: synthetic_letor(pick(quick=300, paper=1000), seed=0).num_features,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def safe_central_epsilon(noise_multiplier: float, num_params: int, sampling_prob: float, num_rounds: int,
+                         delta: float) -> float:
+    """Client-level epsilon at ``delta`` of the floating-point-safe DP-FedAvg column (the discrete Gaussian of
+    ``dp_aggregate(..., safe=True)``, default grid ``2^floor(log2(sigma / 1024))``) calibrated with the float
+    column's ``noise_multiplier`` ``z`` on updates of at most ``num_params`` coordinates: its true multiplier
+    (:func:`fedlab.privacy.dp_fedavg.safe_noise_multiplier`) is at least ``1024 / (1024 / z + sqrt(n))`` for
+    every clipping bound (the grid puts ``S / (m grid)`` in ``[1024 / z, 2048 / z)``, and the multiplier grows
+    with it), and that lower bound goes to :func:`fedlab.privacy.dp_fedavg.epsilon_spent` with ``safe=True``
+    (the discrete Gaussian's Renyi bound, Canonne, Kamath & Steinke 2020, Thm. 14, composed over the rounds
+    without amplification by sampling, which ``dp_accounting`` proves for the continuous Gaussian only): an
+    upper bound, and larger than :func:`central_epsilon` of the float column. Raises ``ValueError`` for
+    ``noise_multiplier <= 0``, ``num_params < 1`` or bad accounting arguments."""
+    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier must be positive and finite, got {noise_multiplier}")
+    if int(num_params) != num_params or num_params < 1:
+        raise ValueError(f"num_params must be a positive integer, got {num_params}")
+    z = 1024.0 / (1024.0 / float(noise_multiplier) + math.sqrt(int(num_params)))
+    return float(dpf.epsilon_spent(z, float(sampling_prob), int(num_rounds), float(delta), safe=True))
+
+
+def safe_ldp_epsilon(epsilon: float, releases: int) -> float:
+    """The epsilon at :data:`LDP_DELTA` of ``releases`` releases of a floating-point-safe LDP column
+    (``ldp.ldp_gaussian(..., safe=True)``: the discrete Gaussian calibrated to ``(epsilon, LDP_DELTA)`` per
+    release at its integer sensitivity, :func:`fedlab.privacy.discrete_gaussian.discrete_gaussian_sigma2`),
+    composed by the discrete Gaussian's Renyi bound (:func:`fedlab.privacy.discrete_gaussian.discrete_gaussian_epsilon`;
+    ``dp_accounting``'s PLD covers the continuous Gaussian only). The per-release variance is the least integer
+    that gives ``epsilon`` at sensitivity ``2^10`` (a finer grid than any release's, so at most the release's
+    ratio of variance to squared sensitivity: an upper bound). One release gives at most ``epsilon``. Raises
+    ``ValueError`` for ``epsilon`` not positive and finite or ``releases < 1``."""
+    from ..privacy import discrete_gaussian as dg
+
+    if int(releases) != releases or releases < 1:
+        raise ValueError(f"releases must be a positive integer, got {releases}")
+    ldp.gaussian_sigma(float(epsilon), LDP_DELTA, 1.0)     # checks epsilon
+    if releases == 1:
+        return float(epsilon)
+    sens = 2.0 ** 10
+    s2 = dg.discrete_gaussian_sigma2(float(epsilon), LDP_DELTA, sens)
+    return float(dg.discrete_gaussian_epsilon(s2, sens, LDP_DELTA, compositions=int(releases)))
 
 
 def deployment_epsilons() -> dict:
@@ -1320,6 +1563,8 @@ def threat_rows(record: Mapping | None = None) -> list[list[str]]:
     rows = []
     for d in DEFENSES:
         note = COLUMN_NOTES[d.kind]
+        if d.safe:
+            note = note + _SAFE_NOTE
         if d.kind == "dp":
             z = zs.get(d.key, dp_noise_multiplier(d.param))
             note = f"z = {z:.3f}: " + note
@@ -1339,7 +1584,7 @@ def row_threats(record: Mapping) -> list[list[str]]:
         e = r["epsilons"]
         obs = str(e["releases"]) if e["sampling_prob"] == 1 else f'{e["releases"]} ({e["rounds"]} rounds × q = {e["sampling_prob"]:g})'
         dp = ["n/a" if k in r["not_applicable"] else "none" if v is None else f"{v:.3g}" for k, v in e["dp"].items()]
-        if set(dp) == {"none"}:
+        if "none" in dp and set(dp) <= {"none", "n/a"}:     # no guarantee in any cell that exists
             dp = [_NO_GUARANTEE.get(r.get("observer"), "none: the attacker sees the update before the noise")]
         group = "n/a" if "secagg" in r["not_applicable"] else str(r["secagg_group"])
         out.append([r["label"], group, obs, " / ".join(dp),
@@ -1491,6 +1736,37 @@ def own_defense_table(record: Mapping, row: str, defense: "Defense", own: Mappin
          [f"{defense.label}, this build, seed {seed}", f"{own[defense.key]:.3f}", attacker(row, defense)]])
 
 
+#: the row whose training gives every column's utility (its FedAvg run under each column: ``"mia|acc_<column>"``)
+UTILITY_ROW = "mia"
+
+
+def utility_table(record: Mapping):
+    """Page 07's utility table (Markdown): for every column of :data:`DEFENSES`, the test accuracy of the global
+    model that the passive membership row (:data:`UTILITY_ROW`: 10 clients, the 64-64-10 MLP, FedAvg for
+    Chapter 1b's rounds) trains under that column, from the record's ``"mia|acc_<column>"`` (mean and
+    :func:`cell_interval` over its seeds). A column the record does not hold yet reads "not in the stored record
+    yet"; the consistency round (kind ``consistency``) changes no sum, so its utility is secure aggregation's.
+    Raises ``ValueError`` for a record without the matrix layout or without the undefended accuracy."""
+    from ..plots import md_table
+
+    summ = record.get("summary") if isinstance(record, Mapping) else None
+    if not record or "matrix" not in record or not summ:
+        raise ValueError("record is not a matrix record (no 'matrix' layout)")
+    if value_name(UTILITY_ROW, "acc_none") not in summ:
+        raise ValueError(f"the record holds no {UTILITY_ROW}|acc_none: no utility to show")
+    rows = []
+    for d in DEFENSES:
+        key = "secagg" if d.kind == "consistency" else d.key
+        s = summ.get(value_name(UTILITY_ROW, f"acc_{key}"))
+        if s is None:
+            rows.append([d.label, "not in the stored record yet", "—"])
+            continue
+        lo, hi = cell_interval(record, UTILITY_ROW, f"acc_{key}")
+        same = " (secure aggregation's: the consistency round changes no sum)" if key != d.key else ""
+        rows.append([d.label, f"{s['mean']:.3f} [{lo:.3f}, {hi:.3f}]{same}", str(s["n"])])
+    return md_table(["defense (column)", "test accuracy of the trained model", "seeds"], rows)
+
+
 def cell_interval(record: Mapping, row: str, column: str) -> list[float] | None:
     """The interval the page shows for cell ``(row, column)`` of a record (``column`` may carry
     :data:`NAIVE_SUFFIX` or be ``"acc_<column>"``, an accuracy in [0, 1]): :func:`bounded_interval` of the
@@ -1515,7 +1791,9 @@ def _colour(share: float) -> str:
 
 #: the header of a row group (a ``<tr class="mx-group">`` above its first row), by observer
 _ROW_GROUPS = {OUTSIDER: "Outsider who sees only the released aggregate (and, as the DP guarantee assumes, every other "
-                         "update): the same attacks as the curious-server rows above, under central DP's noise"}
+                         "update): the same attacks as the curious-server rows above, under central DP's noise",
+               SECAGG_ROW: "Malicious server inside secure aggregation, computed through Flower's SecAgg+ (Chapter 6): "
+                           "stock SecAgg+ against SecAgg+ with the consistency round"}
 
 
 def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = None) -> str:
@@ -1547,7 +1825,7 @@ def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = 
     for r in rows:
         row = r["row"]
         base = r["baseline"]
-        group = _ROW_GROUPS.get(row.get("observer"))
+        group = _ROW_GROUPS.get(row["key"]) or _ROW_GROUPS.get(row.get("observer"))
         if group and group not in groups_seen:
             groups_seen.add(group)
             body.append(f'<tr class="mx-group"><th colspan="{len(cols) + 1}" style="text-align:left;padding:6px 6px 3px;'
