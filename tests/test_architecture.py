@@ -113,3 +113,15 @@ def test_public_signatures_use_the_glossary():
                         bad.append(f"{path.relative_to(PKG.parent)}:{node.lineno} {node.name}({arg.arg}=...) "
                                    f"-> {RETIRED[arg.arg]}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_docstring_or_comment_cites_an_internal_issue():
+    """The API reference is read by people who never saw this project's issue tracker: a docstring says what and
+    why, with the paper and section, never "issue 35 item 2"."""
+    import re
+
+    pattern = re.compile(r"\bissues? #?\d+", re.I)
+    hits = [f"{path.relative_to(PKG.parent)}:{i}: {line.strip()}"
+            for path in sorted(PKG.rglob("*.py")) if "vendor" not in path.parts
+            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not hits, "\n".join(hits)

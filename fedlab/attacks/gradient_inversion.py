@@ -555,7 +555,7 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
     ``mask`` (optional, shaped like ``observed``, leading ``A`` when stacked): the attacker who knows a
     sparsifying defense (pruning, top-k) compares only the coordinates that were sent, the cosine of the
     masked dummy gradient ``mask * g'`` and the observation (exactly 0 where the mask is 0), as :func:`dlg`'s
-    ``mask`` (issue 35). ``None`` (default): the plain objective, unchanged. Raises ``ValueError`` for a mask
+    ``mask``. ``None`` (default): the plain objective, unchanged. Raises ``ValueError`` for a mask
     that is not a dict with ``observed``'s keys and shapes.
     """
     from torch.func import grad_and_value, vmap

@@ -1,4 +1,4 @@
-"""The attack x defense matrix (issue 23, item 6): every attack of the book against every defense.
+"""The attack x defense matrix: every attack of the book against every defense.
 
 Rows are the chapters' attacks, columns the defenses of :mod:`fedlab.privacy`; each cell is the
 attack's own success metric (the one its chapter reports) under that defense, at one seed, computed
@@ -19,7 +19,7 @@ it with :func:`render_html`.
   :func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon` for client-level ``(eps, 1e-5)`` over a
   deployment of ``K = 1000`` clients, sampling rate ``q = 0.1``, ``T = 100`` rounds (the setting of
   Chapter 1b). What the attacker sees depends on where it stands (its row's :attr:`Attack.observer`, one
-  per row, issue 35 item 2): the honest-but-curious server that aggregates sees each client's *clipped
+  per row): the honest-but-curious server that aggregates sees each client's *clipped
   update before the noise* (it adds the noise itself), so its cell is the clip-only view under the
   noisy training; the eavesdropper on a client's link sees the same clipped message (McMahan et al.'s
   Algorithm 1 clips on the client); an *outsider* (the rows of :data:`OUTSIDER_ROWS`, their own row
@@ -37,7 +37,7 @@ it with :func:`render_html`.
   (``gradient_inversion.dlg(mask=...)``, the attacker who knows the defense); the plain DLG that ignores the
   mask is kept beside it as ``"dlg|prune90@naive"`` (:data:`NAIVE_SUFFIX`) and printed under the cell (under
   ``clip`` the DLG row's attacker likewise clips its dummy gradient to ``C``, ``dlg(clip_norm=C)``);
-* ``dp1safe`` / ``ldp10safe`` -- the floating-point-safe mechanisms beside the float ones (issue 35 item 4): the
+* ``dp1safe`` / ``ldp10safe`` -- the floating-point-safe mechanisms beside the float ones: the
   same epsilon, the discrete Gaussian on a public grid (``dp_aggregate(..., safe=True)``, ``ldp_gaussian(...,
   safe=True)``), each row's attacker and threat model as in the float column; their epsilons come from the
   discrete Gaussian's Renyi bound (:func:`safe_central_epsilon`, :func:`safe_ldp_epsilon`);
@@ -51,7 +51,7 @@ it with :func:`render_html`.
   :func:`fedlab.privacy.dprivacy.sanitize_update`): Euclidean Laplace noise with ``E ||rho|| = nu ||update||``
   (``nu = 5`` is Chapter 5's setting).
 
-**A reader's own defense** (issue 35 item 6): ``Defense(key, label, "user", fn=fn, public=(...))`` with ``fn``
+**A reader's own defense**: ``Defense(key, label, "user", fn=fn, public=(...))`` with ``fn``
 of the contract :data:`USER_CONTRACT` (the clients' updates ``[A, n]`` and the row's generator in, what each
 client sends out, optionally with public parameters from :data:`USER_PUBLIC`: a ``mask`` or a ``clip_norm``)
 goes into :func:`run_row`'s ``columns`` beside the library's keys. Each client applies it to its own update
@@ -137,7 +137,7 @@ class Defense:
     instead of the float Gaussian. Kind ``consistency`` is Flower's SecAgg+ with Bonawitz et al.'s consistency
     round (:func:`fedlab.flower.secagg.consistency_mod`), a column of the malicious-server-in-SecAgg+ row only.
 
-    A **user defense** (issue 35 item 6) is ``Defense(key, label, "user", fn=fn, public=(...))``, with ``fn``
+    A **user defense** is ``Defense(key, label, "user", fn=fn, public=(...))``, with ``fn``
     a function of the contract :data:`USER_CONTRACT` and ``public`` the names (from :data:`USER_PUBLIC`) of
     the public parameters ``fn`` returns beside its view; :func:`run_row` takes it beside the library's keys.
     Raises ``ValueError`` for an unknown ``kind``, a user defense without a callable ``fn``, a key that is
@@ -173,7 +173,7 @@ class Defense:
             raise ValueError(f"fn and public are for kind 'user' only, got kind {self.kind!r}")
 
 
-#: the contract of a user defense's ``fn`` (issue 35 item 6), also in :func:`protect`'s docstring
+#: the contract of a user defense's ``fn``, also in :func:`protect`'s docstring
 USER_CONTRACT = """\
 fn(updates, generator) -> view, or (view, public) when the Defense declares public names.
   updates   torch.Tensor [A, n], float32 or float64: row a is client a's update (model delta or gradient),
@@ -402,7 +402,7 @@ class Attack:
     rounds, the target sampled with probability ``q`` in each; read at record time, so at the record's
     scale) and ``cell_notes`` (``{column key: note}``, a cell computed differently from its column's
     threat model, shown as a footnote); ``observer`` (one of :data:`OBSERVERS`) is the one attacker of every
-    cell of the row (issue 35 item 2: a cell never mixes attackers); ``value_range`` ``(low, high)`` is the
+    cell of the row (a cell never mixes attackers); ``value_range`` ``(low, high)`` is the
     range of the metric (``-inf``/``inf`` for none), inside which the page's intervals stay."""
 
     key: str
@@ -434,7 +434,7 @@ class Attack:
         return self.observer == OUTSIDER
 
 
-#: who attacks in a row, and what it sees under central DP (one observer per row: issue 35 item 2)
+#: who attacks in a row, and what it sees under central DP (one observer per row)
 OBSERVERS = {
     "curious server": "the honest-but-curious server that aggregates: each client's message; under central DP the "
                       "clipped update before the noise it adds itself",
@@ -454,7 +454,7 @@ NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG and Inverting
               "match only the coordinates that were sent; under clipping, and under central DP where the curious server sees the "
               "clipped gradient before its own noise, DLG clips its dummy gradient to the same C); 'naive' is the same attack "
               "ignoring the defense, which overstates the defense (its dummy images start elsewhere in each column)")
-#: suffix of a cell's value for the attack that ignores the defense, kept beside the adaptive attacker's (issue 35):
+#: suffix of a cell's value for the attack that ignores the defense, kept beside the adaptive attacker's:
 #: ``"<row>|<column>@naive"`` in a record; the page prints it under the cell
 NAIVE_SUFFIX = "@naive"
 
@@ -516,7 +516,7 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
         # are exactly 0 in the update it sees): that is the cell; the plain DLG above stays as "<column>@naive"
         # and the attacker who knows the clipping bound C clips its dummy gradient to C before matching (the
         # curious server under central DP sees the clipped gradient before its own noise: the same attacker)
-        # (a user defense: the attacker reads the public parameters its fn returned, issue 35 item 6)
+        # (a user defense: the attacker reads the public parameters its fn returned)
         for i, c in enumerate(single):
             d = _defense(c)
             sl = slice(i * n_img, (i + 1) * n_img)
@@ -1144,7 +1144,7 @@ _OUTSIDER_TASK = {"dlg": "DLG on the target's gradient read off the release", "i
 
 
 # ----------------------------------------------------------------------------------------------------
-# the malicious server inside SecAgg+ (issue 35 item 4), through Flower's SecAgg+ (fedlab.flower)
+# the malicious server inside SecAgg+, through Flower's SecAgg+ (fedlab.flower)
 #: the row's key; its cells run :func:`fedlab.flower.run` with ``secagg=True``
 SECAGG_ROW = "secagg_lie"
 #: the malicious server's attacks inside SecAgg+ (:mod:`fedlab.flower.attacks`), in the order the row runs them
@@ -1266,7 +1266,7 @@ SECAGG_ROWS: tuple[Attack, ...] = (
 )
 
 
-#: the outsider row group (issue 35 item 2): for every curious-server row that central DP applies to, the same
+#: the outsider row group: for every curious-server row that central DP applies to, the same
 #: attack by an outsider who sees only the noisy release (the adversary DP-FedAvg's guarantee is stated against)
 OUTSIDER_ROWS: tuple[Attack, ...] = tuple(_outsider_row(a) for a in ATTACKS if a.observer == "curious server")
 ATTACKS = tuple(replace(a, not_applicable={**a.not_applicable, "secagg_cr": _SECAGG_ONLY})
@@ -1320,7 +1320,7 @@ def run_row(row, seed: int, columns: Sequence | None = None, *, tiny: bool = Fal
     (no entry for an n/a cell; ``"<key>@naive"`` beside a cell whose attacker knows the defense, where the row
     keeps the naive one).
 
-    ``columns`` may mix keys of :data:`DEFENSES` and **user defenses** (issue 35 item 6):
+    ``columns`` may mix keys of :data:`DEFENSES` and **user defenses**:
     ``Defense(key, label, "user", fn=fn, public=(...))`` with ``fn`` of the contract :data:`USER_CONTRACT`.
     Each client applies ``fn`` to its own update wherever the row applies a client-side defense (the
     generic branch of every row: no secure sum, no central noise); the cell's record name is
@@ -1442,7 +1442,7 @@ def ldp_epsilon(epsilon: float, releases: int) -> float:
 def effective_epsilons(row) -> dict:
     """What the ``dp*`` and ``ldp*`` columns guarantee against the attacker of ``row`` (an :class:`Attack`
     or its key), given the releases it observes (``row.releases()``: ``T`` rounds, sampled with
-    probability ``q``), every epsilon from one accountant, the privacy-loss distribution (issue 35 item 3).
+    probability ``q``), every epsilon from one accountant, the privacy-loss distribution.
     Returns ``{"rounds": T, "sampling_prob": q, "releases": round(T q), "dp": {column: epsilon or None},
     "ldp": {column: epsilon}}``: ``dp`` is :func:`central_epsilon` of the column's ``z`` at ``(q, T)``
     (``None`` for an n/a cell and for an attacker that sees the update before the noise, i.e. every
