@@ -418,3 +418,15 @@ def test_reproduce_matrix_writes_a_record_and_names_a_failing_seed(tmp_path, mon
     assert json.loads(path2.read_text())["summary"]["dlg|none"]["n"] == 3
     with pytest.raises(ValueError, match="seeds"):
         rp.reproduce_matrix(scale="quick", seeds=[1, 1], out=tmp_path, root=ROOT)
+
+
+def test_live_table_names_the_defenses_and_splits_accuracy():
+    """Page 07 shows the cells it computes live as a table headed by the defenses' labels, not as Python dicts."""
+    text = mx.live_table({"MIA": {"baseline": 0.5, "none": 0.7461, "acc_none": 0.858, "dp1": 0.655, "dp1@naive": 0.1},
+                          "eavesdropper": {"baseline": 1.0, "none": 1.7e-13}})
+    lines = text.splitlines()
+    assert lines[0] == "|  | the attack's baseline | none | DP-FedAvg ε = 1 |"
+    assert lines[2] == "| MIA | 0.5 | 0.746 | 0.655 |" and lines[3] == "| MIA: test accuracy | – | 0.858 | – |"
+    assert lines[4] == "| eavesdropper | 1 | 1.7e-13 | – |" and "0.1" not in text
+    with pytest.raises(ValueError, match="rows"):
+        mx.live_table({})

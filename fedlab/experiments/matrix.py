@@ -1666,7 +1666,8 @@ def page_values(record: Mapping) -> dict:
                                  f"{' and '.join(flat)}: {NOT_SIGNIFICANT}; its row is not coloured")
     out["mx_imprint_tol"] = IMPRINT_TOL
     out.update(mx_seeds=len(record["seeds"]), mx_wall_s=float(sum(secs)), mx_seed_s=float(np.mean(secs)),
-               mx_slowest_row=slow, mx_slowest_s=float(np.mean(record["row_seconds"][slow])),
+               mx_slowest_row=next((r["label"] for r in record["matrix"]["rows"] if r["key"] == slow), slow),
+               mx_slowest_s=float(np.mean(record["row_seconds"][slow])),
                mx_machine=str(record.get("machine", "?")), mx_commit=str(record.get("commit", "?")))
     return out
 
@@ -1893,3 +1894,29 @@ def consistent_with_record(record: Mapping, row: str, column: str, value: float,
         raise ValueError(f"the record holds no values of cell ({row}, {column})")
     half = 0.0 if not s.get("ci95") else (s["ci95"][1] - s["ci95"][0]) / 2
     return min(vals) - half - slack <= value <= max(vals) + half + slack
+
+
+def live_table(rows: Mapping[str, Mapping[str, float]], *, digits: int = 3) -> str:
+    """A Markdown table of cells a page computes live with :func:`run_row`: one line per ``label -> cells``
+    (``{column key: value}`` as ``run_row`` returns it), one column per defense in :data:`DEFENSES` order
+    (headed by its label), the attack's ``baseline`` first; ``acc_<column>`` values (the membership row's test
+    accuracy) go to a line of their own, ``<label>: test accuracy``; ``@``-suffixed values (naive twins, a
+    cell's parts) are left out. Values to ``digits`` significant digits; "–" where a line has no such cell.
+    Raises ``ValueError`` for no rows."""
+    if not rows:
+        raise ValueError("rows must hold at least one label -> cells")
+    lines: dict[str, dict] = {}
+    for label, cells in rows.items():
+        lines[label] = {k: v for k, v in cells.items() if "@" not in k and not k.startswith("acc_")}
+        acc = {k[4:]: v for k, v in cells.items() if k.startswith("acc_") and "@" not in k}
+        if acc:
+            lines[f"{label}: test accuracy"] = acc
+    used = {k for cells in lines.values() for k in cells}
+    keys = (["baseline"] if "baseline" in used else []) + [d.key for d in DEFENSES if d.key in used]
+    keys += sorted(used - set(keys))
+    head = ["", *("the attack's baseline" if k == "baseline" else _BY_KEY[k].label if k in _BY_KEY else k
+                  for k in keys)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, cells in lines.items():
+        out.append("| " + " | ".join([label, *(f"{cells[k]:.{digits}g}" if k in cells else "–" for k in keys)]) + " |")
+    return "\n".join(out)
