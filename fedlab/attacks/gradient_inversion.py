@@ -359,6 +359,21 @@ def _stack_inputs(observed, params, labels, x_true, stacked):
     return obs, labels, x_true, A
 
 
+def _stack_mask(mask: dict | None, observed: dict, obs: dict, stacked: bool) -> dict | None:
+    """The attacker's view of a sparsifying defense (pruning, top-k) as float ``{name: [A, *shape]}`` 0/1
+    weights lined up with the stacked observation ``obs`` (``None`` stays ``None``). Raises ``ValueError`` for a
+    mask whose keys are not ``observed``'s or whose shapes differ from the observation's."""
+    if mask is None:
+        return None
+    if not isinstance(mask, dict) or set(mask) != set(observed):
+        raise ValueError(f"mask must be a dict with the keys of observed {sorted(observed)}")
+    mask = {k: (v if stacked else v.unsqueeze(0)).detach().to(torch.float32) for k, v in mask.items()}
+    for k, v in mask.items():
+        if tuple(v.shape) != tuple(obs[k].shape):
+            raise ValueError(f"mask[{k!r}] has shape {tuple(v.shape)}, observed {tuple(obs[k].shape)}")
+    return mask
+
+
 def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, num_classes: int,
         batch_size: int = 1, max_iter: int = 100, lr: float = 1.0, labels: torch.Tensor | None = None,
         x_true: torch.Tensor | None = None, snapshot_every: int | None = None, stacked: bool = False,
@@ -421,13 +436,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     obs, labels, x_true, A = _stack_inputs(observed, params, labels, x_true, stacked)
     if clip_norm is not None and not (isinstance(clip_norm, (int, float)) and clip_norm > 0 and math.isfinite(clip_norm)):
         raise ValueError(f"clip_norm must be a finite number > 0 or None, got {clip_norm!r}")
-    if mask is not None:
-        if not isinstance(mask, dict) or set(mask) != set(observed):
-            raise ValueError(f"mask must be a dict with the keys of observed {sorted(observed)}")
-        mask = {k: (v if stacked else v.unsqueeze(0)).detach().to(torch.float32) for k, v in mask.items()}
-        for k, v in mask.items():
-            if tuple(v.shape) != tuple(obs[k].shape):
-                raise ValueError(f"mask[{k!r}] has shape {tuple(v.shape)}, observed {tuple(obs[k].shape)}")
+    mask = _stack_mask(mask, observed, obs, stacked)
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
     if not lr > 0:
@@ -568,13 +577,7 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
     obs, labels, x_true, A = _stack_inputs(observed, params, labels, x_true, stacked)
     if labels.shape[0] != A:
         raise ValueError(f"labels must hold one row per attack ({A}), got {labels.shape[0]}")
-    if mask is not None:
-        if not isinstance(mask, dict) or set(mask) != set(observed):
-            raise ValueError(f"mask must be a dict with the keys of observed {sorted(observed)}")
-        mask = {k: (v if stacked else v.unsqueeze(0)).detach().to(torch.float32) for k, v in mask.items()}
-        for k, v in mask.items():
-            if tuple(v.shape) != tuple(obs[k].shape):
-                raise ValueError(f"mask[{k!r}] has shape {tuple(v.shape)}, observed {tuple(obs[k].shape)}")
+    mask = _stack_mask(mask, observed, obs, stacked)
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr}")
     if tv_weight < 0:
