@@ -49,7 +49,7 @@ CHAPTERS = {
                    "04_model_reconstruction")),
     "07_matrix": ("Every attack against every defense in one table, under each attacker's threat model.",
                   ("01a_gradient_leakage", "01b_membership_inference", "02_pac_identifiability", "03a_raifle_recsys",
-                   "03b_raifle_oltr", "04_model_reconstruction")),
+                   "03b_raifle_oltr", "04_model_reconstruction", "06_flower")),
 }
 
 #: the stored record of each chapter, as (record stem, scale); default (stem, "paper")
