@@ -115,7 +115,7 @@ def _title_chars(size: float, fontsize: float = 9.0) -> int:
 
 def wrap_title(title: str, width: int) -> str:
     """``title`` broken into lines of at most ``width`` characters where it can be: first at ``": "`` or before
-    ``" ("`` (``"35.0 dB (mean colour 18.3)"`` -> ``"35.0 dB\n(mean colour 18.3)"``), else at spaces. A title
+    ``" ("`` ("35.0 dB (mean colour 18.3)" becomes "35.0 dB" over "(mean colour 18.3)"), else at spaces. A title
     that fits, or a word longer than ``width``, is left as it is."""
     import textwrap
 
