@@ -63,3 +63,15 @@ def test_the_discarded_table_check_sees_one():
     assert _discarded_tables("t = 1\nplots.md_table(['a'], [[1]])\nassert t") == ["plots.md_table"]
     assert _discarded_tables("display(plots.md_table(['a'], [[1]]))\nassert True") == []
     assert _discarded_tables("x = 2\nplots.md_table(['a'], [[x]])") == []
+
+
+def test_no_page_cites_an_internal_issue():
+    """Readers never saw this project's issue tracker: a page says what changed and why, not "Issue 35 added"."""
+    pages = list(CHAPTERS) + sorted((CHAPTERS[0].parents[1] / "book").rglob("*.md"))
+    hits = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        if page.suffix == ".ipynb":
+            text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
+        hits += [f"{page.name}: {m.group(0)}" for m in re.finditer(r".{0,30}\bissues? #?\d+.{0,30}", text, re.I)]
+    assert not hits, hits
