@@ -74,19 +74,20 @@ def _fmt(x: float, digits: int, sci: bool | None = None) -> str:
     return f"{x:.2e}" if (_sci(x, digits) if sci is None else sci) else f"{x:.{digits}f}"
 
 
+def _clean_values(record: dict, name: str) -> list:
+    """The stored values of ``name`` at the seeds that finished cleanly, in seed order (``None`` left out)."""
+    failed = {f["seed"] for f in record.get("failures", [])}
+    values = record.get("values", {}).get(name, [])
+    return [v for s, v in zip(record.get("seeds", []), values) if s not in failed and v is not None]
+
+
 def _equal_at_every_seed(record: dict, name: str) -> bool:
     """Whether the stored value ``name`` is the same number at every clean seed (the summary's std can be
     1e-17 rather than 0 for equal values)."""
-    failed = {f["seed"] for f in record.get("failures", [])}
-    seen = set()
-    for seed, v in zip(record.get("seeds", []), record.get("values", {}).get(name, [])):
-        if v is None or seed in failed:
-            continue
-        try:
-            seen.add(float(v))
-        except (TypeError, ValueError):
-            return False
-    return len(seen) == 1
+    try:
+        return len({float(v) for v in _clean_values(record, name)}) == 1
+    except (TypeError, ValueError):
+        return False
 
 
 def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_factor: float = 1.0) -> str:
@@ -125,11 +126,8 @@ def format_pvalue(record: dict | None, name: str, *, brief: bool = False) -> str
     values = record.get("values", {})
     if name not in values:
         return "not in record"
-    failed = {f["seed"] for f in record.get("failures", [])}
     seen = []
-    for seed, v in zip(record.get("seeds", []), values[name]):
-        if v is None or seed in failed:
-            continue
+    for v in _clean_values(record, name):
         x = float(v)
         if not 0.0 <= x <= 1.0:
             raise ValueError(f"name={name!r} holds {v!r}, not a p-value in [0, 1]")
@@ -170,11 +168,7 @@ class Run(dict):
 
     def per_seed(self, name: str) -> list[float]:
         """The stored value of ``name`` at each seed that finished cleanly (``[]`` without a record)."""
-        if self.record is None:
-            return []
-        values = self.record.get("values", {}).get(name, [])
-        failed = {f["seed"] for f in self.record.get("failures", [])}
-        return [v for s, v in zip(self.record["seeds"], values) if s not in failed and v is not None]
+        return [] if self.record is None else _clean_values(self.record, name)
 
     def count_below(self, name: str, other: float | str = 0.0) -> int:
         """At how many clean seeds of the record the value ``name`` is below ``other`` (a number, or the

@@ -444,11 +444,12 @@ def chapter_summary(stem: str, record: dict | None) -> str:
     if record is None:
         return (f"No paper-scale record is stored for this chapter yet (`python -m fedlab reproduce {_short(stem)} "
                 "--scale paper`), so its claims have no verdict here.")
+    pairs = verdicts({stem: record}, mine)
     lines = []
-    for c, v in verdicts({stem: record}, mine):
+    for c, v in pairs:
         paper = "the paper gives no number" if c.paper is None else f"paper {c.paper.text(c.digits)}"
         lines.append(f"* **{v.word}**: {c.text} ({paper}; ours {v.ours}; {{ref}}`section <{c.label}>`).")
-    counts = summary_counts(verdicts({stem: record}, mine))
+    counts = summary_counts(pairs)
     head = (f"Of this chapter's {len(mine)} headline claims, {counts['reproduced']} reproduced, "
             f"{counts['in direction only']} in direction only and {counts['not reproduced']} did not, on the stored "
             f"paper-scale record ({len(record.get('seeds', []))} seeds):")
