@@ -40,8 +40,18 @@ book: $(STAMP)
 # --dist loadfile keeps each notebook's cells (one kernel) on one worker; --keep-executed stores each notebook
 # that passed, executed, so that `make book` right after reuses it (same fedlab, records and environment:
 # scripts/executed_store.py) and CI runs every notebook once
+# The deployment test (tests/test_flower_deploy.py) spends 3-5 minutes of wall but about 90 s of CPU: most of it
+# waits on Flower's SuperLink/SuperNode polling. Inside the xdist pool it held a worker (a core) idle for those
+# minutes; here it runs as its own pytest process beside the pool, its output shown after the pool's, and
+# `make test` fails if either fails.
+DEPLOY_TEST = tests/test_flower_deploy.py
 test: $(STAMP)
-	$(PYTEST) -n $(TEST_JOBS) --dist loadfile chapters/ tests/ --nbval-lax --nbval-current-env --keep-executed _build/executed
+	@mkdir -p _build
+	@$(PYTEST) -p no:cacheprovider $(DEPLOY_TEST) > _build/deploy-test.log 2>&1 & deploy=$$!; \
+	$(PYTEST) -n $(TEST_JOBS) --dist loadfile chapters/ tests/ --ignore $(DEPLOY_TEST) --nbval-lax --nbval-current-env \
+	  --keep-executed _build/executed; pool=$$?; \
+	wait $$deploy; dep=$$?; echo "--- $(DEPLOY_TEST), run beside the pool:"; cat _build/deploy-test.log; \
+	test $$pool -eq 0 -a $$dep -eq 0
 
 test-fast: $(STAMP)
 	$(PYTEST) -n $(JOBS) --dist load tests/ -m "not notebook and not flower and not slow"
