@@ -204,3 +204,28 @@ def test_image_and_text_data():
     freq = float((s.X[s.y == 0] == top).float().mean())
     expected = 1.0 / sum(1.0 / r for r in range(1, 51))
     assert abs(freq - expected) < 0.015, (freq, expected)
+
+
+def test_matching_loss_is_zero_at_the_truth_and_ignores_what_was_not_sent():
+    """DLG's normalised objective (the loss-at-the-truth check): 0 at the true input of an exact gradient,
+    positive elsewhere; under a mask only the sent coordinates count; bad input raises."""
+    net = gi.dlg_init_(models.lenet(1, 10, 8), seed=0)
+    w = models.get_params(net)
+    X, y = torch.rand(3, 1, 8, 8, generator=torch.Generator().manual_seed(0)), torch.tensor([1, 4, 7])
+    obs = {k: torch.stack([gi.parameter_gradient(net, w, X[a:a + 1], y[a:a + 1])[k] for a in range(3)]) for k in w}
+    lab = y[:, None]
+    at_truth = gi.matching_loss(net, w, X[:, None], lab, obs)
+    elsewhere = gi.matching_loss(net, w, X.roll(1, 0)[:, None], lab, obs)
+    assert at_truth.shape == (3,) and at_truth.dtype == torch.float64
+    assert float(at_truth.max()) < 1e-12 and float(elsewhere.min()) > 1e-4, (at_truth, elsewhere)
+    # a mask: garbage in the coordinates that were not sent changes nothing, in a sent one it does
+    mask = {k: torch.rand(v.shape, generator=torch.Generator().manual_seed(1)) < 0.3 for k, v in obs.items()}
+    noisy = {k: torch.where(mask[k], v, v + 5.0) for k, v in obs.items()}
+    assert float(gi.matching_loss(net, w, X[:, None], lab, noisy, mask=mask).max()) < 1e-12
+    assert float(gi.matching_loss(net, w, X[:, None], lab, noisy).min()) > 0.5        # normalised by the garbage
+    with pytest.raises(ValueError, match="leading size"):
+        gi.matching_loss(net, w, X[:2, None], lab, obs)
+    with pytest.raises(ValueError, match="all zero"):
+        gi.matching_loss(net, w, X[:, None], lab, {k: torch.zeros_like(v) for k, v in obs.items()})
+    with pytest.raises(ValueError, match="stacked"):
+        gi.matching_loss(net, w, X[:, None], lab, {k: v[0] for k, v in obs.items()})

@@ -35,6 +35,7 @@ __all__ = [
     "InversionResult",
     "parameter_gradient",
     "gradient_distance",
+    "matching_loss",
     "total_variation",
     "idlg_label",
     "dlg",
@@ -332,6 +333,42 @@ def _reference_lbfgs(value_and_grad, z0: torch.Tensor, *, steps: int, max_iter: 
         if callback is not None:
             callback(tick, z, loss, active)
     return z, evals.cpu()
+
+
+def matching_loss(model: nn.Module, params: dict, x: torch.Tensor, labels: torch.Tensor, observed: dict, *,
+                  mask: dict | None = None) -> torch.Tensor:
+    """DLG's objective at given inputs, normalised: ``||m * (grad(x, labels) - observed)||^2 / ||m * observed||^2``
+    for each of ``A`` stacked attacks, ``m`` the sent coordinates (all when ``mask`` is ``None``).
+
+    The check that an attack which "fails" reached its optimum (Carlini et al. 2019): evaluate it at the true
+    inputs (the loss at the truth; 0 up to rounding when the observation is an exact gradient and the labels are
+    right) and at the reconstruction (the loss reached). A reconstruction far from the truth with a loss near the
+    truth's means the observation does not determine the input; a loss far above the truth's means the optimiser
+    stopped early, and the attack's score is only a lower bound on what leaks.
+
+    ``x``: ``[A, batch, *input_shape]``; ``labels``: integer ``[A, batch]``; ``observed`` and ``mask`` (0/1 or bool):
+    ``{name: [A, *shape]}`` stacked like :func:`dlg`'s ``stacked=True``. Returns a float64 tensor ``[A]``. Raises
+    ``ValueError`` when the leading sizes disagree, a key or shape differs, or a masked observation is all zero.
+    """
+    obs = _check_observed(observed)
+    if set(obs) != set(params) or any(tuple(obs[k].shape[1:]) != tuple(params[k].shape) for k in params):
+        raise ValueError("observed must be stacked gradients {name: [A, *shape]} of the model's parameters")
+    A = x.shape[0]
+    if tuple(labels.shape[:1]) != (A,) or any(v.shape[0] != A for v in obs.values()):
+        raise ValueError(f"x, labels and observed must share their leading size A = {A}")
+    m = _stack_mask(mask, observed, obs, stacked=True)
+    out = torch.empty(A, dtype=torch.float64)
+    for a in range(A):
+        g = parameter_gradient(model, params, x[a], labels[a])
+        num = den = 0.0
+        for k in obs:
+            w = m[k][a].double() if m is not None else 1.0
+            num = num + float((w * (g[k].detach().double() - obs[k][a].double()) ** 2).sum())
+            den = den + float((w * obs[k][a].double() ** 2).sum())
+        if den == 0.0:
+            raise ValueError(f"observed (masked) is all zero for attack {a}: no loss to normalise by")
+        out[a] = num / den
+    return out
 
 
 def _matched_mse(x: torch.Tensor, x_true: torch.Tensor) -> np.ndarray:

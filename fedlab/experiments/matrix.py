@@ -107,7 +107,7 @@ __all__ = ["Defense", "USER_CONTRACT", "USER_PUBLIC", "protect_public", "attacke
            "describe_matrix", "threat_rows", "row_threats", "row_threat_header", "effective_epsilons",
            "undefended_advantage", "NOT_SIGNIFICANT", "MALICIOUS_SERVER_DP_NA", "OBSERVERS", "OUTSIDER", "OUTSIDER_ROWS",
            "OUTSIDER_COLUMNS", "OUTSIDER_SAME", "central_epsilon", "ldp_epsilon", "deployment_epsilons", "metric_range",
-           "bounded_interval", "cell_interval", "own_defense_table", "ACCOUNTANT", "NAIVE_SUFFIX", "NAIVE_NOTE", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
+           "bounded_interval", "cell_interval", "own_defense_table", "ACCOUNTANT", "NAIVE_SUFFIX", "NAIVE_NOTE", "LOSS_SUFFIX", "LOSS_TRUTH_SUFFIX", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
            "consistent_with_record", "SECAGG_ROW", "SECAGG_ROWS", "SECAGG_ATTACKS", "SECAGG_COLUMNS",
            "SECAGG_CONSISTENT_SETTINGS", "SECAGG_REFUSED_NOTE", "safe_central_epsilon", "safe_ldp_epsilon", "UTILITY_ROW",
            "utility_table"]
@@ -457,6 +457,11 @@ NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG and Inverting
 #: suffix of a cell's value for the attack that ignores the defense, kept beside the adaptive attacker's:
 #: ``"<row>|<column>@naive"`` in a record; the page prints it under the cell
 NAIVE_SUFFIX = "@naive"
+#: suffixes of the evidence that a mask-aware DLG cell reached its optimum: the median over the digits of DLG's
+#: normalised masked matching loss (:func:`fedlab.attacks.gradient_inversion.matching_loss`) at the reconstruction
+#: (``"<column>@loss"``) and at the true digits (``"<column>@loss_truth"``, 0 up to rounding). A reached loss far above
+#: the truth's means the optimiser stalled: the cell is then a lower bound on what leaks, not a measure of the defense
+LOSS_SUFFIX, LOSS_TRUTH_SUFFIX = "@loss", "@loss_truth"
 
 
 def _size(tiny: bool, *, tiny_value, quick, paper):
@@ -538,6 +543,11 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
                          steps=steps, labels=labels[sl], stacked=True, seed=seed, **knows)
             out[c + NAIVE_SUFFIX] = out[c]
             out[c] = float(np.mean([gi.matched_psnr(r, t[None])[0] for r, t in zip(ada.x, X)]))
+            if "mask" in knows:       # did the attack reach its optimum? DLG's masked loss reached vs at the truth
+                lab = labels[sl]
+                out[c + LOSS_SUFFIX] = float(gi.matching_loss(net, w, ada.x, lab, ob, mask=knows["mask"]).median())
+                out[c + LOSS_TRUTH_SUFFIX] = float(gi.matching_loss(net, w, X[:, None], lab, ob,
+                                                                    mask=knows["mask"]).median())
     if "secagg" in columns:
         sums = protect(G, "secagg", group=group, generator=gen) / group     # the server knows the group size
         res = gi.dlg(net, w, models.unflatten_stacked(sums, w), input_shape=(1, 8, 8), num_classes=10,
