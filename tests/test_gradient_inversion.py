@@ -223,6 +223,12 @@ def test_matching_loss_is_zero_at_the_truth_and_ignores_what_was_not_sent():
     noisy = {k: torch.where(mask[k], v, v + 5.0) for k, v in obs.items()}
     assert float(gi.matching_loss(net, w, X[:, None], lab, noisy, mask=mask).max()) < 1e-12
     assert float(gi.matching_loss(net, w, X[:, None], lab, noisy).min()) > 0.5        # normalised by the garbage
+    # the cosine term (Inverting Gradients'): 0 at the truth, blind to the observation's scale, positive elsewhere
+    cos_truth = gi.matching_loss(net, w, X[:, None], lab, {k: 3 * v for k, v in obs.items()}, kind="cosine")
+    assert float(cos_truth.abs().max()) < 1e-12
+    assert float(gi.matching_loss(net, w, X.roll(1, 0)[:, None], lab, obs, kind="cosine").min()) > 1e-4
+    with pytest.raises(ValueError, match="kind"):
+        gi.matching_loss(net, w, X[:, None], lab, obs, kind="l1")
     with pytest.raises(ValueError, match="leading size"):
         gi.matching_loss(net, w, X[:2, None], lab, obs)
     with pytest.raises(ValueError, match="all zero"):

@@ -155,6 +155,8 @@ def test_topk1_sends_one_percent_and_dlg_reads_its_mask():
     assert "topk1@naive" in r and r["topk1"] != r["topk1@naive"], r   # the mask-aware attacker ran
     # ... with the evidence of whether it reached its optimum: the true digits fit the sent coordinates exactly
     assert r["topk1" + mx.LOSS_TRUTH_SUFFIX] < 1e-10 < r["topk1" + mx.LOSS_SUFFIX], r
+    r = mx.run_row("ig", 0, ["topk1"], tiny=True)                     # IG's row: its cosine term, the same check
+    assert r["topk1" + mx.LOSS_TRUTH_SUFFIX] < 1e-10 < r["topk1" + mx.LOSS_SUFFIX] and "topk1@naive" in r, r
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -336,9 +336,11 @@ def _reference_lbfgs(value_and_grad, z0: torch.Tensor, *, steps: int, max_iter: 
 
 
 def matching_loss(model: nn.Module, params: dict, x: torch.Tensor, labels: torch.Tensor, observed: dict, *,
-                  mask: dict | None = None) -> torch.Tensor:
-    """DLG's objective at given inputs, normalised: ``||m * (grad(x, labels) - observed)||^2 / ||m * observed||^2``
-    for each of ``A`` stacked attacks, ``m`` the sent coordinates (all when ``mask`` is ``None``).
+                  mask: dict | None = None, kind: str = "l2") -> torch.Tensor:
+    """The gradient-matching term of an attack's objective at given inputs, for each of ``A`` stacked attacks,
+    over the sent coordinates ``m`` (all when ``mask`` is ``None``), ``g = grad(x, labels)``, ``o = observed``:
+    ``kind="l2"`` (DLG's, normalised) ``||m * (g - o)||^2 / ||m * o||^2``; ``kind="cosine"`` (Inverting
+    Gradients', without its total-variation prior) ``1 - <m * g, m * o> / (||m * g|| ||m * o||)``.
 
     The check that an attack which "fails" reached its optimum (Carlini et al. 2019): evaluate it at the true
     inputs (the loss at the truth; 0 up to rounding when the observation is an exact gradient and the labels are
@@ -356,18 +358,21 @@ def matching_loss(model: nn.Module, params: dict, x: torch.Tensor, labels: torch
     A = x.shape[0]
     if tuple(labels.shape[:1]) != (A,) or any(v.shape[0] != A for v in obs.values()):
         raise ValueError(f"x, labels and observed must share their leading size A = {A}")
+    if kind not in ("l2", "cosine"):
+        raise ValueError(f"kind must be 'l2' or 'cosine', got {kind!r}")
     m = _stack_mask(mask, observed, obs, stacked=True)
     out = torch.empty(A, dtype=torch.float64)
     for a in range(A):
         g = parameter_gradient(model, params, x[a], labels[a])
-        num = den = 0.0
+        diff = dot = gg = oo = 0.0
         for k in obs:
             w = m[k][a].double() if m is not None else 1.0
-            num = num + float((w * (g[k].detach().double() - obs[k][a].double()) ** 2).sum())
-            den = den + float((w * obs[k][a].double() ** 2).sum())
-        if den == 0.0:
+            gk, ok = w * g[k].detach().double(), w * obs[k][a].double()
+            diff, dot = diff + float(((gk - ok) ** 2).sum()), dot + float((gk * ok).sum())
+            gg, oo = gg + float((gk ** 2).sum()), oo + float((ok ** 2).sum())
+        if oo == 0.0:
             raise ValueError(f"observed (masked) is all zero for attack {a}: no loss to normalise by")
-        out[a] = num / den
+        out[a] = diff / oo if kind == "l2" else 1.0 - dot / math.sqrt(gg * oo) if gg > 0 else 1.0
     return out
 
 

@@ -457,9 +457,10 @@ NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG and Inverting
 #: suffix of a cell's value for the attack that ignores the defense, kept beside the adaptive attacker's:
 #: ``"<row>|<column>@naive"`` in a record; the page prints it under the cell
 NAIVE_SUFFIX = "@naive"
-#: suffixes of the evidence that a mask-aware DLG cell reached its optimum: the median over the digits of DLG's
-#: normalised masked matching loss (:func:`fedlab.attacks.gradient_inversion.matching_loss`) at the reconstruction
-#: (``"<column>@loss"``) and at the true digits (``"<column>@loss_truth"``, 0 up to rounding). A reached loss far above
+#: suffixes of the evidence that a mask-aware DLG or IG cell reached its optimum: the median over the images of the
+#: attack's masked matching term (:func:`fedlab.attacks.gradient_inversion.matching_loss`; DLG's normalised L2, IG's
+#: cosine) at the reconstruction (``"<column>@loss"``) and at the true images (``"<column>@loss_truth"``, 0 up to
+#: rounding). A reached loss far above
 #: the truth's means the optimiser stalled: the cell is then a lower bound on what leaks, not a measure of the defense
 LOSS_SUFFIX, LOSS_TRUTH_SUFFIX = "@loss", "@loss_truth"
 
@@ -600,10 +601,15 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
                                                      else views[i * n_img:(i + 1) * n_img] != 0 for i in sparse]), w)
             ada = gi.inverting_gradients(net, w, ob, labels=labels[rows], mask=mk, **kw)
             p_ada = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(ada.x, X.repeat(len(sparse), 1, 1, 1))])
+            # did it reach its optimum? IG's cosine matching term (its prior aside) reached vs at the true crops
+            lab = labels[rows]
+            reached = gi.matching_loss(net, w, ada.x, lab, ob, mask=mk, kind="cosine")
+            truth = gi.matching_loss(net, w, X.repeat(len(sparse), 1, 1, 1)[:, None], lab, ob, mask=mk, kind="cosine")
             for j, i in enumerate(sparse):
-                c = single[i]
+                c, sl = single[i], slice(j * n_img, (j + 1) * n_img)
                 out[c + NAIVE_SUFFIX] = out[c]
-                out[c] = float(p_ada[j * n_img:(j + 1) * n_img].mean())
+                out[c] = float(p_ada[sl].mean())
+                out[c + LOSS_SUFFIX], out[c + LOSS_TRUTH_SUFFIX] = float(reached[sl].median()), float(truth[sl].median())
     if "secagg" in columns:
         sums = protect(G, "secagg", group=group, generator=gen)
         res = gi.inverting_gradients(net, w, models.unflatten_stacked(sums, w), labels=y.reshape(-1, group), **kw)
