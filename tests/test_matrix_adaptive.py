@@ -48,5 +48,6 @@ def test_clip_aware_dlg_beats_the_naive_one_under_clipping():
 
 def test_the_matrix_cell_is_the_adaptive_attack_and_keeps_the_naive_one():
     out = mx.run_row("dlg", 0, ["none", "prune90", "clip"], tiny=True)
-    assert set(out) == {"baseline", "none", "prune90", "clip", "prune90" + mx.NAIVE_SUFFIX, "clip" + mx.NAIVE_SUFFIX}
+    assert set(out) == {"baseline", "none", "prune90", "clip", "prune90" + mx.NAIVE_SUFFIX, "clip" + mx.NAIVE_SUFFIX,
+                        "prune90" + mx.LOSS_SUFFIX, "prune90" + mx.LOSS_TRUTH_SUFFIX}    # the mask-aware cell's optimum check
     assert out["prune90"] > out["prune90" + mx.NAIVE_SUFFIX], out
