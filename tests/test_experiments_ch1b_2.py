@@ -296,6 +296,28 @@ def test_a_bound_five_times_too_small_fails_a_check(monkeypatch, bound, which):
     assert not _all_pass(ch2.bound_checks(law2, law3, epsilon=0.1, delta=0.05))
 
 
+def test_slack_totals_per_target_and_protocol():
+    """slack_totals gives each target its own law (its p_c, N, catalog) for each protocol's batch size:
+    target by target it equals slack_chain on the law built by hand, and two targets differ."""
+    targets = [rec.make_synthetic(1, 200, 4, 20, p, seed=s) for p, s in ((0.2, 4), (0.3, 50))]
+    kw = dict(lr=1.0, loss="hinge", sigma=1.0, seed=0)
+    totals = ch2.slack_totals(targets, epsilon=0.1, delta=0.05, batch_sizes={2: 5, 3: 10}, **kw)
+    assert set(totals) == {2, 3} and totals[2].shape == totals[3].shape == (2,)
+    for j, t in enumerate(targets):
+        for protocol, B in ((2, 5), (3, 10)):
+            law = pac.AttackLaw(t.user_vectors[0], t.item_vectors, pref_rate=float(t.pref_rate[0]), num_rated=20,
+                                batch_size=B, protocol=protocol, **kw)
+            assert totals[protocol][j] == ch2.slack_chain(law, epsilon=0.1, delta=0.05)["total"], (j, protocol)
+    assert totals[2][0] != totals[2][1] and bool((totals[2] > 1).all() and (totals[3] > 1).all())
+    with pytest.raises(ValueError, match="targets"):
+        ch2.slack_totals([], epsilon=0.1, delta=0.05, batch_sizes={2: 5}, **kw)
+    with pytest.raises(ValueError, match="targets"):
+        ch2.slack_totals([rec.make_synthetic(2, 50, 4, 20, 0.2, seed=0)], epsilon=0.1, delta=0.05,
+                         batch_sizes={2: 5}, **kw)
+    with pytest.raises(ValueError, match="batch_sizes"):
+        ch2.slack_totals(targets, epsilon=0.1, delta=0.05, batch_sizes={1: 5}, **kw)
+
+
 def test_slack_chain_factors_multiply_to_the_total():
     law2, law3 = _laws()
     for law in (law2, law3):

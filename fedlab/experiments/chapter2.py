@@ -24,8 +24,8 @@ from ..privacy import ldp
 
 __all__ = ["Theorem1Row", "theorem1_sweep", "plot_theorem1", "theorem1_rows", "theorem1_fail_name",
            "theorem1_table", "noisy_error_curves", "noisy_panels", "noisy_summary", "attack_error_panel",
-           "probe_defense", "secagg_experiment", "secagg_rows", "label_leak", "slack_chain", "bound_checks",
-           "bound_checks_table", "slack_table", "epsilon_sweep", "plot_epsilon_sweep", "dp_composition", "dp_error_targets",
+           "probe_defense", "secagg_experiment", "secagg_rows", "label_leak", "slack_chain", "slack_totals",
+           "bound_checks", "bound_checks_table", "slack_table", "epsilon_sweep", "plot_epsilon_sweep", "dp_composition", "dp_error_targets",
            "plot_dp_composition"]
 
 
@@ -257,6 +257,33 @@ def slack_chain(law: "pac.AttackLaw", *, epsilon: float, delta: float, beta_grid
     vals = list(T.values())
     factor = {n: vals[i] / vals[i + 1] for i, n in enumerate(names)}
     return {"T": T, "factor": factor, "total": T_paper / T["error"], "tau": tau, "beta": best_beta}
+
+
+def slack_totals(targets: Sequence, *, epsilon: float, delta: float, sigma: float, batch_sizes: Mapping[int, int],
+                 lr: float, loss: str, seed: int = 0) -> dict:
+    """The total slack of Theorems 2 and 3 (London 2020, App. A.3-A.4), the theorem's ``T`` over the ``T``
+    the attack needs (``slack_chain(...)["total"]``), for each of several target users, so that it can
+    be reported as a range over targets instead of one target's value.
+
+    ``targets``: one-user :class:`~fedlab.fl.recsys.ratings.RecData` each (its ``pref_rate``, its ``N``
+    rated items and its own catalog); ``batch_sizes``: ``{protocol (2 or 3): B}``. Each target gets an
+    :class:`~fedlab.attacks.identifiability.AttackLaw` per protocol at noise ``sigma`` (its Monte Carlo
+    draws seeded ``seed``). Returns ``{protocol: [len(targets)] float64 array of totals}``. Raises
+    ``ValueError`` for no target, a target with more than one user, a protocol other than 2 or 3, and
+    the errors of :func:`slack_chain` and :class:`~fedlab.attacks.identifiability.AttackLaw`."""
+    if len(targets) < 1:
+        raise ValueError("targets must hold at least one target user")
+    if any(t.user_vectors.shape[0] != 1 for t in targets):
+        raise ValueError("targets must be one-user RecData (user_vectors [1, k])")
+    if not batch_sizes or any(p not in (2, 3) for p in batch_sizes):
+        raise ValueError(f"batch_sizes must map protocol 2 and/or 3 to a batch size, got {dict(batch_sizes)}")
+    out = {}
+    for protocol, B in batch_sizes.items():
+        out[protocol] = np.array([slack_chain(pac.AttackLaw(
+            t.user_vectors[0], t.item_vectors, pref_rate=float(t.pref_rate[0]), num_rated=int(t.items.shape[1]),
+            batch_size=B, sigma=sigma, lr=lr, loss=loss, protocol=protocol, seed=seed),
+            epsilon=epsilon, delta=delta)["total"] for t in targets], dtype=np.float64)
+    return out
 
 
 def bound_checks(law2: "pac.AttackLaw", law3: "pac.AttackLaw", *, epsilon: float, delta: float,
