@@ -2,6 +2,7 @@
 compute on tiny inputs, that they run the library's algorithms in the page's order, the tables they
 write, and the ValueErrors they raise on bad arguments."""
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 import torch
 
@@ -202,3 +203,79 @@ def test_dlg_vs_ig_and_the_dlg_figures_on_tiny_runs(lenet_setup):
     ch1a.plot_dlg_psnr(run, success_db=20.0)
     with pytest.raises(ValueError, match="show"):
         ch1a.plot_dlg_snapshots(run, X[:2], show=0)
+
+
+# ------------------------------------------------------------------ chapter 1a: one success rule, DLG restarts
+def test_success_rule_needs_the_bar_and_the_mean_colour():
+    flat = torch.full((1, 1, 4, 4), 0.3)
+    flat[0, 0, 0, 0] = 0.31                                  # nearly its own mean colour: a high floor
+    digit = torch.zeros(1, 1, 4, 4)
+    digit[0, 0, 1:3, 1:3] = 1.0                              # a digit-like image: mean colour far below 20 dB
+    floor = float(gi.psnr_baselines(flat)["mean colour"][0])
+    assert floor > 40
+    X = torch.cat([flat, flat, digit, digit])
+    psnr = [floor - 1, floor + 1, 25.0, 19.9]
+    assert ch1a.success(psnr, X, 20.0).tolist() == [False, True, True, False]
+    rates, table = ch1a.success_table({"a": (psnr[:2], X[:2]), "b": (psnr[2:], X[2:])}, success_db=20.0)
+    assert rates == {"a": 0.5, "b": 0.5} and "| a | 2 |" in table.data and "| 1 | 0.500 |" in table.data
+    with pytest.raises(ValueError, match="psnr"):
+        ch1a.success([30.0], X, 20.0)
+    with pytest.raises(ValueError, match="NaN"):
+        ch1a.success([float("nan")] * 4, X, 20.0)
+    with pytest.raises(ValueError, match="attacks"):
+        ch1a.success_table({}, success_db=20.0)
+    assert ch1a.success([], X[:0], 20.0).shape == (0,)                # no image (e.g. no failed digit): no success
+    with pytest.raises(ValueError, match="no image"):
+        ch1a.success_table({"a": ([], X[:0])}, success_db=20.0)
+
+
+def test_imprint_psnr_is_high_exactly_where_the_server_recovered():
+    X = images.digit_images(None).X
+    demo = ch1a.imprint_demo(X, num_clients=2, batch_size=4, num_bins=16, seed=0)
+    psnr = ch1a.imprint_psnr(demo)
+    assert psnr.shape == (8,) and demo["recovered"].any() and not demo["recovered"].all()
+    assert (psnr[demo["recovered"].numpy()] > 100).all() and (psnr[~demo["recovered"].numpy()] < 20).all()
+    assert ch1a.success(psnr, demo["X"], 20.0).tolist() == demo["recovered"].tolist()
+
+
+def test_dlg_final_loss_and_restarts_keep_the_least_loss(lenet_setup):
+    net, w, X, y = lenet_setup
+    X4 = X[:3]                                                # [n, 1, 8, 8]
+    grads = gi.per_example_gradients(net, w, X4, y[:3])
+    first = gi.dlg(net, w, grads, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=1, stacked=True, seed=0)
+    psnr0 = np.array([gi.matched_psnr(first.x[i], X4[i:i + 1])[0] for i in range(3)])
+    assert first.final_loss.shape == (3,) and (first.final_loss >= 0).all()
+    res = ch1a.dlg_restarts(net, w, X4, y[:3], psnr0=psnr0, loss0=first.final_loss, evaluations0=first.evaluations,
+                            restarts=2, steps=1, seed=7)
+    assert res["psnr"].shape == res["loss"].shape == res["evaluations"].shape == (3, 3)
+    assert np.array_equal(res["loss"][0], first.final_loss) and np.array_equal(res["psnr"][0], psnr0)
+    reps = {k: v.repeat(2, *([1] * (v.ndim - 1))) for k, v in grads.items()}   # restart r of image i: row 3 (r-1) + i
+    again = gi.dlg(net, w, reps, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=1, stacked=True, seed=7,
+                   x_true=X4.repeat(2, 1, 1, 1)[:, None])
+    assert np.allclose(res["loss"][1:].ravel(), again.final_loss)
+    assert np.array_equal(res["evaluations"][1:].ravel(), np.asarray(again.evaluations, dtype=float))
+    assert np.allclose(res["psnr"][1:].ravel(), -10 * np.log10(np.maximum(again.history["image_mse"][-1], 1e-12)))
+    assert len({float(v) for v in res["loss"][:, 0]}) == 3       # three different starts for the same image
+    assert np.array_equal(res["best"], res["loss"].argmin(0))
+    assert np.array_equal(res["psnr_best"], res["psnr"][res["best"], np.arange(3)])
+    assert np.array_equal(res["loss_best"], res["loss"].min(0))
+    assert (res["loss_truth"] < 1e-10).all() and (res["loss_best"] > 100 * res["loss_truth"]).all()
+    none = ch1a.dlg_restarts(net, w, X4[:0], y[:0], psnr0=[], loss0=[], evaluations0=[], restarts=2, steps=1)
+    assert none["psnr"].shape == (3, 0) and none["psnr_best"].shape == (0,)
+    with pytest.raises(ValueError, match="restarts"):
+        ch1a.dlg_restarts(net, w, X4, y[:3], psnr0=psnr0, loss0=first.final_loss, evaluations0=first.evaluations,
+                          restarts=0, steps=1)
+    with pytest.raises(ValueError, match="one entry per image"):
+        ch1a.dlg_restarts(net, w, X4, y[:3], psnr0=psnr0[:2], loss0=first.final_loss, evaluations0=first.evaluations,
+                          restarts=1, steps=1)
+
+
+def test_dlg_final_loss_is_small_where_the_attack_succeeds_and_not_where_it_stalls(lenet_setup):
+    net, w, X, y = lenet_setup
+    grads = gi.per_example_gradients(net, w, X, y)
+    run = gi.dlg(net, w, grads, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, stacked=True, seed=2)
+    psnr = np.array([gi.matched_psnr(run.x[i], X[i:i + 1])[0] for i in range(len(X))])
+    assert run.final_loss.shape == (len(X),) and (psnr > 30).sum() >= 10 and (psnr < 20).sum() >= 2, psnr
+    assert run.final_loss[psnr > 30].max() < 1e-3 and run.final_loss[psnr < 20].min() > 1, (psnr, run.final_loss)
+    single = gi.dlg(net, w, {k: v[3] for k, v in grads.items()}, input_shape=(1, 8, 8), num_classes=10, max_iter=5)
+    assert isinstance(single.final_loss, float) and single.final_loss >= 0

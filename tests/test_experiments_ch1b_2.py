@@ -176,16 +176,82 @@ def test_secagg_experiment_and_label_leak_on_a_small_population():
     assert sa[1]["exposed"].shape == (120,) and bool((sa[1]["exposed"] == 1).all())   # no cohort: all exposed
     assert sa[40]["exposed"].shape == (3,) and float(sa[40]["exposed"].mean()) < float(sa[4]["exposed"].mean())
     rows = ch2.secagg_rows(sa)
-    assert [r[0] for r in rows] == [1, 4, 40] and rows[0][1].startswith("1.000 ± 0.000") and rows[2][4] == 3
-    for m, v in sa.items():        # every exposed member is exposed either alone or through a shared sum
-        assert torch.allclose(v["exposed_alone"] + v["exposed_shared"], v["exposed"])
+    assert [r[0] for r in rows] == [1, 4, 40] and rows[0][1].startswith("1.000 ± 0.000") and rows[2][5] == 3
+    for m, v in sa.items():        # every exposed member is exposed alone, through a dominated sum, or otherwise
+        assert torch.allclose(v["exposed_alone"] + v["exposed_dominated"] + v["exposed_other"], v["exposed"])
+        assert bool((v["share"] >= 0).all() and (v["share"] <= 1 + 1e-12).all())
     assert bool((sa[1]["exposed_alone"] == 1).all())                  # a cohort of one: every sum is its own
-    assert rows[0][2:4] == [1.0, 0.0] and rows[2][5] == int(sa[40]["single"].median())
+    assert rows[0][2:5] == [1.0, 0.0, 0.0] and rows[2][6] == int(sa[40]["single"].median())
     leak = ch2.label_leak(honest, data, batch_size=5, lr=0.3, loss="log", seed=0)
     assert leak["revealed"] == 0.25 and leak["all_or_nothing"] == 1.0                  # B = 5 of N = 20
     assert leak["accuracy"] == pytest.approx(leak["clients_right"])
     with pytest.raises(ValueError, match="repeats"):
         ch2.secagg_experiment(honest, data, [2], batch_size=5, lr=0.3, loss="log", num_items=60, repeats=0)
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="dominance"):
+            ch2.secagg_experiment(honest, data, [2], batch_size=5, lr=0.3, loss="log", num_items=60, dominance=bad)
+
+
+def _secagg_routes_by_loops(honest, data, m, *, batch_size, lr, loss, num_items, seed, dominance, tol=1e-9):
+    """Oracle for one repeat of ch2.secagg_experiment: the same round (same generator draws), then every
+    cohort, item and member by Python loops: [G] fractions exposed alone / through a dominated shared
+    sum / otherwise, and the shares of the members exposed through shared sums only."""
+    g = torch.Generator().manual_seed(seed)
+    u = honest.user_vectors
+    perm = torch.randperm(u.shape[0], generator=g)
+    up, items = u[perm], data.items[perm]
+    _, deltas = rec.protocol1_client_update(up, honest.item_vectors, items, data.y[perm], local_steps=1,
+                                            batch_size=batch_size, lr=lr, loss=loss, generator=g)
+    fractions, shares = [], []
+    for c0 in range(0, u.shape[0], m):
+        contrib = {}                                     # item -> [(member, delta)] of the members who trained it
+        for c in range(c0, c0 + m):
+            for n in range(items.shape[1]):
+                if bool((deltas[c, n] != 0).any()):
+                    contrib.setdefault(int(items[c, n]), []).append((c, deltas[c, n]))
+        routes = [0, 0, 0]
+        for c in range(c0, c0 + m):
+            alone, best, exposed = False, None, False
+            for item, members in contrib.items():
+                total = sum(d for _, d in members)
+                cos = abs(float(total @ up[c] / (total.norm() * up[c].norm()))) if float(total.norm()) > 0 else 0.0
+                exposed |= cos >= 1 - tol
+                mine = [d for who, d in members if who == c]
+                if not mine:
+                    continue
+                if len(members) == 1:
+                    alone = True
+                elif cos >= 1 - tol:
+                    share = float(mine[0].norm() / sum(float(d.norm()) for _, d in members))
+                    best = share if best is None else max(best, share)
+            if exposed and alone:
+                routes[0] += 1
+            elif exposed:
+                share = best if best is not None else 0.0
+                shares.append(share)
+                routes[1 if share >= dominance else 2] += 1
+        fractions.append([r / m for r in routes])
+    return torch.tensor(fractions, dtype=torch.float64).T, torch.tensor(shares, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dominance", [0.99, 1 - 1e-9])
+def test_secagg_routes_match_a_loop_oracle(dominance):
+    """The split of the exposed members (a sum of their own / a shared sum they dominate, own norm at
+    least `dominance` of the sum's L1 mass / otherwise) against loops over cohorts, items and members."""
+    data = rec.make_synthetic(100, 40, 4, 20, torch.linspace(0.05, 0.45, 100), seed=3)
+    honest = rec.train_protocol1(data, num_rounds=60, clients_per_round=50, local_steps=5, batch_size=5, lr=0.3,
+                                 loss="log", init_scale=0.3, seed=3)   # trained: most |l'| are negligible
+    kw = dict(batch_size=5, lr=0.3, loss="log", num_items=40, seed=4, dominance=dominance)
+    sa = ch2.secagg_experiment(honest, data, [20], **kw)[20]
+    routes, shares = _secagg_routes_by_loops(honest, data, 20, **kw)
+    assert torch.allclose(sa["exposed_alone"], routes[0]) and torch.allclose(sa["exposed_dominated"], routes[1])
+    assert torch.allclose(sa["exposed_other"], routes[2])
+    assert torch.allclose(torch.sort(sa["share"]).values, torch.sort(shares).values)
+    assert float(sa["exposed_alone"].sum()) > 0
+    if dominance == 0.99:   # both routes occur, and every member exposed through a shared sum dominates it
+        assert float(sa["exposed_dominated"].sum()) > 0 and float(sa["exposed_other"].sum()) == 0.0
+    else:                   # a threshold above every exposing share moves them all to "otherwise"
+        assert float(sa["exposed_dominated"].sum()) == 0.0 and float(sa["exposed_other"].sum()) > 0
 
 
 # ------------------------------------------------------------------ chapter 2: checks a wrong constant breaks
@@ -228,6 +294,28 @@ def test_a_bound_five_times_too_small_fails_a_check(monkeypatch, bound, which):
     law2, law3 = _laws()
     monkeypatch.setattr(pac, bound, _shrunk(getattr(pac, bound), which))
     assert not _all_pass(ch2.bound_checks(law2, law3, epsilon=0.1, delta=0.05))
+
+
+def test_slack_totals_per_target_and_protocol():
+    """slack_totals gives each target its own law (its p_c, N, catalog) for each protocol's batch size:
+    target by target it equals slack_chain on the law built by hand, and two targets differ."""
+    targets = [rec.make_synthetic(1, 200, 4, 20, p, seed=s) for p, s in ((0.2, 4), (0.3, 50))]
+    kw = dict(lr=1.0, loss="hinge", sigma=1.0, seed=0)
+    totals = ch2.slack_totals(targets, epsilon=0.1, delta=0.05, batch_sizes={2: 5, 3: 10}, **kw)
+    assert set(totals) == {2, 3} and totals[2].shape == totals[3].shape == (2,)
+    for j, t in enumerate(targets):
+        for protocol, B in ((2, 5), (3, 10)):
+            law = pac.AttackLaw(t.user_vectors[0], t.item_vectors, pref_rate=float(t.pref_rate[0]), num_rated=20,
+                                batch_size=B, protocol=protocol, **kw)
+            assert totals[protocol][j] == ch2.slack_chain(law, epsilon=0.1, delta=0.05)["total"], (j, protocol)
+    assert totals[2][0] != totals[2][1] and bool((totals[2] > 1).all() and (totals[3] > 1).all())
+    with pytest.raises(ValueError, match="targets"):
+        ch2.slack_totals([], epsilon=0.1, delta=0.05, batch_sizes={2: 5}, **kw)
+    with pytest.raises(ValueError, match="targets"):
+        ch2.slack_totals([rec.make_synthetic(2, 50, 4, 20, 0.2, seed=0)], epsilon=0.1, delta=0.05,
+                         batch_sizes={2: 5}, **kw)
+    with pytest.raises(ValueError, match="batch_sizes"):
+        ch2.slack_totals(targets, epsilon=0.1, delta=0.05, batch_sizes={1: 5}, **kw)
 
 
 def test_slack_chain_factors_multiply_to_the_total():

@@ -79,7 +79,8 @@ class InversionResult:
     ``[batch]``; ``history``: ``{"iteration", "loss", "psnr"}`` lists (``psnr`` only when the true
     images were given); ``snapshots``: list of ``(iteration, x)`` pairs for figures;
     ``evaluations``: objective evaluations the attack made (per attack and restart; see the module
-    docstring).
+    docstring); ``final_loss``: :func:`dlg` only, the matching loss at each attack's final (unclamped)
+    iterate, ``[A]`` float64 array (a float when not stacked), ``None`` for other attacks.
     """
 
     x: torch.Tensor
@@ -87,6 +88,7 @@ class InversionResult:
     history: dict = field(default_factory=dict)
     snapshots: list = field(default_factory=list)
     evaluations: int = 0
+    final_loss: object = None
 
 
 def dlg_init_(model: nn.Module, seed: int = 0, scale: float = 0.5) -> nn.Module:
@@ -453,8 +455,9 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     ``[A, layers]`` per iteration, NaN for an attack that had finished its steps: mean squared difference between dummy and observed gradient in each layer of
     :func:`layer_groups`, the quantity of Zhu et al. 2019, Fig. 3) and, with ``x_true``, ``psnr`` (mean)
     and ``image_mse`` (array ``[A]``, matched MSE per attack). Returns an :class:`InversionResult`;
-    ``x`` is clamped to ``[0, 1]``. An attack whose objective becomes non-finite keeps its last finite
-    iterate.
+    ``x`` is clamped to ``[0, 1]``; ``final_loss`` is the matching loss at each attack's final iterate
+    (one more evaluation after the loop, not counted in ``evaluations``). An attack whose objective
+    becomes non-finite keeps its last finite iterate.
 
     ``device`` (default :func:`fedlab.config.device`, i.e. ``FEDLAB_DEVICE``): where the model, the
     gradients and L-BFGS run. The starting points are drawn on the CPU (every device starts from the
@@ -566,11 +569,12 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
         best, ev = _reference_lbfgs(evaluate, z, steps=int(steps), max_iter=int(max_iter), lr=lr,
                                     history_size=history_size, callback=record)
         evaluations = ev.numpy() if stacked else int(ev[0])
+    final_loss = evaluate(best)[0].detach().double().cpu().numpy()   # the loss reached (not counted in the budget)
     x = as_images(best)
     rec = labels if labels is not None else best[:, nx:].reshape(y0.shape).argmax(-1).cpu()
     if not stacked:
-        x, rec = x[0], rec[0]
-    return InversionResult(x, rec.clone(), history, snapshots, evaluations=evaluations)
+        x, rec, final_loss = x[0], rec[0], float(final_loss[0])
+    return InversionResult(x, rec.clone(), history, snapshots, evaluations=evaluations, final_loss=final_loss)
 
 
 def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple,

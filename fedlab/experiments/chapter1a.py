@@ -33,7 +33,8 @@ __all__ = ["UPDATE_SETTINGS", "ZHAO_LABEL_ACC", "WEI_RATES", "word_set_recovery"
            "plot_wei_sweeps", "wei_table", "noise_grid", "plot_reconstruction", "plot_noise_grid",
            "pruning_grid", "defense_costs", "mean_psnr", "plot_defenses", "psnr_summary", "baseline_table",
            "plot_layer_distances", "layer_image_correlation", "images_per_cell", "imprint_demo", "plot_imprint",
-           "plot_imprint_grid", "imprint_table"]
+           "plot_imprint_grid", "imprint_table", "success", "success_table", "imprint_psnr", "dlg_restarts",
+           "restart_table"]
 
 #: the updates of Sec. 1 of the chapter: name -> local epochs (0: the FedSGD gradient)
 UPDATE_SETTINGS = (("FedSGD gradient", 0), ("FedAvg, E = 1", 1), ("FedAvg, E = 5", 5))
@@ -209,6 +210,107 @@ def psnr_summary(psnr, x_true: torch.Tensor) -> dict:
     return {"n": len(psnr), "attack": float(np.median(psnr)), "grey": float(np.median(b["grey"])),
             "mean colour": float(np.median(b["mean colour"])), "beats grey": float(np.mean(psnr > b["grey"])),
             "beats mean colour": float(np.mean(psnr > b["mean colour"]))}
+
+
+def success(psnr, x_true: torch.Tensor, success_db: float) -> np.ndarray:
+    """The chapter's one success rule, for every attack (DLG, Inverting Gradients, the imprint module): a
+    reconstruction succeeds when its PSNR is at least ``success_db`` **and** above the PSNR of the true
+    image's own mean colour (:func:`fedlab.attacks.gradient_inversion.psnr_baselines`), so that a smooth
+    image is not counted as recovered by its average. On the digits the mean colour scores far below 20
+    dB and the second condition never binds.
+
+    ``psnr`` ``[n]`` (dB), ``x_true`` ``[n, C, H, W]`` in ``[0, 1]``. Returns a bool array ``[n]`` (empty for
+    ``n = 0``). Raises ``ValueError`` if the lengths differ or ``psnr`` holds a NaN."""
+    psnr = np.asarray(psnr, dtype=float).ravel()
+    if len(psnr) != len(x_true):
+        raise ValueError(f"psnr and x_true must hold one entry per image, got {len(psnr)} and {len(x_true)}")
+    if np.isnan(psnr).any():
+        raise ValueError("psnr must not hold NaN")
+    if len(psnr) == 0:
+        return np.zeros(0, dtype=bool)
+    return (psnr >= success_db) & (psnr > gi.psnr_baselines(x_true)["mean colour"])
+
+
+def success_table(attacks: Mapping[str, tuple], *, success_db: float) -> tuple[dict, object]:
+    """Every attack scored by :func:`success`: ``attacks`` is ``{name: (psnr [n], x_true [n, C, H, W])}``.
+    Returns ``(rates, table)``: ``{name: success rate}`` and a Markdown table (images, median PSNR,
+    successes, rate). Raises ``ValueError`` if ``attacks`` is empty or an attack has no image, and the
+    errors of :func:`success`."""
+    if not attacks:
+        raise ValueError("attacks must hold at least one attack")
+    rates, rows = {}, []
+    for name, (psnr, x_true) in attacks.items():
+        ok = success(psnr, x_true, success_db)
+        if len(ok) == 0:
+            raise ValueError(f"attacks[{name!r}] holds no image")
+        rates[name] = float(ok.mean())
+        rows.append(f"| {name} | {len(ok)} | {float(np.median(psnr)):.1f} | {int(ok.sum())} | {rates[name]:.3f} |")
+    return rates, _markdown(f"| attack | images | median PSNR (dB) | successes (≥ {success_db:g} dB and above the "
+                            "mean colour) | success rate |\n|---|---|---|---|---|\n" + "\n".join(rows))
+
+
+def imprint_psnr(demo: Mapping) -> np.ndarray:
+    """PSNR (dB) of each image of :func:`imprint_demo` against what the server reads for it (the nearest
+    recovered vector, zeros where nothing was recovered), capped at 120 dB (MSE 1e-12). Returns ``[n]``."""
+    mse = ((demo["X_hat"].double() - demo["X"].double()) ** 2).reshape(len(demo["X"]), -1).mean(1).numpy()
+    return metrics.psnr_from_mse(mse, min_mse=1e-12)
+
+
+def dlg_restarts(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, psnr0, loss0, evaluations0,
+                 restarts: int, steps: int, max_iter: int = 20, seed: int = 0) -> dict:
+    """DLG (Zhu et al. 2019, Alg. 1, the reference loop of :func:`fedlab.attacks.gradient_inversion.dlg`)
+    restarted from ``restarts`` further random starts on the images ``X [n, C, H, W]``, ``y [n]`` (e.g. the
+    ones a first run failed on), keeping per image the run whose matching loss is smallest (the attacker
+    cannot see the PSNR). Run ``0`` is the first run, given by its ``psnr0``, ``loss0`` (its
+    ``final_loss``) and ``evaluations0``, each ``[n]``; the ``restarts * n`` further attacks run as one
+    stacked call (generator ``seed``; attack ``(r - 1) * n + i`` is restart ``r`` of image ``i``, each from
+    its own random start). Also returns the loss at the truth, the matching loss of the true image with
+    its one-hot label (0 up to round-off: the truth is a global minimum the optimiser did not reach).
+
+    Returns ``{"psnr", "loss", "evaluations": [restarts + 1, n] arrays, "best": [n] run index of least
+    loss, "psnr_best", "loss_best": [n], "loss_truth": [n]}``; with ``n = 0`` every array is empty and no
+    attack runs. Raises ``ValueError`` for ``restarts < 1``, ``steps < 1``, or inputs of different lengths."""
+    restarts, steps = positive_int("restarts", restarts), positive_int("steps", steps)
+    n = len(X)
+    first = [np.asarray(a, dtype=float).ravel() for a in (psnr0, loss0, evaluations0)]
+    if len(y) != n or any(len(a) != n for a in first):
+        raise ValueError(f"X, y, psnr0, loss0 and evaluations0 must have one entry per image, got {n}, {len(y)} "
+                         f"and {[len(a) for a in first]}")
+    psnr, loss, evals = ([a] for a in first)
+    truth = np.zeros(n)
+    if n:
+        g = gi.per_example_gradients(model, params, X, y)
+        for i in range(n):
+            dummy = gi.parameter_gradient(model, params, X[i:i + 1], y[i:i + 1])
+            truth[i] = float(gi.gradient_distance(dummy, {k: v[i] for k, v in g.items()}))
+        reps = {k: v.repeat(restarts, *([1] * (v.ndim - 1))) for k, v in g.items()}   # row (r - 1) * n + i
+        run = gi.dlg(model, params, reps, input_shape=tuple(X.shape[1:]), num_classes=10, max_iter=max_iter,
+                     steps=steps, stacked=True, seed=seed)
+        p = np.array([gi.matched_psnr(run.x[j], X[j % n:j % n + 1])[0] for j in range(restarts * n)])
+        psnr += list(p.reshape(restarts, n))
+        loss += list(np.asarray(run.final_loss, dtype=float).reshape(restarts, n))
+        evals += list(np.asarray(run.evaluations, dtype=float).reshape(restarts, n))
+    psnr, loss, evals = (np.stack(a) if n else np.zeros((restarts + 1, 0)) for a in (psnr, loss, evals))
+    best = loss.argmin(0) if n else np.zeros(0, dtype=int)
+    cols = np.arange(n)
+    return {"psnr": psnr, "loss": loss, "evaluations": evals, "best": best, "psnr_best": psnr[best, cols],
+            "loss_best": loss[best, cols], "loss_truth": truth}
+
+
+def restart_table(restart: Mapping, images: Sequence[int], *, max_evaluations: int):
+    """Markdown table of :func:`dlg_restarts`, one row per restarted image (``images``: their indices on
+    the page): evaluations the first run used (of ``max_evaluations``), the matching loss it reached, the
+    loss at the truth, the PSNR of the first run and of the run of least loss, and which run that is.
+    Raises ``ValueError`` if ``images`` does not match the result's length."""
+    n = len(restart["psnr_best"])
+    if len(images) != n:
+        raise ValueError(f"images must name the {n} restarted images, got {len(images)}")
+    rows = [f"| {int(i)} | {int(restart['evaluations'][0, j])} of {int(max_evaluations)} | {restart['loss'][0, j]:.2e} | "
+            f"{restart['loss_truth'][j]:.1e} | {restart['psnr'][0, j]:.1f} | {int(restart['best'][j])} | "
+            f"{restart['loss_best'][j]:.2e} | {restart['psnr_best'][j]:.1f} |" for j, i in enumerate(images)]
+    return _markdown("| image | first run: evaluations | first run: loss reached | loss at the truth | first run: PSNR (dB) "
+                     "| run of least loss (0 = first) | its loss | its PSNR (dB) |\n|---|---|---|---|---|---|---|---|\n"
+                     + ("\n".join(rows) if rows else "| none failed at this seed | | | | | | | |"))
 
 
 def baseline_table(summaries: Mapping[str, Mapping]):

@@ -24,8 +24,8 @@ from ..privacy import ldp
 
 __all__ = ["Theorem1Row", "theorem1_sweep", "plot_theorem1", "theorem1_rows", "theorem1_fail_name",
            "theorem1_table", "noisy_error_curves", "noisy_panels", "noisy_summary", "attack_error_panel",
-           "probe_defense", "secagg_experiment", "secagg_rows", "label_leak", "slack_chain", "bound_checks",
-           "bound_checks_table", "slack_table", "epsilon_sweep", "plot_epsilon_sweep", "dp_composition", "dp_error_targets",
+           "probe_defense", "secagg_experiment", "secagg_rows", "label_leak", "slack_chain", "slack_totals",
+           "bound_checks", "bound_checks_table", "slack_table", "epsilon_sweep", "plot_epsilon_sweep", "dp_composition", "dp_error_targets",
            "plot_dp_composition"]
 
 
@@ -257,6 +257,33 @@ def slack_chain(law: "pac.AttackLaw", *, epsilon: float, delta: float, beta_grid
     vals = list(T.values())
     factor = {n: vals[i] / vals[i + 1] for i, n in enumerate(names)}
     return {"T": T, "factor": factor, "total": T_paper / T["error"], "tau": tau, "beta": best_beta}
+
+
+def slack_totals(targets: Sequence, *, epsilon: float, delta: float, sigma: float, batch_sizes: Mapping[int, int],
+                 lr: float, loss: str, seed: int = 0) -> dict:
+    """The total slack of Theorems 2 and 3 (London 2020, App. A.3-A.4), the theorem's ``T`` over the ``T``
+    the attack needs (``slack_chain(...)["total"]``), for each of several target users, so that it can
+    be reported as a range over targets instead of one target's value.
+
+    ``targets``: one-user :class:`~fedlab.fl.recsys.ratings.RecData` each (its ``pref_rate``, its ``N``
+    rated items and its own catalog); ``batch_sizes``: ``{protocol (2 or 3): B}``. Each target gets an
+    :class:`~fedlab.attacks.identifiability.AttackLaw` per protocol at noise ``sigma`` (its Monte Carlo
+    draws seeded ``seed``). Returns ``{protocol: [len(targets)] float64 array of totals}``. Raises
+    ``ValueError`` for no target, a target with more than one user, a protocol other than 2 or 3, and
+    the errors of :func:`slack_chain` and :class:`~fedlab.attacks.identifiability.AttackLaw`."""
+    if len(targets) < 1:
+        raise ValueError("targets must hold at least one target user")
+    if any(t.user_vectors.shape[0] != 1 for t in targets):
+        raise ValueError("targets must be one-user RecData (user_vectors [1, k])")
+    if not batch_sizes or any(p not in (2, 3) for p in batch_sizes):
+        raise ValueError(f"batch_sizes must map protocol 2 and/or 3 to a batch size, got {dict(batch_sizes)}")
+    out = {}
+    for protocol, B in batch_sizes.items():
+        out[protocol] = np.array([slack_chain(pac.AttackLaw(
+            t.user_vectors[0], t.item_vectors, pref_rate=float(t.pref_rate[0]), num_rated=int(t.items.shape[1]),
+            batch_size=B, sigma=sigma, lr=lr, loss=loss, protocol=protocol, seed=seed),
+            epsilon=epsilon, delta=delta)["total"] for t in targets], dtype=np.float64)
+    return out
 
 
 def bound_checks(law2: "pac.AttackLaw", law3: "pac.AttackLaw", *, epsilon: float, delta: float,
@@ -539,47 +566,74 @@ def probe_defense(honest, data, *, num_interactions: int, batch_size: int, lr: f
 
 
 def secagg_experiment(honest, data, cohorts: Sequence[int], *, batch_size: int, lr: float, loss: str,
-                      num_items: int, repeats: int = 1, seed: int = 0) -> dict:
+                      num_items: int, repeats: int = 1, seed: int = 0, dominance: float = 0.99,
+                      tol: float = 1e-9) -> dict:
     """One honest round of Protocol 1 (the real item vectors, ``R = 1``) through secure aggregation
     (London 2020, Sec. 6; Bonawitz et al. 2017), which reveals per cohort of ``m`` clients the
     per-item sum of their deltas (:func:`~fedlab.attacks.identifiability.secure_aggregate_items`).
     Each client's deltas are multiples of its ``u_c``, so an item trained on by one member only
-    exposes that member's vector up to sign (:func:`~fedlab.attacks.identifiability.exposed_members`).
+    exposes that member's vector up to sign (:func:`~fedlab.attacks.identifiability.exposed_members`,
+    ``|cos(S_gi, u_c)| >= 1 - tol``).
+
+    The exposed members are split by the route that exposes them:
+
+    * *alone*: the member trained an item no other member of its cohort trained: a single-contributor
+      sum, exactly a multiple of ``u_c``;
+    * *dominated*: otherwise, a shared sum (two or more contributors) that exposes the member and that
+      the member dominates: its contribution's norm ``||Delta v_ci||`` is at least ``dominance`` of the
+      sum's L1 mass ``sum_j ||Delta v_ji||`` over the sum's contributors ``j`` (so the others together
+      make up at most ``1 - dominance`` of it);
+    * *other*: exposed by neither route (a shared sum that the member does not dominate and that still
+      points along ``u_c``).
 
     Every repeat shuffles the clients into cohorts and runs the round again (one generator seeded
     ``seed``). Returns ``{m: {"exposed": [cohorts * repeats] fraction of each cohort's members
     exposed, "single": [cohorts * repeats] number of per-item sums with exactly one contributor,
-    "exposed_alone": the fraction of members exposed who trained an item no other member of their
-    cohort trained (a single-contributor sum, exactly a multiple of ``u_c``), "exposed_shared": the
-    fraction exposed only through sums they share with others (their contribution dominates, the
-    others' are negligible)}}``; ``exposed_alone + exposed_shared = exposed``.
-    Raises ``ValueError`` for a cohort size below 1 or one that does not divide the clients.
+    "exposed_alone", "exposed_dominated", "exposed_other": [cohorts * repeats] fraction of each
+    cohort's members exposed by each route, "share": [n] float64, for each of the ``n`` members
+    exposed only through shared sums, the largest share (own norm / the sum's L1 mass) among the
+    shared sums that expose it}}``; ``exposed_alone + exposed_dominated + exposed_other = exposed``.
+    Raises ``ValueError`` for a cohort size below 1 or one that does not divide the clients, for
+    ``repeats < 1``, and for ``dominance`` or ``tol`` outside (0, 1).
     """
     if any(int(m) != m or m < 1 for m in cohorts):
         raise ValueError(f"cohorts must be positive integers, got {list(cohorts)}")
     repeats = positive_int("repeats", repeats)
+    dominance = in_range("dominance", dominance, 0.0, 1.0)
+    tol = in_range("tol", tol, 0.0, 1.0)
     g = torch.Generator().manual_seed(seed)
     u, V = honest.user_vectors, honest.item_vectors
     out = {}
     for m in cohorts:
-        exposed, single, alone, shared = [], [], [], []
+        parts = {key: [] for key in ("exposed", "single", "exposed_alone", "exposed_dominated", "exposed_other",
+                                     "share")}
         for _ in range(repeats):
             perm = torch.randperm(u.shape[0], generator=g)
-            _, deltas = rec.protocol1_client_update(u[perm], V, data.items[perm], data.y[perm], local_steps=1,
+            up, items = u[perm], data.items[perm]
+            _, deltas = rec.protocol1_client_update(up, V, items, data.y[perm], local_steps=1,
                                                     batch_size=batch_size, lr=lr, loss=loss, generator=g)
-            sums = pac.secure_aggregate_items(deltas, data.items[perm], num_items, int(m))
-            exp = pac.exposed_members(sums, u[perm])                                        # [G, m]
-            exposed.append(exp.double().mean(1))
+            sums = pac.secure_aggregate_items(deltas, items, num_items, int(m))               # [G, I, k]
+            exp = pac.exposed_members(sums, up, tol=tol)                                     # [G, m]
             touched = rec.touched_items(deltas)                                             # [C, N]
-            trained = touched[..., None].to(deltas.dtype)                                   # [C, N, 1]
-            counts = pac.secure_aggregate_items(trained, data.items[perm], num_items, int(m))[..., 0]   # [G, I]
-            single.append((counts == 1).sum(1).double())
-            cohort = torch.arange(u.shape[0]) // int(m)
-            sole = (touched & (counts[cohort[:, None], data.items[perm]] == 1)).any(1).view(exp.shape)   # [G, m]
-            alone.append((exp & sole).double().mean(1))
-            shared.append((exp & ~sole).double().mean(1))
-        out[int(m)] = {"exposed": torch.cat(exposed), "single": torch.cat(single),
-                       "exposed_alone": torch.cat(alone), "exposed_shared": torch.cat(shared)}
+            counts = pac.secure_aggregate_items(touched[..., None].to(deltas.dtype), items, num_items,
+                                                int(m))[..., 0]                             # [G, I]
+            norm = deltas.norm(dim=-1) * touched                                            # [C, N]
+            mass = pac.secure_aggregate_items(norm[..., None], items, num_items, int(m))[..., 0]   # [G, I] L1 mass
+            cohort = (torch.arange(u.shape[0]) // int(m))[:, None]                           # [C, 1]
+            own_sum = sums[cohort, items]                                                   # [C, N, k]
+            cos = torch.nn.functional.cosine_similarity(own_sum, up[:, None, :].expand_as(own_sum), dim=-1).abs()
+            shared = touched & (counts[cohort, items] >= 2) & (cos >= 1 - tol)               # exposing shared sums
+            share = torch.where(shared, norm / mass[cohort, items].clamp_min(1e-300), torch.zeros_like(norm))
+            best = share.max(1).values.view(exp.shape)                                      # [G, m]
+            sole = (touched & (counts[cohort, items] == 1)).any(1).view(exp.shape)          # [G, m]
+            via_shared = exp & ~sole
+            parts["exposed"].append(exp.double().mean(1))
+            parts["single"].append((counts == 1).sum(1).double())
+            parts["exposed_alone"].append((exp & sole).double().mean(1))
+            parts["exposed_dominated"].append((via_shared & (best >= dominance)).double().mean(1))
+            parts["exposed_other"].append((via_shared & (best < dominance)).double().mean(1))
+            parts["share"].append(best[via_shared])
+        out[int(m)] = {key: torch.cat(v) for key, v in parts.items()}
     return out
 
 
@@ -603,13 +657,14 @@ def label_leak(honest, data, *, batch_size: int, lr: float, loss: str, seed: int
 
 def secagg_rows(sa: Mapping) -> list[list]:
     """Rows ``[m, mean fraction of members exposed ± 95 % t half-width over cohorts, of which through a
-    single-contributor sum, of which through a shared sum, number of cohorts, median number of
-    single-contributor item sums per cohort]`` of a :func:`secagg_experiment` result (the two parts as
-    mean fractions of all members, 3 decimals)."""
+    single-contributor sum, of which through a shared sum they dominate, of which otherwise, number of
+    cohorts, median number of single-contributor item sums per cohort]`` of a :func:`secagg_experiment`
+    result (the three parts as mean fractions of all members, 3 decimals)."""
     rows = []
     for m, v in sa.items():
         mean, _, ci = t_interval(v["exposed"].tolist())
         hw = float("nan") if ci is None else (ci[1] - ci[0]) / 2
-        rows.append([m, f"{mean:.3f} ± {hw:.3f}", round(float(v["exposed_alone"].mean()), 3),
-                     round(float(v["exposed_shared"].mean()), 3), len(v["exposed"]), int(v["single"].median())])
+        rows.append([m, f"{mean:.3f} ± {hw:.3f}"]
+                    + [round(float(v[f"exposed_{part}"].mean()), 3) for part in ("alone", "dominated", "other")]
+                    + [len(v["exposed"]), int(v["single"].median())])
     return rows
