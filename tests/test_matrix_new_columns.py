@@ -145,6 +145,7 @@ def test_safe_epsilons_are_upper_bounds_from_the_discrete_gaussian():
 
 # ------------------------------------------------------------------------------------------------------------
 # top-k at 1 %
+@pytest.mark.slow
 def test_topk1_sends_one_percent_and_dlg_reads_its_mask():
     G = torch.randn(3, 1000, generator=torch.Generator().manual_seed(2))
     view, public = mx.protect_public(G, "topk1")
