@@ -31,7 +31,7 @@ __all__ = ["LECTURE_WINDOW_AUC", "SUMMARY_LABELS", "LECTURE_ACTIVE_ACCURACY", "L
            "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "active_attack_sweep",
            "active_attack_name", "active_attack_values", "active_attack_table", "LOW_FPR",
            "active_learned_values", "active_learned_table", "lira_shadow_models", "lira_attack", "PASSIVE_ATTACKS",
-           "passive_attack_scores", "passive_attack_values", "passive_attack_table", "heldout_gamma", "heldout_gamma_values",
+           "passive_attack_scores", "passive_attack_values", "passive_attack_table", "heldout_gamma", "heldout_gamma_values", "heldout_gamma_table",
            "ascent_drop_values", "ddg_calibration", "ddg_error_ratio", "dp_grid", "plot_dp_grid",
            "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
            "personalization_eps_sweep", "personalization_eps_values", "personalization_eps_table"]
@@ -332,14 +332,18 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
     by minus the loss averaged over the rounds. ``fl_args``: ``local_epochs``, ``batch_size``, ``lr``.
 
     Returns ``{"auc": {(name, gamma): [U]}, "accuracy": {(name, gamma): [U]}, "auc_learned": {(name, gamma): [U]},
-    "tpr": {(name, gamma): {"mean loss": [..], "learned": [..]}}, "fpr": LOW_FPR, "floor": float}``: per
+    "tpr": {(name, gamma): {"mean loss": [..], "learned": [..]}}, "fpr": LOW_FPR, "floor": float,
+    "drop": {(name, gamma): {"auc": [U], "member": [U], "nonmember": [U]}}}``: per
     target the AUC against ``is_member`` ``[2n]``, the balanced accuracy of a threshold chosen on the
     *other* targets' candidates (:func:`fedlab.attacks.membership.leave_one_out_accuracy`); the AUC of
     Nasr et al.'s learned attack (:func:`fedlab.attacks.membership.learned_loo_scores`: a classifier on the
     loss of the model the target received and of the model it returned at every attack round, trained on
     the other targets' candidates); both scores' TPR at the false-positive rates :data:`LOW_FPR`, pooled
     over the targets with one threshold (:func:`fedlab.metrics.tpr_at_fpr`); and the chance floor of the
-    mean AUC over the ``U`` targets (:func:`fedlab.metrics.auc_permutation_floor`).
+    mean AUC over the ``U`` targets (:func:`fedlab.metrics.auc_permutation_floor`); the *loss drop*, the loss
+    of the model the target received minus the loss of the model observed (for the server: the model the
+    target returned), averaged over the attack rounds: per target the AUC of the drop taken as a membership
+    score and the members' and non-members' mean drops.
     Raises ``ValueError`` for fewer than two targets, a target that is not a client, no ``ascent_lrs`` or
     one that is not ``> 0``.
     """
@@ -365,17 +369,21 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
                                          return_trace=True, **fl_args))
     loss_fn = fl_args.get("loss_fn")
     lkw = {} if loss_fn is None else {"loss_fn": loss_fn}
-    out = {"auc": {}, "accuracy": {}, "auc_learned": {}, "tpr": {}, "fpr": tuple(LOW_FPR)}
+    out = {"auc": {}, "accuracy": {}, "auc_learned": {}, "tpr": {}, "fpr": tuple(LOW_FPR), "drop": {}}
     labels = np.tile(np.asarray(is_member), len(targets))
+    mem = np.asarray(is_member) > 0.5
     for cell in cells:
-        scores, feats = [], []
+        scores, feats, drops = [], [], []
         for k in targets:
             tr = next(traces)
             with torch.no_grad():
                 sent = torch.stack([mia.per_example_loss(model, rec, cand_X[k], cand_y[k], **lkw) for rec in tr["received"]])
             scores.append(mia.membership_score(tr["signals"], num_rounds).numpy())
             feats.append(torch.cat([sent, tr["signals"]]).T.numpy())       # [2n, 2R]: sent and observed losses
-        scores, feats = np.stack(scores), np.stack(feats)                    # [U, 2n], [U, 2n, 2R]
+            drops.append((sent - tr["signals"]).mean(0).numpy())           # [2n]: received minus returned loss
+        scores, feats, drops = np.stack(scores), np.stack(feats), np.stack(drops)   # [U, 2n], [U, 2n, 2R], [U, 2n]
+        out["drop"][cell] = {"auc": np.asarray([roc_auc(is_member, d) for d in drops]),
+                             "member": drops[:, mem].mean(1), "nonmember": drops[:, ~mem].mean(1)}
         learned = mia.learned_loo_scores(feats, is_member)
         out["auc"][cell] = np.asarray([roc_auc(is_member, s) for s in scores])
         out["accuracy"][cell] = mia.leave_one_out_accuracy(is_member, scores)[0]
@@ -443,6 +451,84 @@ def active_attack_table(sweep: Mapping, paper: Callable[[str], str]):
                  paper("act_floor")])
     return md_table(["attacker", "mode", "paper accuracy", "ours AUC", "ours accuracy (held-out threshold)",
                      "AUC − passive (paired)", "ours AUC, paper scale (mean ± 95 % CI over seeds)"], rows)
+
+
+def heldout_gamma(sweep: Mapping, stat: str = "auc") -> dict:
+    """The ascent step chosen on held-out targets: the ``U`` targets of :func:`active_attack_sweep` are split
+    into their first and second half (two folds); on each fold the step ``gamma > 0`` with the best mean
+    ``stat`` (``"auc"``: the fixed score, ``"auc_learned"``: the learned attack) is chosen, and the *other*
+    fold's targets are scored with it. Every target's gain over the same attacker's passive attack is thus
+    measured at a step chosen without it (cross-fitting), which a step picked as the best of the table is not.
+
+    Returns ``{variant: {"gammas": (step chosen on the first half, step chosen on the second half),
+    "gain": [U]}}``, ``gain[u]`` being target ``u``'s AUC at the step chosen on the other half minus its
+    passive AUC. Raises ``ValueError`` for an unknown ``stat``, fewer than four targets, or a variant
+    without a passive cell or an ascent step."""
+    if stat not in ("auc", "auc_learned"):
+        raise ValueError(f"stat must be 'auc' or 'auc_learned', got {stat!r}")
+    table = sweep[stat]
+    out = {}
+    for name in dict.fromkeys(v for v, _ in table):
+        gammas = sorted(g for v, g in table if v == name and g > 0)
+        if (name, 0.0) not in table or not gammas:
+            raise ValueError(f"variant {name!r} needs a passive cell and at least one ascent step")
+        U = len(table[(name, 0.0)])
+        if U < 4:
+            raise ValueError(f"heldout_gamma needs at least four targets (two per half), got {U}")
+        halves = [np.arange(U // 2), np.arange(U // 2, U)]
+        passive = np.asarray(table[(name, 0.0)])
+        gain = np.empty(U)
+        chosen = []
+        for fit, score in (halves, halves[::-1]):
+            g = max(gammas, key=lambda gm: float(np.mean(np.asarray(table[(name, gm)])[fit])))
+            chosen.append(g)
+            gain[score] = np.asarray(table[(name, g)])[score] - passive[score]
+        out[name] = {"gammas": tuple(chosen), "gain": gain}
+    return out
+
+
+def heldout_gamma_values(sweep: Mapping) -> dict:
+    """``{name: value}`` from :func:`heldout_gamma` for both scores (unrounded): per variant
+    ``hg_<variant>_<auc|lauc>`` (the mean cross-fitted gain over targets) with ``_lo`` / ``_hi`` (95 % t
+    interval over targets) and the steps chosen on the two halves, ``..._gamma_a`` / ``..._gamma_b``;
+    ``hg_max`` / ``hg_min``: the largest and smallest mean gain over variants and scores."""
+    out, gains = {}, []
+    for stat, tag in (("auc", "auc"), ("auc_learned", "lauc")):
+        for name, r in heldout_gamma(sweep, stat).items():
+            m, _, ci = t_interval(r["gain"])
+            key = f"hg_{name.replace(', ', '_')}_{tag}"
+            out.update({key: m, key + "_lo": (ci or (m, m))[0], key + "_hi": (ci or (m, m))[1],
+                        key + "_gamma_a": r["gammas"][0], key + "_gamma_b": r["gammas"][1]})
+            gains.append(m)
+    out.update(hg_max=max(gains), hg_min=min(gains))
+    return out
+
+
+def heldout_gamma_table(sweep: Mapping, paper: Callable[[str], str]):
+    """:func:`heldout_gamma` for both scores as a Markdown table, one row per attacker and score: the steps
+    chosen on each half of the targets, the cross-fitted gain over the passive attack (mean ± 95 % interval
+    over targets) and the stored paper-scale record's gain (``paper(name)``, over seeds)."""
+    from ..plots import md_table
+
+    rows = []
+    for stat, label, tag in (("auc", "mean loss", "auc"), ("auc_learned", "learned", "lauc")):
+        for name, r in heldout_gamma(sweep, stat).items():
+            rows.append([name, label, " / ".join(f"{g:g}" for g in r["gammas"]), mean_interval(r["gain"]),
+                         paper(f"hg_{name.replace(', ', '_')}_{tag}")])
+    return md_table(["attacker", "score", "γ chosen on 1st / 2nd half of targets",
+                     "AUC − passive, γ chosen on the other half", "the same, paper scale (over seeds)"], rows)
+
+
+def ascent_drop_values(sweep: Mapping) -> dict:
+    """``{name: value}`` of the loss drop (received minus returned loss, :func:`active_attack_sweep`) for
+    every cell (unrounded): ``drop_<variant>_<p|g<gamma>>_auc`` (the mean over targets of the AUC of the drop
+    as a membership score), ``..._mem`` and ``..._non`` (members' and non-members' mean drop)."""
+    out = {}
+    for (name, gamma), d in sweep["drop"].items():
+        tag = active_attack_name(name, gamma, "").replace("act_", "drop_", 1).rstrip("_")
+        out.update({tag + "_auc": float(np.mean(d["auc"])), tag + "_mem": float(np.mean(d["member"])),
+                    tag + "_non": float(np.mean(d["nonmember"]))})
+    return out
 
 
 def _fpr_tag(rate: float) -> str:
