@@ -237,8 +237,15 @@ def test_passive_attack_scores_values_and_table():
     assert v["pa_lira_minus_loss"] == pytest.approx(0.0)
     assert v["pa_loss_all_auc_lo"] <= v["pa_loss_all_auc"] <= v["pa_loss_all_auc_hi"]
     assert {"pa_learned_tpr0p1", "pa_learned_tpr1", "pa_lira_rec_tpr1", "pa_lira_rec_minus_loss_hi"} <= set(v)
+    for name, ci in cmp_["tpr_ci"].items():                                 # a bootstrap interval around each TPR
+        assert all(lo <= t <= hi for (lo, hi), t in zip(ci, cmp_["tpr"][name])), name
+    assert v["pa_lira_fixed_tpr1_lo"] <= v["pa_lira_fixed_tpr1"] <= v["pa_lira_fixed_tpr1_hi"]
     table = ch1b.passive_attack_table(cmp_, lambda name: f"paper:{name}").data
     assert "| LiRA, fixed variance |" in table and "paper:pa_lira_rec_tpr0p1" in table
+    lo, hi = cmp_["tpr_ci"]["mean loss, last round"][1]
+    assert f"{cmp_['tpr']['mean loss, last round'][1]:.3f} [{lo:.3f}, {hi:.3f}]" in table
+    with pytest.raises(ValueError, match="n_boot"):
+        ch1b.passive_attack_scores(signals, is_member, lira, n_boot=0)
     with pytest.raises(ValueError, match="LiRA, per-record variance"):
         ch1b.passive_attack_scores(signals, is_member, {"scores": {"LiRA, fixed variance": lira["scores"]["LiRA, fixed variance"]}})
     with pytest.raises(ValueError, match="grad_norm"):

@@ -712,7 +712,8 @@ PASSIVE_ATTACKS = {"mean loss, last round": "loss_last", "mean loss, all rounds"
                    "LiRA, per-record variance": "lira_rec"}
 
 
-def passive_attack_scores(signals: Mapping[str, torch.Tensor], is_member, lira: Mapping) -> dict:
+def passive_attack_scores(signals: Mapping[str, torch.Tensor], is_member, lira: Mapping, *, n_boot: int = 500,
+                          seed: int = 0) -> dict:
     """The passive server's attacks on each client's candidates, side by side (Carlini et al. 2022's
     comparison: AUC and TPR at low FPR): minus the loss of the last round and of all rounds averaged
     (:func:`fedlab.attacks.membership.membership_score`), Nasr et al.'s learned attack on the loss and
@@ -721,9 +722,11 @@ def passive_attack_scores(signals: Mapping[str, torch.Tensor], is_member, lira: 
     :func:`lira_attack` (``lira``).
 
     ``signals``: ``{"loss": [K, T, r], "grad_norm": [K, T, r]}``; ``is_member``: ``[r]``. Returns
-    ``{"auc": {attack: [K]}, "tpr": {attack: [..]}, "fpr": LOW_FPR}`` keyed by :data:`PASSIVE_ATTACKS`:
-    each client's AUC and the TPR of one threshold over all clients' candidates. Raises ``ValueError`` for
-    a missing signal, or LiRA results of other clients or candidates."""
+    ``{"auc": {attack: [K]}, "tpr": {attack: [..]}, "tpr_ci": {attack: [(lo, hi), ..]}, "fpr": LOW_FPR}`` keyed
+    by :data:`PASSIVE_ATTACKS`: each client's AUC, the TPR of one threshold over all clients' candidates at
+    each rate of :data:`LOW_FPR`, and its 95 % percentile bootstrap interval over clients (``n_boot``
+    resamples of the ``K`` clients with replacement, drawn from ``seed``). Raises ``ValueError`` for a missing
+    signal, LiRA results of other clients or candidates, or ``n_boot`` not a positive integer."""
     from ..metrics import roc_auc, tpr_at_fpr
 
     for s in ("loss", "grad_norm"):
@@ -740,15 +743,22 @@ def passive_attack_scores(signals: Mapping[str, torch.Tensor], is_member, lira: 
               "mean loss, all rounds": np.stack([mia.membership_score(S, T).numpy() for S in L]),
               "learned (Nasr et al.), all rounds": mia.learned_loo_scores(feats, lab),
               **{k: np.asarray(v) for k, v in lira["scores"].items()}}
+    n_boot = positive_int("n_boot", n_boot)
+    draws = np.random.default_rng(seed).integers(0, K, size=(n_boot, K))           # the same resamples for every attack
+    tpr_ci = {}
+    for k, v in scores.items():
+        boot = np.asarray([tpr_at_fpr(np.tile(lab, K), v[d].ravel(), list(LOW_FPR)) for d in draws])   # [n_boot, rates]
+        tpr_ci[k] = [(float(lo), float(hi)) for lo, hi in zip(*np.percentile(boot, [2.5, 97.5], axis=0))]
     return {"auc": {k: np.asarray([roc_auc(lab, s) for s in v]) for k, v in scores.items()},
             "tpr": {k: tpr_at_fpr(np.tile(lab, K), v.ravel(), list(LOW_FPR)) for k, v in scores.items()},
-            "fpr": tuple(LOW_FPR)}
+            "tpr_ci": tpr_ci, "fpr": tuple(LOW_FPR)}
 
 
 def passive_attack_values(comparison: Mapping) -> dict:
     """``{name: value}`` the chapter quotes from :func:`passive_attack_scores` (unrounded): per attack (tag of
     :data:`PASSIVE_ATTACKS`) ``pa_<tag>_auc`` (mean over clients), ``_auc_lo`` / ``_auc_hi`` (95 % t interval
-    over clients), ``pa_<tag>_tpr0p1`` and ``pa_<tag>_tpr1``; ``pa_lira_minus_loss`` (LiRA with the fixed
+    over clients), ``pa_<tag>_tpr0p1`` and ``pa_<tag>_tpr1`` (with ``_lo`` / ``_hi``, the bootstrap interval over
+    clients, when ``comparison`` holds ``"tpr_ci"``); ``pa_lira_minus_loss`` (LiRA with the fixed
     variance minus the last-round mean loss, paired over clients, with ``_lo`` / ``_hi``) and the same for
     the per-record variance (``pa_lira_rec_minus_loss``)."""
     out = {}
@@ -758,6 +768,9 @@ def passive_attack_values(comparison: Mapping) -> dict:
         out.update({f"pa_{tag}_auc": m, f"pa_{tag}_auc_lo": (ci or (m, m))[0], f"pa_{tag}_auc_hi": (ci or (m, m))[1]})
         for i, rate in enumerate(comparison["fpr"]):
             out[f"pa_{tag}_tpr{_fpr_tag(rate)}"] = float(comparison["tpr"][name][i])
+            if "tpr_ci" in comparison:
+                lo, hi = comparison["tpr_ci"][name][i]
+                out.update({f"pa_{tag}_tpr{_fpr_tag(rate)}_lo": lo, f"pa_{tag}_tpr{_fpr_tag(rate)}_hi": hi})
     base = np.asarray(comparison["auc"]["mean loss, last round"])
     for name, tag in (("LiRA, fixed variance", "pa_lira_minus_loss"), ("LiRA, per-record variance", "pa_lira_rec_minus_loss")):
         m, _, ci = t_interval(np.asarray(comparison["auc"][name]) - base)
@@ -767,14 +780,17 @@ def passive_attack_values(comparison: Mapping) -> dict:
 
 def passive_attack_table(comparison: Mapping, paper: Callable[[str], str]):
     """:func:`passive_attack_scores` as a Markdown table, one row per attack: this build's AUC (mean ± 95 %
-    interval over clients) and pooled TPR at the rates of ``comparison["fpr"]``, and the stored paper-scale
+    interval over clients) and pooled TPR at the rates of ``comparison["fpr"]`` (with its bootstrap interval over
+    clients in brackets), and the stored paper-scale
     record's AUC and TPRs (``paper(name)``, mean ± 95 % interval over seeds)."""
     from ..plots import md_table
 
     rates = [_fpr_tag(r) for r in comparison["fpr"]]
     rows = []
     for name, tag in PASSIVE_ATTACKS.items():
-        rows.append([name, mean_interval(comparison["auc"][name]), *(f"{v:.3f}" for v in comparison["tpr"][name]),
+        ci = comparison.get("tpr_ci", {}).get(name)
+        tprs = [f"{v:.3f}" + (f" [{ci[i][0]:.3f}, {ci[i][1]:.3f}]" if ci else "") for i, v in enumerate(comparison["tpr"][name])]
+        rows.append([name, mean_interval(comparison["auc"][name]), *tprs,
                      paper(f"pa_{tag}_auc"), *(paper(f"pa_{tag}_tpr{t}") for t in rates)])
     head = [f"TPR at {100 * r:g} % FPR" for r in comparison["fpr"]]
     return md_table(["attack", "AUC (mean ± 95 % CI over clients)", *head, "AUC, paper scale (over seeds)",
