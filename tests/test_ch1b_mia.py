@@ -255,6 +255,26 @@ def test_active_attack_sweep_learns_on_the_received_and_the_returned_losses():
         assert out["auc_learned"][(name, 0.0)] == pytest.approx([metrics.roc_auc(is_member, s) for s in learned]), name
 
 
+def test_active_attack_sweep_loss_drop_is_received_minus_returned():
+    """The loss drop the page quotes (issue 36 item 3): the loss of the model the target received minus the
+    loss of the model it returned, averaged over the attack rounds, per target; its AUC as a score."""
+    K, n, R = 3, 6, 2
+    clients, cand_X, cand_y, is_member, net, variants = _active_setup(K, n)
+    w0 = models.get_params(net)
+    kw = dict(lr=0.5, local_epochs=1, batch_size=None, seed=0)
+    out = ch1b.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, targets=range(K), variants=variants,
+                                   num_rounds=R, ascent_lrs=[1.0], **kw)
+    runs = [dict(X_target=cand_X[k], y_target=cand_y[k], target=k, ascent_lr=1.0, attacker="server", isolate=True)
+            for k in range(K)]
+    for k, tr in enumerate(mia.active_attack_runs(net, clients, w0, runs, num_rounds=R, return_trace=True, **kw)):
+        received = torch.stack([mia.per_example_loss(net, p, cand_X[k], cand_y[k]) for p in tr["received"]])
+        drop = (received - tr["signals"]).mean(0).numpy()
+        d = out["drop"][("server, isolating", 1.0)]
+        assert d["auc"][k] == pytest.approx(metrics.roc_auc(is_member, drop))
+        assert d["member"][k] == pytest.approx(drop[:n].mean()) and d["nonmember"][k] == pytest.approx(drop[n:].mean())
+        assert drop.mean() > 0                     # the ascent raised the losses the target then trains down
+
+
 def test_ddg_calibration_and_error_ratio():
     from fedlab.privacy import distributed_dg as ddg
     kw = dict(clip_norm=1.0, grid=2.0 ** -6, dim=500, delta=1e-5)

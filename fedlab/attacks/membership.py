@@ -34,6 +34,7 @@ __all__ = [
     "snapshot_signals", "SnapshotRecorder", "membership_score", "attack_auc", "attack_tpr_at_fpr", "attack_accuracy",
     "client_signals", "attack_model_auc", "gradient_ascent", "active_attack_rounds", "active_attack_runs", "round_auc",
     "heldout_accuracy", "leave_one_out_accuracy", "learned_loo_scores",
+    "logit_confidence", "balanced_inclusion", "lira_scores",
 ]
 
 
@@ -485,3 +486,112 @@ def active_attack_runs(model: nn.Module, clients: fl.ClientData, params: dict, r
         signals = torch.stack(st["observed"])
         out.append({"signals": signals, **st["trace"]} if return_trace else signals)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# the likelihood-ratio attack (LiRA) of Carlini et al. (S&P 2022)
+# ---------------------------------------------------------------------------------------------------
+
+def logit_confidence(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The logit-scaled confidence of the true label (Carlini et al., "Membership inference attacks from
+    first principles", S&P 2022, Sec. IV-B): ``phi = log(p_y / (1 - p_y))`` with ``p = softmax(logits)``,
+    computed stably as ``logit_y - logsumexp_{j != y} logit_j`` (no ``log(0)`` for a confident model).
+
+    ``logits``: ``[..., n, C]`` with ``C >= 2``; ``labels``: ``[n]`` or ``[..., n]`` (broadcast over the
+    leading dimensions), integers in ``0..C-1``. Returns ``[..., n]`` (float64). Raises ``ValueError`` for
+    fewer than two classes, labels whose shape does not match, labels outside ``0..C-1``, or non-finite
+    logits."""
+    Z = torch.as_tensor(logits).double()
+    if Z.ndim < 2 or Z.shape[-1] < 2:
+        raise ValueError(f"logits must be [..., n, C] with C >= 2 classes, got shape {tuple(Z.shape)}")
+    if not torch.isfinite(Z).all():
+        raise ValueError("logits must be finite")
+    y = torch.as_tensor(labels)
+    if y.dtype.is_floating_point or y.dtype == torch.bool:
+        raise ValueError(f"labels must be integers, got dtype {y.dtype}")
+    if y.shape != Z.shape[-2 - y.ndim + 1:-1] or y.ndim == 0:
+        raise ValueError(f"labels must be [n] or [..., n] matching logits {tuple(Z.shape)}, got {tuple(y.shape)}")
+    C = Z.shape[-1]
+    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= C):
+        raise ValueError(f"labels must lie in 0..{C - 1}, got values in {int(y.min())}..{int(y.max())}")
+    y = y.long().expand(Z.shape[:-1])
+    true = Z.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    others = Z.scatter(-1, y.unsqueeze(-1), float("-inf"))
+    return true - torch.logsumexp(others, dim=-1)
+
+
+def balanced_inclusion(num_shadows: int, n: int, *, seed: int = 0) -> torch.Tensor:
+    """Which of ``n`` records each of ``num_shadows`` shadow models trains on, for LiRA's online variant
+    (Carlini et al. 2022, Sec. IV-C: every record IN half of the shadows, OUT of the other half): shadows
+    come in pairs, the first of a pair takes a uniformly random half of the records (``n // 2``), the
+    second the other half. Returns a bool ``[num_shadows, n]``; every column holds exactly
+    ``num_shadows / 2`` trues and every row ``n // 2`` or ``n - n // 2``. Raises ``ValueError`` for
+    ``num_shadows`` not an even integer >= 2 or ``n < 2``."""
+    if isinstance(num_shadows, bool) or int(num_shadows) != num_shadows or num_shadows < 2 or num_shadows % 2:
+        raise ValueError(f"num_shadows must be an even integer >= 2 (shadows come in IN/OUT pairs), got {num_shadows}")
+    if isinstance(n, bool) or int(n) != n or n < 2:
+        raise ValueError(f"n must be an integer >= 2, got {n}")
+    gen = torch.Generator().manual_seed(int(seed))
+    rows = []
+    for _ in range(int(num_shadows) // 2):
+        first = torch.zeros(int(n), dtype=torch.bool)
+        first[torch.randperm(int(n), generator=gen)[: int(n) // 2]] = True
+        rows += [first, ~first]
+    return torch.stack(rows)
+
+
+def lira_scores(target_phi, shadow_phi, shadow_in, *, fixed_variance: bool = False,
+                min_std: float = 1e-6) -> np.ndarray:
+    """The online likelihood-ratio attack, LiRA (Carlini et al., "Membership inference attacks from first
+    principles", S&P 2022, Sec. IV, Algorithm 1): for each record fit one Gaussian to its logit-scaled
+    confidence (:func:`logit_confidence`) under the shadow models that trained on it (IN) and one under
+    those that did not (OUT), and score the target model's confidence by the log likelihood ratio
+    ``log N(phi; mu_in, sigma_in^2) - log N(phi; mu_out, sigma_out^2)`` (higher means "member").
+
+    ``target_phi``: ``[n]``, the target model's confidence on each record; ``shadow_phi``: ``[S, n]``,
+    shadow ``s``'s confidence on record ``i``; ``shadow_in``: bool ``[S, n]``, whether shadow ``s`` trained on
+    record ``i``. ``fixed_variance``: per-record means but one ``sigma_in`` and one ``sigma_out`` pooled over
+    all records (the paper's choice with few shadows, Sec. VI-A: "fixed variance"); otherwise each record's
+    own standard deviations. Standard deviations are floored at ``min_std`` (records whose shadows agree
+    exactly). Returns ``[n]`` (float64).
+
+    Raises ``ValueError`` for mismatched shapes, non-finite confidences, a ``shadow_in`` that is not boolean,
+    ``min_std`` not > 0, or a record without an IN or an OUT shadow (two of each without ``fixed_variance``,
+    to estimate a variance)."""
+    t = np.asarray(target_phi, dtype=np.float64)
+    P = np.asarray(shadow_phi, dtype=np.float64)
+    I = np.asarray(shadow_in)
+    if t.ndim != 1 or t.shape[0] == 0:
+        raise ValueError(f"target_phi must be [n] with n >= 1, got shape {t.shape}")
+    if P.ndim != 2 or P.shape[1] != t.shape[0]:
+        raise ValueError(f"shadow_phi must be [S, n] with n = {t.shape[0]}, got shape {P.shape}")
+    if I.shape != P.shape:
+        raise ValueError(f"shadow_in must have the shape of shadow_phi {P.shape}, got {I.shape}")
+    if I.dtype != np.bool_:
+        raise ValueError(f"shadow_in must be boolean, got dtype {I.dtype}")
+    if not (np.isfinite(t).all() and np.isfinite(P).all()):
+        raise ValueError("target_phi and shadow_phi must be finite")
+    if not min_std > 0:
+        raise ValueError(f"min_std must be > 0, got {min_std}")
+    n_in, n_out = I.sum(0), (~I).sum(0)
+    need = 1 if fixed_variance else 2
+    if n_in.min() < need or n_out.min() < need:
+        bad = int(np.flatnonzero((n_in < need) | (n_out < need))[0])
+        raise ValueError(f"shadow_in: every record needs at least {need} IN and {need} OUT shadows "
+                         f"(record {bad} has {int(n_in[bad])} IN, {int(n_out[bad])} OUT)")
+    mu_in = (P * I).sum(0) / n_in
+    mu_out = (P * ~I).sum(0) / n_out
+    dev_in, dev_out = (P - mu_in) * I, (P - mu_out) * ~I
+    if fixed_variance:
+        sd_in = np.sqrt((dev_in ** 2).sum() / max(int(n_in.sum()) - len(t), 1))
+        sd_out = np.sqrt((dev_out ** 2).sum() / max(int(n_out.sum()) - len(t), 1))
+        sd_in, sd_out = np.full_like(t, sd_in), np.full_like(t, sd_out)
+    else:
+        sd_in = np.sqrt((dev_in ** 2).sum(0) / (n_in - 1))
+        sd_out = np.sqrt((dev_out ** 2).sum(0) / (n_out - 1))
+    sd_in, sd_out = np.maximum(sd_in, min_std), np.maximum(sd_out, min_std)
+
+    def log_normal(x, mu, sd):
+        return -0.5 * ((x - mu) / sd) ** 2 - np.log(sd)
+
+    return log_normal(t, mu_in, sd_in) - log_normal(t, mu_out, sd_out)

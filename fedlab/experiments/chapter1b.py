@@ -30,7 +30,9 @@ __all__ = ["LECTURE_WINDOW_AUC", "SUMMARY_LABELS", "LECTURE_ACTIVE_ACCURACY", "L
            "white_black_box_values", "white_black_box_table",
            "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "active_attack_sweep",
            "active_attack_name", "active_attack_values", "active_attack_table", "LOW_FPR",
-           "active_learned_values", "active_learned_table", "ddg_calibration", "ddg_error_ratio", "dp_grid", "plot_dp_grid",
+           "active_learned_values", "active_learned_table", "lira_shadow_models", "lira_attack", "PASSIVE_ATTACKS",
+           "passive_attack_scores", "passive_attack_values", "passive_attack_table", "heldout_gamma", "heldout_gamma_values", "heldout_gamma_table",
+           "ascent_drop_values", "ddg_calibration", "ddg_error_ratio", "dp_grid", "plot_dp_grid",
            "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
            "personalization_eps_sweep", "personalization_eps_values", "personalization_eps_table"]
 
@@ -56,6 +58,9 @@ SUMMARY_LABELS = {
     "mia_auc_avg10": "MIA AUC, last 10 rounds",
     "auc_peak": "MIA AUC, best single round",
     "auc_floor": "MIA AUC, chance floor (shuffled labels)",
+    "pa_lira_fixed_auc": "LiRA (shadow federations), AUC",
+    "pa_lira_fixed_tpr1": "LiRA, TPR at 1 % FPR",
+    "pa_loss_last_tpr1": "last-round loss, TPR at 1 % FPR",
     "wb_diff": "white-box − black-box AUC",
     "act_server_p_auc": "server, passive (AUC)",
     "act_server_isolating_p_auc": "server, isolating (AUC)",
@@ -330,14 +335,18 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
     by minus the loss averaged over the rounds. ``fl_args``: ``local_epochs``, ``batch_size``, ``lr``.
 
     Returns ``{"auc": {(name, gamma): [U]}, "accuracy": {(name, gamma): [U]}, "auc_learned": {(name, gamma): [U]},
-    "tpr": {(name, gamma): {"mean loss": [..], "learned": [..]}}, "fpr": LOW_FPR, "floor": float}``: per
+    "tpr": {(name, gamma): {"mean loss": [..], "learned": [..]}}, "fpr": LOW_FPR, "floor": float,
+    "drop": {(name, gamma): {"auc": [U], "member": [U], "nonmember": [U]}}}``: per
     target the AUC against ``is_member`` ``[2n]``, the balanced accuracy of a threshold chosen on the
     *other* targets' candidates (:func:`fedlab.attacks.membership.leave_one_out_accuracy`); the AUC of
     Nasr et al.'s learned attack (:func:`fedlab.attacks.membership.learned_loo_scores`: a classifier on the
     loss of the model the target received and of the model it returned at every attack round, trained on
     the other targets' candidates); both scores' TPR at the false-positive rates :data:`LOW_FPR`, pooled
     over the targets with one threshold (:func:`fedlab.metrics.tpr_at_fpr`); and the chance floor of the
-    mean AUC over the ``U`` targets (:func:`fedlab.metrics.auc_permutation_floor`).
+    mean AUC over the ``U`` targets (:func:`fedlab.metrics.auc_permutation_floor`); the *loss drop*, the loss
+    of the model the target received minus the loss of the model observed (for the server: the model the
+    target returned), averaged over the attack rounds: per target the AUC of the drop taken as a membership
+    score and the members' and non-members' mean drops.
     Raises ``ValueError`` for fewer than two targets, a target that is not a client, no ``ascent_lrs`` or
     one that is not ``> 0``.
     """
@@ -363,17 +372,21 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
                                          return_trace=True, **fl_args))
     loss_fn = fl_args.get("loss_fn")
     lkw = {} if loss_fn is None else {"loss_fn": loss_fn}
-    out = {"auc": {}, "accuracy": {}, "auc_learned": {}, "tpr": {}, "fpr": tuple(LOW_FPR)}
+    out = {"auc": {}, "accuracy": {}, "auc_learned": {}, "tpr": {}, "fpr": tuple(LOW_FPR), "drop": {}}
     labels = np.tile(np.asarray(is_member), len(targets))
+    mem = np.asarray(is_member) > 0.5
     for cell in cells:
-        scores, feats = [], []
+        scores, feats, drops = [], [], []
         for k in targets:
             tr = next(traces)
             with torch.no_grad():
                 sent = torch.stack([mia.per_example_loss(model, rec, cand_X[k], cand_y[k], **lkw) for rec in tr["received"]])
             scores.append(mia.membership_score(tr["signals"], num_rounds).numpy())
             feats.append(torch.cat([sent, tr["signals"]]).T.numpy())       # [2n, 2R]: sent and observed losses
-        scores, feats = np.stack(scores), np.stack(feats)                    # [U, 2n], [U, 2n, 2R]
+            drops.append((sent - tr["signals"]).mean(0).numpy())           # [2n]: received minus returned loss
+        scores, feats, drops = np.stack(scores), np.stack(feats), np.stack(drops)   # [U, 2n], [U, 2n, 2R], [U, 2n]
+        out["drop"][cell] = {"auc": np.asarray([roc_auc(is_member, d) for d in drops]),
+                             "member": drops[:, mem].mean(1), "nonmember": drops[:, ~mem].mean(1)}
         learned = mia.learned_loo_scores(feats, is_member)
         out["auc"][cell] = np.asarray([roc_auc(is_member, s) for s in scores])
         out["accuracy"][cell] = mia.leave_one_out_accuracy(is_member, scores)[0]
@@ -443,6 +456,84 @@ def active_attack_table(sweep: Mapping, paper: Callable[[str], str]):
                      "AUC − passive (paired)", "ours AUC, paper scale (mean ± 95 % CI over seeds)"], rows)
 
 
+def heldout_gamma(sweep: Mapping, stat: str = "auc") -> dict:
+    """The ascent step chosen on held-out targets: the ``U`` targets of :func:`active_attack_sweep` are split
+    into their first and second half (two folds); on each fold the step ``gamma > 0`` with the best mean
+    ``stat`` (``"auc"``: the fixed score, ``"auc_learned"``: the learned attack) is chosen, and the *other*
+    fold's targets are scored with it. Every target's gain over the same attacker's passive attack is thus
+    measured at a step chosen without it (cross-fitting), which a step picked as the best of the table is not.
+
+    Returns ``{variant: {"gammas": (step chosen on the first half, step chosen on the second half),
+    "gain": [U]}}``, ``gain[u]`` being target ``u``'s AUC at the step chosen on the other half minus its
+    passive AUC. Raises ``ValueError`` for an unknown ``stat``, fewer than four targets, or a variant
+    without a passive cell or an ascent step."""
+    if stat not in ("auc", "auc_learned"):
+        raise ValueError(f"stat must be 'auc' or 'auc_learned', got {stat!r}")
+    table = sweep[stat]
+    out = {}
+    for name in dict.fromkeys(v for v, _ in table):
+        gammas = sorted(g for v, g in table if v == name and g > 0)
+        if (name, 0.0) not in table or not gammas:
+            raise ValueError(f"variant {name!r} needs a passive cell and at least one ascent step")
+        U = len(table[(name, 0.0)])
+        if U < 4:
+            raise ValueError(f"heldout_gamma needs at least four targets (two per half), got {U}")
+        halves = [np.arange(U // 2), np.arange(U // 2, U)]
+        passive = np.asarray(table[(name, 0.0)])
+        gain = np.empty(U)
+        chosen = []
+        for fit, score in (halves, halves[::-1]):
+            g = max(gammas, key=lambda gm: float(np.mean(np.asarray(table[(name, gm)])[fit])))
+            chosen.append(g)
+            gain[score] = np.asarray(table[(name, g)])[score] - passive[score]
+        out[name] = {"gammas": tuple(chosen), "gain": gain}
+    return out
+
+
+def heldout_gamma_values(sweep: Mapping) -> dict:
+    """``{name: value}`` from :func:`heldout_gamma` for both scores (unrounded): per variant
+    ``hg_<variant>_<auc|lauc>`` (the mean cross-fitted gain over targets) with ``_lo`` / ``_hi`` (95 % t
+    interval over targets) and the steps chosen on the two halves, ``..._gamma_a`` / ``..._gamma_b``;
+    ``hg_max`` / ``hg_min``: the largest and smallest mean gain over variants and scores."""
+    out, gains = {}, []
+    for stat, tag in (("auc", "auc"), ("auc_learned", "lauc")):
+        for name, r in heldout_gamma(sweep, stat).items():
+            m, _, ci = t_interval(r["gain"])
+            key = f"hg_{name.replace(', ', '_')}_{tag}"
+            out.update({key: m, key + "_lo": (ci or (m, m))[0], key + "_hi": (ci or (m, m))[1],
+                        key + "_gamma_a": r["gammas"][0], key + "_gamma_b": r["gammas"][1]})
+            gains.append(m)
+    out.update(hg_max=max(gains), hg_min=min(gains))
+    return out
+
+
+def heldout_gamma_table(sweep: Mapping, paper: Callable[[str], str]):
+    """:func:`heldout_gamma` for both scores as a Markdown table, one row per attacker and score: the steps
+    chosen on each half of the targets, the cross-fitted gain over the passive attack (mean ± 95 % interval
+    over targets) and the stored paper-scale record's gain (``paper(name)``, over seeds)."""
+    from ..plots import md_table
+
+    rows = []
+    for stat, label, tag in (("auc", "mean loss", "auc"), ("auc_learned", "learned", "lauc")):
+        for name, r in heldout_gamma(sweep, stat).items():
+            rows.append([name, label, " / ".join(f"{g:g}" for g in r["gammas"]), mean_interval(r["gain"]),
+                         paper(f"hg_{name.replace(', ', '_')}_{tag}")])
+    return md_table(["attacker", "score", "γ chosen on 1st / 2nd half of targets",
+                     "AUC − passive, γ chosen on the other half", "the same, paper scale (over seeds)"], rows)
+
+
+def ascent_drop_values(sweep: Mapping) -> dict:
+    """``{name: value}`` of the loss drop (received minus returned loss, :func:`active_attack_sweep`) for
+    every cell (unrounded): ``drop_<variant>_<p|g<gamma>>_auc`` (the mean over targets of the AUC of the drop
+    as a membership score), ``..._mem`` and ``..._non`` (members' and non-members' mean drop)."""
+    out = {}
+    for (name, gamma), d in sweep["drop"].items():
+        tag = active_attack_name(name, gamma, "").replace("act_", "drop_", 1).rstrip("_")
+        out.update({tag + "_auc": float(np.mean(d["auc"])), tag + "_mem": float(np.mean(d["member"])),
+                    tag + "_non": float(np.mean(d["nonmember"]))})
+    return out
+
+
 def _fpr_tag(rate: float) -> str:
     return f"{100 * rate:g}".replace(".", "p")
 
@@ -494,6 +585,219 @@ def active_learned_table(sweep: Mapping, paper: Callable[[str], str]):
     return md_table(["attacker", "ascent", "mean loss: AUC", f"mean loss: TPR at {rates} FPR", "learned: AUC",
                      f"learned: TPR at {rates} FPR", "learned: AUC − passive (paired)",
                      "learned AUC, paper scale (over seeds)"], rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# LiRA adapted to FL (Carlini et al., S&P 2022): shadow federations, per-record likelihood ratio
+# ---------------------------------------------------------------------------------------------------
+
+def lira_shadow_models(model, params: dict, X_pool: torch.Tensor, y_pool: torch.Tensor, shadow_in: torch.Tensor, *,
+                       num_clients: int, num_rounds: int, seed: int = 0, lr: float = 0.1, local_epochs: int = 1,
+                       batch_size: int | None = 10) -> tuple[dict, torch.Tensor]:
+    """The attacker's shadow federations for LiRA adapted to FedAvg (Carlini et al. 2022, Sec. IV-C, online
+    variant; FedAvg of McMahan et al. 2017). Shadow ``s`` is a federation of ``num_clients`` clients that
+    share out the records ``i`` with ``shadow_in[s, i]`` (shuffled, equal shares) and run FedAvg from
+    ``params`` with the target federation's ``lr``, ``local_epochs`` and ``batch_size``: ``num_rounds - 1``
+    rounds of :func:`fedlab.fl.stacked.fedavg_runs` (all shadows advanced together, one vmapped step) and
+    the local training of the last round (:func:`fedlab.fl.stacked.clients_update_runs`), which gives the
+    model each shadow client returns in round ``num_rounds``, what the server sees of a real client.
+
+    ``X_pool``: ``[N, ...]``, ``y_pool``: ``[N]``, the attacker's records; ``shadow_in``: bool ``[S, N]``
+    (e.g. :func:`fedlab.attacks.membership.balanced_inclusion`), each row holding the same number of trues, a
+    multiple of ``num_clients``. Returns ``(models, owner)``: ``models`` ``{name: [S, num_clients, ...]}``, the
+    returned client models, and ``owner`` ``[S, N]`` (long), the shadow client that holds record ``i`` in
+    shadow ``s`` (``-1`` where the record is OUT). Raises ``ValueError`` for mismatched shapes, rows of
+    ``shadow_in`` of different sizes or not divisible into ``num_clients`` equal shares, or ``num_clients``,
+    ``num_rounds`` not positive integers."""
+    from ..fl import ClientData
+    from ..fl.stacked import clients_update_runs, fedavg_runs
+
+    num_clients = positive_int("num_clients", num_clients)
+    num_rounds = positive_int("num_rounds", num_rounds)
+    I = torch.as_tensor(shadow_in)
+    if I.dtype != torch.bool or I.ndim != 2 or I.shape[1] != X_pool.shape[0] or y_pool.shape[0] != X_pool.shape[0]:
+        raise ValueError(f"shadow_in must be bool [S, N] with N = len(X_pool) = len(y_pool), got {tuple(I.shape)}, "
+                         f"{X_pool.shape[0]} and {y_pool.shape[0]}")
+    sizes = I.sum(1)
+    if int(sizes.min()) != int(sizes.max()) or int(sizes[0]) == 0 or int(sizes[0]) % num_clients:
+        raise ValueError(f"shadow_in: every shadow must hold the same number of records, a positive multiple of "
+                         f"num_clients = {num_clients}, got {sorted(set(sizes.tolist()))}")
+    n = int(sizes[0]) // num_clients
+    gen = torch.Generator().manual_seed(int(seed))
+    owner = torch.full(I.shape, -1, dtype=torch.long)
+    feds = []
+    for s in range(I.shape[0]):
+        rows = torch.nonzero(I[s]).flatten()[torch.randperm(int(sizes[s]), generator=gen)].reshape(num_clients, n)
+        for k in range(num_clients):
+            owner[s, rows[k]] = k
+        feds.append(ClientData(X_pool[rows], y_pool[rows], torch.full((num_clients,), n, dtype=torch.long)))
+    fl_args = dict(lr=lr, local_epochs=local_epochs, batch_size=batch_size)
+    if num_rounds > 1:   # the global model each shadow federation sends in its last round
+        starts = [r.params for r in fedavg_runs(model, [dict(clients=c, params=params, seed=int(seed) + 1 + s, **fl_args)
+                                                        for s, c in enumerate(feds)], num_rounds=num_rounds - 1)]
+    else:
+        starts = [params] * len(feds)
+    last = clients_update_runs(model, [dict(params=w, data=c, generator=torch.Generator().manual_seed(int(seed) + 1 + s),
+                                            **fl_args) for s, (w, c) in enumerate(zip(starts, feds))])
+    return {k: torch.stack([m[k] for m in last]) for k in last[0]}, owner
+
+
+def lira_attack(model, target_models: dict, cand_X: torch.Tensor, cand_y: torch.Tensor, is_member, *, params: dict,
+                num_shadows: int, num_rounds: int, seed: int = 0, **fl_args) -> dict:
+    """LiRA (Carlini et al., S&P 2022, Sec. IV, online variant) adapted to FedAvg, against the model each
+    client returns in the last round.
+
+    Threat model: the attacker is the server, honest but curious. It sees the model each client returns
+    every round (here the last, round ``num_rounds``), knows the training algorithm, its settings
+    (``fl_args``: ``lr``, ``local_epochs``, ``batch_size``) and the initial model ``params`` (it sent it),
+    and holds the candidate records, not their membership. Its own data are the ``K r`` candidates
+    themselves, drawn from the same distribution as the clients' data (half of them members of some
+    client): it trains ``num_shadows`` shadow federations of ``K`` clients (:func:`lira_shadow_models`),
+    each on half of the candidates (:func:`fedlab.attacks.membership.balanced_inclusion`: every candidate
+    IN exactly half of the shadows), the size of the real federation (``K r / 2`` records).
+
+    For candidate ``i`` of client ``k`` the shadow statistic is its logit-scaled confidence
+    (:func:`fedlab.attacks.membership.logit_confidence`) under the model returned by the shadow client
+    that held it (IN) or by shadow client ``k`` (OUT); the target statistic is its confidence under the
+    model client ``k`` returned; the score is :func:`fedlab.attacks.membership.lira_scores`, with the
+    fixed variance (pooled over the candidates) and with each record's own variance.
+
+    ``target_models``: ``{name: [K, ...]}`` (e.g. ``SnapshotRecorder.client_models[-1]``); ``cand_X``:
+    ``[K, r, ...]``, ``cand_y``: ``[K, r]``; ``is_member``: ``[r]`` (the same for every client, used only
+    to score the attack). Returns ``{"scores": {variant: [K, r]}, "auc": {variant: [K]}`` (each client's
+    AUC on its own candidates), ``"tpr": {variant: [..]}`` (TPR at :data:`LOW_FPR`, pooled over the clients
+    with one threshold), ``"fpr"``, ``"num_shadows"``, ``"shadow_records"`` (records per shadow federation),
+    ``"phi_target"`` ``[K, r]``, ``"phi_shadow"`` ``[S, K r]``, ``"shadow_in"`` ``[S, K r]}``; the variants are
+    ``"LiRA, fixed variance"`` and ``"LiRA, per-record variance"``.
+    Raises ``ValueError`` for mismatched shapes, ``r`` odd, or ``num_shadows`` not an even integer >= 4."""
+    from torch.func import functional_call, vmap
+
+    from ..metrics import roc_auc, tpr_at_fpr
+
+    if cand_X.shape[:2] != cand_y.shape[:2] or cand_y.ndim != 2:
+        raise ValueError(f"cand_X [K, r, ...] and cand_y [K, r] must agree, got {tuple(cand_X.shape)}, {tuple(cand_y.shape)}")
+    K, r = cand_y.shape
+    if r % 2:
+        raise ValueError(f"each client needs an even number r of candidates (its members and as many others), got {r}")
+    if isinstance(num_shadows, bool) or int(num_shadows) != num_shadows or num_shadows < 4:
+        raise ValueError(f"num_shadows must be an even integer >= 4 (two IN and two OUT per record), got {num_shadows}")
+    lab = np.asarray(is_member)
+    if lab.shape != (r,):
+        raise ValueError(f"is_member must be [r] = [{r}], got shape {lab.shape}")
+    if any(v.shape[0] != K for v in target_models.values()):
+        raise ValueError(f"target_models must hold one model per client, [K = {K}, ...]")
+    X_pool, y_pool = cand_X.reshape(K * r, *cand_X.shape[2:]), cand_y.reshape(K * r)
+    shadow_in = mia.balanced_inclusion(int(num_shadows), K * r, seed=seed)
+    models, owner = lira_shadow_models(model, params, X_pool, y_pool, shadow_in, num_clients=K, num_rounds=num_rounds,
+                                       seed=seed, **fl_args)
+    with torch.no_grad():
+        logits = vmap(vmap(lambda p: functional_call(model, p, (X_pool,))))(models)          # [S, K, N, C]
+        phi_all = mia.logit_confidence(logits, y_pool)                                        # [S, K, N]
+        home = torch.arange(K).repeat_interleave(r)                                           # candidate -> its client
+        col = torch.where(owner >= 0, owner, home.expand_as(owner))                           # [S, N]
+        phi_shadow = phi_all.gather(1, col.unsqueeze(1)).squeeze(1)                           # [S, N]
+        phi_target = mia.logit_confidence(vmap(lambda p, x: functional_call(model, p, (x,)))(target_models, cand_X),
+                                          cand_y)                                             # [K, r]
+    out = {"scores": {}, "auc": {}, "tpr": {}, "fpr": tuple(LOW_FPR), "num_shadows": int(num_shadows),
+           "shadow_records": int(shadow_in[0].sum()), "phi_target": phi_target, "phi_shadow": phi_shadow,
+           "shadow_in": shadow_in}
+    for name, fixed in (("LiRA, fixed variance", True), ("LiRA, per-record variance", False)):
+        sc = mia.lira_scores(phi_target.reshape(-1), phi_shadow, shadow_in.numpy(), fixed_variance=fixed).reshape(K, r)
+        out["scores"][name] = sc
+        out["auc"][name] = np.asarray([roc_auc(lab, s) for s in sc])
+        out["tpr"][name] = tpr_at_fpr(np.tile(lab, K), sc.ravel(), list(LOW_FPR))
+    return out
+
+
+#: the passive attacks on the model each client returns, compared by :func:`passive_attack_scores`, with glue tags
+PASSIVE_ATTACKS = {"mean loss, last round": "loss_last", "mean loss, all rounds": "loss_all",
+                   "learned (Nasr et al.), all rounds": "learned", "LiRA, fixed variance": "lira_fixed",
+                   "LiRA, per-record variance": "lira_rec"}
+
+
+def passive_attack_scores(signals: Mapping[str, torch.Tensor], is_member, lira: Mapping, *, n_boot: int = 500,
+                          seed: int = 0) -> dict:
+    """The passive server's attacks on each client's candidates, side by side (Carlini et al. 2022's
+    comparison: AUC and TPR at low FPR): minus the loss of the last round and of all rounds averaged
+    (:func:`fedlab.attacks.membership.membership_score`), Nasr et al.'s learned attack on the loss and
+    last-layer gradient norm of every round (:func:`fedlab.attacks.membership.learned_loo_scores`, trained on
+    the other clients' candidates, whose membership the attacker is given), and the two LiRA variants of
+    :func:`lira_attack` (``lira``).
+
+    ``signals``: ``{"loss": [K, T, r], "grad_norm": [K, T, r]}``; ``is_member``: ``[r]``. Returns
+    ``{"auc": {attack: [K]}, "tpr": {attack: [..]}, "tpr_ci": {attack: [(lo, hi), ..]}, "fpr": LOW_FPR}`` keyed
+    by :data:`PASSIVE_ATTACKS`: each client's AUC, the TPR of one threshold over all clients' candidates at
+    each rate of :data:`LOW_FPR`, and its 95 % percentile bootstrap interval over clients (``n_boot``
+    resamples of the ``K`` clients with replacement, drawn from ``seed``). Raises ``ValueError`` for a missing
+    signal, LiRA results of other clients or candidates, or ``n_boot`` not a positive integer."""
+    from ..metrics import roc_auc, tpr_at_fpr
+
+    for s in ("loss", "grad_norm"):
+        if s not in signals or signals[s].ndim != 3:
+            raise ValueError(f"signals must hold {s!r} as [K, T, r], got {sorted(signals)}")
+    L = signals["loss"]
+    K, T, r = L.shape
+    for name in ("LiRA, fixed variance", "LiRA, per-record variance"):
+        if name not in lira["scores"] or np.shape(lira["scores"][name]) != (K, r):
+            raise ValueError(f"lira must hold {name!r} scores of shape [K, r] = [{K}, {r}]")
+    lab = np.asarray(is_member)
+    feats = torch.cat([L, signals["grad_norm"]], dim=1).permute(0, 2, 1).numpy()       # [K, r, 2T]
+    scores = {"mean loss, last round": np.stack([mia.membership_score(S, 1).numpy() for S in L]),
+              "mean loss, all rounds": np.stack([mia.membership_score(S, T).numpy() for S in L]),
+              "learned (Nasr et al.), all rounds": mia.learned_loo_scores(feats, lab),
+              **{k: np.asarray(v) for k, v in lira["scores"].items()}}
+    n_boot = positive_int("n_boot", n_boot)
+    draws = np.random.default_rng(seed).integers(0, K, size=(n_boot, K))           # the same resamples for every attack
+    tpr_ci = {}
+    for k, v in scores.items():
+        boot = np.asarray([tpr_at_fpr(np.tile(lab, K), v[d].ravel(), list(LOW_FPR)) for d in draws])   # [n_boot, rates]
+        tpr_ci[k] = [(float(lo), float(hi)) for lo, hi in zip(*np.percentile(boot, [2.5, 97.5], axis=0))]
+    return {"auc": {k: np.asarray([roc_auc(lab, s) for s in v]) for k, v in scores.items()},
+            "tpr": {k: tpr_at_fpr(np.tile(lab, K), v.ravel(), list(LOW_FPR)) for k, v in scores.items()},
+            "tpr_ci": tpr_ci, "fpr": tuple(LOW_FPR)}
+
+
+def passive_attack_values(comparison: Mapping) -> dict:
+    """``{name: value}`` the chapter quotes from :func:`passive_attack_scores` (unrounded): per attack (tag of
+    :data:`PASSIVE_ATTACKS`) ``pa_<tag>_auc`` (mean over clients), ``_auc_lo`` / ``_auc_hi`` (95 % t interval
+    over clients), ``pa_<tag>_tpr0p1`` and ``pa_<tag>_tpr1`` (with ``_lo`` / ``_hi``, the bootstrap interval over
+    clients, when ``comparison`` holds ``"tpr_ci"``); ``pa_lira_minus_loss`` (LiRA with the fixed
+    variance minus the last-round mean loss, paired over clients, with ``_lo`` / ``_hi``) and the same for
+    the per-record variance (``pa_lira_rec_minus_loss``)."""
+    out = {}
+    for name, tag in PASSIVE_ATTACKS.items():
+        a = np.asarray(comparison["auc"][name])
+        m, _, ci = t_interval(a)
+        out.update({f"pa_{tag}_auc": m, f"pa_{tag}_auc_lo": (ci or (m, m))[0], f"pa_{tag}_auc_hi": (ci or (m, m))[1]})
+        for i, rate in enumerate(comparison["fpr"]):
+            out[f"pa_{tag}_tpr{_fpr_tag(rate)}"] = float(comparison["tpr"][name][i])
+            if "tpr_ci" in comparison:
+                lo, hi = comparison["tpr_ci"][name][i]
+                out.update({f"pa_{tag}_tpr{_fpr_tag(rate)}_lo": lo, f"pa_{tag}_tpr{_fpr_tag(rate)}_hi": hi})
+    base = np.asarray(comparison["auc"]["mean loss, last round"])
+    for name, tag in (("LiRA, fixed variance", "pa_lira_minus_loss"), ("LiRA, per-record variance", "pa_lira_rec_minus_loss")):
+        m, _, ci = t_interval(np.asarray(comparison["auc"][name]) - base)
+        out.update({tag: m, tag + "_lo": (ci or (m, m))[0], tag + "_hi": (ci or (m, m))[1]})
+    return out
+
+
+def passive_attack_table(comparison: Mapping, paper: Callable[[str], str]):
+    """:func:`passive_attack_scores` as a Markdown table, one row per attack: this build's AUC (mean ± 95 %
+    interval over clients) and pooled TPR at the rates of ``comparison["fpr"]`` (with its bootstrap interval over
+    clients in brackets), and the stored paper-scale
+    record's AUC and TPRs (``paper(name)``, mean ± 95 % interval over seeds)."""
+    from ..plots import md_table
+
+    rates = [_fpr_tag(r) for r in comparison["fpr"]]
+    rows = []
+    for name, tag in PASSIVE_ATTACKS.items():
+        ci = comparison.get("tpr_ci", {}).get(name)
+        tprs = [f"{v:.3f}" + (f" [{ci[i][0]:.3f}, {ci[i][1]:.3f}]" if ci else "") for i, v in enumerate(comparison["tpr"][name])]
+        rows.append([name, mean_interval(comparison["auc"][name]), *tprs,
+                     paper(f"pa_{tag}_auc"), *(paper(f"pa_{tag}_tpr{t}") for t in rates)])
+    head = [f"TPR at {100 * r:g} % FPR" for r in comparison["fpr"]]
+    return md_table(["attack", "AUC (mean ± 95 % CI over clients)", *head, "AUC, paper scale (over seeds)",
+                     *[h + ", paper scale" for h in head]], rows)
 
 
 # ---------------------------------------------------------------------------------------------------
