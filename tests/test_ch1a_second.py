@@ -233,3 +233,23 @@ def test_layer_figure_and_correlation_on_a_tiny_run(digits_net):
                                           ds.X[:2], ds.y[:2], weight_key="7.weight", max_iter=4, dlg_steps=1,
                                           restarts=2)
     assert res["ig_evaluations"] == 5 and (res["dlg_evaluations"] <= 20).all() and res["ig_x"].shape == (2, 1, 8, 8)
+
+
+def test_restart_paragraph_states_this_seeds_counts_and_refuses_a_mismatch():
+    from fedlab.experiments import chapter1a as ch1a
+
+    final_loss = np.array([1e-12, 3.5, 2e-11, 40.0])
+    won, failed = np.array([True, False, True, False]), np.array([1, 3])
+    restart = {"loss_truth": np.array([1e-16, 3e-17])}
+    text = ch1a.restart_paragraph(restart, final_loss=final_loss, won=won, failed=failed, stalled=1,
+                                  rescued=np.array([True, False]), restarts=4, success_before=0.5)
+    assert "failed on 2 of the 4 digits (1 of them stopped" in text and "at least 3.5," in text
+    assert "at most 2e-11" in text and "scores 1e-16" in text and "4 more random starts" in text
+    assert "1 of the 2 failed digits" in text and "becomes 0.750 (from 0.500)" in text
+    none = ch1a.restart_paragraph(restart, final_loss=final_loss[[0, 2]], won=np.array([True, True]),
+                                  failed=np.array([], dtype=int), stalled=0, rescued=np.array([], dtype=bool),
+                                  restarts=4, success_before=1.0)
+    assert "succeeded on all 2 digits" in none and "at most 2e-11" in none
+    with pytest.raises(ValueError, match="rescued"):
+        ch1a.restart_paragraph(restart, final_loss=final_loss, won=won, failed=failed, stalled=1,
+                               rescued=np.array([True]), restarts=4, success_before=0.5)

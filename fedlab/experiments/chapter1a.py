@@ -34,7 +34,7 @@ __all__ = ["UPDATE_SETTINGS", "ZHAO_LABEL_ACC", "WEI_RATES", "word_set_recovery"
            "pruning_grid", "defense_costs", "mean_psnr", "plot_defenses", "psnr_summary", "baseline_table",
            "plot_layer_distances", "layer_image_correlation", "images_per_cell", "imprint_demo", "plot_imprint",
            "plot_imprint_grid", "imprint_table", "success", "success_table", "imprint_psnr", "dlg_restarts",
-           "restart_table"]
+           "restart_table", "restart_paragraph"]
 
 #: the updates of Sec. 1 of the chapter: name -> local epochs (0: the FedSGD gradient)
 UPDATE_SETTINGS = (("FedSGD gradient", 0), ("FedAvg, E = 1", 1), ("FedAvg, E = 5", 5))
@@ -311,6 +311,35 @@ def restart_table(restart: Mapping, images: Sequence[int], *, max_evaluations: i
     return _markdown("| image | first run: evaluations | first run: loss reached | loss at the truth | first run: PSNR (dB) "
                      "| run of least loss (0 = first) | its loss | its PSNR (dB) |\n|---|---|---|---|---|---|---|---|\n"
                      + ("\n".join(rows) if rows else "| none failed at this seed | | | | | | | |"))
+
+
+def restart_paragraph(restart: Mapping, *, final_loss, won, failed, stalled: int, rescued, restarts: int,
+                      success_before: float) -> str:
+    """The page's paragraph on DLG's restarts (Zhu et al. 2019 with :func:`dlg_restarts`), with this seed's
+    numbers: how many digits failed and how many of those stopped before the budget, the matching losses
+    of the failed and the successful runs beside the loss at the truth, how many failed digits the
+    ``restarts`` more starts rescue, and the success rate before and after.
+
+    ``final_loss [n]``: the first run's matching loss per digit; ``won [n]`` (bool): its successes;
+    ``failed``: the indices of the failed digits; ``rescued [len(failed)]`` (bool); ``stalled``: failed
+    runs that used fewer evaluations than the budget. Raises ``ValueError`` if ``rescued`` does not match
+    ``failed``."""
+    final_loss, won, rescued = np.asarray(final_loss), np.asarray(won, dtype=bool), np.asarray(rescued, dtype=bool)
+    failed = np.asarray(failed, dtype=int)
+    if rescued.shape != failed.shape:
+        raise ValueError(f"rescued must have one entry per failed digit ({failed.size}), got {rescued.size}")
+    n = final_loss.size
+    if not failed.size:
+        return (f"At this seed DLG succeeded on all {n} digits (matching loss at most {final_loss[won].max():.0e}), "
+                f"so there is nothing to restart.")
+    after = (won.sum() + rescued.sum()) / n
+    return (f"At this seed DLG failed on {failed.size} of the {n} digits ({stalled} of them stopped before the "
+            f"budget). Each failed run ended at a matching loss of at least {final_loss[failed].min():.2g}, where the "
+            f"successful ones reached at most {final_loss[won].max():.0e} and the true digit with its label scores "
+            f"{restart['loss_truth'].max():.0e} (round-off): the truth is a far lower minimum that the optimiser did "
+            f"not reach. Restarted from {restarts} more random starts, keeping per digit the run of least loss, "
+            f"{int(rescued.sum())} of the {failed.size} failed digits pass the success rule, and DLG's success rate "
+            f"becomes {after:.3f} (from {success_before:.3f}).")
 
 
 def baseline_table(summaries: Mapping[str, Mapping]):
