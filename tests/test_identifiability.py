@@ -373,19 +373,37 @@ def _likes_pmf_uncached(T, p, B, N):
     return out
 
 
-def test_likes_pmf_caches_change_no_bit(monkeypatch):
-    """The cached squares and spectra give the same arrays as plain binary powers with fftconvolve, in any
-    order of T, with an empty or a warm cache, and with the caches' limits hit."""
+def test_likes_pmf_windows_and_caches_match_plain_binary_powers(monkeypatch):
+    """The cached squares and spectra, and the windows that drop the FFT's round-off at the tails, give the
+    law of plain binary powers with fftconvolve to round-off (every entry and every tail probability), in
+    any order of T, with an empty or a warm cache, and with the caches' limits hit."""
+    def check(T, p, B):
+        got, ref = pac.likes_pmf(T, p, B, 20), _likes_pmf_uncached(T, p, B, 20)
+        assert got.shape == ref.shape and np.abs(got - ref).max() < 1e-14, T
+        assert np.abs(np.cumsum(got[::-1]) - np.cumsum(ref[::-1])).max() < 1e-11, T      # P(likes >= L)
+
     monkeypatch.setattr(pac, "_POWERS", {})
     for T in [1, 70, 131, 4096, 3000, 3001, 2999, 65, 12345, 3000]:
-        assert np.array_equal(pac.likes_pmf(T, 0.3, 5, 20), _likes_pmf_uncached(T, 0.3, 5, 20)), T
+        check(T, 0.3, 5)
     monkeypatch.setattr(pac, "_POWERS_MAX_LEN", 2000)
     monkeypatch.setattr(pac, "_SPECTRA_MAX", 2)
     monkeypatch.setattr(pac, "_POWERS", {})
     for T in [5000, 4999, 777, 5000]:
-        assert np.array_equal(pac.likes_pmf(T, 0.25, 4, 20), _likes_pmf_uncached(T, 0.25, 4, 20)), T
+        check(T, 0.25, 4)
     powers, spectra = pac._POWERS[(0.25, 4, 20)]
-    assert max(p.size for p in powers) <= 2000 and len(spectra) <= 2
+    assert max(p.size for _, p in powers) <= 2000 and len(spectra) <= 2
+
+
+def test_likes_window_grows_as_the_root_of_the_label_count():
+    """At T B = 2 * 10^6 labels the law is kept on a window of O(sqrt(T B)) counts around T B p (what makes
+    AttackLaw.needed fast at epsilon = 0), it holds all the mass, and likes_pmf puts it at its offset."""
+    T, p, B = 200_000, 0.2, 10
+    offset, w = pac._likes_window(T, p, B, 20)
+    sd = np.sqrt(T * B * p * (1 - p))
+    assert w.size < 20 * sd and abs(w.sum() - 1) < 1e-12
+    assert abs(offset + np.argmax(w) - T * B * p) < 2
+    full = pac.likes_pmf(T, p, B, 20)
+    assert np.array_equal(full[offset:offset + w.size], w) and full[:offset].sum() == 0 == full[offset + w.size:].sum()
 
 
 def test_event_E1_of_the_real_attack_matches_its_exact_probability():
@@ -610,4 +628,7 @@ def test_exact_label_law_refuses_what_it_cannot_hold():
     law = pac.AttackLaw(data.user_vectors[0], data.item_vectors, pref_rate=0.2, num_rated=20, batch_size=5,
                         sigma=0.3, lr=1.0, loss="hinge", protocol=2, seed=0)
     with pytest.raises(ValueError, match="exact law"):
-        law.fail(10 ** 8, "E1", beta=0.59999)
+        law.fail(10 ** 10, "E1", beta=0.59999)
+    # 10^8 labels (beyond the full pmf's memory): the window holds the law, and E1 at beta just below
+    # 1 - 2 p_c = 0.6 fails with probability near 1/2 (the label mean sits at the threshold)
+    assert 0.3 < law.fail(2 * 10 ** 7, "E1", beta=0.59999) < 0.7

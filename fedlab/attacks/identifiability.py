@@ -393,35 +393,55 @@ def _conv(a: np.ndarray, b: np.ndarray, spectra: dict | None = None, tag=None) -
     return out / out.sum()
 
 
-def _conv_power(pmf1: np.ndarray, T: int, powers: list | None = None, spectra: dict | None = None) -> np.ndarray:
+#: After every convolution of :func:`_conv_power`, the counts at either end whose probability is below
+#: this fraction of the peak are dropped: the FFT's round-off there is about ``1e-16`` of the peak per
+#: entry, so those entries are noise, and the true mass they hold is below ``1e-15``. The law then keeps
+#: the ``O(sqrt(T B))`` counts that carry probability instead of all ``T B + 1``.
+_TAIL_TRIM = 1e-14
+
+
+def _trim(offset: int, pmf: np.ndarray, rel: float = _TAIL_TRIM) -> tuple[int, np.ndarray]:
+    """Drop the leading and trailing entries of ``pmf`` (the law of ``offset + j``) below ``rel`` times its
+    largest entry; returns ``(new offset, the kept window)`` (never empty). Pmfs shorter than 64 entries
+    (convolved exactly by :func:`numpy.convolve`) are kept whole."""
+    if pmf.size < 64:
+        return offset, pmf
+    keep = np.flatnonzero(pmf > rel * pmf.max())
+    return offset + int(keep[0]), pmf[keep[0]:keep[-1] + 1]
+
+
+def _conv_power(pmf1: np.ndarray, T: int, powers: list | None = None, spectra: dict | None = None
+                ) -> tuple[int, np.ndarray]:
     """The ``T``-fold convolution of a pmf (binary powers; FFT convolution once arrays are long, with
-    round-off below ``1e-15`` clipped to zero). ``powers``: a list that holds ``pmf1`` and its repeated
-    squares computed so far (it is extended, up to ``_POWERS_MAX_LEN`` entries per square); ``spectra``:
-    a dict of the squares' spectra (see :func:`_conv`)."""
-    powers = [pmf1] if powers is None else powers
-    out, base, t, k = np.array([1.0]), powers[0], int(T), 0
+    negative round-off clipped to zero), as ``(offset, window)``: ``window[j]`` is the probability of
+    ``offset + j``; after each convolution the ends below ``_TAIL_TRIM`` of the peak are dropped
+    (:func:`_trim`). ``powers``: a list that holds ``(0, pmf1)`` and the repeated squares
+    computed so far, each ``(offset, window)`` (it is extended, up to ``_POWERS_MAX_LEN`` entries per
+    square); ``spectra``: a dict of the squares' spectra (see :func:`_conv`)."""
+    powers = [(0, pmf1)] if powers is None else powers
+    (o, out), (bo, base), t, k = (0, np.array([1.0])), powers[0], int(T), 0
     while t:
         if t & 1:
-            out = _conv(out, base, spectra if k < len(powers) else None, k)
+            o, out = _trim(o + bo, _conv(out, base, spectra if k < len(powers) else None, k))
         t >>= 1
         if t:
             k += 1
             if k < len(powers):
-                base = powers[k]
+                bo, base = powers[k]
             else:
-                base = _conv(base, base)
+                bo, base = _trim(2 * bo, _conv(base, base))
                 if k == len(powers) and base.size <= _POWERS_MAX_LEN:
-                    powers.append(base)
-    return out
+                    powers.append((bo, base))
+    return o, out
 
 
-def likes_pmf(num_interactions: int, pref_rate: float, batch_size: int, num_rated: int) -> np.ndarray:
-    """Exact pmf ``[T B + 1]`` of the number of likes among the ``T B`` labels that Protocol 2 uses in
-    ``T`` interactions (London 2020, App. A.2): each batch draws ``B`` of the ``N = num_rated`` items
-    without replacement (hypergeometric), batches are independent, so the law is a ``T``-fold
-    convolution. ``pref_rate`` may lie anywhere in ``(0, 1)`` here.
-    Raises ``ValueError`` for ``num_interactions < 1``, ``batch_size`` outside ``[1, num_rated]`` or
-    ``pref_rate`` outside ``(0, 1)``."""
+def _likes_window(num_interactions: int, pref_rate: float, batch_size: int, num_rated: int
+                  ) -> tuple[int, np.ndarray]:
+    """:func:`likes_pmf` as ``(offset, window)``: the counts ``offset .. offset + len(window) - 1`` and
+    their probabilities; the counts outside lie below the FFT's round-off (``_TAIL_TRIM`` of the peak).
+    Its length grows as ``sqrt(T B)``, not ``T B``: each ``T`` of the search of :meth:`AttackLaw.needed`
+    at ``T B ~ 10^7`` labels takes milliseconds instead of seconds.
+    Raises as :func:`likes_pmf`."""
     T = int(num_interactions)
     if T < 1:
         raise ValueError(f"num_interactions must be >= 1, got {num_interactions}")
@@ -433,9 +453,24 @@ def likes_pmf(num_interactions: int, pref_rate: float, batch_size: int, num_rate
     if key not in _POWERS:
         if len(_POWERS) >= _POWERS_MAX_KEYS:
             _POWERS.pop(next(iter(_POWERS)))                 # the oldest law goes
-        _POWERS[key] = ([_hypergeom_pmf(*key)], {})
+        _POWERS[key] = ([(0, _hypergeom_pmf(*key))], {})
     powers, spectra = _POWERS[key]
-    return _conv_power(powers[0], T, powers, spectra)
+    return _conv_power(powers[0][1], T, powers, spectra)
+
+
+def likes_pmf(num_interactions: int, pref_rate: float, batch_size: int, num_rated: int) -> np.ndarray:
+    """Exact pmf ``[T B + 1]`` of the number of likes among the ``T B`` labels that Protocol 2 uses in
+    ``T`` interactions (London 2020, App. A.2): each batch draws ``B`` of the ``N = num_rated`` items
+    without replacement (hypergeometric), batches are independent, so the law is a ``T``-fold
+    convolution. ``pref_rate`` may lie anywhere in ``(0, 1)`` here. Counts whose probability lies below
+    the FFT's round-off are 0 (entries below ``1e-14`` of the peak; :func:`_likes_window` gives the window
+    without the zeros).
+    Raises ``ValueError`` for ``num_interactions < 1``, ``batch_size`` outside ``[1, num_rated]`` or
+    ``pref_rate`` outside ``(0, 1)``."""
+    offset, window = _likes_window(num_interactions, pref_rate, batch_size, num_rated)
+    out = np.zeros(int(num_interactions) * int(batch_size) + 1)
+    out[offset:offset + window.size] = window
+    return out
 
 
 def label_mean_tail(num_interactions: Sequence[int], pref_rate: float, batch_size: int, num_rated: int,
@@ -450,8 +485,8 @@ def label_mean_tail(num_interactions: Sequence[int], pref_rate: float, batch_siz
         raise ValueError(f"level must lie in [0, 1), got {level}")
     out = []
     for t in [int(t) for t in num_interactions]:
-        pmf = likes_pmf(t, p, batch_size, num_rated)
-        likes = np.arange(pmf.size)
+        offset, pmf = _likes_window(t, p, batch_size, num_rated)
+        likes = offset + np.arange(pmf.size)
         # m_T <= level  <=>  likes >= T B (1 - level) / 2
         out.append(float(pmf[likes >= t * batch_size * (1 - level) / 2 - 1e-9].sum()))
     return np.array(out)
@@ -557,7 +592,7 @@ class AttackLaw:
     """
 
     EVENTS = ("E1", "E2", "E1E2", "above_tau", "error")
-    MAX_LABELS = 50_000_000      # the longest label-count pmf computed exactly (400 MB of float64)
+    MAX_LABELS = 10 ** 10        # the largest T B whose label-count law is computed (a window of ~2e6 floats)
 
     def __init__(self, user_vector: torch.Tensor, item_vectors: torch.Tensor, *, pref_rate: float, num_rated: int,
                  batch_size: int, sigma: float, lr: float, loss: str, protocol: int = 2, num_draws: int = 20000,
@@ -647,13 +682,14 @@ class AttackLaw:
             return out
         if T not in self._pmf_cache:
             if TB > self.MAX_LABELS:
-                raise ValueError(f"the exact law of T*B = {TB} labels needs more than {self.MAX_LABELS} floats; "
+                raise ValueError(f"the exact law of T*B = {TB} labels is not computed beyond {self.MAX_LABELS} labels; "
                                  f"ask for fewer interactions (a larger sigma or error target, or a smaller one)")
-            pmf = likes_pmf(T, p, self.batch_size, self.num_rated)
-            self._pmf_cache[T] = np.concatenate([np.cumsum(pmf[::-1])[::-1], [0.0]])   # sf[L] = P(likes >= L)
-        sf = self._pmf_cache[T]
+            offset, pmf = _likes_window(T, p, self.batch_size, self.num_rated)
+            # sf[j] = P(likes >= offset + j); below the window 1 (up to the trimmed tail), above it 0
+            self._pmf_cache[T] = (offset, np.concatenate([np.cumsum(pmf[::-1])[::-1], [0.0]]))
+        offset, sf = self._pmf_cache[T]
         L0 = np.ceil(np.clip(TB * (1 - x[unsure]) / 2 - 1e-9, 0, TB + 1)).astype(int)  # likes >= TB(1-x)/2
-        out[unsure] = sf[np.minimum(L0, TB + 1)]
+        out[unsure] = sf[np.clip(L0 - offset, 0, sf.size - 1)]
         return out
 
     def _tau_threshold(self, tau: float) -> np.ndarray:
