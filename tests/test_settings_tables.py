@@ -373,3 +373,42 @@ def test_table8_rise():
         chapter3b.table8_rise({("linear", 1.0): 0.3}, ["linear"], run)
     with pytest.raises(ValueError, match="seeds"):
         chapter3b.table8_rise(ndcg, ["linear"], _Run({"ch3b_ndcg_linear_inf": [0.8], "ch3b_ndcg_linear_eps1": []}))
+
+
+def _perturbed(value):
+    """Another valid quick-scale value of a setting."""
+    if isinstance(value, list):
+        return value + [0.25] if isinstance(value[0], float) else value + [max(value) + 4]
+    return value + 1
+
+
+#: scale settings that no row of the table states (the per-user loop of the timing comparison)
+NOT_IN_TABLE_3A = {"loop_users"}
+
+
+def test_every_scale_setting_reaches_its_column(letor):
+    """Changing the quick value of any setting of SCALE_SETTINGS changes the quick column and leaves the
+    paper column alone (a row that reads another constant, e.g. the sweeps' budget from Table 3's,
+    fails here)."""
+    base = _table3a()
+    for name in set(SETTINGS_3A) - NOT_IN_TABLE_3A:
+        quick, paper = SETTINGS_3A[name]
+        new = 2 if name == "table3_users" else quick - 1 if name == "ldp_variants" else _perturbed(quick)
+        changed = _table3a(settings={**SETTINGS_3A, name: (new, paper)})
+        assert _ours(changed) != _ours(base), name
+        assert _ours(changed, "paper") == _ours(base, "paper"), name
+    base = _table3b(letor)
+    for name, (quick, paper) in SETTINGS_3B.items():
+        changed = _table3b(letor, settings={**SETTINGS_3B, name: (_perturbed(quick), paper)})
+        assert _ours(changed) != _ours(base), name
+        assert _ours(changed, "paper") == _ours(base, "paper"), name
+    assert NOT_IN_TABLE_3A <= set(chapter3a.SCALE_SETTINGS) and set(SETTINGS_3A) == set(chapter3a.SCALE_SETTINGS)
+    assert set(SETTINGS_3B) == set(chapter3b.SCALE_SETTINGS)
+
+
+def test_3a_defense_sweeps_state_their_own_budget():
+    ours, paper = _ours(_table3a()), _ours(_table3a(), "paper")
+    assert "defense sweeps 50 (FCF without the embedding 10)" in ours["budget"]
+    assert ours["defense sweeps (LDP, pruning)"].startswith("2 users, 50 evaluations per start")
+    assert paper["defense sweeps (LDP, pruning)"].startswith("200 users, 1000 evaluations per start")
+    assert "6 of the 6 variants" in paper["defense sweeps (LDP, pruning)"]
