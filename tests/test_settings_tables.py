@@ -33,17 +33,32 @@ def _case(dim=8, fncf_lr=1.0, local_steps=1, neg_ratio=4):
                                       local_steps=local_steps, seed=0)
 
 
-def _table3a(case=None, **kw):
-    args = dict(source="synthetic", num_users_total=943, fcf_max_iter=100, fncf_max_iter=150, num_restarts=2,
-                epsilons=EPS, delta=1e-8, sensitivity=SENS)
+#: chapter 3a's scale settings as the tests pass them (the module's own are checked separately)
+SETTINGS_3A = {"table3_users": (3, None), "fcf_max_iter": (100, 1000), "fncf_max_iter": (150, 1000),
+               "num_restarts": (2, 2), "sweep_users": (2, 200), "sweep_max_iter": (50, 1000), "ldp_variants": (4, 6),
+               "loop_users": (2, 16)}
+
+
+def _table3a(case=None, settings=None, **kw):
+    """Chapter 3a's table; ``fcf_max_iter``, ``fncf_max_iter``, ``num_restarts``, ``table3_users`` in
+    ``kw`` set the quick-scale value of that setting."""
+    settings = dict(SETTINGS_3A if settings is None else settings)
+    for name in ("fcf_max_iter", "fncf_max_iter", "num_restarts", "table3_users", "sweep_users", "sweep_max_iter"):
+        if name in kw:
+            settings[name] = (kw.pop(name), settings[name][1])
+    args = dict(source="synthetic", num_users_total=943, epsilons=EPS, delta=1e-8, sensitivity=SENS,
+                settings=settings)
     args.update(kw)
     return chapter3a.reference_settings_table(_case() if case is None else case, **args)
 
 
-def _ours(table):
+def _ours(table, scale="quick"):
+    """``{setting: our cell}`` at ``scale``; a paper-scale cell "same" is the quick-scale one."""
     header, rows = table
-    assert header[-1].startswith("ours")
-    return {r[0]: r[-1] for r in rows}
+    assert header[-2] == "ours, quick scale" and header[-1] == "ours, paper scale"
+    if scale == "quick":
+        return {r[0]: r[-2] for r in rows}
+    return {r[0]: r[-2] if r[-1] == "same" else r[-1] for r in rows}
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +66,21 @@ def letor():
     return synthetic_letor(12, seed=0)
 
 
+SETTINGS_3B = {"synthetic_queries": (300, 1000), "fig5_queries": ([1, 8, 16], [1, 4, 8, 12, 16]),
+               "num_users": (8, 100), "max_iter": (25, 200), "settings_users": (4, 50), "noisy_users": (6, 100),
+               "replaced_fractions": ([1.0], [0.5, 1.0]), "pir_users": (40, 1000), "ldp_users": (8, 100),
+               "ldp_queries": ([8], [4, 8, 12, 16]), "num_rounds": (60, 300)}
+
+
 def _table3b(data, **kw):
-    args = dict(queries=[1, 8, 16], click_models=["navigational", "informational"], num_users=8, lr=0.1,
-                max_iter=25, epsilons=EPS, delta=1e-8, sensitivity=0.5)
+    """Chapter 3b's table; ``queries``, ``num_users``, ``max_iter`` in ``kw`` set the quick-scale value of
+    ``fig5_queries``, ``num_users``, ``max_iter``."""
+    settings = dict(kw.pop("settings", SETTINGS_3B))
+    for arg, name in (("queries", "fig5_queries"), ("num_users", "num_users"), ("max_iter", "max_iter")):
+        if arg in kw:
+            settings[name] = (kw.pop(arg), settings[name][1])
+    args = dict(click_models=["navigational", "informational"], lr=0.1, epsilons=EPS, delta=1e-8, sensitivity=0.5,
+                clients_per_round=100, settings=settings)
     args.update(kw)
     rankers = args.pop("rankers", {"linear": (), "neural": (16, 8)})
     return chapter3b.reference_settings_table(data, rankers, **args)
@@ -61,12 +88,12 @@ def _table3b(data, **kw):
 
 def _check_complete(table):
     header, rows = table
-    assert len(header) == 4 and header[1].startswith("paper") and header[2].startswith("reference code")
+    assert len(header) == 5 and header[1].startswith("paper") and header[2].startswith("reference code")
     assert len(rows) >= 10
     names = [r[0] for r in rows]
     assert len(set(names)) == len(names)
     for r in rows:
-        assert len(r) == 4, r
+        assert len(r) == 5, r
         assert all(isinstance(c, str) and c.strip() for c in r), r
     plots.md_table(*table)      # renders: one cell per header
 
@@ -81,12 +108,13 @@ def test_3a_ours_follows_the_case():
     assert "d = 8;" in base["embeddings"] and "(16 inputs)" in base["FNCF network"]
     assert base["FNCF local training"].startswith("1 full-batch gradient step of size 1 ")
     assert base["negatives"].startswith("4 sampled")
-    assert "3 of its 943 users" in base["data and users"] and "random subset" in base["data and users"]
+    assert "3 of its 943 users, drawn at random" in base["data and users"]
+    assert "all 943 users" in _ours(_table3a(), "paper")["data and users"]
     other = _ours(_table3a(_case(dim=12, fncf_lr=0.5, local_steps=3, neg_ratio=2), num_users_total=3))
     assert "d = 12;" in other["embeddings"] and "(24 inputs)" in other["FNCF network"]
     assert other["FNCF local training"].startswith("3 full-batch gradient steps of size 0.5 ")
     assert other["negatives"].startswith("2 sampled")
-    assert "(all)" in other["data and users"]
+    assert "all 3 users" in other["data and users"]
     hidden = [m.out_features for m in _case().model.modules() if isinstance(m, torch.nn.Linear)][:-1]
     assert f"hidden {', '.join(map(str, hidden))} ReLU" in base["FNCF network"]
     # three local steps: no continuation ("auto" needs one step)
@@ -141,13 +169,30 @@ def test_3a_bad_input():
         _table3a(sensitivity={"fcf": 1.0})
     with pytest.raises(ValueError, match="epsilons"):
         _table3a(epsilons=[])
+    with pytest.raises(ValueError, match="settings lacks"):
+        _table3a(settings={k: v for k, v in SETTINGS_3A.items() if k != "sweep_users"})
+    with pytest.raises(ValueError, match="ldp_variants"):
+        _table3a(settings={**SETTINGS_3A, "ldp_variants": (4, 7)})
+    with pytest.raises(ValueError, match="table3_users"):
+        _table3a(settings={**SETTINGS_3A, "table3_users": (0, None)})
+    with pytest.raises(ValueError, match="num_users_total"):
+        _table3a(table3_users=8, num_users_total=5)
 
 
 def test_3b_ours_follows_the_constants(letor):
     base = _ours(_table3b(letor))
-    assert base["data"].startswith(f"{letor.source}: 12 queries, {letor.num_features} features, 3 relevance grades")
+    # synthetic data is drawn with the scale's number of queries
+    assert base["data"].startswith(f"synthetic (MQ2007-shaped): 300 queries, {letor.num_features} features, 3 relevance grades")
+    assert _ours(_table3b(letor), "paper")["data"].startswith("synthetic (MQ2007-shaped): 1000 queries")
     assert base["users and queries"].startswith("8 users per") and "Q ∈ {1, 8, 16}" in base["users and queries"]
     assert base["budget"].startswith("25 loss evaluations")
+    paper = _ours(_table3b(letor), "paper")
+    assert paper["budget"].startswith("200 loss evaluations") and "Q ∈ {1, 4, 8, 12, 16}" in paper["users and queries"]
+    assert "1000 in the PIR test" in paper["users and queries"] and "40 in the PIR test" in base["users and queries"]
+    assert base["federated training (Table 8)"].startswith("60 rounds of 100 users")
+    assert paper["federated training (Table 8)"].startswith("300 rounds of 100 users")
+    assert "α ∈ {1}" in base["ADM"] and "α ∈ {0.5, 1}" in paper["ADM"]
+    assert "Q ∈ {8} with and without ADM" in base["LDP"] and "Q ∈ {4, 8, 12, 16}" in paper["LDP"]
     assert "η = 0.1 per query" in base["local training"]
     assert f"({fl_oltr.ranker_size(letor.num_features, (16, 8))} parameters)" in base["rankers"]
     assert "Δ₂ = 0.5 (clip to 0.25)" in base["LDP"] and "ε ∈ {1, 10, 20, 100, 500}" in base["LDP"]
@@ -182,9 +227,188 @@ def test_3b_ours_reads_library_defaults(letor, monkeypatch):
 def test_3b_bad_input(letor):
     with pytest.raises(ValueError, match="click model"):
         _table3b(letor, click_models=["bored"])
-    with pytest.raises(ValueError, match="queries"):
+    with pytest.raises(ValueError, match="fig5_queries"):
         _table3b(letor, queries=[])
     with pytest.raises(ValueError, match="lr"):
         _table3b(letor, lr=0.0)
     with pytest.raises(ValueError, match="max_iter"):
         _table3b(letor, max_iter=0)
+    with pytest.raises(ValueError, match="replaced_fractions"):
+        _table3b(letor, settings={**SETTINGS_3B, "replaced_fractions": ([1.5], [1.0])})
+    with pytest.raises(ValueError, match="settings lacks"):
+        _table3b(letor, settings={k: v for k, v in SETTINGS_3B.items() if k != "num_rounds"})
+    with pytest.raises(ValueError, match="clients_per_round"):
+        _table3b(letor, clients_per_round=0)
+
+
+# --- both scales from the module's constants, the departures of issue 37, the notebooks' use of them --------
+
+def test_default_settings_are_the_modules_and_follow_a_change(monkeypatch, letor):
+    """Called without ``settings`` the tables read the modules' SCALE_SETTINGS at the call: changing one
+    constant changes the column of its scale, and only that one."""
+    base3a = chapter3a.reference_settings_table(_case(), source="synthetic", num_users_total=943, epsilons=EPS,
+                                                delta=1e-8, sensitivity=SENS)
+    q, p = _ours(base3a), _ours(base3a, "paper")
+    fcf_q, fcf_p = chapter3a.SCALE_SETTINGS["fcf_max_iter"]
+    assert f"FCF {fcf_q} with the embedding, {fcf_q // 5} without" in q["budget"]
+    assert f"FCF {fcf_p} with the embedding, {fcf_p // 5} without" in p["budget"]
+    monkeypatch.setitem(chapter3a.SCALE_SETTINGS, "fcf_max_iter", (fcf_q, 777))
+    monkeypatch.setitem(chapter3a.SCALE_SETTINGS, "sweep_users", (chapter3a.SCALE_SETTINGS["sweep_users"][0], 123))
+    changed = chapter3a.reference_settings_table(_case(), source="synthetic", num_users_total=943, epsilons=EPS,
+                                                 delta=1e-8, sensitivity=SENS)
+    assert _ours(changed) == q
+    cp = _ours(changed, "paper")
+    assert "FCF 777 with the embedding, 155 without" in cp["budget"]
+    assert "a random 123 of them" in cp["data and users"] and "123 users" in cp["defense sweeps (LDP, pruning)"]
+
+    kw = dict(click_models=["navigational", "informational"], lr=0.1, epsilons=EPS, delta=1e-8, sensitivity=0.5,
+              clients_per_round=100)
+    base3b = chapter3b.reference_settings_table(letor, {"linear": ()}, **kw)
+    it_q, it_p = chapter3b.SCALE_SETTINGS["max_iter"]
+    assert _ours(base3b)["budget"].startswith(f"{it_q} loss evaluations")
+    assert _ours(base3b, "paper")["budget"].startswith(f"{it_p} loss evaluations")
+    monkeypatch.setitem(chapter3b.SCALE_SETTINGS, "max_iter", (31, it_p))
+    monkeypatch.setitem(chapter3b.SCALE_SETTINGS, "num_rounds", (chapter3b.SCALE_SETTINGS["num_rounds"][0], 999))
+    changed = chapter3b.reference_settings_table(letor, {"linear": ()}, **kw)
+    assert _ours(changed)["budget"].startswith("31 loss evaluations")
+    assert _ours(changed, "paper")["federated training (Table 8)"].startswith("999 rounds")
+    assert _ours(changed, "paper")["budget"] == _ours(base3b, "paper")["budget"]
+
+
+def test_scale_dependent_rows_say_same_only_when_equal():
+    table = _table3a(settings={**SETTINGS_3A, "num_restarts": (2, 2), "fncf_max_iter": (150, 150)})
+    rows = {r[0]: r for r in table[1]}
+    assert rows["starts"][-1] == "same" and rows["continuation (FNCF with the embedding)"][-1] == "same"
+    assert rows["budget"][-1] != "same" and rows["data and users"][-1] != "same"
+
+
+#: issue 37's undisclosed departures: (row, words in the reference column, words in our quick column)
+DEPARTURES_3A = [
+    ("budget", ["1000", "iterations", "the same for FCF with and without the embedding"],
+     ["not iterations", "FCF 100 with the embedding, 20 without"]),
+    ("starts", ["`num_atk = 5` independent"], ["antithetic", "FCF without the embedding: 1"]),
+    ("attack loss (items)", ["F.mse_loss", "max(1, 100"], ["mean target row norm"]),
+    ("optimiser and line search", ["torch.optim.LBFGS", "strong Wolfe"], ["Armijo"]),
+    ("data and users", ["every user"], ["3 of its 943 users"]),
+    ("defense sweeps (LDP, pruning)", ["every user"], ["4 of the 6 variants"]),
+    ("attack loss (network term)", ["detached"], ["differentiated"]),
+]
+DEPARTURES_3B = [
+    ("budget", ["1000", "iterations"], ["25 loss evaluations", "not iterations"]),
+    ("ADM", ["0c39b80", "00c8e99", "replaced by N(0, 0.1²)"], ["the reference's final ADM as its own row"]),
+    ("displayed list", ["in proportion to the scores, shifted"], ["Plackett-Luce"]),
+    ("click model", ["not reset"], ["clicks reset"]),
+    ("optimiser and line search", ["strong Wolfe"], ["Armijo"]),
+    ("attack loss", ["F.mse_loss"], ["‖θ̂‖²"]),
+    ("starts", ["`num_atk = 1`"], ["per user"]),
+    ("federated training (Table 8)", ["10 shuffled passes"], ["60 rounds", "one run per seed"]),
+    ("data", ["MQ2008", "MQ2007"], ["synthetic"]),
+]
+
+
+@pytest.mark.parametrize("chapter", ["3a", "3b"])
+def test_every_departure_has_its_row(chapter, letor):
+    table, departures = (_table3a(), DEPARTURES_3A) if chapter == "3a" else (_table3b(letor), DEPARTURES_3B)
+    rows = {r[0]: r for r in table[1]}
+    for name, reference_words, our_words in departures:
+        assert name in rows, name
+        for w in reference_words:
+            assert w in rows[name][2], (name, w, rows[name][2])
+        for w in our_words:
+            assert w in rows[name][3], (name, w, rows[name][3])
+        assert "(" in rows[name][1] or rows[name][1] in ("none", "not given"), rows[name][1]   # a citation
+
+
+def _notebook_code(stem):
+    import json
+    from pathlib import Path
+    nb = json.loads((Path(__file__).resolve().parents[1] / "chapters" / f"{stem}.ipynb").read_text())
+    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("stem,module", [("03a_raifle_recsys", chapter3a), ("03b_raifle_oltr", chapter3b)])
+def test_notebook_reads_every_scale_setting_from_the_module(stem, module):
+    """The tables' columns are the notebook's settings only if the notebook runs with them: every
+    SCALE_SETTINGS entry is read by ``ex.scaled`` and no scale-dependent number is typed with fedlab.pick."""
+    code = _notebook_code(stem)
+    for name in module.SCALE_SETTINGS:
+        assert f'ex.scaled("{name}")' in code, name
+    assert "fedlab.pick(" not in code and "ex.reference_settings_table(" in code
+
+
+def test_scaled_picks_by_scale(monkeypatch):
+    monkeypatch.setenv("FEDLAB_SCALE", "quick")
+    assert chapter3a.scaled("fcf_max_iter") == chapter3a.SCALE_SETTINGS["fcf_max_iter"][0]
+    q = chapter3b.scaled("fig5_queries")
+    assert q == chapter3b.SCALE_SETTINGS["fig5_queries"][0] and q is not chapter3b.SCALE_SETTINGS["fig5_queries"][0]
+    monkeypatch.setenv("FEDLAB_SCALE", "paper")
+    assert chapter3a.scaled("table3_users") is None
+    assert chapter3b.scaled("num_rounds") == chapter3b.SCALE_SETTINGS["num_rounds"][1]
+    for module in (chapter3a, chapter3b):
+        with pytest.raises(ValueError, match="name"):
+            module.scaled("fcf_iters")
+
+
+class _Run:
+    def __init__(self, values):
+        self.values = values
+
+    def per_seed(self, name):
+        return self.values.get(name, [])
+
+
+def test_table8_rise():
+    ndcg = {("linear", 1.0): 0.30, ("linear", None): 0.50, ("neural", 1.0): 0.40, ("neural", None): 0.45}
+    run = _Run({"ch3b_ndcg_linear_inf": [0.8, 0.9, 0.7], "ch3b_ndcg_linear_eps1": [0.3, 0.3, 0.3]})
+    (header, rows), values = chapter3b.table8_rise(ndcg, ["linear", "neural"], run)
+    plots.md_table(header, rows)
+    lin, nn = rows
+    assert lin[1] == pytest.approx(chapter3b.PAPER_T8["linear"][-1] - chapter3b.PAPER_T8["linear"][0])
+    assert lin[2] == pytest.approx(0.2) and values["ch3b_t8_rise_linear"] == pytest.approx(0.2)
+    # rises 0.5, 0.6, 0.4: mean 0.5, t interval half-width 4.303 * 0.1 / sqrt(3) = 0.248
+    assert lin[3] == "0.500 ± 0.248 (n = 3)" and lin[4] == "0.400 to 0.600"
+    assert values["ch3b_t8_rise_linear_paper"] == lin[3]
+    assert nn[2] == pytest.approx(0.05) and nn[3] == "no record yet"
+    with pytest.raises(ValueError, match="ndcg"):
+        chapter3b.table8_rise({("linear", 1.0): 0.3}, ["linear"], run)
+    with pytest.raises(ValueError, match="seeds"):
+        chapter3b.table8_rise(ndcg, ["linear"], _Run({"ch3b_ndcg_linear_inf": [0.8], "ch3b_ndcg_linear_eps1": []}))
+
+
+def _perturbed(value):
+    """Another valid quick-scale value of a setting."""
+    if isinstance(value, list):
+        return value + [0.25] if isinstance(value[0], float) else value + [max(value) + 4]
+    return value + 1
+
+
+#: scale settings that no row of the table states (the per-user loop of the timing comparison)
+NOT_IN_TABLE_3A = {"loop_users"}
+
+
+def test_every_scale_setting_reaches_its_column(letor):
+    """Changing the quick value of any setting of SCALE_SETTINGS changes the quick column and leaves the
+    paper column alone (a row that reads another constant, e.g. the sweeps' budget from Table 3's,
+    fails here)."""
+    base = _table3a()
+    for name in set(SETTINGS_3A) - NOT_IN_TABLE_3A:
+        quick, paper = SETTINGS_3A[name]
+        new = 2 if name == "table3_users" else quick - 1 if name == "ldp_variants" else _perturbed(quick)
+        changed = _table3a(settings={**SETTINGS_3A, name: (new, paper)})
+        assert _ours(changed) != _ours(base), name
+        assert _ours(changed, "paper") == _ours(base, "paper"), name
+    base = _table3b(letor)
+    for name, (quick, paper) in SETTINGS_3B.items():
+        changed = _table3b(letor, settings={**SETTINGS_3B, name: (_perturbed(quick), paper)})
+        assert _ours(changed) != _ours(base), name
+        assert _ours(changed, "paper") == _ours(base, "paper"), name
+    assert NOT_IN_TABLE_3A <= set(chapter3a.SCALE_SETTINGS) and set(SETTINGS_3A) == set(chapter3a.SCALE_SETTINGS)
+    assert set(SETTINGS_3B) == set(chapter3b.SCALE_SETTINGS)
+
+
+def test_3a_defense_sweeps_state_their_own_budget():
+    ours, paper = _ours(_table3a()), _ours(_table3a(), "paper")
+    assert "defense sweeps 50 (FCF without the embedding 10)" in ours["budget"]
+    assert ours["defense sweeps (LDP, pruning)"].startswith("2 users, 50 evaluations per start")
+    assert paper["defense sweeps (LDP, pruning)"].startswith("200 users, 1000 evaluations per start")
+    assert "6 of the 6 variants" in paper["defense sweeps (LDP, pruning)"]

@@ -21,7 +21,7 @@ __all__ = ["RecsysCase", "make_recsys_case", "attack_case", "TABLE3_CONFIGS", "T
            "VARIANTS", "attack_budget", "run_config", "table3", "table3_summary", "table3_values", "table3_table", "table3_loss_table",
            "table3_boxplot", "linear_case", "loop_vs_batch", "PAPER_TABLE6", "PAPER_TABLE7", "ldp_sigma_rows",
            "ldp_updates", "ldp_attack_sweep", "clip_knowledge_rows", "ks_values", "table6_table", "table7_values", "table7_table",
-           "prune_sweep", "defense_boxplots", "REFERENCE_REPOSITORY", "reference_settings_table"]
+           "prune_sweep", "defense_boxplots", "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table"]
 
 
 @dataclass
@@ -489,27 +489,73 @@ def _signature_default(fn, name: str):
     return inspect.signature(fn).parameters[name].default
 
 
-def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: int, fcf_max_iter: int,
-                             fncf_max_iter: int, num_restarts: int, epsilons, delta: float,
-                             sensitivity: dict) -> tuple[list, list]:
-    """Chapter 3a's settings as ``(header, rows)`` for :func:`fedlab.plots.md_table`: one row per
-    setting that matters for RAIFLE's result on federated recommendation, with three columns: the
-    paper (Pham, Kulkarni & Houmansadr; section cited), its authors' reference code
-    (:data:`REFERENCE_REPOSITORY`, the commit cited, with where it changed across commits), and ours.
+#: Chapter 3a's settings that differ between the quick and the paper scale, ``name -> (quick, paper)``:
+#: the notebook reads each with :func:`scaled` and :func:`reference_settings_table` states both.
+#: ``table3_users``: users attacked in Table 3 (``None``: every user of the data set); ``fcf_max_iter``,
+#: ``fncf_max_iter``, ``num_restarts``: Table 3's budget and starts (:func:`attack_budget`);
+#: ``sweep_users``, ``sweep_max_iter``: the defense sweeps' users (a random subset of Table 3's) and
+#: budget; ``ldp_variants``: how many of :data:`TABLE3_CONFIGS` the LDP sweep runs (the first ones);
+#: ``loop_users``: users of the per-user loop against the batched call
+SCALE_SETTINGS = {"table3_users": (8, None), "fcf_max_iter": (100, 1000), "fncf_max_iter": (150, 1000),
+                  "num_restarts": (2, 2), "sweep_users": (4, 200), "sweep_max_iter": (50, 1000),
+                  "ldp_variants": (4, 6), "loop_users": (4, 16)}
 
-    The first two columns quote their sources. Every value of the "ours" column comes from code: from
-    the arguments (the notebook's constants: ``case`` the honest round the chapter attacks, built by
-    :func:`make_recsys_case`; ``source`` and ``num_users_total`` the data set's name and size;
-    ``fcf_max_iter``, ``fncf_max_iter``, ``num_restarts`` Table 3's budget and starts, through
-    :func:`attack_budget`; ``epsilons``, ``delta``, ``sensitivity`` the LDP sweep's settings, as for
-    :func:`ldp_attack_sweep`) or read from the library (the network of ``case.model``, the defaults of
+
+def scaled(name: str):
+    """The value of the scale-dependent setting ``name`` of :data:`SCALE_SETTINGS` at the active scale
+    (``FEDLAB_SCALE``, :func:`fedlab.config.pick`). Raises ``ValueError`` for an unknown ``name``."""
+    from ..config import pick
+
+    if name not in SCALE_SETTINGS:
+        raise ValueError(f"name must be one of {sorted(SCALE_SETTINGS)}, got {name!r}")
+    quick, paper = SCALE_SETTINGS[name]
+    return pick(quick=quick, paper=paper)
+
+
+def _check_scale_settings(settings: dict) -> None:
+    """``ValueError`` naming ``settings`` unless it holds every key of :data:`SCALE_SETTINGS` as a
+    ``(quick, paper)`` pair of positive integers (``table3_users`` may be ``None``: every user)."""
+    missing = set(SCALE_SETTINGS) - set(settings)
+    if missing:
+        raise ValueError(f"settings lacks {sorted(missing)}")
+    for name in SCALE_SETTINGS:
+        pair = settings[name]
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise ValueError(f"settings[{name!r}] must be a (quick, paper) pair, got {pair!r}")
+        for value in pair:
+            if value is None and name == "table3_users":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"settings[{name!r}] must hold positive integers, got {pair!r}")
+    for value in settings["ldp_variants"]:
+        if value > len(TABLE3_CONFIGS):
+            raise ValueError(f"settings['ldp_variants'] must be at most {len(TABLE3_CONFIGS)}, got {value}")
+
+
+def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: int, epsilons, delta: float,
+                             sensitivity: dict, settings: dict | None = None) -> tuple[list, list]:
+    """Chapter 3a's settings as ``(header, rows)`` for :func:`fedlab.plots.md_table`: one row per
+    setting that matters for RAIFLE's result on federated recommendation, and one per departure from
+    the paper or its code, with four columns: the paper (Pham, Kulkarni & Houmansadr; section cited),
+    its authors' reference code (:data:`REFERENCE_REPOSITORY`, the commit cited, with where it changed
+    across commits), ours at quick scale and ours at paper scale ("same" where the two scales agree).
+
+    The first two columns quote their sources. Every value of the two "ours" columns comes from code:
+    from ``settings`` (default :data:`SCALE_SETTINGS`, read at the call: the budgets, starts and users
+    the notebook runs at each scale, through :func:`attack_budget`), from the arguments (the notebook's
+    constants: ``case`` the honest round the chapter attacks, built by :func:`make_recsys_case`;
+    ``source`` and ``num_users_total`` the data set's name and size; ``epsilons``, ``delta``,
+    ``sensitivity`` the LDP sweep's settings, as for :func:`ldp_attack_sweep`) or read from the library
+    (the network of ``case.model``, the defaults of
     :func:`fedlab.attacks.interaction_inference.recsys.raifle`, :func:`fedlab.optim.lbfgs_rows`,
     :func:`fedlab.attacks.interaction_inference.recsys.matching_loss` and
     :func:`fedlab.fl.recsys.interactions.fcf_item_updates`, and
     :data:`fedlab.attacks.interaction_inference.recsys.FNCF_CONTINUATION`).
 
-    Raises ``ValueError`` for an empty ``case``, a budget below 1 (naming it), an empty ``epsilons``
-    or a ``sensitivity`` without the keys ``fcf``, ``fncf_items``, ``fncf_params``.
+    Raises ``ValueError`` for an empty ``case``, ``num_users_total`` below the users ``settings``
+    attack, ``settings`` without a key of :data:`SCALE_SETTINGS` or with a value that is not a
+    positive integer, an empty ``epsilons`` or a ``sensitivity`` without the keys ``fcf``,
+    ``fncf_items``, ``fncf_params``.
     """
     from ..attacks.interaction_inference import recsys as _recsys
     from .. import optim as _optim
@@ -517,12 +563,12 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
 
     if len(case) < 1:
         raise ValueError("case must hold at least one user")
-    with_emb = attack_budget(("FCF", True, False), fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter,
-                             num_restarts=num_restarts)
-    no_emb = attack_budget(("FCF", False, False), fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter,
-                           num_restarts=num_restarts)
-    fncf = attack_budget(("FNCF", True, False), fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter,
-                         num_restarts=num_restarts)
+    settings = SCALE_SETTINGS if settings is None else settings
+    _check_scale_settings(settings)
+    positive_int("num_users_total", num_users_total)
+    for scale_users in settings["table3_users"]:
+        if scale_users is not None and scale_users > num_users_total:
+            raise ValueError(f"num_users_total={num_users_total} is below the {scale_users} users settings attack")
     epsilons = list(epsilons)
     if not epsilons:
         raise ValueError("epsilons must hold at least one value")
@@ -530,7 +576,7 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
     if missing:
         raise ValueError(f"sensitivity lacks {sorted(missing)}")
 
-    U, _, d = case.X.shape
+    _, _, d = case.X.shape
     pos = case.I.sum(1)
     neg = case.mask.sum(1) - pos
     ratio = float((neg / pos.clamp_min(1)).median())
@@ -548,99 +594,142 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
     alpha = _signature_default(_interactions.fcf_item_updates, "alpha")
     fcf_lr = _signature_default(_interactions.fcf_item_updates, "lr")
     temps = tuple(_recsys.FNCF_CONTINUATION)
-    continuation_on = case.local_steps == 1 and fncf["max_iter"] >= 10 * (len(temps) + 1)
     knows_clip = _signature_default(ldp_attack_sweep, "attacker_knows_clip")
     steps = case.local_steps
     fmt = ", ".join
 
-    header = ["setting", "paper (RAIFLE)", f"reference code ({REFERENCE_REPOSITORY})", "ours (this build)"]
+    def at(i):
+        """The scale-dependent cells at scale ``i`` (0 quick, 1 paper)."""
+        s = {name: pair[i] for name, pair in settings.items()}
+        kw = dict(fcf_max_iter=s["fcf_max_iter"], fncf_max_iter=s["fncf_max_iter"], num_restarts=s["num_restarts"])
+        with_emb, no_emb = attack_budget(("FCF", True, False), **kw), attack_budget(("FCF", False, False), **kw)
+        fncf = attack_budget(("FNCF", True, False), **kw)
+        sweep_kw = dict(fcf_max_iter=s["sweep_max_iter"], fncf_max_iter=s["sweep_max_iter"], num_restarts=s["num_restarts"])
+        sweep_no_emb = attack_budget(("FCF", False, False), **sweep_kw)
+        n3 = s["table3_users"]
+        users = (f"all {num_users_total} users" if n3 is None or n3 == num_users_total
+                 else f"{n3} of its {num_users_total} users, drawn at random")
+        continuation_on = steps == 1 and fncf["max_iter"] >= 10 * (len(temps) + 1)
+        variants = [VARIANTS[c] for c in TABLE3_CONFIGS[:s["ldp_variants"]]]
+        return {
+            "data and users": f"{source}: {users}, attacked in Table 3; a random {s['sweep_users']} of them in the "
+                              "defense sweeps",
+            "budget": f"loss evaluations per start, not iterations: FCF {with_emb['max_iter']} with the embedding, "
+                      f"{no_emb['max_iter']} without; FNCF {fncf['max_iter']}; defense sweeps {s['sweep_max_iter']} "
+                      f"(FCF without the embedding {sweep_no_emb['max_iter']})",
+            "starts": f"FCF with the embedding and FNCF: {with_emb['num_restarts']} per user"
+                      + (" (antithetic pairs e, −e)" if antithetic else " (independent)")
+                      + f"; FCF without the embedding: {no_emb['num_restarts']}",
+            "continuation (FNCF with the embedding)":
+                (f"smoothed ReLUs, τ = {fmt(f'{t:g}' for t in temps)}, then the exact network, in equal shares of "
+                 "the budget" if continuation_on else "off at this budget or local training"),
+            "defense sweeps (LDP, pruning)": f"{s['sweep_users']} users, {s['sweep_max_iter']} evaluations per start; "
+                                             f"LDP: {len(variants)} of the 6 variants ({fmt(variants)}); pruning: "
+                                             "FCF emb and FNCF emb",
+        }
+
+    quick, paper = at(0), at(1)
+
+    def ours(name, text=None):
+        """The two "ours" cells of row ``name``: scale-dependent ones from :func:`at`, else ``text`` at both."""
+        if text is not None:
+            return [text, "same"]
+        return [quick[name], paper[name] if paper[name] != quick[name] else "same"]
+
+    header = ["setting", "paper (RAIFLE)", f"reference code ({REFERENCE_REPOSITORY})", "ours, quick scale",
+              "ours, paper scale"]
     rows = [
         ["data and users",
          "MovieLens-100K binarised (rated = 1): 943 users, 1682 items, 106 ratings per user on average "
          "(Sec. 4.1.2, Table 2); every user attacked once (Sec. 4.1.1)",
          "c513b97: MovieLens-100K, every user; HEAD 7d1a33b: the first 30 users ('scaled down for artifact "
          "eval'), MovieLens-100K or Steam-200K, FNCF without embedding estimation only",
-         f"{source}: {U} of its {num_users_total} users attacked in Table 3"
-         + (" (all)" if U == num_users_total else " (a random subset)")],
+         *ours("data and users")],
         ["negatives",
          "non-interacted items sampled 4:1 to interacted ones (Sec. 4.1.2)",
          "c513b97 and HEAD: `neg_sample_ratio = 4`, `random.sample` of the non-interacted items",
-         f"{ratio:g} sampled per interacted item (median over the attacked users)"],
+         *ours("negatives", f"{ratio:g} sampled per interacted item (median over the attacked users)")],
         ["embeddings",
          "d = 64, user and item embeddings 'randomly initialized' (Sec. 4.1.3)",
          "c513b97 and HEAD: `embedding_dim = 64`, `nn.Embedding`, i.e. N(0, 1)",
-         f"d = {d}; users and items N(0, 1) (`make_recsys_case`)"],
+         *ours("embeddings", f"d = {d}; users and items N(0, 1) (`make_recsys_case`)")],
         ["FCF update",
          "FCF of Ammad-ud-din et al. (Sec. 2.3.2); local training not given",
          "c513b97: the item gradient (I − X e) eᵀ with confidence 1 + αI, α = 0; FCF is commented out of "
          "`experiment_rec.ipynb` from 10b5f8c (2024-03-18) and gone at HEAD",
-         f"(I − X e) eᵀ times lr = {fcf_lr:g}, confidence 1 + αI with α = {alpha:g} (`fcf_item_updates`)"],
+         *ours("FCF update", f"(I − X e) eᵀ times lr = {fcf_lr:g}, confidence 1 + αI with α = {alpha:g} "
+                             "(`fcf_item_updates`)")],
         ["FNCF network",
          "2-layer MLP, 16 and 8 ReLU units (Sec. 4.1.3)",
          "c513b97: `NeuralCollaborativeFilteringRecommender(64, [16, 8])` on [e_u, x_i], biases, sigmoid output, "
          "BCE; from 10b5f8c to HEAD: hidden [128, 64, 32]",
-         f"MLP on [e_u, x_i] ({2 * d} inputs), hidden {fmt(map(str, widths))} ReLU, {biases}, one logit, BCE"],
+         *ours("FNCF network", f"MLP on [e_u, x_i] ({2 * d} inputs), hidden {fmt(map(str, widths))} ReLU, {biases}, "
+                               "one logit, BCE")],
         ["FNCF local training",
          "not given",
          "c513b97: the update is one BCE gradient (items, and network), no step size; from 10b5f8c to HEAD: "
          "20 Adam epochs (torchopt, lr 0.001) on e_u, items and network, the update divided by the lr",
-         f"{steps} full-batch gradient step{'s' if steps != 1 else ''} of size {case.fncf_lr:g} on "
-         "(e_u, items, network); the change of items and network is sent"],
+         *ours("FNCF local training", f"{steps} full-batch gradient step{'s' if steps != 1 else ''} of size "
+                                      f"{case.fncf_lr:g} on (e_u, items, network); the change of items and network is sent")],
         ["attack loss (items)",
          "mean L2 distance between matching item rows (Sec. 4.1.1)",
          "FNCF: mean `F.pairwise_distance` × max(1, 100 / mean target row norm) (c513b97 and HEAD); "
          "FCF: `F.mse_loss`, the default (c513b97)",
-         "FCF and FNCF: mean L2 row distance / mean target row norm (`matching_loss`, "
-         f"squared={squared})"],
+         *ours("attack loss (items)", "FCF and FNCF: mean L2 row distance / mean target row norm (`matching_loss`, "
+                                      f"squared={squared})")],
         ["attack loss (network term)",
          "the sum of the model-parameter and item losses (App. B.2, Algorithm 2); form not given",
          "`F.mse_loss`; up to c1295a3 (2024-03-13) the simulated network gradient is detached (`backward()` "
          "without `create_graph`)",
-         "‖Δθ′ − Δθ̂‖² / ‖Δθ̂‖², differentiated"],
+         *ours("attack loss (network term)", "‖Δθ′ − Δθ̂‖² / ‖Δθ̂‖², differentiated")],
         ["optimiser and line search",
          "L-BFGS with the L2 loss (App. B.3)",
          "c513b97 to HEAD: `torch.optim.LBFGS`, lr 0.1, strong Wolfe line search, torch's defaults (history 100, "
          "tolerance_grad 1e-7, tolerance_change 1e-9)",
-         f"`lbfgs_rows`: one L-BFGS per (user, start), history {history}, Armijo backtracking (c1 = {c1:g}, "
-         f"at most {backtracks} steps), stops when the loss changes by < {tol:g}"],
+         *ours("optimiser and line search", f"`lbfgs_rows`: one L-BFGS per (user, start), history {history}, Armijo "
+                                            f"backtracking (c1 = {c1:g}, at most {backtracks} steps), stops when the loss "
+                                            f"changes by < {tol:g}")],
         ["budget",
          "none given; a step budget and a loss-improvement threshold as termination criteria (App. B.3)",
-         "`max_iter = 1000` L-BFGS iterations per start (torch evaluates the loss up to 1250 times); "
-         "100000 in c513b97's synthetic-data simulation",
-         f"loss evaluations per start, not iterations: FCF {with_emb['max_iter']} with the embedding, "
-         f"{no_emb['max_iter']} without; FNCF {fncf['max_iter']}"],
+         "`max_iter = 1000` L-BFGS iterations per start (torch evaluates the loss up to 1250 times), the same for "
+         "FCF with and without the embedding; 100000 in c513b97's synthetic-data simulation",
+         *ours("budget")],
         ["starts",
          "random restarts, best result kept; number not given (App. B.3)",
-         "c513b97: `num_atk = 5` (MovieLens cells), 10 in the synthetic simulation; from 10b5f8c to HEAD: 1",
-         f"FCF with the embedding and FNCF: {with_emb['num_restarts']} per user"
-         + (" (antithetic pairs e, −e)" if antithetic else " (independent)")
-         + f"; FCF without the embedding: {no_emb['num_restarts']}"],
+         "c513b97: `num_atk = 5` independent starts (MovieLens cells, every variant), 10 in the synthetic "
+         "simulation; from 10b5f8c to HEAD: 1",
+         *ours("starts")],
         ["start distribution",
          "z ~ U(−1, 1), I′ = sigmoid(z) (App. B.3); e′_u 'random' (Algorithm 2)",
          "z and the estimated e′_u ~ U(−1, 1) (`torch.rand(...) * 2 - 1`, c513b97 to HEAD)",
-         f"z ~ U(−1, 1); the estimated e′_u ~ N(0, {emb_std:g}²)"],
+         *ours("start distribution", f"z ~ U(−1, 1); the estimated e′_u ~ N(0, {emb_std:g}²)")],
         ["embedding without estimation",
          "not given",
          "`torch.rand(64)`: one U(0, 1) draw per user (c513b97 to HEAD)",
-         "one N(0, I) draw per user"],
+         *ours("embedding without estimation", "one N(0, I) draw per user")],
         ["continuation (FNCF with the embedding)",
          "none",
          "none",
-         (f"smoothed ReLUs, τ = {fmt(f'{t:g}' for t in temps)}, then the exact network, in equal shares of the "
-          "budget" if continuation_on else "off at this budget or local training")],
+         *ours("continuation (FNCF with the embedding)")],
+        ["defense sweeps (LDP, pruning)",
+         "every user, all six variants under LDP (Fig. 8, Table 6); pruning (App. C.4, Fig. 10)",
+         "c513b97: the MovieLens cells with LDP attack every user with the Table 3 budget and starts",
+         *ours("defense sweeps (LDP, pruning)")],
         ["LDP mechanism",
          "Gaussian, δ = 1e-8, ε ∈ {1, 10, 20, 100, 500}; Δ₂ = 100 (FCF items), 0.005 (FNCF items), 0.7 (FNCF "
          "network); analytic Gaussian for ε > 1, classical for ε ≤ 1 (Sec. 4.1.1)",
          "`apply_gaussian_mechanism`: clip to Δ₂/2, diffprivlib `GaussianAnalytic` / `Gaussian`; c513b97: "
          "ε ∈ {1, 10, 100, ∞}, Δ₂ 100 / 0.005 / 0.7; HEAD: ε ∈ {1, 20, 100, 500, ∞}, Δ₂ = 0.1 (FNCF items)",
-         f"`ldp_gaussian`, δ = {delta:g}, ε ∈ {{{fmt(f'{e:g}' for e in epsilons)}}}; Δ₂ = "
-         f"{sensitivity['fcf']:g} / {sensitivity['fncf_items']:g} / {sensitivity['fncf_params']:g}, clipped to "
-         f"{ldp.ldp_clip_norm(sensitivity['fcf']):g} / {ldp.ldp_clip_norm(sensitivity['fncf_items']):g} / "
-         f"{ldp.ldp_clip_norm(sensitivity['fncf_params']):g}; analytic for ε > 1, classical for ε ≤ 1"],
+         *ours("LDP mechanism",
+               f"`ldp_gaussian`, δ = {delta:g}, ε ∈ {{{fmt(f'{e:g}' for e in epsilons)}}}; Δ₂ = "
+               f"{sensitivity['fcf']:g} / {sensitivity['fncf_items']:g} / {sensitivity['fncf_params']:g}, clipped to "
+               f"{ldp.ldp_clip_norm(sensitivity['fcf']):g} / {ldp.ldp_clip_norm(sensitivity['fncf_items']):g} / "
+               f"{ldp.ldp_clip_norm(sensitivity['fncf_params']):g}; analytic for ε > 1, classical for ε ≤ 1")],
         ["attacker knows the clipping",
          "not given",
          "no: it simulates the unclipped update (c513b97 to HEAD)",
-         "yes (reproduced in the simulation); the 'blind' table drops it" if knows_clip
-         else "no: it simulates the unclipped update"],
+         *ours("attacker knows the clipping",
+               "yes (reproduced in the simulation); the 'blind' table drops it" if knows_clip
+               else "no: it simulates the unclipped update")],
     ]
     return header, rows

@@ -26,9 +26,9 @@ __all__ = ["noise_replacement_grid", "SETTINGS", "SETTING_LABELS", "settings_gri
            "click_model_rows", "fig5_grid", "fig5_plot", "fig5_mean", "fig5_summary", "PAPER_FIG5", "FIG5_NAMES",
            "fig5_table", "adm_gain", "noisy_adm_grid", "noisy_adm_plot", "PAPER_FIG11", "noisy_name", "noisy_values",
            "noisy_table", "pir_experiment", "pir_grid", "ldp_grid", "ldp_grids", "ldp_plot", "PAPER_KS", "PAPER_KS_NAV", "ks_pvalues", "ks_values",
-           "ks_table", "ks_queries_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "prune_grid", "prune_plot",
+           "ks_table", "ks_queries_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "table8_rise", "prune_grid", "prune_plot",
            "PAPER_FIG9", "prune_values", "prune_table", "flag_rounds", "ldp_boxplot", "RECORD_LABELS",
-           "REFERENCE_REPOSITORY", "reference_settings_table"]
+           "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table"]
 
 
 def adm_query_sweep(data, hidden, queries, click_models, num_users: int, *, lr: float, max_iter: int,
@@ -826,6 +826,43 @@ def table8_table(ndcg: dict, rankers, epsilons, run) -> tuple[list, list]:
     return ["ranker", "source"] + [f"ε={e:g}" if e else "ε=∞" for e in epsilons], rows
 
 
+def table8_rise(ndcg: dict, rankers, run) -> tuple[tuple[list, list], dict]:
+    """How much NDCG@10 the ranker gains from epsilon = 1 to no noise (RAIFLE App. C.6, Table 8), as
+    ``((header, rows), values)``. One row per ranker: the paper's rise (:data:`PAPER_T8`, last column
+    minus first), this build's (``ndcg`` of :func:`utility_grid`, one run), and the stored paper-scale
+    record's, seed by seed from ``ch3b_ndcg_<ranker>_inf`` and ``_eps1`` (``run.per_seed``): the mean
+    with the half-width of its 95 % t interval (:func:`fedlab.metrics.t_interval`) and the range over
+    seeds ("no record yet" without them). ``values``: ``ch3b_t8_rise_<ranker>`` (this build, unrounded)
+    and ``ch3b_t8_rise_<ranker>_paper`` (the record's cell, a string) for :func:`fedlab.book.glue_many`.
+    Raises ``ValueError`` for a ranker without both ``(ranker, 1.0)`` and ``(ranker, None)`` in ``ndcg``,
+    or a record whose two values have different numbers of seeds."""
+    from ..metrics import t_interval
+
+    rows, values = [], {}
+    for m in rankers:
+        if (m, 1.0) not in ndcg or (m, None) not in ndcg:
+            raise ValueError(f"ndcg must hold ({m!r}, 1.0) and ({m!r}, None)")
+        ours = float(ndcg[(m, None)] - ndcg[(m, 1.0)])
+        hi, lo = run.per_seed(f"ch3b_ndcg_{m}_inf"), run.per_seed(f"ch3b_ndcg_{m}_eps1")
+        if len(hi) != len(lo):
+            raise ValueError(f"the record holds {len(hi)} seeds of ch3b_ndcg_{m}_inf and {len(lo)} of _eps1")
+        rises = [a - b for a, b in zip(hi, lo)]
+        if not rises:
+            record, spread = "no record yet", "no record yet"
+        else:
+            mean, _, ci = t_interval(rises)
+            record = (f"{mean:.3f} (n = 1)" if ci is None
+                      else f"{mean:.3f} ± {(ci[1] - ci[0]) / 2:.3f} (n = {len(rises)})")
+            spread = f"{min(rises):.3f} to {max(rises):.3f}"
+        paper = PAPER_T8[m][-1] - PAPER_T8[m][0] if m in PAPER_T8 else float("nan")
+        rows.append([m, paper, ours, record, spread])
+        values[f"ch3b_t8_rise_{m}"] = ours
+        values[f"ch3b_t8_rise_{m}_paper"] = record
+    header = ["ranker", "paper (Table 8, mean of 10 runs)", "ours, this build (one run)",
+              "ours, paper-scale record (mean ± 95 % CI)", "record: range over seeds"]
+    return (header, rows), values
+
+
 # ---------------------------------------------------------------------------------------------------
 # Gradient pruning (App. C.4, Fig. 9)
 # ---------------------------------------------------------------------------------------------------
@@ -964,27 +1001,80 @@ RECORD_LABELS = {
 REFERENCE_REPOSITORY = "github.com/dzungvpham/raifle"
 
 
-def reference_settings_table(data, rankers: dict, *, queries, click_models, num_users: int, lr: float,
-                             max_iter: int, epsilons, delta: float, sensitivity: float) -> tuple[list, list]:
-    """Chapter 3b's settings as ``(header, rows)`` for :func:`fedlab.plots.md_table`: one row per
-    setting that matters for RAIFLE's result on federated OLTR (FPDGD), with three columns: the paper
-    (Pham, Kulkarni & Houmansadr; section cited), its authors' reference code
-    (:data:`REFERENCE_REPOSITORY`, the commit cited, with where it changed across commits), and ours.
+#: Chapter 3b's settings that differ between the quick and the paper scale, ``name -> (quick, paper)``:
+#: the notebook reads each with :func:`scaled` and :func:`reference_settings_table` states both.
+#: ``synthetic_queries``: queries of the synthetic data set (real data is used whole);
+#: ``fig5_queries``: queries per user in Figure 5; ``num_users``: users per Figure 5 cell;
+#: ``max_iter``: the attack's L-BFGS loss evaluations everywhere; ``settings_users``, ``noisy_users``,
+#: ``ldp_users``: users per click model and cell of the settings table, of Fig. 11 (and the reference's
+#: noise replacement), of Tables 4-5 and Fig. 9; ``replaced_fractions``: the fractions of features the
+#: reference's final ADM replaces; ``ldp_queries``: Tables 4-5's numbers of queries (with ADM and
+#: without); ``pir_users``: users of the PIR test; ``num_rounds``: rounds of federated training (Table 8)
+SCALE_SETTINGS = {"synthetic_queries": (300, 1000), "fig5_queries": ([1, 8, 16], [1, 4, 8, 12, 16]),
+                  "num_users": (8, 100), "max_iter": (25, 200), "settings_users": (4, 50), "noisy_users": (6, 100),
+                  "replaced_fractions": ([1.0], [0.5, 1.0]), "pir_users": (40, 1000), "ldp_users": (8, 100),
+                  "ldp_queries": ([8], [4, 8, 12, 16]), "num_rounds": (60, 300)}
 
-    The first two columns quote their sources. Every value of the "ours" column comes from code: from
-    the arguments (the notebook's constants: ``data`` a :class:`fedlab.data.letor.LTRData`,
-    ``rankers`` ``{name: hidden sizes}``, ``queries`` the numbers of queries per user of Figure 5,
-    ``click_models`` their names, ``num_users`` users per cell, ``lr`` the users' step size,
-    ``max_iter`` the attack's budget, ``epsilons``, ``delta``, ``sensitivity`` the LDP sweep's settings)
-    or read from the library (the defaults of
-    :func:`fedlab.attacks.interaction_inference.oltr.make_oltr_case`,
+
+def scaled(name: str):
+    """The value of the scale-dependent setting ``name`` of :data:`SCALE_SETTINGS` at the active scale
+    (``FEDLAB_SCALE``, :func:`fedlab.config.pick`); a list comes back as a fresh copy. Raises
+    ``ValueError`` for an unknown ``name``."""
+    from ..config import pick
+
+    if name not in SCALE_SETTINGS:
+        raise ValueError(f"name must be one of {sorted(SCALE_SETTINGS)}, got {name!r}")
+    quick, paper = SCALE_SETTINGS[name]
+    value = pick(quick=quick, paper=paper)
+    return list(value) if isinstance(value, list) else value
+
+
+def _check_scale_settings(settings: dict) -> None:
+    """``ValueError`` naming ``settings`` unless it holds every key of :data:`SCALE_SETTINGS` as a
+    ``(quick, paper)`` pair: positive integers, or non-empty lists (of positive integers, or of
+    fractions in (0, 1] for ``replaced_fractions``)."""
+    missing = set(SCALE_SETTINGS) - set(settings)
+    if missing:
+        raise ValueError(f"settings lacks {sorted(missing)}")
+    for name in SCALE_SETTINGS:
+        pair = settings[name]
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise ValueError(f"settings[{name!r}] must be a (quick, paper) pair, got {pair!r}")
+        for value in pair:
+            if isinstance(SCALE_SETTINGS[name][0], list):
+                ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
+                    (0 < float(v) <= 1) if name == "replaced_fractions"
+                    else (isinstance(v, int) and not isinstance(v, bool) and v >= 1) for v in value)
+            else:
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            if not ok:
+                raise ValueError(f"settings[{name!r}] has a bad value {value!r}")
+
+
+def reference_settings_table(data, rankers: dict, *, click_models, lr: float, epsilons, delta: float,
+                             sensitivity: float, clients_per_round: int,
+                             settings: dict | None = None) -> tuple[list, list]:
+    """Chapter 3b's settings as ``(header, rows)`` for :func:`fedlab.plots.md_table`: one row per
+    setting that matters for RAIFLE's result on federated OLTR (FPDGD), and one per departure from the
+    paper or its code, with four columns: the paper (Pham, Kulkarni & Houmansadr; section cited), its
+    authors' reference code (:data:`REFERENCE_REPOSITORY`, the commit cited, with where it changed
+    across commits), ours at quick scale and ours at paper scale ("same" where the two agree).
+
+    The first two columns quote their sources. Every value of the two "ours" columns comes from code:
+    from ``settings`` (default :data:`SCALE_SETTINGS`, read at the call: users, queries, budget, rounds
+    at each scale), from the arguments (the notebook's constants: ``data`` a
+    :class:`fedlab.data.letor.LTRData` (synthetic data is drawn with ``synthetic_queries`` queries at
+    each scale, real data is used whole), ``rankers`` ``{name: hidden sizes}``, ``click_models`` their
+    names, ``lr`` the users' step size, ``epsilons``, ``delta``, ``sensitivity`` the LDP sweep's settings,
+    ``clients_per_round`` the users per round of Table 8's federated training) or read from the library
+    (the defaults of :func:`fedlab.attacks.interaction_inference.oltr.make_oltr_case`,
     :func:`fedlab.attacks.interaction_inference.recsys.raifle`, :func:`fedlab.optim.lbfgs_rows` and
     :func:`ldp_grid`, :data:`fedlab.fl.oltr.CLICK_MODELS`, :func:`fedlab.fl.oltr.ranker_size` and the
     ADM blocks of :func:`fedlab.attacks.interaction_inference.oltr.feature_allocation`).
 
-    Raises ``ValueError`` for empty ``rankers``, ``queries``, ``click_models`` or ``epsilons``, an
-    unknown click model, ``num_users < 1``, ``max_iter < 1`` or ``lr``, ``delta``, ``sensitivity`` not
-    > 0.
+    Raises ``ValueError`` for empty ``rankers``, ``click_models`` or ``epsilons``, an unknown click model,
+    ``settings`` without a key of :data:`SCALE_SETTINGS` or with a bad value (naming it),
+    ``clients_per_round < 1`` or ``lr``, ``delta``, ``sensitivity`` not > 0.
     """
     import inspect
 
@@ -996,13 +1086,14 @@ def reference_settings_table(data, rankers: dict, *, queries, click_models, num_
     def default(fn, name):
         return inspect.signature(fn).parameters[name].default
 
-    rankers, queries, click_models, epsilons = dict(rankers), list(queries), list(click_models), list(epsilons)
-    for name, value in (("rankers", rankers), ("queries", queries), ("click_models", click_models),
-                        ("epsilons", epsilons)):
+    rankers, click_models, epsilons = dict(rankers), list(click_models), list(epsilons)
+    for name, value in (("rankers", rankers), ("click_models", click_models), ("epsilons", epsilons)):
         if not value:
             raise ValueError(f"{name} must not be empty")
-    if num_users < 1 or max_iter < 1:
-        raise ValueError(f"num_users and max_iter must be >= 1, got {num_users}, {max_iter}")
+    settings = SCALE_SETTINGS if settings is None else settings
+    _check_scale_settings(settings)
+    if isinstance(clients_per_round, bool) or not isinstance(clients_per_round, int) or clients_per_round < 1:
+        raise ValueError(f"clients_per_round must be an integer >= 1, got {clients_per_round!r}")
     for name, value in (("lr", lr), ("delta", delta), ("sensitivity", sensitivity)):
         if not value > 0:
             raise ValueError(f"{name} must be > 0, got {value}")
@@ -1013,8 +1104,6 @@ def reference_settings_table(data, rankers: dict, *, queries, click_models, num_
     ranker_text = "; ".join(f"{m}: {'w·x' if not tuple(h) else 'hidden ' + fmt(map(str, h)) + ' ReLU, no biases'} "
                             f"({_fl_oltr.ranker_size(F, h)} parameters)" for m, h in rankers.items())
     clicks_text = "; ".join(f"{c} click {nums(pc)}, stop {nums(ps)}" for c, (pc, ps) in probs.items())
-    qmax = max(queries)
-    blocks = _oltr.feature_allocation(torch.tensor([qmax]), qmax, F)[0].sum(-1)
     k = default(_oltr.make_oltr_case, "k")
     init = default(_oltr.make_oltr_case, "init")
     shuffle = default(_oltr.make_oltr_case, "shuffle_queries")
@@ -1025,86 +1114,131 @@ def reference_settings_table(data, rankers: dict, *, queries, click_models, num_
     backtracks = default(_optim.lbfgs_rows, "max_backtracks")
     knows_clip = default(ldp_grid, "attacker_knows_clip")
     init_text = {"uniform": "every parameter U(−1, 1)", "fan_in": "U(±1/√fan-in) per layer"}.get(init, init)
+    synthetic = data.source == "synthetic"
 
-    header = ["setting", "paper (RAIFLE)", f"reference code ({REFERENCE_REPOSITORY})", "ours (this build)"]
+    def at(i):
+        """The scale-dependent cells at scale ``i`` (0 quick, 1 paper)."""
+        s = {name: pair[i] for name, pair in settings.items()}
+        qmax = max(s["fig5_queries"])
+        blocks = _oltr.feature_allocation(torch.tensor([qmax]), qmax, F)[0].sum(-1)
+        n_queries = s["synthetic_queries"] if synthetic else len(data)
+        return {
+            "data": f"{data.source}{' (MQ2007-shaped)' if synthetic else ''}: {n_queries} queries, {F} features, "
+                    f"{G} relevance grades",
+            "users and queries": f"{s['num_users']} users per (ranker, Q, click model) cell of Fig. 5, "
+                                 f"Q ∈ {{{fmt(map(str, s['fig5_queries']))}}}; {s['settings_users']} per click model "
+                                 f"in the table of open settings, {s['noisy_users']} in Fig. 11, {s['ldp_users']} in "
+                                 f"Tables 4-5 and Fig. 9, {s['pir_users']} in the PIR test",
+            "budget": f"{s['max_iter']} loss evaluations per attack, not iterations",
+            "ADM": f"{F} features in Q contiguous blocks of ⌊F/Q⌋ or ⌈F/Q⌉ (`feature_allocation`; at Q = {qmax}: "
+                   f"{int(blocks.min())}-{int(blocks.max())} features); exact zeros, or N(0, s²) noise "
+                   "(`adm_fingerprint`); the reference's final ADM as its own row (`noise_replacement_grid`, "
+                   f"α ∈ {{{nums(s['replaced_fractions'])}}}); first-layer weight blocks only in one row of the "
+                   "table of settings the paper leaves open",
+            "LDP": f"`ldp_gaussian`, Δ₂ = {sensitivity:g} (clip to {ldp_clip_norm(sensitivity):g}), δ = {delta:g}, "
+                   f"ε ∈ {{{nums(epsilons)}}}; analytic for ε > 1, classical for ε ≤ 1; 1 query and "
+                   f"Q ∈ {{{fmt(map(str, s['ldp_queries']))}}} with and without ADM",
+            "federated training (Table 8)":
+                f"{s['num_rounds']} rounds of {clients_per_round} users, one query each, drawn with replacement from "
+                "the training split; lists without or with only clicks drawn again; one run per seed, the "
+                "same initial ranker for every ε",
+        }
+
+    quick, paper = at(0), at(1)
+
+    def ours(name, text=None):
+        """The two "ours" cells of row ``name``: scale-dependent ones from :func:`at`, else ``text`` at both."""
+        if text is not None:
+            return [text, "same"]
+        return [quick[name], paper[name] if paper[name] != quick[name] else "same"]
+
+    header = ["setting", "paper (RAIFLE)", f"reference code ({REFERENCE_REPOSITORY})", "ours, quick scale",
+              "ours, paper scale"]
     rows = [
         ["data",
          "MSLR-WEB10K (136 features, grades 0-4, normalised) for the main results, MQ2007 (46 features, "
          "grades 0-2) for Fig. 9 (Sec. 4.1.2, App. C.4)",
          "c513b97: MQ2008 Fold 1 test set (the MSLR click models commented out); HEAD 7d1a33b: MQ2007 Fold 1 train by default, "
          "MSLR-WEB10K selectable",
-         f"{data.source}: {len(data)} queries, {F} features, {G} relevance grades"],
+         *ours("data")],
         ["users and queries",
-         f"each user attacked once; 1 or {{4, 8, 12, 16}} queries per user (Sec. 4.1.1); users per cell not given",
+         "each user attacked once; 1 or {4, 8, 12, 16} queries per user (Sec. 4.1.1); users per cell not given",
          "every disjoint group of Q shuffled queries is one user (`grouper`); c513b97: Q ∈ {1, 4, 8, 12, 16}; "
          "HEAD: Q = 16 (MQ2007) or 48 (MSLR)",
-         f"{num_users} users per (ranker, Q, click model) cell; Q ∈ {{{fmt(map(str, queries))}}}"],
+         *ours("users and queries")],
         ["rankers",
          "linear; 2-layer MLP with 16 and 8 ReLU units (Sec. 4.1.3)",
          "c513b97: `LinearPDGDRanker`, `Neural2LayerPDGDRanker(16, 8)`, no biases; from 14e057a (2024-04-02) to "
          "HEAD: `Neural1LayerPDGDRanker`, one hidden layer (16 units at HEAD)",
-         ranker_text],
+         *ours("rankers", ranker_text)],
         ["initialisation",
          "'a different random set of model parameters' per user (Sec. 4.1.1)",
          "`gen_params`: every parameter U(−1, 1) (c513b97 to HEAD)",
-         f"one ranker per user, {init_text} (`init_rankers`, init={init!r})"],
+         *ours("initialisation", f"one ranker per user, {init_text} (`init_rankers`, init={init!r})")],
         ["displayed list",
          "at most 10 items 'sampled according to the current ranking model' (Sec. 4.1.1)",
          "`rank(sample=True)`: `torch.multinomial` without replacement in proportion to the scores, shifted "
          "by their minimum (+1e-10) when one is ≤ 0; the top 10 kept (c513b97 to HEAD)",
-         f"Plackett-Luce (Gumbel top-k, `present`), top {k}"],
+         *ours("displayed list", f"Plackett-Luce (Gumbel top-k, `present`), top {k}")],
         ["click model",
          "cascade 'navigational' and 'informational' models of federated OLTR (Sec. 4.1.2)",
          "`CascadeClickModel`: lists with no or all clicks are drawn again, but the clicks are not reset "
          "between draws, so positions after a stop keep the previous draw's clicks (c513b97 to HEAD)",
-         f"cascade, redrawn whole when no or all documents are clicked; {clicks_text}"],
+         *ours("click model", f"cascade, redrawn whole (clicks reset) when no or all documents are clicked; "
+                              f"{clicks_text}")],
         ["local training",
          "FPDGD (Sec. 4.1.3); step size not given",
          "one PDGD step of lr 0.1 per query, in a random order of the user's (`random.sample`); the server "
          "simulates the display order (c513b97 to HEAD)",
-         f"one PDGD step of η = {lr:g} per query, "
-         + ("in a random order of the user's; the server simulates the display order" if shuffle
-            else "in display order")],
+         *ours("local training", f"one PDGD step of η = {lr:g} per query, "
+               + ("in a random order of the user's; the server simulates the display order" if shuffle
+                  else "in display order"))],
         ["attack loss",
          "L2 (App. B.3)",
          "`F.mse_loss` of the simulated and received updates (c513b97), both divided by the lr (HEAD)",
-         "‖g(I′) − θ̂‖² / ‖θ̂‖² (`oltr_matching_loss`)"],
+         *ours("attack loss", "‖g(I′) − θ̂‖² / ‖θ̂‖² (`oltr_matching_loss`)")],
         ["optimiser and line search",
          "L-BFGS with the L2 loss (App. B.3)",
          "`torch.optim.LBFGS`, lr 0.1, strong Wolfe line search, torch's defaults (history 100, "
          "tolerance_grad 1e-7, tolerance_change 1e-9), c513b97 to HEAD",
-         f"`lbfgs_rows`: one L-BFGS per user, history {history}, Armijo backtracking (c1 = {c1:g}, at most "
-         f"{backtracks} steps), stops when the loss changes by < {tol:g}"],
+         *ours("optimiser and line search", f"`lbfgs_rows`: one L-BFGS per user, history {history}, Armijo "
+                                            f"backtracking (c1 = {c1:g}, at most {backtracks} steps), stops when the "
+                                            f"loss changes by < {tol:g}")],
         ["budget",
          "none given; a step budget and a loss-improvement threshold as termination criteria (App. B.3)",
          "`max_iter = 1000` L-BFGS iterations (torch evaluates the loss up to 1250 times), c513b97 to HEAD",
-         f"{max_iter} loss evaluations, not iterations"],
+         *ours("budget")],
         ["starts",
          "random restarts, best kept; number not given (App. B.3)",
          "`num_atk = 1`, z ~ U(−1, 1) (c513b97 to HEAD)",
-         f"{restarts} per user, z ~ U(−1, 1)"],
+         *ours("starts", f"{restarts} per user, z ~ U(−1, 1)")],
         ["ADM",
          "features split equally, one block per query, the other features zeroed (Secs. 3.3, 4.1.1); the "
          "unallocated features N(0, s²) instead, s ∈ {1e-4, 1e-3, 0.01, 0.1} (App. C.5)",
          "c513b97: contiguous blocks of ⌊F/Q⌋ features (features past Q⌊F/Q⌋ zeroed for every query), noisy "
          "variant, and first-layer weight blocks in a separate cell; 5c8a715 (2024-03-19): optimised noise on "
-         "the unallocated features; 14e057a: a blend (1 − α)x + α·N(0, 0.1²); 0c39b80 (2024-04-29) to HEAD: a "
-         "random fraction α of the features replaced by N(0, 0.1²) noise, α ∈ {0, 1} at HEAD (no ADM, or "
-         "every feature replaced)",
-         f"{F} features in Q contiguous blocks of ⌊F/Q⌋ or ⌈F/Q⌉ (`feature_allocation`; at Q = {qmax}: "
-         f"{int(blocks.min())}-{int(blocks.max())} features); exact zeros, or N(0, s²) noise (`adm_fingerprint`); "
-         "first-layer weight blocks only in one row of the table of settings the paper leaves open"],
+         "the unallocated features; 14e057a: a blend (1 − α)x + α·N(0, 0.1²); 00c8e99 (2024-04-08, the CV experiment) and "
+         "0c39b80 (2024-04-29) to HEAD: a random fraction α of the features replaced by N(0, 0.1²) noise, "
+         "α ∈ {0, 1} at HEAD (no ADM, or every feature replaced)",
+         *ours("ADM")],
         ["LDP",
          "Gaussian, Δ₂ = 0.5, δ = 1e-8, ε ∈ {1, 10, 20, 100, 500}; analytic Gaussian for ε > 1, classical for "
          "ε ≤ 1 (Sec. 4.1.1)",
          "`apply_gaussian_mechanism`: clip to Δ₂/2 = 0.25, diffprivlib noise; c513b97: ε ∈ {1, 10, 20, 100, 500, "
          "∞}; HEAD: ε ∈ {1, 20, 100, 500, ∞}",
-         f"`ldp_gaussian`, Δ₂ = {sensitivity:g} (clip to {ldp_clip_norm(sensitivity):g}), δ = {delta:g}, "
-         f"ε ∈ {{{nums(epsilons)}}}; analytic for ε > 1, classical for ε ≤ 1"],
+         *ours("LDP")],
         ["attacker knows the clipping",
          "not given",
          "no: it simulates the unclipped update (c513b97 to HEAD)",
-         "yes (reproduced in the simulation); one table drops it" if knows_clip
-         else "no: it simulates the unclipped update"],
+         *ours("attacker knows the clipping", "yes (reproduced in the simulation); one table drops it" if knows_clip
+               else "no: it simulates the unclipped update")],
+        ["federated training (Table 8)",
+         "one pass over MSLR-WEB10K's Fold 1 training queries, one unique query per user, aggregation every "
+         "100 users; test NDCG@10; 10 repetitions with different aggregation orders and initial rankers "
+         "(App. C.6)",
+         "24087aa (2024-07-11): 10 shuffled passes over the training queries from one initial ranker per "
+         "(ranker, click model), 100 users per aggregation, lr 0.1, lists with no or all clicks skipped, "
+         "ε ∈ {1, 20, 100, 500, ∞}",
+         *ours("federated training (Table 8)")],
     ]
     return header, rows
