@@ -133,6 +133,27 @@ def test_nodes_refuse_a_wrong_key_and_a_secagg_run_without_the_consistency_round
         deploy.write_consistency_keys(tmp_path / "k1", 1)
 
 
+def test_secagg_only_nodes_refuse_a_plain_run(tmp_path):
+    """The server writes the run config, so a server that wants every model asks for plain FedAvg
+    (secagg=false): a node holding a signing key, or told require-secagg=true by its own node config, answers
+    with an error and sends no model (the run stops with the node's reason); require-secagg=false in the
+    node's own config lifts it."""
+    keys = deploy.write_consistency_keys(tmp_path / "keys", 2)
+    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=2, num_rounds=1, batch_size=16,
+                           examples_per_client=20, secagg=True, consistency=True)
+    config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    plain = {**config, "secagg": False, "consistency": False}
+    with pytest.raises(RuntimeError, match="requires SecAgg\\+"):
+        _secagg_run(app, plain, [_key_config(keys, k) for k in range(2)], run_id=31)
+    with pytest.raises(RuntimeError, match="requires SecAgg\\+"):
+        _secagg_run(app, plain, [{"require-secagg": True}, {}], run_id=32)
+    _secagg_run(app, plain, [{**_key_config(keys, k), "require-secagg": False} for k in range(2)], run_id=33)
+    assert load_transcript(tmp_path / "tr" / "run-33").num_rounds == 1          # the node's owner lifted it
+    assert deploy.node_requires_secagg({}) is False and deploy.node_requires_secagg(_key_config(keys, 0)) is True
+    with pytest.raises(ValueError, match="require-secagg must be true or false"):
+        deploy.node_requires_secagg({"require-secagg": "yes"})
+
+
 def test_what_a_node_signs_holds_flowers_64_bit_node_ids():
     """A deployment's node ids are unsigned 64-bit; half are >= 2^63. The signed survivor set must encode them
     (an 8-byte signed field raised struct.error in the setup stage on real SuperNodes) and keep them apart."""

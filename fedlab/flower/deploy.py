@@ -19,6 +19,10 @@ and SuperNodes (``flower-superlink``, ``flower-supernode``, ``flwr run``; Flower
   the node's own configuration, never from the run config: the server writes the run config, and a registry
   it chose would let it sign for everybody. A SuperNode holding a signing key requires the consistency round
   in every SecAgg+ run: a server that leaves it out gets error replies and no share.
+* "SecAgg+ only" (:func:`node_requires_secagg`): a SuperNode holding a signing key, or one whose node config
+  says ``require-secagg=true``, refuses a run without SecAgg+ (the server writes the run config, so
+  ``--run-config "secagg=false"`` would otherwise collect every node's plain model): it answers with an error
+  and sends no model. ``require-secagg=false`` in the node's own config lifts it.
 
 Every ``flwr`` command here runs as a subprocess; this module itself imports no ``flwr``.
 """
@@ -43,7 +47,7 @@ from ..models import mlp
 
 __all__ = ["demo_clients", "demo_model", "write_app", "run_settings", "demo_server_app", "demo_client_app",
            "RUN_CONFIG", "Federation", "local_federation", "flwr_run", "write_tls_certificates",
-           "write_supernode_keys", "write_consistency_keys", "node_consistency_keys"]
+           "write_supernode_keys", "write_consistency_keys", "node_consistency_keys", "node_requires_secagg"]
 
 APP_MODULE = "fedlab_app"
 
@@ -105,7 +109,8 @@ settings are the run config (pyproject.toml's [tool.flwr.app.config], overridden
 ``flwr run ... --run-config "num-rounds=5 lr=0.05"``); each run writes its transcript to
 ``<transcript-root>/run-<run id>``. With ``secagg=true`` the rounds run SecAgg+; a node whose --node-config
 names ``signing-key`` and ``verification-keys`` (fedlab.flower.deploy.write_consistency_keys) requires
-Bonawitz et al.'s consistency round (``consistency=true``) and signs with its own key."""
+Bonawitz et al.'s consistency round (``consistency=true``) and signs with its own key, and refuses a run without
+SecAgg+ (so does a node with ``require-secagg=true``; ``require-secagg=false`` lifts it)."""
 from fedlab.flower.deploy import demo_client_app, demo_server_app
 
 server = demo_server_app()
@@ -226,10 +231,27 @@ def node_consistency_keys(node_config: dict):
     return ConsistencyKeys.for_node(registry, signing, partition=int(node_config["partition-id"]))
 
 
+def node_requires_secagg(node_config: dict) -> bool:
+    """The node's "SecAgg+ only" policy, from its own node config (``flower-supernode --node-config``): the
+    value of ``require-secagg`` (a TOML boolean) if given, else whether the node holds a signing key for the
+    consistency round (:func:`node_consistency_keys`). The server cannot change it: it writes the run
+    config, not the node config. Raises ``ValueError`` for a ``require-secagg`` that is not a boolean."""
+    value = node_config.get("require-secagg")
+    if value is None:
+        return node_config.get("signing-key") is not None
+    if not isinstance(value, bool):
+        raise ValueError(f"require-secagg must be true or false (a TOML boolean), got {value!r}")
+    return value
+
+
 def demo_client_app():
     """The ClientApp of a generated app: the node's partition of the demonstration task, with the settings of
     the message's run (:func:`run_settings` of ``context.run_config``; one fedlab ClientApp per distinct run
     config and node).
+
+    A node whose policy requires SecAgg+ (:func:`node_requires_secagg`: it holds consistency keys, or its
+    node config says ``require-secagg=true``) refuses a run without ``secagg`` with ``ValueError`` (an error
+    reply, no model sent).
 
     Under SecAgg+ (run config ``secagg``) a node holding consistency keys in its node config
     (:func:`node_consistency_keys`) runs :func:`fedlab.flower.secagg.consistency_mod` with them whatever the
@@ -245,6 +267,10 @@ def demo_client_app():
     def inner(context):
         s = run_settings(dict(context.run_config))
         secagg = s["server"]["secagg"]
+        if not secagg and node_requires_secagg(context.node_config):
+            raise ValueError("this node requires SecAgg+ (its --node-config holds a signing key or says "
+                             "require-secagg=true), but the run asks for plain FedAvg (secagg=false): no model "
+                             "leaves this node")
         node = {k: context.node_config.get(k) for k in ("partition-id", "signing-key", "verification-keys")}
         key = json.dumps([s, node if secagg else None], sort_keys=True)
         if key not in apps:
