@@ -1,4 +1,4 @@
-"""Chapter 1b's settings that can answer its questions (issue 36, item 2): the window attack read at an
+"""Chapter 1b's settings that can answer its questions: the window attack read at an
 early round (a federation that has not converged) and at the last, the two factors of the last-layer
 gradient norm (white-box vs black-box), and the membership attack on Centaur's personalised models on iid
 and label-skewed clients (fedlab.experiments.chapter1b)."""

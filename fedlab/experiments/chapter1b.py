@@ -248,7 +248,7 @@ def white_black_box_table(wb: Mapping[str, np.ndarray], floor: float, paper: Cal
 
 
 # ---------------------------------------------------------------------------------------------------
-# settings that can answer the chapter's questions (issue 36, item 2): last round vs averaged rounds
+# settings that can answer the chapter's questions: last round vs averaged rounds
 # in a federation that has not converged, and what the white-box score adds to the black-box one
 # ---------------------------------------------------------------------------------------------------
 
