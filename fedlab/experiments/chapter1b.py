@@ -363,7 +363,7 @@ def window_settings_table(res: Mapping[str, Mapping], labels: Mapping[str, str],
     W = max(next(iter(res.values()))["auc"])
     pct = f"{100 * rates[-1]:g} %"
     return md_table(["federation", "read at round", "AUC, W = 1", f"AUC, W = {W}", f"TPR at {pct} FPR, W = 1",
-                     f"TPR at {pct} FPR, W = {W}", f"loss movement over the window", "between-record spread",
+                     f"TPR at {pct} FPR, W = {W}", "loss movement over the window", "between-record spread",
                      "rank correlation", f"AUC W = {W} − W = 1, paper scale (mean ± 95 % CI)"], rows)
 
 
