@@ -379,7 +379,9 @@ def white_box_factors(model, client_params: Mapping[str, torch.Tensor], X: torch
     :class:`~fedlab.attacks.membership.SnapshotRecorder`); ``X``: ``[K, r, ...]``, ``y``: ``[K, r]``
     (client ``k``'s candidates). ``grad_norm`` (optional, ``[K, r]``): the measured last-layer gradient
     norms, compared with the product. Returns ``{"output": [K, r], "activation": [K, r]}`` and, with
-    ``grad_norm``, ``"max_rel_error"`` (the largest relative gap between the product and ``grad_norm``).
+    ``grad_norm``, ``"rel_error"`` and ``"max_rel_error"`` (the median and the largest relative gap between
+    the product and ``grad_norm``: float32 rounding makes the largest one grow where a member's gradient is
+    tiny; a missing factor moves the median).
     Raises ``ValueError`` if the model's last module is not ``nn.Linear`` or the shapes disagree.
     """
     from torch import nn
@@ -407,7 +409,8 @@ def white_box_factors(model, client_params: Mapping[str, torch.Tensor], X: torch
         if grad_norm.shape != out_f.shape:
             raise ValueError(f"grad_norm must be [K, r] = {tuple(out_f.shape)}, got {tuple(grad_norm.shape)}")
         g = grad_norm.double()
-        res["max_rel_error"] = float(((out_f * act_f - g).abs() / g.clamp_min(1e-12)).max())
+        rel = (out_f * act_f - g).abs() / g.clamp_min(1e-12)
+        res["rel_error"], res["max_rel_error"] = float(rel.median()), float(rel.max())
     return res
 
 
