@@ -21,7 +21,7 @@ from ..data import Dataset, client_datasets, partition_iid
 from ..fl import personalization as pers
 from ..fl import stack_clients
 from ..fl.dp_fedavg import dp_fedavg_runs
-from ..metrics import auc_permutation_floor, t_interval
+from ..metrics import auc_permutation_floor, roc_auc, t_interval
 from .tables import mean_interval
 from ..privacy import dp_fedavg as dpf
 
@@ -34,7 +34,9 @@ __all__ = ["LECTURE_WINDOW_AUC", "SUMMARY_LABELS", "LECTURE_ACTIVE_ACCURACY", "L
            "passive_attack_scores", "passive_attack_values", "passive_attack_table", "heldout_gamma", "heldout_gamma_values", "heldout_gamma_table",
            "ascent_drop_values", "ddg_calibration", "ddg_error_ratio", "dp_grid", "plot_dp_grid",
            "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
-           "personalization_eps_sweep", "personalization_eps_values", "personalization_eps_table"]
+           "personalization_eps_sweep", "personalization_eps_values", "personalization_eps_table",
+           "EARLY_ROUND", "window_settings", "window_settings_values", "window_settings_table", "white_box_factors",
+           "white_box_evidence", "personalized_attack", "personalized_attack_values", "personalized_attack_table"]
 
 #: lecture slide "Additional information leaked in FL - multiple observations" (Nasr et al. 2019
 #: setting): AUC of the loss signal, keyed by the window W (last round only, average of the last 10)
@@ -244,6 +246,194 @@ def white_black_box_table(wb: Mapping[str, np.ndarray], floor: float, paper: Cal
     return md_table(["attacker", "signal (last round)", "paper accuracy (Purchase100, FC)",
                      "ours AUC (mean ± 95 % CI over clients)", "ours, paper scale (mean ± 95 % CI over seeds)"], rows)
 
+
+# ---------------------------------------------------------------------------------------------------
+# settings that can answer the chapter's questions: last round vs averaged rounds
+# in a federation that has not converged, and what the white-box score adds to the black-box one
+# ---------------------------------------------------------------------------------------------------
+
+#: the round at which the chapter reads its federation "before convergence": the earliest round at which
+#: the lecture's window of 10 rounds fits (the same at both scales: the first rounds of the quick and the
+#: paper-scale federation are the same run)
+EARLY_ROUND = 10
+
+
+def _rank_corr_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman's rank correlation of ``a[k]`` and ``b[k]`` for every row ``k`` of two ``[K, r]`` arrays."""
+    from scipy.stats import rankdata
+
+    ra, rb = rankdata(a, axis=1), rankdata(b, axis=1)
+    ra, rb = ra - ra.mean(1, keepdims=True), rb - rb.mean(1, keepdims=True)
+    den = np.sqrt((ra ** 2).sum(1) * (rb ** 2).sum(1))
+    if (den == 0).any():
+        raise ValueError("a row of constant scores has no rank correlation")
+    return (ra * rb).sum(1) / den
+
+
+def window_settings(loss: torch.Tensor, is_member, at_rounds: Mapping[str, int], *, windows: Sequence[int] = (1, 10),
+                    rates: Sequence[float] = LOW_FPR) -> dict:
+    """The passive window attack of Nasr et al. (2019, Sec. IV-C; lecture "multiple observations") on
+    the federation as it stood at several rounds: reading the recorded signals up to round ``t`` is the
+    federation run for ``t`` rounds (same seed, same draws), so an early ``t`` is a federation that has
+    not converged and the last round the converged one.
+
+    ``loss``: ``[K, T, r]`` per-record losses of each client's returned models
+    (:func:`fedlab.attacks.membership.client_signals`); ``is_member``: ``[r]``; ``at_rounds``:
+    ``{name: t}`` with ``max(windows) <= t <= T``. For every ``name`` returns ``{"round": t, "auc": {W:
+    mean AUC over clients}, "tpr": {W: [TPR at each of rates]}`` (pooled over clients, one threshold,
+    :func:`fedlab.attacks.membership.attack_tpr_at_fpr`), ``"movement"`` (the mean over clients and records
+    of ``|l_t - mean of l over rounds t-W+1..t|`` with ``W = max(windows)``: how far averaging moves a
+    record's loss), ``"spread"`` (the mean over clients of the standard deviation of ``l_t`` over the
+    records), ``"ratio"`` (movement / spread) and ``"rank_corr"`` (mean over clients of Spearman's
+    correlation of the round-``t`` loss with the window's mean loss)}. When ``rank_corr`` is near 1 the
+    two scores order the records alike, so their AUCs cannot differ much.
+
+    Raises ``ValueError`` for ``loss`` not ``[K, T, r]``, no ``at_rounds``, a round outside
+    ``max(windows)..T`` or a window below 1.
+    """
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 3:
+        raise ValueError(f"loss must be a [K, T, r] tensor, got {getattr(loss, 'shape', type(loss))}")
+    if not at_rounds:
+        raise ValueError("at_rounds must name at least one round")
+    windows = [positive_int("windows", w) for w in windows]
+    if not windows:
+        raise ValueError("windows must hold at least one window")
+    T, W = loss.shape[1], max(windows)
+    out = {}
+    for name, t in at_rounds.items():
+        if int(t) != t or not W <= t <= T:
+            raise ValueError(f"at_rounds[{name!r}] must be a round in {W}..{T} (max(windows)..T), got {t}")
+        t = int(t)
+        S = loss[:, :t].double()                                                  # the federation after t rounds
+        last, avg = S[:, -1], S[:, -W:].mean(1)                                   # [K, r]
+        movement = float((last - avg).abs().mean())
+        spread = float(last.std(1).mean())
+        out[name] = {"round": t, "auc": {w: mia.attack_auc(S, is_member, w) for w in windows},
+                     "tpr": {w: mia.attack_tpr_at_fpr(S, is_member, list(rates), w) for w in windows},
+                     "movement": movement, "spread": spread, "ratio": movement / spread,
+                     "rank_corr": float(_rank_corr_rows(last.numpy(), avg.numpy()).mean())}
+    return out
+
+
+def window_settings_values(res: Mapping[str, Mapping], *, rates: Sequence[float] = LOW_FPR) -> dict:
+    """``{name: value}`` the chapter quotes from :func:`window_settings` (unrounded), for every setting
+    ``s`` (e.g. ``early``, ``conv``): ``ws_<s>_round``, ``ws_<s>_auc<W>`` and ``ws_<s>_tpr<rate>_w<W>``
+    per window (rate ``0.01`` written ``1``, ``0.001`` written ``01``, as percent without the point), the
+    largest window minus the window 1: ``ws_<s>_dauc``, ``ws_<s>_dtpr<rate>``; and ``ws_<s>_move``,
+    ``ws_<s>_spread``, ``ws_<s>_ratio``, ``ws_<s>_rho``. Raises ``ValueError`` for an empty ``res`` or a
+    setting without the window 1."""
+    if not res:
+        raise ValueError("res must hold at least one setting")
+    out = {}
+    for s, r in res.items():
+        if 1 not in r["auc"]:
+            raise ValueError(f"res[{s!r}] must hold the window 1")
+        W = max(r["auc"])
+        out[f"ws_{s}_round"] = int(r["round"])
+        for w in r["auc"]:
+            out[f"ws_{s}_auc{w}"] = r["auc"][w]
+            for rate, v in zip(rates, r["tpr"][w]):
+                out[f"ws_{s}_tpr{_rate_tag(rate)}_w{w}"] = v
+        out[f"ws_{s}_dauc"] = r["auc"][W] - r["auc"][1]
+        for i, rate in enumerate(rates):
+            out[f"ws_{s}_dtpr{_rate_tag(rate)}"] = r["tpr"][W][i] - r["tpr"][1][i]
+        out.update({f"ws_{s}_move": r["movement"], f"ws_{s}_spread": r["spread"], f"ws_{s}_ratio": r["ratio"],
+                    f"ws_{s}_rho": r["rank_corr"]})
+    return out
+
+
+def _rate_tag(rate: float) -> str:
+    return f"{100 * rate:g}".replace("0.", "0")
+
+
+def window_settings_table(res: Mapping[str, Mapping], labels: Mapping[str, str], paper: Callable[[str], str], *,
+                          rates: Sequence[float] = LOW_FPR):
+    """:func:`window_settings` as a Markdown table, one row per setting (``labels[name]`` names it): the
+    AUC and the TPR at the last of ``rates`` for the window 1 and the largest window, the movement, the
+    spread, their ratio and the rank correlation (this build), and the stored record's AUC difference
+    (``paper("ws_<name>_dauc")``, mean ± 95 % CI over seeds)."""
+    from ..plots import md_table
+
+    rows = []
+    for s, r in res.items():
+        W = max(r["auc"])
+        rows.append([labels.get(s, s), r["round"], round(r["auc"][1], 3), round(r["auc"][W], 3),
+                     round(r["tpr"][1][-1], 3), round(r["tpr"][W][-1], 3), f"{r['movement']:.3g}",
+                     round(r["spread"], 3), round(r["rank_corr"], 3), paper(f"ws_{s}_dauc")])
+    W = max(next(iter(res.values()))["auc"])
+    pct = f"{100 * rates[-1]:g} %"
+    return md_table(["federation", "read at round", "AUC, W = 1", f"AUC, W = {W}", f"TPR at {pct} FPR, W = 1",
+                     f"TPR at {pct} FPR, W = {W}", "loss movement over the window", "between-record spread",
+                     "rank correlation", f"AUC W = {W} − W = 1, paper scale (mean ± 95 % CI)"], rows)
+
+
+def white_box_factors(model, client_params: Mapping[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor,
+                      grad_norm: torch.Tensor | None = None) -> dict:
+    """The two factors of the last-layer gradient norm that the white-box attack of Nasr et al. (2019,
+    Sec. IV, Table IV) thresholds. For softmax outputs ``p`` and the last layer's input ``h`` the
+    gradient of the cross-entropy with respect to the last (linear) layer is ``(p - e_y) [h; 1]^T``, so
+    its norm is ``||p - e_y||_2 * ||[h; 1]||_2``: an *output* factor, a function of what a black-box
+    attacker sees, times an *activation* factor, the only white-box information in the score.
+
+    ``client_params``: stacked ``{name: [K, ...]}`` (one model per client, e.g. the last round of a
+    :class:`~fedlab.attacks.membership.SnapshotRecorder`); ``X``: ``[K, r, ...]``, ``y``: ``[K, r]``
+    (client ``k``'s candidates). ``grad_norm`` (optional, ``[K, r]``): the measured last-layer gradient
+    norms, compared with the product. Returns ``{"output": [K, r], "activation": [K, r]}`` and, with
+    ``grad_norm``, ``"rel_error"`` and ``"max_rel_error"`` (the median and the largest relative gap between
+    the product and ``grad_norm``: float32 rounding makes the largest one grow where a member's gradient is
+    tiny; a missing factor moves the median).
+    Raises ``ValueError`` if the model's last module is not ``nn.Linear`` or the shapes disagree.
+    """
+    from torch import nn
+    from torch.func import functional_call
+
+    last = list(model.modules())[-1]
+    if not isinstance(last, nn.Linear):
+        raise ValueError(f"the model's last module must be nn.Linear, got {type(last).__name__}")
+    K = X.shape[0]
+    if y.shape[:2] != X.shape[:2] or any(v.shape[0] != K for v in client_params.values()):
+        raise ValueError(f"X [K, r, ...], y [K, r] and client_params [K, ...] must agree on K and r, got "
+                         f"{tuple(X.shape[:2])}, {tuple(y.shape[:2])}")
+    seen = []
+    hook = last.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].detach()))
+    try:
+        outs = [functional_call(model, {k: v[i] for k, v in client_params.items()}, (X[i],)).detach()
+                for i in range(K)]
+    finally:
+        hook.remove()
+    p = torch.softmax(torch.stack(outs).double(), -1)                              # [K, r, C]
+    out_f = (p - torch.nn.functional.one_hot(y.long(), p.shape[-1]).double()).norm(dim=-1)
+    act_f = torch.sqrt((torch.stack(seen).double() ** 2).sum(-1) + 1.0)            # [K, r]
+    res = {"output": out_f, "activation": act_f}
+    if grad_norm is not None:
+        if grad_norm.shape != out_f.shape:
+            raise ValueError(f"grad_norm must be [K, r] = {tuple(out_f.shape)}, got {tuple(grad_norm.shape)}")
+        g = grad_norm.double()
+        rel = (out_f * act_f - g).abs() / g.clamp_min(1e-12)
+        res["rel_error"], res["max_rel_error"] = float(rel.median()), float(rel.max())
+    return res
+
+
+def white_box_evidence(signals: Mapping[str, torch.Tensor], factors: Mapping[str, torch.Tensor], is_member) -> dict:
+    """Why the last-round comparison of :func:`white_black_box` cannot separate a white-box from a
+    black-box attacker here: ``wbe_rho`` and ``wbe_rho_min`` (mean and smallest over clients of Spearman's
+    correlation of the last-round loss with the last-round gradient norm over the client's candidates),
+    and the AUC of each factor of the gradient norm (:func:`white_box_factors`; lower = member):
+    ``wbe_auc_output`` (what a black-box attacker also has) and ``wbe_auc_activation`` (the white-box
+    part alone), means over clients. ``signals``: ``{"loss", "grad_norm"}`` each ``[K, T, r]``;
+    ``factors``: ``{"output", "activation"}`` each ``[K, r]``; ``is_member``: ``[r]``.
+    Raises ``ValueError`` for a missing signal or factor."""
+    for s in ("loss", "grad_norm"):
+        if s not in signals or signals[s].ndim != 3:
+            raise ValueError(f"signals must hold {s!r} as [K, T, r], got {sorted(signals)}")
+    for f in ("output", "activation"):
+        if f not in factors:
+            raise ValueError(f"factors must hold {f!r}, got {sorted(factors)}")
+    rho = _rank_corr_rows(signals["loss"][:, -1].double().numpy(), signals["grad_norm"][:, -1].double().numpy())
+    lab = np.asarray(is_member)
+    auc = {f: float(np.mean([roc_auc(lab, -row) for row in factors[f].numpy()])) for f in ("output", "activation")}
+    return {"wbe_rho": float(rho.mean()), "wbe_rho_min": float(rho.min()),
+            "wbe_auc_output": auc["output"], "wbe_auc_activation": auc["activation"]}
 
 # ---------------------------------------------------------------------------------------------------
 # learned attack on the signal history (Nasr et al. 2019, Sec. IV-C; lecture "MIA performance in FL")
@@ -921,7 +1111,7 @@ def personalization_sweep(model, params: dict, classes_per_client: Sequence[int]
                           server_lr: float, lr: float, batch_size: int, n_train: int = 10, n_test: int = 20,
                           local_only_epochs: int = 20, finetune_epochs: int = 30, head_epochs: int = 10,
                           final_head_epochs: int = 30, seed: int = 0,
-                          methods: Sequence[str] | None = None) -> tuple[dict, dict]:
+                          methods: Sequence[str] | None = None, return_models: bool = False) -> tuple:
     """Mean client test accuracy of three private options on
     :func:`fedlab.fl.personalization.make_representation_task` (``num_clients`` clients of ``n_train``
     records, ``n_test`` test records each), for each heterogeneity level in ``classes_per_client``:
@@ -940,7 +1130,11 @@ def personalization_sweep(model, params: dict, classes_per_client: Sequence[int]
     leaves its list in ``diag`` empty.
 
     Returns ``(util, diag)``: ``util[method][level]`` accuracies and ``diag[level] = (records of
-    DP-FedAvg, records of Centaur)``, one :class:`~fedlab.fl.dp_fedavg.DPRoundRecord` per round.
+    DP-FedAvg, records of Centaur)``, one :class:`~fedlab.fl.dp_fedavg.DPRoundRecord` per round. With
+    ``return_models=True``, ``(util, diag, kept)``: ``kept["models"][method][level]`` the stacked
+    personalised models ``{name: [K, ...]}`` and ``kept["tasks"][level]`` the ``(train, test)``
+    :class:`~fedlab.fl.ClientData` they were trained and scored on (for :func:`personalized_attack`);
+    keeping them changes no number.
     Raises ``ValueError`` for ``num_clients`` or ``num_rounds`` not positive integers, or an unknown
     or empty ``methods``.
     """
@@ -955,12 +1149,14 @@ def personalization_sweep(model, params: dict, classes_per_client: Sequence[int]
                                  n_test=n_test, local_only_epochs=local_only_epochs, finetune_epochs=finetune_epochs,
                                  head_epochs=head_epochs, final_head_epochs=final_head_epochs, seed=seed)
     util = {m: {} for m in PERSONALIZATION_METHODS if m in methods}
-    diag = {}
-    for cpc, (acc, recs) in zip(classes_per_client, runs):
+    diag, kept = {}, {"models": {m: {} for m in util}, "tasks": {}}
+    for cpc, (acc, recs, run) in zip(classes_per_client, runs):
         for m, a in acc.items():
             util[m][cpc] = a
+            kept["models"][m][cpc] = run["models"][m]
         diag[cpc] = recs
-    return util, diag
+        kept["tasks"][cpc] = run["task"]
+    return (util, diag, kept) if return_models else (util, diag)
 
 
 def _personalization_runs(model, params: dict, settings: Sequence[tuple[int, float, Sequence[str]]], *,
@@ -973,10 +1169,11 @@ def _personalization_runs(model, params: dict, settings: Sequence[tuple[int, flo
     (:func:`fedlab.fl.personalization.local_only_runs`, :func:`fedlab.fl.dp_fedavg.dp_fedavg_runs` and
     :func:`~fedlab.fl.personalization.finetune_runs`, :func:`~fedlab.fl.personalization.centaur_runs`;
     the same numbers as one run after another). Returns per setting ``({method: mean client test
-    accuracy}, (records of DP-FedAvg, records of Centaur))``."""
+    accuracy}, (records of DP-FedAvg, records of Centaur), {"models": {method: stacked personalised
+    models}, "task": (train, test)})``."""
     tasks = [pers.make_representation_task(num_clients, n_train, n_test, classes_per_client=cpc, seed=seed)
              for cpc, _, _ in settings]
-    out = [({}, ([], [])) for _ in settings]
+    out = [({}, ([], []), {"models": {}, "task": task}) for task in tasks]
     dp_args = dict(sampling_prob=sampling_prob, clip_norm=clip_norm, server_lr=server_lr, lr=lr, batch_size=batch_size,
                    params=params, seed=seed)
 
@@ -986,6 +1183,7 @@ def _personalization_runs(model, params: dict, settings: Sequence[tuple[int, flo
     def record(method, idx, models):
         for i, stacked in zip(idx, models):
             out[i][0][method] = float(pers.evaluate_clients(model, stacked, tasks[i][1]).mean())
+            out[i][2]["models"][method] = stacked
 
     idx = which("local-only")
     if idx:
@@ -1006,6 +1204,85 @@ def _personalization_runs(model, params: dict, settings: Sequence[tuple[int, flo
                  noise_multiplier=settings[i][1], callback=out[i][1][1].append, **dp_args) for i in idx],
             num_rounds=num_rounds))
     return out
+
+
+def personalized_attack(model, stacked: Mapping[str, torch.Tensor], train, test, *,
+                        rates: Sequence[float] = LOW_FPR, seed: int = 0) -> dict:
+    """The loss-threshold membership attack (Yeom et al. 2018; the black-box attacker of Nasr et al.
+    2019, Sec. IV) on every client's *personalised* model: client ``k``'s model ``stacked[.][k]`` scores
+    its own training records (members) against its own test records (non-members, drawn from the same
+    client's distribution), lower loss = member. The attacker is anyone who can query the client's
+    final model; under Centaur (Shen et al. 2023, Alg. 1-2) that model holds a head fitted on the client's
+    records that no DP noise protects, so the attack measures what the shared part's guarantee does not cover.
+
+    ``stacked``: ``{name: [K, ...]}`` (:func:`personalization_sweep` with ``return_models=True``);
+    ``train``, ``test``: :class:`~fedlab.fl.ClientData` with ``X`` ``[K, n, ...]``, ``y`` ``[K, n]`` and no
+    padding. Returns ``{"auc": [K]`` (each client's AUC on its own records), ``"tpr": [TPR at each of
+    rates]`` (all clients' records pooled under one threshold, :func:`fedlab.metrics.tpr_at_fpr`),
+    ``"floor"`` (95th percentile of the mean AUC with shuffled labels,
+    :func:`fedlab.metrics.auc_permutation_floor`), ``"gap"`` (mean non-member minus member loss)}.
+    Raises ``ValueError`` for padded clients or data whose ``K`` differs from the models'.
+    """
+    from torch.func import vmap
+
+    from ..metrics import roc_auc_rows, tpr_at_fpr
+
+    K = next(iter(stacked.values())).shape[0]
+    for name, d in (("train", train), ("test", test)):
+        if d.X.shape[0] != K or not bool((d.n == d.X.shape[1]).all()):
+            raise ValueError(f"{name} must hold K = {K} clients with no padding, got X {tuple(d.X.shape)}, "
+                             f"n {d.n.tolist()[:5]}...")
+    loss = vmap(lambda p, X, y: mia.per_example_loss(model, p, X, y))
+    with torch.no_grad():
+        lin, lout = loss(dict(stacked), train.X, train.y), loss(dict(stacked), test.X, test.y)
+    scores = -torch.cat([lin, lout], 1).double()                                   # [K, n_in + n_out]
+    labels = torch.cat([torch.ones_like(lin), torch.zeros_like(lout)], 1).double()
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError("a personalised model gives a non-finite loss")
+    return {"auc": roc_auc_rows(labels, scores).numpy(),
+            "tpr": tpr_at_fpr(labels.reshape(-1).numpy(), scores.reshape(-1).numpy(), list(rates)),
+            "floor": float(auc_permutation_floor(labels.numpy(), scores.numpy(), num_permutations=200, seed=seed)),
+            "gap": float(lout.mean() - lin.mean())}
+
+
+def personalized_attack_values(util: Mapping[str, Mapping[int, float]],
+                               attacks: Mapping[str, Mapping[int, Mapping]], *, rates: Sequence[float] = LOW_FPR) -> dict:
+    """``{name: value}`` (unrounded) from :func:`personalized_attack` results ``attacks[method][level]``
+    beside the accuracies ``util[method][level]`` of :func:`personalization_sweep`: for every method tag
+    ``t`` (``lo``, ``ft``, ``ce``) and level ``c`` (classes per client) ``pm_<t>_acc_<c>``,
+    ``pm_<t>_auc_<c>`` (mean AUC over clients), ``pm_<t>_tpr<rate>_<c>`` (rate ``0.01`` written ``1``),
+    ``pm_<t>_gap_<c>``, and ``pm_floor_<c>`` (the largest floor of the methods). Raises ``ValueError`` for
+    a method of ``attacks`` without accuracies at the same levels."""
+    out = {}
+    for m, by_level in attacks.items():
+        if m not in PERSONALIZATION_METHODS or any(c not in util.get(m, {}) for c in by_level):
+            raise ValueError(f"util must hold {m!r} at the levels {sorted(by_level)}")
+        t = PERSONALIZATION_METHODS[m]
+        for c, a in by_level.items():
+            out[f"pm_{t}_acc_{c}"] = util[m][c]
+            out[f"pm_{t}_auc_{c}"] = float(np.mean(a["auc"]))
+            for rate, v in zip(rates, a["tpr"]):
+                out[f"pm_{t}_tpr{_rate_tag(rate)}_{c}"] = v
+            out[f"pm_{t}_gap_{c}"] = a["gap"]
+            out[f"pm_floor_{c}"] = max(out.get(f"pm_floor_{c}", 0.0), a["floor"])
+    return out
+
+
+def personalized_attack_table(util: Mapping[str, Mapping[int, float]], attacks: Mapping[str, Mapping[int, Mapping]],
+                              labels: Mapping[int, str], paper: Callable[[str], str]):
+    """Markdown table of :func:`personalized_attack_values`: one row per method and level
+    (``labels[level]`` names the split), with this build's mean client test accuracy, the attack's AUC
+    (mean ± 95 % CI over clients), the TPR at 1 % FPR, and the stored record's AUC (``paper(name)``)."""
+    from ..plots import md_table
+
+    rows = []
+    for m, by_level in attacks.items():
+        t = PERSONALIZATION_METHODS[m]
+        for c, a in by_level.items():
+            rows.append([m, labels.get(c, f"{c} classes per client"), round(util[m][c], 3), mean_interval(a["auc"]),
+                         round(a["tpr"][-1], 3), paper(f"pm_{t}_auc_{c}")])
+    return md_table(["method", "clients' data", "mean client test accuracy", "attack AUC (mean ± 95 % CI over clients)",
+                     "TPR at 1 % FPR", "attack AUC, paper scale (mean ± 95 % CI over seeds)"], rows)
 
 
 def snr_and_agreement(recs_fa: Sequence, recs_ce: Sequence, params: dict) -> dict:
