@@ -96,6 +96,7 @@ def _run(pages) -> None:
     assert res.returncode == 0, (res.stderr or res.stdout)[-2500:]
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_the_page_examples_run():
     _run([p for p in PAGES if p.stem not in SLOW])
 

@@ -66,6 +66,7 @@ def test_isotropy():
     assert np.abs(off).max() < 0.03 * cov.diagonal().mean()
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_log_likelihood_ratio_formula_is_bounded_and_tight():
     # a check of the closed-form density (Eq. 10-11: the triangle inequality), whatever the sampler
     # does; the sampler itself is checked on its outputs in test_sampler_privacy_loss_from_output*

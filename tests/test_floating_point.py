@@ -145,6 +145,7 @@ def _adaptive(eps_from_secret_grid):
     return release
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_adaptive_release_grid_does_not_reveal_the_norm():
     # secrets of norms 0.79 and 0.81 (0.02 apart): promised loss eps d = 2 / (5 * 0.79) * 0.02 ~ 0.01.
     # Events "some coordinate off the 2^k grid" and Mironov's unreachable event, 10^5 releases each.

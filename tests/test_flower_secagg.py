@@ -55,6 +55,7 @@ def test_honest_secagg_exposes_no_model(fed):
     assert _max_err(res.params, fed[2].params, list(res.params)) <= bound
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_false_dropout_recovers_the_targets_model_and_image(fed):
     victims, lenet, plain, models = fed
     res = _run(fed, secagg_attack=fa.FalseDropout(TARGET))
@@ -125,6 +126,7 @@ def test_consistency_round_keeps_the_honest_aggregate_and_costs_one_exchange(fed
     assert log.messages(1) == 5 * 8 and log.messages(1, [sa.CONSISTENCY_STAGE]) == 8
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_consistency_round_refuses_all_three_attacks_before_any_share(fed):
     lenet = fed[1]
     # (a) every lied-to client refuses; the server gets no share of a survivor's key and unmasks nobody

@@ -11,6 +11,7 @@ from fedlab.data import images
 from fedlab.experiments import matrix as mx
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_mask_aware_dlg_beats_the_naive_one_under_pruning():
     net = gi.dlg_init_(models.lenet(1, 10, 8), seed=0)
     w = models.get_params(net)
@@ -29,6 +30,7 @@ def test_mask_aware_dlg_beats_the_naive_one_under_pruning():
     assert torch.equal(ones.x, naive.x)
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_clip_aware_dlg_beats_the_naive_one_under_clipping():
     net = gi.dlg_init_(models.lenet(1, 10, 8), seed=0)
     w = models.get_params(net)
@@ -46,6 +48,7 @@ def test_clip_aware_dlg_beats_the_naive_one_under_clipping():
         gi.dlg(net, w, obs, clip_norm=0.0, **kw)
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_the_matrix_cell_is_the_adaptive_attack_and_keeps_the_naive_one():
     out = mx.run_row("dlg", 0, ["none", "prune90", "clip"], tiny=True)
     assert set(out) == {"baseline", "none", "prune90", "clip", "prune90" + mx.NAIVE_SUFFIX, "clip" + mx.NAIVE_SUFFIX,

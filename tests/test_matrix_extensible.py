@@ -58,6 +58,7 @@ def test_noisy_user_defense_uses_the_row_generator_and_is_reproducible():
     assert c["noise"] != pytest.approx(a["noise"], rel=1e-3), (a, c)
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_user_defense_with_public_mask_gets_the_mask_aware_dlg():
     """The library's pruning written as a user defense that publishes its mask reproduces the library's cell,
     the mask-aware DLG and its naive twin bit for bit."""

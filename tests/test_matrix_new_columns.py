@@ -116,6 +116,7 @@ def test_safe_columns_release_the_discrete_gaussian_on_a_grid():
                                                            step)
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_the_safe_mechanism_reaches_the_rows():
     # the passive membership row trains under dp_aggregate(safe=True): another release than the float column's
     # (the same generator seeds: the float mechanism in both would give the same AUC to the last digit)
@@ -162,6 +163,7 @@ def test_topk1_sends_one_percent_and_dlg_reads_its_mask():
 
 # ------------------------------------------------------------------------------------------------------------
 # the utility of every column
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_utility_table_shows_every_column_from_the_membership_rows_training():
     rec = {"matrix": {"rows": [], "columns": []},
            "summary": {"mia|acc_none": {"mean": 0.9, "ci95": [0.85, 0.95], "n": 3},
@@ -184,6 +186,7 @@ def test_utility_table_shows_every_column_from_the_membership_rows_training():
 
 # ------------------------------------------------------------------------------------------------------------
 # Inverting Gradients that reads the mask
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_inverting_gradients_matches_only_the_sent_coordinates():
     from fedlab import models
     from fedlab.attacks import gradient_inversion as gi

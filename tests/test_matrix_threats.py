@@ -59,6 +59,7 @@ def test_every_row_has_one_observer_and_the_outsiders_are_their_own_group():
 
 
 @pytest.mark.parametrize("row", ["dlg", "mia", "oltr", "rs"])
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_central_dp_curious_server_cell_is_the_clip_only_view(monkeypatch, row):
     """Under DP-FedAvg the curious server's attack input is the clipped update, the clipping column's input,
     never the noisy release; its outsider twin's input carries the noise."""
@@ -97,6 +98,7 @@ def test_central_dp_curious_server_cell_is_the_clip_only_view(monkeypatch, row):
         assert max(float((rec - v.to(rec.dtype)).abs().max()) for rec, (_, _, _, v) in zip(seen, dp_calls)) > 1e-3
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_dlg_under_central_dp_is_the_clip_aware_attack_on_the_clipping_cells_input():
     out = mx.run_row("dlg", 0, ["clip", "dp1", "dp8"], tiny=True)
     assert out["dp1"] == out["dp8"] == out["clip"], out                        # same input, same adaptive attacker
@@ -106,6 +108,7 @@ def test_dlg_under_central_dp_is_the_clip_aware_attack_on_the_clipping_cells_inp
 
 
 # ------------------------------------------------------------------------------------------------ one accountant
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_local_dp_epsilon_is_the_accountants_and_at_most_basic_composition():
     """The matrix's LDP epsilon of each row is what dp_accounting's privacy-loss-distribution accountant gives
     for the same Gaussian mechanism (noise multiplier sigma / (2C)) and release count, the accountant that also

@@ -473,6 +473,7 @@ def test_a_signal_stops_the_run_and_keeps_the_stored_record(tmp_path, sig, jobs)
     assert alive == [], alive
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_the_matrix_with_a_nan_cell_is_not_clean_and_still_written(tmp_path, monkeypatch):
     from fedlab.experiments import matrix as mx
 

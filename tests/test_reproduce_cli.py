@@ -149,6 +149,7 @@ def test_the_command_refuses_fewer_seeds_before_any_seed_runs(tmp_path, capsys, 
     assert code == 0 and json.loads(stored.read_text())["seeds"] == [2] and ran == [list(range(6)), [2]], err
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_the_matrix_refuses_fewer_seeds_before_any_seed_runs(tmp_path, capsys, monkeypatch):
     from fedlab.experiments import matrix as mx
 

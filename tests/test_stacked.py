@@ -145,6 +145,7 @@ def _dp_fedavg_reference(model, clients, *, num_rounds, sampling_prob, noise_mul
     return w
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_dp_fedavg_runs_are_dp_fedavg_and_its_old_loop(digits, trace):
     net, w0, _, test, clients = digits
     specs = [dict(clients=clients["iid"], sampling_prob=1.0, noise_multiplier=1.0, clip_norm=1.0, lr=0.3, seed=0),
@@ -220,6 +221,7 @@ def _centaur_reference(model, train, *, num_rounds, sampling_prob, noise_multipl
                               generator=gen)
 
 
+@pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_personalisation_runs_are_the_old_loops(trace):
     net = models.mlp(64, (4,), 10, seed=0)
     w0 = models.get_params(net)
