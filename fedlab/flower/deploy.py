@@ -565,7 +565,8 @@ def write_consistency_keys(directory, num_nodes: int) -> dict:
 
 @contextmanager
 def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 60.0, env: dict | None = None,
-                     tls: bool = False, supernode_auth: bool = False, consistency_keys: bool = False):
+                     tls: bool = False, supernode_auth: bool = False, consistency_keys: bool = False,
+                     require_secagg: bool | None = None):
     """Start one SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1 (in-memory state); node ``k`` gets
     ``--node-config "partition-id=k num-partitions=num_nodes"`` and a port of its own. Yields a
     :class:`Federation`; on exit (normal or not) terminates the process group of every process it started,
@@ -582,7 +583,10 @@ def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 6
     ``consistency_keys=True`` generates the keys of the consistency round (:func:`write_consistency_keys`, in
     ``workdir/consistency``) and starts node ``k`` with ``signing-key`` (its own key only) and
     ``verification-keys`` (the public registry) in its node config; their paths are the federation's
-    ``consistency_keys``. Such nodes require the consistency round in every SecAgg+ run.
+    ``consistency_keys``. Such nodes require the consistency round in every SecAgg+ run, and refuse runs
+    without SecAgg+ (:func:`node_requires_secagg`) unless ``require_secagg=False``, which writes
+    ``require-secagg=false`` into every node's config (a federation that runs plain and SecAgg+ runs side by
+    side); ``require_secagg=True`` writes ``require-secagg=true``; ``None`` leaves the nodes' default.
 
     ``workdir`` (default: a temporary directory) holds ``FLWR_HOME`` and one log file per process. The
     processes get ``env`` on top of this process's environment, with ``PYTHONPATH`` extended so that the
@@ -645,6 +649,8 @@ def local_federation(num_nodes: int, *, workdir=None, startup_timeout: float = 6
             if ckeys:     # node k's own signing key, and the public registry
                 node_config += (f" signing-key={_toml_value(str(ckeys['signing'][k]))}"
                                 f" verification-keys={_toml_value(str(ckeys['verification']))}")
+            if require_secagg is not None:
+                node_config += f" require-secagg={_toml_value(bool(require_secagg))}"
             start(f"supernode{k}", [_bin("flower-supernode"), *node_security, "--superlink", f"127.0.0.1:{port}",
                                     "--host", "127.0.0.1", "--port", str(_free_port()), *auth,
                                     "--node-config", node_config])
