@@ -5,6 +5,8 @@ themselves are :func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf` an
 """
 from __future__ import annotations
 
+from functools import partial
+
 import inspect
 from dataclasses import dataclass
 
@@ -15,6 +17,7 @@ from ..fl.recsys.interactions import fcf_item_updates, fncf_init, fncf_updates
 from ..metrics import ks_pvalue, roc_auc_rows
 from ..privacy import ldp
 from ..privacy.defenses import prune_rows
+from .tables import scale_cells, settings_header
 from .._checks import positive_int
 
 __all__ = ["RecsysCase", "make_recsys_case", "attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
@@ -628,16 +631,8 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
                                              "FCF emb and FNCF emb",
         }
 
-    quick, paper = at(0), at(1)
-
-    def ours(name, text=None):
-        """The two "ours" cells of row ``name``: scale-dependent ones from :func:`at`, else ``text`` at both."""
-        if text is not None:
-            return [text, "same"]
-        return [quick[name], paper[name] if paper[name] != quick[name] else "same"]
-
-    header = ["setting", "paper (RAIFLE)", f"reference code ({REFERENCE_REPOSITORY})", "ours, quick scale",
-              "ours, paper scale"]
+    ours = partial(scale_cells, at(0), at(1))     # the two "ours" cells of a row (quick, paper)
+    header = settings_header(REFERENCE_REPOSITORY)
     rows = [
         ["data and users",
          "MovieLens-100K binarised (rated = 1): 943 users, 1682 items, 106 ratings per user on average "

@@ -9,6 +9,8 @@ and key their results by the ranker's name first.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from ..attacks.interaction_inference.oltr import (attack_oltr, cat_cases, first_layer_mask, flag_dead_features,
@@ -20,6 +22,7 @@ from ..metrics import ks_pvalue, roc_auc_rows
 from ..privacy import secure_aggregation as sa
 from ..privacy.defenses import prune_rows
 from ..privacy.ldp import gaussian_sigma, ldp_clip_norm, ldp_gaussian
+from .tables import scale_cells, settings_header
 
 __all__ = ["noise_replacement_grid", "SETTINGS", "SETTING_LABELS", "settings_grid", "update_drift", "order_mismatch", "settings_table",
            "settings_values", "adm_query_sweep", "noisy_adm_sweep", "sa_bypass_experiment", "ldp_sweep",
@@ -498,7 +501,6 @@ def noise_replacement_grid(data, rankers: dict, fractions, num_users: int, num_q
     every fraction in ``fractions``, on the same users as :func:`noisy_adm_grid` with the same ``seed`` (same
     lists and clicks: only the manipulation differs). Returns ``(mean_auc, cases)``, both keyed
     ``(ranker, fraction)``: the mean AUC over users as a float, and the simulated cases."""
-    from functools import partial
 
     from ..attacks.interaction_inference.oltr import adm_noise_replacement
 
@@ -1144,16 +1146,8 @@ def reference_settings_table(data, rankers: dict, *, click_models, lr: float, ep
                 "same initial ranker for every ε",
         }
 
-    quick, paper = at(0), at(1)
-
-    def ours(name, text=None):
-        """The two "ours" cells of row ``name``: scale-dependent ones from :func:`at`, else ``text`` at both."""
-        if text is not None:
-            return [text, "same"]
-        return [quick[name], paper[name] if paper[name] != quick[name] else "same"]
-
-    header = ["setting", "paper (RAIFLE)", f"reference code ({REFERENCE_REPOSITORY})", "ours, quick scale",
-              "ours, paper scale"]
+    ours = partial(scale_cells, at(0), at(1))     # the two "ours" cells of a row (quick, paper)
+    header = settings_header(REFERENCE_REPOSITORY)
     rows = [
         ["data",
          "MSLR-WEB10K (136 features, grades 0-4, normalised) for the main results, MQ2007 (46 features, "

@@ -7,7 +7,7 @@ from typing import Sequence
 from ..metrics import t_interval
 from ..plots import md_table
 
-__all__ = ["markdown_table", "mean_interval"]
+__all__ = ["markdown_table", "mean_interval", "settings_header", "scale_cells"]
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence], *, digits: int = 3) -> str:
@@ -28,3 +28,18 @@ def mean_interval(xs, digits: int = 3) -> str:
     if ci is None:
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} ± {(ci[1] - ci[0]) / 2:.{digits}f}"
+
+
+def settings_header(reference: str) -> list[str]:
+    """The header of a chapter's settings table (the paper, its reference code, ours at both scales):
+    ``["setting", "paper (RAIFLE)", "reference code (<reference>)", "ours, quick scale", "ours, paper scale"]``."""
+    return ["setting", "paper (RAIFLE)", f"reference code ({reference})", "ours, quick scale", "ours, paper scale"]
+
+
+def scale_cells(quick: dict, paper: dict, name: str, text: str | None = None) -> list[str]:
+    """The two "ours" cells of settings row ``name``: ``[text, "same"]`` for a setting both scales share,
+    else ``[quick[name], paper[name]]`` with ``"same"`` where the paper scale's text equals the quick one's.
+    Raises ``KeyError`` for a ``name`` neither dict holds when ``text`` is not given."""
+    if text is not None:
+        return [text, "same"]
+    return [quick[name], paper[name] if paper[name] != quick[name] else "same"]
