@@ -276,6 +276,9 @@ def test_dlg_final_loss_is_small_where_the_attack_succeeds_and_not_where_it_stal
     run = gi.dlg(net, w, grads, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, stacked=True, seed=2)
     psnr = np.array([gi.matched_psnr(run.x[i], X[i:i + 1])[0] for i in range(len(X))])
     assert run.final_loss.shape == (len(X),) and (psnr > 30).sum() >= 10 and (psnr < 20).sum() >= 2, psnr
-    assert run.final_loss[psnr > 30].max() < 1e-3 and run.final_loss[psnr < 20].min() > 1, (psnr, run.final_loss)
+    # the stalls end orders of magnitude above every success (the exact values move with the CPU's float
+    # order: a stall ended at 2.2 and 0.42 on an AVX-512 AMD EPYC where it ended above 1 elsewhere)
+    ok, stalled = run.final_loss[psnr > 30], run.final_loss[psnr < 20]
+    assert ok.max() < 1e-3 and stalled.min() > 100 * ok.max(), (psnr, run.final_loss)
     single = gi.dlg(net, w, {k: v[3] for k, v in grads.items()}, input_shape=(1, 8, 8), num_classes=10, max_iter=5)
     assert isinstance(single.final_loss, float) and single.final_loss >= 0
