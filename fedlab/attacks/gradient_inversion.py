@@ -41,6 +41,7 @@ __all__ = [
     "dlg",
     "inverting_gradients",
     "client_update_as_gradient",
+    "simulated_update",
     "matched_psnr",
     "success_rate",
     "dlg_init_",
@@ -338,7 +339,8 @@ def _reference_lbfgs(value_and_grad, z0: torch.Tensor, *, steps: int, max_iter: 
 
 
 def matching_loss(model: nn.Module, params: dict, x: torch.Tensor, labels: torch.Tensor, observed: dict, *,
-                  mask: dict | None = None, kind: str = "l2") -> torch.Tensor:
+                  mask: dict | None = None, kind: str = "l2", local_steps: int = 1,
+                  local_lr: float | None = None) -> torch.Tensor:
     """The gradient-matching term of an attack's objective at given inputs, for each of ``A`` stacked attacks,
     over the sent coordinates ``m`` (all when ``mask`` is ``None``), ``g = grad(x, labels)``, ``o = observed``:
     ``kind="l2"`` (DLG's, normalised) ``||m * (g - o)||^2 / ||m * o||^2``; ``kind="cosine"`` (Inverting
@@ -351,8 +353,11 @@ def matching_loss(model: nn.Module, params: dict, x: torch.Tensor, labels: torch
     stopped early, and the attack's score is only a lower bound on what leaks.
 
     ``x``: ``[A, batch, *input_shape]``; ``labels``: integer ``[A, batch]``; ``observed`` and ``mask`` (0/1 or bool):
-    ``{name: [A, *shape]}`` stacked like :func:`dlg`'s ``stacked=True``. Returns a float64 tensor ``[A]``. Raises
-    ``ValueError`` when the leading sizes disagree, a key or shape differs, or a masked observation is all zero.
+    ``{name: [A, *shape]}`` stacked like :func:`dlg`'s ``stacked=True``. ``local_steps`` ``K > 1`` with
+    ``local_lr``: ``g`` is the client's rescaled update after ``K`` full-batch steps
+    (:func:`client_update_as_gradient`, the unrolled attacker's model; at the truth the loss is then exactly 0).
+    Returns a float64 tensor ``[A]``. Raises ``ValueError`` when the leading sizes disagree, a key or shape
+    differs, a masked observation is all zero, or ``K > 1`` comes without ``local_lr > 0``.
     """
     obs = _check_observed(observed)
     if set(obs) != set(params) or any(tuple(obs[k].shape[1:]) != tuple(params[k].shape) for k in params):
@@ -362,10 +367,15 @@ def matching_loss(model: nn.Module, params: dict, x: torch.Tensor, labels: torch
         raise ValueError(f"x, labels and observed must share their leading size A = {A}")
     if kind not in ("l2", "cosine"):
         raise ValueError(f"kind must be 'l2' or 'cosine', got {kind!r}")
+    if isinstance(local_steps, bool) or not isinstance(local_steps, (int, np.integer)) or local_steps < 1:
+        raise ValueError(f"local_steps must be an integer >= 1, got {local_steps!r}")
+    if local_steps > 1 and not (isinstance(local_lr, (int, float)) and math.isfinite(local_lr) and local_lr > 0):
+        raise ValueError(f"local_lr must be a finite number > 0 when local_steps > 1, got {local_lr!r}")
     m = _stack_mask(mask, observed, obs, stacked=True)
     out = torch.empty(A, dtype=torch.float64)
     for a in range(A):
-        g = parameter_gradient(model, params, x[a], labels[a])
+        g = (parameter_gradient(model, params, x[a], labels[a]) if local_steps == 1 else
+             client_update_as_gradient(model, params, x[a], labels[a], lr=local_lr, local_steps=int(local_steps)))
         diff = dot = gg = oo = 0.0
         for k in obs:
             w = m[k][a].double() if m is not None else 1.0
@@ -403,6 +413,22 @@ def _stack_inputs(observed, params, labels, x_true, stacked):
     return obs, labels, x_true, A
 
 
+def simulated_update(loss, params: dict, *, local_steps: int = 1, local_lr: float | None = None) -> dict:
+    """The update an attacker simulates on its dummy data: ``grad loss(params)`` for ``local_steps = 1``;
+    for ``K > 1`` the client's ``K`` SGD steps ``p <- p - local_lr * grad loss(p)`` from ``params``, rescaled
+    like :func:`client_update_as_gradient`: ``(params - p_K) / (local_lr K)`` (Geiping et al. 2020, Sec. 5).
+
+    ``loss``: a function of a parameter dict (the dummy batch's mean loss); differentiable with
+    ``torch.func`` end to end (the attack's gradient flows through every step). Returns ``{name: tensor}``."""
+    if local_steps == 1:
+        return torch.func.grad(loss)(params)
+    p = params
+    for _ in range(local_steps):
+        gk = torch.func.grad(loss)(p)
+        p = {k: p[k] - local_lr * gk[k] for k in p}
+    return {k: (params[k] - p[k]) / (local_lr * local_steps) for k in params}
+
+
 def _stack_mask(mask: dict | None, observed: dict, obs: dict, stacked: bool) -> dict | None:
     """The attacker's view of a sparsifying defense (pruning, top-k) as float ``{name: [A, *shape]}`` 0/1
     weights lined up with the stacked observation ``obs`` (``None`` stays ``None``). Raises ``ValueError`` for a
@@ -422,7 +448,8 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
         batch_size: int = 1, max_iter: int = 100, lr: float = 1.0, labels: torch.Tensor | None = None,
         x_true: torch.Tensor | None = None, snapshot_every: int | None = None, stacked: bool = False,
         history_size: int = 100, steps: int | None = None, seed: int = 0, device=None,
-        mask: dict | None = None, clip_norm: float | None = None) -> InversionResult:
+        mask: dict | None = None, clip_norm: float | None = None, local_steps: int = 1,
+        local_lr: float | None = None) -> InversionResult:
     """Deep Leakage from Gradients (Zhu et al. 2019, Algorithm 1).
 
     Draw dummy ``x' ~ N(0, 1)`` of shape ``[batch_size, *input_shape]`` and dummy label logits ``y'``;
@@ -474,6 +501,14 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     ``C`` (:func:`fedlab.privacy.defenses.clip_rows`) clips the dummy gradient the same way,
     ``g' min(1, C / ||g'||)``, before matching, so a rescaled observation is matched by a rescaled dummy
     instead of pulling the dummy towards a smaller gradient. ``None``: no clipping (the plain objective).
+
+    ``local_steps`` ``K > 1`` with ``local_lr`` ``eta``: the attacker who knows that the client took ``K``
+    full-batch SGD steps of size ``eta`` and sent :func:`client_update_as_gradient` (``(theta_0 - theta_K) /
+    (eta K)``) simulates those ``K`` steps on the dummy batch and matches the simulated update instead of one
+    dummy gradient (Geiping et al. 2020, Sec. 5, "multiple local steps"); the gradient of the matching loss
+    flows through all ``K`` steps. Each evaluation then costs about ``K`` times a plain one. ``K = 1`` (the
+    default) is the plain objective, unchanged (``local_lr`` is not used). Raises ``ValueError`` if ``K`` is
+    not a positive integer, or ``K > 1`` without a finite ``local_lr > 0``.
     """
     from torch.func import grad_and_value, vmap
 
@@ -482,6 +517,12 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     if clip_norm is not None and not (isinstance(clip_norm, (int, float)) and clip_norm > 0 and math.isfinite(clip_norm)):
         raise ValueError(f"clip_norm must be a finite number > 0 or None, got {clip_norm!r}")
     mask = _stack_mask(mask, observed, obs, stacked)
+    if isinstance(local_steps, bool) or not isinstance(local_steps, (int, np.integer)) or local_steps < 1:
+        raise ValueError(f"local_steps must be an integer >= 1, got {local_steps!r}")
+    local_steps = int(local_steps)
+    if local_steps > 1 and not (isinstance(local_lr, (int, float)) and not isinstance(local_lr, bool)
+                                and math.isfinite(local_lr) and local_lr > 0):
+        raise ValueError(f"local_lr must be a finite number > 0 when local_steps > 1, got {local_lr!r}")
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
     if not lr > 0:
@@ -510,7 +551,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
             out = functional_call(model, p, (x,))
             return -(soft * F.log_softmax(out, -1)).sum(-1).mean()
 
-        g = torch.func.grad(loss_p)(params)
+        g = simulated_update(loss_p, params, local_steps=local_steps, local_lr=local_lr)
         if clip_norm is not None:
             norm = torch.sqrt(sum((g[k] ** 2).sum() for k in g))
             g = {k: v * torch.clamp(clip_norm / norm, max=1.0) for k, v in g.items()}
@@ -741,7 +782,8 @@ def per_example_gradients(model: nn.Module, params: dict, X: torch.Tensor, y: to
 
 def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, *, num_classes: int,
                 settings: dict, batch_size: int = 1, local_lr: float = 0.01, max_iter: int = 100,
-                labels_known: bool = False, steps: int | None = None, seed: int = 0) -> dict:
+                labels_known: bool = False, steps: int | None = None, seed: int = 0,
+                unroll: bool = False) -> dict:
     """DLG against every client under several settings, all attacks in ONE stacked :func:`dlg` call.
 
     The images ``X [n, *shape]`` are dealt to ``A = n // batch_size`` clients of ``batch_size``
@@ -752,7 +794,14 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
     "x": reconstructions [A, batch_size, *shape]}}`` with PSNRs matched by :func:`matched_psnr`.
     ``max_iter`` and ``steps`` are passed to :func:`dlg` (``steps``: the reference's loop of ``steps``
     calls of L-BFGS with ``max_iter`` iterations each).
+
+    ``unroll=True``: the attacker knows ``K`` and ``local_lr`` and simulates the ``K`` local steps
+    (:func:`dlg` with ``local_steps=K``, one stacked call per distinct ``K``; Geiping et al. 2020, Sec. 5).
+    ``False`` (default): every update is matched as if it were one gradient (Wei et al. 2020), all settings
+    in one call. Either way the attacker does not model a ``defense``.
     """
+    if not isinstance(unroll, bool):
+        raise ValueError(f"unroll must be True or False, got {unroll!r}")
     B = int(batch_size)
     if B < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -776,14 +825,21 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
             else:
                 u = client_update_as_gradient(model, params, Xs[a], ys[a], lr=local_lr, local_steps=K)
             updates.append(defense(u) if defense is not None else u)
-    stacked = {k: torch.stack([u[k].detach() for u in updates]) for k in params}
-    S = len(settings)
-    res = dlg(model, params, stacked, input_shape=tuple(X.shape[1:]), num_classes=num_classes,
-              batch_size=B, max_iter=max_iter, labels=ys.repeat(S, 1) if labels_known else None,
-              stacked=True, steps=steps, seed=seed)
+    names = list(settings)
+    Ks = [int(settings[n].get("local_steps", 1)) for n in names]
+    groups = [list(range(len(names)))] if not unroll else [[i for i, k in enumerate(Ks) if k == K]
+                                                           for K in dict.fromkeys(Ks)]
     out = {}
-    for i, name in enumerate(settings):
-        xr = res.x[i * A:(i + 1) * A]
-        out[name] = {"psnr": np.concatenate([matched_psnr(r, t) for r, t in zip(xr, Xs)]), "x": xr}
-    return out
+    for grp in groups:
+        rows = [i * A + a for i in grp for a in range(A)]
+        stacked = {k: torch.stack([updates[r][k].detach() for r in rows]) for k in params}
+        res = dlg(model, params, stacked, input_shape=tuple(X.shape[1:]), num_classes=num_classes,
+                  batch_size=B, max_iter=max_iter, labels=ys.repeat(len(grp), 1) if labels_known else None,
+                  stacked=True, steps=steps, seed=seed, local_steps=Ks[grp[0]] if unroll else 1,
+                  local_lr=local_lr if unroll else None)
+        for j, i in enumerate(grp):
+            xr = res.x[j * A:(j + 1) * A]
+            out[names[i]] = {"psnr": np.concatenate([matched_psnr(r, t) for r, t in zip(xr, Xs)]), "x": xr,
+                             "final_loss": np.asarray(res.final_loss[j * A:(j + 1) * A])}
+    return {n: out[n] for n in names}
 
