@@ -348,23 +348,26 @@ def _rate_tag(rate: float) -> str:
 
 def window_settings_table(res: Mapping[str, Mapping], labels: Mapping[str, str], paper: Callable[[str], str], *,
                           rates: Sequence[float] = LOW_FPR):
-    """:func:`window_settings` as a Markdown table, one row per setting (``labels[name]`` names it): the
-    AUC and the TPR at the last of ``rates`` for the window 1 and the largest window, the movement, the
-    spread, their ratio and the rank correlation (this build), and the stored record's AUC difference
-    (``paper("ws_<name>_dauc")``, mean ± 95 % CI over seeds)."""
+    """:func:`window_settings` as a Markdown table with one column per setting (``labels[name]`` heads it)
+    and one row per measure: the round read, the AUC and the TPR at the last of ``rates`` for the window 1
+    and the largest window, the movement, the spread and the rank correlation (this build), and the stored
+    record's AUC difference (``paper("ws_<name>_dauc")``, mean ± 95 % CI over seeds). Measures as rows keep
+    the table as narrow as the settings are few, so that it fits the page."""
     from ..plots import md_table
 
-    rows = []
-    for s, r in res.items():
-        W = max(r["auc"])
-        rows.append([labels.get(s, s), r["round"], round(r["auc"][1], 3), round(r["auc"][W], 3),
-                     round(r["tpr"][1][-1], 3), round(r["tpr"][W][-1], 3), f"{r['movement']:.3g}",
-                     round(r["spread"], 3), round(r["rank_corr"], 3), paper(f"ws_{s}_dauc")])
     W = max(next(iter(res.values()))["auc"])
     pct = f"{100 * rates[-1]:g} %"
-    return md_table(["federation", "read at round", "AUC, W = 1", f"AUC, W = {W}", f"TPR at {pct} FPR, W = 1",
-                     f"TPR at {pct} FPR, W = {W}", "loss movement over the window", "between-record spread",
-                     "rank correlation", f"AUC W = {W} − W = 1, paper scale (mean ± 95 % CI)"], rows)
+    measures = [("read at round", lambda r, s: r["round"]),
+                ("AUC, window W = 1", lambda r, s: round(r["auc"][1], 3)),
+                (f"AUC, window W = {W}", lambda r, s: round(r["auc"][W], 3)),
+                (f"TPR at {pct} FPR, W = 1", lambda r, s: round(r["tpr"][1][-1], 3)),
+                (f"TPR at {pct} FPR, W = {W}", lambda r, s: round(r["tpr"][W][-1], 3)),
+                ("loss movement over the window", lambda r, s: f"{r['movement']:.3g}"),
+                ("between-record spread", lambda r, s: round(r["spread"], 3)),
+                ("rank correlation of the two scores", lambda r, s: round(r["rank_corr"], 3)),
+                (f"AUC W = {W} − W = 1, paper scale (mean ± 95 % CI)", lambda r, s: paper(f"ws_{s}_dauc"))]
+    return md_table(["measure", *(labels.get(s, s) for s in res)],
+                    [[name, *(f(r, s) for s, r in res.items())] for name, f in measures])
 
 
 def white_box_factors(model, client_params: Mapping[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor,

@@ -17,7 +17,7 @@ from ..fl.recsys.interactions import fcf_item_updates, fncf_init, fncf_updates
 from ..metrics import ks_pvalue, roc_auc_rows
 from ..privacy import ldp
 from ..privacy.defenses import prune_rows
-from .tables import scale_cells, settings_header
+from .tables import scale_cells, scale_pairs, settings_header
 from .._checks import positive_int
 
 __all__ = ["RecsysCase", "make_recsys_case", "attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
@@ -518,18 +518,11 @@ def scaled(name: str):
 def _check_scale_settings(settings: dict) -> None:
     """``ValueError`` naming ``settings`` unless it holds every key of :data:`SCALE_SETTINGS` as a
     ``(quick, paper)`` pair of positive integers (``table3_users`` may be ``None``: every user)."""
-    missing = set(SCALE_SETTINGS) - set(settings)
-    if missing:
-        raise ValueError(f"settings lacks {sorted(missing)}")
-    for name in SCALE_SETTINGS:
-        pair = settings[name]
-        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-            raise ValueError(f"settings[{name!r}] must be a (quick, paper) pair, got {pair!r}")
-        for value in pair:
-            if value is None and name == "table3_users":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"settings[{name!r}] must hold positive integers, got {pair!r}")
+    for name, value in scale_pairs(settings, SCALE_SETTINGS):
+        if value is None and name == "table3_users":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"settings[{name!r}] must hold positive integers, got {settings[name]!r}")
     for value in settings["ldp_variants"]:
         if value > len(TABLE3_CONFIGS):
             raise ValueError(f"settings['ldp_variants'] must be at most {len(TABLE3_CONFIGS)}, got {value}")

@@ -22,7 +22,7 @@ from ..metrics import ks_pvalue, roc_auc_rows
 from ..privacy import secure_aggregation as sa
 from ..privacy.defenses import prune_rows
 from ..privacy.ldp import gaussian_sigma, ldp_clip_norm, ldp_gaussian
-from .tables import scale_cells, settings_header
+from .tables import scale_cells, scale_pairs, settings_header
 
 __all__ = ["noise_replacement_grid", "SETTINGS", "SETTING_LABELS", "settings_grid", "update_drift", "order_mismatch", "settings_table",
            "settings_values", "adm_query_sweep", "noisy_adm_sweep", "sa_bypass_experiment", "ldp_sweep",
@@ -1035,22 +1035,15 @@ def _check_scale_settings(settings: dict) -> None:
     """``ValueError`` naming ``settings`` unless it holds every key of :data:`SCALE_SETTINGS` as a
     ``(quick, paper)`` pair: positive integers, or non-empty lists (of positive integers, or of
     fractions in (0, 1] for ``replaced_fractions``)."""
-    missing = set(SCALE_SETTINGS) - set(settings)
-    if missing:
-        raise ValueError(f"settings lacks {sorted(missing)}")
-    for name in SCALE_SETTINGS:
-        pair = settings[name]
-        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-            raise ValueError(f"settings[{name!r}] must be a (quick, paper) pair, got {pair!r}")
-        for value in pair:
-            if isinstance(SCALE_SETTINGS[name][0], list):
-                ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
-                    (0 < float(v) <= 1) if name == "replaced_fractions"
-                    else (isinstance(v, int) and not isinstance(v, bool) and v >= 1) for v in value)
-            else:
-                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-            if not ok:
-                raise ValueError(f"settings[{name!r}] has a bad value {value!r}")
+    for name, value in scale_pairs(settings, SCALE_SETTINGS):
+        if isinstance(SCALE_SETTINGS[name][0], list):
+            ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
+                (0 < float(v) <= 1) if name == "replaced_fractions"
+                else (isinstance(v, int) and not isinstance(v, bool) and v >= 1) for v in value)
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if not ok:
+            raise ValueError(f"settings[{name!r}] has a bad value {value!r}")
 
 
 def reference_settings_table(data, rankers: dict, *, click_models, lr: float, epsilons, delta: float,

@@ -7,7 +7,7 @@ from typing import Sequence
 from ..metrics import t_interval
 from ..plots import md_table
 
-__all__ = ["markdown_table", "mean_interval", "settings_header", "scale_cells"]
+__all__ = ["markdown_table", "mean_interval", "settings_header", "scale_cells", "scale_pairs"]
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence], *, digits: int = 3) -> str:
@@ -34,6 +34,22 @@ def settings_header(reference: str) -> list[str]:
     """The header of a chapter's settings table (the paper, its reference code, ours at both scales):
     ``["setting", "paper (RAIFLE)", "reference code (<reference>)", "ours, quick scale", "ours, paper scale"]``."""
     return ["setting", "paper (RAIFLE)", f"reference code ({reference})", "ours, quick scale", "ours, paper scale"]
+
+
+def scale_pairs(settings: dict, names) -> list[tuple[str, object]]:
+    """Every ``(name, value)`` of a chapter's ``settings`` (``{name: (quick, paper)}``) for the ``names`` of its
+    ``SCALE_SETTINGS``, both values of each pair in turn, for the chapter's own value checks. Raises
+    ``ValueError`` naming ``settings`` if it lacks a name or holds something other than a pair."""
+    missing = set(names) - set(settings)
+    if missing:
+        raise ValueError(f"settings lacks {sorted(missing)}")
+    out = []
+    for name in names:
+        pair = settings[name]
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise ValueError(f"settings[{name!r}] must be a (quick, paper) pair, got {pair!r}")
+        out += [(name, value) for value in pair]
+    return out
 
 
 def scale_cells(quick: dict, paper: dict, name: str, text: str | None = None) -> list[str]:
