@@ -115,6 +115,29 @@ def test_leaf_table1_small_run_reports_oracle_distances_and_flatness():
         ex4.leaf_table1(leaf, seeds=[0], num_rounds=3, weight_decay=0.0)
 
 
+def test_round_sweep_runs_table1_at_each_length_and_names_values_by_position():
+    from fedlab.data.leaf import make_leaf_synthetic
+
+    leaf = make_leaf_synthetic((60, 40, 50), seed=3)
+    kw = dict(batch_size=32, lr=0.05, hidden=8, fit_max_iter=5, decode_max_iter=5)
+    sweep = ex4.leaf_round_sweep(leaf, (10, 14), seeds=[0], **kw)
+    assert list(sweep) == [10, 14] and all(t["last"].shape == (1, 1, 3) for t in sweep.values())
+    assert sweep[14]["num_obs"] == 14 and sweep[10]["num_obs"] == 10          # every round observed
+    alone = ex4.leaf_table1(leaf, local_steps=(1,), seeds=[0], num_rounds=14, **kw)
+    assert np.array_equal(alone["decoded"], sweep[14]["decoded"])          # one leaf_table1 per length
+    v = ex4.round_sweep_values(sweep)
+    assert v["ch4-rs-rounds-1"] == 14 and v["ch4-rs-last-0"] == round(100 * float(sweep[10]["last"].mean()), 1)
+    assert v["ch4-rs-gain-1"] == round(100 * float(sweep[14]["decoded"].mean()) - 100 * float(sweep[14]["last"].mean()), 1)
+    assert v["ch4-rs-ddec-min"] == min(v["ch4-rs-ddec-0"], v["ch4-rs-ddec-1"])
+    seen = []
+    md = ex4.round_sweep_markdown(sweep, lambda name, digits: seen.append(name) or "R", paper_rounds=(100, 1000))
+    assert seen == ["ch4-rs-gain-0", "ch4-rs-gain-1"] and "1000 rounds: R" in md and md.count("\n") == 3
+    for bad in ((), (12, 6), (1, 5)):
+        with pytest.raises(ValueError, match="rounds"):
+            ex4.leaf_round_sweep(leaf, bad, **kw)
+    assert ex4.ROUND_SWEEP["paper"] == (100, 1000, 3000)
+
+
 @pytest.mark.slow
 def test_logistic_local_optimum_is_the_regularised_minimiser():
     g = torch.Generator().manual_seed(0)
@@ -190,6 +213,13 @@ def test_adult_experiment_values_and_count_variants():
     assert v["ch4-obs7-global"] == round(100 * float(f["train_global"][-1][:, 0].mean()), 1)
     y0 = train[0].y.float()   # always the PhD client's majority label, on its own train records
     assert v["ch4-obs7-major"] == round(100 * max(float(y0.mean()), 1 - float(y0.mean())), 1)
+    # held out (the book's extension): the same local optimum, scored on the PhD client's test records
+    assert f["test_oracle"][0] == pytest.approx(float(mr.binary_accuracy(star, test[0].X, test[0].y)))
+    assert v["ch4-obs7-held-oracle"] == round(100 * float(f["test_oracle"][0]), 1)
+    assert v["ch4-obs7-held-global"] == round(100 * float(f["test_global"][-1][:, 0].mean()), 1)
+    assert v["ch4-obs7-held-major"] == round(100 * float(f["majority"][0]), 1)    # the training-majority label
+    assert v["ch4-obs7-edge-held"] == round(v["ch4-obs7-held-oracle"] - v["ch4-obs7-held-global"], 1)
+    assert v["ch4-obs7-edge-in"] == round(v["ch4-obs7-oracle"] - v["ch4-obs7-global"], 1)
     with pytest.raises(ValueError, match="targets"):
         ex4.adult_values({**f, "targets": [0, 1]})
     with pytest.raises(ValueError, match="targets"):

@@ -17,7 +17,8 @@ from ..attacks.model_reconstruction import (binary_accuracy, hard_instance_clien
                                             squared_loss)
 from ..models import flatten_params, linear_model, logistic_loss
 
-__all__ = ["BACHELOR_OR_ABOVE", "adult_phd_split", "adult_phd_clients", "leaf_table1", "positive_control", "adult_experiment", "adult_movement", "fedavg_ols_curve",
+__all__ = ["BACHELOR_OR_ABOVE", "adult_phd_split", "adult_phd_clients", "leaf_table1", "ROUND_SWEEP",
+           "leaf_round_sweep", "round_sweep_values", "round_sweep_markdown", "positive_control", "adult_experiment", "adult_movement", "fedavg_ols_curve",
            "hard_instance_transcript", "obs56_curves", "plot_obs56", "PAPER_TABLE1", "table1_values",
            "table1_markdown", "PAPER_ADULT_COUNTS", "adult_split_counts", "adult_counts_markdown", "adult_count_variants", "adult_variants_markdown",
            "phd_distance_means", "plot_distance_matrix", "plot_adult_figure1", "adult_values"]
@@ -205,7 +206,8 @@ def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0
     "train_decoded", "train_last", "train_global": [B, S, T], "majority": [T] (test accuracy of always
     predicting the target's majority train label), "train_majority": [T] (the same on its own train
     records: the attribute-inference baseline that uses no model), "train_oracle": [T] (train accuracy of the target's
-    local optimum, Observation 7's best attribute-inference model), "moved": [B, S] (``||theta_T -
+    local optimum, Observation 7's best attribute-inference model), "test_oracle": [T] (the same local optimum on
+    the target's held-out test records), "moved": [B, S] (``||theta_T -
     theta_0||`` of the global model),
     "init_norm": [S] (||theta_0||)}``. Raises ``ValueError`` for a target outside the clients."""
     K = len(train_clients)
@@ -239,9 +241,11 @@ def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0
     major = [float(train_clients[t].y.float().mean()) >= 0.5 for t in targets]
     out["majority"] = np.array([float((test_clients[t].y == int(m)).float().mean()) for t, m in zip(targets, major)])
     out["train_majority"] = np.array([_majority_share(train_clients[t].y) for t in targets])
-    out["train_oracle"] = np.array([float(binary_accuracy(
-        logistic_local_optimum(train_clients[t].X, train_clients[t].y, weight_decay=weight_decay),
-        train_clients[t].X, train_clients[t].y)) for t in targets])
+    optima = [logistic_local_optimum(train_clients[t].X, train_clients[t].y, weight_decay=weight_decay) for t in targets]
+    out["train_oracle"] = np.array([float(binary_accuracy(th, train_clients[t].X, train_clients[t].y))
+                                    for th, t in zip(optima, targets)])
+    out["test_oracle"] = np.array([float(binary_accuracy(th, test_clients[t].X, test_clients[t].y))
+                                   for th, t in zip(optima, targets)])
     out.update(batch_sizes=list(batch_sizes), targets=list(targets), moved=moved, init_norm=init)
     return out
 
@@ -453,6 +457,63 @@ def table1_markdown(tables: dict, paper=None, paper_table: dict | None = None) -
             + markdown_table(header, rows, digits=2))
 
 
+#: Rounds of the Table 1 round sweep (the paper's setting, one local step, the paper's step 0.01): the paper
+#: trains for an unstated number of rounds; the issue's 100 / 1000 / 3000 at paper scale, a tenth-ish at quick
+ROUND_SWEEP = {"quick": (30, 100, 300), "paper": (100, 1000, 3000)}
+
+
+def leaf_round_sweep(clients, rounds: Sequence[int], *, local_steps: int = 1, seeds: Sequence[int] = (0,),
+                     **table1_kwargs) -> dict:
+    """Table 1's setting trained for each number of ``rounds`` (one :func:`leaf_table1` per length, with
+    ``local_steps`` steps per round and the other settings of ``table1_kwargs``, e.g. the paper's step): does
+    the decoder get closer to ``theta_c*`` when FedAvg runs longer and the eavesdropper sees more rounds?
+
+    Returns ``{R: leaf_table1 output}`` in the order of ``rounds``. Raises ``ValueError`` for an empty or
+    non-increasing ``rounds`` or a length below 2 (the attack needs two observations)."""
+    rounds = [int(r) for r in rounds]
+    if not rounds or any(r < 2 for r in rounds) or any(b <= a for a, b in zip(rounds, rounds[1:])):
+        raise ValueError(f"rounds must be increasing numbers >= 2, got {list(rounds)}")
+    positive_int("local_steps", local_steps)
+    return {R: leaf_table1(clients, local_steps=(int(local_steps),), seeds=seeds, num_rounds=R, **table1_kwargs)
+            for R in rounds}
+
+
+def round_sweep_values(sweep: dict, prefix: str = "ch4-rs") -> dict:
+    """The numbers the chapter quotes from :func:`leaf_round_sweep`, by position ``i`` of the length (so
+    that quick and paper scale, which sweep different lengths, share names): ``{prefix}-rounds-i``, the train
+    accuracy in % of the last returned and decoded models (``-last-i``, ``-dec-i``), decoded minus last in
+    points (``-gain-i``), the mean relative distances to ``theta_c*`` (``-dlast-i``, ``-ddec-i``; ``-ddec-min``, the
+    smallest over the lengths) and the flatness (``-flat-i``)."""
+    out = {}
+    for i, (R, t) in enumerate(sweep.items()):
+        last, dec = 100 * float(t["last"].mean()), 100 * float(t["decoded"].mean())
+        out.update({f"{prefix}-rounds-{i}": int(R), f"{prefix}-last-{i}": round(last, 1),
+                    f"{prefix}-dec-{i}": round(dec, 1), f"{prefix}-gain-{i}": round(dec - last, 1),
+                    f"{prefix}-dlast-{i}": round(float(t["dist_last"].mean()), 3),
+                    f"{prefix}-ddec-{i}": round(float(t["dist_decoded"].mean()), 3),
+                    f"{prefix}-flat-{i}": round(float(t["flatness"].mean()), 4)})
+    out[f"{prefix}-ddec-min"] = min(out[f"{prefix}-ddec-{i}"] for i in range(len(sweep)))
+    return out
+
+
+def round_sweep_markdown(sweep: dict, paper=None, *, paper_rounds: Sequence[int] | None = None,
+                         prefix: str = "ch4-rs") -> str:
+    """:func:`leaf_round_sweep` as a Markdown table, one row per length: rounds, train accuracy (%) of the last
+    returned and the decoded models, their mean relative distances to ``theta_c*``, the flatness of the
+    server models, and the stored paper-scale record's decoded-minus-last gain at the same position
+    (``paper(f"{prefix}-gain-{i}", 1)``, at ``paper_rounds[i]`` rounds; ``n/a`` without ``paper``)."""
+    from .tables import markdown_table
+
+    rows = []
+    for i, (R, t) in enumerate(sweep.items()):
+        at = "" if paper_rounds is None else f"{paper_rounds[i]} rounds: "
+        rows.append([R, f"{100 * float(t['last'].mean()):.1f} / {100 * float(t['decoded'].mean()):.1f}",
+                     f"{float(t['dist_last'].mean()):.2f} / {float(t['dist_decoded'].mean()):.2f}",
+                     float(t["flatness"].mean()), at + ("n/a" if paper is None else paper(f"{prefix}-gain-{i}", 1))])
+    return markdown_table(["rounds", "train accuracy %: last / decoded", "distance to θ*: last / decoded",
+                           "flatness", "decoded − last (points), paper scale (mean ± 95 % CI)"], rows, digits=4)
+
+
 # --------------------------------------------------------------------------------------------------
 # Figure 1: the Adult split, the local optima, the attack
 #: Xu & Neglia (2021), Sec. 4: records kept and the PhD clients' sizes, with the glued name of ours
@@ -577,7 +638,10 @@ def adult_values(fig1: dict, num_phd: int = 3) -> dict:
     ``num_phd``) and the iid control, at the smallest and largest batch size, and the relative mapping
     loss there; ``ch4-fig1-moved`` is ``||theta_T - theta_0||``; ``ch4-obs7-*``: train accuracy on the PhD
     clients' own records at the largest batch (Observation 7 on Adult, the book's extension), with
-    ``ch4-obs7-major`` the client's training-majority label. Raises ``ValueError`` for an output
+    ``ch4-obs7-major`` the client's training-majority label; ``ch4-obs7-held-*``: the same models (and the
+    training-majority label) on the PhD clients' held-out test records (the book's extension), and
+    ``ch4-obs7-edge-in`` / ``ch4-obs7-edge-held``, the local optimum's lead over the global model in points on
+    the training and on the held-out records. Raises ``ValueError`` for an output
     without both groups."""
     tg = np.asarray(fig1["targets"])
     phd, ctl = tg < num_phd, tg >= num_phd
@@ -596,6 +660,14 @@ def adult_values(fig1: dict, num_phd: int = 3) -> dict:
         out[f"ch4-obs7-{model}"] = round(100 * float(fig1[f"train_{model}"][-1][:, phd].mean()), 1)
     out["ch4-obs7-oracle"] = round(100 * float(fig1["train_oracle"][phd].mean()), 1)
     out["ch4-obs7-major"] = round(100 * float(fig1["train_majority"][phd].mean()), 1)
+    # the book's extension: the same inference on held-out records of the PhD clients (their test records), the
+    # baseline being the majority label of their training records
+    for model in ("decoded", "last", "global"):
+        out[f"ch4-obs7-held-{model}"] = round(100 * float(fig1[f"test_{model}"][-1][:, phd].mean()), 1)
+    out["ch4-obs7-held-oracle"] = round(100 * float(fig1["test_oracle"][phd].mean()), 1)
+    out["ch4-obs7-held-major"] = round(100 * float(fig1["majority"][phd].mean()), 1)
+    out["ch4-obs7-edge-in"] = round(out["ch4-obs7-oracle"] - out["ch4-obs7-global"], 1)        # the local optimum's
+    out["ch4-obs7-edge-held"] = round(out["ch4-obs7-held-oracle"] - out["ch4-obs7-held-global"], 1)  # edge, in points
     return out
 
 
