@@ -82,7 +82,8 @@ def test_table1_values_names_and_rounding():
     assert v["ch4-t1-ddec1"] == 0.8 and v["ch4-t1-flat5"] == 0.99
     assert set(ex4.table1_values(t1, "x")) == {k.replace("ch4-t1", "x") for k in v}
     md = ex4.table1_markdown({"a": (t1, "ch4-t1"), "b": (t1, "x")})
-    assert md.count("\n| ") == 2 * 2 + 1 and "n/a" in md
+    assert md.count("\n| ") == 2 * (2 * 2 + 1) and "n/a" in md and "flatness" in md.split("\n\n")[-1]
+    assert "\t" not in md and "\r" not in md and "\\lVert\\theta" in md        # the TeX survived Python's escapes
     assert "0.5" not in md.split("\n")[4] or "50.0 ± 0.0" in md      # ours as mean ± interval over runs
     seen = []
     ex4.table1_markdown({"a": (t1, "p")}, paper=lambda name, digits: seen.append(name) or "R")
