@@ -32,8 +32,7 @@ __all__ = ["LECTURE_WINDOW_AUC", "SUMMARY_LABELS", "LECTURE_ACTIVE_ACCURACY", "L
            "active_attack_name", "active_attack_values", "active_attack_table", "LOW_FPR",
            "active_learned_values", "active_learned_table", "lira_shadow_models", "lira_attack", "PASSIVE_ATTACKS",
            "passive_attack_scores", "passive_attack_values", "passive_attack_table", "heldout_gamma", "heldout_gamma_values", "heldout_gamma_table",
-           "ascent_drop_values", "ddg_calibration", "ddg_error_ratio", "DP_GRID_RATIO", "dp_run_grid",
-           "calibrate_safe", "dp_grid", "plot_dp_grid",
+           "ascent_drop_values", "CHAPTER_MECHANISM", "safe_noise_cost", "ddg_calibration", "ddg_error_ratio", "dp_grid", "plot_dp_grid",
            "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
            "personalization_eps_sweep", "personalization_eps_values", "personalization_eps_table",
            "EARLY_ROUND", "window_settings", "window_settings_values", "window_settings_table", "white_box_factors",
@@ -56,33 +55,22 @@ LECTURE_WHITE_BOX = {"black-box (outputs)": 0.676, "white-box (gradients)": 0.73
 #: false-positive rates at which the active attacks' TPR is reported (Carlini et al., S&P 2022)
 LOW_FPR = (0.001, 0.01)
 
-#: the chapter's DP-FedAvg is floating-point-safe (``dp_aggregate(..., safe=True)``, the discrete Gaussian of
-#: Canonne, Kamath & Steinke 2020) on the grid :func:`fedlab.privacy.dp_fedavg.safe_grid` ``(sigma, DP_GRID_RATIO)``:
-#: ``sigma / grid >= 2^14``, so that rounding its thousands of coordinates costs little sensitivity (with the
-#: default ``2^10``, ``sqrt(n)`` of the 4,810 parameters of the digits network would cap the multiplier below 15)
-DP_GRID_RATIO = 2 ** 14
+#: The chapter's DP-FedAvg and Centaur use McMahan et al.'s float Gaussian (``safe=False``) and its accountant, not
+#: fedlab's floating-point-safe default: the safe accountant (the discrete Gaussian's Renyi bound) has no
+#: amplification by sampling, so at the personalisation section's q = 0.3 the safe noise would have to be about three
+#: times larger for the same epsilon (:func:`safe_noise_cost`). The float mechanism's own flaw is chapter 5's subject.
+CHAPTER_MECHANISM = "float"
 
 
-def dp_run_grid(noise_multiplier: float, clip_norm: float, expected_clients: float) -> float | None:
-    """The public grid of the chapter's safe DP-FedAvg run: :func:`fedlab.privacy.dp_fedavg.safe_grid`
-    ``(z S / m, DP_GRID_RATIO)`` (McMahan et al. 2018, Alg. 1's ``sigma``; Canonne, Kamath & Steinke 2020),
-    ``None`` without noise (``z = 0``)."""
-    if noise_multiplier == 0:
-        return None
-    return dpf.safe_grid(dpf.noise_std(noise_multiplier, clip_norm, expected_clients), DP_GRID_RATIO)
-
-
-def calibrate_safe(epsilon: float, sampling_prob: float, num_rounds: int, delta: float, *, num_clients: int,
-                   params) -> float:
-    """The noise multiplier ``z`` of the chapter's floating-point-safe DP-FedAvg for client-level
-    ``(epsilon, delta)`` after ``num_rounds`` rounds: :func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon`
-    with ``safe=True`` (the discrete Gaussian's Renyi bound, Canonne, Kamath & Steinke 2020, Thm. 14, no
-    amplification by sampling), the rounding of ``num_params(params)`` coordinates on the grid of
-    :func:`dp_run_grid` charged. ``epsilon = inf`` gives 0. Raises ``ValueError`` as that function does."""
-    from ..models import num_params
-
-    return dpf.noise_multiplier_for_epsilon(epsilon, sampling_prob, num_rounds, delta, num_clients=num_clients,
-                                            num_params=num_params(params), grid_ratio=DP_GRID_RATIO)
+def safe_noise_cost(epsilon: float, sampling_prob: float, num_rounds: int, delta: float, *, num_clients: int) -> dict:
+    """What the chapter's choice of the float mechanism saves: the noise multiplier for client-level
+    ``(epsilon, delta)`` after ``num_rounds`` rounds at sampling rate ``sampling_prob`` from the float accountant
+    (amplification by sampling, Mironov et al. 2019) and from the safe one (no amplification), and their ratio.
+    Returns ``{"float": z, "safe": z, "ratio": safe / float}``; raises ``ValueError`` as
+    :func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon` does."""
+    zf = dpf.noise_multiplier_for_epsilon(epsilon, sampling_prob, num_rounds, delta, num_clients=num_clients, safe=False)
+    zs = dpf.noise_multiplier_for_epsilon(epsilon, sampling_prob, num_rounds, delta, num_clients=num_clients, safe=True)
+    return {"float": zf, "safe": zs, "ratio": zs / zf}
 # the chapter's main numbers, name -> label, for the over-seeds summary figure (plots.record_errorbars)
 SUMMARY_LABELS = {
     "mia_auc_last": "MIA AUC, last round",
@@ -1062,8 +1050,7 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
 
     For every ``K`` in ``client_counts``: ``K`` iid clients of ``n_per_client`` records of ``train``
     (:func:`fedlab.data.partition_iid` with ``seed``); for every ``eps`` of ``epsilons`` (``inf`` = no
-    noise) the noise multiplier is calibrated for the floating-point-safe mechanism at ``delta``
-    (:func:`calibrate_safe`), DP-FedAvg runs with the discrete Gaussian on the grid of :func:`dp_run_grid`
+    noise) the noise multiplier is calibrated with the RDP accountant at ``delta``, DP-FedAvg runs
     ``num_rounds`` rounds from ``params``, and the attacker averages each record's loss over the last
     ``window`` released models (members: every client's records; non-members: all of ``nonmembers``).
     ``fl_args``: ``local_epochs``, ``batch_size``, ``lr`` of the clients.
@@ -1090,11 +1077,10 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
         data[K] = (torch.cat([members.X, nonmembers.X]), torch.cat([members.y, nonmembers.y]),
                    np.r_[np.ones(len(members)), np.zeros(len(nonmembers))])
         for eps in epsilons:
-            z = calibrate_safe(eps, 1.0, num_rounds, delta, num_clients=K, params=params)
+            z = dpf.noise_multiplier_for_epsilon(eps, 1.0, num_rounds, delta, num_clients=K, safe=False)
             cells.append((eps, K, z))
             released[(eps, K)] = []
-            runs.append(dict(clients=cl_K, sampling_prob=1.0, noise_multiplier=z, clip_norm=clip_norm, params=params,
-                             grid=dp_run_grid(z, clip_norm, float(K)),
+            runs.append(dict(clients=cl_K, sampling_prob=1.0, noise_multiplier=z, clip_norm=clip_norm, params=params, safe=False,
                              seed=seed, callback=lambda r, out=released[(eps, K)]: out.append(r.new_params), **fl_args))
     # dp_fedavg for every (eps, K), the runs advanced together (the same numbers as one after another)
     results = dp_fedavg_runs(model, runs, num_rounds=num_rounds, eval_data=test)
@@ -1156,9 +1142,7 @@ def personalization_sweep(model, params: dict, classes_per_client: Sequence[int]
     * ``"Centaur"`` (Shen et al. 2023, Alg. 1-2): :func:`~fedlab.fl.personalization.centaur` with
       ``head_epochs`` per round and ``final_head_epochs`` for the final heads.
 
-    Both federated methods run the floating-point-safe DP-FedAvg (the discrete Gaussian on the grid of
-    :func:`dp_run_grid`; calibrate ``noise_multiplier`` with :func:`calibrate_safe`) and share
-    ``sampling_prob``, ``noise_multiplier``, ``clip_norm``, ``server_lr``,
+    Both federated methods share ``sampling_prob``, ``noise_multiplier``, ``clip_norm``, ``server_lr``,
     ``lr``, ``batch_size`` (so they spend the same privacy budget); local-only and fine-tuning use
     ``lr`` too, local-only ``batch_size``. Every run starts from ``params`` with ``seed``.
 
@@ -1210,9 +1194,9 @@ def _personalization_runs(model, params: dict, settings: Sequence[tuple[int, flo
     tasks = [pers.make_representation_task(num_clients, n_train, n_test, classes_per_client=cpc, seed=seed)
              for cpc, _, _ in settings]
     out = [({}, ([], []), {"models": {}, "task": task}) for task in tasks]
+    # McMahan et al.'s float Gaussian, accounted with amplification by sampling (see CHAPTER_MECHANISM)
     dp_args = dict(sampling_prob=sampling_prob, clip_norm=clip_norm, server_lr=server_lr, lr=lr, batch_size=batch_size,
-                   params=params, seed=seed)
-    grids = [dp_run_grid(z, clip_norm, sampling_prob * num_clients) for _, z, _ in settings]   # the safe release's grid
+                   params=params, seed=seed, safe=False)
 
     def which(method):
         return [i for i, (_, _, methods) in enumerate(settings) if method in methods]
@@ -1230,8 +1214,7 @@ def _personalization_runs(model, params: dict, settings: Sequence[tuple[int, flo
     idx = which("DP-FedAvg + fine-tuning")
     if idx:
         glob = dp_fedavg_runs(model, [dict(clients=tasks[i][0], local_epochs=1, noise_multiplier=settings[i][1],
-                                           grid=grids[i], callback=out[i][1][0].append, **dp_args) for i in idx],
-                              num_rounds=num_rounds)
+                                           callback=out[i][1][0].append, **dp_args) for i in idx], num_rounds=num_rounds)
         record("DP-FedAvg + fine-tuning", idx, pers.finetune_runs(model, [
             dict(params=g.params, train=tasks[i][0], num_epochs=finetune_epochs, lr=lr, seed=seed)
             for i, g in zip(idx, glob)]))
@@ -1239,8 +1222,7 @@ def _personalization_runs(model, params: dict, settings: Sequence[tuple[int, flo
     if idx:
         record("Centaur", idx, pers.centaur_runs(model, [
             dict(train=tasks[i][0], head_epochs=head_epochs, final_head_epochs=final_head_epochs,
-                 noise_multiplier=settings[i][1], grid=grids[i], callback=out[i][1][1].append, **dp_args)
-            for i in idx],
+                 noise_multiplier=settings[i][1], callback=out[i][1][1].append, **dp_args) for i in idx],
             num_rounds=num_rounds))
     return out
 
@@ -1388,8 +1370,9 @@ def personalization_eps_sweep(model, params: dict, epsilons: Sequence[float], *,
     heterogeneity level (``classes_per_client``) for every budget of ``epsilons`` (the lecture's
     "across privacy budgets" comparison, Shen et al. 2023, Sec. 5).
 
-    For each ``eps`` the noise multiplier is calibrated for the floating-point-safe DP-FedAvg
-    (:func:`calibrate_safe` at ``delta``, which must be below ``1 / num_clients``), then :func:`personalization_sweep` runs with ``[classes_per_client]`` and
+    For each ``eps`` the noise multiplier is calibrated with the RDP accountant
+    (:func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon` at ``delta``, which must be below
+    ``1 / num_clients``), then :func:`personalization_sweep` runs with ``[classes_per_client]`` and
     ``sweep_args`` (``clip_norm``, ``server_lr``, ``lr``, ``batch_size``, ``seed``, ...). Local-only
     training spends no budget: it runs once and its accuracy is entered for every ``eps``.
     ``known`` (``{eps: {method: accuracy}}``) holds results already measured with the same settings
@@ -1413,7 +1396,8 @@ def personalization_eps_sweep(model, params: dict, epsilons: Sequence[float], *,
     local = next((v["local-only"] for v in known.values()), None)
     settings, todo = [], []
     for eps in epsilons:
-        zs[eps] = calibrate_safe(eps, sampling_prob, num_rounds, delta, num_clients=num_clients, params=params)
+        zs[eps] = dpf.noise_multiplier_for_epsilon(eps, sampling_prob, num_rounds, delta, num_clients=num_clients,
+                                                   safe=False)
         if eps not in known:
             # local-only spends no budget: it runs once, with the first budget not already known
             methods = [m for m in PERSONALIZATION_METHODS if m != "local-only" or (local is None and not todo)]
