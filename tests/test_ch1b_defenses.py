@@ -123,7 +123,11 @@ def test_personalization_eps_sweep_calibrates_each_budget_and_reuses_known_runs(
                                          sampling_prob=q, delta=delta, **sweep_args)
     util, z = out["util"], out["z"]
     assert list(util["Centaur"]) == [0.5, 4.0] and z[0.5] > z[4.0] > 0
-    assert z[0.5] == dpf.noise_multiplier_for_epsilon(0.5, q, T, delta)
+    # the chapter's float accountant (ch1b.CHAPTER_MECHANISM), not fedlab's safe default
+    assert ch1b.CHAPTER_MECHANISM == "float" and z[0.5] == dpf.noise_multiplier_for_epsilon(0.5, q, T, delta, safe=False)
+    cost = ch1b.safe_noise_cost(0.5, q, T, delta, num_clients=K)
+    assert cost["float"] == z[0.5] and cost["safe"] == dpf.noise_multiplier_for_epsilon(0.5, q, T, delta, num_clients=K)
+    assert cost["ratio"] > 1                      # no amplification by sampling in the safe accountant
     assert util["local-only"][0.5] == util["local-only"][4.0]       # no budget spent: one run
     # each budget is the heterogeneity sweep at that noise multiplier
     one, _ = ch1b.personalization_sweep(net, w0, [5], num_clients=K, num_rounds=T, sampling_prob=q,

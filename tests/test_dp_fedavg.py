@@ -67,13 +67,13 @@ def test_empty_round_is_pure_noise_and_validation():
 def test_epsilon_decreases_with_noise_and_matches_library():
     import dp_accounting
     from dp_accounting import rdp
-    eps = [dpf.epsilon_spent(z, 0.1, 50, 1e-5) for z in (0.8, 1.2, 2.0, 4.0)]
+    eps = [dpf.epsilon_spent(z, 0.1, 50, 1e-5, safe=False) for z in (0.8, 1.2, 2.0, 4.0)]   # the float accountant
     assert all(a > b for a, b in zip(eps, eps[1:]))
     acc = rdp.RdpAccountant(list(dpf.RDP_ORDERS))
     for _ in range(50):   # compose round by round: must equal the self-composed event
         acc.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.2)))
     assert eps[1] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
-    assert dpf.epsilon_spent(0.0, 0.1, 50, 1e-5) == math.inf
+    assert dpf.epsilon_spent(0.0, 0.1, 50, 1e-5, safe=False) == math.inf == dpf.epsilon_spent(0.0, 0.1, 50, 1e-5)
 
 
 def test_full_participation_gaussian_matches_closed_form_rdp():
@@ -81,14 +81,16 @@ def test_full_participation_gaussian_matches_closed_form_rdp():
     z, T, delta = 3.0, 20, 1e-5
     orders = np.array(dpf.RDP_ORDERS, dtype=float)
     want = np.min(T * orders / (2 * z**2) + np.log(1 / delta) / (orders - 1))
-    assert dpf.epsilon_spent(z, 1.0, T, delta) <= want + 1e-9       # the library uses a tighter conversion
-    assert dpf.epsilon_spent(z, 1.0, T, delta) > 0.7 * want
+    for safe in (False, True):                                      # q = 1: both accountants see T Gaussian rounds
+        assert dpf.epsilon_spent(z, 1.0, T, delta, safe=safe) <= want + 1e-9    # the library's conversion is tighter
+        assert dpf.epsilon_spent(z, 1.0, T, delta, safe=safe) > 0.7 * want
 
 
-def test_calibration_inverts_accounting():
-    z = dpf.noise_multiplier_for_epsilon(2.0, 0.2, 30, 1e-4)
-    assert dpf.epsilon_spent(z, 0.2, 30, 1e-4) <= 2.0 + 1e-6
-    assert dpf.epsilon_spent(z * 0.97, 0.2, 30, 1e-4) > 2.0
+@pytest.mark.parametrize("safe", [False, True])
+def test_calibration_inverts_accounting(safe):
+    z = dpf.noise_multiplier_for_epsilon(2.0, 0.2, 30, 1e-4, safe=safe)
+    assert dpf.epsilon_spent(z, 0.2, 30, 1e-4, safe=safe) <= 2.0 + 1e-6
+    assert dpf.epsilon_spent(z * 0.97, 0.2, 30, 1e-4, safe=safe) > 2.0
     assert dpf.noise_multiplier_for_epsilon(float("inf"), 0.2, 30, 1e-4) == 0.0
     with pytest.raises(ValueError, match="epsilon"):
         dpf.noise_multiplier_for_epsilon(-1.0, 0.2, 30, 1e-4)

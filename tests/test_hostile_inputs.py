@@ -265,7 +265,9 @@ def test_dp_accounting_arguments_are_named():                                   
         dpa.epsilon_spent(1.0, 0.1, True, 1e-5)
     with pytest.raises(ValueError, match="epsilon=10000 is so large"):
         dpa.noise_multiplier_for_epsilon(1e4, 0.1, 10, 1e-5)
-    assert 0.05 <= dpa.noise_multiplier_for_epsilon(10.0, 0.1, 10, 1e-5) < 1.0         # an ordinary call still works
+    assert 0.05 <= dpa.noise_multiplier_for_epsilon(10.0, 0.1, 10, 1e-5, safe=False) < 1.0   # an ordinary call works
+    # the safe default claims no amplification by sampling: ten full Gaussian rounds at epsilon 10
+    assert 1.0 < dpa.noise_multiplier_for_epsilon(10.0, 0.1, 10, 1e-5) < 2.0
     for z in (float("inf"), float("nan"), True):
         with pytest.raises(ValueError, match="noise_multiplier must be finite and >= 0"):
             dpa.dp_aggregate({"w": torch.ones(2, 3)}, clip_norm=1.0, noise_multiplier=z, expected_clients=2.0)

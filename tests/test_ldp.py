@@ -27,11 +27,12 @@ PLD_INTERVAL = 1e-2
 
 
 def measured_delta(epsilon: float, sensitivity: float, seed: int = 0) -> float:
-    """delta(epsilon) of the mechanism as measured on its outputs for the inputs +100 and -100."""
+    """delta(epsilon) of the float mechanism (``safe=False``, RAIFLE's calibration) as measured on its
+    outputs for the inputs +100 and -100."""
     g = torch.Generator().manual_seed(seed)
     x = torch.full((N, 1), 100.0, dtype=torch.float64)
-    a = ldp.ldp_gaussian(x, epsilon, DELTA, sensitivity, generator=g)[:, 0]
-    b = ldp.ldp_gaussian(-x, epsilon, DELTA, sensitivity, generator=g)[:, 0]
+    a = ldp.ldp_gaussian(x, epsilon, DELTA, sensitivity, generator=g, safe=False)[:, 0]
+    b = ldp.ldp_gaussian(-x, epsilon, DELTA, sensitivity, generator=g, safe=False)[:, 0]
     gap = float(a.mean() - b.mean())                                   # the sensitivity the outputs show
     sigma = float(torch.sqrt((a.var() + b.var()) / 2))                 # the noise they carry
     return pld.from_gaussian_mechanism(sigma, sensitivity=gap,

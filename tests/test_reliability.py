@@ -202,6 +202,8 @@ def test_ldp_gaussian_refuses_an_epsilon_whose_noise_overflows():
 
     with pytest.raises(ValueError, match="epsilon"):
         ldp.ldp_gaussian(torch.ones(2, 3), 1e-40, 1e-5, 1.0, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="epsilon"):                  # the float mechanism: its float32 noise overflows
+        ldp.ldp_gaussian(torch.ones(2, 3), 1e-40, 1e-5, 1.0, generator=torch.Generator().manual_seed(0), safe=False)
 
 
 def test_analytic_gaussian_delta_input_checks_and_large_epsilon():

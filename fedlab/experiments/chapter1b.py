@@ -32,7 +32,7 @@ __all__ = ["LECTURE_WINDOW_AUC", "SUMMARY_LABELS", "LECTURE_ACTIVE_ACCURACY", "L
            "active_attack_name", "active_attack_values", "active_attack_table", "LOW_FPR",
            "active_learned_values", "active_learned_table", "lira_shadow_models", "lira_attack", "PASSIVE_ATTACKS",
            "passive_attack_scores", "passive_attack_values", "passive_attack_table", "heldout_gamma", "heldout_gamma_values", "heldout_gamma_table",
-           "ascent_drop_values", "ddg_calibration", "ddg_error_ratio", "dp_grid", "plot_dp_grid",
+           "ascent_drop_values", "CHAPTER_MECHANISM", "safe_noise_cost", "ddg_calibration", "ddg_error_ratio", "dp_grid", "plot_dp_grid",
            "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
            "personalization_eps_sweep", "personalization_eps_values", "personalization_eps_table",
            "EARLY_ROUND", "window_settings", "window_settings_values", "window_settings_table", "white_box_factors",
@@ -54,6 +54,23 @@ LECTURE_WHITE_BOX = {"black-box (outputs)": 0.676, "white-box (gradients)": 0.73
 
 #: false-positive rates at which the active attacks' TPR is reported (Carlini et al., S&P 2022)
 LOW_FPR = (0.001, 0.01)
+
+#: The chapter's DP-FedAvg and Centaur use McMahan et al.'s float Gaussian (``safe=False``) and its accountant, not
+#: fedlab's floating-point-safe default: the safe accountant (the discrete Gaussian's Renyi bound) has no
+#: amplification by sampling, so at the personalisation section's q = 0.3 the safe noise would have to be about three
+#: times larger for the same epsilon (:func:`safe_noise_cost`). The float mechanism's own flaw is chapter 5's subject.
+CHAPTER_MECHANISM = "float"
+
+
+def safe_noise_cost(epsilon: float, sampling_prob: float, num_rounds: int, delta: float, *, num_clients: int) -> dict:
+    """What the chapter's choice of the float mechanism saves: the noise multiplier for client-level
+    ``(epsilon, delta)`` after ``num_rounds`` rounds at sampling rate ``sampling_prob`` from the float accountant
+    (amplification by sampling, Mironov et al. 2019) and from the safe one (no amplification), and their ratio.
+    Returns ``{"float": z, "safe": z, "ratio": safe / float}``; raises ``ValueError`` as
+    :func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon` does."""
+    zf = dpf.noise_multiplier_for_epsilon(epsilon, sampling_prob, num_rounds, delta, num_clients=num_clients, safe=False)
+    zs = dpf.noise_multiplier_for_epsilon(epsilon, sampling_prob, num_rounds, delta, num_clients=num_clients, safe=True)
+    return {"float": zf, "safe": zs, "ratio": zs / zf}
 # the chapter's main numbers, name -> label, for the over-seeds summary figure (plots.record_errorbars)
 SUMMARY_LABELS = {
     "mia_auc_last": "MIA AUC, last round",
@@ -1060,10 +1077,10 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
         data[K] = (torch.cat([members.X, nonmembers.X]), torch.cat([members.y, nonmembers.y]),
                    np.r_[np.ones(len(members)), np.zeros(len(nonmembers))])
         for eps in epsilons:
-            z = dpf.noise_multiplier_for_epsilon(eps, 1.0, num_rounds, delta, num_clients=K)
+            z = dpf.noise_multiplier_for_epsilon(eps, 1.0, num_rounds, delta, num_clients=K, safe=False)
             cells.append((eps, K, z))
             released[(eps, K)] = []
-            runs.append(dict(clients=cl_K, sampling_prob=1.0, noise_multiplier=z, clip_norm=clip_norm, params=params,
+            runs.append(dict(clients=cl_K, sampling_prob=1.0, noise_multiplier=z, clip_norm=clip_norm, params=params, safe=False,
                              seed=seed, callback=lambda r, out=released[(eps, K)]: out.append(r.new_params), **fl_args))
     # dp_fedavg for every (eps, K), the runs advanced together (the same numbers as one after another)
     results = dp_fedavg_runs(model, runs, num_rounds=num_rounds, eval_data=test)
@@ -1177,8 +1194,9 @@ def _personalization_runs(model, params: dict, settings: Sequence[tuple[int, flo
     tasks = [pers.make_representation_task(num_clients, n_train, n_test, classes_per_client=cpc, seed=seed)
              for cpc, _, _ in settings]
     out = [({}, ([], []), {"models": {}, "task": task}) for task in tasks]
+    # McMahan et al.'s float Gaussian, accounted with amplification by sampling (see CHAPTER_MECHANISM)
     dp_args = dict(sampling_prob=sampling_prob, clip_norm=clip_norm, server_lr=server_lr, lr=lr, batch_size=batch_size,
-                   params=params, seed=seed)
+                   params=params, seed=seed, safe=False)
 
     def which(method):
         return [i for i, (_, _, methods) in enumerate(settings) if method in methods]
@@ -1378,7 +1396,8 @@ def personalization_eps_sweep(model, params: dict, epsilons: Sequence[float], *,
     local = next((v["local-only"] for v in known.values()), None)
     settings, todo = [], []
     for eps in epsilons:
-        zs[eps] = dpf.noise_multiplier_for_epsilon(eps, sampling_prob, num_rounds, delta, num_clients=num_clients)
+        zs[eps] = dpf.noise_multiplier_for_epsilon(eps, sampling_prob, num_rounds, delta, num_clients=num_clients,
+                                                   safe=False)
         if eps not in known:
             # local-only spends no budget: it runs once, with the first budget not already known
             methods = [m for m in PERSONALIZATION_METHODS if m != "local-only" or (local is None and not todo)]

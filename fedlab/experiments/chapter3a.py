@@ -345,10 +345,13 @@ def ldp_updates(case: RecsysCase, eps: float, *, delta: float, sensitivity: dict
     if missing:
         raise ValueError(f"sensitivity lacks {sorted(missing)}")
     gen = torch.Generator().manual_seed(seed)
-    return {"fcf": ldp.ldp_gaussian(case.fcf, eps, delta, sensitivity["fcf"], mask=case.mask, generator=gen),
+    # RAIFLE's float mechanism (the paper's setting); not private on its float output, see chapter 5
+    return {"fcf": ldp.ldp_gaussian(case.fcf, eps, delta, sensitivity["fcf"], mask=case.mask, generator=gen,
+                                    safe=False),
             "fncf_items": ldp.ldp_gaussian(case.fncf_items, eps, delta, sensitivity["fncf_items"], mask=case.mask,
-                                           generator=gen),
-            "fncf_params": ldp.ldp_gaussian(case.fncf_params, eps, delta, sensitivity["fncf_params"], generator=gen)}
+                                           generator=gen, safe=False),
+            "fncf_params": ldp.ldp_gaussian(case.fncf_params, eps, delta, sensitivity["fncf_params"], generator=gen,
+                                            safe=False)}
 
 
 def ldp_attack_sweep(case: RecsysCase, epsilons, *, delta: float, sensitivity: dict, fcf_max_iter: int,

@@ -136,7 +136,9 @@ def _ldp_sweeps(data, hidden, epsilons, configs, num_users: int, click_models: d
                                     seed=seed + 300 + Q) for a in adms]
             gen = torch.Generator().manual_seed(seed)
             case = cat_cases([b for b in bases for _ in epsilons])
-            noisy = torch.cat([ldp_gaussian(b.update, e, delta, sensitivity, generator=gen) for b in bases for e in epsilons])
+            # RAIFLE's float mechanism (the paper's setting); not private on its float output, see chapter 5
+            noisy = torch.cat([ldp_gaussian(b.update, e, delta, sensitivity, generator=gen, safe=False)
+                               for b in bases for e in epsilons])
             runs.append((click_model, bases, case, noisy))
         auc_all = attack_oltr(cat_cases([r[2] for r in runs]), torch.cat([r[3] for r in runs]),
                               clip_norm=ldp_clip_norm(sensitivity) if attacker_knows_clip else None,
@@ -574,7 +576,8 @@ def pir_experiment(data, num_users: int, hidden=(), *, pool_size: int = 20, k: i
         exact = local_update(theta.double(), X.double()[:, None], clicks.double()[:, None], shown[:, None], hidden,
                              lr=lr)
     if epsilon is not None:
-        update = ldp_gaussian(update, epsilon, delta, sensitivity, generator=gen)
+        # RAIFLE's float mechanism (the paper's setting); not private on its float output, see chapter 5
+        update = ldp_gaussian(update, epsilon, delta, sensitivity, generator=gen, safe=False)
     return {"included": included, "detected": pir_detect(update, feature, data.num_features, hidden, tol=tol),
             "detected_exact": pir_detect(exact, feature, data.num_features, hidden)}
 

@@ -2,6 +2,10 @@
 clients, the vmapped client update of :mod:`fedlab.fl`, and the server step of
 :func:`fedlab.privacy.dp_fedavg.dp_aggregate` (clip, average with the fixed denominator ``q K``, add
 Gaussian noise). Its privacy is :func:`fedlab.privacy.dp_fedavg.epsilon_spent`.
+
+The noise is floating-point-safe by default (``safe=True``: the discrete Gaussian on a public grid,
+Canonne, Kamath & Steinke 2020, accounted by ``epsilon_spent(..., safe=True)``, the accountant's
+default); ``safe=False`` is the float mechanism of McMahan et al., not private on its float output.
 """
 from __future__ import annotations
 
@@ -43,16 +47,19 @@ def poisson_sample(num_clients: int, sampling_prob: float, generator: torch.Gene
 
 def dp_server_step(t: int, params: dict, selected: torch.Tensor, updates: dict | None, *, clip_norm: float | None,
                    noise_multiplier: float, expected_clients: float, server_lr: float,
-                   generator: torch.Generator, callback: Callable[[DPRoundRecord], None] | None = None) -> dict:
+                   generator: torch.Generator, callback: Callable[[DPRoundRecord], None] | None = None,
+                   safe: bool = True, grid: float | None = None) -> dict:
     """The trusted server's round ``t`` of DP-FedAvg (and of Centaur, on the shared part only): clip the
     stacked client ``updates`` ``{name: [m, ...]}`` (``None`` when no client was sampled), average with
     the fixed denominator ``expected_clients``, add Gaussian noise
-    (:func:`fedlab.privacy.dp_fedavg.dp_aggregate`) and step ``params`` by ``server_lr``. Calls
+    (:func:`fedlab.privacy.dp_fedavg.dp_aggregate` with ``safe`` and ``grid``: the discrete Gaussian on a
+    public grid by default, ``safe=False`` the float mechanism) and step ``params`` by ``server_lr``. Calls
     ``callback`` with the round's :class:`DPRoundRecord`; returns the new parameters."""
     if updates is None:
         updates = {k: torch.zeros((0, *v.shape)) for k, v in params.items()}
     noisy, clipped_mean = dp_aggregate(updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                                       expected_clients=expected_clients, generator=generator, like=params)
+                                       expected_clients=expected_clients, generator=generator, like=params,
+                                       safe=safe, grid=grid)
     new = {k: params[k] + server_lr * noisy[k] for k in params}
     finite_tensor(f"the global parameters after round {t}", new,
                   f" (server_lr={server_lr} or the noise made them overflow)")
@@ -63,14 +70,16 @@ def dp_server_step(t: int, params: dict, selected: torch.Tensor, updates: dict |
 
 
 _DP_RUN = {"clients": None, "sampling_prob": None, "noise_multiplier": None, "clip_norm": None, "local_epochs": 1,
-           "batch_size": 10, "lr": 0.1, "server_lr": 1.0, "params": None, "seed": 0, "callback": None}
+           "batch_size": 10, "lr": 0.1, "server_lr": 1.0, "params": None, "seed": 0, "callback": None, "safe": True,
+           "grid": None}
 
 
 def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: float,
               noise_multiplier: float, clip_norm: float | None, local_epochs: int = 1,
               batch_size: int | None = 10, lr: float = 0.1, server_lr: float = 1.0,
               params: dict | None = None, seed: int = 0, eval_data=None,
-              loss_fn=cross_entropy, callback: Callable[[DPRoundRecord], None] | None = None) -> FLResult:
+              loss_fn=cross_entropy, callback: Callable[[DPRoundRecord], None] | None = None,
+              safe: bool = True, grid: float | None = None) -> FLResult:
     """DP-FedAvg (McMahan et al. 2018, Alg. 1) with the functional, vmapped client update of
     :mod:`fedlab.fl` (one run of :func:`dp_fedavg_runs`).
 
@@ -83,15 +92,20 @@ def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: floa
         ``z``; the noise std on the average is ``z * clip_norm / (q K)``. 0 gives clipped FedAvg.
     clip_norm : float or None
         ``S``, the L2 bound on each client's update (``None``: no clipping, only with ``z = 0``).
+    safe : bool
+        ``True`` (default): the floating-point-safe discrete Gaussian on a public grid
+        (``dp_aggregate(..., safe=True)``, ``grid`` its step, default ``safe_grid(sigma)``);
+        ``False``: the float mechanism (continuous Gaussian in float32, not private on its float output).
 
     Returns
     -------
     An :class:`fedlab.fl.FLResult` (final parameters, test history when ``eval_data``).
-    The privacy spent is :func:`fedlab.privacy.dp_fedavg.epsilon_spent` ``(noise_multiplier, sampling_prob, num_rounds, delta)``.
+    The privacy spent is :func:`fedlab.privacy.dp_fedavg.epsilon_spent` ``(noise_multiplier, sampling_prob, num_rounds,
+    delta, safe=safe)`` (with ``num_params`` for the default grid's rounding when ``safe``).
     """
     run = dict(clients=clients, sampling_prob=sampling_prob, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
                local_epochs=local_epochs, batch_size=batch_size, lr=lr, server_lr=server_lr, params=params, seed=seed,
-               callback=callback)
+               callback=callback, safe=safe, grid=grid)
     return dp_fedavg_runs(model, [run], num_rounds=num_rounds, eval_data=eval_data, loss_fn=loss_fn)[0]
 
 
@@ -118,7 +132,7 @@ def dp_fedavg_runs(model: nn.Module, runs, *, num_rounds: int, eval_data=None, l
     """Several :func:`dp_fedavg` runs advanced round by round together: each run is a mapping of that
     function's arguments (``clients``, ``sampling_prob``, ``noise_multiplier``, ``clip_norm`` and
     optionally ``local_epochs``, ``batch_size``, ``lr``, ``server_lr``, ``params``, ``seed``,
-    ``callback``), ``num_rounds``, ``eval_data`` and ``loss_fn`` are shared. Every run samples its
+    ``callback``, ``safe``, ``grid``), ``num_rounds``, ``eval_data`` and ``loss_fn`` are shared. Every run samples its
     clients, mini-batches and noise from its own generator in :func:`dp_fedavg`'s order; the local steps
     of all runs go through one vmapped step (:func:`fedlab.fl.stacked.sgd_jobs`). Returns one
     :class:`fedlab.fl.FLResult` per run, bit for bit what :func:`dp_fedavg` returns. Raises
@@ -146,7 +160,8 @@ def dp_fedavg_runs(model: nn.Module, runs, *, num_rounds: int, eval_data=None, l
             updates = {k: (local[i][k] - w[k]).detach() for k in w} if i in local else None
             new.append(dp_server_step(t, w, selected, updates, clip_norm=r["clip_norm"],
                                       noise_multiplier=r["noise_multiplier"], expected_clients=r["m"],
-                                      server_lr=r["server_lr"], generator=r["gen"], callback=r["callback"]))
+                                      server_lr=r["server_lr"], generator=r["gen"], callback=r["callback"],
+                                      safe=r["safe"], grid=r["grid"]))
         return new
 
     def log(t, ws, _history=None):

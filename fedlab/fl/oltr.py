@@ -386,7 +386,8 @@ def federated_oltr(train, test, hidden=(), *, click_model: str = "informational"
         with torch.no_grad():
             upd = local_update(th, X[:, None], clicks[:, None], shown[:, None], hidden, lr=lr)
         if epsilon is not None:
-            upd = ldp_gaussian(upd, epsilon, delta, sensitivity, generator=gen)
+            # RAIFLE's float mechanism (the paper's setting); not private on its float output, see chapter 5
+            upd = ldp_gaussian(upd, epsilon, delta, sensitivity, generator=gen, safe=False)
         elif clip_norm is not None:
             upd = clip_rows(upd, clip_norm)
         return theta + upd.mean(0)

@@ -10,7 +10,9 @@ Centaur, round ``t`` (lecture, "The Centaur algorithm"):
 1. each sampled client fits its private head ``w_i`` on its data with ``b^t`` fixed (Phase 1);
 2. it runs local SGD on ``b`` only, with ``w_i`` fixed (Phase 2);
 3. it returns ``g_i = b_i - b^t`` (Phase 3); the server clips, averages with denominator ``q K``,
-   adds Gaussian noise (:func:`fedlab.privacy.dp_fedavg.dp_aggregate`) and steps ``b``.
+   adds Gaussian noise (:func:`fedlab.privacy.dp_fedavg.dp_aggregate`; by default the
+   floating-point-safe discrete Gaussian on a public grid, ``safe=False`` the float mechanism) and
+   steps ``b``.
 
 Only the representation crosses the network, so the clipping budget and the noise are spent on
 it alone. Diagnostics of the lecture: per-layer signal-to-noise ratio (:func:`per_layer_snr`) and the
@@ -187,7 +189,8 @@ def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, sampling_pr
             lr: float = 0.1, batch_size: int | None = 10, server_lr: float = 1.0,
             final_head_epochs: int | None = None, params: dict | None = None,
             head_names: Sequence[str] | None = None, seed: int = 0,
-            callback: Callable[[DPRoundRecord], None] | None = None) -> dict:
+            callback: Callable[[DPRoundRecord], None] | None = None, safe: bool = True,
+            grid: float | None = None) -> dict:
     """Centaur (Shen et al. 2023, Alg. 1 server / Alg. 2 client): DP-FedRep that shares only the
     representation. ``noise_multiplier = 0`` and ``clip_norm = None`` give FedRep (Collins et al.
     2021). Client heads persist across rounds (each client keeps ``w_i``).
@@ -198,17 +201,19 @@ def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, sampling_pr
     default ``head_epochs``; free of privacy cost).
 
     Returns the stacked personalised models ``{name: [K, ...]}``. Privacy: the same
-    :func:`fedlab.privacy.dp_fedavg.epsilon_spent` as DP-FedAvg with the same ``(z, q, T)``.
+    :func:`fedlab.privacy.dp_fedavg.epsilon_spent` as DP-FedAvg with the same ``(z, q, T)`` and ``safe``
+    (``safe`` and ``grid`` as in :func:`fedlab.fl.dp_fedavg.dp_fedavg`: the discrete Gaussian by default).
     """
     run = dict(train=train, sampling_prob=sampling_prob, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
                head_epochs=head_epochs, rep_epochs=rep_epochs, lr=lr, batch_size=batch_size, server_lr=server_lr,
-               final_head_epochs=final_head_epochs, params=params, head_names=head_names, seed=seed, callback=callback)
+               final_head_epochs=final_head_epochs, params=params, head_names=head_names, seed=seed, callback=callback,
+               safe=safe, grid=grid)
     return centaur_runs(model, [run], num_rounds=num_rounds)[0]
 
 
 _CENTAUR_RUN = {"train": None, "sampling_prob": None, "noise_multiplier": None, "clip_norm": None, "head_epochs": 5,
                 "rep_epochs": 1, "lr": 0.1, "batch_size": 10, "server_lr": 1.0, "final_head_epochs": None,
-                "params": None, "head_names": None, "seed": 0, "callback": None}
+                "params": None, "head_names": None, "seed": 0, "callback": None, "safe": True, "grid": None}
 
 
 def centaur_runs(model: nn.Module, runs: Sequence[dict], *, num_rounds: int) -> list[dict]:
@@ -265,7 +270,7 @@ def centaur_runs(model: nn.Module, runs: Sequence[dict], *, num_rounds: int) -> 
                 upd = {k: p[k] - b[k] for k in rep}                                             # Phase 3
             new.append(dp_server_step(t, b, sel, upd, clip_norm=r["clip_norm"], noise_multiplier=r["noise_multiplier"],
                                       expected_clients=r["m"], server_lr=r["server_lr"], generator=r["gen"],
-                                      callback=r["callback"]))
+                                      callback=r["callback"], safe=r["safe"], grid=r["grid"]))
         return new
 
     bs, _, _ = run_rounds(num_rounds, step, [{k: r["w0"][k] for k in rep} for r in state])

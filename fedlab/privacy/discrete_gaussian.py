@@ -243,13 +243,24 @@ def choose_grid(epsilon: float, delta: float, sensitivity: float, n: int, *, max
     cost less in rounding (the sensitivity grows by ``gamma sqrt(n) / sensitivity``, relatively) but
     need a larger ``sigma^2`` in grid units. Depends only on public parameters. Raises ``ValueError``
     as :func:`discrete_gaussian_sigma2` (also when even the coarsest sensible grid, ``sensitivity``,
-    does not fit: ``n`` too large)."""
+    does not fit: ``n`` too large), naming ``epsilon`` when it is so small that even sensitivity 1 needs
+    more than :data:`MAX_SIGMA2`."""
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
     if not (sensitivity > 0 and math.isfinite(sensitivity)):
         raise ValueError(f"sensitivity must be a finite number > 0, got {sensitivity!r}")
-    # the continuous calibration scales linearly: sigma_int ~ c (sensitivity / gamma + sqrt(n))
-    c = math.sqrt(discrete_gaussian_sigma2(epsilon, delta, 1000.0)) / 1000.0
+    # the continuous calibration scales linearly: sigma_int ~ c (sensitivity / gamma + sqrt(n)); c is read at a
+    # reference sensitivity whose sigma^2 fits the sampler (1000 unless epsilon is small)
+    for ref in (1000.0, 100.0, 10.0, 1.0):
+        try:
+            c = math.sqrt(discrete_gaussian_sigma2(epsilon, delta, ref)) / ref
+            break
+        except ValueError as err:
+            if "grid units" not in str(err):
+                raise
+    else:
+        raise ValueError(f"epsilon={epsilon:g} is too small for the discrete Gaussian's sampler at delta={delta:g}: "
+                         f"sigma^2 exceeds {MAX_SIGMA2} grid units even at sensitivity 1 (use a larger epsilon)")
     target = math.sqrt(max_sigma2) / c - math.sqrt(n)
     if target <= 1:
         raise ValueError(f"n={n} is too large for an integer grid at sigma^2 <= {max_sigma2} (sqrt(n) rounding "

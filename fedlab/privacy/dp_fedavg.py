@@ -19,6 +19,13 @@ Each round is a Poisson-subsampled Gaussian mechanism on the *set of clients*; i
 after ``T`` rounds comes from Google's ``dp_accounting`` library (Renyi DP accountant of Mironov 2017,
 with the subsampling analysis of Mironov, Talwar & Zhang 2019). Nothing here re-derives the
 accounting by hand.
+
+The default noise is floating-point-safe (``safe=True`` in :func:`dp_aggregate`,
+:func:`epsilon_spent` and :func:`noise_multiplier_for_epsilon`): the discrete Gaussian on a public grid
+(Canonne, Kamath & Steinke 2020), accounted by its Renyi bound (CKS20 Thm. 14) without amplification
+by sampling. The continuous Gaussian of McMahan et al. (``safe=False``, "the float mechanism") stays
+for the chapters that reproduce a paper's setting; its guarantee holds for real-valued noise only and
+fails on its float32 output (Mironov 2012; Chapter 5, ``tests/test_dp_fedavg.py``).
 """
 from __future__ import annotations
 
@@ -30,8 +37,13 @@ from .defenses import clip_rows, gaussian_noise
 #: Poisson-subsampled Gaussian; the fractional orders below 2 only matter for epsilon << 1)
 RDP_ORDERS = tuple(range(2, 65)) + (80, 96, 128, 256, 512)
 
-__all__ = ["RDP_ORDERS", "check_delta", "delta_for", "check_dp_args", "noise_std", "clip_updates", "dp_aggregate", "dp_event",
-           "epsilon_spent", "noise_multiplier_for_epsilon", "discrete_noise", "safe_noise_multiplier"]
+#: the default grid of the safe mechanism is ``2^floor(log2(sigma / SAFE_GRID_RATIO))``: ``sigma / grid`` in
+#: ``[SAFE_GRID_RATIO, 2 SAFE_GRID_RATIO)``
+SAFE_GRID_RATIO = 1024
+
+__all__ = ["RDP_ORDERS", "SAFE_GRID_RATIO", "check_delta", "delta_for", "check_dp_args", "noise_std", "clip_updates",
+           "dp_aggregate", "dp_event", "epsilon_spent", "noise_multiplier_for_epsilon", "discrete_noise",
+           "safe_grid", "safe_noise_multiplier", "safe_noise_multiplier_bound"]
 
 
 def check_dp_args(noise_multiplier: float, clip_norm: float | None, expected_clients: float) -> None:
@@ -66,19 +78,21 @@ def clip_updates(updates: dict, clip_norm: float | None) -> dict:
 
 def dp_aggregate(updates: dict, *, clip_norm: float | None, noise_multiplier: float,
                  expected_clients: float, generator: torch.Generator | None = None,
-                 like: dict | None = None, safe: bool = False, grid: float | None = None) -> tuple[dict, dict]:
+                 like: dict | None = None, safe: bool = True, grid: float | None = None) -> tuple[dict, dict]:
     """The DP-FedAvg server step on a stacked dict of client updates ``{name: [m, ...]}``:
     clip each to ``clip_norm``, sum, divide by ``expected_clients`` and add ``N(0, sigma^2)`` with
     ``sigma = noise_multiplier * clip_norm / expected_clients`` on every coordinate.
 
-    ``safe=False`` (default; the float Gaussian of McMahan et al.) is not private on its float32
-    output (``tests/test_dp_fedavg.py`` shows an event of probability about 0.4 under one input and 0
-    under its neighbour). ``safe=True`` adds discrete Gaussian noise on a public grid instead
+    ``safe=True`` (the default) adds discrete Gaussian noise on a public grid
     (:func:`discrete_noise`, Canonne, Kamath & Steinke 2020): the average is rounded to ``grid``
-    (default: ``sigma / 1024``, a power of two) and ``grid * Z`` added, ``Z ~ N_Z(0, ceil((sigma /
-    grid)^2))``. Its noise multiplier is :func:`safe_noise_multiplier` (a little below ``z``: the
-    rounding inflates the sensitivity), which is what :func:`epsilon_spent` must be given
-    (``safe=True`` there). The default stays ``False`` so that Chapter 1b's numbers do not move.
+    (default :func:`safe_grid` ``(sigma)``, the power of two ``2^floor(log2(sigma / 1024))``) and
+    ``grid * Z`` added, ``Z ~ N_Z(0, ceil((sigma / grid)^2))``. Its noise multiplier is
+    :func:`safe_noise_multiplier` (a little below ``z``: the rounding inflates the sensitivity);
+    :func:`epsilon_spent` accounts it (``safe=True``, its default) given that multiplier, or given ``z``
+    and ``num_params`` for the default grid. ``safe=False`` is the float mechanism, the continuous
+    Gaussian of McMahan et al. (2018, Alg. 1) added in float32: not private on its float output
+    (``tests/test_dp_fedavg.py`` shows an event of probability about 0.4 under one input and 0 under
+    its neighbour); it is accounted by ``epsilon_spent(..., safe=False)``.
 
     ``m`` may be 0 (no client sampled): then pass ``like`` (a parameter dict giving the shapes) and
     the result is pure noise. Returns ``(noisy_average, clipped_average)``; the second is the
@@ -101,11 +115,28 @@ def dp_aggregate(updates: dict, *, clip_norm: float | None, noise_multiplier: fl
     return noisy, clipped_mean
 
 
+def safe_grid(sigma: float, ratio: float = SAFE_GRID_RATIO) -> float:
+    """The public grid of the safe mechanism for noise ``sigma`` per coordinate: the power of two
+    ``2^floor(log2(sigma / ratio))`` (``sigma / grid`` in ``[ratio, 2 ratio)``; the default ``ratio``
+    gives :func:`dp_aggregate`'s default grid). A larger ``ratio`` makes the rounding's extra
+    sensitivity ``sqrt(n)`` smaller next to ``S / (m grid) >= ratio / z`` (Canonne, Kamath & Steinke
+    2020, Sec. 4; :func:`safe_noise_multiplier_bound`); the sampler needs ``ratio <= 2^14``. Raises
+    ``ValueError`` naming ``sigma`` or ``ratio`` unless finite and ``> 0`` (``ratio`` a power of two
+    in ``[1, 2^14]``)."""
+    import math
+
+    if not (sigma > 0 and math.isfinite(sigma)):
+        raise ValueError(f"sigma must be a finite number > 0, got {sigma!r}")
+    if not (1 <= ratio <= 2 ** 14 and math.log2(ratio) == int(math.log2(ratio))):
+        raise ValueError(f"ratio must be a power of two in [1, 2^14], got {ratio!r}")
+    return 2.0 ** math.floor(math.log2(sigma / ratio))
+
+
 def _safe_grid(sigma: float, grid: float | None) -> float:
     import math
 
     if grid is None:
-        return 2.0 ** math.floor(math.log2(sigma / 1024))
+        return safe_grid(sigma)
     if not (grid > 0 and math.isfinite(grid)):
         raise ValueError(f"grid must be a finite number > 0, got {grid!r}")
     return float(grid)
@@ -156,6 +187,24 @@ def safe_noise_multiplier(noise_multiplier: float, clip_norm: float, expected_cl
         raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
     g = _safe_grid(sigma, grid)
     return math.sqrt(math.ceil((sigma / g) ** 2)) / integer_sensitivity(clip_norm / expected_clients, g, num_params)
+
+
+def safe_noise_multiplier_bound(noise_multiplier: float, num_params: int, *, ratio: float = SAFE_GRID_RATIO) -> float:
+    """A lower bound on :func:`safe_noise_multiplier` for every clip norm and denominator when the grid is
+    :func:`safe_grid` ``(sigma, ratio)`` (the default grid for ``ratio = 1024``): ``ratio / (ratio / z +
+    sqrt(n))``. With ``r = sigma / grid`` in ``[ratio, 2 ratio)`` the multiplier is ``sqrt(ceil(r^2)) /
+    (r / z + sqrt(n)) >= r / (r / z + sqrt(n))``, increasing in ``r`` (Canonne, Kamath & Steinke 2020,
+    Thm. 14 with the rounding's sensitivity of
+    :func:`fedlab.privacy.discrete_gaussian.integer_sensitivity`). Raises ``ValueError`` naming the argument
+    for ``noise_multiplier`` not positive and finite, ``num_params`` not a positive integer or a bad ``ratio``."""
+    import math
+
+    if isinstance(noise_multiplier, bool) or not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier must be positive and finite, got {noise_multiplier!r}")
+    if isinstance(num_params, bool) or int(num_params) != num_params or num_params < 1:
+        raise ValueError(f"num_params must be a positive integer, got {num_params!r}")
+    safe_grid(1.0, ratio)                                                   # checks ratio
+    return float(ratio) / (float(ratio) / float(noise_multiplier) + math.sqrt(int(num_params)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,23 +265,37 @@ def dp_event(noise_multiplier: float, sampling_prob: float, num_rounds: int):
 
 
 def epsilon_spent(noise_multiplier: float, sampling_prob: float, num_rounds: int, delta: float, *,
-                  num_clients: int | None = None, safe: bool = False) -> float:
-    """Client-level epsilon of DP-FedAvg after ``num_rounds`` rounds at the given ``delta``
-    (``dp_accounting.rdp.RdpAccountant``). ``noise_multiplier = 0`` returns ``inf``.
-    ``delta`` is checked by :func:`check_delta` (with ``num_clients``, it must be below ``1/K``).
+                  num_clients: int | None = None, safe: bool = True, num_params: int | None = None,
+                  grid_ratio: float = SAFE_GRID_RATIO) -> float:
+    """Client-level epsilon of DP-FedAvg (McMahan et al. 2018, Alg. 1) after ``num_rounds`` rounds at the
+    given ``delta``. ``noise_multiplier = 0`` returns ``inf``. ``delta`` is checked by :func:`check_delta`
+    (with ``num_clients``, it must be below ``1/K``).
 
-    ``safe=True``: the discrete Gaussian of ``dp_aggregate(..., safe=True)``, with
-    ``noise_multiplier`` from :func:`safe_noise_multiplier`. Its Renyi curve per round is the
-    Gaussian's (Canonne, Kamath & Steinke 2020, Thm. 14), but ``dp_accounting``'s analysis of Poisson
-    subsampling is specific to the continuous Gaussian, so no amplification by sampling is claimed:
-    the rounds compose as if every client took part in every round (a valid, looser bound)."""
+    ``safe=True`` (the default, matching :func:`dp_aggregate`'s): the discrete Gaussian of
+    ``dp_aggregate(..., safe=True)``. Its Renyi curve per round is the Gaussian's (Canonne, Kamath &
+    Steinke 2020, Thm. 14), but ``dp_accounting``'s analysis of Poisson subsampling is specific to the
+    continuous Gaussian, so no amplification by sampling is claimed: the rounds compose as if every
+    client took part in every round (a valid, looser bound). Without ``num_params``,
+    ``noise_multiplier`` is the discrete Gaussian's own multiplier (:func:`safe_noise_multiplier`);
+    with ``num_params`` (the coordinates of one update), it is the ``z`` given to :func:`dp_aggregate`
+    with the grid :func:`safe_grid` ``(sigma, grid_ratio)`` (the default grid for ``grid_ratio = 1024``)
+    and the multiplier accounted is :func:`safe_noise_multiplier_bound`.
+
+    ``safe=False``: the float mechanism (the continuous Gaussian, ``dp_aggregate(..., safe=False)``),
+    with ``dp_accounting.rdp.RdpAccountant`` and amplification by Poisson sampling (Mironov, Talwar &
+    Zhang 2019); a guarantee for real-valued noise only. Raises ``ValueError`` naming the argument on
+    bad input (``num_params`` only with ``safe=True``)."""
     _check_acct(sampling_prob, num_rounds, delta, num_clients)
+    if num_params is not None and not safe:
+        raise ValueError("num_params is for the safe mechanism only (safe=True); the float one has no grid")
     if noise_multiplier == 0:
         return float("inf")
     if safe:
         from .discrete_gaussian import discrete_gaussian_epsilon
 
-        return discrete_gaussian_epsilon(float(noise_multiplier) ** 2, 1.0, delta, compositions=int(num_rounds))
+        z = float(noise_multiplier) if num_params is None else \
+            safe_noise_multiplier_bound(noise_multiplier, num_params, ratio=grid_ratio)
+        return discrete_gaussian_epsilon(z ** 2, 1.0, delta, compositions=int(num_rounds))
     from dp_accounting import rdp
 
     acc = rdp.RdpAccountant(list(RDP_ORDERS))
@@ -241,25 +304,62 @@ def epsilon_spent(noise_multiplier: float, sampling_prob: float, num_rounds: int
 
 
 def noise_multiplier_for_epsilon(epsilon: float, sampling_prob: float, num_rounds: int,
-                                 delta: float, *, num_clients: int | None = None) -> float:
-    """The smallest noise multiplier ``z`` whose DP-FedAvg run spends at most ``epsilon``
-    (``dp_accounting.calibrate_dp_mechanism`` with the RDP accountant). ``epsilon = inf`` gives 0.
-    ``delta`` is checked by :func:`check_delta` (with ``num_clients``, it must be below ``1/K``)."""
+                                 delta: float, *, num_clients: int | None = None, safe: bool = True,
+                                 num_params: int | None = None, grid_ratio: float = SAFE_GRID_RATIO) -> float:
+    """The smallest noise multiplier ``z`` whose DP-FedAvg run spends at most ``epsilon`` by
+    :func:`epsilon_spent` with the same ``safe``, ``num_params`` and ``grid_ratio`` (McMahan et al.
+    2018, Alg. 1). ``epsilon = inf`` gives 0. ``delta`` is checked by :func:`check_delta` (with
+    ``num_clients``, it must be below ``1/K``).
+
+    ``safe=True`` (the default): the discrete Gaussian (Canonne, Kamath & Steinke 2020, Thm. 14, no
+    amplification by sampling), by bisection; with ``num_params`` the answer is the ``z`` to give
+    :func:`dp_aggregate` with the grid :func:`safe_grid` ``(sigma, grid_ratio)``, and ``ValueError`` is
+    raised when that grid is too coarse for the budget (``sqrt(num_params) >= grid_ratio / z``: the
+    rounding alone would cost more; use a larger ``grid_ratio``). ``safe=False``: the float mechanism,
+    ``dp_accounting.calibrate_dp_mechanism`` with the RDP accountant (amplification by sampling)."""
+    import math
+
     _check_acct(sampling_prob, num_rounds, delta, num_clients)
+    if num_params is not None and not safe:
+        raise ValueError("num_params is for the safe mechanism only (safe=True); the float one has no grid")
     if epsilon == float("inf"):
         return 0.0
     if not epsilon > 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
-    import dp_accounting
-    from dp_accounting import rdp
-
     lowest = 0.05                       # the search's lower end: below it, noise no longer calibrates usefully
-    floor = epsilon_spent(lowest, sampling_prob, num_rounds, delta)
+    floor = epsilon_spent(lowest, sampling_prob, num_rounds, delta, safe=safe)
     if floor <= epsilon:
         # dp_accounting would fail with 'Unable to find bracketing interval' (hostile-inputs P10i)
         raise ValueError(f"epsilon={epsilon:g} is so large that even the smallest noise multiplier searched, "
                          f"z={lowest}, spends less (epsilon {floor:.4g}); use a smaller epsilon, or epsilon=inf "
                          f"for no noise")
+    if safe:
+        from .discrete_gaussian import discrete_gaussian_epsilon
+
+        def spent(z):
+            return discrete_gaussian_epsilon(z * z, 1.0, delta, compositions=int(num_rounds))
+
+        lo, hi = lowest, 1.0
+        while spent(hi) > epsilon:
+            lo, hi = hi, 2.0 * hi
+        while hi - lo > 1e-4 * hi:                   # spent(lo) > epsilon >= spent(hi)
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if spent(mid) > epsilon else (lo, mid)
+        if num_params is None:
+            return float(hi)
+        safe_grid(1.0, grid_ratio)                                          # checks grid_ratio
+        room = 1.0 / hi - math.sqrt(int(num_params)) / float(grid_ratio)
+        if not room > 0:
+            raise ValueError(f"grid_ratio={grid_ratio:g} is too small for epsilon={epsilon:g} with num_params="
+                             f"{num_params}: the discrete Gaussian needs multiplier {hi:.4g} but the rounding caps it "
+                             f"below {float(grid_ratio) / math.sqrt(int(num_params)):.4g}; use a larger grid_ratio")
+        z = 1.0 / room
+        while epsilon_spent(z, sampling_prob, num_rounds, delta, num_params=num_params, grid_ratio=grid_ratio) > epsilon:
+            z = math.nextafter(z, math.inf)                                 # float rounding of 1 / room
+        return float(z)
+    import dp_accounting
+    from dp_accounting import rdp
+
     return float(dp_accounting.calibrate_dp_mechanism(
         lambda: rdp.RdpAccountant(list(RDP_ORDERS)), lambda z: dp_event(z, sampling_prob, num_rounds), epsilon, delta,
         dp_accounting.LowerEndpointAndGuess(lowest, 1.0), tol=1e-3))

@@ -6,9 +6,11 @@ so a norm bound ``C`` means sensitivity ``2 C``). Calibration follows RAIFLE: th
 (2018) for ``epsilon > 1`` -- taken from Google's maintained ``dp_accounting`` library, whose
 privacy-loss-distribution accountant is exact for one Gaussian release -- and the classical
 ``sigma = Delta sqrt(2 ln(1.25/delta)) / epsilon`` of Dwork & Roth (2014, Thm. A.1) for
-``epsilon <= 1``. The noise itself is :func:`fedlab.privacy.defenses.gaussian_noise` (a float
-mechanism, not private on its float output; ``ldp_gaussian(..., safe=True)`` uses the discrete
-Gaussian of :mod:`fedlab.privacy.discrete_gaussian` instead); pruning per
+``epsilon <= 1``. The default noise is floating-point-safe: ``ldp_gaussian(..., safe=True)`` uses the
+discrete Gaussian of :mod:`fedlab.privacy.discrete_gaussian` on a public grid (Canonne, Kamath &
+Steinke 2020). RAIFLE's float mechanism, :func:`fedlab.privacy.defenses.gaussian_noise` added in
+floating point, is ``safe=False`` (not private on its float output; Chapters 3a and 3b pass it to
+reproduce the paper's setting); pruning per
 user is :func:`fedlab.privacy.defenses.prune_rows` and clipping :func:`fedlab.privacy.defenses.clip_rows`.
 """
 from __future__ import annotations
@@ -111,28 +113,27 @@ def ldp_clip_norm(sensitivity: float) -> float:
 
 def ldp_gaussian(update: torch.Tensor, epsilon: float, delta: float, sensitivity: float, *,
                  mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                 safe: bool = False, grid: float | None = None) -> torch.Tensor:
+                 safe: bool = True, grid: float | None = None) -> torch.Tensor:
     """The local Gaussian mechanism of RAIFLE Sec. 4.1.1, ``(epsilon, delta)``-LDP for each user.
 
-    ``safe=False`` (the default, RAIFLE's and the chapters' float mechanism): continuous Gaussian
+    ``safe=True`` (the default): the discrete Gaussian mechanism on a public grid
+    (:func:`fedlab.privacy.discrete_gaussian.discrete_gaussian_release`, Canonne, Kamath & Steinke
+    2020; ``grid`` defaults to :func:`~fedlab.privacy.discrete_gaussian.choose_grid`), calibrated with
+    the rounding's extra sensitivity; ``(epsilon, delta)``-LDP on its real output. It adds a little
+    more noise than the float mechanism (its Renyi accounting is looser than the analytic Gaussian's,
+    and rounding inflates the sensitivity by ``grid sqrt(n) / sensitivity``). Its noise is drawn from
+    a numpy generator seeded from ``generator``.
+    ``safe=False``: the float mechanism, RAIFLE's (Chapters 3a and 3b pass it): continuous Gaussian
     noise added in floating point. Its guarantee holds for the real-valued mechanism only: on its
     float32 output :func:`fedlab.attacks.floating_point.distinguishing_event_probabilities` finds an
     event of probability about 0.19 under one input and 0 under a neighbouring one at
     ``(epsilon, delta) = (2, 1e-5)`` (``tests/test_ldp.py``), so no ``delta`` below that holds.
-    ``safe=True``: the discrete Gaussian mechanism on a public grid
-    (:func:`fedlab.privacy.discrete_gaussian.discrete_gaussian_release`, Canonne, Kamath & Steinke
-    2020; ``grid`` defaults to :func:`~fedlab.privacy.discrete_gaussian.choose_grid`), calibrated with
-    the rounding's extra sensitivity; ``(epsilon, delta)``-LDP on its real output. The default stays
-    ``False`` so that the chapters' numbers (RAIFLE's setting) do not move; the safe mechanism adds a
-    little more noise (its Renyi accounting is looser than the analytic Gaussian's, and rounding
-    inflates the sensitivity by ``grid sqrt(n) / sensitivity``). Its noise is drawn from a numpy
-    generator seeded from ``generator``.
 
     Each user clips its whole update to L2 norm :func:`ldp_clip_norm` ``(sensitivity) =
-    sensitivity / 2`` (any two clipped updates then differ by at most ``sensitivity`` in L2) and adds
-    ``N(0, sigma^2)`` to every coordinate with ``sigma = gaussian_sigma(epsilon, delta,
-    sensitivity)``. ``tests/test_ldp.py`` checks the output of this function against the claimed
-    ``(epsilon, delta)`` with the exact privacy-loss distribution of two worst-case inputs.
+    sensitivity / 2`` (any two clipped updates then differ by at most ``sensitivity`` in L2); the float
+    mechanism adds ``N(0, sigma^2)`` to every coordinate with ``sigma = gaussian_sigma(epsilon, delta,
+    sensitivity)``. ``tests/test_ldp.py`` checks its output against the claimed ``(epsilon, delta)``
+    with the exact privacy-loss distribution of two worst-case inputs.
 
     ``update`` [U, ...] (row u = user u's whole tensor); ``mask`` [U, m] marks real item rows of a
     padded ``[U, m, d]`` update (padding stays 0: it is never sent). Returns a tensor of the same
