@@ -314,6 +314,9 @@ CLAIMS: list[Claim] = [
     Claim("01a_gradient_leakage", "attack success rate after 9 local steps", "rate_k9", "interval", "ch1a-batch-steps",
           paper=_p("chapter1a.WEI_RATES", "local steps 9"), direction=("<", "rate_k1"),
           source="(Wei et al.)", limits=UNIT),
+    Claim("01a_gradient_leakage", "9 local steps at η = 0.1: the attacker who simulates them beats the one who "
+          "treats the update as one gradient (success rate)", "unroll_rate_1", "direction", "ch1a-batch-steps",
+          direction=(">", "unroll_one_1"), source="(Geiping et al., Sec. 5)", limits=UNIT),
     # 01b: Nasr et al. 2019 (via the lecture)
     Claim("01b_membership_inference", "passive server, loss of the last round: membership AUC", "mia_auc_last",
           "interval", "ch1b-passive", paper=_p("chapter1b.LECTURE_WINDOW_AUC", 1),
