@@ -100,8 +100,9 @@ def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: floa
     Returns
     -------
     An :class:`fedlab.fl.FLResult` (final parameters, test history when ``eval_data``).
-    The privacy spent is :func:`fedlab.privacy.dp_fedavg.epsilon_spent` ``(noise_multiplier, sampling_prob, num_rounds,
-    delta, safe=safe)`` (with ``num_params`` for the default grid's rounding when ``safe``).
+    The privacy spent is :func:`fedlab.privacy.dp_fedavg.epsilon_spent` with the run's noise multiplier,
+    sampling probability, rounds and ``delta``, and ``safe=safe`` (with ``num_params`` for the default grid's
+    rounding when ``safe``).
     """
     run = dict(clients=clients, sampling_prob=sampling_prob, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
                local_epochs=local_epochs, batch_size=batch_size, lr=lr, server_lr=server_lr, params=params, seed=seed,
