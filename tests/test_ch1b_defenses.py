@@ -225,3 +225,17 @@ def test_dp_grid_reports_chance_floors_of_its_auc():
     # the floor is of the same scores: shuffling 20 members against 15 non-members, the 95th percentile
     # of the AUC under no signal is about 0.5 + 1.645 * sqrt((20 + 15 + 1) / (12 * 20 * 15)) = 0.66
     assert grid[(1.0, 2)]["floor"] == pytest.approx(0.5 + 1.645 * math.sqrt(36 / 3600), abs=0.03)
+
+
+def test_the_chapters_dp_runs_use_the_float_mechanism_they_are_accounted_for(monkeypatch):
+    """1b accounts its DP-FedAvg and Centaur runs with the float accountant (ch1b.CHAPTER_MECHANISM), so the runs
+    must add the float Gaussian: a run that fell back on fedlab's safe default would be accounted wrongly."""
+    def safe_noise_called(*args, **kwargs):
+        raise AssertionError("the chapter's DP run used the safe mechanism while its epsilon is the float one's")
+
+    monkeypatch.setattr(dpf, "discrete_noise", safe_noise_called)
+    net, w0 = _net()
+    args = {k: v for k, v in SMALL.items() if k != "sampling_prob"}
+    accs, _ = ch1b.personalization_sweep(net, w0, [5], sampling_prob=SMALL["sampling_prob"], noise_multiplier=1.0,
+                                         methods=["DP-FedAvg + fine-tuning", "Centaur"], **args)
+    assert set(accs) == {"DP-FedAvg + fine-tuning", "Centaur"} and all(5 in v for v in accs.values())

@@ -367,15 +367,12 @@ def matching_loss(model: nn.Module, params: dict, x: torch.Tensor, labels: torch
         raise ValueError(f"x, labels and observed must share their leading size A = {A}")
     if kind not in ("l2", "cosine"):
         raise ValueError(f"kind must be 'l2' or 'cosine', got {kind!r}")
-    if isinstance(local_steps, bool) or not isinstance(local_steps, (int, np.integer)) or local_steps < 1:
-        raise ValueError(f"local_steps must be an integer >= 1, got {local_steps!r}")
-    if local_steps > 1 and not (isinstance(local_lr, (int, float)) and math.isfinite(local_lr) and local_lr > 0):
-        raise ValueError(f"local_lr must be a finite number > 0 when local_steps > 1, got {local_lr!r}")
+    local_steps = _check_unroll(local_steps, local_lr)
     m = _stack_mask(mask, observed, obs, stacked=True)
     out = torch.empty(A, dtype=torch.float64)
     for a in range(A):
         g = (parameter_gradient(model, params, x[a], labels[a]) if local_steps == 1 else
-             client_update_as_gradient(model, params, x[a], labels[a], lr=local_lr, local_steps=int(local_steps)))
+             client_update_as_gradient(model, params, x[a], labels[a], lr=local_lr, local_steps=local_steps))
         diff = dot = gg = oo = 0.0
         for k in obs:
             w = m[k][a].double() if m is not None else 1.0
@@ -411,6 +408,17 @@ def _stack_inputs(observed, params, labels, x_true, stacked):
     if any(int(v.shape[0]) != A for v in obs.values()):
         raise ValueError("observed tensors must share the leading (attack) dimension when stacked")
     return obs, labels, x_true, A
+
+
+def _check_unroll(local_steps, local_lr) -> int:
+    """``local_steps`` as an int after checking it (an integer >= 1) and, for more than one step, ``local_lr``
+    (a finite number > 0); ``ValueError`` naming the argument otherwise."""
+    if isinstance(local_steps, bool) or not isinstance(local_steps, (int, np.integer)) or local_steps < 1:
+        raise ValueError(f"local_steps must be an integer >= 1, got {local_steps!r}")
+    if local_steps > 1 and not (isinstance(local_lr, (int, float)) and not isinstance(local_lr, bool)
+                                and math.isfinite(local_lr) and local_lr > 0):
+        raise ValueError(f"local_lr must be a finite number > 0 when local_steps > 1, got {local_lr!r}")
+    return int(local_steps)
 
 
 def simulated_update(loss, params: dict, *, local_steps: int = 1, local_lr: float | None = None) -> dict:
@@ -517,12 +525,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     if clip_norm is not None and not (isinstance(clip_norm, (int, float)) and clip_norm > 0 and math.isfinite(clip_norm)):
         raise ValueError(f"clip_norm must be a finite number > 0 or None, got {clip_norm!r}")
     mask = _stack_mask(mask, observed, obs, stacked)
-    if isinstance(local_steps, bool) or not isinstance(local_steps, (int, np.integer)) or local_steps < 1:
-        raise ValueError(f"local_steps must be an integer >= 1, got {local_steps!r}")
-    local_steps = int(local_steps)
-    if local_steps > 1 and not (isinstance(local_lr, (int, float)) and not isinstance(local_lr, bool)
-                                and math.isfinite(local_lr) and local_lr > 0):
-        raise ValueError(f"local_lr must be a finite number > 0 when local_steps > 1, got {local_lr!r}")
+    local_steps = _check_unroll(local_steps, local_lr)
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
     if not lr > 0:
