@@ -28,12 +28,9 @@ def test_new_columns_and_the_secagg_row_layout():
     assert set(KEYS) - set(row.not_applicable) == set(mx.SECAGG_COLUMNS) == {"none", "secagg", "secagg_cr"}
     for a in mx.ATTACKS:          # the consistency column exists in the SecAgg+ row only
         assert ("secagg_cr" in a.not_applicable) == (a.key != mx.SECAGG_ROW), a.key
-    # the safe DP column exists wherever the float one does, but in the eavesdropper row (fl.dp_fedavg is float)
+    # the safe DP column exists wherever the float one does (the eavesdropper's too: dp_fedavg has safe=True)
     for a in mx.ATTACKS:
-        if a.key == "mr":
-            assert "dp1safe" in a.not_applicable and "dp1" not in a.not_applicable
-        else:
-            assert ("dp1safe" in a.not_applicable) == ("dp1" in a.not_applicable), a.key
+        assert ("dp1safe" in a.not_applicable) == ("dp1" in a.not_applicable), a.key
         assert ("ldp10safe" in a.not_applicable) == ("ldp10" in a.not_applicable), a.key
     assert "dp1safe" in mx.OUTSIDER_COLUMNS
     with pytest.raises(ValueError, match="safe"):
@@ -209,3 +206,14 @@ def test_inverting_gradients_matches_only_the_sent_coordinates():
     assert torch.equal(gi.inverting_gradients(net, w, obs, mask=ones, **kw).x, naive.x)
     with pytest.raises(ValueError, match="mask"):
         gi.inverting_gradients(net, w, obs, mask={"nope": 1}, **kw)
+
+
+def test_the_eavesdropper_row_has_a_floating_point_safe_dp_cell():
+    """The eavesdropper row runs fl.dp_fedavg with the discrete Gaussian in its dp1safe column (it once had only
+    the float one, and the cell was "not applicable"): the noise differs, so the broadcast models and the decoded
+    model differ from the float column's; the eavesdropper still sees the clipped update before the noise."""
+    out = mx._mr_row(0, ["dp1", "dp1safe"], tiny=True)
+    assert "dp1safe" not in mx._attack("mr").not_applicable
+    assert all(math.isfinite(v) for v in out.values())
+    assert out["dp1safe"] != out["dp1"]                 # a float run in both columns gives the same number
+    assert max(out["dp1"], out["dp1safe"]) < 1e-6 < out["baseline"]

@@ -815,11 +815,6 @@ def _mr_decode(theta_in: torch.Tensor, sent: torch.Tensor, clip_norm: float | No
     return mr.solve_affine(ti, ti + u).theta
 
 
-#: why the eavesdropper row has no floating-point-safe DP-FedAvg cell
-_MR_SAFE_NA = ("fedlab.fl.dp_fedavg, the protocol this row runs, has only the float Gaussian; the eavesdropper sees "
-               "the clipped update before the server's noise either way (the DP-FedAvg ε = 1 cell)")
-
-
 def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     """The eavesdropper of Chapter 4 (Xu & Neglia 2021): 5 linear-regression clients (Chapter 4's first
     example), FedAvg with 60% of the clients per round (3 of 5), 3 local full-batch steps, lr 0.01, 60
@@ -858,7 +853,7 @@ def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
 
             z = dp_noise_multiplier(d.param)
             dp_fedavg(mr.linear_model(10, seed=seed), clients, sampling_prob=_MR_FRACTION, noise_multiplier=z,
-                      clip_norm=C, callback=spy_dp, safe=False, **kw)              # the float column
+                      clip_norm=C, callback=spy_dp, safe=d.safe, **kw)   # float or discrete Gaussian
             ti, sent = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
             out[c] = rel(_mr_decode(ti, sent, C))
             continue
@@ -1137,8 +1132,7 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("mr", "Local-model reconstruction (eavesdropper)", "04_model_reconstruction", "relative error", False,
            "eavesdropper on client 0's link decodes its local optimum from (sent, returned) model pairs", _mr_row,
            "relative error of the released global model", secagg_group=_MR_GROUP,
-           releases=lambda: (_MR_ROUNDS, _MR_FRACTION), observer="eavesdropper", value_range=NONNEG,
-           not_applicable={"dp1safe": _MR_SAFE_NA}),
+           releases=lambda: (_MR_ROUNDS, _MR_FRACTION), observer="eavesdropper", value_range=NONNEG),
 )
 
 
