@@ -67,6 +67,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -1203,60 +1204,92 @@ def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: in
 # the attack x defense matrix (not a notebook: fedlab.experiments.matrix computes its cells)
 
 
-def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Path, command: str = "",
-                     stderr=None, force: bool = False) -> tuple[Path, list[dict]]:
-    """Run :func:`fedlab.experiments.matrix.run_matrix` at every seed of ``seeds`` (``FEDLAB_SCALE`` set
-    to ``scale``, every RNG seeded with the seed, one torch thread) and write the record
-    ``<out>/matrix.<scale>.json`` with :func:`write_record`. A seed whose run raises is a failure
-    (``{"seed", "cell": the attack row, "line": "", "error"}``), kept out of the summary. Returns the
-    written path and the failures. Raises ``ValueError`` for bad ``seeds`` or ``scale``, and, before any
-    seed runs, when the stored record holds a seed that ``seeds`` leaves out (:func:`check_stored_seeds`;
-    ``force`` replaces it anyway)."""
+def _matrix_seed(scale: str, seed: int, rows=None, stderr=None) -> tuple[SeedRun, dict]:
+    """One seed of the matrix (in this process or a worker of :func:`reproduce_matrix`): ``FEDLAB_SCALE``
+    set to ``scale``, every RNG seeded with ``seed``, one torch thread. Returns the :class:`SeedRun` (a row
+    that raises is its failure) and ``{row: seconds}``."""
     import torch
 
-    from .config import SCALES, seed_everything
+    from .config import seed_everything
+    from .experiments import matrix as mx
+
+    stderr = stderr or sys.stderr
+    os.environ["FEDLAB_SCALE"] = scale
+    torch.set_num_threads(1)
+    seed_everything(seed)
+    t0 = time.perf_counter()
+    run, done, row_secs = SeedRun(seed=seed), [], {}
+
+    def progress(row, secs):
+        done.append(row)
+        print(f"matrix seed {seed}: {row} in {secs:.1f} s", file=stderr, flush=True)
+
+    try:
+        run.values, row_secs = mx.run_matrix(seed, progress=progress, **({} if rows is None else {"rows": rows}))
+    except Exception as exc:   # a failing seed is a result: record it and go on
+        keys = [a.key for a in mx.ATTACKS] if rows is None else list(rows)
+        failed = keys[len(done)] if len(done) < len(keys) else None
+        run.failure = {"seed": seed, "cell": failed, "line": "", "error": f"{type(exc).__name__}: {exc}"}
+    bad = [k for k, v in run.values.items() if isinstance(v, float) and not math.isfinite(v)]
+    for k in bad:   # JSON has no NaN: kept as text, and the seed is not clean
+        run.values[k] = str(run.values[k])
+    if bad and run.failure is None:
+        run.failure = {"seed": seed, "cell": bad[0].split("|")[0], "line": "",
+                       "error": f"NonFiniteValue: a NaN or an infinity in {', '.join(bad[:5])}"}
+    run.seconds = time.perf_counter() - t0
+    return run, row_secs
+
+
+def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Path, command: str = "",
+                     stderr=None, force: bool = False, jobs: int = 1,
+                     rows: Sequence[str] | None = None) -> tuple[Path, list[dict]]:
+    """Run :func:`fedlab.experiments.matrix.run_matrix` at every seed of ``seeds`` (``FEDLAB_SCALE`` set
+    to ``scale``, every RNG seeded with the seed, one torch thread; ``jobs`` seeds at a time, each in a
+    process of its own when ``jobs > 1``: the same values as one after the other, tested) and write the record
+    ``<out>/matrix.<scale>.json`` with :func:`write_record`. A seed whose run raises is a failure
+    (``{"seed", "cell": the attack row, "line": "", "error"}``), kept out of the summary. ``rows``: only
+    these rows (a partial matrix, for tests and quick checks; default every row). Returns the
+    written path and the failures. Raises ``ValueError`` for bad ``seeds``, ``scale`` or ``jobs``, and, before any
+    seed runs, when the stored record holds a seed that ``seeds`` leaves out (:func:`check_stored_seeds`;
+    ``force`` replaces it anyway). SIGINT or SIGTERM stops every worker; no record is written."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    import torch
+
+    from .config import SCALES
     from .experiments import matrix as mx
 
     stderr = stderr or sys.stderr
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     seeds = check_seeds(seeds)
+    if rows is not None:
+        rows = [mx._attack(r).key for r in rows]
     out = check_out(out, [MATRIX], scale)
     check_stored_seeds(out, [MATRIX], scale, seeds, force=force)
     old_scale, old_threads = os.environ.get("FEDLAB_SCALE"), torch.get_num_threads()
-    os.environ["FEDLAB_SCALE"] = scale
-    torch.set_num_threads(1)
-    runs, row_seconds = [], {}
+    results, pool = [], None
     try:
         interrupts = _stop_on_signals()
         interrupts.__enter__()
-        for seed in seeds:
-            seed_everything(seed)
-            t0 = time.perf_counter()
-            run = SeedRun(seed=seed)
-            done = []
-
-            def progress(row, secs, seed=seed, done=done):
-                done.append(row)
-                print(f"matrix seed {seed}: {row} in {secs:.1f} s", file=stderr, flush=True)
-
-            try:
-                run.values, secs = mx.run_matrix(seed, progress=progress)
-                for row, s in secs.items():
-                    row_seconds.setdefault(row, {})[seed] = round(s, 2)
-            except Exception as exc:   # a failing seed is a result: record it and go on
-                rows = [a.key for a in mx.ATTACKS]
-                failed = rows[len(done)] if len(done) < len(rows) else None
-                run.failure = {"seed": seed, "cell": failed, "line": "", "error": f"{type(exc).__name__}: {exc}"}
-            bad = [k for k, v in run.values.items() if isinstance(v, float) and not math.isfinite(v)]
-            for k in bad:   # JSON has no NaN: kept as text, and the seed is not clean
-                run.values[k] = str(run.values[k])
-            if bad and run.failure is None:
-                run.failure = {"seed": seed, "cell": bad[0].split("|")[0], "line": "",
-                               "error": f"NonFiniteValue: a NaN or an infinity in {', '.join(bad[:5])}"}
-            run.seconds = time.perf_counter() - t0
-            runs.append(run)
+        if jobs == 1:
+            results = [_matrix_seed(scale, seed, rows, stderr) for seed in seeds]
+        else:
+            pool = ProcessPoolExecutor(max_workers=min(jobs, len(seeds)), mp_context=mp.get_context("spawn"))
+            futures = [pool.submit(_matrix_seed, scale, seed, rows) for seed in seeds]
+            for seed, fut in zip(seeds, futures):
+                try:
+                    results.append(fut.result())
+                except Exception as exc:  # a worker process died: a failed seed, not a crash
+                    results.append((SeedRun(seed=seed, failure={"seed": seed, "cell": None, "line": "",
+                                                                "error": f"{type(exc).__name__}: {exc}"}), {}))
+            pool.shutdown(wait=True)
     except RunInterrupted as exc:
+        if pool is not None:
+            _stop_workers(pool)
         stored, _ = record_paths(out, MATRIX, scale)
         kept = (f"the stored record {stored} is left as it was" if stored.is_file()
                 else f"none is stored at {stored}")
@@ -1270,6 +1303,11 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
         else:
             os.environ["FEDLAB_SCALE"] = old_scale
         torch.set_num_threads(old_threads)
+    runs = [r for r, _ in results]
+    row_seconds = {}
+    for run, secs in results:
+        for row, s in secs.items():
+            row_seconds.setdefault(row, {})[run.seed] = round(s, 2)
     chapter = Chapter(MATRIX, root / "chapters" / "07_matrix.ipynb", "Chapter 7: The attack × defense matrix")
     record = build_record(chapter, scale, runs, root=root, command=command)
     record["matrix"] = mx.describe_matrix()
@@ -1419,7 +1457,8 @@ def main(argv: list[str] | None = None) -> int:
             check_stored_seeds(out, [MATRIX], args.scale, args.seeds, force=args.force)
             try:
                 _, failures = reproduce_matrix(scale=args.scale, seeds=args.seeds, out=out, root=root,
-                                               command="python -m fedlab " + " ".join(argv), force=args.force)
+                                               command="python -m fedlab " + " ".join(argv), force=args.force,
+                                               jobs=args.jobs)
             except (OSError, ValueError) as exc:   # not written (another run stored more seeds meanwhile)
                 print(f"error: {exc}", file=sys.stderr)
                 return 1

@@ -430,3 +430,21 @@ def test_live_table_names_the_defenses_and_splits_accuracy():
     assert lines[4] == "| eavesdropper | 1 | 1.7e-13 | – |" and "0.1" not in text
     with pytest.raises(ValueError, match="rows"):
         mx.live_table({})
+
+
+@pytest.mark.slow   # two spawned workers import torch and fedlab (about 10 s)
+def test_matrix_seeds_in_parallel_processes_give_the_values_of_one_after_the_other(tmp_path):
+    """``reproduce matrix --jobs 2`` runs the seeds in spawned processes: every value and the layout equal those
+    of the same seeds run one after the other in this process (the paper-scale record is written that way)."""
+    from fedlab import reproduce as rp
+
+    rows = ["imprint", "mia_active"]
+    one, f1 = rp.reproduce_matrix(scale="quick", seeds=[0, 1], out=tmp_path / "one", root=ROOT, rows=rows)
+    two, f2 = rp.reproduce_matrix(scale="quick", seeds=[0, 1], out=tmp_path / "two", root=ROOT, rows=rows, jobs=2)
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert f1 == f2 == [] and a["seeds"] == b["seeds"] == [0, 1]
+    assert a["values"] == b["values"] and {k.split("|")[0] for k in a["values"]} == set(rows)
+    assert set(a["row_seconds"]) == set(b["row_seconds"]) == set(rows)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="jobs"):
+            rp.reproduce_matrix(scale="quick", seeds=[0], out=tmp_path / "bad", root=ROOT, jobs=bad)
