@@ -1,6 +1,6 @@
 """Chapter 6's bookkeeping (fedlab.experiments.chapter6): the chapters' attacks on Flower transcripts.
 The tests that run Flower apps use the in-process engine (the same ServerApp, ClientApp and Recorder
-as Flower's simulation engine, without Ray's start-up)."""
+as the Ray engine, without Ray's start-up)."""
 import numpy as np
 import pytest
 import torch

@@ -247,12 +247,12 @@ def test_transcript_reads_only_its_own_files_and_refuses_duplicates(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# Flower's simulation engine (Ray): the two runs share one Ray runtime, and come last in this file
+# The Ray engine (fedlab.flower.RayGrid): the two runs share one Ray runtime, and come last in this file
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def one_ray_runtime():
-    """One Ray runtime for this module's simulation-engine runs. Flower's Ray backend starts Ray only where it
-    is not running and stops it after every run (``ray.shutdown``); here the stop waits for the module's end
+    """One Ray runtime for this module's Ray-engine runs. ``flower.run`` starts Ray only where it is not
+    running and stops what it started after the run (``ray.shutdown``); here the stop waits for the module's end
     (right after the last of these tests, which come last): each start of Ray's own processes (GCS, raylet,
     dashboard, agents, monitors) costs about 8 s of CPU. Each run still starts its own ClientApp actors."""
     import ray
@@ -266,16 +266,16 @@ def one_ray_runtime():
 
 @pytest.mark.flower
 def test_simulation_engine_gives_fedavg_and_records_every_reply(capsys, one_ray_runtime):
-    """One FedAvg run through Flower's simulation engine (Ray) and through fedlab.fl.fedavg: same data,
+    """One FedAvg run with the Ray engine (the ClientApp in Ray workers) and through fedlab.fl.fedavg: same data,
     seed and schedule (all 3 clients every round, E=2, B=16) -> same global model."""
     clients = _clients(3)
     kw = dict(num_rounds=2, lr=0.1, local_epochs=2, batch_size=16, seed=5)
     sent = []
     ref = fedavg(_model_fn(), clients, progress=False, callback=sent.append, **kw)
-    res = flower.run(_model_fn, clients, engine="ray", **kw)
+    res = flower.run(_model_fn, clients, engine="ray", num_cpus=2, **kw)   # two workers: contexts move between them
     diff = _maxdiff(ref.params, res.params)
     with capsys.disabled():
-        print(f"\n[flower] simulation engine vs fedlab.fl.fedavg: max |difference| = {diff:.3g} "
+        print(f"\n[flower] Ray engine vs fedlab.fl.fedavg: max |difference| = {diff:.3g} "
               f"({res.seconds:.1f} s for the simulation)")
     assert diff <= TOL, diff
     T = res.transcript
@@ -292,8 +292,8 @@ def test_simulation_engine_gives_fedavg_and_records_every_reply(capsys, one_ray_
 
 
 @pytest.mark.flower
-def test_secagg_runs_in_flowers_simulation_engine(one_ray_runtime):
-    """Flower 1.42's SecAggPlusWorkflow and secaggplus_mod run in the Ray simulation engine offline: the
+def test_secagg_runs_with_the_ray_engine(one_ray_runtime):
+    """Flower 1.42's SecAggPlusWorkflow and secaggplus_mod run with the Ray engine offline: the
     recorded stages and the decoded aggregate are those of the in-process engine (within the rounding bound
     of both)."""
     from fedlab.experiments import chapter6 as ex
@@ -301,7 +301,7 @@ def test_secagg_runs_in_flowers_simulation_engine(one_ray_runtime):
 
     victims, lenet = ex.fedsgd_clients(1, 3)
     args = dict(num_rounds=1, lr=0.1, local_epochs=1, batch_size=None, seed=1)
-    T = flower.run(lenet, victims, engine="ray", secagg=True, **args).transcript
+    T = flower.run(lenet, victims, engine="ray", secagg=True, num_cpus=2, **args).transcript   # state in the contexts
     plain = flower.run(lenet, victims, engine="local", **args).transcript
     assert sorted(r.kind for r in T.replies) == sorted(["secagg-keys", "secagg-shares", "secagg-masked", "secagg-unmask"] * 3)
     assert T.train_replies() == [] and T.num_rounds == 1

@@ -1,4 +1,4 @@
-"""Ray's start-up for Flower's simulation engine (issue 33 item 5): a failed start is retried once with a
+"""Ray's start-up for the Ray engine (issue 33 item 5): a failed start is retried once with a
 warning, a second failure raises RayStartError naming both reasons, before any round. No Ray process starts
 here: ray.init is replaced."""
 import pytest
@@ -51,21 +51,29 @@ def test_run_stops_before_any_round_when_ray_cannot_start(monkeypatch, tmp_path)
                    transcript_dir=tmp_path / "t")
 
 
-def test_flowers_run_simulation_deprecation_reaches_the_user_as_a_future_warning(monkeypatch, tmp_path):
-    """Flower 1.42's own deprecation of run_simulation (its real function, its log record) is passed on as a
-    FutureWarning that says why fedlab keeps it; Flower's simulation itself is replaced by a no-op here, so the
-    run then stops on the missing rounds."""
+def test_flower_deprecations_reach_the_user_and_fedlab_itself_calls_none(tmp_path):
+    """fedlab.flower.run calls no deprecated Flower entry point (it once called run_simulation, deprecated in
+    Flower 1.42): a run shows no FutureWarning or DeprecationWarning. A deprecation Flower logs during a run
+    (here a loss function that calls Flower's own ``warn_deprecated_feature``) reaches the caller as a
+    FutureWarning; Flower's logger level would otherwise hide nothing, but a notebook shows warnings, not logs."""
+    import warnings
+
     import torch
-    import importlib
+    from flwr.common.logger import warn_deprecated_feature
 
     from fedlab import flower, models
+    from fedlab.fl import cross_entropy
 
-    monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(importlib.import_module("flwr.simulation.run_simulation"), "_run_simulation", lambda **kw: None)
     clients = [(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))] * 2
-    with pytest.warns(FutureWarning, match=r"Flower says: DEPRECATED FEATURE: The `run_simulation` function is "
-                                           r"deprecated.*fedlab keeps flwr.simulation.run_simulation") as caught, \
-            pytest.raises(RuntimeError, match="recorded 0 of 1 rounds"):
-        flower.run(lambda: models.mlp(3, (2,), 2, seed=0), clients, num_rounds=1, engine="ray",
-                   transcript_dir=tmp_path / "t")
-    assert len([w for w in caught if issubclass(w.category, FutureWarning)]) == 1
+    model_fn = lambda: models.mlp(3, (2,), 2, seed=0)     # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        flower.run(model_fn, clients, num_rounds=1, engine="local", transcript_dir=tmp_path / "a")
+
+    def old_loss(*args, **kwargs):
+        warn_deprecated_feature("an old thing")
+        return cross_entropy(*args, **kwargs)
+
+    with pytest.warns(FutureWarning, match=r"Flower says: DEPRECATED FEATURE: an old thing.*calls no deprecated"):
+        flower.run(model_fn, clients, num_rounds=1, engine="local", loss_fn=old_loss, transcript_dir=tmp_path / "b")

@@ -2,7 +2,8 @@
 what a real Flower server receives.
 
 * :mod:`fedlab.flower.apps` (needs the ``flower`` extra, ``flwr[simulation]``): :func:`client_app`,
-  :func:`server_app`, the :class:`Recorder` strategy wrapper and :func:`run` (a simulation), with
+  :func:`server_app`, the :class:`Recorder` strategy wrapper and :func:`run` (a simulation: the client apps in
+  Ray workers, :class:`~fedlab.flower.apps.RayGrid`, or in this process, :class:`~fedlab.flower.apps.LocalGrid`), with
   Flower's central-DP wrappers (``dp=``) or Flower's SecAgg+ (``secagg=True``);
 * :mod:`fedlab.flower.transcript` (no ``flwr`` needed): the transcript format and
   :func:`load_transcript`;
@@ -24,6 +25,7 @@ from __future__ import annotations
 from .transcript import Reply, Transcript, TranscriptWriter, load_transcript
 
 _APPS = ("fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "run", "RayStartError", "FlowerRun",
+         "LocalGrid", "RayGrid",
          "quiet_flower", "DP_MODES", "SECAGG_DEFAULTS", "secagg_config")
 
 __all__ = ["Reply", "Transcript", "TranscriptWriter", "load_transcript", *_APPS]

@@ -1,7 +1,8 @@
 """fedlab's client update and FedAvg server as a Flower ``ClientApp`` / ``ServerApp`` (Message API).
 
 This module imports ``flwr`` (the ``flower`` extra: ``pip install ".[flower]"``). The apps are the
-same objects in Flower's simulation engine (:func:`run`) and in deployment mode (``flower-superlink``
+same objects in a simulation (:func:`run`: the client apps in Ray workers, :class:`RayGrid`, or in this
+process, :class:`LocalGrid`) and in deployment mode (``flower-superlink``
 + ``flower-supernode`` + ``flwr run``, see the README).
 
 The protocol (McMahan et al. 2017, Algorithm 1, as :func:`fedlab.fl.fedavg` runs it):
@@ -85,12 +86,12 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
                       f"(flwr[simulation]>=1.41,<2); the import failed with: {err}") from err
 
 __all__ = ["fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "LocalGrid", "run",
-           "RayStartError", "FlowerRun", "quiet_flower", "DP_MODES", "ENGINES", "SECAGG_DEFAULTS", "secagg_config", "SecAggSchedule",
+           "RayStartError", "RayGrid", "FlowerRun", "quiet_flower", "DP_MODES", "ENGINES", "SECAGG_DEFAULTS", "secagg_config", "SecAggSchedule",
            "SecAggRecordingGrid", "RecordingGrid", "SECAGG_KINDS", "CONSISTENCY_KIND"]
 
 #: values of the ``dp`` argument: no DP, Flower's client-side or server-side fixed clipping wrapper
 DP_MODES = (None, "client", "server")
-#: values of :func:`run`'s ``engine``: Flower's simulation engine (Ray), or :class:`LocalGrid` (in-process)
+#: values of :func:`run`'s ``engine``: the client apps in Ray workers (:class:`RayGrid`), or in-process (:class:`LocalGrid`)
 ENGINES = ("ray", "local")
 LoadPartition = Callable[[int, int], object]
 #: SecAgg+ settings (``flwr.server.workflow.SecAggPlusWorkflow``'s arguments); ``num_shares=1.0`` shares every
@@ -210,7 +211,7 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
         ``() -> nn.Module``: the architecture (its parameters are replaced by the server's).
     load_partition : callable
         ``(partition_id, num_partitions) -> Dataset or (X, y)``: the node's data. The partition id is
-        the node config's ``partition-id`` (set by the simulation engine, or by
+        the node config's ``partition-id`` (set by :class:`LocalGrid` / :class:`RayGrid`, or by
         ``flower-supernode --node-config``).
     dp_client_clipping : bool
         Add Flower's ``fixedclipping_mod`` (needed by the server's
@@ -817,9 +818,9 @@ def _run_secagg(grid, context, init, schedule, node_of, train_config, sizes, set
 # --------------------------------------------------------------------------------------------
 class LocalGrid(Grid):
     """A Flower ``Grid`` that delivers each message to a ``ClientApp`` in this process, one node per
-    partition (node ids ``1..K``, node config ``partition-id`` / ``num-partitions`` as in Flower's
-    simulation engine). The same ``ServerApp`` and ``ClientApp`` objects run unchanged; only Ray (about
-    10-20 s of start-up on a 2-core machine) and the message transport are left out. A ClientApp that
+    partition (node ids ``1..K``, node config ``partition-id`` / ``num-partitions`` as Flower's runtimes
+    set them). The same ``ServerApp`` and ``ClientApp`` objects run unchanged; only Ray (:class:`RayGrid`,
+    several seconds of start-up on a 2-core machine) and the message transport are left out. A ClientApp that
     raises is answered with an error reply, as Flower does.
     """
 
@@ -854,19 +855,89 @@ class LocalGrid(Grid):
         except Exception as err:  # noqa: BLE001 - Flower turns a failing ClientApp into an error reply
             return Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
 
+    def _deliver_all(self, messages) -> list[Message]:
+        """The replies to ``messages``, in their order (here one after the other)."""
+        return [self._deliver(msg) for msg in messages]
+
     def push_messages(self, messages):
-        ids = []
-        for i, msg in enumerate(messages):
-            key = f"{len(self._replies)}-{i}"
-            self._replies[key] = self._deliver(msg)
-            ids.append(key)
+        messages = list(messages)
+        ids = [f"{len(self._replies)}-{i}" for i in range(len(messages))]
+        self._replies.update(zip(ids, self._deliver_all(messages)))
         return ids
 
     def pull_messages(self, message_ids):
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
     def send_and_receive(self, messages, *, timeout=None):
-        return [self._deliver(msg) for msg in messages]
+        return self._deliver_all(list(messages))
+
+
+class _ClientAppActor:
+    """One Ray worker of :class:`RayGrid`: runs the ``ClientApp`` on a (message, node context) pair and
+    returns the reply and the context it changed (the grid keeps each node's context between rounds)."""
+
+    def __init__(self, app: ClientApp):
+        self.app = app
+
+    def deliver(self, msg: Message, context: Context):
+        with _task_identity():
+            try:
+                reply = self.app(msg, context)
+            except Exception as err:  # noqa: BLE001 - Flower turns a failing ClientApp into an error reply
+                reply = Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
+        return reply, context
+
+
+class RayGrid(LocalGrid):
+    """A :class:`LocalGrid` whose ``ClientApp`` runs in ``num_actors`` Ray worker processes (one CPU each):
+    the messages of a round are delivered in parallel, each with its node's context, which comes back
+    with the reply (as Flower's Ray backend ships contexts to its actors). Only public APIs: Flower's
+    ``Grid``, ``ClientApp``, ``Message``, ``Context`` and Ray's ``ray.remote`` / ``ray.util.ActorPool``
+    (Flower 1.42 deprecates its own in-process entry to the Ray engine, ``run_simulation``, in favour of
+    ``flwr run``; :mod:`fedlab.flower.deploy` runs the apps that way). Ray must be running
+    (:func:`run` starts it); at most as many workers as nodes and as the runtime's CPUs; :meth:`close` stops
+    them. Raises ``ValueError`` for ``num_actors < 1``."""
+
+    def __init__(self, app: ClientApp, num_nodes: int, *, num_actors: int = 1):
+        import ray
+        from ray.util import ActorPool
+
+        super().__init__(app, num_nodes)
+        num_actors = _check_int("num_actors", num_actors, 1)
+        actor = ray.remote(num_cpus=1)(_ClientAppActor)
+        ref = ray.put(app)
+        # no more workers than the runtime's CPUs: an actor that cannot be placed would wait for ever
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._actors = [actor.remote(ref) for _ in range(min(num_actors, num_nodes, cpus))]
+        self._pool = ActorPool(self._actors)
+
+    def _deliver_all(self, messages) -> list[Message]:
+        out: list = [None] * len(messages)
+        todo = []
+        for i, msg in enumerate(messages):
+            if msg.metadata.dst_node_id in self.contexts:
+                todo.append(i)
+            else:
+                out[i] = Message(Error(code=0, reason=f"no node {msg.metadata.dst_node_id}"), reply_to=msg)
+        nodes = [messages[i].metadata.dst_node_id for i in todo]
+        # one message per node at a time: a node's context goes out with its message and comes back changed
+        batches = [todo] if len(set(nodes)) == len(nodes) else [[i] for i in todo]
+        for batch in batches:
+            jobs = [(i, messages[i]) for i in batch]
+            replies = self._pool.map(lambda a, job: a.deliver.remote(job[1], self.contexts[job[1].metadata.dst_node_id]),
+                                     jobs)
+            for (i, msg), (reply, context) in zip(jobs, replies):
+                self.contexts[msg.metadata.dst_node_id] = context
+                out[i] = reply
+        return out
+
+    def close(self) -> None:
+        """Stop the Ray workers (the grid delivers nothing afterwards)."""
+        import ray
+
+        for a in self._actors:
+            ray.kill(a)
+        self._actors = []
 
 
 @contextmanager
@@ -898,10 +969,9 @@ class RayStartError(RuntimeError):
 
 
 def _start_ray(init_args: dict, *, attempts: int = 2) -> None:
-    """Start Ray for Flower's simulation engine unless it is running, with the arguments Flower's
-    ``RayBackend.init_ray`` would use (``init_args``, and this process's ``sys.path`` as the workers'
-    ``PYTHONPATH``, which Flower also puts into ``os.environ``). Flower then finds Ray started and uses it
-    (and shuts it down at the end of the run, as it does when it started Ray itself).
+    """Start Ray for :class:`RayGrid` unless it is running, with the arguments Flower's
+    ``RayBackend.init_ray`` uses (``init_args``, and this process's ``sys.path`` as the workers'
+    ``PYTHONPATH``, so that they import the ``fedlab`` and ``model_fn`` of this process).
 
     Ray's start-up can fail on a loaded machine (a raylet aborting in ``WaitForDashboardAgentPorts`` was seen
     three times out of three): a failed start is shut down, reported with a warning and tried once more; a
@@ -961,20 +1031,16 @@ class _Deprecations(logging.Filter):
         return False
 
 
-#: why :func:`run` with ``engine="ray"`` still calls Flower's deprecated ``run_simulation`` (shown with the warning)
-RUN_SIMULATION_NOTE = (
-    "fedlab keeps flwr.simulation.run_simulation for engine='ray': Flower's replacement, `flwr run` against a "
-    "simulation SuperLink, runs the ServerApp and ClientApps in processes of their own, so the in-memory model_fn, "
-    "client data, attack hooks and signing keys would have to be shipped to them, and it took about 1.8 times as long "
-    "per run; engine='local' runs the same apps without Ray, and fedlab.flower.deploy runs them with `flwr run`")
+#: what fedlab adds to a deprecation Flower reports during :func:`run` (fedlab itself calls no deprecated entry point)
+DEPRECATION_NOTE = ("reported during fedlab.flower.run, which calls no deprecated Flower entry point itself: it comes "
+                    "from the model, data or mods you passed")
 
 
 @contextmanager
 def _deprecations_as_warnings(note: str):
     """Flower logs a deprecation once as a WARNING record; inside the block each such record becomes a
     ``FutureWarning`` (Python's category for deprecations meant for end users, shown by default, also in a
-    notebook) that names it and says why fedlab still uses the feature (``note``). Issued when the block
-    ends, also on an error."""
+    notebook) that names it and adds ``note``. Issued when the block ends, also on an error."""
     caught = _Deprecations()
     logger = logging.getLogger("flwr")
     logger.addFilter(caught)
@@ -1005,7 +1071,7 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
         secagg: bool = False, secagg_settings: dict | None = None, secagg_attack=None, consistency: bool = False,
         secagg_client_mods=(), transcript_dir=None, engine: str = "ray", num_cpus: int = 1, loss_fn=cross_entropy,
         verbose: bool = False) -> FlowerRun:
-    """Run FedAvg in Flower's simulation engine (Ray), one virtual SuperNode per client.
+    """Run FedAvg as a Flower ``ServerApp`` and ``ClientApp`` simulated on this machine, one node per client.
 
     Same arguments as :func:`fedlab.fl.fedavg` (``clients``: a :class:`fedlab.fl.ClientData` or a list
     of per-client data sets; partition ``k`` is client ``k``), plus the ``dp`` wrapper and the ``secagg``
@@ -1014,16 +1080,14 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
     key, :class:`fedlab.flower.secagg.ConsistencyKeys`) and ``secagg_client_mods`` (:func:`client_app`'s
     ``secagg_mods``); the returned ``secagg_log`` is the :class:`fedlab.flower.secagg.SecAggLog`. A SecAgg+ round
     that stops raises :class:`fedlab.flower.secagg.SecAggAborted` (its ``log`` says which clients refused).
-    ``engine="ray"`` runs ``flwr.simulation.run_simulation`` (``num_cpus``: the CPUs Ray may use; each
-    ClientApp takes one); ``engine="local"`` runs the same apps over a :class:`LocalGrid` in this process.
+    ``engine="ray"`` delivers each round's messages to the ``ClientApp`` in ``num_cpus`` Ray worker processes in
+    parallel (:class:`RayGrid`); ``engine="local"`` runs the same apps over a :class:`LocalGrid` in this process.
 
-    Flower 1.42 deprecates ``run_simulation`` in favour of ``flwr run`` against a simulation SuperLink
-    (``flower-superlink --simulation``). fedlab keeps it (:data:`RUN_SIMULATION_NOTE`) and passes Flower's
-    deprecation on as a ``FutureWarning``: with ``flwr run`` the apps run in processes of their own, which
-    cannot receive the in-memory ``model_fn``, data, attack hooks or signing keys of a call like this one, and
-    the generated demo app (3 clients, 2 rounds) took 15 s to start the SuperLink plus 113 s of ``flwr run``
-    against 71 s through ``run_simulation`` on the same loaded 2-core machine (same global model, difference
-    0).
+    Both engines drive Flower's ``ServerApp`` with a Flower ``Grid``, through public APIs only. Until
+    2026-11-28 ``engine="ray"`` called ``flwr.simulation.run_simulation``, which Flower 1.42 deprecates in
+    favour of ``flwr run`` (apps in processes of their own, which cannot receive this call's in-memory
+    ``model_fn``, data, attack hooks or signing keys; :mod:`fedlab.flower.deploy` runs the apps that way). A
+    deprecation Flower logs during the run reaches the caller as a ``FutureWarning`` (:data:`DEPRECATION_NOTE`).
 
     Returns
     -------
@@ -1060,11 +1124,10 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
     capp = client_app(model_fn, lambda pid, num: data.client(pid), loss_fn=loss_fn,
                       dp_client_clipping=(dp == "client"), secagg=secagg, consistency_keys=keys,
                       secagg_mods=secagg_client_mods)
-    backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                      "init_args": {"num_cpus": num_cpus, "num_gpus": 0, "include_dashboard": False,
-                                    "log_to_driver": bool(verbose), "logging_level": "INFO" if verbose else "ERROR"}}
+    ray_init = {"num_cpus": num_cpus, "num_gpus": 0, "include_dashboard": False, "log_to_driver": bool(verbose),
+                "logging_level": "INFO" if verbose else "ERROR"}
     t0 = time.perf_counter()
-    with quiet_flower(logging.INFO if verbose else logging.WARNING):
+    with quiet_flower(logging.INFO if verbose else logging.WARNING), _deprecations_as_warnings(DEPRECATION_NOTE):
         if engine == "local":
             with _task_identity():
                 sapp(LocalGrid(capp, data.num_clients), Context(run_id=0, node_id=0, node_config={},
@@ -1073,12 +1136,20 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
             # no usage report to the network (Ray's default) and no warning about a GPU setting we do not use
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-            from flwr.simulation import run_simulation
+            import ray
 
-            _start_ray(backend_config["init_args"])
-            with _deprecations_as_warnings(RUN_SIMULATION_NOTE):
-                run_simulation(server_app=sapp, client_app=capp, num_supernodes=data.num_clients,
-                               backend_config=backend_config)
+            started = not ray.is_initialized()
+            _start_ray(ray_init)
+            grid = None
+            try:
+                with _task_identity():
+                    grid = RayGrid(capp, data.num_clients, num_actors=num_cpus)
+                    sapp(grid, Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}))
+            finally:
+                if grid is not None:
+                    grid.close()
+                if started:      # as Flower's engine did: a runtime this call started is stopped
+                    ray.shutdown()
     seconds = time.perf_counter() - t0
     if not (Path(transcript_dir) / "index.json").is_file():     # the ServerApp never started
         raise RuntimeError(f"the simulation recorded 0 of {num_rounds} rounds (no transcript in {transcript_dir}); "
