@@ -54,3 +54,30 @@ def test_the_matrix_cell_is_the_adaptive_attack_and_keeps_the_naive_one():
     assert set(out) == {"baseline", "none", "prune90", "clip", "prune90" + mx.NAIVE_SUFFIX, "clip" + mx.NAIVE_SUFFIX,
                         "prune90" + mx.LOSS_SUFFIX, "prune90" + mx.LOSS_TRUTH_SUFFIX}    # the mask-aware cell's optimum check
     assert out["prune90"] > out["prune90" + mx.NAIVE_SUFFIX], out
+
+
+def test_adaptive_gaps_lists_every_cell_with_a_naive_twin_and_flags_the_gap():
+    """Page 07's "attacker who knows the defense" table: one entry per cell with an ``@naive`` twin, the paired
+    difference seed by seed, and "beyond" exactly when the naive mean leaves the cell's interval. A naive twin
+    planted equal to the cell must read difference 0 and not beyond."""
+    import copy
+
+    from fedlab import records
+
+    rec = copy.deepcopy(records.load("matrix", "quick"))
+    gaps = mx.adaptive_gaps(rec)
+    twins = sorted(k for k in rec["summary"] if k.endswith(mx.NAIVE_SUFFIX))
+    assert sorted(f"{g['row']}|{g['column']}{mx.NAIVE_SUFFIX}" for g in gaps) == twins
+    for g in gaps:
+        a = rec["values"][f"{g['row']}|{g['column']}"]
+        b = rec["values"][f"{g['row']}|{g['column']}{mx.NAIVE_SUFFIX}"]
+        assert g["difference"] == pytest.approx(sum(x - y for x, y in zip(a, b)) / len(a))
+        lo, hi = g["interval"]
+        assert g["beyond"] == (not lo <= g["naive"]["mean"] <= hi)
+    key = "dlg|topk1"
+    rec["values"][key + mx.NAIVE_SUFFIX] = list(rec["values"][key])
+    rec["summary"][key + mx.NAIVE_SUFFIX] = dict(rec["summary"][key])
+    g = next(g for g in mx.adaptive_gaps(rec) if (g["row"], g["column"]) == ("dlg", "topk1"))
+    assert g["difference"] == 0 and not g["beyond"]
+    table = mx.adaptive_gap_table(rec)
+    assert table.count("\n") == len(gaps) + 1 and "naive outside the interval" in table

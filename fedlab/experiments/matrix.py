@@ -107,7 +107,7 @@ __all__ = ["Defense", "USER_CONTRACT", "USER_PUBLIC", "protect_public", "attacke
            "describe_matrix", "threat_rows", "row_threats", "row_threat_header", "effective_epsilons",
            "undefended_advantage", "NOT_SIGNIFICANT", "MALICIOUS_SERVER_DP_NA", "OBSERVERS", "OUTSIDER", "OUTSIDER_ROWS",
            "OUTSIDER_COLUMNS", "OUTSIDER_SAME", "central_epsilon", "ldp_epsilon", "deployment_epsilons", "metric_range",
-           "bounded_interval", "cell_interval", "own_defense_table", "ACCOUNTANT", "NAIVE_SUFFIX", "NAIVE_NOTE", "LOSS_SUFFIX", "LOSS_TRUTH_SUFFIX", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
+           "bounded_interval", "cell_interval", "adaptive_gaps", "adaptive_gap_table", "own_defense_table", "ACCOUNTANT", "NAIVE_SUFFIX", "NAIVE_NOTE", "LOSS_SUFFIX", "LOSS_TRUTH_SUFFIX", "page_values", "ldp_noise_ratio", "record_table", "advantage", "render_html",
            "consistent_with_record", "SECAGG_ROW", "SECAGG_ROWS", "SECAGG_ATTACKS", "SECAGG_COLUMNS",
            "SECAGG_CONSISTENT_SETTINGS", "SECAGG_REFUSED_NOTE", "safe_central_epsilon", "safe_ldp_epsilon", "UTILITY_ROW",
            "utility_table"]
@@ -1892,6 +1892,54 @@ def render_html(record: Mapping, *, chapter_link: Callable[[str], str] | None = 
             f'<thead><tr><th style="{cell_css}">attack \\ defense</th>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table></div>"
             + (f'<ol class="mx-notes" style="font-size:0.8em">{foot}</ol>' if notes else ""))
+
+
+def adaptive_gaps(record: Mapping) -> list[dict]:
+    """Every cell of a matrix record that keeps a naive twin (``"<row>|<column>@naive"``, :data:`NAIVE_SUFFIX`:
+    the attacker who ignores the defense, beside the cell's attacker who knows it), in the record's row and
+    column order: ``{"row", "column", "adaptive", "naive"`` (summaries: ``mean``, ``ci95``, ``n``),
+    ``"interval"`` (:func:`cell_interval` of the adaptive cell), ``"difference"`` (mean over the seeds of
+    adaptive minus naive, the same seed's pair), ``"difference_ci95"`` (its t interval, ``None`` for one seed)
+    and ``"beyond"`` (whether the naive mean lies outside the adaptive cell's interval: the naive evaluation
+    misstates the defense by more than the cell's own uncertainty)}``. Raises ``ValueError`` for a record
+    without the matrix layout."""
+    from .._stats import t_interval
+
+    summ, vals = record.get("summary") or {}, record.get("values") or {}
+    out = []
+    for r in record_table(record):
+        key = r["row"]["key"]
+        for col, s in r["cells"].items():
+            naive = summ.get(value_name(key, col + NAIVE_SUFFIX))
+            if not s or "na" in s or not naive:
+                continue
+            a, b = vals.get(value_name(key, col), []), vals.get(value_name(key, col + NAIVE_SUFFIX), [])
+            diffs = [x - y for x, y in zip(a, b) if isinstance(x, (int, float)) and isinstance(y, (int, float))]
+            mean, _, ci = t_interval(diffs) if diffs else (float("nan"), None, None)
+            lo, hi = cell_interval(record, key, col) or (s["mean"], s["mean"])
+            out.append({"row": key, "column": col, "adaptive": s, "naive": naive, "interval": [lo, hi],
+                        "difference": mean, "difference_ci95": None if ci is None else list(ci),
+                        "beyond": not lo <= naive["mean"] <= hi})
+    return out
+
+
+def adaptive_gap_table(record: Mapping):
+    """Page 07's table of :func:`adaptive_gaps` (Markdown): each cell with a naive twin, the attacker who knows the
+    defense (mean [interval]) beside the naive one, their paired difference with its 95 % interval, and whether
+    the naive number lies outside the cell's interval. Raises ``ValueError`` for a record without the layout."""
+    from ..plots import md_table
+
+    labels = {d.key: d.label for d in DEFENSES}
+    rows = []
+    for g in adaptive_gaps(record):
+        lo, hi = g["interval"]
+        ci = g["difference_ci95"]
+        diff = f"{_fmt(g['difference'])}" + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+        rows.append([g["row"], labels.get(g["column"], g["column"]),
+                     f"{_fmt(g['adaptive']['mean'])} [{_fmt(lo)}, {_fmt(hi)}]", _fmt(g["naive"]["mean"]), diff,
+                     "yes" if g["beyond"] else "no", str(g["adaptive"]["n"])])
+    return md_table(["row", "defense", "attacker who knows it", "naive attacker", "difference (paired)",
+                     "naive outside the interval", "seeds"], rows)
 
 
 def consistent_with_record(record: Mapping, row: str, column: str, value: float, *, slack: float = 0.0) -> bool:
