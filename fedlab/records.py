@@ -90,12 +90,19 @@ def _equal_at_every_seed(record: dict, name: str) -> bool:
         return False
 
 
-def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_factor: float = 1.0) -> str:
+def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_factor: float = 1.0,
+                   value_range: tuple[float, float] | None = None) -> str:
     """``'mean ± half-width (n = k)'`` for ``name`` in ``record`` (the half-width of the 95 % t interval;
     ``'mean (n = 1)'`` for one seed; ``'value (all n = k seeds)'`` for a value equal at every seed, which has
     no interval), the distinct values for a text value, ``'no record yet'`` when
     there is no record, ``'not in record'`` when the record lacks ``name``. ``scale_factor`` multiplies
-    the numbers (e.g. 100 for percent)."""
+    the numbers (e.g. 100 for percent). ``value_range`` ``(low, high)`` (after ``scale_factor``; e.g. ``(0, 1)``
+    for a rate): the interval is cut to it and shown as ``'mean [lo, hi] (n = k)'`` in fixed notation, so that
+    a rate's interval never leaves [0, 1] (the true value lies in the range, so the cut keeps the coverage).
+    Raises ``ValueError`` for a ``value_range`` that is not ``(low, high)`` with ``low < high``."""
+    if value_range is not None:
+        if len(value_range) != 2 or not float(value_range[0]) < float(value_range[1]):
+            raise ValueError(f"value_range must be (low, high) with low < high, got {value_range!r}")
     if record is None:
         return "no record yet"
     if name in record.get("summary", {}):
@@ -106,6 +113,9 @@ def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_fac
         if s.get("std") == 0 or _equal_at_every_seed(record, name):   # a constant has no interval
             return f"{_fmt(mean, digits)} (all n = {s['n']} seeds)"
         half = (s["ci95"][1] - s["ci95"][0]) / 2 * abs(scale_factor)
+        if value_range is not None:
+            lo, hi = max(mean - half, float(value_range[0])), min(mean + half, float(value_range[1]))
+            return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}] (n = {s['n']})"
         sci = _sci(max(abs(mean), half), digits)   # one notation for both, set by the larger
         return f"{_fmt(mean, digits, sci)} ± {_fmt(half, digits, sci)} (n = {s['n']})"
     if name in record.get("values", {}):
@@ -158,9 +168,11 @@ class Run(dict):
         self.stem = stem
         self.record = load(stem, scale, folder)
 
-    def paper(self, name: str, digits: int = 3, *, scale_factor: float = 1.0) -> str:
-        """The stored paper-scale value of ``name``: see :func:`format_summary`."""
-        return format_summary(self.record, name, digits, scale_factor=scale_factor)
+    def paper(self, name: str, digits: int = 3, *, scale_factor: float = 1.0,
+              value_range: tuple[float, float] | None = None) -> str:
+        """The stored paper-scale value of ``name``: see :func:`format_summary` (``value_range=(0, 1)`` for a
+        rate)."""
+        return format_summary(self.record, name, digits, scale_factor=scale_factor, value_range=value_range)
 
     def paper_p(self, name: str, *, brief: bool = False) -> str:
         """The stored paper-scale p-value ``name`` as a median and range over seeds: :func:`format_pvalue`."""

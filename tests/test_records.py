@@ -330,3 +330,20 @@ def test_constants_have_no_interval_and_p_values_read_as_median_and_range(tmp_pa
         run.paper_p("bad")
     _record(tmp_path, {"p": [0.5, 0.01, 0.2, 0.3]}, seeds=range(4), failures=[{"seed": 0, "cell": 1, "error": "x"}])
     assert records.Run("02_x", folder=tmp_path).paper_p("p") == "median 0.20 (range 0.01–0.30, n = 3)"
+
+
+def test_a_rate_is_shown_with_its_interval_cut_to_the_unit_range():
+    """``value_range=(0, 1)``: a small rate's t interval (which runs below 0) is cut to [0, 1] and printed in fixed
+    notation as ``mean [lo, hi]``, not as ``5.00e-02 ± 6.74e-02``; constants keep no interval; a bad range is
+    named."""
+    from fedlab.records import format_summary
+
+    rec = {"seeds": [0, 1, 2, 3, 4], "values": {"r": [0.0, 0.0, 0.0, 0.25, 0.0], "c": [1.0] * 5},
+           "summary": {"r": {"mean": 0.05, "std": 0.1118, "ci95": [0.05 - 0.1388, 0.05 + 0.1388], "n": 5},
+                       "c": {"mean": 1.0, "std": 0.0, "ci95": [1.0, 1.0], "n": 5}}}
+    assert format_summary(rec, "r", 2) == "0.05 ± 0.14 (n = 5)"              # the interval runs below 0
+    assert format_summary(rec, "r", 2, value_range=(0, 1)) == "0.05 [0.00, 0.19] (n = 5)"
+    assert format_summary(rec, "c", 2, value_range=(0, 1)) == "1.00 (all n = 5 seeds)"
+    for bad in ((1, 0), (0,), (0.5, 0.5)):
+        with pytest.raises(ValueError, match="value_range"):
+            format_summary(rec, "r", 2, value_range=bad)
