@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["CHAPTER_EXTRAS", "COLAB_CELL_ID", "DEFAULT_EXTRAS", "chapter_extras", "colab_cell_source", "glue", "glue_many", "legend", "setup"]
+__all__ = ["CHAPTER_EXTRAS", "COLAB_CELL_ID", "DEFAULT_EXTRAS", "chapter_extras", "colab_cell_source", "glue", "glue_many", "glue_paragraph", "Paragraph", "legend", "setup"]
 
 
 def glue(name: str, value, display: bool = False) -> None:
@@ -66,6 +66,25 @@ def glue_many(values: dict | None = None, *, digits: int | None = None, record: 
         glue(k, v)
     if record is not None:
         record.update(out)
+
+
+class Paragraph(str):
+    """A string that IPython shows as Markdown (``text/markdown``) as well as text (``text/plain``, the
+    string's ``repr``, which :func:`fedlab.reproduce.collect_glued` reads back as the string)."""
+
+    def _repr_markdown_(self) -> str:
+        return str(self)
+
+
+def glue_paragraph(**named) -> None:
+    """Glue each ``name=text`` (a sentence or a paragraph computed by the page) as a :class:`Paragraph`, for
+    ``{glue:md}`name``` in the text: it then reads as the surrounding prose. ``{glue:text}`` would set it in
+    bold, myst-nb's style for a glued number, which marks a value, not a paragraph. Raises ``ValueError``
+    naming an entry that is not a non-empty string."""
+    for name, text in named.items():
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{name}: a paragraph must be a non-empty string, got {text!r}")
+        glue(name, Paragraph(text))
 
 
 def setup(stem: str | None = None, *, threads: int | None = None):

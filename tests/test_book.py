@@ -67,3 +67,20 @@ def test_setup_prints_the_legend_of_the_page(monkeypatch, capsys, tmp_path):
     line = book.legend(record, "quick", 0)
     assert "stored paper-scale record (5 seeds, commit abc1234, 2026-11-27)" in line and "mean ± half-width" in line
     assert "(1 seed," in book.legend(dict(record, seeds=[0]), "quick", 0)
+
+
+def test_a_glued_paragraph_renders_as_markdown_and_is_recorded_as_its_text(glued):
+    """``glue_paragraph``: the page shows the text as Markdown (``{glue:md}``, not myst-nb's bold
+    ``{glue:text}``) and ``reproduce`` reads the string back from ``text/plain``; bad entries are named."""
+    from IPython.core.formatters import DisplayFormatter
+
+    from fedlab.reproduce import _parse_plain
+
+    text = "At seed 0 **two** of 8 digits failed; both stalled at loss 3.1e-1."
+    book.glue_paragraph(para=text)
+    value = glued["para"]
+    data, _ = DisplayFormatter().format(value)
+    assert data["text/markdown"] == text and _parse_plain(data["text/plain"]) == text
+    for bad in ("", "  ", 3.0, None):
+        with pytest.raises(ValueError, match="para"):
+            book.glue_paragraph(para=bad)
