@@ -306,3 +306,45 @@ def test_secagg_runs_with_the_ray_engine(one_ray_runtime):
     assert sorted(r.kind for r in T.replies) == sorted(["secagg-keys", "secagg-shares", "secagg-masked", "secagg-unmask"] * 3)
     assert T.train_replies() == [] and T.num_rounds == 1
     assert ex.max_abs_difference(T.globals[1], plain.globals[1]) <= fa.secagg_error_bound(T)
+
+
+def _counting_app(msg, context):
+    """A stand-in ClientApp: node 2 fails; every other node counts the messages it got in its context."""
+    from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+
+    if context.node_id == 2:
+        raise RuntimeError("boom")
+    seen = int(context.state["c"]["n"]) + 1 if "c" in context.state else 1
+    context.state["c"] = ConfigRecord({"n": seen})
+    return Message(RecordDict({"m": MetricRecord({"node": context.node_id, "seen": seen})}), reply_to=msg)
+
+
+@pytest.mark.flower
+@pytest.mark.parametrize("grid_kind", ["local", "ray"])
+def test_grids_answer_in_order_keep_each_nodes_context_and_turn_failures_into_error_replies(grid_kind, request):
+    """LocalGrid and RayGrid (two Ray workers) deliver a batch in order, keep each node's context between
+    batches (the count reaches 2 at every healthy node, whichever worker ran it), answer a failing ClientApp and
+    an unknown node with an error reply, as Flower does."""
+    from flwr.app import Message, RecordDict
+
+    from fedlab.flower.apps import LocalGrid, RayGrid, _start_ray, _task_identity
+
+    if grid_kind == "ray":
+        request.getfixturevalue("one_ray_runtime")
+        _start_ray({"num_cpus": 2, "num_gpus": 0, "include_dashboard": False, "log_to_driver": False,
+                    "logging_level": "ERROR"})
+        grid = RayGrid(_counting_app, 4, num_actors=2)
+    else:
+        grid = LocalGrid(_counting_app, 4)
+    try:
+        for round_ in (1, 2):
+            with _task_identity():      # as flower.run: Flower's messages read the run and node from it
+                msgs = [grid.create_message(RecordDict(), "query", node, "g") for node in (1, 2, 3, 4, 9)]
+                replies = grid.send_and_receive(msgs)
+            assert [r.has_error() for r in replies] == [False, True, False, False, True]
+            assert "boom" in replies[1].error.reason and "no node 9" in replies[4].error.reason
+            assert [int(replies[i].content["m"]["node"]) for i in (0, 2, 3)] == [1, 3, 4]
+            assert [int(replies[i].content["m"]["seen"]) for i in (0, 2, 3)] == [round_] * 3
+    finally:
+        if grid_kind == "ray":
+            grid.close()

@@ -976,6 +976,9 @@ def _start_ray(init_args: dict, *, attempts: int = 2) -> None:
     Ray's start-up can fail on a loaded machine (a raylet aborting in ``WaitForDashboardAgentPorts`` was seen
     three times out of three): a failed start is shut down, reported with a warning and tried once more; a
     second failure raises :class:`RayStartError` with both reasons."""
+    # no usage report to the network (Ray's default) and no warning about a GPU setting we do not use
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     import ray
 
     if ray.is_initialized():
@@ -1133,9 +1136,6 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
                 sapp(LocalGrid(capp, data.num_clients), Context(run_id=0, node_id=0, node_config={},
                                                                 state=RecordDict(), run_config={}))
         else:
-            # no usage report to the network (Ray's default) and no warning about a GPU setting we do not use
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
             import ray
 
             started = not ray.is_initialized()
