@@ -1249,7 +1249,8 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
     process of its own when ``jobs > 1``: the same values as one after the other, tested) and write the record
     ``<out>/matrix.<scale>.json`` with :func:`write_record`. A seed whose run raises is a failure
     (``{"seed", "cell": the attack row, "line": "", "error"}``), kept out of the summary. ``rows``: only
-    these rows (a partial matrix, for tests and quick checks; default every row). Returns the
+    these rows (a partial matrix, for tests and quick checks; default every row; refused, before any seed runs,
+    when the stored record holds other rows, unless ``force``). Returns the
     written path and the failures. Raises ``ValueError`` for bad ``seeds``, ``scale`` or ``jobs``, and, before any
     seed runs, when the stored record holds a seed that ``seeds`` leaves out (:func:`check_stored_seeds`;
     ``force`` replaces it anyway). SIGINT or SIGTERM stops every worker; no record is written."""
@@ -1268,9 +1269,26 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     seeds = check_seeds(seeds)
     if rows is not None:
-        rows = [mx._attack(r).key for r in rows]
+        if isinstance(rows, str):
+            raise ValueError(f"rows must be a list of row keys, got the string {rows!r} (rows=[{rows!r}] for one row)")
+        try:
+            rows = [mx._attack(r).key for r in rows]
+        except ValueError as exc:
+            raise ValueError(f"rows: {exc}") from None
+        if not rows or len(set(rows)) != len(rows):
+            raise ValueError(f"rows must name at least one row, each once, got {rows!r}")
     out = check_out(out, [MATRIX], scale)
     check_stored_seeds(out, [MATRIX], scale, seeds, force=force)
+    stored = record_paths(out, MATRIX, scale)[0]
+    if rows is not None and not force and stored.is_file():
+        try:
+            kept = {k.split("|")[0] for k in json.loads(stored.read_text()).get("values", {})}
+        except (OSError, ValueError, AttributeError):
+            kept = set()
+        lost = sorted(kept - set(rows))
+        if lost:
+            raise ValueError(f"rows {rows} leave out rows {lost} of the stored record {stored}: a partial matrix would "
+                             f"replace it; nothing was run (force=True replaces it, or choose another out)")
     old_scale, old_threads = os.environ.get("FEDLAB_SCALE"), torch.get_num_threads()
     results, pools = [], []
     try:

@@ -452,7 +452,7 @@ def test_matrix_seeds_in_parallel_processes_give_the_values_of_one_after_the_oth
 
 def _crash_at_seed_0(scale, seed, rows=None, stderr=None):
     """A worker of test_a_worker_that_dies...: seed 0's process dies at once (as under the OOM killer); the
-    others run an empty matrix after a second (so that seed 0's death comes first)."""
+    others run no row after a second (so that seed 0's death comes first)."""
     import os
     import time
 
@@ -472,6 +472,23 @@ def test_a_worker_that_dies_fails_its_own_seed_only(tmp_path, monkeypatch):
     from fedlab import reproduce as rp
 
     monkeypatch.setattr(rp, "_matrix_seed", _crash_at_seed_0)   # pickled by name: the spawned workers import it
-    path, failures = rp.reproduce_matrix(scale="quick", seeds=[0, 1, 2], out=tmp_path, root=ROOT, jobs=2, rows=[])
+    path, failures = rp.reproduce_matrix(scale="quick", seeds=[0, 1, 2], out=tmp_path, root=ROOT, jobs=2,
+                                         rows=["imprint"])   # not run: the stand-in runs no row
     assert [f["seed"] for f in failures] == [0] and "BrokenProcessPool" in failures[0]["error"]
     assert json.loads(path.read_text())["seeds"] == [0, 1, 2]
+
+
+def test_matrix_rows_are_checked_and_a_partial_matrix_does_not_replace_a_full_record(tmp_path):
+    """``rows=`` named ``rows`` in its errors (a string was taken letter by letter: "row must be one of ..., got
+    'd'"), refuses an empty or repeated list, and a partial matrix does not silently replace a stored record that
+    holds other rows (it did: the seeds matched, so nothing stopped it)."""
+    from fedlab import reproduce as rp
+
+    for bad in ("dlg", [], ["dlg", "dlg"], ["nope"]):
+        with pytest.raises(ValueError, match="rows"):
+            rp.reproduce_matrix(scale="quick", seeds=[0], out=tmp_path, root=ROOT, rows=bad)
+    stored = tmp_path / "matrix.quick.json"
+    stored.write_text(json.dumps({"seeds": [0], "values": {"dlg|none": [1.0], "mia|none": [0.5]}}))
+    with pytest.raises(ValueError, match=r"leave out rows \['mia'\]"):
+        rp.reproduce_matrix(scale="quick", seeds=[0], out=tmp_path, root=ROOT, rows=["dlg"])
+    assert json.loads(stored.read_text())["values"]["mia|none"] == [0.5]
