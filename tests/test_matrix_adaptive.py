@@ -74,6 +74,7 @@ def test_adaptive_gaps_lists_every_cell_with_a_naive_twin_and_flags_the_gap():
         assert g["difference"] == pytest.approx(sum(x - y for x, y in zip(a, b)) / len(a))
         lo, hi = g["interval"]
         assert g["beyond"] == (not lo <= g["naive"]["mean"] <= hi)
+        assert [lo, hi] == list(mx.cell_interval(rec, g["row"], g["column"]))   # the adaptive cell's, not its twin's
     key = "dlg|topk1"
     rec["values"][key + mx.NAIVE_SUFFIX] = list(rec["values"][key])
     rec["summary"][key + mx.NAIVE_SUFFIX] = dict(rec["summary"][key])
