@@ -319,6 +319,28 @@ def _counting_app(msg, context):
     return Message(RecordDict({"m": MetricRecord({"node": context.node_id, "seen": seen})}), reply_to=msg)
 
 
+def test_local_grid_gives_every_pushed_message_an_id_of_its_own():
+    """push_messages numbered a batch by the count of replies not yet pulled: after a partial pull a later push
+    reused a pending id and overwrote its reply (node 3's reply came back as node 2's)."""
+    from flwr.app import Message, MetricRecord, RecordDict
+
+    from fedlab.flower.apps import LocalGrid, _task_identity
+
+    def app(msg, context):
+        return Message(RecordDict({"m": MetricRecord({"node": context.node_id})}), reply_to=msg)
+
+    grid = LocalGrid(app, 3)
+    with _task_identity():
+        make = lambda n: grid.create_message(RecordDict(), "query", n, "g")   # noqa: E731
+        a = grid.push_messages([make(1), make(2)])
+        grid.pull_messages(a[:1])
+        b = grid.push_messages([make(3), make(3)])
+        grid.pull_messages([a[1], b[0]])
+        c = grid.push_messages([make(1), make(2)])
+        assert len(set(a + b + c)) == 6
+        assert [int(r.content["m"]["node"]) for r in grid.pull_messages([b[1], *c])] == [3, 1, 2]
+
+
 @pytest.mark.flower
 @pytest.mark.parametrize("grid_kind", ["local", "ray"])
 def test_grids_answer_in_order_keep_each_nodes_context_and_turn_failures_into_error_replies(grid_kind, request):

@@ -832,6 +832,7 @@ class LocalGrid(Grid):
                                         state=RecordDict(), run_config={}) for k in range(num_nodes)}
         self._run = None
         self._replies: dict[str, Message] = {}
+        self._pushed = 0     # messages pushed so far: each id is used once
 
     def set_run(self, run) -> None:
         self._run = run
@@ -861,7 +862,8 @@ class LocalGrid(Grid):
 
     def push_messages(self, messages):
         messages = list(messages)
-        ids = [f"{len(self._replies)}-{i}" for i in range(len(messages))]
+        ids = [str(self._pushed + i) for i in range(len(messages))]
+        self._pushed += len(messages)
         self._replies.update(zip(ids, self._deliver_all(messages)))
         return ids
 
