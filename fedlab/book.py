@@ -80,10 +80,11 @@ def glue_paragraph(**named) -> None:
     """Glue each ``name=text`` (a sentence or a paragraph computed by the page) as a :class:`Paragraph`, for
     ``{glue:md}`name``` in the text: it then reads as the surrounding prose. ``{glue:text}`` would set it in
     bold, myst-nb's style for a glued number, which marks a value, not a paragraph. Raises ``ValueError``
-    naming an entry that is not a non-empty string."""
+    naming an entry that is not a non-empty string, before anything is glued."""
     for name, text in named.items():
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"{name}: a paragraph must be a non-empty string, got {text!r}")
+    for name, text in named.items():
         glue(name, Paragraph(text))
 
 

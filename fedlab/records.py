@@ -18,6 +18,7 @@ over the record's seeds with the half-width of the 95 % Student-t interval, and 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 __all__ = ["Run", "records_dir", "load", "load_record", "format_summary", "compare_rows", "describe"]
@@ -99,9 +100,14 @@ def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_fac
     the numbers (e.g. 100 for percent). ``value_range`` ``(low, high)`` (after ``scale_factor``; e.g. ``(0, 1)``
     for a rate): the interval is cut to it and shown as ``'mean [lo, hi] (n = k)'`` in fixed notation, so that
     a rate's interval never leaves [0, 1] (the true value lies in the range, so the cut keeps the coverage).
-    Raises ``ValueError`` for a ``value_range`` that is not ``(low, high)`` with ``low < high``."""
+    Raises ``ValueError`` for a ``value_range`` that is not ``(low, high)`` with ``low < high``, or that does not
+    hold the (scaled) mean."""
     if value_range is not None:
-        if len(value_range) != 2 or not float(value_range[0]) < float(value_range[1]):
+        try:
+            low, high = (float(v) for v in value_range)
+        except (TypeError, ValueError):
+            low = high = math.nan
+        if not low < high:
             raise ValueError(f"value_range must be (low, high) with low < high, got {value_range!r}")
     if record is None:
         return "no record yet"
@@ -114,7 +120,10 @@ def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_fac
             return f"{_fmt(mean, digits)} (all n = {s['n']} seeds)"
         half = (s["ci95"][1] - s["ci95"][0]) / 2 * abs(scale_factor)
         if value_range is not None:
-            lo, hi = max(mean - half, float(value_range[0])), min(mean + half, float(value_range[1]))
+            if not low <= mean <= high:     # a range in the unscaled unit, or the wrong metric: no interval to cut
+                raise ValueError(f"value_range {value_range!r} does not hold the mean {mean!r} of {name!r} (after "
+                                 f"scale_factor={scale_factor!r}; the range is in the scaled unit)")
+            lo, hi = max(mean - half, low), min(mean + half, high)
             return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}] (n = {s['n']})"
         sci = _sci(max(abs(mean), half), digits)   # one notation for both, set by the larger
         return f"{_fmt(mean, digits, sci)} ± {_fmt(half, digits, sci)} (n = {s['n']})"

@@ -1067,8 +1067,8 @@ def _stop_on_signals():
 
 
 def _stop_workers(pool, timeout: float = 20.0) -> None:
-    """After an interrupt: ask every worker process of ``pool`` to stop (SIGTERM: each stops its
-    kernel), wait up to ``timeout`` s, then kill what is left, and shut the pool down."""
+    """After an interrupt: ask every worker process of ``pool`` (a pool or a list of pools) to stop (SIGTERM:
+    each stops its kernel), wait up to ``timeout`` s, then kill what is left, and shut the pool down."""
     import multiprocessing as mp
 
     workers = [p for p in mp.active_children()]
@@ -1081,7 +1081,8 @@ def _stop_workers(pool, timeout: float = 20.0) -> None:
         if p.is_alive():
             p.kill()
             p.join(5)
-    pool.shutdown(wait=False, cancel_futures=True)
+    for one in pool if isinstance(pool, list) else [pool]:
+        one.shutdown(wait=False, cancel_futures=True)
 
 
 def check_timeout(timeout) -> int | None:
@@ -1248,12 +1249,13 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
     process of its own when ``jobs > 1``: the same values as one after the other, tested) and write the record
     ``<out>/matrix.<scale>.json`` with :func:`write_record`. A seed whose run raises is a failure
     (``{"seed", "cell": the attack row, "line": "", "error"}``), kept out of the summary. ``rows``: only
-    these rows (a partial matrix, for tests and quick checks; default every row). Returns the
+    these rows (a partial matrix, for tests and quick checks; default every row; refused, before any seed runs,
+    when the stored record holds other rows, unless ``force``). Returns the
     written path and the failures. Raises ``ValueError`` for bad ``seeds``, ``scale`` or ``jobs``, and, before any
     seed runs, when the stored record holds a seed that ``seeds`` leaves out (:func:`check_stored_seeds`;
     ``force`` replaces it anyway). SIGINT or SIGTERM stops every worker; no record is written."""
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     import torch
 
@@ -1267,29 +1269,57 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     seeds = check_seeds(seeds)
     if rows is not None:
-        rows = [mx._attack(r).key for r in rows]
+        if isinstance(rows, str):
+            raise ValueError(f"rows must be a list of row keys, got the string {rows!r} (rows=[{rows!r}] for one row)")
+        try:
+            rows = [mx._attack(r).key for r in rows]
+        except ValueError as exc:
+            raise ValueError(f"rows: {exc}") from None
+        if not rows or len(set(rows)) != len(rows):
+            raise ValueError(f"rows must name at least one row, each once, got {rows!r}")
     out = check_out(out, [MATRIX], scale)
     check_stored_seeds(out, [MATRIX], scale, seeds, force=force)
+    stored = record_paths(out, MATRIX, scale)[0]
+    if rows is not None and not force and stored.is_file():
+        try:
+            kept = {k.split("|")[0] for k in json.loads(stored.read_text()).get("values", {})}
+        except (OSError, ValueError, AttributeError):
+            kept = set()
+        lost = sorted(kept - set(rows))
+        if lost:
+            raise ValueError(f"rows {rows} leave out rows {lost} of the stored record {stored}: a partial matrix would "
+                             f"replace it; nothing was run (force=True replaces it, or choose another out)")
     old_scale, old_threads = os.environ.get("FEDLAB_SCALE"), torch.get_num_threads()
-    results, pool = [], None
+    results, pools = [], []
     try:
         interrupts = _stop_on_signals()
         interrupts.__enter__()
         if jobs == 1:
             results = [_matrix_seed(scale, seed, rows, stderr) for seed in seeds]
         else:
-            pool = ProcessPoolExecutor(max_workers=min(jobs, len(seeds)), mp_context=mp.get_context("spawn"))
-            futures = [pool.submit(_matrix_seed, scale, seed, rows) for seed in seeds]
-            for seed, fut in zip(seeds, futures):
-                try:
-                    results.append(fut.result())
-                except Exception as exc:  # a worker process died: a failed seed, not a crash
-                    results.append((SeedRun(seed=seed, failure={"seed": seed, "cell": None, "line": "",
-                                                                "error": f"{type(exc).__name__}: {exc}"}), {}))
-            pool.shutdown(wait=True)
+            # one single-worker pool per seed, at most `jobs` at a time: a worker that dies (os._exit, the OOM
+            # killer) breaks only its own pool, so it fails its own seed and no other
+            ctx, todo, running, by_seed = mp.get_context("spawn"), list(seeds), {}, {}
+            while todo or running:
+                while todo and len(running) < jobs:
+                    seed = todo.pop(0)
+                    pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+                    pools.append(pool)
+                    running[pool.submit(_matrix_seed, scale, seed, rows)] = (seed, pool)
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    seed, pool = running.pop(fut)
+                    try:
+                        by_seed[seed] = fut.result()
+                    except Exception as exc:  # its worker process died: a failed seed, not a crash
+                        by_seed[seed] = (SeedRun(seed=seed, failure={"seed": seed, "cell": None, "line": "",
+                                                                     "error": f"{type(exc).__name__}: {exc}"}), {})
+                    pool.shutdown(wait=True)
+                    pools.remove(pool)
+            results = [by_seed[seed] for seed in seeds]
     except RunInterrupted as exc:
-        if pool is not None:
-            _stop_workers(pool)
+        if pools:
+            _stop_workers(pools)
         stored, _ = record_paths(out, MATRIX, scale)
         kept = (f"the stored record {stored} is left as it was" if stored.is_file()
                 else f"none is stored at {stored}")

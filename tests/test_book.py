@@ -84,3 +84,6 @@ def test_a_glued_paragraph_renders_as_markdown_and_is_recorded_as_its_text(glued
     for bad in ("", "  ", 3.0, None):
         with pytest.raises(ValueError, match="para"):
             book.glue_paragraph(para=bad)
+    with pytest.raises(ValueError, match="later"):   # nothing glued when one entry is bad (the first one was)
+        book.glue_paragraph(first="A sentence.", later="")
+    assert "first" not in glued

@@ -319,6 +319,28 @@ def _counting_app(msg, context):
     return Message(RecordDict({"m": MetricRecord({"node": context.node_id, "seen": seen})}), reply_to=msg)
 
 
+def test_local_grid_gives_every_pushed_message_an_id_of_its_own():
+    """push_messages numbered a batch by the count of replies not yet pulled: after a partial pull a later push
+    reused a pending id and overwrote its reply (node 3's reply came back as node 2's)."""
+    from flwr.app import Message, MetricRecord, RecordDict
+
+    from fedlab.flower.apps import LocalGrid, _task_identity
+
+    def app(msg, context):
+        return Message(RecordDict({"m": MetricRecord({"node": context.node_id})}), reply_to=msg)
+
+    grid = LocalGrid(app, 3)
+    with _task_identity():
+        make = lambda n: grid.create_message(RecordDict(), "query", n, "g")   # noqa: E731
+        a = grid.push_messages([make(1), make(2)])
+        grid.pull_messages(a[:1])
+        b = grid.push_messages([make(3), make(3)])
+        grid.pull_messages([a[1], b[0]])
+        c = grid.push_messages([make(1), make(2)])
+        assert len(set(a + b + c)) == 6
+        assert [int(r.content["m"]["node"]) for r in grid.pull_messages([b[1], *c])] == [3, 1, 2]
+
+
 @pytest.mark.flower
 @pytest.mark.parametrize("grid_kind", ["local", "ray"])
 def test_grids_answer_in_order_keep_each_nodes_context_and_turn_failures_into_error_replies(grid_kind, request):
@@ -348,3 +370,40 @@ def test_grids_answer_in_order_keep_each_nodes_context_and_turn_failures_into_er
     finally:
         if grid_kind == "ray":
             grid.close()
+
+
+@pytest.mark.flower
+def test_ray_grid_on_a_runtime_whose_cpus_are_held_starts_what_it_can_instead_of_waiting_for_ever(one_ray_runtime):
+    """Ray running with 2 CPUs, one held by another actor: RayGrid(num_actors=2) once created two workers, the second
+    never placed, and the first batch sent to it waited for ever (seen: no reply in 60 s). It now runs in the worker
+    that started (with a RuntimeWarning), answers in order, and a batch with one node three times counts 1, 2, 3 there."""
+    import ray
+    from flwr.app import RecordDict
+
+    from fedlab.flower.apps import RayGrid, _start_ray, _task_identity
+
+    _start_ray({"num_cpus": 2, "num_gpus": 0, "include_dashboard": False, "log_to_driver": False,
+                "logging_level": "ERROR"})
+
+    @ray.remote(num_cpus=1)
+    class Holder:
+        def ping(self):
+            return 1
+
+    holder = Holder.remote()
+    ray.get(holder.ping.remote())
+    grid = None
+    try:
+        with pytest.warns(RuntimeWarning, match="1 of 2 Ray workers"):
+            grid = RayGrid(_counting_app, 4, num_actors=2, start_timeout=15)
+        assert len(grid._actors) == 1
+        with _task_identity():
+            msgs = [grid.create_message(RecordDict(), "query", node, "g") for node in (1, 1, 3, 1)]
+            replies = grid.send_and_receive(msgs)
+        assert [(int(r.content["m"]["node"]), int(r.content["m"]["seen"])) for r in replies] == [(1, 1), (1, 2), (3, 1), (1, 3)]
+        with pytest.raises(ValueError, match="start_timeout"):
+            RayGrid(_counting_app, 4, start_timeout=0)
+    finally:
+        if grid is not None:
+            grid.close()
+        ray.kill(holder)

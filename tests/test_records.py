@@ -344,6 +344,10 @@ def test_a_rate_is_shown_with_its_interval_cut_to_the_unit_range():
     assert format_summary(rec, "r", 2) == "0.05 ± 0.14 (n = 5)"              # the interval runs below 0
     assert format_summary(rec, "r", 2, value_range=(0, 1)) == "0.05 [0.00, 0.19] (n = 5)"
     assert format_summary(rec, "c", 2, value_range=(0, 1)) == "1.00 (all n = 5 seeds)"
-    for bad in ((1, 0), (0,), (0.5, 0.5)):
+    for bad in ((1, 0), (0,), (0.5, 0.5), 1, ("a", "b")):     # 1 and ("a", "b") once raised TypeError / float's error
         with pytest.raises(ValueError, match="value_range"):
             format_summary(rec, "r", 2, value_range=bad)
+    # a range that does not hold the mean (here given before scale_factor) once printed '5.00 [0.00, 1.00]': refused
+    assert format_summary(rec, "r", 1, scale_factor=100, value_range=(0, 100)) == "5.0 [0.0, 18.9] (n = 5)"
+    with pytest.raises(ValueError, match="value_range"):
+        format_summary(rec, "r", 2, scale_factor=100, value_range=(0, 1))

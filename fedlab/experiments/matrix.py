@@ -1899,13 +1899,16 @@ def adaptive_gaps(record: Mapping) -> list[dict]:
     the attacker who ignores the defense, beside the cell's attacker who knows it), in the record's row and
     column order: ``{"row", "column", "adaptive", "naive"`` (summaries: ``mean``, ``ci95``, ``n``),
     ``"interval"`` (:func:`cell_interval` of the adaptive cell), ``"difference"`` (mean over the seeds of
-    adaptive minus naive, the same seed's pair), ``"difference_ci95"`` (its t interval, ``None`` for one seed)
+    adaptive minus naive, the same seed's pair; only the clean seeds, those the summaries count: a seed in the
+    record's ``failures`` is left out), ``"difference_ci95"`` (its t interval, ``None`` for one seed)
     and ``"beyond"`` (whether the naive mean lies outside the adaptive cell's interval: the naive evaluation
     misstates the defense by more than the cell's own uncertainty)}``. Raises ``ValueError`` for a record
     without the matrix layout."""
     from .._stats import t_interval
 
     summ, vals = record.get("summary") or {}, record.get("values") or {}
+    failed = {f.get("seed") for f in record.get("failures") or [] if isinstance(f, Mapping)}
+    clean = [s not in failed for s in record.get("seeds") or []]   # the seeds the summaries count
     out = []
     for r in record_table(record):
         key = r["row"]["key"]
@@ -1914,13 +1917,18 @@ def adaptive_gaps(record: Mapping) -> list[dict]:
             if not s or "na" in s or not naive:
                 continue
             a, b = vals.get(value_name(key, col), []), vals.get(value_name(key, col + NAIVE_SUFFIX), [])
-            diffs = [x - y for x, y in zip(a, b) if isinstance(x, (int, float)) and isinstance(y, (int, float))]
+            ok = clean if len(clean) == len(a) else [True] * len(a)
+            diffs = [x - y for x, y, keep in zip(a, b, ok) if keep and _number(x) and _number(y)]
             mean, _, ci = t_interval(diffs) if diffs else (float("nan"), None, None)
             lo, hi = cell_interval(record, key, col) or (s["mean"], s["mean"])
             out.append({"row": key, "column": col, "adaptive": s, "naive": naive, "interval": [lo, hi],
                         "difference": mean, "difference_ci95": None if ci is None else list(ci),
                         "beyond": not lo <= naive["mean"] <= hi})
     return out
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def adaptive_gap_table(record: Mapping):

@@ -832,6 +832,7 @@ class LocalGrid(Grid):
                                         state=RecordDict(), run_config={}) for k in range(num_nodes)}
         self._run = None
         self._replies: dict[str, Message] = {}
+        self._pushed = 0     # messages pushed so far: each id is used once
 
     def set_run(self, run) -> None:
         self._run = run
@@ -861,7 +862,8 @@ class LocalGrid(Grid):
 
     def push_messages(self, messages):
         messages = list(messages)
-        ids = [f"{len(self._replies)}-{i}" for i in range(len(messages))]
+        ids = [str(self._pushed + i) for i in range(len(messages))]
+        self._pushed += len(messages)
         self._replies.update(zip(ids, self._deliver_all(messages)))
         return ids
 
@@ -878,6 +880,10 @@ class _ClientAppActor:
 
     def __init__(self, app: ClientApp):
         self.app = app
+
+    def ready(self) -> bool:
+        """True once the worker runs (Ray placed it on a free CPU)."""
+        return True
 
     def deliver(self, msg: Message, context: Context):
         with _task_identity():
@@ -896,19 +902,36 @@ class RayGrid(LocalGrid):
     (Flower 1.42 deprecates its own in-process entry to the Ray engine, ``run_simulation``, in favour of
     ``flwr run``; :mod:`fedlab.flower.deploy` runs the apps that way). Ray must be running
     (:func:`run` starts it); at most as many workers as nodes and as the runtime's CPUs; :meth:`close` stops
-    them. Raises ``ValueError`` for ``num_actors < 1``."""
+    them. A worker that Ray cannot place within ``start_timeout`` seconds (a runtime whose CPUs other actors or
+    tasks hold) is left out with a ``RuntimeWarning``: a message sent to it would wait for ever. Raises
+    ``ValueError`` for ``num_actors < 1`` or ``start_timeout <= 0``, ``RuntimeError`` when no worker starts."""
 
-    def __init__(self, app: ClientApp, num_nodes: int, *, num_actors: int = 1):
+    def __init__(self, app: ClientApp, num_nodes: int, *, num_actors: int = 1, start_timeout: float = 120.0):
         import ray
         from ray.util import ActorPool
 
         super().__init__(app, num_nodes)
         num_actors = _check_int("num_actors", num_actors, 1)
+        if not start_timeout > 0:
+            raise ValueError(f"start_timeout must be > 0 seconds, got {start_timeout!r}")
         actor = ray.remote(num_cpus=1)(_ClientAppActor)
         ref = ray.put(app)
-        # no more workers than the runtime's CPUs: an actor that cannot be placed would wait for ever
+        # no more workers than the runtime's CPUs, and only those Ray placed: the CPUs may be held by others
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self._actors = [actor.remote(ref) for _ in range(min(num_actors, num_nodes, cpus))]
+        actors = [actor.remote(ref) for _ in range(min(num_actors, num_nodes, cpus))]
+        pings = {a.ready.remote(): a for a in actors}
+        ready, late = ray.wait(list(pings), num_returns=len(pings), timeout=start_timeout)
+        for p in late:
+            ray.kill(pings[p])
+        self._actors = [pings[p] for p in ready]
+        if not self._actors:
+            raise RuntimeError(f"no Ray worker for the ClientApp started within {start_timeout} s: the runtime's "
+                               f"{cpus} CPU(s) are held by other actors or tasks ({ray.available_resources().get('CPU', 0)} "
+                               f"free); free one, or run with engine='local'")
+        if late:
+            warnings.warn(f"{len(late)} of {len(actors)} Ray workers did not start within {start_timeout} s (the "
+                          f"runtime's CPUs are held elsewhere); the ClientApp runs in {len(self._actors)}",
+                          RuntimeWarning, stacklevel=2)
         self._pool = ActorPool(self._actors)
 
     def _deliver_all(self, messages) -> list[Message]:
