@@ -901,12 +901,14 @@ class RayGrid(LocalGrid):
     ``Grid``, ``ClientApp``, ``Message``, ``Context`` and Ray's ``ray.remote`` / ``ray.util.ActorPool``
     (Flower 1.42 deprecates its own in-process entry to the Ray engine, ``run_simulation``, in favour of
     ``flwr run``; :mod:`fedlab.flower.deploy` runs the apps that way). Ray must be running
-    (:func:`run` starts it); at most as many workers as nodes and as the runtime's CPUs; :meth:`close` stops
-    them. A worker that Ray cannot place within ``start_timeout`` seconds (a runtime whose CPUs other actors or
-    tasks hold) is left out with a ``RuntimeWarning``: a message sent to it would wait for ever. Raises
-    ``ValueError`` for ``num_actors < 1`` or ``start_timeout <= 0``, ``RuntimeError`` when no worker starts."""
+    (:func:`run` starts it); at most as many workers as nodes and as the runtime's free CPUs (a runtime whose
+    CPUs other actors or tasks hold gets fewer workers, with a ``RuntimeWarning``: a message sent to a worker Ray
+    cannot place would wait for ever); :meth:`close` stops them. A worker that has not started within
+    ``start_timeout`` seconds (Ray's view of the free CPUs lags, or a start hangs) is left out with a
+    ``RuntimeWarning``. Raises ``ValueError`` for ``num_actors < 1`` or ``start_timeout <= 0``, ``RuntimeError``
+    when no worker starts."""
 
-    def __init__(self, app: ClientApp, num_nodes: int, *, num_actors: int = 1, start_timeout: float = 120.0):
+    def __init__(self, app: ClientApp, num_nodes: int, *, num_actors: int = 1, start_timeout: float = 300.0):
         import ray
         from ray.util import ActorPool
 
@@ -916,22 +918,27 @@ class RayGrid(LocalGrid):
             raise ValueError(f"start_timeout must be > 0 seconds, got {start_timeout!r}")
         actor = ray.remote(num_cpus=1)(_ClientAppActor)
         ref = ray.put(app)
-        # no more workers than the runtime's CPUs, and only those Ray placed: the CPUs may be held by others
-        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        actors = [actor.remote(ref) for _ in range(min(num_actors, num_nodes, cpus))]
+        # only as many workers as Ray can place now: the runtime's CPUs may be held by other actors or tasks
+        wanted = min(num_actors, num_nodes)
+        free = int(ray.available_resources().get("CPU", 0))
+        count = max(1, min(wanted, free))
+        if count < wanted:
+            warnings.warn(f"the Ray runtime has {free} free CPU(s) of {int(ray.cluster_resources().get('CPU', 0))}: "
+                          f"the ClientApp runs in {count} of the {wanted} workers asked for", RuntimeWarning,
+                          stacklevel=2)
+        actors = [actor.remote(ref) for _ in range(count)]
         pings = {a.ready.remote(): a for a in actors}
         ready, late = ray.wait(list(pings), num_returns=len(pings), timeout=start_timeout)
         for p in late:
             ray.kill(pings[p])
         self._actors = [pings[p] for p in ready]
         if not self._actors:
-            raise RuntimeError(f"no Ray worker for the ClientApp started within {start_timeout} s: the runtime's "
-                               f"{cpus} CPU(s) are held by other actors or tasks ({ray.available_resources().get('CPU', 0)} "
-                               f"free); free one, or run with engine='local'")
+            raise RuntimeError(f"no Ray worker for the ClientApp started within {start_timeout} s (the runtime's "
+                               f"free CPUs: {ray.available_resources().get('CPU', 0)}); free one, or run with "
+                               f"engine='local'")
         if late:
-            warnings.warn(f"{len(late)} of {len(actors)} Ray workers did not start within {start_timeout} s (the "
-                          f"runtime's CPUs are held elsewhere); the ClientApp runs in {len(self._actors)}",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(f"{len(late)} of {len(actors)} Ray workers did not start within {start_timeout} s; the "
+                          f"ClientApp runs in {len(self._actors)}", RuntimeWarning, stacklevel=2)
         self._pool = ActorPool(self._actors)
 
     def _deliver_all(self, messages) -> list[Message]:
@@ -954,13 +961,19 @@ class RayGrid(LocalGrid):
                 out[i] = reply
         return out
 
-    def close(self) -> None:
-        """Stop the Ray workers (the grid delivers nothing afterwards)."""
+    def close(self, wait: float = 10.0) -> None:
+        """Stop the Ray workers (the grid delivers nothing afterwards) and wait up to ``wait`` seconds until
+        Ray counts their CPUs as free again (``ray.kill`` returns at once; a grid made right after would
+        otherwise see them held and start fewer workers)."""
         import ray
 
+        before = ray.available_resources().get("CPU", 0)
         for a in self._actors:
             ray.kill(a)
+        target, deadline = before + len(self._actors), time.monotonic() + wait
         self._actors = []
+        while ray.available_resources().get("CPU", 0) < target and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 @contextmanager
@@ -1169,10 +1182,12 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
                     grid = RayGrid(capp, data.num_clients, num_actors=num_cpus)
                     sapp(grid, Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}))
             finally:
-                if grid is not None:
-                    grid.close()
-                if started:      # as Flower's engine did: a runtime this call started is stopped
-                    ray.shutdown()
+                try:
+                    if grid is not None:
+                        grid.close()
+                finally:
+                    if started:      # as Flower's engine did: a runtime this call started is stopped
+                        ray.shutdown()
     seconds = time.perf_counter() - t0
     if not (Path(transcript_dir) / "index.json").is_file():     # the ServerApp never started
         raise RuntimeError(f"the simulation recorded 0 of {num_rounds} rounds (no transcript in {transcript_dir}); "
