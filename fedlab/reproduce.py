@@ -81,7 +81,7 @@ from .config import progress_enabled
 __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "non_finite_glues", "summarize",
            "t_interval", "run_notebook", "reproduce", "reproduce_matrix", "main", "atomic_write_text", "write_record",
            "check_out", "check_seeds", "check_timeout", "check_stored_seeds", "seeds_lost", "format_seeds",
-           "chapter_aliases", "MATRIX", "RECORD_PAGES", "RunInterrupted"]
+           "chapter_aliases", "MATRIX", "MATRIX_NOTEBOOK", "RECORD_PAGES", "RunInterrupted"]
 
 #: glued names with these endings quote a stored record (``run.paper(...)``, ``run.describe()``) and
 #: are not collected into a new one
@@ -1338,7 +1338,7 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
     for run, secs in results:
         for row, s in secs.items():
             row_seconds.setdefault(row, {})[run.seed] = round(s, 2)
-    chapter = Chapter(MATRIX, root / "chapters" / "07_matrix.ipynb", "Chapter 7: The attack × defense matrix")
+    chapter = Chapter(MATRIX, root / "chapters" / f"{MATRIX_NOTEBOOK}.ipynb", "Chapter 7: The attack × defense matrix")
     record = build_record(chapter, scale, runs, root=root, command=command)
     record["matrix"] = mx.describe_matrix()
     record["row_seconds"] = {row: [by_seed.get(s) for s in seeds] for row, by_seed in row_seconds.items()}
@@ -1448,9 +1448,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: the notebook that shows the matrix's records (``matrix.<scale>.json``)
+MATRIX_NOTEBOOK = "07_matrix"
+
+
 def _stored_times(stem: str, folder: Path) -> str:
-    """'  [paper: 3 seeds, 120 s/seed]' for the records stored in ``folder`` (empty when none)."""
+    """'  [paper: 3 seeds, 120 s/seed]' for the records stored in ``folder`` (empty when none); for
+    :data:`MATRIX_NOTEBOOK`, the matrix's records."""
     parts = []
+    stem = MATRIX if stem == MATRIX_NOTEBOOK else stem
     for scale in ("quick", "paper"):
         path = folder / f"{stem}.{scale}.json"
         if path.is_file():

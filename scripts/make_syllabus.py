@@ -5,7 +5,7 @@ notebooks and the stored records (issue 39 item 1).
 Typed here: each chapter's goal in one line, its prerequisites among the earlier chapters, and the split
 into lectures. Computed: the reading time (the words of the notebook's markdown cells at
 :data:`WORDS_PER_MINUTE`), the paper-scale run time (the stored record's mean seconds per seed, with its
-number of seeds; the matrix's record is at quick scale) and the reading time of each lecture.
+number of seeds; the matrix has a paper-scale record too) and the reading time of each lecture.
 
 Usage: ``python scripts/make_syllabus.py`` rewrites the block; ``--check`` exits 1 (and says so) when the
 block in ``book/index.md`` differs from a fresh generation (``tests/test_syllabus.py`` runs it).
@@ -53,7 +53,7 @@ CHAPTERS = {
 }
 
 #: the stored record of each chapter, as (record stem, scale); default (stem, "paper")
-RECORDS = {"07_matrix": ("matrix", "quick")}
+RECORDS = {"07_matrix": ("matrix", "paper")}
 
 #: a suggested split into lectures of LECTURE_MINUTES minutes: (title, chapters)
 LECTURES = [

@@ -41,7 +41,9 @@ def test_every_chapter_with_a_record_has_two_to_four_headline_claims():
     per = {}
     for c in cl.CLAIMS:
         per[c.chapter] = per.get(c.chapter, 0) + 1
-    stems = {p.name.split(".")[0] for p in RECORDS.glob("*.paper.json")}
+    # the matrix's record (page 07) reproduces no paper's headline number: it composes the chapters' attacks and
+    # defenses, and page 07 reports its cells and the adaptive-vs-naive comparison itself
+    stems = {p.name.split(".")[0] for p in RECORDS.glob("*.paper.json")} - {"matrix"}
     assert set(per) == stems, set(per) ^ stems
     assert all(2 <= n <= 5 for n in per.values()), per
 
