@@ -1938,15 +1938,16 @@ def adaptive_gap_table(record: Mapping):
     from ..plots import md_table
 
     labels = {d.key: d.label for d in DEFENSES}
+    row_labels = {r["key"]: r.get("label", r["key"]) for r in (record.get("matrix") or {}).get("rows", [])}
     rows = []
     for g in adaptive_gaps(record):
         lo, hi = g["interval"]
         ci = g["difference_ci95"]
         diff = f"{_fmt(g['difference'])}" + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
-        rows.append([g["row"], labels.get(g["column"], g["column"]),
+        rows.append([row_labels.get(g["row"], g["row"]), labels.get(g["column"], g["column"]),
                      f"{_fmt(g['adaptive']['mean'])} [{_fmt(lo)}, {_fmt(hi)}]", _fmt(g["naive"]["mean"]), diff,
                      "yes" if g["beyond"] else "no", str(g["adaptive"]["n"])])
-    return md_table(["row", "defense", "attacker who knows it", "naive attacker", "difference (paired)",
+    return md_table(["attack", "defense", "attacker who knows it", "naive attacker", "difference (paired)",
                      "naive outside the interval", "seeds"], rows)
 
 
