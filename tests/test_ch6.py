@@ -251,3 +251,20 @@ def test_secagg_outcome_summarises_completed_refused_and_impossible_rounds():
         ex.secagg_outcome(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(ValueError, match="returned no model"):
         ex.survivor_average(lie["run"].transcript, [0])      # a SecAgg+ transcript holds no train reply
+
+
+def test_round_difference_plot_says_where_an_exact_zero_is_drawn():
+    """A difference of exactly 0 cannot sit on the log axis: it is drawn at 1e-9, and the legend and a note say
+    so (the Ray engine's run equals fedavg exactly since RayGrid; the plot read as a 1e-9 difference)."""
+    import matplotlib.pyplot as plt
+
+    zeros = {"end_to_end": np.zeros(3), "aggregation": np.zeros(3)}
+    ax = ex.plot_round_differences(zeros)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert sum("exactly 0 at every round" in t for t in labels) == 2
+    assert "exactly 0 is drawn at 1e-9" in ax.get_legend().get_title().get_text()
+    plt.close("all")
+    ax = ex.plot_round_differences({"end_to_end": np.array([1e-8, 2e-8]), "aggregation": np.array([1e-9, 3e-9])})
+    assert not any("exactly 0" in t.get_text() for t in ax.get_legend().get_texts())
+    assert "exactly 0" not in ax.get_legend().get_title().get_text()
+    plt.close("all")

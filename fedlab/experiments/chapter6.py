@@ -153,13 +153,21 @@ def plot_round_differences(diffs: Mapping[str, np.ndarray], *, title: str = ""):
 
     fig, ax = plt.subplots(figsize=(6.5, 3.5))
     rounds = np.arange(1, len(diffs["end_to_end"]) + 1)
+    any_zero = False
     for key, label in (("end_to_end", "global models, Flower vs fedavg"),
                        ("aggregation", "Flower's average vs fedlab's, same replies")):
-        ax.plot(rounds, np.maximum(diffs[key], 1e-9), marker=".", label=label)
+        values = np.asarray(diffs[key], dtype=float)
+        zero = values == 0
+        any_zero |= bool(zero.any())
+        if zero.all():
+            label += ": exactly 0 at every round"
+        ax.plot(rounds, np.maximum(values, 1e-9), marker=".", label=label)
     ax.axhline(float(np.finfo(np.float32).eps), color="gray", ls=":", lw=1, label="float32 epsilon")
+
     ax.set(yscale="log", xlabel="round", ylabel="largest absolute difference", title=title)
     ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))   # rounds are whole numbers
-    ax.legend(fontsize=8)
+    # a zero has no place on a log axis: the legend says where it is drawn
+    ax.legend(fontsize=8, title="a difference of exactly 0 is drawn at 1e-9" if any_zero else None, title_fontsize=8)
     return ax
 
 
