@@ -75,3 +75,13 @@ def test_no_page_cites_an_internal_issue():
             text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
         hits += [f"{page.name}: {m.group(0)}" for m in re.finditer(r".{0,30}\bissues? #?\d+.{0,30}", text, re.I)]
     assert not hits, hits
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_cell_has_a_unique_id(path):
+    """nbformat 4.5: a cell without an id is a warning today and a hard error in future nbformat versions (four
+    cells added to 07 without one were seen as MissingIDFieldWarning in CI)."""
+    nb = json.loads(path.read_text())
+    ids = [c.get("id") for c in nb["cells"]]
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5) and all(ids), [i for i, x in enumerate(ids) if not x]
+    assert len(set(ids)) == len(ids), "duplicate cell ids"
