@@ -801,7 +801,11 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
     ``unroll=True``: the attacker knows ``K`` and ``local_lr`` and simulates the ``K`` local steps
     (:func:`dlg` with ``local_steps=K``, one stacked call per distinct ``K``; Geiping et al. 2020, Sec. 5).
     ``False`` (default): every update is matched as if it were one gradient (Wei et al. 2020), all settings
-    in one call. Either way the attacker does not model a ``defense``.
+    in one call. The attacker does not model a ``defense``, unless a setting says ``"knows_mask": True``: then
+    it knows that the defense withholds coordinates (pruning, top-k) and matches only those the update
+    carries, ``mask = update != 0`` (:func:`dlg`'s ``mask``); those settings run in a stacked call of their
+    own, so the other settings' results do not depend on them. ``"final_loss"`` is each attack's matching
+    loss reached (masked where the mask is known); at the truth that loss is 0.
     """
     if not isinstance(unroll, bool):
         raise ValueError(f"unroll must be True or False, got {unroll!r}")
@@ -818,7 +822,7 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
     Xs, ys = X[:A * B].reshape(A, B, *X.shape[1:]), y[:A * B].reshape(A, B)
     updates = []
     for name, opt in settings.items():
-        unknown = set(opt) - {"local_steps", "defense"}
+        unknown = set(opt) - {"local_steps", "defense", "knows_mask"}
         if unknown:
             raise ValueError(f"settings[{name!r}] has unknown keys {sorted(unknown)}")
         K, defense = int(opt.get("local_steps", 1)), opt.get("defense")
@@ -830,16 +834,21 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
             updates.append(defense(u) if defense is not None else u)
     names = list(settings)
     Ks = [int(settings[n].get("local_steps", 1)) for n in names]
-    groups = [list(range(len(names)))] if not unroll else [[i for i, k in enumerate(Ks) if k == K]
-                                                           for K in dict.fromkeys(Ks)]
+    knows = [settings[n].get("knows_mask", False) for n in names]
+    bad = [n for n, k in zip(names, knows) if not isinstance(k, bool)]
+    if bad:
+        raise ValueError(f"settings[{bad[0]!r}]['knows_mask'] must be True or False")
+    keys = [(Ks[i] if unroll else 1, knows[i]) for i in range(len(names))]
+    groups = [[i for i, key in enumerate(keys) if key == g] for g in dict.fromkeys(keys)]
     out = {}
     for grp in groups:
         rows = [i * A + a for i in grp for a in range(A)]
         stacked = {k: torch.stack([updates[r][k].detach() for r in rows]) for k in params}
+        mask = {k: v != 0 for k, v in stacked.items()} if knows[grp[0]] else None
         res = dlg(model, params, stacked, input_shape=tuple(X.shape[1:]), num_classes=num_classes,
                   batch_size=B, max_iter=max_iter, labels=ys.repeat(len(grp), 1) if labels_known else None,
                   stacked=True, steps=steps, seed=seed, local_steps=Ks[grp[0]] if unroll else 1,
-                  local_lr=local_lr if unroll else None)
+                  local_lr=local_lr if unroll else None, mask=mask)
         for j, i in enumerate(grp):
             xr = res.x[j * A:(j + 1) * A]
             out[names[i]] = {"psnr": np.concatenate([matched_psnr(r, t) for r, t in zip(xr, Xs)]), "x": xr,

@@ -659,16 +659,23 @@ def plot_noise_grid(noisy: Mapping, X: torch.Tensor):
 
 
 def pruning_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, fractions: Sequence[float],
-                 max_iter: int, steps: int | None = None, seed: int = 0) -> dict:
+                 max_iter: int, steps: int | None = None, seed: int = 0, knows_mask: bool = False) -> dict:
     """DLG against pruned gradients (Zhu et al. 2019, Sec. 5; :func:`fedlab.privacy.prune_by_magnitude`
     zeroes the ``p`` smallest fraction of coordinates), one image per client, every ``p`` of
-    ``fractions`` in one stacked attack. Returns ``{p: {"psnr", "x"}}``. Raises ``ValueError`` if a
-    fraction is outside ``[0, 1)``."""
+    ``fractions`` in one stacked attack. ``knows_mask=False`` (default): Zhu et al.'s DLG, which matches
+    every coordinate, the withheld zeros included; ``True``: the attacker who knows the defense (the zeros
+    are visible in the update) and matches only the coordinates that were sent
+    (:func:`fedlab.attacks.gradient_inversion.attack_grid`'s ``knows_mask``). Returns ``{p: {"psnr", "x",
+    "final_loss"}}`` (the loss reached; 0 at the truth). Raises ``ValueError`` if a fraction is outside
+    ``[0, 1)``."""
     bad = [p for p in fractions if not 0 <= p < 1]
     if bad:
         raise ValueError(f"fractions must lie in [0, 1), got {bad}")
+    if not isinstance(knows_mask, bool):
+        raise ValueError(f"knows_mask must be True or False, got {knows_mask!r}")
     return gi.attack_grid(model, params, X, y, num_classes=10, max_iter=max_iter, steps=steps, seed=seed,
-                          settings={p: {"defense": (lambda u, p=p: privacy.prune_by_magnitude(u, p))} for p in fractions})
+                          settings={p: {"defense": (lambda u, p=p: privacy.prune_by_magnitude(u, p)),
+                                        **({"knows_mask": True} if knows_mask else {})} for p in fractions})
 
 
 def defense_costs(grads: Mapping, *, num_clients: int, sigmas: Sequence[float], fractions: Sequence[float],
@@ -703,23 +710,31 @@ def mean_psnr(grid: Mapping) -> dict:
 
 
 def plot_defenses(psnr_sigma: Mapping, cost_sigma: Mapping, psnr_prune: Mapping, cost_prune: Mapping, *,
-                  success_db: float, baselines: Mapping[str, float] | None = None):
+                  success_db: float, baselines: Mapping[str, float] | None = None,
+                  psnr_prune_aware: Mapping | None = None):
     """Attack PSNR (left axis) and relative error of the update (right axis) against the noise level
     and against the pruned fraction (sigma = 0 drawn at 1e-4 on the log axis), with ``baselines``
-    (``{name: PSNR}`` of reconstructions that use no gradient) dashed. Returns the figure.
-    Raises ``ValueError`` if a PSNR curve and its cost curve have different keys."""
+    (``{name: PSNR}`` of reconstructions that use no gradient) dashed. ``psnr_prune_aware`` (optional,
+    ``{p: PSNR}`` over some of ``psnr_prune``'s fractions): the attacker who knows the pruning mask, a
+    second curve on the pruning panel. Returns the figure. Raises ``ValueError`` if a PSNR curve and its
+    cost curve have different keys, or ``psnr_prune_aware`` has a fraction ``psnr_prune`` lacks."""
     if list(psnr_sigma) != list(cost_sigma) or list(psnr_prune) != list(cost_prune):
         raise ValueError("psnr and cost curves must have the same keys in the same order")
+    if psnr_prune_aware is not None and set(psnr_prune_aware) - set(psnr_prune):
+        raise ValueError(f"psnr_prune_aware has fractions psnr_prune lacks: {sorted(set(psnr_prune_aware) - set(psnr_prune))}")
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     plots.line_plot([max(s, 1e-4) for s in psnr_sigma], {"attack PSNR (dB)": list(psnr_sigma.values())}, logx=True,
                     xlabel="noise σ (σ = 0 drawn at 1e-4)", ylabel="PSNR (dB)", title="Gaussian noise", ax=axes[0])
     plots.line_plot(list(psnr_prune), {"attack PSNR (dB)": list(psnr_prune.values())}, xlabel="pruned fraction p",
                     title="gradient pruning", ax=axes[1])
+    if psnr_prune_aware is not None:
+        axes[1].plot(list(psnr_prune_aware), list(psnr_prune_aware.values()), "^-", color=plots.PALETTE[4 % len(plots.PALETTE)],
+                     label="attack PSNR, DLG that knows the mask (dB)")
     for ax, cost in zip(axes, [cost_sigma, cost_prune]):
         ax.axhline(success_db, color="gray", ls=":")
         for i, (name, v) in enumerate((baselines or {}).items()):
             ax.axhline(v, color=plots.PALETTE[(i + 2) % len(plots.PALETTE)], ls="--", label=f"{name} (no attack)")
-        if baselines:
+        if baselines or (ax is axes[1] and psnr_prune_aware is not None):
             ax.legend(fontsize=8, loc="center left")
         tw = ax.twinx(); tw.plot(ax.lines[0].get_xdata(), list(cost.values()), "s--", color=plots.PALETTE[1])
         tw.set_ylabel("relative error of the update", color=plots.PALETTE[1]); tw.grid(False)
