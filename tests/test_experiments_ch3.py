@@ -288,3 +288,93 @@ def test_ldp_boxplot_refuses_unswept_eps():
     with pytest.raises(ValueError, match="eps"):
         ch3b.ldp_boxplot(auc, RANKERS, 8, 10.0)
     assert set(ch3b.RECORD_LABELS) >= {"ch3b_fig5_single", "ch3b_total_s"}
+
+
+# --- chapter 3a: the FNCF network as a random effect -------------------------------------------------
+
+def test_network_draws_case_gives_each_draw_its_own_network(case):
+    """Draw k of the stacked case is the case's users under network fncf_init(seed=seeds[k]): its
+    parameters and its honest updates are those of that network alone, and no two draws share one."""
+    from fedlab.fl.recsys.interactions import fncf_init, fncf_updates
+
+    seeds = ch3a.network_draw_seeds(0, 3)
+    assert len(set(seeds)) == 3 and ch3a.network_draw_seeds(0, 2) == seeds[:2]    # draw k whatever the number
+    assert ch3a.network_draw_seeds(1, 3) != seeds
+    stacked = ch3a.network_draws_case(case, seeds)
+    U = len(case)
+    assert len(stacked) == 3 * U and torch.equal(stacked.I[U:2 * U], case.I) and torch.equal(stacked.X[2 * U:], case.X)
+    for k, s in enumerate(seeds):
+        model, theta = fncf_init(case.X.shape[2], seed=s)
+        rows = slice(k * U, (k + 1) * U)
+        for name, v in theta.items():
+            assert all(torch.equal(stacked.theta[name][r], v) for r in range(k * U, (k + 1) * U)), (k, name)
+        dX, dT, _ = fncf_updates(model, theta, case.X, case.E, case.I, case.mask, lr=case.fncf_lr, local_steps=1)
+        assert torch.allclose(stacked.fncf_items[rows], dX, atol=1e-7), k
+        assert all(torch.allclose(stacked.fncf_params[n][rows], dT[n], atol=1e-7) for n in dT), k
+    w = stacked.theta["0.weight"]
+    assert not torch.equal(w[0], w[U]) and not torch.equal(w[U], w[2 * U]) and not torch.equal(w[0], w[2 * U])
+    with pytest.raises(ValueError, match="draw_seeds"):
+        ch3a.network_draws_case(case, [])
+    with pytest.raises(ValueError, match="one network per user"):
+        ch3a.network_draws_case(stacked, seeds)
+
+
+def test_fncf_network_draws_attack_each_draw_with_its_network(case):
+    """The batched attack of all draws at once: where the embedding is estimated, the loss at the truth is ~0
+    under every draw only if the attack simulates the network that produced that draw's update (a shared
+    or shifted network gives ~1); the draws' results differ (one network reused for all would give the same
+    numbers, the users starting from the same points under every draw)."""
+    res = ch3a.fncf_network_draws(case, 4, fncf_max_iter=8, num_restarts=1, seed=0)
+    assert res["draw_seeds"] == ch3a.network_draw_seeds(0, 4) and res["num_users"] == len(case)
+    assert [c for c in res if isinstance(c, tuple)] == ch3a.FNCF_CONFIGS
+    for c in ch3a.FNCF_CONFIGS:
+        r = res[c]
+        assert r["auc"].shape == r["loss"].shape == r["loss_truth"].shape == (4, len(case))
+        assert (r["emb_error"] is not None) == c[1] and r["evaluations"] >= 1
+        assert len({tuple(row) for row in r["loss_truth"].tolist()}) == 4, c    # every draw its own network
+        if c[1]:
+            assert r["loss_truth"].max() < 0.05, (c, r["loss_truth"])
+    # one draw alone gives that draw's row (the users' results do not depend on the other draws)
+    one = ch3a.fncf_network_draws(case.subset([0, 1]), 1, fncf_max_iter=8, num_restarts=1, seed=0)
+    c = ("FNCF", True, True)
+    assert torch.allclose(one[c]["loss_truth"][0], res[c]["loss_truth"][0, :2], atol=1e-6)
+    with pytest.raises(ValueError, match="num_draws"):
+        ch3a.fncf_network_draws(case, 0, fncf_max_iter=8, num_restarts=1)
+    with pytest.raises(ValueError, match="configs"):
+        ch3a.fncf_network_draws(case, 2, fncf_max_iter=8, num_restarts=1, configs=[("FCF", True, False)])
+    with pytest.raises(ValueError, match="fncf_max_iter"):
+        ch3a.fncf_network_draws(case, 2, fncf_max_iter=0, num_restarts=1)
+
+
+def test_network_draws_summary_interval_over_draws():
+    """The interval is Student's t over the draws' mean AUCs (each the mean over that draw's users), cut to
+    [0, 1]; checked against scipy on a hand-made result with more users than draws."""
+    from scipy import stats
+
+    g = torch.Generator().manual_seed(5)
+    D, U = 5, 7
+    auc = 0.6 + 0.4 * torch.rand(D, U, generator=g, dtype=torch.float64)
+    loss, truth = torch.rand(D, U, generator=g), torch.rand(D, U, generator=g)
+    res = {("FNCF", True, False): {"auc": auc, "loss": loss, "loss_truth": truth, "emb_error": None, "evaluations": 1},
+           "draw_seeds": list(range(D)), "num_users": U}
+    s = ch3a.network_draws_summary(res)[("FNCF", True, False)]
+    per = auc.mean(1).numpy()
+    half = stats.t.ppf(0.975, D - 1) * per.std(ddof=1) / D ** 0.5
+    assert s["auc"] == pytest.approx(per.mean()) and s["sd"] == pytest.approx(per.std(ddof=1))
+    assert s["ci"][0] == pytest.approx(per.mean() - half) and s["ci"][1] == pytest.approx(min(1.0, per.mean() + half))
+    assert s["range"] == pytest.approx((per.min(), per.max()))
+    assert s["loss"] == pytest.approx(loss.median().item()) and s["loss_truth"] == pytest.approx(truth.median().item())
+    assert s["num_draws"] == D and s["num_users"] == U
+    # near 1 the interval stops at 1
+    near_one = torch.ones(D, U, dtype=torch.float64)
+    near_one[-1] = 0.9                                     # mean 0.98, t half-width 0.056: the raw interval passes 1
+    top = ch3a.network_draws_summary({("FNCF", True, True): {**res[("FNCF", True, False)], "auc": near_one}})
+    assert top[("FNCF", True, True)]["ci"] == pytest.approx((0.98 - stats.t.ppf(0.975, D - 1) * 0.02, 1.0))   # sd/sqrt(D) = 0.02
+    headers, rows = ch3a.network_draws_table(ch3a.network_draws_summary(res))
+    assert len(rows) == 1 and len(rows[0]) == len(headers) and rows[0][0] == "FNCF emb"
+    values = ch3a.network_draws_values(ch3a.network_draws_summary(res))
+    assert values["ch3a_draws_auc_fncf_emb"] == round(per.mean(), 3) and values["ch3a_draws_n"] == D
+    with pytest.raises(ValueError, match="2 draws"):
+        ch3a.network_draws_summary({("FNCF", True, False): {**res[("FNCF", True, False)], "auc": auc[:1]}})
+    with pytest.raises(ValueError, match="configuration"):
+        ch3a.network_draws_summary({"num_users": 3})

@@ -346,3 +346,36 @@ def test_fncf_continuation_reaches_the_loss_at_the_truth():
         raifle_fncf(model, theta, X, dX, dT, mask, continuation=(0.1, 0.01), max_iter=2)
     with pytest.raises(ValueError, match="temperatures"):
         raifle_fncf(model, theta, X, dX, dT, mask, continuation=(0.1, 0.0), max_iter=30)
+
+
+def test_fncf_one_network_per_user_is_each_network_alone():
+    """theta stacked per user (one FNCF network each, the network draws of chapter 3a): the honest update
+    and the attack's loss at the truth of user u are those of network u run alone; the multi-step update
+    refuses per-user networks."""
+    from fedlab.fl.recsys.interactions import fncf_per_user
+
+    g = torch.Generator().manual_seed(7)
+    U, m, d = 3, 9, 6
+    X, E = torch.randn(U, m, d, generator=g), torch.randn(U, d, generator=g)
+    mask = torch.ones(U, m, dtype=torch.bool)
+    mask[1, -2:] = False
+    I = (torch.rand(U, m, generator=g) < 0.3).float() * mask
+    nets = [fncf_init(d, seed=s) for s in (11, 12, 13)]
+    model = nets[0][0]
+    stacked = {k: torch.stack([t[k] for _, t in nets]) for k in nets[0][1]}
+    assert fncf_per_user(model, stacked) and not fncf_per_user(model, nets[0][1])
+    dX, dT, En = fncf_updates(model, stacked, X, E, I, mask, lr=0.5, local_steps=1)
+    res = raifle_fncf(model, stacked, X, dX, dT, mask, use_model_params=True, max_iter=4, truth=(I, E))
+    for u, (mo, th) in enumerate(nets):
+        a, b, c = fncf_updates(mo, th, X[u:u + 1], E[u:u + 1], I[u:u + 1], mask[u:u + 1], lr=0.5, local_steps=1)
+        assert torch.allclose(dX[u:u + 1], a, atol=1e-7) and torch.allclose(En[u:u + 1], c, atol=1e-7)
+        assert all(torch.allclose(dT[k][u:u + 1], b[k], atol=1e-7) for k in b)
+        one = raifle_fncf(mo, th, X[u:u + 1], a, b, mask[u:u + 1], use_model_params=True, max_iter=4,
+                          truth=(I[u:u + 1], E[u:u + 1]), user_ids=[u])
+        assert torch.allclose(res.loss_truth[u:u + 1], one.loss_truth, atol=1e-6), u
+    with pytest.raises(ValueError, match="one network per user"):
+        fncf_updates(model, stacked, X, E, I, mask, lr=0.5, local_steps=2)
+    with pytest.raises(ValueError, match="one network per user"):
+        raifle_fncf(model, stacked, X[:2], dX[:2], {k: v[:2] for k, v in dT.items()}, mask[:2], max_iter=4)
+    with pytest.raises(ValueError, match="theta"):
+        fncf_per_user(model, {**nets[0][1], "0.weight": stacked["0.weight"]})

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from ..attacks.interaction_inference.recsys import raifle_fcf, raifle_fncf
-from ..fl.recsys.interactions import fcf_item_updates, fncf_init, fncf_updates
-from ..metrics import ks_pvalue, roc_auc_rows
+from ..fl.recsys.interactions import fcf_item_updates, fncf_init, fncf_per_user, fncf_updates
+from ..metrics import ks_pvalue, roc_auc_rows, t_interval
 from ..privacy import ldp
 from ..privacy.defenses import prune_rows
 from .tables import scale_cells, scale_pairs, settings_header
@@ -22,7 +22,8 @@ from .._checks import positive_int
 
 __all__ = ["RecsysCase", "make_recsys_case", "attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
            "VARIANTS", "attack_budget", "run_config", "table3", "table3_summary", "table3_values", "table3_table", "table3_loss_table",
-           "table3_boxplot", "linear_case", "loop_vs_batch", "PAPER_TABLE6", "PAPER_TABLE7", "ldp_sigma_rows",
+           "FNCF_CONFIGS", "network_draw_seeds", "network_draws_case", "fncf_network_draws", "network_draws_summary",
+           "network_draws_table", "network_draws_values", "table3_boxplot", "linear_case", "loop_vs_batch", "PAPER_TABLE6", "PAPER_TABLE7", "ldp_sigma_rows",
            "ldp_updates", "ldp_attack_sweep", "clip_knowledge_rows", "ks_values", "table6_table", "table7_values", "table7_table",
            "prune_sweep", "defense_boxplots", "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table"]
 
@@ -35,6 +36,8 @@ class RecsysCase:
     embeddings, ``I`` [U, m] the private 0/1 interactions, ``mask`` [U, m]; FCF's item update
     ``fcf`` [U, m, d]; FNCF's network ``model, theta`` and its updates ``fncf_items`` [U, m, d] and
     ``fncf_params`` {name: [U, ...]}; the users' local settings ``fncf_lr``, ``local_steps``.
+    ``theta`` is one network shared by the users, or one per user (every tensor ``[U, ...]``, as
+    :func:`network_draws_case` builds: the same users under several network draws).
     """
 
     X: torch.Tensor
@@ -62,8 +65,14 @@ class RecsysCase:
             raise ValueError(f"users must lie in [0, {len(self)}), got {idx.min().item()}..{idx.max().item()}")
         m = int(self.mask[idx].sum(1).max())
         return RecsysCase(self.X[idx, :m], self.E[idx], self.I[idx, :m], self.mask[idx, :m], self.fcf[idx, :m],
-                          self.model, self.theta, self.fncf_items[idx, :m], {k: v[idx] for k, v in self.fncf_params.items()},
-                          self.fncf_lr, self.local_steps)
+                          self.model, _theta_of(self, idx), self.fncf_items[idx, :m],
+                          {k: v[idx] for k, v in self.fncf_params.items()}, self.fncf_lr, self.local_steps)
+
+
+def _theta_of(case: RecsysCase, idx) -> dict:
+    """The FNCF network(s) of the users ``idx`` of ``case``: the shared ``theta``, or their rows of a
+    per-user one."""
+    return {k: v[idx] for k, v in case.theta.items()} if fncf_per_user(case.model, case.theta) else case.theta
 
 
 def make_recsys_case(user_items, num_items: int, *, dim: int = 64, fncf_lr: float = 1.0,
@@ -85,7 +94,7 @@ def make_recsys_case(user_items, num_items: int, *, dim: int = 64, fncf_lr: floa
 
 def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, use_model_params: bool = False,
                 fcf=None, fncf_items=None, fncf_params=None, clip_norm=None, batch_size: int = 64,
-                **kwargs) -> dict:
+                user_ids=None, **kwargs) -> dict:
     """Run one Table 3 configuration on every user of ``case`` in batches of ``batch_size`` users
     (users sorted by their number of items so each batch is padded little).
 
@@ -96,11 +105,18 @@ def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, u
     the estimated user embedding, ``loss`` the matching loss the attack reached and ``loss_truth`` the
     same loss at the true interactions (and true embedding where it is estimated), the answer the
     optimiser should reach; ``evaluations`` the batched loss evaluations summed over batches.
+    ``user_ids`` [U] (default ``0..U-1``): the ids that seed each user's random starts
+    (:func:`fedlab.attacks.interaction_inference.recsys.user_generator`); users with the same id start
+    from the same points. Raises ``ValueError`` for an unknown ``algorithm``, ``batch_size < 1`` or
+    ``user_ids`` of the wrong length.
     """
     if algorithm not in ("fcf", "fncf"):
         raise ValueError(f"algorithm must be 'fcf' or 'fncf', got {algorithm!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ids = torch.arange(len(case)) if user_ids is None else torch.as_tensor(user_ids, dtype=torch.long).flatten()
+    if ids.numel() != len(case):
+        raise ValueError(f"user_ids must hold one id per user ({len(case)}), got {ids.numel()}")
     fcf = case.fcf if fcf is None else fcf
     fncf_items = case.fncf_items if fncf_items is None else fncf_items
     fncf_params = case.fncf_params if fncf_params is None else fncf_params
@@ -116,15 +132,15 @@ def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, u
         X, mk = case.X[idx, :m], case.mask[idx, :m]
         truth = (case.I[idx, :m], case.E[idx])
         if algorithm == "fcf":
-            res = raifle_fcf(X, fcf[idx, :m], mk, estimate_embedding=estimate_embedding, clip_norm=clip_norm, user_ids=idx,
-                             truth=truth, **kwargs)
+            res = raifle_fcf(X, fcf[idx, :m], mk, estimate_embedding=estimate_embedding, clip_norm=clip_norm,
+                             user_ids=ids[idx], truth=truth, **kwargs)
         else:
             ci, cp = clip_norm if clip_norm is not None else (None, None)
-            res = raifle_fncf(case.model, case.theta, X, fncf_items[idx, :m],
+            res = raifle_fncf(case.model, _theta_of(case, idx), X, fncf_items[idx, :m],
                               {k: v[idx] for k, v in fncf_params.items()}, mk,
                               estimate_embedding=estimate_embedding, use_model_params=use_model_params,
                               user_lr=case.fncf_lr, local_steps=case.local_steps, items_clip_norm=ci,
-                              params_clip_norm=cp, user_ids=idx, truth=truth, **kwargs)
+                              params_clip_norm=cp, user_ids=ids[idx], truth=truth, **kwargs)
         auc[idx] = roc_auc_rows(case.I[idx, :m], res.scores, mk)
         loss[idx] = res.loss
         loss_truth[idx] = res.loss_truth
@@ -245,6 +261,159 @@ def table3_loss_table(results: dict) -> tuple[list, list]:
     rows = [[VARIANTS[k], round(results[k]["loss_truth"].median().item(), 3), round(results[k]["loss"].median().item(), 3),
              round(results[k]["auc"].mean().item(), 3), results[k]["evaluations"]] for k in TABLE3_CONFIGS]
     return ["configuration", "median loss at the truth", "median loss reached", "mean AUC", "loss evaluations"], rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# The FNCF network as a random effect: Table 3's FNCF rows over independent network draws
+# ---------------------------------------------------------------------------------------------------
+
+#: Table 3's FNCF rows (the configurations whose result depends on the random FNCF network)
+FNCF_CONFIGS = [c for c in TABLE3_CONFIGS if c[0] == "FNCF"]
+
+
+def network_draw_seeds(seed: int, num_draws: int) -> list[int]:
+    """``num_draws`` seeds of independent FNCF networks for run ``seed``: NumPy ``SeedSequence((seed,
+    k))`` for draw ``k``, so draw ``k`` is the same whatever ``num_draws`` is, and no draw reuses the
+    seed :func:`make_recsys_case` gave the case's own network. Raises ``ValueError`` naming
+    ``num_draws`` when below 1."""
+    import numpy as np
+
+    positive_int("num_draws", num_draws)
+    return [int(np.random.SeedSequence([int(seed), 0x6E6574, k]).generate_state(1)[0]) for k in range(num_draws)]
+
+
+def network_draws_case(case: RecsysCase, draw_seeds) -> RecsysCase:
+    """The users of ``case`` under ``D = len(draw_seeds)`` FNCF networks at once: a :class:`RecsysCase`
+    of ``D * U`` rows, draw-major (row ``k * U + u`` is user ``u`` under network ``k``), with the same
+    items ``X``, embeddings ``E`` and interactions ``I`` in every draw, network ``k`` from
+    :func:`fedlab.fl.recsys.interactions.fncf_init` with seed ``draw_seeds[k]`` and the widths of
+    ``case.model``, its honest one-step updates ``fncf_items`` [D*U, m, d] and ``fncf_params``
+    {name: [D*U, ...]}, and ``theta`` stacked per row (every tensor ``[D*U, ...]``). FCF's update
+    ``fcf`` does not depend on the network and is repeated. Raises ``ValueError`` for an empty
+    ``draw_seeds``, a ``case`` whose users take more than one local step (the stacked networks run the
+    written-out one-step update) or a ``case`` that already holds one network per user."""
+    seeds = [int(s) for s in draw_seeds]
+    if not seeds:
+        raise ValueError("draw_seeds must hold at least one seed")
+    if case.local_steps != 1:
+        raise ValueError(f"case.local_steps must be 1 for stacked network draws, got {case.local_steps}")
+    if fncf_per_user(case.model, case.theta):
+        raise ValueError("case already holds one network per user")
+    D, U, d = len(seeds), len(case), case.X.shape[2]
+    widths = tuple(m.out_features for m in case.model.modules() if isinstance(m, torch.nn.Linear))[:-1]
+    nets = [fncf_init(d, widths, seed=s)[1] for s in seeds]
+    theta = {k: torch.stack([t[k] for t in nets]).repeat_interleave(U, 0) for k in nets[0]}   # [D*U, ...]
+
+    def rep(t):
+        return t.repeat(D, *([1] * (t.dim() - 1)))
+
+    X, E, I, mask = rep(case.X), rep(case.E), rep(case.I), rep(case.mask)
+    dX, dT, _ = fncf_updates(case.model, theta, X, E, I, mask, lr=case.fncf_lr, local_steps=1)
+    return RecsysCase(X, E, I, mask, rep(case.fcf), case.model, theta, dX, dT, case.fncf_lr, 1)
+
+
+def fncf_network_draws(case: RecsysCase, num_draws: int, *, fncf_max_iter: int, num_restarts: int, seed: int = 0,
+                       configs=None, batch_size: int = 64) -> dict:
+    """Table 3's FNCF rows (RAIFLE Sec. 4.2, Algorithms 1-2) with the FNCF network as a random effect:
+    the users of ``case`` (their items, embeddings and interactions fixed) under ``num_draws``
+    independent networks (:func:`network_draw_seeds`, :func:`network_draws_case`), each user starting
+    from the same points under every network (its id seeds its starts), so only the network differs
+    between draws. All draws of a batch of users run as one batched attack (one L-BFGS row per draw,
+    user and start; :func:`attack_case`), not a loop over draws; a batch holds ``batch_size // D`` users
+    (at least one) of similar item counts, all ``D`` draws each.
+
+    ``configs``: the FNCF configurations of :data:`TABLE3_CONFIGS` to run (default all four,
+    :data:`FNCF_CONFIGS`), each with :func:`attack_budget` (``fncf_max_iter``, ``num_restarts``).
+    Returns ``{"draw_seeds": [D], "num_users": U, config: {"auc", "loss", "loss_truth": [D, U],
+    "emb_error": [D, U] or None, "evaluations": int}}`` (``loss`` the matching loss reached, ``loss_truth``
+    the loss at the true answer, as :func:`attack_case`). Raises ``ValueError`` naming ``num_draws``,
+    ``fncf_max_iter``, ``num_restarts`` or ``batch_size`` below 1, or for a configuration that is not
+    an FNCF row."""
+    configs = FNCF_CONFIGS if configs is None else list(configs)
+    bad = [c for c in configs if c not in FNCF_CONFIGS]
+    if bad or not configs:
+        raise ValueError(f"configs must be FNCF rows of Table 3 {FNCF_CONFIGS}, got {configs!r}")
+    positive_int("batch_size", batch_size)
+    attack_budget(configs[0], fcf_max_iter=1, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts)
+    seeds = network_draw_seeds(seed, num_draws)
+    D, U = len(seeds), len(case)
+    out = {"draw_seeds": seeds, "num_users": U}
+    for c in configs:
+        out[c] = {"auc": torch.empty(D, U, dtype=torch.float64), "loss": torch.empty(D, U),
+                  "loss_truth": torch.empty(D, U), "emb_error": torch.empty(D, U) if c[1] else None, "evaluations": 0}
+    order = torch.argsort(case.mask.sum(1), stable=True)
+    per_batch = max(1, batch_size // D)
+    for start in range(0, U, per_batch):
+        idx = order[start:start + per_batch]
+        stacked = network_draws_case(case.subset(idx), seeds)
+        for c in configs:
+            res = run_config(stacked, c, fcf_max_iter=1, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts,
+                             seed=seed, batch_size=len(stacked), user_ids=idx.repeat(D))
+            for key in ("auc", "loss", "loss_truth") + (("emb_error",) if c[1] else ()):
+                out[c][key][:, idx] = res[key].reshape(D, len(idx)).to(out[c][key].dtype)
+            out[c]["evaluations"] += res["evaluations"]
+    return out
+
+
+def network_draws_summary(result: dict, confidence: float = 0.95) -> dict:
+    """Per configuration of a :func:`fncf_network_draws` result: the mean AUC of each draw (over its
+    users) ``per_draw`` [D]; their mean over draws ``auc``, the Student-t interval ``ci`` (``(low,
+    high)``, :func:`fedlab.metrics.t_interval` at ``confidence``, cut to [0, 1]) and the standard
+    deviation ``sd`` over draws (the network's random effect on these users), the range ``(min,
+    max)``; the median over draws and users of the loss at the truth ``loss_truth`` and of the loss
+    reached ``loss``, and the share of (draw, user) pairs whose reached loss is at most twice the
+    truth's plus 0.01, ``at_truth``. Raises ``ValueError`` for a result without configurations or with
+    fewer than 2 draws (no interval)."""
+    configs = [c for c in result if isinstance(c, tuple)]
+    if not configs:
+        raise ValueError("result holds no configuration")
+    out = {}
+    for c in configs:
+        r = result[c]
+        per_draw = r["auc"].mean(1)
+        if per_draw.numel() < 2:
+            raise ValueError(f"result must hold at least 2 draws for an interval, got {per_draw.numel()}")
+        mean, sd, (lo, hi) = t_interval(per_draw.tolist(), confidence)
+        out[c] = {"per_draw": per_draw, "auc": mean, "ci": (max(lo, 0.0), min(hi, 1.0)), "sd": sd,
+                  "range": (per_draw.min().item(), per_draw.max().item()),
+                  "loss_truth": r["loss_truth"].median().item(), "loss": r["loss"].median().item(),
+                  "at_truth": (r["loss"] <= 2 * r["loss_truth"] + 0.01).double().mean().item(),
+                  "num_draws": per_draw.numel(), "num_users": r["auc"].shape[1]}
+    return out
+
+
+def network_draws_table(summary: dict) -> tuple[list, list]:
+    """``(headers, rows)`` of a :func:`network_draws_summary`: per FNCF configuration the paper's AUC
+    (:data:`PAPER_TABLE3`), our mean AUC over network draws with its 95 % interval, the standard deviation
+    and range of the draws' mean AUCs, the median loss at the truth and reached, and the share of
+    (draw, user) pairs that reached the truth's loss (``at_truth``: at most twice it plus 0.01)."""
+    rows = [[VARIANTS[c], PAPER_TABLE3[c][0], f"{s['auc']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}]", round(s["sd"], 3),
+             f"{s['range'][0]:.3f}–{s['range'][1]:.3f}", round(s["loss_truth"], 3), round(s["loss"], 3),
+             round(s["at_truth"], 2)] for c, s in summary.items()]
+    n = next(iter(summary.values()))
+    headers = ["configuration", "paper AUC", f"mean AUC over {n['num_draws']} networks [95 % CI]", "sd over networks",
+               "range over networks", "median loss at the truth", "median loss reached",
+               "share reaching the truth's loss (≤ 2 × + 0.01)"]
+    return headers, rows
+
+
+def network_draws_values(summary: dict) -> dict:
+    """The glued names of a :func:`network_draws_summary`: ``ch3a_draws_auc_<name>`` (mean over draws),
+    ``ch3a_draws_lo_<name>`` / ``ch3a_draws_hi_<name>`` (its interval), ``ch3a_draws_sd_<name>``,
+    ``ch3a_draws_min_<name>`` / ``ch3a_draws_max_<name>``, ``ch3a_draws_loss_truth_<name>`` /
+    ``ch3a_draws_loss_<name>`` (medians), all rounded to 3 decimals, and ``ch3a_draws_n`` /
+    ``ch3a_draws_users`` (draws, users)."""
+    out = {}
+    for c, s in summary.items():
+        n = TABLE3_NAMES[c]
+        out.update({f"ch3a_draws_auc_{n}": s["auc"], f"ch3a_draws_lo_{n}": s["ci"][0], f"ch3a_draws_hi_{n}": s["ci"][1],
+                    f"ch3a_draws_sd_{n}": s["sd"], f"ch3a_draws_min_{n}": s["range"][0],
+                    f"ch3a_draws_max_{n}": s["range"][1], f"ch3a_draws_loss_truth_{n}": s["loss_truth"],
+                    f"ch3a_draws_loss_{n}": s["loss"]})
+    out = {k: round(float(v), 3) for k, v in out.items()}
+    first = next(iter(summary.values()))
+    out.update(ch3a_draws_n=first["num_draws"], ch3a_draws_users=first["num_users"])
+    return out
 
 
 def table3_boxplot(results: dict):
@@ -501,10 +670,12 @@ def _signature_default(fn, name: str):
 #: ``fncf_max_iter``, ``num_restarts``: Table 3's budget and starts (:func:`attack_budget`);
 #: ``sweep_users``, ``sweep_max_iter``: the defense sweeps' users (a random subset of Table 3's) and
 #: budget; ``ldp_variants``: how many of :data:`TABLE3_CONFIGS` the LDP sweep runs (the first ones);
-#: ``loop_users``: users of the per-user loop against the batched call
+#: ``loop_users``: users of the per-user loop against the batched call; ``network_draws``, ``draw_users``:
+#: the FNCF rows over independent network draws (:func:`fncf_network_draws`, with Table 3's budget): how
+#: many networks, and how many users (Table 3's users with the fewest items)
 SCALE_SETTINGS = {"table3_users": (8, None), "fcf_max_iter": (100, 1000), "fncf_max_iter": (150, 1000),
                   "num_restarts": (2, 2), "sweep_users": (4, 200), "sweep_max_iter": (50, 1000),
-                  "ldp_variants": (4, 6), "loop_users": (4, 16)}
+                  "ldp_variants": (4, 6), "loop_users": (4, 16), "network_draws": (10, 10), "draw_users": (2, 100)}
 
 
 def scaled(name: str):

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ...fl.recsys.interactions import fcf_item_updates, fncf_backprop, fncf_first_layer, fncf_updates
+from ...fl.recsys.interactions import fcf_item_updates, fncf_backprop, fncf_first_layer, fncf_per_user, fncf_updates
 from ...config import device as _device
 from ...fl import _model_on
 from ...optim import lbfgs_rows
@@ -287,22 +287,26 @@ def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, 
     ``Q^T T_i`` and the rest gives ``||dX_i - T_i||^2 = ||-lr R delta_i - Q^T T_i||^2 + ||T_i - Q Q^T
     T_i||^2`` exactly. The server computes ``X W1x^T``, ``Q^T T_i`` and the remainders once, so an
     evaluation touches ``[k, m, h1]`` tensors instead of ``[k, m, d]`` ones (h1 = 16, d = 64).
-    ``temperature > 0`` simulates the smoothed network of :func:`fncf_backprop` (continuation)."""
+    ``temperature > 0`` simulates the smoothed network of :func:`fncf_backprop` (continuation).
+    ``theta`` shared, or one network per user (every tensor ``[U, ...]``; then ``Q`` [U, d, h1] and
+    ``R`` [U, h1, h1] per user, and each candidate row runs its user's network)."""
     d = X.shape[2]
     W1e, W1x, layers = fncf_first_layer(model, theta, d)
-    Q, R = torch.linalg.qr(W1x.T)                                 # W1x^T [d, h1] = Q [d, h1] R [h1, h1]
+    per_user = W1x.dim() == 3
+    Q, R = torch.linalg.qr(W1x.transpose(-1, -2))                 # W1x^T [(U,) d, h1] = Q [(U,) d, h1] R [(U,) h1, h1]
     w = mask.to(X.dtype)
-    XW = X @ W1x.T                                                # [U, m, h1]
+    XW = X @ W1x.transpose(-1, -2)                                # [U, m, h1]
     coords = item_updates @ Q                                     # [U, m, h1]
-    rest = ((item_updates - coords @ Q.T) ** 2).sum(-1)           # [U, m]
+    rest = ((item_updates - coords @ Q.transpose(-1, -2)) ** 2).sum(-1)   # [U, m]
     target_norm = item_updates.norm(dim=-1)
 
     def loss_fn(I, E, rows):
         Eu = E if guess_emb is None else guess_emb[rows]
-        delta, _, grads = fncf_backprop(layers, theta, XW[rows], Eu, I, w[rows],
+        th = {k: v[rows] for k, v in theta.items()} if per_user else theta
+        delta, _, grads = fncf_backprop(layers, th, XW[rows], Eu, I, w[rows],
                                         X=(lambda dl: _rows_tmatmul(X, rows, dl)) if use_model_params else None,
                                         temperature=temperature)
-        pred = -user_lr * (delta @ R.T)                           # coordinates of dX_i in the basis Q
+        pred = -user_lr * (delta @ (R[rows] if per_user else R).transpose(-1, -2))   # coordinates of dX_i in the basis Q
         if items_clip_norm is not None:
             pred = clip_rows(pred, items_clip_norm)               # ||dX|| = ||pred||: Q is orthonormal
         loss = _items_distance(((pred - coords[rows]) ** 2).sum(-1) + rest[rows], target_norm[rows], w[rows], squared)
@@ -346,10 +350,20 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
     and L-BFGS stops after a few dozen evaluations far above the loss at the truth. Smoothed ReLUs
     make the pattern visible to the gradient. Raises ``ValueError`` for a continuation with
     ``local_steps > 1`` or a temperature that is not > 0.
+
+    ``theta`` may hold one network per user (every tensor ``[U, ...]`` stacked on dim 0,
+    :func:`fedlab.fl.recsys.interactions.fncf_per_user`; ``local_steps == 1`` only): user ``u``'s
+    update then came from network ``u``, and one call attacks the same users under many network
+    draws (:func:`fedlab.experiments.chapter3a.fncf_network_draws`). Raises ``ValueError`` for
+    per-user networks with ``local_steps > 1`` or not ``U`` of them.
     """
     U, m, d = X.shape
     if item_updates.shape != X.shape or mask.shape != (U, m):
         raise ValueError(f"item_updates must be {tuple(X.shape)} and mask {(U, m)}")
+    if isinstance(theta, dict) and fncf_per_user(model, theta):
+        if local_steps != 1 or any(v.shape[0] != U for v in theta.values()):
+            raise ValueError(f"theta with one network per user needs local_steps == 1 and {U} networks, got "
+                             f"local_steps={local_steps}, {next(iter(theta.values())).shape[0]} networks")
     if not estimate_embedding and guess_emb is None:
         guess_emb = _guess_embeddings(U, d, kwargs.get("seed", 0), kwargs.get("user_ids"))
     dev = kwargs["device"] = _device(kwargs.get("device"))           # FEDLAB_DEVICE unless given

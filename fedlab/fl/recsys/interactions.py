@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ...models import get_params, mlp
 
-__all__ = ["fcf_item_updates", "fncf_init", "fncf_updates", "fncf_first_layer", "fncf_backprop"]
+__all__ = ["fcf_item_updates", "fncf_init", "fncf_updates", "fncf_first_layer", "fncf_per_user", "fncf_backprop"]
 
 
 def fcf_item_updates(X, E, I, mask, *, alpha: float = 0.0, lr: float = 1.0):
@@ -88,13 +88,28 @@ def _batched_fncf_loss(layers, E, X, Theta, I, w):
 def fncf_first_layer(model, theta, dim: int):
     """``(W1e [h1, d], W1x [h1, d], names)`` of the FNCF network's first layer: the columns acting on
     the user embedding and on the item embedding (the input is ``[e_u, x_i]``), and the
-    ``(weight, bias)`` names of every layer. Raises ``ValueError`` if the first layer is not
-    ``[h1, 2 dim]``."""
+    ``(weight, bias)`` names of every layer. With a stacked ``theta`` (one network per user, every
+    tensor ``[U, ...]``, see :func:`fncf_backprop`) the two blocks are ``[U, h1, d]``. Raises
+    ``ValueError`` if the first layer is not ``[h1, 2 dim]`` or ``[U, h1, 2 dim]``."""
     layers = _mlp_layers(model)
     W1 = theta[layers[0][0]].detach()
-    if W1.dim() != 2 or W1.shape[1] != 2 * dim:
-        raise ValueError(f"the first layer must be [h1, 2*dim={2 * dim}], got {tuple(W1.shape)}")
-    return W1[:, :dim], W1[:, dim:], layers
+    if W1.dim() not in (2, 3) or W1.shape[-1] != 2 * dim:
+        raise ValueError(f"the first layer must be [h1, 2*dim={2 * dim}] or [U, h1, 2*dim], got {tuple(W1.shape)}")
+    return W1[..., :dim], W1[..., dim:], layers
+
+
+def fncf_per_user(model, theta) -> bool:
+    """Whether ``theta`` holds one FNCF network per user (every tensor one dimension more than the
+    model's parameter, stacked on dim 0) rather than one network shared by all. Raises ``ValueError``
+    for a ``theta`` that is neither (mixed, or a tensor of another shape)."""
+    shapes = dict(model.named_parameters())
+    stacked = [v.dim() == shapes[k].dim() + 1 and tuple(v.shape[1:]) == tuple(shapes[k].shape) for k, v in theta.items()]
+    shared = [tuple(v.shape) == tuple(shapes[k].shape) for k, v in theta.items()]
+    if all(stacked) and len({v.shape[0] for v in theta.values()}) == 1:
+        return True
+    if all(shared):
+        return False
+    raise ValueError("theta must hold the model's parameters, either shared or all stacked on one leading user dimension")
 
 
 def fncf_backprop(layers, theta, XW, E, I, w, *, X=None, temperature: float = 0.0):
@@ -111,6 +126,11 @@ def fncf_backprop(layers, theta, XW, E, I, w, *, X=None, temperature: float = 0.
     Differentiable in ``I`` and ``E`` with one autograd pass (no double backward); matches autograd
     (``tests/test_interaction_inference.py``).
 
+    ``theta`` is one network shared by the users, or one network per user (every tensor ``[U, ...]``
+    stacked on dim 0, :func:`fncf_per_user`; the attack on many network draws at once,
+    :func:`fedlab.experiments.chapter3a.fncf_network_draws`); with a shared ``theta`` the float
+    operations are those of the shared network alone.
+
     ``temperature`` ``tau > 0`` replaces every hidden ReLU by its smooth version ``tau *
     softplus(a / tau)`` (derivative ``sigmoid(a / tau)``), which tends to the ReLU as ``tau -> 0``;
     ``0`` (default) is the network itself. A server uses it to see, in the gradient, which hidden
@@ -123,12 +143,14 @@ def fncf_backprop(layers, theta, XW, E, I, w, *, X=None, temperature: float = 0.
     d = E.shape[1]
     n = w.sum(1)
     (w1, b1) = layers[0]
-    W1e = theta[w1].detach()[:, :d]
-    a = [XW + (E @ W1e.T + theta[b1].detach())[:, None, :]]      # pre-activations [U, m, h]
-    z = [None]
+    W1e = theta[w1].detach()[..., :d]
+    per_user = W1e.dim() == 3                                     # one network per user: [U, h1, d]
+    a = [XW + ((torch.einsum("ud,uhd->uh", E, W1e) if per_user else E @ W1e.T) + theta[b1].detach())[:, None, :]]
+    z = [None]                                                    # pre-activations a [U, m, h]
     for (wk, bk) in layers[1:]:
         z.append(torch.relu(a[-1]) if temperature == 0 else temperature * F.softplus(a[-1] / temperature))
-        a.append(z[-1] @ theta[wk].detach().T + theta[bk].detach())
+        b = theta[bk].detach()
+        a.append(z[-1] @ theta[wk].detach().transpose(-1, -2) + (b[:, None, :] if per_user else b))
     delta = ((torch.sigmoid(a[-1].squeeze(-1)) - I) * w / n[:, None])[..., None]   # dL/dlogit [U, m, 1]
     grads = {} if X is not None else None
     for k in range(len(layers) - 1, 0, -1):                      # layer k's input is z[k]
@@ -143,7 +165,7 @@ def fncf_backprop(layers, theta, XW, E, I, w, *, X=None, temperature: float = 0.
         dXt = X(delta) if callable(X) else delta.transpose(1, 2) @ X        # [U, h1, d]
         grads[w1] = torch.cat([g1[:, :, None] * E[:, None, :], dXt], 2)
         grads[b1] = g1
-    return delta, g1 @ W1e, grads
+    return delta, (torch.einsum("uh,uhd->ud", g1, W1e) if per_user else g1 @ W1e), grads
 
 
 def fncf_updates(model, theta, X, E, I, mask, *, lr: float = 1.0, local_steps: int = 3,
@@ -161,6 +183,11 @@ def fncf_updates(model, theta, X, E, I, mask, *, lr: float = 1.0, local_steps: i
     (:func:`fncf_backprop`; the same numbers), several times faster for an attacker that
     differentiates it. ``create_graph`` (default: whether ``I`` or ``E`` requires grad) keeps the
     graph so the server can differentiate the result with respect to ``I`` and ``E``.
+
+    ``theta`` may also hold one network per user (every tensor ``[U, ...]``, :func:`fncf_per_user`)
+    with ``local_steps=1``: user ``u`` then trains network ``u``. Raises ``ValueError`` for
+    mismatched shapes, ``local_steps < 1``, ``lr <= 0``, or per-user networks with ``local_steps >
+    1`` or a number of networks other than ``U``.
     """
     if X.dim() != 3 or E.dim() != 2 or I.dim() != 2 or mask.shape != I.shape:
         raise ValueError(f"expected X [U,m,d], E [U,d], I and mask [U,m]; got {tuple(X.shape)}, "
@@ -174,10 +201,13 @@ def fncf_updates(model, theta, X, E, I, mask, *, lr: float = 1.0, local_steps: i
     U = X.shape[0]
     layers = _mlp_layers(model)
     w = mask.to(X.dtype)
+    per_user = fncf_per_user(model, theta)
+    if per_user and (local_steps != 1 or next(iter(theta.values())).shape[0] != U):
+        raise ValueError(f"a theta with one network per user needs local_steps == 1 and {U} networks")
     if local_steps == 1:
         W1e, W1x, _ = fncf_first_layer(model, theta, X.shape[2])
         with torch.set_grad_enabled(create_graph):
-            delta, gE, grads = fncf_backprop(layers, theta, X @ W1x.T, E, I, w, X=X)
+            delta, gE, grads = fncf_backprop(layers, theta, X @ W1x.transpose(-1, -2), E, I, w, X=X)
             dX, dT, E_new = -lr * (delta @ W1x), {k: -lr * grads[k] for k in theta}, E - lr * gE
         if not create_graph:
             dX, dT, E_new = dX.detach(), {k: v.detach() for k, v in dT.items()}, E_new.detach()
