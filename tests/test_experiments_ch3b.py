@@ -58,12 +58,25 @@ def test_users_train_in_an_order_the_server_does_not_know(data):
         ex.update_drift([])
 
 
-def test_known_order_oracle_reaches_zero_loss(data):
-    """With the order told to it, the server's simulation on the true clicks is the user's update."""
+def test_the_known_order_oracle_has_a_zero_loss_at_the_true_clicks(data):
+    """With the order told to it, the server's simulation on the true clicks is the user's update: RAIFLE's
+    matching loss is 0 at the truth (so the oracle's attack has an exact answer to reach), and it is not 0 when
+    the server simulates the display order of a user who trained in another order. The attack runs on the
+    oracle's loss and returns one score per displayed document and one AUC per user."""
+    from fedlab.fl.oltr import local_update
+
     case = ro.make_oltr_case(data, 3, 3, (4,), lr=1.0, seed=2)
+    told = ro.in_order(case.order, case.X, case.I, case.mask)
+    at_truth = ro.oltr_matching_loss(local_update(case.theta0, *told, case.hidden, lr=case.lr), case.update)
+    assert float(at_truth.max()) < 1e-10, at_truth
+    shuffled = (case.order != torch.arange(case.order.shape[1])).any(1)
+    display = ro.oltr_matching_loss(local_update(case.theta0, case.X, case.I, case.mask, case.hidden, lr=case.lr),
+                                    case.update)
+    assert bool(shuffled.any()) and bool((display[shuffled] > 1e-6).all()), (case.order, display)
     res = ro.raifle_oltr(case, known_order=True, max_iter=40, seed=0)
     auc = ro.attack_oltr(case, known_order=True, max_iter=40, seed=0)
     assert res.scores.shape == (3, 3 * case.X.shape[2]) and auc.shape == (3,)
+    assert bool(torch.isfinite(res.loss).all()) and bool((res.loss >= 0).all())
 
 
 def test_adm_weight_blocks_isolate_queries(data):
