@@ -1,4 +1,4 @@
-"""Chapter 0, second edition (issue 16, item 11): the step size of each method tuned on held-out
+"""Chapter 0: the step size of each method tuned on held-out
 validation data, the client-fraction table of McMahan et al. (Table 1), and the tuned step sizes
 passed through to the FedSGD / FedAvg comparison and the local-work grid."""
 import matplotlib.pyplot as plt

@@ -1,4 +1,4 @@
-"""Chapter 1a, second edition: DLG's budget in the reference's units, the PSNR floors, Inverting
+"""Chapter 1a: DLG's budget in the reference's units, the PSNR floors, Inverting
 Gradients with Gaussian starts and restarts, and the per-layer gradient distance (Zhu et al. 2019, Fig. 3)."""
 import numpy as np
 import pytest
