@@ -110,7 +110,7 @@ def test_gradient_inversion_threads_its_device():
                lambda **kw: gi.dlg(net, params, obs, input_shape=(6,), num_classes=3, batch_size=2, max_iter=3,
                                    steps=3, **kw),
                lambda **kw: gi.inverting_gradients(net, params, obs, input_shape=(6,), labels=y, max_iter=6,
-                                                   restarts=2, x_true=X, **kw)):
+                                                   num_restarts=2, x_true=X, **kw)):
         a, b = fn(), _under_meta_default(lambda: fn(device="cpu"))
         assert _same(a.x, b.x) and _same(a.labels, b.labels)
         assert a.history["loss"] == b.history["loss"]

@@ -83,7 +83,7 @@ def test_dlg_evaluation_counts_and_reference_budget(digits_net):
 def test_inverting_gradients_counts_evaluations_and_restarts(digits_net):
     net, params, ds = digits_net
     obs = gi.parameter_gradient(net, params, ds.X[:1], ds.y[:1])
-    res = gi.inverting_gradients(net, params, obs, input_shape=(1, 8, 8), labels=ds.y[:1], max_iter=7, restarts=3)
+    res = gi.inverting_gradients(net, params, obs, input_shape=(1, 8, 8), labels=ds.y[:1], max_iter=7, num_restarts=3)
     assert res.evaluations == 8 and res.history["restart_loss"].shape == (1, 3)
     chosen = int(res.history["chosen"][0])
     assert chosen == int(np.argmin(res.history["restart_loss"][0]))
@@ -96,7 +96,7 @@ def test_stacked_inverting_gradients_equals_separate_runs():
     p = models.get_params(net)
     g = gi.per_example_gradients(net, p, crops.X, crops.y)
     kw = dict(input_shape=(3, 16, 16), max_iter=12, tv_weight=0.1, init_mean=[0.4, 0.5, 0.3], init_std=0.2)
-    both = gi.inverting_gradients(net, p, g, labels=crops.y[:, None], stacked=True, restarts=2, seed=4, **kw)
+    both = gi.inverting_gradients(net, p, g, labels=crops.y[:, None], stacked=True, num_restarts=2, seed=4, **kw)
     assert both.x.shape == (2, 1, 3, 16, 16)
     # row a*R + r of the stack is trial r of attack a: rerun attack 1 alone with the same starting draws
     gen = torch.Generator().manual_seed(4)
@@ -125,7 +125,7 @@ def test_restarts_keep_the_best_trial_and_gaussian_start_beats_nothing():
     net = models.lenet(3, 10, 16, activation="relu", seed=0)
     p = models.get_params(net)
     obs = gi.parameter_gradient(net, p, crops.X, crops.y)
-    res = gi.inverting_gradients(net, p, obs, input_shape=(3, 16, 16), labels=crops.y, max_iter=60, restarts=4,
+    res = gi.inverting_gradients(net, p, obs, input_shape=(3, 16, 16), labels=crops.y, max_iter=60, num_restarts=4,
                                  tv_weight=0.1, x_true=crops.X)
     losses = res.history["restart_loss"][0]
     assert losses.min() <= losses.max() and np.isfinite(losses).all() and losses.min() < 0.5
@@ -234,7 +234,7 @@ def test_layer_figure_and_correlation_on_a_tiny_run(digits_net):
     res = ch1a.dlg_vs_inverting_gradients(models.lenet(1, 10, 8, activation="relu", seed=0),
                                           models.get_params(models.lenet(1, 10, 8, activation="relu", seed=0)),
                                           ds.X[:2], ds.y[:2], weight_key="7.weight", max_iter=4, dlg_steps=1,
-                                          restarts=2)
+                                          num_restarts=2)
     assert res["ig_evaluations"] == 5 and (res["dlg_evaluations"] <= 20).all() and res["ig_x"].shape == (2, 1, 8, 8)
 
 
@@ -245,14 +245,14 @@ def test_restart_paragraph_states_this_seeds_counts_and_refuses_a_mismatch():
     won, failed = np.array([True, False, True, False]), np.array([1, 3])
     restart = {"loss_truth": np.array([1e-16, 3e-17])}
     text = ch1a.restart_paragraph(restart, final_loss=final_loss, won=won, failed=failed, stalled=1,
-                                  rescued=np.array([True, False]), restarts=4, success_before=0.5)
+                                  rescued=np.array([True, False]), num_restarts=4, success_before=0.5)
     assert "failed on 2 of the 4 digits (1 of them stopped" in text and "at least 3.5," in text
     assert "at most 2e-11" in text and "scores 1e-16" in text and "4 more random starts" in text
     assert "1 of the 2 failed digits" in text and "becomes 0.750 (from 0.500)" in text
     none = ch1a.restart_paragraph(restart, final_loss=final_loss[[0, 2]], won=np.array([True, True]),
                                   failed=np.array([], dtype=int), stalled=0, rescued=np.array([], dtype=bool),
-                                  restarts=4, success_before=1.0)
+                                  num_restarts=4, success_before=1.0)
     assert "succeeded on all 2 digits" in none and "at most 2e-11" in none
     with pytest.raises(ValueError, match="rescued"):
         ch1a.restart_paragraph(restart, final_loss=final_loss, won=won, failed=failed, stalled=1,
-                               rescued=np.array([True]), restarts=4, success_before=0.5)
+                               rescued=np.array([True]), num_restarts=4, success_before=0.5)

@@ -232,7 +232,7 @@ def test_clipped_variant_has_fixed_eps_and_clips():
     norms = torch.linalg.vector_norm(clipped - theta_global, dim=1)
     orig = torch.linalg.vector_norm(theta_local - theta_global, dim=1)
     torch.testing.assert_close(norms, torch.clamp(orig, max=R))
-    out = dp.sanitize_update_clipped(theta_local, theta_global, nu, radius=R, rng=5, safe=False)
+    out = dp.sanitize_update_clipped(theta_local, theta_global, nu, clip_norm=R, rng=5, safe=False)
     assert torch.equal(out.epsilon, torch.full((K,), n / (nu * R), dtype=torch.float64))
     assert torch.equal(out.leakage, torch.full((K,), n / nu, dtype=torch.float64))
     # noise independent of the secret: E ||rho|| = n / eps = nu R for every client
@@ -240,7 +240,7 @@ def test_clipped_variant_has_fixed_eps_and_clips():
     assert float(rnorm.mean()) == pytest.approx(nu * R, rel=0.03)
     assert float(rnorm[orig < 0.2].mean()) == pytest.approx(nu * R, rel=0.1)
     # a zero update gets noise like any other
-    z = dp.sanitize_update_clipped(theta_global, theta_global, nu, radius=R, rng=0)
+    z = dp.sanitize_update_clipped(theta_global, theta_global, nu, clip_norm=R, rng=0)
     assert not torch.equal(z.theta, theta_global) and math.isfinite(float(z.leakage))
 
 
@@ -283,14 +283,14 @@ def test_clipped_privacy_loss_stays_within_eps_d_on_worst_case_pairs(safe):
     theta_global = torch.tensor([0.25, -0.5], dtype=torch.float64)
     # worst case: updates far outside the ball on opposite sides -> clipped secrets 2R apart
     a, b = theta_global + 3 * u, theta_global - 3 * u
-    dens = dp.privacy_loss_check(a, b, theta_global, nu, radius=R, num_samples=100_000, rng=0)
+    dens = dp.privacy_loss_check(a, b, theta_global, nu, clip_norm=R, num_samples=100_000, rng=0)
     assert dens["bound"] == pytest.approx(2 * R * eps)
     assert dens["violation_rate"] == 0 and dens["loss"].max() > 0.99 * dens["bound"]   # attained, never exceeded
     # from the outputs: histogram of the projection on u
     gen = np.random.default_rng(1)
     m = 200_000
-    ya = dp.sanitize_update_clipped(a.expand(m, -1), theta_global.expand(m, -1), nu, radius=R, rng=gen, safe=safe).theta
-    yb = dp.sanitize_update_clipped(b.expand(m, -1), theta_global.expand(m, -1), nu, radius=R, rng=gen, safe=safe).theta
+    ya = dp.sanitize_update_clipped(a.expand(m, -1), theta_global.expand(m, -1), nu, clip_norm=R, rng=gen, safe=safe).theta
+    yb = dp.sanitize_update_clipped(b.expand(m, -1), theta_global.expand(m, -1), nu, clip_norm=R, rng=gen, safe=safe).theta
     ta, tb = ((ya - theta_global) @ u).numpy(), ((yb - theta_global) @ u).numpy()
     emp = dp.empirical_privacy_loss(ta, tb, np.arange(-30.0, 31.0, 2.0), level=0.99)
     slack = float(dp.snapping_extra_epsilon(n, eps)) if safe else 0.0
@@ -392,8 +392,8 @@ def test_first_order_bound_of_prop_3_2():
     lambda: dp.sanitize_update(torch.zeros(3), torch.ones(3), 1.0, bound=0.0),
     lambda: dp.sanitize_update(torch.zeros(3), torch.ones(3), float("inf")),
     lambda: dp.sanitize_update(torch.tensor([0.0, float("nan"), 0.0]), torch.ones(3), 1.0),
-    lambda: dp.sanitize_update_clipped(torch.zeros(3), torch.ones(3), 1.0, radius=0.0),
-    lambda: dp.sanitize_update_clipped(torch.zeros(3), torch.ones(3), 0.0, radius=1.0),
+    lambda: dp.sanitize_update_clipped(torch.zeros(3), torch.ones(3), 1.0, clip_norm=0.0),
+    lambda: dp.sanitize_update_clipped(torch.zeros(3), torch.ones(3), 0.0, clip_norm=1.0),
     lambda: dp.release_euclidean_laplace(torch.zeros(2, 3), np.ones(3)),
     lambda: dp.release_euclidean_laplace(torch.zeros(2, 3, 1), 1.0),
     lambda: dp.release_euclidean_laplace(torch.zeros(3, dtype=torch.int64), 1.0),

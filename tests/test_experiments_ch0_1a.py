@@ -281,7 +281,7 @@ def test_dlg_final_loss_and_restarts_keep_the_least_loss(lenet_setup):
     psnr0 = np.array([gi.matched_psnr(first.x[i], X4[i:i + 1])[0] for i in range(3)])
     assert first.final_loss.shape == (3,) and (first.final_loss >= 0).all()
     res = ch1a.dlg_restarts(net, w, X4, y[:3], psnr0=psnr0, loss0=first.final_loss, evaluations0=first.evaluations,
-                            restarts=2, steps=1, seed=7)
+                            num_restarts=2, steps=1, seed=7)
     assert res["psnr"].shape == res["loss"].shape == res["evaluations"].shape == (3, 3)
     assert np.array_equal(res["loss"][0], first.final_loss) and np.array_equal(res["psnr"][0], psnr0)
     reps = {k: v.repeat(2, *([1] * (v.ndim - 1))) for k, v in grads.items()}   # restart r of image i: row 3 (r-1) + i
@@ -295,14 +295,14 @@ def test_dlg_final_loss_and_restarts_keep_the_least_loss(lenet_setup):
     assert np.array_equal(res["psnr_best"], res["psnr"][res["best"], np.arange(3)])
     assert np.array_equal(res["loss_best"], res["loss"].min(0))
     assert (res["loss_truth"] < 1e-10).all() and (res["loss_best"] > 100 * res["loss_truth"]).all()
-    none = ch1a.dlg_restarts(net, w, X4[:0], y[:0], psnr0=[], loss0=[], evaluations0=[], restarts=2, steps=1)
+    none = ch1a.dlg_restarts(net, w, X4[:0], y[:0], psnr0=[], loss0=[], evaluations0=[], num_restarts=2, steps=1)
     assert none["psnr"].shape == (3, 0) and none["psnr_best"].shape == (0,)
     with pytest.raises(ValueError, match="restarts"):
         ch1a.dlg_restarts(net, w, X4, y[:3], psnr0=psnr0, loss0=first.final_loss, evaluations0=first.evaluations,
-                          restarts=0, steps=1)
+                          num_restarts=0, steps=1)
     with pytest.raises(ValueError, match="one entry per image"):
         ch1a.dlg_restarts(net, w, X4, y[:3], psnr0=psnr0[:2], loss0=first.final_loss, evaluations0=first.evaluations,
-                          restarts=1, steps=1)
+                          num_restarts=1, steps=1)
 
 
 def test_dlg_final_loss_is_small_where_the_attack_succeeds_and_not_where_it_stalls(lenet_setup):

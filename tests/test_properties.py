@@ -183,7 +183,7 @@ def test_sanitize_update_is_finite_reproducible_and_books_its_leakage(x, nu, saf
     zero = x.abs().sum(1) == 0
     assert bool(torch.isinf(a.leakage[zero]).all())
     assert torch.allclose(a.leakage[~zero], torch.full_like(a.leakage[~zero], x.shape[1] / nu))
-    c = dprivacy.sanitize_update_clipped(x, g, nu, radius=1.0, rng=seed, safe=safe)
+    c = dprivacy.sanitize_update_clipped(x, g, nu, clip_norm=1.0, rng=seed, safe=safe)
     assert bool(torch.isfinite(c.theta).all()) and bool(torch.isfinite(c.leakage).all())
 
 

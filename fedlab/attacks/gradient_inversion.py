@@ -623,7 +623,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
 
 def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple,
                         labels: torch.Tensor, max_iter: int = 200, lr: float = 0.1,
-                        tv_weight: float = 1e-2, signed: bool = True, restarts: int = 1,
+                        tv_weight: float = 1e-2, signed: bool = True, num_restarts: int = 1,
                         init: str = "gaussian", init_mean=0.5, init_std=0.25, stacked: bool = False,
                         x_true: torch.Tensor | None = None, snapshot_every: int | None = None,
                         seed: int = 0, device=None, mask: dict | None = None) -> InversionResult:
@@ -635,7 +635,7 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
     are assumed known (recover them with :func:`idlg_label`).
 
     **Initialisation and restarts** as the authors' code (``inversefed``: ``init='randn'``,
-    ``restarts``, ``scoring_choice='loss'``): each of ``restarts`` trials starts from a Gaussian draw in
+    ``restarts``, ``scoring_choice='loss'``): each of ``num_restarts`` trials starts from a Gaussian draw in
     the data's normalised coordinates, ``x' = init_mean + init_std * N(0, 1)`` (``init_mean`` /
     ``init_std``: scalars or per-channel ``[C]``, the data statistics a server uses to normalise; the
     first projection clips it to the box), and the trial with the smallest gradient distance
@@ -672,11 +672,11 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
         raise ValueError(f"lr must be > 0, got {lr}")
     if tv_weight < 0:
         raise ValueError(f"tv_weight must be >= 0, got {tv_weight}")
-    if int(restarts) < 1:
-        raise ValueError(f"restarts must be >= 1, got {restarts}")
+    if int(num_restarts) < 1:
+        raise ValueError(f"num_restarts must be >= 1, got {num_restarts}")
     if init not in ("gaussian", "uniform"):
         raise ValueError(f"init must be 'gaussian' or 'uniform', got {init!r}")
-    R = int(restarts)
+    R = int(num_restarts)
     gen = torch.Generator().manual_seed(int(seed))
     shape = (A * R, batch_size, *input_shape)
     if init == "gaussian":

@@ -258,20 +258,20 @@ def imprint_psnr(demo: Mapping) -> np.ndarray:
 
 
 def dlg_restarts(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, psnr0, loss0, evaluations0,
-                 restarts: int, steps: int, max_iter: int = 20, seed: int = 0) -> dict:
+                 num_restarts: int, steps: int, max_iter: int = 20, seed: int = 0) -> dict:
     """DLG (Zhu et al. 2019, Alg. 1, the reference loop of :func:`fedlab.attacks.gradient_inversion.dlg`)
-    restarted from ``restarts`` further random starts on the images ``X [n, C, H, W]``, ``y [n]`` (e.g. the
+    restarted from ``num_restarts`` further random starts on the images ``X [n, C, H, W]``, ``y [n]`` (e.g. the
     ones a first run failed on), keeping per image the run whose matching loss is smallest (the attacker
     cannot see the PSNR). Run ``0`` is the first run, given by its ``psnr0``, ``loss0`` (its
-    ``final_loss``) and ``evaluations0``, each ``[n]``; the ``restarts * n`` further attacks run as one
+    ``final_loss``) and ``evaluations0``, each ``[n]``; the ``num_restarts * n`` further attacks run as one
     stacked call (generator ``seed``; attack ``(r - 1) * n + i`` is restart ``r`` of image ``i``, each from
     its own random start). Also returns the loss at the truth, the matching loss of the true image with
     its one-hot label (0 up to round-off: the truth is a global minimum the optimiser did not reach).
 
-    Returns ``{"psnr", "loss", "evaluations": [restarts + 1, n] arrays, "best": [n] run index of least
+    Returns ``{"psnr", "loss", "evaluations": [num_restarts + 1, n] arrays, "best": [n] run index of least
     loss, "psnr_best", "loss_best": [n], "loss_truth": [n]}``; with ``n = 0`` every array is empty and no
-    attack runs. Raises ``ValueError`` for ``restarts < 1``, ``steps < 1``, or inputs of different lengths."""
-    restarts, steps = positive_int("restarts", restarts), positive_int("steps", steps)
+    attack runs. Raises ``ValueError`` for ``num_restarts < 1``, ``steps < 1``, or inputs of different lengths."""
+    num_restarts, steps = positive_int("num_restarts", num_restarts), positive_int("steps", steps)
     n = len(X)
     first = [np.asarray(a, dtype=float).ravel() for a in (psnr0, loss0, evaluations0)]
     if len(y) != n or any(len(a) != n for a in first):
@@ -284,14 +284,14 @@ def dlg_restarts(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, psnr0
         for i in range(n):
             dummy = gi.parameter_gradient(model, params, X[i:i + 1], y[i:i + 1])
             truth[i] = float(gi.gradient_distance(dummy, {k: v[i] for k, v in g.items()}))
-        reps = {k: v.repeat(restarts, *([1] * (v.ndim - 1))) for k, v in g.items()}   # row (r - 1) * n + i
+        reps = {k: v.repeat(num_restarts, *([1] * (v.ndim - 1))) for k, v in g.items()}   # row (r - 1) * n + i
         run = gi.dlg(model, params, reps, input_shape=tuple(X.shape[1:]), num_classes=10, max_iter=max_iter,
                      steps=steps, stacked=True, seed=seed)
-        p = np.array([gi.matched_psnr(run.x[j], X[j % n:j % n + 1])[0] for j in range(restarts * n)])
-        psnr += list(p.reshape(restarts, n))
-        loss += list(np.asarray(run.final_loss, dtype=float).reshape(restarts, n))
-        evals += list(np.asarray(run.evaluations, dtype=float).reshape(restarts, n))
-    psnr, loss, evals = (np.stack(a) if n else np.zeros((restarts + 1, 0)) for a in (psnr, loss, evals))
+        p = np.array([gi.matched_psnr(run.x[j], X[j % n:j % n + 1])[0] for j in range(num_restarts * n)])
+        psnr += list(p.reshape(num_restarts, n))
+        loss += list(np.asarray(run.final_loss, dtype=float).reshape(num_restarts, n))
+        evals += list(np.asarray(run.evaluations, dtype=float).reshape(num_restarts, n))
+    psnr, loss, evals = (np.stack(a) if n else np.zeros((num_restarts + 1, 0)) for a in (psnr, loss, evals))
     best = loss.argmin(0) if n else np.zeros(0, dtype=int)
     cols = np.arange(n)
     return {"psnr": psnr, "loss": loss, "evaluations": evals, "best": best, "psnr_best": psnr[best, cols],
@@ -314,12 +314,12 @@ def restart_table(restart: Mapping, images: Sequence[int], *, max_evaluations: i
                      + ("\n".join(rows) if rows else "| none failed at this seed | | | | | | | |"))
 
 
-def restart_paragraph(restart: Mapping, *, final_loss, won, failed, stalled: int, rescued, restarts: int,
+def restart_paragraph(restart: Mapping, *, final_loss, won, failed, stalled: int, rescued, num_restarts: int,
                       success_before: float) -> str:
     """The page's paragraph on DLG's restarts (Zhu et al. 2019 with :func:`dlg_restarts`), with this seed's
     numbers: how many digits failed and how many of those stopped before the budget, the matching losses
     of the failed and the successful runs beside the loss at the truth, how many failed digits the
-    ``restarts`` more starts rescue, and the success rate before and after.
+    ``num_restarts`` more starts rescue, and the success rate before and after.
 
     ``final_loss [n]``: the first run's matching loss per digit; ``won [n]`` (bool): its successes;
     ``failed``: the indices of the failed digits; ``rescued [len(failed)]`` (bool); ``stalled``: failed
@@ -338,7 +338,7 @@ def restart_paragraph(restart: Mapping, *, final_loss, won, failed, stalled: int
             f"budget). Each failed run ended at a matching loss of at least {final_loss[failed].min():.2g}, where the "
             f"successful ones reached at most {final_loss[won].max():.0e} and the true digit with its label scores "
             f"{restart['loss_truth'].max():.0e} (round-off): the truth is a far lower minimum that the optimiser did "
-            f"not reach. Restarted from {restarts} more random starts, keeping per digit the run of least loss, "
+            f"not reach. Restarted from {num_restarts} more random starts, keeping per digit the run of least loss, "
             f"{int(rescued.sum())} of the {failed.size} failed digits pass the success rule, and DLG's success rate "
             f"becomes {after:.3f} (from {success_before:.3f}).")
 
@@ -371,7 +371,7 @@ def label_table(ours: Mapping[str, float], n_eval: Mapping[str, int], run):
 
 
 def dlg_vs_inverting_gradients(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, weight_key: str,
-                               max_iter: int, dlg_steps: int | None = None, restarts: int = 1, init_mean=0.5,
+                               max_iter: int, dlg_steps: int | None = None, num_restarts: int = 1, init_mean=0.5,
                                init_std=0.25, seed: int = 0) -> dict:
     """DLG (Zhu et al. 2019) against Inverting Gradients (Geiping et al. 2020, Sec. 4) on the same
     one-image gradients, both given the label found by the iDLG rule (Zhao et al. 2020) from the
@@ -380,7 +380,7 @@ def dlg_vs_inverting_gradients(model, params: dict, X: torch.Tensor, y: torch.Te
     ``X [n, C, H, W]``, ``y [n]``. DLG runs the reference loop, ``dlg_steps`` calls of L-BFGS with 20
     iterations (at most ``20 * dlg_steps`` evaluations), or, when ``dlg_steps`` is ``None``,
     ``max_iter // 2`` iterations of one L-BFGS run; IG runs ``max_iter`` signed-Adam steps (lr 0.1, TV
-    weight 0.1) from ``restarts`` Gaussian starts ``init_mean + init_std * N(0, 1)`` per image and keeps
+    weight 0.1) from ``num_restarts`` Gaussian starts ``init_mean + init_std * N(0, 1)`` per image and keeps
     the start of least gradient loss; all attacks of each method in one stacked call.
 
     Returns ``{"labels": [n, 1], "dlg_x": [n, C, H, W], "ig_x": [n, C, H, W], "psnr_dlg": array [n],
@@ -403,7 +403,7 @@ def dlg_vs_inverting_gradients(model, params: dict, X: torch.Tensor, y: torch.Te
                          steps=dlg_steps, labels=labels, stacked=True, seed=seed)
         dlg_evals = np.asarray(dlg_run.evaluations)
     ig = gi.inverting_gradients(model, params, g, input_shape=shape, labels=labels, max_iter=max_iter, lr=0.1,
-                                tv_weight=0.1, restarts=restarts, init_mean=init_mean, init_std=init_std,
+                                tv_weight=0.1, num_restarts=num_restarts, init_mean=init_mean, init_std=init_std,
                                 stacked=True, seed=seed)
     psnr_dlg = np.array([gi.matched_psnr(dlg_run.x[i], X[i:i + 1])[0] for i in range(n)])
     psnr_ig = np.array([gi.matched_psnr(ig.x[i], X[i:i + 1])[0] for i in range(n)])

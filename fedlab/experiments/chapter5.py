@@ -592,7 +592,7 @@ def dlg_markdown(psnr: dict, rate: dict, nus: Sequence[float], *, success_db: fl
 
 
 def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequence[int] = (2, 650),
-                   clip_radius: float = 1.0) -> dict:
+                   clip_norm: float = 1.0) -> dict:
     """What SanitizeUpdate's guarantee covers (issue-level checks of Galli et al., Sec. 3.2), at ``nu``:
 
     * ``"float"``: Mironov's (2012) attack on two secrets of equal norm, ``(0.6, 0.8)`` and ``(0.8, 0.6)``,
@@ -608,7 +608,7 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
       :func:`~fedlab.privacy.dprivacy.estimate_update_norm`) for ``n`` in ``norm_dims``;
     * ``"adaptive"``: the privacy loss between secrets of norms 1.1 and 1.0 (0.1 apart) against the
       promised ``eps d`` (:func:`~fedlab.privacy.dprivacy.privacy_loss_check`);
-    * ``"clipped"``: the same for the fixed-eps variant clipped to ``clip_radius`` on a worst-case pair
+    * ``"clipped"``: the same for the fixed-eps variant clipped to ``clip_norm`` on a worst-case pair
       (secrets far outside the ball, on opposite sides).
 
     ``num_samples`` releases per estimate, all from ``seed``. Raises ``ValueError`` for ``nu <= 0``."""
@@ -649,8 +649,8 @@ def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequenc
     vec = lambda *v: torch.tensor(v, dtype=torch.float64)     # noqa: E731
     zero = vec(0.0, 0.0)
     out["adaptive"] = dp.privacy_loss_check(vec(1.1, 0.0), vec(1.0, 0.0), zero, nu, num_samples=m, rng=seed)
-    out["clipped"] = dp.privacy_loss_check(vec(5 * clip_radius, 0.0), vec(-5 * clip_radius, 0.0), zero, nu,
-                                           radius=clip_radius, num_samples=m, rng=seed)
+    out["clipped"] = dp.privacy_loss_check(vec(5 * clip_norm, 0.0), vec(-5 * clip_norm, 0.0), zero, nu,
+                                           clip_norm=clip_norm, num_samples=m, rng=seed)
     return out
 
 

@@ -285,18 +285,18 @@ def fedsgd_attack(model_fn: Callable, transcript: Transcript, clients: Sequence,
     return out
 
 
-def plot_clipping(attacks: Mapping[str, dict], clipping_norm: float, *, success_db: float = 20.0,
+def plot_clipping(attacks: Mapping[str, dict], clip_norm: float, *, success_db: float = 20.0,
                   baseline: str = "none", defended: str = "client-side DP"):
     """iDLG's PSNR of every FedSGD client against the norm of its update (as sent without DP), without
-    DP and under client-side clipping to ``clipping_norm`` (dotted: the clipping norm, the success
+    DP and under client-side clipping to ``clip_norm`` (dotted: the clipping norm, the success
     threshold and the flat-grey floor). Returns the matplotlib ``Axes``."""
     import matplotlib.pyplot as plt
 
     base, dp = attacks[baseline], attacks[defended]
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     ax.scatter(base["norms"], base["idlg_psnr"], marker="o", label=f"{baseline}")
-    ax.scatter(base["norms"], dp["idlg_psnr"], marker="x", label=f"{defended}, C = {clipping_norm:g}")
-    ax.axvline(clipping_norm, color="gray", ls="--", lw=1)
+    ax.scatter(base["norms"], dp["idlg_psnr"], marker="x", label=f"{defended}, C = {clip_norm:g}")
+    ax.axvline(clip_norm, color="gray", ls="--", lw=1)
     ax.axhline(success_db, color="gray", ls=":", lw=1, label="success threshold")
     ax.axhline(float(np.median(base["grey_psnr"])), color="black", ls="-.", lw=1, label="flat grey image")
     ax.set(xlabel="norm of the client's update without DP", ylabel="iDLG PSNR (dB)",

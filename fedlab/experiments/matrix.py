@@ -580,7 +580,7 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
     fc = [k for k, v in w.items() if v.ndim == 2][-1]
     gen, rng = _gens(seed, 2)
     C = median_norm(G)
-    kw = dict(input_shape=(3, size, size), max_iter=iters, lr=0.1, tv_weight=0.1, restarts=restarts,
+    kw = dict(input_shape=(3, size, size), max_iter=iters, lr=0.1, tv_weight=0.1, num_restarts=restarts,
               init_mean=public.mean((0, 2, 3)), init_std=public.std((0, 2, 3)), stacked=True, seed=seed)
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
     single = [c for c in columns if _defense(c).kind != "secagg"]

@@ -502,24 +502,24 @@ def sanitize_update(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: f
     return _sanitized(tl, tl, eps, leakage, rng=rng, safe=safe, bound=bound, single=single, grid=grid)
 
 
-def clip_update(theta_local: torch.Tensor, theta_global: torch.Tensor, radius: float) -> torch.Tensor:
-    """``theta_global + delta * min(1, radius / ||delta||)``: the Euclidean projection of
-    ``theta_local`` ``[n]`` / ``[K, n]`` onto the ball of radius ``radius`` around ``theta_global``.
+def clip_update(theta_local: torch.Tensor, theta_global: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """``theta_global + delta * min(1, clip_norm / ||delta||)``: the Euclidean projection of
+    ``theta_local`` ``[n]`` / ``[K, n]`` onto the ball of radius ``clip_norm`` around ``theta_global``.
     A projection onto a convex set never increases distances. Returns the shape and dtype of
-    ``theta_local``. Raises ``ValueError`` on ``radius <= 0`` or shape mismatch."""
-    if not (radius > 0 and math.isfinite(radius)):
-        raise ValueError(f"radius must be a finite number > 0, got {radius}")
+    ``theta_local``. Raises ``ValueError`` on ``clip_norm <= 0`` or shape mismatch."""
+    if not (clip_norm > 0 and math.isfinite(clip_norm)):
+        raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm}")
     theta_local, theta_global = _check_pair(theta_local, theta_global)
     delta = (theta_local - theta_global).double()
     norm = _vector_norm(delta, keepdim=True)
-    scale = torch.clamp(radius / torch.where(norm > 0, norm, torch.ones_like(norm)), max=1.0)
+    scale = torch.clamp(clip_norm / torch.where(norm > 0, norm, torch.ones_like(norm)), max=1.0)
     return (theta_global.double() + delta * scale).to(theta_local.dtype)
 
 
 def sanitize_update_clipped(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: float, *,
-                            radius: float, rng=None, safe: bool = True,
+                            clip_norm: float, rng=None, safe: bool = True,
                             bound: float = DEFAULT_BOUND) -> SanitizedUpdate:
-    """The data-independent variant of SanitizeUpdate: clip the update to ``radius`` R, then add
+    """The data-independent variant of SanitizeUpdate: clip the update to ``clip_norm`` R, then add
     Euclidean Laplace noise with the *fixed* ``eps = n / (nu R)`` (the noise Algorithm 2 would use for
     an update of norm R; Galli et al., Algorithm 2 and Sec. 3.2, with the clipping of DP-FedAvg).
 
@@ -533,17 +533,17 @@ def sanitize_update_clipped(theta_local: torch.Tensor, theta_global: torch.Tenso
     secret. The price: updates longer than R are shortened (bias), shorter ones get more noise than
     Algorithm 2 would give them.
 
-    Shapes as :func:`sanitize_update`. Raises ``ValueError`` on ``nu <= 0``, ``radius <= 0``, shape
+    Shapes as :func:`sanitize_update`. Raises ``ValueError`` on ``nu <= 0``, ``clip_norm <= 0``, shape
     mismatch or non-finite parameters.
     """
     if not nu > 0 or not math.isfinite(nu):
         raise ValueError(f"nu (noise multiplier) must be a finite number > 0, got {nu}")
-    clipped = clip_update(theta_local, theta_global, radius)
+    clipped = clip_update(theta_local, theta_global, clip_norm)
     theta_local, _ = _check_pair(theta_local, theta_global)
     single = theta_local.ndim == 1
     tl = theta_local.reshape(-1, theta_local.shape[-1])
     n = tl.shape[-1]
-    eps = torch.full((tl.shape[0],), n / (nu * radius), dtype=torch.float64)
+    eps = torch.full((tl.shape[0],), n / (nu * clip_norm), dtype=torch.float64)
     leakage = torch.full_like(eps, n / nu)
     return _sanitized(tl, clipped.reshape(tl.shape), eps, leakage, rng=rng, safe=safe, bound=bound,
                       single=single)
@@ -672,12 +672,12 @@ def empirical_privacy_loss(t1, t2, edges, *, level: float = 0.99) -> dict:
 
 
 def privacy_loss_check(theta_1: torch.Tensor, theta_2: torch.Tensor, theta_global: torch.Tensor,
-                       nu: float, *, radius: float | None = None, num_samples: int = 100_000,
+                       nu: float, *, clip_norm: float | None = None, num_samples: int = 100_000,
                        level: float = 0.95, rng=None) -> dict:
     """Privacy loss of the exact (continuous) mechanism between two secrets, on its own outputs.
 
     Draws ``y`` from the mechanism run on ``theta_1`` (adaptive :func:`sanitize_update` when
-    ``radius`` is ``None``, else :func:`sanitize_update_clipped`; the continuous law, so the density
+    ``clip_norm`` is ``None``, else :func:`sanitize_update_clipped`; the continuous law, so the density
     is exact) and evaluates ``L(y) = log p(y | theta_1) - log p(y | theta_2)`` with each secret's own
     mechanism (adaptive: ``eps_i = n / (nu ||theta_i - theta_global||)``; clipped: one eps and the
     clipped centres). The bound is what the mechanism promises: adaptive, ``eps_1 ||theta_1 -
@@ -688,7 +688,7 @@ def privacy_loss_check(theta_1: torch.Tensor, theta_2: torch.Tensor, theta_globa
 
     Returns ``{"loss": [num_samples] float64, "bound": float, "violation_rate": float,
     "interval": (lo, hi)}`` (Clopper-Pearson at ``level``). Inputs are ``[n]`` vectors.
-    Raises ``ValueError`` on bad shapes, a zero update, ``nu``, ``radius``, ``num_samples``.
+    Raises ``ValueError`` on bad shapes, a zero update, ``nu``, ``clip_norm``, ``num_samples``.
     """
     if not nu > 0 or not math.isfinite(nu):
         raise ValueError(f"nu must be a finite number > 0, got {nu}")
@@ -699,18 +699,18 @@ def privacy_loss_check(theta_1: torch.Tensor, theta_2: torch.Tensor, theta_globa
     if t1.ndim != 1 or t2.shape != t1.shape or g.ndim != 1:
         raise ValueError("theta_1, theta_2 and theta_global must be vectors [n] of one length")
     n = t1.shape[0]
-    if radius is None:
+    if clip_norm is None:
         d1, d2 = float(torch.linalg.vector_norm(t1 - g)), float(torch.linalg.vector_norm(t2 - g))
         if d1 == 0 or d2 == 0:
             raise ValueError("theta_1 and theta_2 must differ from theta_global (adaptive eps is inf)")
         e1, e2 = n / (nu * d1), n / (nu * d2)
         c1, c2 = t1, t2
     else:
-        c1, c2 = clip_update(t1, g, radius), clip_update(t2, g, radius)
-        e1 = e2 = n / (nu * radius)
+        c1, c2 = clip_update(t1, g, clip_norm), clip_update(t2, g, clip_norm)
+        e1 = e2 = n / (nu * clip_norm)
     y = c1 + sample_euclidean_laplace(n, e1, int(num_samples), rng=rng, dtype=torch.float64)
     loss = (log_laplace_density(y, c1, e1) - log_laplace_density(y, c2, e2)).numpy()
-    bound = e1 * float(torch.linalg.vector_norm(t1 - t2) if radius is None else torch.linalg.vector_norm(c1 - c2))
+    bound = e1 * float(torch.linalg.vector_norm(t1 - t2) if clip_norm is None else torch.linalg.vector_norm(c1 - c2))
     k = int((loss > bound * (1 + 1e-9)).sum())
     lo, hi = clopper_pearson(k, loss.size, level)
     return {"loss": loss, "bound": bound, "violation_rate": k / loss.size,
