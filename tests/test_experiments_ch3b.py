@@ -10,6 +10,7 @@ from fedlab.attacks.interaction_inference import oltr as ro
 from fedlab.data.letor import synthetic_letor
 from fedlab.experiments import chapter3b as ex
 from fedlab.fl import oltr
+from fedlab.privacy.defenses import prune_rows
 
 torch.set_num_threads(1)
 
@@ -165,14 +166,34 @@ def test_ldp_grids_give_each_click_model_its_own_ldp_grid(data):
 
 
 def test_prune_grid_at_zero_is_the_plain_attack(data):
-    auc = ex.prune_grid(data, {"linear": ()}, [0.0, 0.5], [(1, False), (2, True)], 3, lr=0.1, max_iter=5, seed=0)
-    assert set(auc) == {("linear", Q, a, f) for Q, a in [(1, False), (2, True)] for f in (0.0, 0.5)}
+    auc, aware, loss = ex.prune_grid(data, {"linear": ()}, [0.0, 0.5], [(1, False), (2, True)], 3, lr=0.1, max_iter=5,
+                                     seed=0)
+    assert set(auc) == set(aware) == set(loss) == {("linear", Q, a, f) for Q, a in [(1, False), (2, True)] for f in (0.0, 0.5)}
     base = ro.make_oltr_case(data, 3, 2, (), click_model="informational", adm=True, lr=0.1, seed=0 + 500 + 2)
     assert torch.allclose(auc[("linear", 2, True, 0.0)], ro.attack_oltr(base, max_iter=5, seed=0))
-    vals = ex.prune_values(auc, [(1, False), (2, True)])
+    # the paper's attack is bit for bit the single-attacker grid; the mask-aware one is attack_oltr(knows_mask=True)
+    # on the same users from the same starts (user ids 0..F U - 1 in both halves of the batch)
+    case = ro.cat_cases([base] * 2)
+    pruned = torch.cat([prune_rows(base.update, f) for f in (0.0, 0.5)])
+    for knows, grid in ((False, auc), (True, aware)):
+        ref = ro.attack_oltr(case, pruned, max_iter=5, seed=0, knows_mask=knows)
+        assert torch.equal(torch.cat([grid[("linear", 2, True, f)] for f in (0.0, 0.5)]), ref), knows
+    one = loss[("linear", 1, False, 0.5)]
+    assert float(one["aware_truth"].max()) == 0.0 and float(one["naive_truth"].min()) > 0   # one query: exact update
+    vals = ex.prune_values(auc, [(1, False), (2, True)], aware=aware, loss=loss)
     assert vals["ch3b_prune_linear_2q_adm_f50"] == auc[("linear", 2, True, 0.5)].mean().item()
-    headers, rows = ex.prune_table(auc, ["linear"], [0.0, 0.5], [(1, False), (2, True)])
-    assert rows[1][0] == "50 %" and all(len(r) == len(headers) for r in rows)
+    assert vals["ch3b_prune_aware_linear_2q_adm_f50"] == aware[("linear", 2, True, 0.5)].mean().item()
+    assert vals["ch3b_prune_loss_naive_truth_linear_1q_f50"] == one["naive_truth"].median().item()
+    headers, rows = ex.prune_table(auc, ["linear"], [0.0, 0.5], [(1, False), (2, True)], aware=aware)
+    assert rows[1][0] == "50 %" and all(len(r) == len(headers) == 6 for r in rows)
+    assert rows[1][2] == round(aware[("linear", 1, False, 0.5)].mean().item(), 3) and headers[2] == "linear, 1 q, knows the mask"
+    assert rows[1][3] == round(auc[("linear", 2, True, 0.5)].mean().item(), 3) and headers[3] == "linear, 2 q, ADM"
+    assert len(ex.prune_table(auc, ["linear"], [0.0, 0.5], [(1, False), (2, True)])[0]) == 4
+    ex.prune_plot(auc, ["linear"], [0.0, 0.5], [(1, False), (2, True)], aware=aware)
+    from fedlab.plots import plt
+    plt.close("all")
+    with pytest.raises(ValueError, match="aware"):
+        ex.prune_plot(auc, ["linear"], [0.0, 0.5, 0.9], [(1, False)], aware=aware)
     with pytest.raises(ValueError, match="fractions"):
         ex.prune_grid(data, {"linear": ()}, [1.0], [(1, False)], 2, lr=0.1, max_iter=2)
     with pytest.raises(ValueError, match="configs"):

@@ -14,8 +14,8 @@ from functools import partial
 import torch
 
 from ..attacks.interaction_inference.oltr import (attack_oltr, cat_cases, first_layer_mask, flag_dead_features,
-                                                  make_oltr_case, pir_detect, pir_fingerprint, sa_bypass_features,
-                                                  sa_recover)
+                                                  make_oltr_case, pir_detect, pir_fingerprint, raifle_oltr,
+                                                  sa_bypass_features, sa_recover)
 from ..fl.oltr import (click_probabilities, federated_oltr, init_rankers, local_update, pdgd_gradient, present,
                        simulate_clicks)
 from ..metrics import ks_pvalue, roc_auc_rows
@@ -873,16 +873,24 @@ def table8_rise(ndcg: dict, rankers, run) -> tuple[tuple[list, list], dict]:
 # ---------------------------------------------------------------------------------------------------
 
 def prune_grid(data, rankers: dict, fractions, configs, num_users: int, *, lr: float, max_iter: int,
-               click_model: str = "informational", seed: int = 0) -> dict:
-    """RAIFLE App. C.4 (Fig. 9): RAIFLE against gradient pruning (Zhu et al. 2019). For every ranker
-    and ``(Q, adm)`` of ``configs`` the same ``num_users`` users (``Q`` queries, ADM or not) prune
-    each fraction of ``fractions`` of their update's smallest-magnitude entries
-    (:func:`fedlab.privacy.defenses.prune_rows`) and the server attacks every pruned update as the
-    paper's code does: it matches its unpruned simulation to what it received
-    (:func:`~fedlab.attacks.interaction_inference.oltr.attack_oltr`; all fractions in one batch).
+               click_model: str = "informational", seed: int = 0) -> tuple[dict, dict, dict]:
+    """RAIFLE App. C.4 (Fig. 9): RAIFLE against gradient pruning (Zhu et al. 2019), by two attackers.
+    For every ranker and ``(Q, adm)`` of ``configs`` the same ``num_users`` users (``Q`` queries, ADM or
+    not) prune each fraction of ``fractions`` of their update's smallest-magnitude entries
+    (:func:`fedlab.privacy.defenses.prune_rows`). The server attacks every pruned update twice: as the
+    paper's code does, matching its unpruned simulation to what it received (the withheld zeros
+    included), and as the attacker who knows the defense, matching only the coordinates the update
+    carries (``update != 0``; :func:`~fedlab.attacks.interaction_inference.oltr.attack_oltr`'s
+    ``knows_mask``). Both attackers and all fractions of a ranker and configuration run in one batched
+    L-BFGS call (per-row problems: each row is attacked as if alone); a user starts from the same point
+    under both attackers, so the two are compared pair by pair.
 
-    Returns ``{(ranker, Q, adm, fraction): AUC [num_users]}``. Raises ``ValueError`` for a fraction
-    outside [0, 1) or empty ``configs``.
+    Returns ``(naive, aware, loss)``: ``naive`` and ``aware`` map ``(ranker, Q, adm, fraction)`` to the
+    per-user AUC ``[num_users]`` (``naive`` is bit for bit the single-attacker grid); ``loss`` maps the
+    same keys to ``{"naive", "aware", "naive_truth", "aware_truth"}``, each attacker's matching loss
+    reached and the same loss at the true clicks (``[num_users]``; 0 at the truth when the update is
+    exact and the order of queries does not matter, above 0 for the naive loss once coordinates are
+    withheld). Raises ``ValueError`` for a fraction outside [0, 1) or empty ``configs``.
     """
     fractions = list(fractions)
     bad = [f for f in fractions if not 0 <= f < 1]
@@ -891,32 +899,56 @@ def prune_grid(data, rankers: dict, fractions, configs, num_users: int, *, lr: f
     configs = list(configs)
     if not configs:
         raise ValueError("configs must not be empty")
-    out = {}
+    naive, aware, loss = {}, {}, {}
+    F, U = len(fractions), num_users
     for model, hidden in _rankers(rankers).items():
         for Q, adm in configs:
             base = make_oltr_case(data, num_users, Q, hidden, click_model=click_model, adm=adm, lr=lr,
                                   seed=seed + 500 + Q + len(hidden))
-            case = cat_cases([base] * len(fractions))
+            case = cat_cases([base] * (2 * F))                       # rows: [naive | aware] x fraction x user
             pruned = torch.cat([prune_rows(base.update, f) for f in fractions])
-            auc = attack_oltr(case, pruned, max_iter=max_iter, seed=seed).reshape(len(fractions), num_users)
-            out.update({(model, Q, adm, f): auc[i] for i, f in enumerate(fractions)})
-    return out
+            target = torch.cat([pruned, pruned])
+            knows = torch.arange(2 * F * U) >= F * U
+            mask = (target != 0) | ~knows[:, None]                    # naive rows compare every coordinate
+            res = raifle_oltr(case, target, mask=mask, max_iter=max_iter, seed=seed,
+                              user_ids=torch.arange(F * U).repeat(2),
+                              truth=(case.I.reshape(2 * F * U, -1).to(target.dtype), None))
+            auc = roc_auc_rows(case.I.reshape(2 * F * U, -1), res.scores,
+                               case.mask.reshape(2 * F * U, -1)).reshape(2, F, U)
+            reached, at_truth = res.loss.reshape(2, F, U), res.loss_truth.reshape(2, F, U)
+            for i, f in enumerate(fractions):
+                key = (model, Q, adm, f)
+                naive[key], aware[key] = auc[0, i], auc[1, i]
+                loss[key] = {"naive": reached[0, i], "aware": reached[1, i],
+                             "naive_truth": at_truth[0, i], "aware_truth": at_truth[1, i]}
+    return naive, aware, loss
 
 
-def prune_plot(prune_auc: dict, rankers, fractions, configs):
+def prune_plot(prune_auc: dict, rankers, fractions, configs, *, aware: dict | None = None):
     """RAIFLE Fig. 9: mean AUC against the percentage of the update pruned, one panel per ranker,
-    one curve per ``(Q, adm)`` of ``configs`` (results of :func:`prune_grid`). Returns the axes."""
+    one curve per ``(Q, adm)`` of ``configs`` (results of :func:`prune_grid`): the paper's attack,
+    solid markers; with ``aware`` (:func:`prune_grid`'s second result) the attacker who knows the
+    pruning mask too, the same colour dotted with hollow markers. Returns the axes. Raises
+    ``ValueError`` if ``aware`` lacks a key of the curves drawn."""
     from ..plots import plt
 
-    _, axs = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+    keys = [(m, Q, a, f) for m in rankers for Q, a in configs for f in fractions]
+    if aware is not None and any(k not in aware for k in keys):
+        raise ValueError(f"aware lacks keys: {[k for k in keys if k not in aware][:3]}")
+    _, axs = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+    x = [100 * f for f in fractions]
     for ax, model in zip(axs, rankers):
         for (Q, adm), st in zip(configs, ["o-", "s--", "^-", "d-."]):
-            ax.plot([100 * f for f in fractions], [prune_auc[(model, Q, adm, f)].mean() for f in fractions], st,
-                    label=f"{Q} q{', ADM' if adm else ''}")
+            label = f"{Q} q{', ADM' if adm else ''}"
+            line, = ax.plot(x, [prune_auc[(model, Q, adm, f)].mean() for f in fractions], st,
+                            label=f"{label} (paper's attack)" if aware is not None else label)
+            if aware is not None:
+                ax.plot(x, [aware[(model, Q, adm, f)].mean() for f in fractions], st[0] + ":",
+                        color=line.get_color(), mfc="none", label=f"{label}, knows the mask")
         ax.axhline(0.5, color="gray", ls=":", label="random guess")
         ax.set(xlabel="% of the update pruned", title=f"{model} (cf. RAIFLE Fig. 9)")
     axs[0].set_ylabel("mean attack AUC")
-    axs[1].legend(fontsize=8)
+    axs[min(len(list(rankers)), 2) - 1].legend(fontsize=7)
     return axs
 
 
@@ -925,20 +957,32 @@ PAPER_FIG9 = {0.9: "pruning must exceed 90 % before the AUC nears 0.5", 0.99: "c
               "neural": "networks less affected than linear rankers"}
 
 
-def prune_values(prune_auc: dict, configs) -> dict:
-    """The glued mean AUCs of :func:`prune_grid`: ``ch3b_prune_<ranker>_<Q>q[_adm]_f<percent>``
-    (unrounded)."""
-    return {f"ch3b_prune_{m}_{Q}q{'_adm' if a else ''}_f{100 * f:g}": v.mean().item()
-            for (m, Q, a, f), v in prune_auc.items() if (Q, a) in set(configs)}
+def prune_values(prune_auc: dict, configs, *, aware: dict | None = None, loss: dict | None = None) -> dict:
+    """The glued numbers of :func:`prune_grid` (unrounded): the paper's attack's mean AUCs
+    ``ch3b_prune_<ranker>_<Q>q[_adm]_f<percent>``; with ``aware`` the mask-aware attacker's
+    ``ch3b_prune_aware_<...>``; with ``loss`` the median matching losses ``ch3b_prune_loss_<attacker>[_truth]_<...>``
+    (``attacker`` ``naive`` or ``aware``; reached, or at the true clicks)."""
+    keep = set(configs)
+    name = lambda m, Q, a, f: f"{m}_{Q}q{'_adm' if a else ''}_f{100 * f:g}"
+    out = {f"ch3b_prune_{name(*k)}": v.mean().item() for k, v in prune_auc.items() if k[1:3] in keep}
+    out.update({f"ch3b_prune_aware_{name(*k)}": v.mean().item() for k, v in (aware or {}).items() if k[1:3] in keep})
+    for k, d in (loss or {}).items():
+        if k[1:3] in keep:
+            out.update({f"ch3b_prune_loss_{which}_{name(*k)}": d[which].median().item() for which in d})
+    return out
 
 
-def prune_table(prune_auc: dict, rankers, fractions, configs) -> tuple[list, list]:
+def prune_table(prune_auc: dict, rankers, fractions, configs, *, aware: dict | None = None) -> tuple[list, list]:
     """``(headers, rows)``: one row per fraction pruned, our mean AUC (3 decimals) for every ranker and
-    ``(Q, adm)`` of ``configs``, and the paper's statement (:data:`PAPER_FIG9`) where it makes one."""
+    ``(Q, adm)`` of ``configs``, each followed (with ``aware``, :func:`prune_grid`'s second result) by the
+    mask-aware attacker's, and the paper's statement (:data:`PAPER_FIG9`) where it makes one."""
     cols = [(m, Q, a) for m in rankers for Q, a in configs]
-    rows = [[f"{100 * f:g} %"] + [round(prune_auc[(m, Q, a, f)].mean().item(), 3) for m, Q, a in cols]
+    head = [f"{m}, {Q} q{', ADM' if a else ''}" for m, Q, a in cols]
+    grids = [prune_auc] + ([aware] if aware is not None else [])          # each mask-aware column beside its own
+    rows = [[f"{100 * f:g} %"] + [round(g[(m, Q, a, f)].mean().item(), 3) for m, Q, a in cols for g in grids]
             + [PAPER_FIG9.get(f, "")] for f in fractions]
-    return ["pruned"] + [f"{m}, {Q} q{', ADM' if a else ''}" for m, Q, a in cols] + ["paper (text of App. C.4)"], rows
+    headers = ["pruned"] + [x for h in head for x in ([h, f"{h}, knows the mask"] if aware is not None else [h])]
+    return headers + ["paper (text of App. C.4)"], rows
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -989,6 +1033,8 @@ RECORD_LABELS = {
     "ch3b_ldp_nn_noadm": "LDP ε=500: neural, 8 queries", "ch3b_ldp_nn_adm": "LDP ε=500: neural, 8 queries, ADM",
     "ch3b_prune_min90": "Fig. 9: 90 % pruned, lowest mean AUC",
     "ch3b_prune_linear_8q_adm_f99": "Fig. 9: 99 % pruned, linear, 8 queries, ADM",
+    "ch3b_prune_neural_1q_f99": "Fig. 9: 99 % pruned, neural, 1 query",
+    "ch3b_prune_aware_neural_1q_f99": "Fig. 9: 99 % pruned, neural, 1 query, attacker who knows the mask",
     "ch3b_ndcg_linear_eps1": "Table 8: linear NDCG@10, ε=1",
     "ch3b_ndcg_linear_inf": "Table 8: linear NDCG@10, no noise",
     "ch3b_ndcg_neural_eps1": "Table 8: neural NDCG@10, ε=1",

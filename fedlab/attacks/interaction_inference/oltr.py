@@ -259,14 +259,25 @@ def cat_cases(cases) -> OltrCase:
                     c0.hidden, c0.lr, cat("num_queries"), cat("group"), cat("order"))
 
 
-def oltr_matching_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """RAIFLE's L2 loss, normalised per user: ``||pred - target||^2 / ||target||^2`` ([B, P] -> [B])."""
-    return ((pred - target) ** 2).sum(1) / ((target ** 2).sum(1) + 1e-20)
+def oltr_matching_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """RAIFLE's L2 loss, normalised per user: ``||pred - target||^2 / ||target||^2`` ([B, P] -> [B]).
+
+    ``mask`` [B, P] bool (optional): compare only the coordinates marked True, in the numerator and the
+    denominator (the attacker who knows which coordinates a pruned update withholds; RAIFLE App. C.4 does
+    not model it). ``None`` (default) is RAIFLE's loss, computed exactly as without the argument.
+    Raises ``ValueError`` if ``mask`` is not a bool tensor of ``target``'s shape."""
+    if mask is None:
+        return ((pred - target) ** 2).sum(1) / ((target ** 2).sum(1) + 1e-20)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != target.shape:
+        raise ValueError(f"mask must be a bool tensor of shape {tuple(target.shape)}, got "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}")
+    w = mask.to(pred.dtype)
+    return (((pred - target) ** 2) * w).sum(1) / ((target ** 2 * w).sum(1) + 1e-20)
 
 
 def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm: float | None = None,
                 coords: torch.Tensor | None = None, known_order: bool | torch.Tensor = False,
-                **kwargs) -> RaifleResult:
+                mask: torch.Tensor | None = None, **kwargs) -> RaifleResult:
     """RAIFLE (Algorithm 1) on FPDGD for every user of ``case`` in one batched L-BFGS problem.
 
     ``update`` [U, P] replaces ``case.update`` (e.g. after LDP noise or SA recovery); ``clip_norm``: the
@@ -279,9 +290,14 @@ def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm
     :func:`fedlab.attacks.interaction_inference.recsys.raifle` (``max_iter``, ``num_restarts``, ``seed``, ``user_ids``...): one L-BFGS per user run as a batch,
     with per-user random starts, so that each user is attacked as if alone (RAIFLE attacks users one
     by one) whatever else shares the batch.
+    ``mask`` [U, P] bool: the coordinates of each user's update that the server compares
+    (:func:`oltr_matching_loss`'s ``mask``): for a pruned update (RAIFLE App. C.4, Fig. 9) the attacker who
+    knows the defense passes ``update != 0`` and ignores the withheld coordinates, where the paper's code
+    asks its unpruned simulation for zeros there. With ``coords`` too, a coordinate is compared where
+    both say so. ``None`` (default): every coordinate, bit for bit as without the argument.
     ``scores`` of the result are ``[U, Q n]`` (query-major), on the CPU; ``device=`` (default
     ``FEDLAB_DEVICE``) is where the simulation and L-BFGS run. Raises ``ValueError`` if ``update``
-    has the wrong shape.
+    has the wrong shape, or ``mask`` is not a ``[U, P]`` bool tensor.
     """
     if clip_norm is not None and not clip_norm > 0:
         raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
@@ -289,11 +305,16 @@ def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm
     if target.shape != case.update.shape:
         raise ValueError(f"update must be {tuple(case.update.shape)}, got {tuple(target.shape)}")
     U, Q, n, _ = case.X.shape
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool
+                             or mask.shape != case.update.shape):
+        raise ValueError(f"mask must be a bool tensor of shape {tuple(case.update.shape)}, got "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}")
     dev = kwargs["device"] = _device(kwargs.get("device"))           # FEDLAB_DEVICE unless given
     case = replace(case, X=case.X.to(dev), mask=case.mask.to(dev), theta0=case.theta0.to(dev),
                    order=case.order.to(dev))
     target = target.to(dev)
     coords = None if coords is None else torch.as_tensor(coords).to(dev)
+    sent = None if mask is None else mask.to(dev)                    # the coordinates compared
     order = None                                                     # the order the server simulates
     if isinstance(known_order, torch.Tensor):
         told = known_order.to(device=dev, dtype=torch.bool).reshape(-1)
@@ -311,18 +332,35 @@ def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm
         pred = local_update(case.theta0[rows], X, Ir, mask, case.hidden, lr=case.lr)
         if clip_norm is not None:
             pred = clip_rows(pred, clip_norm)
+        m = None if sent is None else sent[rows]
         if coords is not None:
-            return oltr_matching_loss(pred[:, coords], target[rows][:, coords])
-        return oltr_matching_loss(pred, target[rows])
+            return oltr_matching_loss(pred[:, coords], target[rows][:, coords], None if m is None else m[:, coords])
+        return oltr_matching_loss(pred, target[rows], m)
 
     return raifle(loss_fn, U, Q * n, **kwargs)
 
 
 def attack_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm: float | None = None,
                 coords: torch.Tensor | None = None, known_order: bool | torch.Tensor = False,
-                **kwargs) -> torch.Tensor:
-    """Per-user AUC ``[U]`` of :func:`raifle_oltr`'s reconstruction over the user's real documents."""
-    res = raifle_oltr(case, update, clip_norm=clip_norm, coords=coords, known_order=known_order, **kwargs)
+                knows_mask: bool | torch.Tensor = False, **kwargs) -> torch.Tensor:
+    """Per-user AUC ``[U]`` of :func:`raifle_oltr`'s reconstruction over the user's real documents.
+
+    ``knows_mask=True``: the attacker who knows that the update was pruned (RAIFLE App. C.4 attacks pruned
+    updates without modelling it) compares only the coordinates the received update carries,
+    ``mask = update != 0`` (:func:`raifle_oltr`'s ``mask``); a ``[U]`` bool tensor does so for the users
+    marked True only, the others as with ``False`` (RAIFLE's loss over every coordinate), so both attackers
+    can share one batch. Raises ``ValueError`` if ``knows_mask`` is neither a bool nor a ``[U]`` bool tensor."""
+    target = case.update if update is None else update
+    if isinstance(knows_mask, torch.Tensor):
+        if knows_mask.dtype != torch.bool or knows_mask.shape != (len(case),):
+            raise ValueError(f"knows_mask must be True, False or a [U={len(case)}] bool tensor, got "
+                             f"{knows_mask.dtype} {tuple(knows_mask.shape)}")
+        mask = (target != 0) | ~knows_mask.to(target.device)[:, None] if bool(knows_mask.any()) else None
+    elif isinstance(knows_mask, bool):
+        mask = (target != 0) if knows_mask else None
+    else:
+        raise ValueError(f"knows_mask must be True, False or a [U] bool tensor, got {knows_mask!r}")
+    res = raifle_oltr(case, update, clip_norm=clip_norm, coords=coords, known_order=known_order, mask=mask, **kwargs)
     U = len(case)
     return roc_auc_rows(case.I.reshape(U, -1), res.scores, case.mask.reshape(U, -1))
 
