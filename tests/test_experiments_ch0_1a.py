@@ -172,6 +172,10 @@ def test_the_attacker_who_knows_the_pruning_mask_beats_the_naive_one(lenet_setup
     at_truth = gi.matching_loss(net, w, X[:4].reshape(4, 1, 1, 8, 8), labels, g, mask=mask)
     assert float(at_truth.max()) < 1e-10
     assert (aware[0.9]["final_loss"] > 1e-8).all()
+    assert np.allclose(aware[0.9]["matching_loss_truth"], 0.0, atol=1e-10)                 # the helper's own check
+    assert np.allclose(aware[0.9]["matching_loss"],
+                       gi.matching_loss(net, w, aware[0.9]["x"], labels, g, mask=mask).numpy())
+    assert "matching_loss" not in naive[0.9]
     # the naive settings' results are the same whether or not a mask-aware setting runs beside them
     prune = {p: (lambda u, p=p: privacy.prune_by_magnitude(u, p)) for p in (0.7, 0.9)}
     both = gi.attack_grid(net, w, X[:4], y[:4], num_classes=10, max_iter=20, steps=2, seed=0, settings={

@@ -666,16 +666,28 @@ def pruning_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, fract
     every coordinate, the withheld zeros included; ``True``: the attacker who knows the defense (the zeros
     are visible in the update) and matches only the coordinates that were sent
     (:func:`fedlab.attacks.gradient_inversion.attack_grid`'s ``knows_mask``). Returns ``{p: {"psnr", "x",
-    "final_loss"}}`` (the loss reached; 0 at the truth). Raises ``ValueError`` if a fraction is outside
-    ``[0, 1)``."""
+    "final_loss"}}`` (the loss reached); with ``knows_mask`` also ``"matching_loss"`` and ``"matching_loss_truth"``
+    ``[n]``: :func:`fedlab.attacks.gradient_inversion.matching_loss` over the sent coordinates (normalised by the
+    sent update's norm, with the true labels) at the reconstruction and at the true image (0 up to rounding), the
+    check that the attack reached its optimum. Raises ``ValueError`` if a fraction is outside ``[0, 1)``."""
     bad = [p for p in fractions if not 0 <= p < 1]
     if bad:
         raise ValueError(f"fractions must lie in [0, 1), got {bad}")
     if not isinstance(knows_mask, bool):
         raise ValueError(f"knows_mask must be True or False, got {knows_mask!r}")
-    return gi.attack_grid(model, params, X, y, num_classes=10, max_iter=max_iter, steps=steps, seed=seed,
-                          settings={p: {"defense": (lambda u, p=p: privacy.prune_by_magnitude(u, p)),
-                                        **({"knows_mask": True} if knows_mask else {})} for p in fractions})
+    out = gi.attack_grid(model, params, X, y, num_classes=10, max_iter=max_iter, steps=steps, seed=seed,
+                         settings={p: {"defense": (lambda u, p=p: privacy.prune_by_magnitude(u, p)),
+                                       **({"knows_mask": True} if knows_mask else {})} for p in fractions})
+    if knows_mask:       # did it reach its optimum? the normalised masked matching loss, reached and at the truth
+        labels = y[:len(X)].reshape(-1, 1)
+        for p in fractions:
+            sent = [privacy.prune_by_magnitude(gi.parameter_gradient(model, params, X[i:i + 1], y[i:i + 1]), p)
+                    for i in range(len(X))]
+            obs = {k: torch.stack([g[k] for g in sent]) for k in params}
+            mask = {k: v != 0 for k, v in obs.items()}
+            out[p]["matching_loss"] = gi.matching_loss(model, params, out[p]["x"], labels, obs, mask=mask).numpy()
+            out[p]["matching_loss_truth"] = gi.matching_loss(model, params, X[:, None], labels, obs, mask=mask).numpy()
+    return out
 
 
 def defense_costs(grads: Mapping, *, num_clients: int, sigmas: Sequence[float], fractions: Sequence[float],
@@ -734,8 +746,8 @@ def plot_defenses(psnr_sigma: Mapping, cost_sigma: Mapping, psnr_prune: Mapping,
         ax.axhline(success_db, color="gray", ls=":")
         for i, (name, v) in enumerate((baselines or {}).items()):
             ax.axhline(v, color=plots.PALETTE[(i + 2) % len(plots.PALETTE)], ls="--", label=f"{name} (no attack)")
-        if baselines or (ax is axes[1] and psnr_prune_aware is not None):
-            ax.legend(fontsize=8, loc="center left")
+        if baselines or (ax is axes[1] and psnr_prune_aware is not None):   # below the panel: it covered the curves
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
         tw = ax.twinx(); tw.plot(ax.lines[0].get_xdata(), list(cost.values()), "s--", color=plots.PALETTE[1])
         tw.set_ylabel("relative error of the update", color=plots.PALETTE[1]); tw.grid(False)
     return fig
