@@ -740,7 +740,7 @@ def plot_defenses(psnr_sigma: Mapping, cost_sigma: Mapping, psnr_prune: Mapping,
     plots.line_plot(list(psnr_prune), {"attack PSNR (dB)": list(psnr_prune.values())}, xlabel="pruned fraction p",
                     title="gradient pruning", ax=axes[1])
     if psnr_prune_aware is not None:
-        axes[1].plot(list(psnr_prune_aware), list(psnr_prune_aware.values()), "^-", color=plots.PALETTE[4 % len(plots.PALETTE)],
+        axes[1].plot(list(psnr_prune_aware), list(psnr_prune_aware.values()), "^-", color=plots.PALETTE[7],
                      label="attack PSNR, DLG that knows the mask (dB)")
     for ax, cost in zip(axes, [cost_sigma, cost_prune]):
         ax.axhline(success_db, color="gray", ls=":")
