@@ -10,9 +10,9 @@ In a notebook::
     from fedlab import book, records
     run = records.Run("02_pac_identifiability")      # this build's numbers + the stored paper-scale record
     book.glue_many(ch2_auc=0.731, record=run)         # glue (display=False) and keep in run
-    run.paper("ch2_auc")                               # '0.725 ± 0.012 (n = 3)' or 'no record yet'
+    run.stored("ch2_auc")                               # '0.725 ± 0.012 (n = 3)' or 'no record yet'
 
-Every "paper vs ours" table of the book takes its paper-scale column from :meth:`Run.paper`: the mean
+Every "paper vs ours" table of the book takes its paper-scale column from :meth:`Run.stored` (our own run at paper scale, not the paper's number): the mean
 over the record's seeds with the half-width of the 95 % Student-t interval, and the number of seeds.
 """
 from __future__ import annotations
@@ -177,13 +177,13 @@ class Run(dict):
         self.stem = stem
         self.record = load(stem, scale, folder)
 
-    def paper(self, name: str, digits: int = 3, *, scale_factor: float = 1.0,
+    def stored(self, name: str, digits: int = 3, *, scale_factor: float = 1.0,
               value_range: tuple[float, float] | None = None) -> str:
-        """The stored paper-scale value of ``name``: see :func:`format_summary` (``value_range=(0, 1)`` for a
-        rate)."""
+        """Our stored paper-scale value of ``name`` (this book's own run at the papers' settings, from the stored
+        record; not the paper's number): see :func:`format_summary` (``value_range=(0, 1)`` for a rate)."""
         return format_summary(self.record, name, digits, scale_factor=scale_factor, value_range=value_range)
 
-    def paper_p(self, name: str, *, brief: bool = False) -> str:
+    def stored_p(self, name: str, *, brief: bool = False) -> str:
         """The stored paper-scale p-value ``name`` as a median and range over seeds: :func:`format_pvalue`."""
         return format_pvalue(self.record, name, brief=brief)
 

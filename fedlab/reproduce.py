@@ -83,7 +83,7 @@ __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "non
            "check_out", "check_seeds", "check_timeout", "check_stored_seeds", "seeds_lost", "format_seeds",
            "chapter_aliases", "MATRIX", "MATRIX_NOTEBOOK", "RECORD_PAGES", "RunInterrupted"]
 
-#: glued names with these endings quote a stored record (``run.paper(...)``, ``run.describe()``) and
+#: glued names with these endings quote a stored record (``run.stored(...)``, ``run.describe()``) and
 #: are not collected into a new one
 DERIVED_SUFFIXES = ("_paper", "_note")
 

@@ -206,7 +206,7 @@ def test_chapter_helpers_baselines_imprint_and_intervals():
         ch1a.psnr_summary([1.0], X[:2])
 
     class _Run:
-        def paper(self, name, digits=3, *, scale_factor=1.0, value_range=None):
+        def stored(self, name, digits=3, *, scale_factor=1.0, value_range=None):
             return f"paper:{name}"
 
     table = ch1a.wei_table({1: 0.75, 16: 0.0}, {1: 1.0, 9: 0.25}, _Run(), scale="quick", num_images=8).data

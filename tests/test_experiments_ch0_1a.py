@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 class _Run:
     """Stands in for fedlab.records.Run: quotes a stored value by name."""
 
-    def paper(self, name, digits=3, *, scale_factor=1.0, value_range=None):
+    def stored(self, name, digits=3, *, scale_factor=1.0, value_range=None):
         return f"paper:{name}"
 
 

@@ -22,15 +22,15 @@ def test_format_and_run(tmp_path):
                        "one": [0.25, None, None]})
     run = records.Run("02_x", folder=tmp_path)
     # 0.6 ± t(0.975, 2) * 0.1 / sqrt(3) = 0.6 ± 0.248
-    assert run.paper("auc") == "0.600 ± 0.248 (n = 3)"
-    assert run.paper("auc", 1, scale_factor=100) == "60.0 ± 24.8 (n = 3)"
-    assert run.paper("p") == "2.00e-03 ± 2.48e-03 (n = 3)"
-    assert run.paper("src") == "syn" and run.paper("one") == "0.250 (n = 1)" and run.paper("zzz") == "not in record"
+    assert run.stored("auc") == "0.600 ± 0.248 (n = 3)"
+    assert run.stored("auc", 1, scale_factor=100) == "60.0 ± 24.8 (n = 3)"
+    assert run.stored("p") == "2.00e-03 ± 2.48e-03 (n = 3)"
+    assert run.stored("src") == "syn" and run.stored("one") == "0.250 (n = 1)" and run.stored("zzz") == "not in record"
     assert "seeds 0, 1, 2 (n = 3)" in run.describe() and "10 s per seed" in run.describe()
     assert run.describe().endswith("Made by `python -m fedlab reproduce 02`.")   # the record's own command
     del run.record["command"]
     assert "Made by" not in run.describe()                   # a record without its command says nothing of it
-    assert records.Run("03_none", folder=tmp_path).paper("auc") == "no record yet"
+    assert records.Run("03_none", folder=tmp_path).stored("auc") == "no record yet"
     assert "reproduce 03_none --scale paper" in records.Run("03_none", folder=tmp_path).describe()
     rows = records.compare_rows({"auc": 0.55}, run.record, {"auc": "AUC", "c": "C"})
     assert rows == [["AUC", 0.55, "0.600 ± 0.248 (n = 3)"], ["C", "n/a", "not in record"]]
@@ -51,8 +51,8 @@ def test_a_small_mean_with_a_wide_interval_reads_in_decimals(tmp_path):
     _record(tmp_path, {"d": [-0.024, 0.031, 0.024, -0.008, 0.023], "tiny": [1e-4, 2e-4, 3e-4, 1e-4, 2e-4]},
             seeds=range(5))
     run = records.Run("02_x", folder=tmp_path)
-    assert run.paper("d") == "0.009 ± 0.030 (n = 5)"       # not 9.20e-03 ± 2.97e-02
-    assert run.paper("tiny").startswith("1.80e-04 ± ")
+    assert run.stored("d") == "0.009 ± 0.030 (n = 5)"       # not 9.20e-03 ± 2.97e-02
+    assert run.stored("tiny").startswith("1.80e-04 ± ")
 
 
 def test_record_errors(tmp_path):
@@ -318,18 +318,18 @@ def test_constants_have_no_interval_and_p_values_read_as_median_and_range(tmp_pa
                        "p": ["1.5e-46", "2.0e-03", "0.41"], "p_same": [1e-3, 1e-3, 1e-3], "bad": [0.2, 1.5, 0.1],
                        "p_one": [0.03, None, None]})
     run = records.Run("02_x", folder=tmp_path)
-    assert run.paper("c") == "100.000 (all n = 3 seeds)"      # not "100.000 ± 0.000 (n = 3)"
-    assert run.paper("tenth") == "0.100 (all n = 3 seeds)"     # std 1e-17 from rounding is still a constant
-    assert run.paper("auc") == "0.600 ± 0.248 (n = 3)"
-    assert run.paper_p("p") == "median 2.0e-03 (range 1.5e-46–0.41, n = 3)"   # not a t interval below 0
-    assert run.paper_p("p_same") == "1.0e-03 (all n = 3 seeds)"
-    assert run.paper_p("p_one") == "0.03 (n = 1)"
-    assert run.paper_p("zzz") == "not in record"
-    assert records.Run("03_none", folder=tmp_path).paper_p("p") == "no record yet"
+    assert run.stored("c") == "100.000 (all n = 3 seeds)"      # not "100.000 ± 0.000 (n = 3)"
+    assert run.stored("tenth") == "0.100 (all n = 3 seeds)"     # std 1e-17 from rounding is still a constant
+    assert run.stored("auc") == "0.600 ± 0.248 (n = 3)"
+    assert run.stored_p("p") == "median 2.0e-03 (range 1.5e-46–0.41, n = 3)"   # not a t interval below 0
+    assert run.stored_p("p_same") == "1.0e-03 (all n = 3 seeds)"
+    assert run.stored_p("p_one") == "0.03 (n = 1)"
+    assert run.stored_p("zzz") == "not in record"
+    assert records.Run("03_none", folder=tmp_path).stored_p("p") == "no record yet"
     with pytest.raises(ValueError, match="name='bad'"):
-        run.paper_p("bad")
+        run.stored_p("bad")
     _record(tmp_path, {"p": [0.5, 0.01, 0.2, 0.3]}, seeds=range(4), failures=[{"seed": 0, "cell": 1, "error": "x"}])
-    assert records.Run("02_x", folder=tmp_path).paper_p("p") == "median 0.20 (range 0.01–0.30, n = 3)"
+    assert records.Run("02_x", folder=tmp_path).stored_p("p") == "median 0.20 (range 0.01–0.30, n = 3)"
 
 
 def test_a_rate_is_shown_with_its_interval_cut_to_the_unit_range():

@@ -102,7 +102,7 @@ def settings_table(acc: Mapping, run):
     if missing:
         raise ValueError(f"acc lacks the settings {missing}")
     return plots.md_table(["setting", "iid", "non-iid", "iid, paper scale (mean ± 95 % CI)", "non-iid, paper scale"],
-                          [[k, v["iid"], v["non-iid"], run.paper(SETTING_NAMES[k][0]), run.paper(SETTING_NAMES[k][1])]
+                          [[k, v["iid"], v["non-iid"], run.stored(SETTING_NAMES[k][0]), run.stored(SETTING_NAMES[k][1])]
                            for k, v in acc.items()])
 
 

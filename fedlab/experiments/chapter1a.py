@@ -367,7 +367,7 @@ def label_table(ours: Mapping[str, float], n_eval: Mapping[str, int], run):
     paper = ZHAO_LABEL_ACC
     return _markdown("| label accuracy | paper (MNIST) | ours (sklearn digits) | images | ours, paper scale (mean ± 95 % CI) |\n"
                      "|---|---|---|---|---|\n" + "\n".join(
-                         f"| {m} | {paper[m]:.3f} | {ours[m]:.3f} | {n_eval[m]} | {run.paper(names[m])} |" for m in paper))
+                         f"| {m} | {paper[m]:.3f} | {ours[m]:.3f} | {n_eval[m]} | {run.stored(names[m])} |" for m in paper))
 
 
 def dlg_vs_inverting_gradients(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, weight_key: str,
@@ -532,8 +532,8 @@ def unrolled_table(result: Mapping, run, *, local_steps: int = 9, success_db: fl
         fail = r["psnr_unrolled"] < success_db
         lost = f"{int(fail.sum())} of {fail.size}, median loss {np.median(r['loss_unrolled'][fail]):.2g}" if fail.any() \
             else f"none of {fail.size}"
-        rows.append(f"| {lr:g} | {r['one gradient']:.2f} (paper scale: {run.paper(f'unroll_one_{i}', 2, value_range=(0, 1))}) "
-                    f"| {r['unrolled']:.2f} (paper scale: {run.paper(f'unroll_rate_{i}', 2, value_range=(0, 1))}) | {lost} |")
+        rows.append(f"| {lr:g} | {r['one gradient']:.2f} (paper scale: {run.stored(f'unroll_one_{i}', 2, value_range=(0, 1))}) "
+                    f"| {r['unrolled']:.2f} (paper scale: {run.stored(f'unroll_rate_{i}', 2, value_range=(0, 1))}) | {lost} |")
     head = (f"| learning rate η, K = {local_steps} steps | treats the update as one gradient | unrolls the K steps | "
             "unrolled attacks that failed: where they stopped (loss at the truth: 0) |\n|---|---|---|---|\n")
     return _markdown(head + "\n".join(rows))
@@ -605,7 +605,7 @@ def wei_table(rate_b: Mapping[int, float], rate_k: Mapping[int, float], run, *, 
         head += " images in the cell | 95 % interval of this run (Clopper-Pearson) |"
         rule += "---|---|"
     return _markdown(head + "\n" + rule + "\n"
-                     + "\n".join(f"| {k} | {WEI_RATES[k]:.2f} | {ours[k]:.2f} | {run.paper(names[k], 2, value_range=(0, 1))} |{extra[k]}"
+                     + "\n".join(f"| {k} | {WEI_RATES[k]:.2f} | {ours[k]:.2f} | {run.stored(names[k], 2, value_range=(0, 1))} |{extra[k]}"
                                   for k in WEI_RATES))
 
 

@@ -139,7 +139,7 @@ def window_table(auc_loss: Mapping[int, float], best_w: int, paper: Callable[[st
                  w_lecture: int = 10, floor: float | None = None):
     """The lecture's "multiple observations" comparison as a Markdown table: the lecture's AUC
     (:data:`LECTURE_WINDOW_AUC`), ours (rounded to 3 decimals), the stored paper-scale record
-    (``paper(name)``, e.g. :meth:`fedlab.records.Run.paper`), a row for the best window here and,
+    (``paper(name)``, e.g. :meth:`fedlab.records.Run.stored`), a row for the best window here and,
     when given, one for the chance ``floor`` (95th percentile of the AUC with shuffled labels). Raises ``ValueError`` if ``auc_loss`` lacks the window 1, ``w_lecture`` or ``best_w``."""
     from ..plots import md_table
 
@@ -1448,7 +1448,7 @@ def personalization_eps_values(util_eps: Mapping[str, Mapping[float, float]]) ->
 def personalization_eps_table(util_eps: Mapping[str, Mapping[float, float]], paper: Callable[[str], str]):
     """The budget sweep as a Markdown table, one row per ``eps``: this build's three accuracies, and
     the stored paper-scale record's Centaur minus local-only and Centaur minus DP-FedAvg +
-    fine-tuning (``paper(name)``, mean ± 95 % CI over seeds, :meth:`fedlab.records.Run.paper`)."""
+    fine-tuning (``paper(name)``, mean ± 95 % CI over seeds, :meth:`fedlab.records.Run.stored`)."""
     from ..plots import md_table
 
     vals = personalization_eps_values(util_eps)

@@ -132,7 +132,7 @@ def theorem1_fail_name(p: float, B: int) -> str:
 
 def theorem1_table(rows: Sequence[Theorem1Row], paper: Callable[..., str]) -> str:
     """The Theorem 1 rows as a Markdown table, with the stored paper-scale record's measured failure
-    (``paper(name, 4)``, e.g. :meth:`fedlab.records.Run.paper`) beside ours."""
+    (``paper(name, 4)``, e.g. :meth:`fedlab.records.Run.stored`) beside ours."""
     head = ("| $p_c$ | $B$ | $T$ of Theorem 1 | measured failure at that $T$ | measured failure, paper scale "
             "(mean ± 95 % CI, n seeds) | exact failure | smallest $T$ with exact failure $\\le\\delta$ | bound / needed |\n"
             "|---|---|---|---|---|---|---|---|\n")

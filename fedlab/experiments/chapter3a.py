@@ -237,11 +237,11 @@ def table3_values(auc: dict, emb: dict) -> dict:
 def table3_table(auc: dict, emb: dict, run) -> tuple[list, list]:
     """``(headers, rows)`` of "paper vs ours" for RAIFLE Table 3: the paper's AUC and embedding error
     (:data:`PAPER_TABLE3`), ours (``auc``, ``emb`` from :func:`table3_summary`) and the stored
-    paper-scale record (``run.paper``, ``run`` a :class:`fedlab.records.Run`)."""
+    paper-scale record (``run.stored``, ``run`` a :class:`fedlab.records.Run`)."""
     yn, na, ps = {True: "yes", False: "no"}, "N/A", "paper scale (mean ± 95 % CI, n seeds)"
-    rows = [[k[0], yn[k[1]], yn[k[2]], p_auc, auc[k], run.paper(f"ch3a_auc_{TABLE3_NAMES[k]}"),
+    rows = [[k[0], yn[k[1]], yn[k[2]], p_auc, auc[k], run.stored(f"ch3a_auc_{TABLE3_NAMES[k]}"),
              na if p_err is None else p_err, f"{emb[k]:.2g}" if k in emb else na,
-             run.paper(f"ch3a_emb_err_{TABLE3_NAMES[k]}") if k in emb else na]
+             run.stored(f"ch3a_emb_err_{TABLE3_NAMES[k]}") if k in emb else na]
             for k, (p_auc, p_err) in PAPER_TABLE3.items()]
     headers = ["algorithm", "estimate emb.", "use params", "paper AUC", "our AUC", "our AUC, " + ps,
                "paper emb. err.", "our emb. err.", "our emb. err., " + ps]
@@ -561,7 +561,7 @@ def ks_values(ldp_auc: dict, random_auc: torch.Tensor, epsilons) -> dict:
 def table6_table(ks: dict, epsilons, run) -> tuple[list, list]:
     """``(headers, rows)`` of RAIFLE Table 6: the paper's p-values (:data:`PAPER_TABLE6`), ours
     (``ks`` from :func:`ks_values`; "—" for a variant not swept) and the stored paper-scale record
-    (``run.paper_p``: median and range over seeds, never a t interval). ``epsilons`` must be the paper's five (1, 10, 20, 100, 500); raises
+    (``run.stored_p``: median and range over seeds, never a t interval). ``epsilons`` must be the paper's five (1, 10, 20, 100, 500); raises
     ``ValueError`` otherwise."""
     if list(epsilons) != [1.0, 10.0, 20.0, 100.0, 500.0]:
         raise ValueError(f"epsilons must be the paper's [1, 10, 20, 100, 500], got {list(epsilons)}")
@@ -570,7 +570,7 @@ def table6_table(ks: dict, epsilons, run) -> tuple[list, list]:
         tags = [_ks_name(name, e) for e in epsilons]
         rows.append([name, "paper"] + [f"{v:.2e}" for v in paper])
         rows.append([name, "ours"] + [f"{ks[t]:.2e}" if t in ks else "—" for t in tags])
-        rows.append([name, "ours, paper scale (median, range, n seeds)"] + [run.paper_p(t) for t in tags])
+        rows.append([name, "ours, paper scale (median, range, n seeds)"] + [run.stored_p(t) for t in tags])
     return ["variant", "source"] + [f"ε={e:g}" for e in epsilons], rows
 
 
@@ -601,7 +601,7 @@ def table7_values(results: dict) -> dict:
 def table7_table(values: dict, run) -> tuple[list, list]:
     """``(headers, rows)`` of RAIFLE Table 7: paper, ours (``values`` from :func:`table7_values`) and
     the stored paper-scale record."""
-    rows = [[a, b, f"{p:.2e}", f"{values[_t7_name(a, b)]:.2e}", run.paper_p(_t7_name(a, b))] for a, b, p in PAPER_TABLE7]
+    rows = [[a, b, f"{p:.2e}", f"{values[_t7_name(a, b)]:.2e}", run.stored_p(_t7_name(a, b))] for a, b, p in PAPER_TABLE7]
     return ["variant 1", "variant 2", "paper p", "our p", "our p, paper scale (median, range, n seeds)"], rows
 
 

@@ -243,11 +243,11 @@ FIG5_NAMES = {("linear", 1, False): "ch3b_fig5_single", ("neural", 1, False): "c
 
 def fig5_table(fig5: dict, click_models, run) -> tuple[list, list]:
     """``(headers, rows)`` of "paper vs ours" for Fig. 5: :data:`PAPER_FIG5`, our mean AUC (3 decimals)
-    and the stored paper-scale record (``run.paper``, ``run`` a :class:`fedlab.records.Run`)."""
+    and the stored paper-scale record (``run.stored``, ``run`` a :class:`fedlab.records.Run`)."""
     headers = ["ranker", "queries", "ADM", "paper AUC", "our AUC",
                "ours, paper scale (mean ± 95 % CI; 1 query: lower ranker)"]
     rows = [[m, Q, "yes" if a else "no", p, round(fig5_mean(fig5, m, Q, a, click_models), 3),
-             run.paper(FIG5_NAMES[(m, Q, a)])] for (m, Q, a), p in PAPER_FIG5.items()]
+             run.stored(FIG5_NAMES[(m, Q, a)])] for (m, Q, a), p in PAPER_FIG5.items()]
     return headers, rows
 
 
@@ -486,9 +486,9 @@ def noisy_values(noisy: dict, noise_stds) -> dict:
 
 def noisy_table(noisy: dict, rankers, noise_stds, run) -> tuple[list, list]:
     """``(headers, rows)`` of "paper vs ours" for Fig. 11: :data:`PAPER_FIG11`, our mean AUC per ranker
-    (3 decimals) and the stored paper-scale record (``run.paper``)."""
+    (3 decimals) and the stored paper-scale record (``run.stored``)."""
     rows = [[f"{s:g}" + (" (exact zeros)" if s == 0 else ""), PAPER_FIG11.get(s, "reference")]
-            + [round(noisy[(m, s)], 3) for m in rankers] + [run.paper(noisy_name(m, s)) for m in rankers]
+            + [round(noisy[(m, s)], 3) for m in rankers] + [run.stored(noisy_name(m, s)) for m in rankers]
             for s in noise_stds]
     headers = ["noise std", "paper (vs std 0)", "our linear", "our neural", "linear, paper scale (mean ± 95 % CI)",
                "neural, paper scale"]
@@ -740,7 +740,7 @@ def ks_values(ks: dict, epsilons, *, click_model: str = "informational") -> dict
 def ks_table(ks: dict, epsilons, run, *, ks_nav: dict | None = None, queries=(1, 8)) -> tuple[list, list]:
     """``(headers, rows)`` of Tables 4-5 for the rows with ``Q`` in ``queries``: the paper's p-values
     (:data:`PAPER_KS`), ours ("—" where not run at this scale) and the stored paper-scale record
-    (``run.paper``), for informational clicks (``ks``) and, if given, navigational clicks (``ks_nav``,
+    (``run.stored``), for informational clicks (``ks``) and, if given, navigational clicks (``ks_nav``,
     :data:`PAPER_KS_NAV`). ``epsilons`` must be the paper's five (1, 10, 20, 100, 500); raises
     ``ValueError`` otherwise."""
     _check_paper_epsilons(epsilons, [1.0, 10.0, 20.0, 100.0, 500.0])
@@ -756,13 +756,13 @@ def ks_table(ks: dict, epsilons, run, *, ks_nav: dict | None = None, queries=(1,
             ours = res.get((model, Q, adm))
             rows.append([label, "paper"] + [f"{v:.2e}" for v in paper])
             rows.append([label, "ours"] + ([f"{v:.1e}" for v in ours] if ours is not None else ["—"] * len(epsilons)))
-            rows.append([label, "ours, paper scale (median, range, n seeds)"] + [run.paper_p(n) for n in names])
+            rows.append([label, "ours, paper scale (median, range, n seeds)"] + [run.stored_p(n) for n in names])
     return ["attack", "source"] + [f"ε={e:g}" for e in epsilons], rows
 
 
 def ks_queries_table(run, epsilon: float, queries=(4, 8, 12, 16)) -> tuple[list, list]:
     """``(headers, rows)``: Tables 4-5 across the number of queries at one ``epsilon``, one row per
-    (ranker, click model, ADM), each cell "paper p / our paper-scale p" (``run.paper_p``, the median over
+    (ranker, click model, ADM), each cell "paper p / our paper-scale p" (``run.stored_p``, the median over
     the record's seeds). Raises ``ValueError`` for an epsilon outside the paper's five."""
     eps = [1.0, 10.0, 20.0, 100.0, 500.0]
     if epsilon not in eps:
@@ -773,7 +773,7 @@ def ks_queries_table(run, epsilon: float, queries=(4, 8, 12, 16)) -> tuple[list,
         paper = _paper_ks(click)
         for model in ("linear", "neural"):
             for adm in (False, True):
-                cells = [f"{paper[(model, Q, adm)][j]:.1e} / {run.paper_p(_ks_name(model, Q, adm, epsilon, click), brief=True)}"
+                cells = [f"{paper[(model, Q, adm)][j]:.1e} / {run.stored_p(_ks_name(model, Q, adm, epsilon, click), brief=True)}"
                          if (model, Q, adm) in paper else "—" for Q in queries]
                 rows.append([model, click[:3], "yes" if adm else "no"] + cells)
     return ["ranker", "clicks", "ADM"] + [f"{Q} queries: paper / ours (median over seeds)" for Q in queries], rows
@@ -820,14 +820,14 @@ def table8_values(ndcg: dict, rankers, epsilons) -> dict:
 
 def table8_table(ndcg: dict, rankers, epsilons, run) -> tuple[list, list]:
     """``(headers, rows)`` of Table 8: the paper's NDCG@10 (:data:`PAPER_T8`), ours (3 decimals) and the
-    stored paper-scale record (``run.paper``). ``epsilons`` must be the paper's (1, 10, 20, 100, 500,
+    stored paper-scale record (``run.stored``). ``epsilons`` must be the paper's (1, 10, 20, 100, 500,
     ``None`` for no noise); raises ``ValueError`` otherwise."""
     _check_paper_epsilons(epsilons, [1.0, 10.0, 20.0, 100.0, 500.0, None])
     rows = []
     for m in rankers:
         rows.append([m, "paper"] + PAPER_T8[m])
         rows.append([m, "ours"] + [round(ndcg[(m, e)], 3) for e in epsilons])
-        rows.append([m, "ours, paper scale (mean ± 95 % CI)"] + [run.paper(_t8_name(m, e)) for e in epsilons])
+        rows.append([m, "ours, paper scale (mean ± 95 % CI)"] + [run.stored(_t8_name(m, e)) for e in epsilons])
     return ["ranker", "source"] + [f"ε={e:g}" if e else "ε=∞" for e in epsilons], rows
 
 

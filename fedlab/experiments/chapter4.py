@@ -425,7 +425,7 @@ def table1_markdown(tables: dict, paper=None, paper_table: dict | None = None) -
     and local-step count: the paper's mean train accuracy (last returned, decoded), ours as mean ± 95 %
     interval over the runs (each run's mean over clients), the oracle ``theta_c*``, the majority class
     (always predicting each client's most frequent label) and, last, the stored
-    paper-scale record ``paper(name, digits)`` of the two means (e.g. :meth:`fedlab.records.Run.paper`;
+    paper-scale record ``paper(name, digits)`` of the two means (e.g. :meth:`fedlab.records.Run.stored`;
     ``n/a`` when ``None``); then a second table with both models' mean relative distance to ``theta_c*``, the
     flatness of the server models and the map's loss (fitted / held out): two tables of 7 and 5 columns fit the
     page where one of 10 did not. ``paper_table`` defaults to :data:`PAPER_TABLE1`. Raises ``ValueError`` for

@@ -515,7 +515,7 @@ def table2_values(acc: dict, nus: Sequence[float], k: int) -> dict:
 def table2_markdown(acc: dict, nus: Sequence[float], k: int, paper=None, paper_table: dict | None = None) -> str:
     """Galli et al.'s Table 2 (``paper_table``, default :data:`PAPER_TABLE2`) beside ours at ``k``
     hypotheses, as a Markdown table: accuracy and accuracy relative to ``nu = 0``, with the stored
-    paper-scale record ``paper(name)`` (e.g. :meth:`fedlab.records.Run.paper`; ``n/a`` when ``None``).
+    paper-scale record ``paper(name)`` (e.g. :meth:`fedlab.records.Run.stored`; ``n/a`` when ``None``).
     Raises ``ValueError`` for a ``nu`` the paper table lacks."""
     paper_table = PAPER_TABLE2 if paper_table is None else paper_table
     absent = [nu for nu in [0, *nus] if nu not in paper_table]

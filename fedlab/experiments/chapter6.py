@@ -331,7 +331,7 @@ def defense_markdown(rows: Mapping[str, dict]) -> MarkdownText:
 def compare_markdown(ours: Mapping[str, float], paper_1a: Callable[[str], str], paper_1b: Callable[[str], str],
                      *, settings: Mapping[str, str]) -> MarkdownText:
     """This build's numbers on Flower transcripts beside the stored paper-scale records of chapters 1a
-    and 1b (``paper_1a`` / ``paper_1b``: :meth:`fedlab.records.Run.paper` of those chapters, called with
+    and 1b (``paper_1a`` / ``paper_1b``: :meth:`fedlab.records.Run.stored` of those chapters, called with
     the record's name and the number of decimals), only for
     the names those records hold (:data:`COMPARE_1A`, :data:`COMPARE_1B`). ``settings``: the chapter
     name -> one line on how our setting differs."""
