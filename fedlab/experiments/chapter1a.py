@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from ..privacy.defenses import prune_rows
 from .. import metrics, plots, privacy
 from .._checks import positive_int
 from ..attacks import embedding_leakage as el
@@ -680,10 +681,9 @@ def pruning_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, fract
                                        **({"knows_mask": True} if knows_mask else {})} for p in fractions})
     if knows_mask:       # did it reach its optimum? the normalised masked matching loss, reached and at the truth
         labels = y[:len(X)].reshape(-1, 1)
+        grads = gi.per_example_gradients(model, params, X, y)
         for p in fractions:
-            sent = [privacy.prune_by_magnitude(gi.parameter_gradient(model, params, X[i:i + 1], y[i:i + 1]), p)
-                    for i in range(len(X))]
-            obs = {k: torch.stack([g[k] for g in sent]) for k in params}
+            obs = prune_rows(grads, p)                       # prune_by_magnitude per image, vectorised
             mask = {k: v != 0 for k, v in obs.items()}
             out[p]["matching_loss"] = gi.matching_loss(model, params, out[p]["x"], labels, obs, mask=mask).numpy()
             out[p]["matching_loss_truth"] = gi.matching_loss(model, params, X[:, None], labels, obs, mask=mask).numpy()
