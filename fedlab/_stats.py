@@ -1,5 +1,6 @@
-"""Statistics that need no torch: the Student-t interval of a mean (:func:`t_interval`), and that interval cut
-to a metric's range (:func:`bounded_interval`).
+"""Statistics that need no torch: the Student-t interval of a mean (:func:`t_interval`), that interval cut
+to a metric's range (:func:`bounded_interval`), and p-values summarised as a median and range
+(:func:`pvalue_summary`; a t interval is no summary for p-values).
 
 It is a name of :mod:`fedlab.metrics` (which imports it from here); it lives in this leaf module (no torch,
 no numpy; ``scipy.special`` imported when called) so that ``python -m fedlab reproduce`` summarises a record
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["t_interval", "bounded_interval"]
+__all__ = ["t_interval", "bounded_interval", "pvalue_summary"]
 
 
 def t_interval(xs, confidence: float = 0.95) -> tuple[float, float | None, tuple[float, float] | None]:
@@ -53,3 +54,28 @@ def bounded_interval(ci, value_range) -> list[float] | None:
     if not a < b:
         raise ValueError(f"value_range must be (low, high) with low < high, got {value_range}")
     return [min(max(lo, a), b), max(min(hi, b), a)]
+
+
+def pvalue_summary(pvalues, *, brief: bool = False, unit: str | None = None) -> str:
+    """Several p-values of one test (over seeds, or over network draws of one seed) as ``'median m
+    (range lo-hi, n = k)'``, two significant digits (:func:`format_pvalue`'s words): ``'m (n = 1)'`` for
+    one, ``'m (all n = k seeds)'`` when all are equal, the median alone with ``brief``; ``unit`` (e.g.
+    ``"networks"``) is written after ``k`` in place of ``seeds``. Raises
+    ``ValueError`` naming ``pvalues`` when it is empty or holds a value outside [0, 1] (NaN included)."""
+    seen = sorted(float(x) for x in pvalues)
+    if not seen:
+        raise ValueError("pvalues must not be empty")
+    if not all(0.0 <= x <= 1.0 for x in seen):
+        raise ValueError(f"pvalues must lie in [0, 1], got {[x for x in seen if not 0.0 <= x <= 1.0][:3]}")
+    k = len(seen)
+    median = seen[k // 2] if k % 2 else (seen[k // 2 - 1] + seen[k // 2]) / 2
+
+    def p(x):
+        return f"{x:.1e}" if x < 0.01 else f"{x:.2f}"
+    if brief:
+        return p(median)
+    if k == 1:
+        return f"{p(median)} (n = 1)"
+    if seen[0] == seen[-1]:
+        return f"{p(median)} (all n = {k} {unit or 'seeds'})"
+    return f"median {p(median)} (range {p(seen[0])}–{p(seen[-1])}, n = {k}{' ' + unit if unit else ''})"

@@ -21,6 +21,8 @@ import json
 import math
 from pathlib import Path
 
+from ._stats import pvalue_summary
+
 __all__ = ["Run", "records_dir", "load", "load_record", "format_summary", "compare_rows", "describe"]
 
 _REQUIRED = ("chapter", "scale", "seeds", "values", "summary", "seconds")
@@ -145,27 +147,13 @@ def format_pvalue(record: dict | None, name: str, *, brief: bool = False) -> str
     values = record.get("values", {})
     if name not in values:
         return "not in record"
-    seen = []
-    for v in _clean_values(record, name):
-        x = float(v)
-        if not 0.0 <= x <= 1.0:
-            raise ValueError(f"name={name!r} holds {v!r}, not a p-value in [0, 1]")
-        seen.append(x)
+    seen = [float(v) for v in _clean_values(record, name)]
     if not seen:
         return "failed at every seed"
-    seen.sort()
-    k = len(seen)
-    median = seen[k // 2] if k % 2 else (seen[k // 2 - 1] + seen[k // 2]) / 2
-
-    def p(x):
-        return f"{x:.1e}" if x < 0.01 else f"{x:.2f}"
-    if brief:
-        return p(median)
-    if k == 1:
-        return f"{p(median)} (n = 1)"
-    if seen[0] == seen[-1]:
-        return f"{p(median)} (all n = {k} seeds)"
-    return f"median {p(median)} (range {p(seen[0])}–{p(seen[-1])}, n = {k})"
+    bad = [x for x in seen if not 0.0 <= x <= 1.0]
+    if bad:
+        raise ValueError(f"name={name!r} holds {bad[0]!r}, not a p-value in [0, 1]")
+    return pvalue_summary(seen, brief=brief)
 
 
 class Run(dict):

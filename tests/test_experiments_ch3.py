@@ -378,3 +378,49 @@ def test_network_draws_summary_interval_over_draws():
         ch3a.network_draws_summary({("FNCF", True, False): {**res[("FNCF", True, False)], "auc": auc[:1]}})
     with pytest.raises(ValueError, match="configuration"):
         ch3a.network_draws_summary({"num_users": 3})
+
+
+def test_table7_draws_tests_each_network_on_its_own_rows():
+    """Table 7 under network draws: draw k's p-value compares the two variants' AUCs of draw k (same users,
+    same network), not pooled draws and not another draw's row; checked against scipy's K-S test on a
+    hand-made result where draw 1 separates the variants and draw 0 does not."""
+    from scipy import stats
+
+    D, U = 3, 6
+    g = torch.Generator().manual_seed(2)
+    # the draws' AUCs lie in disjoint ranges, so a test that compares rows of two different draws gives 2 / 924
+    base = 0.3 + 0.15 * torch.arange(D, dtype=torch.float64)[:, None] + 0.05 * torch.rand(D, U, generator=g, dtype=torch.float64)
+    auc = {c: base.clone() for c in ch3a.FNCF_CONFIGS}
+    auc[("FNCF", True, False)][1] += 0.4                   # under draw 1 only, FNCF emb is far above the others
+    res = {c: {"auc": a, "loss": torch.zeros(D, U), "loss_truth": torch.zeros(D, U), "emb_error": None,
+               "evaluations": 1} for c, a in auc.items()}
+    res.update(draw_seeds=list(range(D)), num_users=U)
+    per = ch3a.table7_draws(res)
+    name = "ch3a_t7_fncf_emb_vs_fncf"
+    assert set(per) == {"ch3a_t7_fncf_emb_vs_fncf", "ch3a_t7_fncf_emb_vs_fncf_model",
+                        "ch3a_t7_fncf_emb_model_vs_fncf_emb", "ch3a_t7_fncf_model_vs_fncf"}
+    for k in range(D):
+        want = stats.ks_2samp(auc[("FNCF", True, False)][k].numpy(), auc[("FNCF", False, False)][k].numpy()).pvalue
+        assert per[name][k] == pytest.approx(want)
+    assert per[name][0] == pytest.approx(1.0) and per[name][1] == pytest.approx(2 / 924)   # 2 / C(12, 6): apart
+    assert per["ch3a_t7_fncf_model_vs_fncf"] == pytest.approx([1.0] * D)
+    vals = ch3a.table7_draws_values(per)
+    assert vals[f"{name}_draws_min"] == pytest.approx(2 / 924) and vals[f"{name}_draws_median"] == pytest.approx(1.0)
+    headers, rows = ch3a.table7_table({n: 0.5 for n in per}, records.Run("03a_none"), per, draw_users=U)
+    assert len(headers) == 6 and "6 users" in headers[4] and rows[0][4] == "median 1.00 (range 2.2e-03–1.00, n = 3 networks)"
+    assert len(ch3a.table7_table({n: 0.5 for n in per}, records.Run("03a_none"))[0]) == 5   # without draws
+    with pytest.raises(ValueError, match="draws lacks"):
+        ch3a.table7_draws({c: r for c, r in res.items() if c != ("FNCF", False, True)})
+
+
+def test_pvalue_summary_median_and_range_never_an_interval():
+    from fedlab._stats import pvalue_summary
+
+    assert pvalue_summary([0.3, 0.002, 0.5]) == "median 0.30 (range 2.0e-03–0.50, n = 3)"
+    assert pvalue_summary([0.3, 0.1, 0.5, 0.2], unit="networks") == "median 0.25 (range 0.10–0.50, n = 4 networks)"
+    assert pvalue_summary([0.4, 0.4], unit="networks") == "0.40 (all n = 2 networks)"
+    assert pvalue_summary([0.4, 0.4]) == "0.40 (all n = 2 seeds)" and pvalue_summary([1e-5]) == "1.0e-05 (n = 1)"
+    assert pvalue_summary([0.3, 0.002, 0.5], brief=True) == "0.30"
+    for bad in ([], [0.5, float("nan")], [1.5], [-0.1]):
+        with pytest.raises(ValueError, match="pvalues"):
+            pvalue_summary(bad)

@@ -19,12 +19,13 @@ from ..privacy import ldp
 from ..privacy.defenses import prune_rows
 from .tables import scale_cells, scale_pairs, settings_header
 from .._checks import positive_int
+from .._stats import pvalue_summary
 
 __all__ = ["RecsysCase", "make_recsys_case", "attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
            "VARIANTS", "attack_budget", "run_config", "table3", "table3_summary", "table3_values", "table3_table", "table3_loss_table",
            "FNCF_CONFIGS", "network_draw_seeds", "network_draws_case", "fncf_network_draws", "network_draws_summary",
            "network_draws_table", "network_draws_values", "table3_boxplot", "linear_case", "loop_vs_batch", "PAPER_TABLE6", "PAPER_TABLE7", "ldp_sigma_rows",
-           "ldp_updates", "ldp_attack_sweep", "clip_knowledge_rows", "ks_values", "table6_table", "table7_values", "table7_table",
+           "ldp_updates", "ldp_attack_sweep", "clip_knowledge_rows", "ks_values", "table6_table", "table7_values", "table7_draws", "table7_draws_values", "table7_table",
            "prune_sweep", "defense_boxplots", "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table"]
 
 
@@ -598,11 +599,46 @@ def table7_values(results: dict) -> dict:
     return {_t7_name(a, b): ks_pvalue(auc[a], auc[b]) for a, b, _ in PAPER_TABLE7}
 
 
-def table7_table(values: dict, run) -> tuple[list, list]:
-    """``(headers, rows)`` of RAIFLE Table 7: paper, ours (``values`` from :func:`table7_values`) and
-    the stored paper-scale record."""
-    rows = [[a, b, f"{p:.2e}", f"{values[_t7_name(a, b)]:.2e}", run.stored_p(_t7_name(a, b))] for a, b, p in PAPER_TABLE7]
-    return ["variant 1", "variant 2", "paper p", "our p", "our p, paper scale (median, range, n seeds)"], rows
+def table7_draws(draws: dict) -> dict:
+    """RAIFLE Table 7 under each FNCF network draw of a :func:`fncf_network_draws` result: for each pair
+    of :data:`PAPER_TABLE7` (all four are FNCF variants) the K-S p-value between the two variants' AUCs
+    of the same users under the same network, one per draw, so that the network is a random effect of
+    the test as of Table 3's rows. Returns ``{ch3a_t7_<a>_vs_<b>: [D] p-values}``. Raises ``ValueError``
+    naming ``draws`` when it lacks a configuration of a pair."""
+    auc = {VARIANTS[c]: draws[c]["auc"] for c in draws if isinstance(c, tuple)}
+    missing = sorted({v for a, b, _ in PAPER_TABLE7 for v in (a, b)} - set(auc))
+    if missing:
+        raise ValueError(f"draws lacks the variants {missing} (run fncf_network_draws with all FNCF_CONFIGS)")
+    return {_t7_name(a, b): [ks_pvalue(x, y) for x, y in zip(auc[a], auc[b])] for a, b, _ in PAPER_TABLE7}
+
+
+def table7_draws_values(per_draw: dict) -> dict:
+    """The glued names of a :func:`table7_draws` result: ``<name>_draws_median``, ``_draws_min``,
+    ``_draws_max`` per pair (p-values over the network draws, no interval)."""
+    out = {}
+    for name, ps in per_draw.items():
+        v = sorted(ps)
+        k = len(v)
+        out.update({f"{name}_draws_median": v[k // 2] if k % 2 else (v[k // 2 - 1] + v[k // 2]) / 2,
+                    f"{name}_draws_min": v[0], f"{name}_draws_max": v[-1]})
+    return out
+
+
+def table7_table(values: dict, run, per_draw: dict | None = None, *, draw_users: int | None = None) -> tuple[list, list]:
+    """``(headers, rows)`` of RAIFLE Table 7: paper, ours (``values`` from :func:`table7_values`), ours
+    over network draws (``per_draw`` from :func:`table7_draws`, on ``draw_users`` users; median and range,
+    :func:`fedlab.records.pvalue_summary`) when given, and the stored paper-scale record."""
+    rows = []
+    for a, b, p in PAPER_TABLE7:
+        name = _t7_name(a, b)
+        row = [a, b, f"{p:.2e}", f"{values[name]:.2e}"]
+        if per_draw is not None:
+            row.append(pvalue_summary(per_draw[name], unit="networks"))
+        rows.append(row + [run.stored_p(name)])
+    headers = ["variant 1", "variant 2", "paper p", "our p (one network, Table 3's users)"]
+    if per_draw is not None:
+        headers.append(f"our p per network ({draw_users} users; median, range)")
+    return headers + ["our p, paper scale (median, range, n seeds)"], rows
 
 
 def prune_sweep(case: RecsysCase, fractions, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int,
