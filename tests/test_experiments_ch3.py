@@ -424,3 +424,41 @@ def test_pvalue_summary_median_and_range_never_an_interval():
     for bad in ([], [0.5, float("nan")], [1.5], [-0.1]):
         with pytest.raises(ValueError, match="pvalues"):
             pvalue_summary(bad)
+
+
+def test_table3_reference_runs_the_codes_settings(case):
+    """Table 3 under the reference code's attack settings: every configuration the same budget, five
+    independent starts, FCF's squared loss and FNCF without continuation, each the attack_case call with
+    exactly those settings (a continuation left on, antithetic starts or FCF's distance loss would change
+    the numbers: the budget of 60 evaluations lets the continuation run)."""
+    ref = ch3a.table3_reference(case, max_iter=60, seed=3)
+    assert list(ref) == ch3a.TABLE3_CONFIGS
+    for (alg, est, ump), r in ref.items():
+        extra = {"squared": True} if alg == "FCF" else {"use_model_params": ump, "continuation": None}
+        want = ch3a.attack_case(case, alg.lower(), estimate_embedding=est, max_iter=60, seed=3, num_restarts=5,
+                                antithetic=False, **extra)
+        assert torch.equal(r["auc"], want["auc"]) and torch.equal(r["loss"], want["loss"]), (alg, est, ump)
+    # the settings matter: our Table 3 settings give other losses on FNCF emb (continuation) and FCF emb (loss)
+    for c, kw in [(("FNCF", True, False), {}), (("FCF", True, False), {})]:
+        ours = ch3a.attack_case(case, c[0].lower(), estimate_embedding=True, max_iter=60, seed=3, num_restarts=5,
+                                antithetic=False)
+        assert not torch.equal(ours["loss"], ref[c]["loss"]), c
+    with pytest.raises(ValueError, match="max_iter"):
+        ch3a.table3_reference(case, max_iter=0)
+
+
+def test_table3_reference_table_compares_the_same_users():
+    U = 5
+    ours = {c: {"auc": torch.arange(U, dtype=torch.float64) / 10, "loss": torch.arange(U, dtype=torch.float32),
+                "loss_truth": torch.zeros(U)} for c in ch3a.TABLE3_CONFIGS}
+    ref = {c: {"auc": torch.tensor([0.9, 0.7], dtype=torch.float64), "loss": torch.tensor([2.0, 4.0]),
+               "loss_truth": torch.tensor([1.0, 1.0])} for c in ch3a.TABLE3_CONFIGS}
+    headers, rows = ch3a.table3_reference_table(ours, ref, [1, 4])
+    assert len(rows) == 6 and all(len(r) == len(headers) for r in rows)
+    # ours on users 1 and 4 only (AUC 0.1, 0.4; loss 1, 4); torch.median takes the lower middle value
+    assert rows[0] == ["FCF", 0.25, 0.8, 0.0, 1.0, 1.0, 2.0]
+    assert ch3a.table3_reference_values(ref)["ch3a_ref_auc_fncf_emb"] == 0.8
+    with pytest.raises(ValueError, match="users"):
+        ch3a.table3_reference_table(ours, ref, [1, 2, 4])
+    with pytest.raises(ValueError, match="configurations"):
+        ch3a.table3_reference_table({}, ref, [1, 4])

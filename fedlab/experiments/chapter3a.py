@@ -23,6 +23,7 @@ from .._stats import pvalue_summary
 
 __all__ = ["RecsysCase", "make_recsys_case", "attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
            "VARIANTS", "attack_budget", "run_config", "table3", "table3_summary", "table3_values", "table3_table", "table3_loss_table",
+           "REFERENCE_ATTACK", "table3_reference", "table3_reference_table", "table3_reference_values",
            "FNCF_CONFIGS", "network_draw_seeds", "network_draws_case", "fncf_network_draws", "network_draws_summary",
            "network_draws_table", "network_draws_values", "table3_boxplot", "linear_case", "loop_vs_batch", "PAPER_TABLE6", "PAPER_TABLE7", "ldp_sigma_rows",
            "ldp_updates", "ldp_attack_sweep", "clip_knowledge_rows", "ks_values", "table6_table", "table7_values", "table7_draws", "table7_draws_values", "table7_table",
@@ -262,6 +263,61 @@ def table3_loss_table(results: dict) -> tuple[list, list]:
     rows = [[VARIANTS[k], round(results[k]["loss_truth"].median().item(), 3), round(results[k]["loss"].median().item(), 3),
              round(results[k]["auc"].mean().item(), 3), results[k]["evaluations"]] for k in TABLE3_CONFIGS]
     return ["configuration", "median loss at the truth", "median loss reached", "mean AUC", "loss evaluations"], rows
+
+
+#: The attack settings of the authors' reference code (:data:`REFERENCE_REPOSITORY`, c513b97) where they
+#: differ from our Table 3 (:func:`table3_reference`): five independent random starts (no antithetic pairs),
+#: one budget for every configuration (FCF without the embedding included), FCF's item loss the squared
+#: error (its MSE up to a constant factor per user) and no continuation for FNCF (our addition). The
+#: optimiser stays ours (:func:`fedlab.optim.lbfgs_rows`; the code runs ``torch.optim.LBFGS``).
+REFERENCE_ATTACK = {"num_restarts": 5, "antithetic": False}
+
+
+def table3_reference(case: RecsysCase, *, max_iter: int, seed: int = 0) -> dict:
+    """RAIFLE Table 3 under the reference code's attack settings (:data:`REFERENCE_ATTACK`): every
+    configuration of :data:`TABLE3_CONFIGS` on every user of ``case`` with ``max_iter`` loss evaluations
+    per start, five independent starts, FCF's squared-error loss and FNCF without continuation. Returns
+    ``{config: attack_case(...) result}`` as :func:`table3`. Raises ``ValueError`` naming ``max_iter``
+    below 1."""
+    positive_int("max_iter", max_iter)
+    out = {}
+    for alg, est, ump in TABLE3_CONFIGS:
+        extra = {"squared": True} if alg == "FCF" else {"use_model_params": ump, "continuation": None}
+        out[(alg, est, ump)] = attack_case(case, alg.lower(), estimate_embedding=est, max_iter=max_iter, seed=seed,
+                                           **REFERENCE_ATTACK, **extra)
+    return out
+
+
+def table3_reference_table(ours: dict, reference: dict, users) -> tuple[list, list]:
+    """``(headers, rows)``: per Table 3 configuration, on the users ``users`` (indices into the case of
+    ``ours``, the users ``reference`` ran on, in that order), our mean AUC with Table 3's settings
+    (``ours``, a :func:`table3` result) beside the mean AUC with the reference code's
+    (``reference``, a :func:`table3_reference` result), and the median loss each reached beside the
+    loss at the truth. The losses of FCF differ in kind (ours the distance, the reference's its square).
+    Raises ``ValueError`` when ``users`` does not match the reference's users or a configuration is
+    missing."""
+    idx = torch.as_tensor(users, dtype=torch.long).flatten()
+    missing = [k for k in TABLE3_CONFIGS if k not in ours or k not in reference]
+    if missing:
+        raise ValueError(f"ours or reference lacks the configurations {missing}")
+    if any(reference[k]["auc"].numel() != idx.numel() for k in TABLE3_CONFIGS):
+        raise ValueError(f"users must name the {reference[TABLE3_CONFIGS[0]]['auc'].numel()} users of reference, "
+                         f"got {idx.numel()}")
+    rows = []
+    for k in TABLE3_CONFIGS:
+        o, r = ours[k], reference[k]
+        rows.append([VARIANTS[k], round(o["auc"][idx].mean().item(), 3), round(r["auc"].mean().item(), 3),
+                     round(o["loss_truth"][idx].median().item(), 3), round(o["loss"][idx].median().item(), 3),
+                     round(r["loss_truth"].median().item(), 3), round(r["loss"].median().item(), 3)])
+    headers = ["configuration", "AUC, our settings", "AUC, reference settings", "loss at the truth (ours)",
+               "loss reached (ours)", "loss at the truth (reference)", "loss reached (reference)"]
+    return headers, rows
+
+
+def table3_reference_values(reference: dict) -> dict:
+    """The glued names of a :func:`table3_reference` result: ``ch3a_ref_auc_<name>`` (mean AUC, 3
+    decimals) per configuration."""
+    return {f"ch3a_ref_auc_{TABLE3_NAMES[k]}": round(r["auc"].mean().item(), 3) for k, r in reference.items()}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -708,10 +764,12 @@ def _signature_default(fn, name: str):
 #: budget; ``ldp_variants``: how many of :data:`TABLE3_CONFIGS` the LDP sweep runs (the first ones);
 #: ``loop_users``: users of the per-user loop against the batched call; ``network_draws``, ``draw_users``:
 #: the FNCF rows over independent network draws (:func:`fncf_network_draws`, with Table 3's budget): how
-#: many networks, and how many users (Table 3's users with the fewest items)
+#: many networks, and how many users (Table 3's users with the fewest items); ``reference_users``: the users
+#: (a random subset of Table 3's) of Table 3 under the reference code's attack settings (:func:`table3_reference`)
 SCALE_SETTINGS = {"table3_users": (8, None), "fcf_max_iter": (100, 1000), "fncf_max_iter": (150, 1000),
                   "num_restarts": (2, 2), "sweep_users": (4, 200), "sweep_max_iter": (50, 1000),
-                  "ldp_variants": (4, 6), "loop_users": (4, 16), "network_draws": (10, 10), "draw_users": (2, 100)}
+                  "ldp_variants": (4, 6), "loop_users": (4, 16), "network_draws": (10, 10), "draw_users": (2, 100),
+                  "reference_users": (4, 50)}
 
 
 def scaled(name: str):
@@ -829,6 +887,11 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
             "continuation (FNCF with the embedding)":
                 (f"smoothed ReLUs, τ = {fmt(f'{t:g}' for t in temps)}, then the exact network, in equal shares of "
                  "the budget" if continuation_on else "off at this budget or local training"),
+            "Table 3 under the reference's attack settings":
+                f"{s['reference_users']} of Table 3's users, drawn at random: {REFERENCE_ATTACK['num_restarts']} "
+                + ("antithetic" if REFERENCE_ATTACK["antithetic"] else "independent")
+                + f" starts, {fncf['max_iter']} evaluations for every configuration, FCF's squared error, no "
+                  "continuation (`table3_reference`)",
             "defense sweeps (LDP, pruning)": f"{s['sweep_users']} users, {s['sweep_max_iter']} evaluations per start; "
                                              f"LDP: {len(variants)} of the 6 variants ({fmt(variants)}); pruning: "
                                              "FCF emb and FNCF emb",
@@ -909,6 +972,10 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
          "none",
          "none",
          *ours("continuation (FNCF with the embedding)")],
+        ["Table 3 under the reference's attack settings",
+         "—",
+         "c513b97: 5 independent starts, 1000 iterations for every variant, FCF's loss the MSE, no continuation",
+         *ours("Table 3 under the reference's attack settings")],
         ["defense sweeps (LDP, pruning)",
          "every user, all six variants under LDP (Fig. 8, Table 6); pruning (App. C.4, Fig. 10)",
          "c513b97: the MovieLens cells with LDP attack every user with the Table 3 budget and starts",
