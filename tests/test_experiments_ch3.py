@@ -462,3 +462,18 @@ def test_table3_reference_table_compares_the_same_users():
         ch3a.table3_reference_table(ours, ref, [1, 2, 4])
     with pytest.raises(ValueError, match="configurations"):
         ch3a.table3_reference_table({}, ref, [1, 4])
+
+
+def test_prune_sweep_attacker_who_knows_the_mask(case):
+    """prune_sweep(knows_mask=True): each user's own mask goes with it through attack_case's batches (users
+    sorted by item count, the last one shorter): the true answer then scores ~0 for every user, where the
+    paper's attacker scores it far above; results=True returns the whole attack results."""
+    aware = ch3a.prune_sweep(case, [0.7], fcf_max_iter=4, fncf_max_iter=4, num_restarts=1, seed=0, knows_mask=True,
+                             results=True)
+    naive = ch3a.prune_sweep(case, [0.7], fcf_max_iter=4, fncf_max_iter=4, num_restarts=1, seed=0, results=True)
+    for n in ("FCF emb", "FNCF emb"):
+        assert set(aware[0.7][n]) >= {"auc", "loss", "loss_truth"}
+        assert aware[0.7][n]["loss_truth"].max() < 0.01 < 0.1 < naive[0.7][n]["loss_truth"].min(), n
+    assert set(ch3a.prune_sweep(case, [0.7], fcf_max_iter=2, fncf_max_iter=2, num_restarts=1)[0.7]) == {"FCF emb", "FNCF emb"}
+    with pytest.raises(ValueError, match="coord_mask"):
+        ch3a.attack_case(case, "fcf", estimate_embedding=True, coord_mask=torch.ones(2, 3, 4, dtype=torch.bool), max_iter=1)

@@ -96,7 +96,7 @@ def make_recsys_case(user_items, num_items: int, *, dim: int = 64, fncf_lr: floa
 
 def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, use_model_params: bool = False,
                 fcf=None, fncf_items=None, fncf_params=None, clip_norm=None, batch_size: int = 64,
-                user_ids=None, **kwargs) -> dict:
+                user_ids=None, coord_mask=None, **kwargs) -> dict:
     """Run one Table 3 configuration on every user of ``case`` in batches of ``batch_size`` users
     (users sorted by their number of items so each batch is padded little).
 
@@ -109,8 +109,11 @@ def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, u
     optimiser should reach; ``evaluations`` the batched loss evaluations summed over batches.
     ``user_ids`` [U] (default ``0..U-1``): the ids that seed each user's random starts
     (:func:`fedlab.attacks.interaction_inference.recsys.user_generator`); users with the same id start
-    from the same points. Raises ``ValueError`` for an unknown ``algorithm``, ``batch_size < 1`` or
-    ``user_ids`` of the wrong length.
+    from the same points. ``coord_mask`` [U, m, d] (optional): the coordinates of the (pruned) item
+    updates the attacker matches, batched with the users (``coord_mask`` of
+    :func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf`). Raises ``ValueError`` for an
+    unknown ``algorithm``, ``batch_size < 1``, ``user_ids`` of the wrong length or a ``coord_mask`` not
+    shaped as the case's items.
     """
     if algorithm not in ("fcf", "fncf"):
         raise ValueError(f"algorithm must be 'fcf' or 'fncf', got {algorithm!r}")
@@ -119,6 +122,8 @@ def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, u
     ids = torch.arange(len(case)) if user_ids is None else torch.as_tensor(user_ids, dtype=torch.long).flatten()
     if ids.numel() != len(case):
         raise ValueError(f"user_ids must hold one id per user ({len(case)}), got {ids.numel()}")
+    if coord_mask is not None and tuple(coord_mask.shape) != tuple(case.X.shape):
+        raise ValueError(f"coord_mask must be {tuple(case.X.shape)}, got {tuple(coord_mask.shape)}")
     fcf = case.fcf if fcf is None else fcf
     fncf_items = case.fncf_items if fncf_items is None else fncf_items
     fncf_params = case.fncf_params if fncf_params is None else fncf_params
@@ -133,6 +138,8 @@ def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, u
         m = int(case.mask[idx].sum(1).max())
         X, mk = case.X[idx, :m], case.mask[idx, :m]
         truth = (case.I[idx, :m], case.E[idx])
+        if coord_mask is not None:
+            kwargs["coord_mask"] = coord_mask[idx, :m]
         if algorithm == "fcf":
             res = raifle_fcf(X, fcf[idx, :m], mk, estimate_embedding=estimate_embedding, clip_norm=clip_norm,
                              user_ids=ids[idx], truth=truth, **kwargs)
@@ -698,13 +705,20 @@ def table7_table(values: dict, run, per_draw: dict | None = None, *, draw_users:
 
 
 def prune_sweep(case: RecsysCase, fractions, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int,
-                seed: int = 0) -> dict:
+                seed: int = 0, knows_mask: bool = False, results: bool = False, user_ids=None) -> dict:
     """RAIFLE App. C.4 (Fig. 10): for each fraction, every user prunes that fraction of the
     smallest-magnitude entries of each row of its FCF and FNCF item updates
     (:func:`fedlab.privacy.defenses.prune_rows`) and RAIFLE with embedding estimation attacks both (FCF:
-    ``fcf_max_iter`` evaluations; FNCF: ``fncf_max_iter``; both ``num_restarts`` restarts). Returns
-    ``{fraction: {"FCF emb": auc [U], "FNCF emb": auc [U]}}``. Raises ``ValueError`` for a fraction
-    outside [0, 1)."""
+    ``fcf_max_iter`` evaluations; FNCF: ``fncf_max_iter``; both ``num_restarts`` restarts).
+
+    ``knows_mask=False`` is the paper's attacker, whose dense simulated update is asked to reproduce
+    the zeros too; ``True`` the attacker who knows the defense: it reads the kept coordinates off the
+    update (its non-zero entries) and matches only those (``coord_mask`` of
+    :func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf` and ``raifle_fncf``). ``user_ids``:
+    as :func:`attack_case` (the same ids give the same starts). Returns ``{fraction: {"FCF emb": auc
+    [U], "FNCF emb": auc [U]}}``, or with ``results=True`` the whole :func:`attack_case` results (AUC,
+    loss reached, loss at the truth) in place of the AUCs. Raises ``ValueError`` for a fraction outside
+    [0, 1)."""
     fractions = list(fractions)
     bad = [f for f in fractions if not 0 <= f < 1]
     if bad:
@@ -713,10 +727,14 @@ def prune_sweep(case: RecsysCase, fractions, *, fcf_max_iter: int, fncf_max_iter
     for frac in fractions:
         fcf = prune_rows(case.fcf, frac, mask=case.mask)
         items = prune_rows(case.fncf_items, frac, mask=case.mask)
-        out[frac] = {"FCF emb": attack_case(case, "fcf", estimate_embedding=True, fcf=fcf, max_iter=fcf_max_iter,
-                                            num_restarts=num_restarts, seed=seed)["auc"],
-                     "FNCF emb": attack_case(case, "fncf", estimate_embedding=True, fncf_items=items,
-                                             max_iter=fncf_max_iter, num_restarts=num_restarts, seed=seed)["auc"]}
+        fcf_kw = {"coord_mask": fcf != 0} if knows_mask else {}
+        fncf_kw = {"coord_mask": items != 0} if knows_mask else {}
+        res = {"FCF emb": attack_case(case, "fcf", estimate_embedding=True, fcf=fcf, max_iter=fcf_max_iter,
+                                      num_restarts=num_restarts, seed=seed, user_ids=user_ids, **fcf_kw),
+               "FNCF emb": attack_case(case, "fncf", estimate_embedding=True, fncf_items=items,
+                                       max_iter=fncf_max_iter, num_restarts=num_restarts, seed=seed,
+                                       user_ids=user_ids, **fncf_kw)}
+        out[frac] = res if results else {k: r["auc"] for k, r in res.items()}
     return out
 
 
@@ -765,11 +783,12 @@ def _signature_default(fn, name: str):
 #: ``loop_users``: users of the per-user loop against the batched call; ``network_draws``, ``draw_users``:
 #: the FNCF rows over independent network draws (:func:`fncf_network_draws`, with Table 3's budget): how
 #: many networks, and how many users (Table 3's users with the fewest items); ``reference_users``: the users
-#: (a random subset of Table 3's) of Table 3 under the reference code's attack settings (:func:`table3_reference`)
+#: (a random subset of Table 3's) of Table 3 under the reference code's attack settings (:func:`table3_reference`);
+#: ``prune_aware_users``: the users (a random subset of the sweeps') the attacker who knows the pruning mask attacks
 SCALE_SETTINGS = {"table3_users": (8, None), "fcf_max_iter": (100, 1000), "fncf_max_iter": (150, 1000),
                   "num_restarts": (2, 2), "sweep_users": (4, 200), "sweep_max_iter": (50, 1000),
                   "ldp_variants": (4, 6), "loop_users": (4, 16), "network_draws": (10, 10), "draw_users": (2, 100),
-                  "reference_users": (4, 50)}
+                  "reference_users": (4, 50), "prune_aware_users": (4, 50)}
 
 
 def scaled(name: str):
@@ -894,7 +913,8 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
                   "continuation (`table3_reference`)",
             "defense sweeps (LDP, pruning)": f"{s['sweep_users']} users, {s['sweep_max_iter']} evaluations per start; "
                                              f"LDP: {len(variants)} of the 6 variants ({fmt(variants)}); pruning: "
-                                             "FCF emb and FNCF emb",
+                                             f"FCF emb and FNCF emb, by the paper's attacker and, on a random "
+                                             f"{s['prune_aware_users']} of the users, by the one who knows the mask",
         }
 
     ours = partial(scale_cells, at(0), at(1))     # the two "ours" cells of a row (quick, paper)

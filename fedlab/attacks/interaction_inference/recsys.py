@@ -230,7 +230,7 @@ def _rows_tmatmul(T, rows, a):
 
 def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=None,
                alpha: float = 0.0, user_lr: float = 1.0, clip_norm: float | None = None, squared: bool = False,
-               **kwargs) -> RaifleResult:
+               coord_mask=None, **kwargs) -> RaifleResult:
     """RAIFLE on FCF (Table 3, rows "FCF"). ``X`` [U, m, d] the users' items, ``updates`` [U, m, d]
     their (possibly noised/pruned) item updates, ``mask`` [U, m].
 
@@ -239,13 +239,20 @@ def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=N
     :func:`user_generator`) standing in for the unknown private embedding. ``alpha``, ``user_lr``: the
     simulated user's FCF confidence weight and learning rate (the model attacked, not the attack's
     optimiser). ``clip_norm``: the users' clipping norm, reproduced inside the simulated ``g``.
-    Other keywords go to :func:`raifle` (``seed``, ``user_ids``, ``max_iter``, ``device`` -- default
-    ``FEDLAB_DEVICE`` here --, ...).
+    ``coord_mask`` [U, m, d] (bool, optional): the coordinates the update carries when the users pruned
+    it (:func:`fedlab.privacy.defenses.prune_rows`; a server reads them off the zeros it receives): the
+    attacker who knows the defense matches only those, ``||M (rho_i e - G_i)||``, instead of asking its
+    dense simulation to reproduce the zeros. Other keywords go to :func:`raifle` (``seed``, ``user_ids``,
+    ``max_iter``, ``device`` -- default ``FEDLAB_DEVICE`` here --, ...). Raises ``ValueError`` for
+    mismatched shapes, a negative ``alpha``, or ``coord_mask`` with ``clip_norm`` (not supported).
     """
     U, m, d = X.shape
     if updates.shape != X.shape or mask.shape != (U, m):
         raise ValueError(f"updates must be {tuple(X.shape)} and mask {(U, m)}, got "
                          f"{tuple(updates.shape)}, {tuple(mask.shape)}")
+    if coord_mask is not None and (tuple(coord_mask.shape) != tuple(X.shape) or clip_norm is not None):
+        raise ValueError(f"coord_mask must be {tuple(X.shape)} and is not supported with clip_norm, got "
+                         f"{tuple(coord_mask.shape)}, clip_norm={clip_norm}")
     if not alpha >= 0:
         raise ValueError(f"alpha must be >= 0, got {alpha}")
     if not estimate_embedding and guess_emb is None:
@@ -256,6 +263,10 @@ def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=N
 
     w = mask.to(X.dtype)
     G = updates.double()
+    Mc = None
+    if coord_mask is not None:                                    # the attacker matches the kept coordinates only
+        Mc = coord_mask.to(device=dev, dtype=torch.float64)
+        G = G * Mc
     G_sq = (G ** 2).sum(-1)                                       # [U, m] float64
     target_norm = updates.norm(dim=-1)
 
@@ -272,14 +283,17 @@ def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=N
         if clip_norm is not None:                                  # clip_rows on the [m, d] update
             norm = torch.sqrt((rho ** 2).sum(1, keepdim=True) * e_sq)
             rho = rho * torch.clamp(clip_norm / (norm + 1e-12), max=1.0)
-        sq = rho ** 2 * e_sq - 2 * rho * _rows_matvec(G, rows, e64) + G_sq[rows]
+        # with a coordinate mask M: ||M (rho e - G)||^2 = rho^2 (M e^2) - 2 rho (M G) e + ||M G||^2
+        e_sq_rows = e_sq if Mc is None else _rows_matvec(Mc, rows, e64 ** 2)
+        sq = rho ** 2 * e_sq_rows - 2 * rho * _rows_matvec(G, rows, e64) + G_sq[rows]
         return _items_distance(sq.clamp_min(0).to(X.dtype), target_norm[rows], wr, squared)
 
     return raifle(loss_fn, U, m, dim=d if estimate_embedding else None, **kwargs)
 
 
 def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, guess_emb, use_model_params,
-                         user_lr, items_clip_norm, params_clip_norm, squared, temperature: float = 0.0):
+                         user_lr, items_clip_norm, params_clip_norm, squared, temperature: float = 0.0,
+                         coord_mask=None):
     """:func:`matching_loss` of a simulated one-step FNCF update, computed in the row space of the
     first layer's item weights. The item update of item ``i`` is ``-lr W1x^T delta_i`` with
     ``delta_i`` in ``R^h1`` (:func:`fedlab.fl.recsys.interactions.fncf_backprop`), so it lies in the
@@ -289,7 +303,9 @@ def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, 
     evaluation touches ``[k, m, h1]`` tensors instead of ``[k, m, d]`` ones (h1 = 16, d = 64).
     ``temperature > 0`` simulates the smoothed network of :func:`fncf_backprop` (continuation).
     ``theta`` shared, or one network per user (every tensor ``[U, ...]``; then ``Q`` [U, d, h1] and
-    ``R`` [U, h1, h1] per user, and each candidate row runs its user's network)."""
+    ``R`` [U, h1, h1] per user, and each candidate row runs its user's network). ``coord_mask`` [U, m, d]
+    (pruned updates, the attacker who knows the defense): the masked distance ``||M (dX_i - T_i)||`` has
+    no such split, so the item update is formed in full, ``-lr delta_i W1x`` [k, m, d]."""
     d = X.shape[2]
     W1e, W1x, layers = fncf_first_layer(model, theta, d)
     per_user = W1x.dim() == 3
@@ -299,6 +315,7 @@ def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, 
     coords = item_updates @ Q                                     # [U, m, h1]
     rest = ((item_updates - coords @ Q.transpose(-1, -2)) ** 2).sum(-1)   # [U, m]
     target_norm = item_updates.norm(dim=-1)
+    Mc = None if coord_mask is None else coord_mask.to(X.dtype)
 
     def loss_fn(I, E, rows):
         Eu = E if guess_emb is None else guess_emb[rows]
@@ -306,10 +323,15 @@ def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, 
         delta, _, grads = fncf_backprop(layers, th, XW[rows], Eu, I, w[rows],
                                         X=(lambda dl: _rows_tmatmul(X, rows, dl)) if use_model_params else None,
                                         temperature=temperature)
-        pred = -user_lr * (delta @ (R[rows] if per_user else R).transpose(-1, -2))   # coordinates of dX_i in the basis Q
-        if items_clip_norm is not None:
-            pred = clip_rows(pred, items_clip_norm)               # ||dX|| = ||pred||: Q is orthonormal
-        loss = _items_distance(((pred - coords[rows]) ** 2).sum(-1) + rest[rows], target_norm[rows], w[rows], squared)
+        if Mc is not None:                                        # pruned: only the kept coordinates are matched
+            dX = -user_lr * (delta @ (W1x[rows] if per_user else W1x))                    # [k, m, d]
+            sq = (((dX - item_updates[rows]) ** 2) * Mc[rows]).sum(-1)
+            loss = _items_distance(sq, target_norm[rows], w[rows], squared)
+        else:
+            pred = -user_lr * (delta @ (R[rows] if per_user else R).transpose(-1, -2))   # coordinates of dX_i in the basis Q
+            if items_clip_norm is not None:
+                pred = clip_rows(pred, items_clip_norm)           # ||dX|| = ||pred||: Q is orthonormal
+            loss = _items_distance(((pred - coords[rows]) ** 2).sum(-1) + rest[rows], target_norm[rows], w[rows], squared)
         if use_model_params:
             dT = {k: -user_lr * g for k, g in grads.items()}
             if params_clip_norm is not None:
@@ -329,7 +351,7 @@ FNCF_CONTINUATION = (0.3, 0.1, 0.03, 0.01)
 def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_embedding: bool = True,
                 use_model_params: bool = False, guess_emb=None, user_lr: float = 1.0, local_steps: int = 1,
                 items_clip_norm: float | None = None, params_clip_norm: float | None = None,
-                squared: bool = False, continuation="auto", **kwargs) -> RaifleResult:
+                squared: bool = False, continuation="auto", coord_mask=None, **kwargs) -> RaifleResult:
     """RAIFLE on FNCF (Table 3, rows "FNCF"). ``X`` [U, m, d], ``item_updates`` [U, m, d],
     ``param_updates`` {name: [U, ...]}, ``mask`` [U, m]; ``model, theta`` from
     :func:`fedlab.fl.recsys.interactions.fncf_init`; ``user_lr, local_steps`` the simulated users'
@@ -356,6 +378,11 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
     update then came from network ``u``, and one call attacks the same users under many network
     draws (:func:`fedlab.experiments.chapter3a.fncf_network_draws`). Raises ``ValueError`` for
     per-user networks with ``local_steps > 1`` or not ``U`` of them.
+
+    ``coord_mask`` [U, m, d] (bool, optional): the coordinates of the item updates the users kept when
+    they pruned them (:func:`fedlab.privacy.defenses.prune_rows`): the attacker who knows the defense
+    matches only those (as :func:`raifle_fcf`). Needs ``local_steps == 1``; not supported with
+    ``items_clip_norm`` (``ValueError``).
     """
     U, m, d = X.shape
     if item_updates.shape != X.shape or mask.shape != (U, m):
@@ -364,9 +391,14 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
         if local_steps != 1 or any(v.shape[0] != U for v in theta.values()):
             raise ValueError(f"theta with one network per user needs local_steps == 1 and {U} networks, got "
                              f"local_steps={local_steps}, {next(iter(theta.values())).shape[0]} networks")
+    if coord_mask is not None and (tuple(coord_mask.shape) != tuple(X.shape) or local_steps != 1
+                                   or items_clip_norm is not None):
+        raise ValueError(f"coord_mask must be {tuple(X.shape)}, with local_steps == 1 and no items_clip_norm; got "
+                         f"{tuple(coord_mask.shape)}, local_steps={local_steps}, items_clip_norm={items_clip_norm}")
     if not estimate_embedding and guess_emb is None:
         guess_emb = _guess_embeddings(U, d, kwargs.get("seed", 0), kwargs.get("user_ids"))
     dev = kwargs["device"] = _device(kwargs.get("device"))           # FEDLAB_DEVICE unless given
+    coord_mask = None if coord_mask is None else coord_mask.to(dev)
     X, item_updates, mask, model = X.to(dev), item_updates.to(dev), mask.to(dev), _model_on(model, dev)
     theta = {k: v.to(dev) for k, v in theta.items()} if isinstance(theta, dict) else theta.to(dev)
     param_updates = None if param_updates is None else {k: v.to(dev) for k, v in param_updates.items()}
@@ -388,7 +420,7 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
                                         guess_emb=None if estimate_embedding else guess_emb,
                                         use_model_params=use_model_params, user_lr=user_lr,
                                         items_clip_norm=items_clip_norm, params_clip_norm=params_clip_norm,
-                                        squared=squared, temperature=temperature)
+                                        squared=squared, temperature=temperature, coord_mask=coord_mask)
         return raifle(projected(0.0), U, m, dim=d if estimate_embedding else None,
                       warmup=[projected(t) for t in temps], **kwargs)
 
