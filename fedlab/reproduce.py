@@ -1261,6 +1261,7 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
 
     from .config import SCALES
     from .experiments import matrix as mx
+    from .experiments.matrix import rows as mx_rows
 
     stderr = stderr or sys.stderr
     if scale not in SCALES:
@@ -1272,7 +1273,7 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
         if isinstance(rows, str):
             raise ValueError(f"rows must be a list of row keys, got the string {rows!r} (rows=[{rows!r}] for one row)")
         try:
-            rows = [mx._attack(r).key for r in rows]
+            rows = [mx_rows._attack(r).key for r in rows]
         except ValueError as exc:
             raise ValueError(f"rows: {exc}") from None
         if not rows or len(set(rows)) != len(rows):

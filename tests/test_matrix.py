@@ -12,6 +12,11 @@ import pytest
 import torch
 
 from fedlab.experiments import matrix as mx
+from fedlab import privacy
+from fedlab.privacy import registry
+from fedlab.experiments.matrix import rows as mx_rows
+from fedlab.experiments.matrix import layout as mx_layout
+from fedlab.attacks import model_reconstruction as mr
 from fedlab.privacy import dp_fedavg as dpf
 from fedlab.privacy import ldp
 from fedlab.reproduce import RECORD_FIELDS, summarize
@@ -21,24 +26,24 @@ RECORD = ROOT / "chapters" / "records" / "matrix.quick.json"
 KEYS = [d.key for d in mx.DEFENSES]
 
 
-# ----------------------------------------------------------------------------------------------- protect
+# ----------------------------------------------------------------------------------------------- privacy.apply
 def _updates(A=64, n=400, seed=0):
     g = torch.Generator().manual_seed(seed)
     scale = torch.exp(torch.randn(A, 1, generator=g))           # rows of different norms
     return (torch.randn(A, n, generator=g) * scale).double()
 
 
-def test_protect_does_what_each_column_says():
+def test_privacy_apply_does_what_each_column_says():
     U = _updates()
     C = mx.median_norm(U)
     norms = U.norm(dim=1)
     gen = lambda: torch.Generator().manual_seed(1)              # noqa: E731
-    assert torch.equal(mx.protect(U, "none"), U)
-    clipped = mx.protect(U, "clip", clip_norm=C)
+    assert torch.equal(privacy.apply(U, "none"), U)
+    clipped = privacy.apply(U, "clip", clip_norm=C)
     assert (clipped.norm(dim=1) <= C * (1 + 1e-9)).all()
     assert torch.allclose(clipped[norms <= C], U[norms <= C])  # short rows untouched
     for key, eps in (("dp1", 1.0), ("dp8", 8.0)):
-        noise = mx.protect(U, key, clip_norm=C, generator=gen()) - clipped
+        noise = privacy.apply(U, key, clip_norm=C, generator=gen()) - clipped
         z = mx.dp_noise_multiplier(eps)
         assert float(noise.std()) == pytest.approx(z * C, rel=0.02)      # the noise of the sum: z C
     assert mx.dp_noise_multiplier(1.0) > mx.dp_noise_multiplier(8.0) > 0
@@ -46,29 +51,29 @@ def test_protect_does_what_each_column_says():
     assert dpf.epsilon_spent(mx.dp_noise_multiplier(1.0), s["sampling_prob"], s["num_rounds"], s["delta"],
                              num_clients=s["num_clients"], safe=False) <= 1.0 + 1e-6      # the float column's accountant
     for key, eps in (("ldp1", 1.0), ("ldp10", 10.0), ("ldp500", 500.0)):
-        noise = mx.protect(U, key, clip_norm=C, generator=gen()) - clipped   # clipped to (2C)/2 = C
+        noise = privacy.apply(U, key, clip_norm=C, generator=gen()) - clipped   # clipped to (2C)/2 = C
         assert float(noise.std()) == pytest.approx(ldp.gaussian_sigma(eps, mx.LDP_DELTA, 2 * C), rel=0.02)
         assert float(noise.norm(dim=1).mean()) / C == pytest.approx(mx.ldp_noise_ratio(eps, 400), rel=0.02)
-    pruned = mx.protect(U, "prune90")
+    pruned = privacy.apply(U, "prune90")
     assert ((pruned != 0).sum(1) == 40).all() and torch.equal(pruned[pruned != 0], U[pruned != 0])
-    sums = mx.protect(U, "secagg", group=4)
+    sums = privacy.apply(U, "secagg", group=4)
     assert sums.shape == (16, 400) and torch.allclose(sums, U.reshape(16, 4, 400).sum(1), atol=1e-8)
     for key, nu in (("dpriv0.5", 0.5), ("dpriv5", 5.0)):
-        rho = mx.protect(U, key, rng=np.random.default_rng(0)) - U
+        rho = privacy.apply(U, key, rng=np.random.default_rng(0)) - U
         ratio = rho.norm(dim=1) / norms                          # E ||rho|| = nu ||update||
         assert float(ratio.mean()) == pytest.approx(nu, rel=0.1)
 
 
-def test_protect_and_cells_refuse_bad_input():
+def test_privacy_apply_and_cells_refuse_bad_input():
     U = _updates(8, 10)
     with pytest.raises(ValueError, match="defense"):
-        mx.protect(U, "magic")
+        privacy.apply(U, "magic")
     with pytest.raises(ValueError, match="updates"):
-        mx.protect(U[0], "none")
+        privacy.apply(U[0], "none")
     with pytest.raises(ValueError, match="group"):
-        mx.protect(U, "secagg", group=3)
+        privacy.apply(U, "secagg", group=3)
     with pytest.raises(ValueError, match="clip_norm"):
-        mx.protect(U, "clip", clip_norm=-1.0)
+        privacy.apply(U, "clip", clip_norm=-1.0)
     with pytest.raises(ValueError, match="row"):
         mx.run_row("nope", 0)
     with pytest.raises(ValueError, match="columns"):
@@ -82,8 +87,8 @@ def test_protect_and_cells_refuse_bad_input():
 
 
 # ---------------------------------------------------------------------------------------------- the cells
-#: cells that do not go through `protect` (their threat model is the protocol itself), with the reason
-NO_PROTECT = {
+#: cells that do not go through `privacy.apply` (their threat model is the protocol itself), with the reason
+NO_APPLY = {
     ("mia_active", "secagg"): "the server averages the target's returned model with the others'",
     ("pac", "secagg"): "Protocol 2's own cohorts sum the messages",
     ("oltr_adm", "secagg"): "RAIFLE's bypass experiment runs its own secure sum",
@@ -92,26 +97,26 @@ NO_PROTECT = {
 }
 
 
-_REAL_PROTECT = mx.protect
+_REAL_APPLY = registry.apply
 
 
 def _spied_row(monkeypatch, a, columns=None):
-    """Run row ``a`` at tiny size, seed 0, with `protect` spied on: ``(values, keys)``, ``keys`` the
-    defense key of each `protect` call in order."""
+    """Run row ``a`` at tiny size, seed 0, with `privacy.apply` spied on: ``(values, keys)``, ``keys`` the
+    defense key of each `privacy.apply` call in order."""
     keys = []
-    real = _REAL_PROTECT
+    real = _REAL_APPLY
 
     def spy(updates, defense, **kw):
         keys.append(defense if isinstance(defense, str) else defense.key)
         return real(updates, defense, **kw)
 
-    monkeypatch.setattr(mx, "protect", spy)
+    monkeypatch.setattr(registry, "apply", spy)
     return mx.run_row(a, 0, columns, tiny=True), keys
 
 
 @pytest.fixture(scope="module")
 def tiny_and_calls():
-    """Every row at a tiny size, seed 0 (about 20 s on one core), with the `protect` calls of each row."""
+    """Every row at a tiny size, seed 0 (about 20 s on one core), with the `privacy.apply` calls of each row."""
     out, calls = {}, {}
     with pytest.MonkeyPatch.context() as mp:
         for a in mx.ATTACKS:
@@ -125,22 +130,22 @@ def tiny(tiny_and_calls):
 
 
 @pytest.mark.slow
-def test_every_cell_calls_protect_with_its_own_column(tiny_and_calls):
-    """Miswiring guard: each row's `protect` calls name exactly its applicable columns (the cells of
-    NO_PROTECT excepted) and never an n/a column."""
+def test_every_cell_calls_apply_with_its_own_column(tiny_and_calls):
+    """Miswiring guard: each row's `privacy.apply` calls name exactly its applicable columns (the cells of
+    NO_APPLY excepted) and never an n/a column."""
     _, calls = tiny_and_calls
     for a in mx.ATTACKS:
-        cols = {k for k in KEYS if k not in a.not_applicable and (a.key, k) not in NO_PROTECT}
+        cols = {k for k in KEYS if k not in a.not_applicable and (a.key, k) not in NO_APPLY}
         assert set(calls[a.key]) == cols, (a.key, sorted(set(calls[a.key]) ^ cols))
 
 
 @pytest.mark.slow
-def test_one_column_at_a_time_calls_protect_with_that_column_only(monkeypatch):
-    """Cell by cell on the fast rows: a one-column run calls `protect` with that column's key only,
+def test_one_column_at_a_time_calls_apply_with_that_column_only(monkeypatch):
+    """Cell by cell on the fast rows: a one-column run calls `privacy.apply` with that column's key only,
     and an n/a column runs nothing."""
     # every column of the eavesdropper's row decodes from the same honest FedAvg run (a function of the seed and
-    # the settings, half a second a column): run it once here; the columns and their `protect` calls still run
-    real, runs = mx.mr.run_eavesdropped_fedavg, {}
+    # the settings, half a second a column): run it once here; the columns and their `privacy.apply` calls still run
+    real, runs = mr.run_eavesdropped_fedavg, {}
 
     def run_once(model, clients, **kw):
         key = repr(sorted(kw.items()))
@@ -148,14 +153,14 @@ def test_one_column_at_a_time_calls_protect_with_that_column_only(monkeypatch):
             runs[key] = real(model, clients, **kw)
         return runs[key]
 
-    monkeypatch.setattr(mx.mr, "run_eavesdropped_fedavg", run_once)
+    monkeypatch.setattr(mr, "run_eavesdropped_fedavg", run_once)
     for row in ("imprint", "mr", "pac"):
-        a = mx._attack(row)
+        a = mx_rows._attack(row)
         for k in KEYS:
             vals, keys = _spied_row(monkeypatch, a, [k])
             if k in a.not_applicable:
                 assert keys == [] and set(vals) == {"baseline"}, (row, k)
-            elif (row, k) in NO_PROTECT:
+            elif (row, k) in NO_APPLY:
                 assert keys == [] and k in vals, (row, k)
             else:
                 assert keys and set(keys) == {k} and k in vals, (row, k, keys)
@@ -198,7 +203,7 @@ def test_cells_move_the_way_their_defense_must(tiny):
     assert t["mia_outsider"]["acc_dp1"] == t["mia"]["acc_dp1"]     # one training; two observers of it
     assert t["mia_active"]["none"] > 0.7 and t["mia_active"]["clip"] > 0.7, t["mia_active"]
     for row in ("imprint", "mia_active", "pac", "oltr_adm"):
-        assert {"dp1", "dp8"} <= set(mx._attack(row).not_applicable) and "dp1" not in t[row]
+        assert {"dp1", "dp8"} <= set(mx_rows._attack(row).not_applicable) and "dp1" not in t[row]
     # PAC: the zero-model probe identifies every sign undefended and under clipping (a rescaling of each
     # message); noise at eps = 1 brings it towards "always dislike"
     assert t["pac"]["none"] == t["pac"]["clip"] == 1.0
@@ -318,7 +323,7 @@ def test_a_row_without_significant_undefended_advantage_is_neutral():
     p = _Cells()
     p.feed(page)
     ig = [a.key for a in mx.ATTACKS].index("ig")
-    n_ig = len(mx.DEFENSES) - len(mx._attack("ig").not_applicable)
+    n_ig = len(mx.DEFENSES) - len(mx_rows._attack("ig").not_applicable)
     assert p.neutral == n_ig and p.rows[ig].count("mx-cell") == n_ig
     assert html.escape(mx.NOT_SIGNIFICANT) in page
     with pytest.raises(ValueError, match="row"):
@@ -331,7 +336,7 @@ def test_threat_table_shows_group_sizes_releases_and_effective_epsilons():
     assert len(rows) == len(mx.ATTACKS) and len(mx.row_threat_header(rec)) == 5
     label = {a.key: a.label for a in mx.ATTACKS}
     # the eavesdropper's secure sum is the round's participants: round(0.6 * 5) = 3 of 5 clients
-    assert mx._attack("mr").secagg_group == 3 and rows[label["mr"]][1] == "3" and rows[label["dlg"]][1] == "4"
+    assert mx_rows._attack("mr").secagg_group == 3 and rows[label["mr"]][1] == "3" and rows[label["dlg"]][1] == "4"
     assert rows[label["dlg_outsider"]][1] == "n/a" and rows[label["dlg"]][4] == "0.751 / 10 / 10 / 500"   # PLD: one release
     assert rows[label["dlg"]][3] == "none: the server sees each clipped update before the noise it adds"
     mr_rounds = mx.run_row("mr", 0, ["secagg"], tiny=True)     # runs: the group divides every round's senders
@@ -343,7 +348,7 @@ def test_threat_table_shows_group_sizes_releases_and_effective_epsilons():
     assert e["dp"] == {"dp1": None, "dp1safe": None, "dp8": None}    # the curious server sees the updates before the noise
     e = mx.effective_epsilons("mia_outsider")                         # the outsider sees the release: PLD, tighter than RDP
     assert e["releases"] == 30 and 5.0 < e["dp"]["dp1"] < 6.35 and e["dp"]["dp8"] > 8.0
-    assert all(v < 30 * mx._defense(k).param for k, v in e["ldp"].items()) and 5.0 < e["ldp"]["ldp1"] < 5.1
+    assert all(v < 30 * mx_layout._defense(k).param for k, v in e["ldp"].items()) and 5.0 < e["ldp"]["ldp1"] < 5.1
     assert mx.effective_epsilons("dlg_outsider")["dp"]["dp1"] < 1.0 + 1e-6
     assert mx.effective_epsilons("mr")["dp"] == {"dp1": None, "dp1safe": None, "dp8": None}      # before the noise: no guarantee
     assert rows[label["mr"]][3] == "none: the noise is added after the tapped link" and rows[label["imprint"]][3] == "n/a / n/a / n/a"
@@ -391,7 +396,7 @@ def test_live_cell_is_checked_against_the_record():
         mx.consistent_with_record(rec, "imprint", "dp1", 0.0)
     for row in ("imprint", "mia_active", "pac", "oltr_adm"):         # malicious servers: central DP n/a
         assert mx.value_name(row, "dp1") not in rec["values"]
-    assert all(r["secagg_group"] == mx._attack(r["key"]).secagg_group for r in rec["matrix"]["rows"])
+    assert all(r["secagg_group"] == mx_rows._attack(r["key"]).secagg_group for r in rec["matrix"]["rows"])
 
 
 def test_reproduce_matrix_writes_a_record_and_names_a_failing_seed(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ from fedlab import models
 from fedlab.attacks import gradient_inversion as gi
 from fedlab.data import images
 from fedlab.experiments import matrix as mx
+from fedlab import privacy
 
 
 @pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
@@ -17,7 +18,7 @@ def test_mask_aware_dlg_beats_the_naive_one_under_pruning():
     w = models.get_params(net)
     d = images.digit_images(4, seed=0)
     G = models.flatten_stacked(gi.per_example_gradients(net, w, d.X, d.y))
-    obs = models.unflatten_stacked(mx.protect(G, "prune90"), w)
+    obs = models.unflatten_stacked(privacy.apply(G, "prune90"), w)
     kw = dict(input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, labels=d.y[:, None], stacked=True, seed=0)
     naive = gi.dlg(net, w, obs, **kw)
     ada = gi.dlg(net, w, obs, mask={k: v != 0 for k, v in obs.items()}, **kw)
@@ -37,7 +38,7 @@ def test_clip_aware_dlg_beats_the_naive_one_under_clipping():
     d = images.digit_images(8, seed=0)
     G = models.flatten_stacked(gi.per_example_gradients(net, w, d.X, d.y))
     C = mx.median_norm(G)
-    obs = models.unflatten_stacked(mx.protect(G, "clip", clip_norm=C), w)
+    obs = models.unflatten_stacked(privacy.apply(G, "clip", clip_norm=C), w)
     kw = dict(input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, labels=d.y[:, None], stacked=True, seed=0)
     psnr = lambda r: np.mean([gi.matched_psnr(x, t[None])[0] for x, t in zip(r.x, d.X)])   # noqa: E731
     naive, ada = psnr(gi.dlg(net, w, obs, **kw)), psnr(gi.dlg(net, w, obs, clip_norm=C, **kw))

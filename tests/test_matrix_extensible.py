@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from fedlab.experiments import matrix as mx
+from fedlab import privacy
+from fedlab.experiments.matrix import layout as mx_layout
 from fedlab.privacy import defenses as pdef
 
 
@@ -100,7 +102,7 @@ def _U():
 def test_contract_violations_are_value_errors(fn, public, match):
     d = mx.Defense("bad", "bad", "user", fn=fn, public=public)
     with pytest.raises(ValueError, match=match):
-        mx.protect_public(_U(), d)
+        privacy.apply_public(_U(), d)
 
 
 def test_contract_violation_through_run_row():
@@ -116,19 +118,19 @@ def test_fn_gets_a_copy():
     def scribble(updates, generator):
         updates.zero_()
         return updates
-    view, public = mx.protect_public(U, mx.Defense("s", "s", "user", fn=scribble))
+    view, public = privacy.apply_public(U, mx.Defense("s", "s", "user", fn=scribble))
     assert torch.equal(U, before) and not view.any() and public == {}
 
 
 def test_library_defenses_publish_their_parameters():
     U = _U()
     C = mx.median_norm(U)
-    assert mx.protect_public(U, "clip")[1] == {"clip_norm": C}
-    v, p = mx.protect_public(U, "prune90")
+    assert privacy.apply_public(U, "clip")[1] == {"clip_norm": C}
+    v, p = privacy.apply_public(U, "prune90")
     assert torch.equal(p["mask"], v != 0) and int(p["mask"].sum()) == 4 * 1
-    assert mx.protect_public(U, "dp1", client_side_noise=False)[1] == {"clip_norm": C}
-    assert mx.protect_public(U, "dp1", generator=torch.Generator().manual_seed(0))[1] == {}
-    assert torch.equal(mx.protect_public(U, "none")[0], mx.protect(U, "none"))
+    assert privacy.apply_public(U, "dp1", client_side_noise=False)[1] == {"clip_norm": C}
+    assert privacy.apply_public(U, "dp1", generator=torch.Generator().manual_seed(0))[1] == {}
+    assert torch.equal(privacy.apply_public(U, "none")[0], privacy.apply(U, "none"))
 
 
 def test_bad_defenses_and_columns():
@@ -161,7 +163,9 @@ def test_bad_defenses_and_columns():
     assert mx.run_row("imprint", 0, [mx.DEFENSES[0]], tiny=True) == mx.run_row("imprint", 0, ["none"], tiny=True)
     mx.run_row("imprint", 0, [mx.Defense("later", "x", "user", fn=identity)], tiny=True)
     with pytest.raises(ValueError, match="defense must be one of"):
-        mx.protect(_U(), "later")
+        mx_layout._defense("later")
+    with pytest.raises(ValueError, match="defense must be one of"):
+        privacy.apply(_U(), "later")                 # the library's registry knows only its own keys
 
 
 def test_cell_takes_a_user_defense():

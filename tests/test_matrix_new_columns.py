@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from fedlab.experiments import matrix as mx
+from fedlab import privacy
+from fedlab.experiments.matrix import rows as mx_rows
 from fedlab.privacy import dp_fedavg as dpf
 from fedlab.privacy import ldp
 
@@ -23,7 +25,7 @@ def test_new_columns_and_the_secagg_row_layout():
     assert not by["dp1"].safe and not by["ldp10"].safe
     assert by["topk1"].kind == "prune" and by["topk1"].param == 0.99 and by["prune90"].param == 0.9
     assert "top-k" in by["prune90"].label
-    row = mx._attack(mx.SECAGG_ROW)
+    row = mx_rows._attack(mx.SECAGG_ROW)
     assert row.observer == "malicious server" and mx.SECAGG_ROWS == (row,) and mx.ATTACKS[-1] is row
     assert set(KEYS) - set(row.not_applicable) == set(mx.SECAGG_COLUMNS) == {"none", "secagg", "secagg_cr"}
     for a in mx.ATTACKS:          # the consistency column exists in the SecAgg+ row only
@@ -38,16 +40,16 @@ def test_new_columns_and_the_secagg_row_layout():
     with pytest.raises(ValueError, match="safe"):
         mx.Defense("x", "x", "dp", 1.0, safe=1)
     with pytest.raises(ValueError, match="secagg_cr"):
-        mx.protect(torch.ones(4, 3), "secagg_cr")
+        privacy.apply(torch.ones(4, 3), "secagg_cr")
     with pytest.raises(ValueError, match="columns"):
-        mx._secagg_lie_row(0, ["clip"])
+        mx_rows._secagg_lie_row(0, ["clip"])
     html = mx.render_html(_fake_record())
     assert "Malicious server inside secure aggregation" in html and "consistency round" in html
 
 
 def _fake_record():
     """A record with the SecAgg+ row's three cells and one seed each (enough for render_html)."""
-    row = mx._attack(mx.SECAGG_ROW)
+    row = mx_rows._attack(mx.SECAGG_ROW)
     rows = [{"key": row.key, "label": row.label, "chapter": row.chapter, "metric": row.metric,
              "higher_is_success": True, "threat": row.threat, "baseline": row.baseline,
              "not_applicable": dict(row.not_applicable), "secagg_group": 8, "cell_notes": dict(row.cell_notes),
@@ -92,24 +94,24 @@ def test_safe_columns_release_the_discrete_gaussian_on_a_grid():
     z = mx.dp_noise_multiplier(1.0)
     grid = 2.0 ** math.floor(math.log2(z * C / 1024))                 # dp_aggregate(safe=True)'s default grid
     gen = lambda: torch.Generator().manual_seed(3)                    # noqa: E731
-    safe = mx.protect(G, "dp1safe", clip_norm=C, generator=gen())
-    flt = mx.protect(G, "dp1", clip_norm=C, generator=gen())
+    safe = privacy.apply(G, "dp1safe", clip_norm=C, generator=gen())
+    flt = privacy.apply(G, "dp1", clip_norm=C, generator=gen())
     assert _on_grid(safe, grid) and not _on_grid(flt, grid)
     # the same noise scale: the safe release's noise std is the float one's (z C) to a few per cent
-    clipped = mx.protect(G, "clip", clip_norm=C)
+    clipped = privacy.apply(G, "clip", clip_norm=C)
     assert abs(float((safe - clipped).std()) / float((flt - clipped).std()) - 1) < 0.05
     # the pre-noise view of the curious server is the same clipped update under both
-    assert torch.equal(mx.protect(G, "dp1safe", clip_norm=C, client_side_noise=False),
-                       mx.protect(G, "dp1", clip_norm=C, client_side_noise=False))
+    assert torch.equal(privacy.apply(G, "dp1safe", clip_norm=C, client_side_noise=False),
+                       privacy.apply(G, "dp1", clip_norm=C, client_side_noise=False))
     # LDP: the safe column is ldp_gaussian(safe=True), the float column ldp_gaussian(safe=False)
-    s = mx.protect(G, "ldp10safe", clip_norm=C, generator=gen())
+    s = privacy.apply(G, "ldp10safe", clip_norm=C, generator=gen())
     assert torch.equal(s, ldp.ldp_gaussian(G, 10.0, mx.LDP_DELTA, 2 * C, generator=gen(), safe=True))
-    assert torch.equal(mx.protect(G, "ldp10", clip_norm=C, generator=gen()),
+    assert torch.equal(privacy.apply(G, "ldp10", clip_norm=C, generator=gen()),
                        ldp.ldp_gaussian(G, 10.0, mx.LDP_DELTA, 2 * C, generator=gen(), safe=False))
     diffs = (s[0][None] - s[0][:, None]).abs()                        # the discrete release lives on a lattice
     step = float(diffs[diffs > 0].min())
-    assert _on_grid(s[0] - s[0][0], step) and not _on_grid(mx.protect(G, "ldp10", clip_norm=C, generator=gen())[0]
-                                                           - mx.protect(G, "ldp10", clip_norm=C, generator=gen())[0][0],
+    assert _on_grid(s[0] - s[0][0], step) and not _on_grid(privacy.apply(G, "ldp10", clip_norm=C, generator=gen())[0]
+                                                           - privacy.apply(G, "ldp10", clip_norm=C, generator=gen())[0][0],
                                                            step)
 
 
@@ -146,7 +148,7 @@ def test_safe_epsilons_are_upper_bounds_from_the_discrete_gaussian():
 @pytest.mark.slow
 def test_topk1_sends_one_percent_and_dlg_reads_its_mask():
     G = torch.randn(3, 1000, generator=torch.Generator().manual_seed(2))
-    view, public = mx.protect_public(G, "topk1")
+    view, public = privacy.apply_public(G, "topk1")
     assert (view != 0).sum(1).tolist() == [10, 10, 10]                # 1 % of 1000 coordinates each
     top = G.abs().topk(10, dim=1).indices
     assert torch.equal(view.gather(1, top), G.gather(1, top)) and torch.equal(public["mask"], view != 0)
@@ -193,7 +195,7 @@ def test_inverting_gradients_matches_only_the_sent_coordinates():
     X = torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(0))
     y = torch.tensor([3])
     G = models.flatten_stacked(gi.per_example_gradients(net, w, X, y))
-    view = mx.protect(G, "prune90")
+    view = privacy.apply(G, "prune90")
     obs = models.unflatten_stacked(view, w)
     mask = models.unflatten_stacked(view != 0, w)
     kw = dict(input_shape=(3, 8, 8), labels=y[None], max_iter=300, lr=0.1, tv_weight=0.0, stacked=True, seed=0)
@@ -212,8 +214,8 @@ def test_the_eavesdropper_row_has_a_floating_point_safe_dp_cell():
     """The eavesdropper row runs fl.dp_fedavg with the discrete Gaussian in its dp1safe column (it once had only
     the float one, and the cell was "not applicable"): the noise differs, so the broadcast models and the decoded
     model differ from the float column's; the eavesdropper still sees the clipped update before the noise."""
-    out = mx._mr_row(0, ["dp1", "dp1safe"], tiny=True)
-    assert "dp1safe" not in mx._attack("mr").not_applicable
+    out = mx_rows._mr_row(0, ["dp1", "dp1safe"], tiny=True)
+    assert "dp1safe" not in mx_rows._attack("mr").not_applicable
     assert all(math.isfinite(v) for v in out.values())
     assert out["dp1safe"] != out["dp1"]                 # a float run in both columns gives the same number
     assert max(out["dp1"], out["dp1safe"]) < 1e-6 < out["baseline"]

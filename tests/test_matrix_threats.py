@@ -9,26 +9,30 @@ import pytest
 import torch
 
 from fedlab.experiments import matrix as mx
+from fedlab import privacy
+from fedlab.privacy import registry
+from fedlab import fl
+from fedlab import models
 from fedlab.privacy import dp_fedavg as dpf
 from fedlab.privacy import ldp
 from fedlab.reproduce import summarize
 
 KEYS = [d.key for d in mx.DEFENSES]
 DP = [d.key for d in mx.DEFENSES if d.kind == "dp"]
-_REAL_PROTECT = mx.protect
+_REAL_APPLY = registry.apply
 
 
 def _spy(monkeypatch):
-    """`protect` spied on: a list of ``(defense key, client_side_noise, input, output)`` per call."""
+    """`privacy.apply` spied on: a list of ``(defense key, client_side_noise, input, output)`` per call."""
     calls = []
 
     def spy(updates, defense, **kw):
-        out = _REAL_PROTECT(updates, defense, **kw)
+        out = _REAL_APPLY(updates, defense, **kw)
         key = defense if isinstance(defense, str) else defense.key
         calls.append((key, kw.get("client_side_noise", True), updates.clone(), out.clone()))
         return out
 
-    monkeypatch.setattr(mx, "protect", spy)
+    monkeypatch.setattr(registry, "apply", spy)
     return calls
 
 
@@ -65,13 +69,13 @@ def test_central_dp_curious_server_cell_is_the_clip_only_view(monkeypatch, row):
     never the noisy release; its outsider twin's input carries the noise."""
     calls = _spy(monkeypatch)
     seen = []                                   # what the membership server records each round (the attack input)
-    real_record = mx.fl.RoundRecord
+    real_record = fl.RoundRecord
 
     def record(t, w, selected, updates, weights):
-        seen.append(mx.models.flatten_stacked(updates) - mx.models.flatten_params(w))
+        seen.append(models.flatten_stacked(updates) - models.flatten_params(w))
         return real_record(t, w, selected, updates, weights)
 
-    monkeypatch.setattr(mx.fl, "RoundRecord", record)
+    monkeypatch.setattr(fl, "RoundRecord", record)
     out = mx.run_row(row, 0, ["clip", "dp1"], tiny=True)
     dp_calls = [c for c in calls if c[0] == "dp1"]
     assert dp_calls and all(c[1] is False for c in dp_calls), row               # the pre-noise view
@@ -92,7 +96,7 @@ def test_central_dp_curious_server_cell_is_the_clip_only_view(monkeypatch, row):
     dp_calls = [c for c in calls if c[0] == "dp1"]
     if row != "mia":     # the outsider's view: the clipped update plus the noise of the sum
         (_, noisy, u, v), = dp_calls
-        assert noisy is True and not torch.allclose(v, mx.protect(u, "dp1", client_side_noise=False, clip_norm=
+        assert noisy is True and not torch.allclose(v, privacy.apply(u, "dp1", client_side_noise=False, clip_norm=
                                                                   float(mx.median_norm(u))), atol=1e-6), row
     else:
         assert max(float((rec - v.to(rec.dtype)).abs().max()) for rec, (_, _, _, v) in zip(seen, dp_calls)) > 1e-3
