@@ -34,7 +34,7 @@ import torch
 
 from ...fl.recsys.interactions import fcf_item_updates, fncf_backprop, fncf_first_layer, fncf_per_user, fncf_updates
 from ...config import device as _device
-from ...fl import _model_on
+from ...fl.local import _model_on
 from ...optim import lbfgs_rows
 from ...privacy.defenses import clip_rows
 
