@@ -507,7 +507,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     default ``None`` is the plain objective, unchanged.
 
     ``clip_norm`` (optional, ``C > 0``): the attacker who knows that the client clipped its update to L2 norm
-    ``C`` (:func:`fedlab.privacy.defenses.clip_rows`) clips the dummy gradient the same way,
+    ``C`` (:func:`fedlab.privacy.clipping.clip_rows`) clips the dummy gradient the same way,
     ``g' min(1, C / ||g'||)``, before matching, so a rescaled observation is matched by a rescaled dummy
     instead of pulling the dummy towards a smaller gradient. ``None``: no clipping (the plain objective).
 
