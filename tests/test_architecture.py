@@ -193,3 +193,16 @@ def test_no_docstring_or_comment_cites_an_internal_issue():
             for path in sorted(PKG.rglob("*.py")) if "vendor" not in path.parts
             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert not hits, "\n".join(hits)
+
+
+def test_fl_init_is_an_index():
+    """``fedlab/fl/__init__.py`` only re-exports: FedAvg and the clients' training live in ``fl/protocols.py``
+    and ``fl/local.py`` (every algorithm once), and ``fl.fedavg`` is that function."""
+    tree = ast.parse((PKG / "fl" / "__init__.py").read_text())
+    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert defined == [], f"fl/__init__.py defines {defined}: put it in a module of fedlab.fl"
+    from fedlab import fl
+    from fedlab.fl import local, protocols
+    assert fl.fedavg is protocols.fedavg and fl.client_update is local.client_update
+    assert all(getattr(fl, name).__module__ in ("fedlab.fl.local", "fedlab.fl.protocols", "fedlab.fl.rounds")
+               for name in fl.__all__)

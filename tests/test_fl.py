@@ -90,7 +90,7 @@ def test_vmap_clients_update_equals_one_by_one():
     batched = fl.clients_update(net, w0, data, lr=0.1, local_epochs=3, batch_size=4,
                                 generator=torch.Generator().manual_seed(0))
     idx, w = fl.batch_plan(data.n, 4, 3, torch.Generator().manual_seed(0))
-    step = fl._step_fn(net, fl.cross_entropy, 0.1)
+    step = fl.local._step_fn(net, fl.cross_entropy, 0.1)
     for k in range(3):
         p = dict(w0)
         for s in range(idx.shape[1]):

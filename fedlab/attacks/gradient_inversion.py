@@ -27,6 +27,7 @@ from torch import nn
 from torch.func import functional_call
 
 from .. import fl
+from ..fl.local import _model_on, _on
 from ..config import device as _device
 from ..metrics import matched_psnr, psnr_from_mse
 from ..optim import Memory, lbfgs_fixed_step
@@ -506,7 +507,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     default ``None`` is the plain objective, unchanged.
 
     ``clip_norm`` (optional, ``C > 0``): the attacker who knows that the client clipped its update to L2 norm
-    ``C`` (:func:`fedlab.privacy.defenses.clip_rows`) clips the dummy gradient the same way,
+    ``C`` (:func:`fedlab.privacy.clipping.clip_rows`) clips the dummy gradient the same way,
     ``g' min(1, C / ||g'||)``, before matching, so a rescaled observation is matched by a rescaled dummy
     instead of pulling the dummy towards a smaller gradient. ``None``: no clipping (the plain objective).
 
@@ -541,7 +542,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     learn_label = labels is None
     onehot = None if learn_label else F.one_hot(labels, num_classes).float().to(dev)
     params = {k: v.detach().to(dev) for k, v in params.items()}
-    obs, model = fl._on(obs, dev), fl._model_on(model, dev)
+    obs, model = _on(obs, dev), _model_on(model, dev)
     groups = list(layer_groups(params).values())
     sizes = torch.tensor([sum(params[k].numel() for k in g) for g in groups], dtype=torch.float32, device=dev)
 
@@ -567,7 +568,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
 
     fixed = onehot if onehot is not None else torch.zeros(A, batch_size, num_classes, device=dev)
     vg = vmap(grad_and_value(objective, argnums=(0, 1), has_aux=True))
-    mask_dev = None if mask is None else fl._on(mask, dev)
+    mask_dev = None if mask is None else _on(mask, dev)
     last = {"layer_mse": None}
     count = [0]
 
@@ -698,7 +699,7 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
     labels_r = labels[row].to(dev)
     extra = () if mask is None else ({k: v[row].to(dev) for k, v in mask.items()},)
     params = {k: v.detach().to(dev) for k, v in params.items()}
-    model = fl._model_on(model, dev)
+    model = _model_on(model, dev)
     use_tv = tv_weight > 0 and len(input_shape) == 3
 
     def objective(xi, ob, yi, mi=None):

@@ -39,6 +39,7 @@ from torch import nn
 
 from .. import fl
 from ..fl._linear import dense_clients_update, linear_fast_path
+from ..fl.local import _check_weight_decay
 from ..models import flatten_params, linear_model, logistic_loss
 from ..models import squared_error as squared_loss
 from ..privacy.defenses import gaussian_noise
@@ -541,7 +542,7 @@ def _linear_fedavg(model: nn.Module, clients, *, num_rounds: int, client_fractio
     if not 0.0 < client_fraction <= 1.0:
         raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
     finite_positive("lr", lr)
-    fl._check_weight_decay(weight_decay)
+    _check_weight_decay(weight_decay)
     data = clients if isinstance(clients, fl.ClientData) else fl.stack_clients(clients)
     finite_tensor("clients' X", data.X, " (one NaN makes every parameter NaN after the first round)")
     K = data.num_clients

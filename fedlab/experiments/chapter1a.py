@@ -48,12 +48,6 @@ ZHAO_LABEL_ACC = {"DLG": 0.899, "iDLG": 1.000}
 WEI_RATES = {"batch size 1": 1.00, "batch size 16": 0.13, "local steps 1": 1.00, "local steps 9": 0.39}
 
 
-def _markdown(text: str):
-    from ..plots import MarkdownText
-
-    return MarkdownText(text)
-
-
 # --- 1. embedding-layer leakage -------------------------------------------------------------------
 
 def word_set_recovery(model, params: dict, clients, *, lr: float = 1.0, batch_size: int = 10,
@@ -90,10 +84,9 @@ def recovery_table(per_setting: Mapping):
     recall per update. Raises ``ValueError`` if ``per_setting`` is empty."""
     if not per_setting:
         raise ValueError("per_setting must hold at least one update")
-    rows = [f"| {name} | {pr[:, 0].mean():.3f} | {pr[:, 1].mean():.3f} | {pr[:, 1].min():.3f} |"
+    rows = [[name, f"{pr[:, 0].mean():.3f}", f"{pr[:, 1].mean():.3f}", f"{pr[:, 1].min():.3f}"]
             for name, pr in per_setting.items()]
-    return _markdown("| update the server sees | precision | recall | worst client's recall |\n|---|---|---|---|\n"
-                     + "\n".join(rows))
+    return plots.md_table(["update the server sees", "precision", "recall", "worst client's recall"], rows)
 
 
 def order_and_counts(model, params: dict, trained_params: dict, tokens: torch.Tensor, y: torch.Tensor, *,
@@ -246,9 +239,9 @@ def success_table(attacks: Mapping[str, tuple], *, success_db: float) -> tuple[d
         if len(ok) == 0:
             raise ValueError(f"attacks[{name!r}] holds no image")
         rates[name] = float(ok.mean())
-        rows.append(f"| {name} | {len(ok)} | {float(np.median(psnr)):.1f} | {int(ok.sum())} | {rates[name]:.3f} |")
-    return rates, _markdown(f"| attack | images | median PSNR (dB) | successes (≥ {success_db:g} dB and above the "
-                            "mean colour) | success rate |\n|---|---|---|---|---|\n" + "\n".join(rows))
+        rows.append([name, f"{len(ok)}", f"{float(np.median(psnr)):.1f}", f"{int(ok.sum())}", f"{rates[name]:.3f}"])
+    return rates, plots.md_table(["attack", "images", "median PSNR (dB)",
+                                  f"successes (≥ {success_db:g} dB and above the mean colour)", "success rate"], rows)
 
 
 def imprint_psnr(demo: Mapping) -> np.ndarray:
@@ -307,12 +300,12 @@ def restart_table(restart: Mapping, images: Sequence[int], *, max_evaluations: i
     n = len(restart["psnr_best"])
     if len(images) != n:
         raise ValueError(f"images must name the {n} restarted images, got {len(images)}")
-    rows = [f"| {int(i)} | {int(restart['evaluations'][0, j])} of {int(max_evaluations)} | {restart['loss'][0, j]:.2e} | "
-            f"{restart['loss_truth'][j]:.1e} | {restart['psnr'][0, j]:.1f} | {int(restart['best'][j])} | "
-            f"{restart['loss_best'][j]:.2e} | {restart['psnr_best'][j]:.1f} |" for j, i in enumerate(images)]
-    return _markdown("| image | first run: evaluations | first run: loss reached | loss at the truth | first run: PSNR (dB) "
-                     "| run of least loss (0 = first) | its loss | its PSNR (dB) |\n|---|---|---|---|---|---|---|---|\n"
-                     + ("\n".join(rows) if rows else "| none failed at this seed | | | | | | | |"))
+    rows = [[f"{int(i)}", f"{int(restart['evaluations'][0, j])} of {int(max_evaluations)}", f"{restart['loss'][0, j]:.2e}",
+             f"{restart['loss_truth'][j]:.1e}", f"{restart['psnr'][0, j]:.1f}", f"{int(restart['best'][j])}",
+             f"{restart['loss_best'][j]:.2e}", f"{restart['psnr_best'][j]:.1f}"] for j, i in enumerate(images)]
+    return plots.md_table(["image", "first run: evaluations", "first run: loss reached", "loss at the truth",
+                           "first run: PSNR (dB)", "run of least loss (0 = first)", "its loss", "its PSNR (dB)"],
+                          rows or [["none failed at this seed"] + [""] * 7])
 
 
 def restart_paragraph(restart: Mapping, *, final_loss, won, failed, stalled: int, rescued, num_restarts: int,
@@ -350,10 +343,10 @@ def baseline_table(summaries: Mapping[str, Mapping]):
     the attack reconstructs better than each. Raises ``ValueError`` if ``summaries`` is empty."""
     if not summaries:
         raise ValueError("summaries must hold at least one experiment")
-    rows = [f"| {name} | {s['n']} | {s['attack']:.1f} | {s['grey']:.1f} | {s['mean colour']:.1f} | "
-            f"{s['beats grey']:.2f} | {s['beats mean colour']:.2f} |" for name, s in summaries.items()]
-    return _markdown("| experiment | images | attack, median PSNR (dB) | flat grey 0.5 | mean colour | "
-                     "share above grey | share above mean colour |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+    rows = [[name, f"{s['n']}", f"{s['attack']:.1f}", f"{s['grey']:.1f}", f"{s['mean colour']:.1f}",
+             f"{s['beats grey']:.2f}", f"{s['beats mean colour']:.2f}"] for name, s in summaries.items()]
+    return plots.md_table(["experiment", "images", "attack, median PSNR (dB)", "flat grey 0.5", "mean colour",
+                           "share above grey", "share above mean colour"], rows)
 
 
 def label_table(ours: Mapping[str, float], n_eval: Mapping[str, int], run):
@@ -366,9 +359,10 @@ def label_table(ours: Mapping[str, float], n_eval: Mapping[str, int], run):
         if any(m not in d for m in names):
             raise ValueError(f"{arg} must hold 'DLG' and 'iDLG', got {sorted(d)}")
     paper = ZHAO_LABEL_ACC
-    return _markdown("| label accuracy | paper (MNIST) | ours (sklearn digits) | images | ours, paper scale (mean ± 95 % CI) |\n"
-                     "|---|---|---|---|---|\n" + "\n".join(
-                         f"| {m} | {paper[m]:.3f} | {ours[m]:.3f} | {n_eval[m]} | {run.stored(names[m])} |" for m in paper))
+    return plots.md_table(["label accuracy", "paper (MNIST)", "ours (sklearn digits)", "images",
+                           "ours, paper scale (mean ± 95 % CI)"],
+                          [[m, f"{paper[m]:.3f}", f"{ours[m]:.3f}", f"{n_eval[m]}", f"{run.stored(names[m])}"]
+                           for m in paper])
 
 
 def dlg_vs_inverting_gradients(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, weight_key: str,
@@ -533,11 +527,11 @@ def unrolled_table(result: Mapping, run, *, local_steps: int = 9, success_db: fl
         fail = r["psnr_unrolled"] < success_db
         lost = f"{int(fail.sum())} of {fail.size}, median loss {np.median(r['loss_unrolled'][fail]):.2g}" if fail.any() \
             else f"none of {fail.size}"
-        rows.append(f"| {lr:g} | {r['one gradient']:.2f} (paper scale: {run.stored(f'unroll_one_{i}', 2, value_range=(0, 1))}) "
-                    f"| {r['unrolled']:.2f} (paper scale: {run.stored(f'unroll_rate_{i}', 2, value_range=(0, 1))}) | {lost} |")
-    head = (f"| learning rate η, K = {local_steps} steps | treats the update as one gradient | unrolls the K steps | "
-            "unrolled attacks that failed: where they stopped (loss at the truth: 0) |\n|---|---|---|---|\n")
-    return _markdown(head + "\n".join(rows))
+        rows.append([f"{lr:g}", f"{r['one gradient']:.2f} (paper scale: {run.stored(f'unroll_one_{i}', 2, value_range=(0, 1))})",
+                     f"{r['unrolled']:.2f} (paper scale: {run.stored(f'unroll_rate_{i}', 2, value_range=(0, 1))})", lost])
+    return plots.md_table([f"learning rate η, K = {local_steps} steps", "treats the update as one gradient",
+                           "unrolls the K steps", "unrolled attacks that failed: where they stopped (loss at the truth: 0)"],
+                          rows)
 
 
 def unrolled_paragraph(result: Mapping, *, success_db: float = 20.0) -> str:
@@ -594,20 +588,17 @@ def wei_table(rate_b: Mapping[int, float], rate_k: Mapping[int, float], run, *, 
         raise ValueError(f"rate_k must hold local steps 1 and 9, got {sorted(rate_k)}")
     ours = {"batch size 1": rate_b[1], "batch size 16": rate_b[16], "local steps 1": rate_k[1], "local steps 9": rate_k[9]}
     names = {"batch size 1": "rate_b1", "batch size 16": "rate_b16", "local steps 1": "rate_k1", "local steps 9": "rate_k9"}
-    head = f"| setting | paper | ours ({scale} run) | ours, paper scale (mean ± 95 % CI) |"
-    rule = "|---|---|---|---|"
-    extra = {k: "" for k in WEI_RATES}
+    head = ["setting", "paper", f"ours ({scale} run)", "ours, paper scale (mean ± 95 % CI)"]
+    extra = {k: [] for k in WEI_RATES}
     if num_images is not None:
         cells = {"batch size 1": images_per_cell(num_images, 1), "batch size 16": images_per_cell(num_images, 16),
                  "local steps 1": int(num_images), "local steps 9": int(num_images)}
         for k, m in cells.items():
             lo, hi = clopper_pearson(int(round(ours[k] * m)), m, 0.95)
-            extra[k] = f" {m} | [{float(lo):.2f}, {float(hi):.2f}] |"
-        head += " images in the cell | 95 % interval of this run (Clopper-Pearson) |"
-        rule += "---|---|"
-    return _markdown(head + "\n" + rule + "\n"
-                     + "\n".join(f"| {k} | {WEI_RATES[k]:.2f} | {ours[k]:.2f} | {run.stored(names[k], 2, value_range=(0, 1))} |{extra[k]}"
-                                  for k in WEI_RATES))
+            extra[k] = [f"{m}", f"[{float(lo):.2f}, {float(hi):.2f}]"]
+        head += ["images in the cell", "95 % interval of this run (Clopper-Pearson)"]
+    return plots.md_table(head, [[k, f"{WEI_RATES[k]:.2f}", f"{ours[k]:.2f}",
+                                  f"{run.stored(names[k], 2, value_range=(0, 1))}", *extra[k]] for k in WEI_RATES])
 
 
 # --- 6.-7. noise and pruning (Zhu et al. 2019, Sec. 5) ---------------------------------------------
@@ -825,8 +816,7 @@ def imprint_table(grid: np.ndarray, batch_sizes: Sequence[int], bins: Sequence[i
     grid = np.asarray(grid)
     if grid.shape != (len(batch_sizes), len(bins)):
         raise ValueError(f"grid must have shape {(len(batch_sizes), len(bins))}, got {grid.shape}")
-    head = "| images B | " + " | ".join(f"{k} bins: measured / expected" for k in bins) + " |"
-    rows = [f"| {B} | " + " | ".join(f"{grid[i, j]:.2f} / {imp.expected_recovery_rate(B, k):.2f}"
-                                     for j, k in enumerate(bins)) + " |" for i, B in enumerate(batch_sizes)]
-    return _markdown(f"{head}\n|---|" + "---|" * len(bins) + "\n" + "\n".join(rows)
-                     + f"\n\n(measured: mean over {trials} random batches)")
+    rows = [[f"{B}", *(f"{grid[i, j]:.2f} / {imp.expected_recovery_rate(B, k):.2f}" for j, k in enumerate(bins))]
+            for i, B in enumerate(batch_sizes)]
+    table = plots.md_table(["images B", *(f"{k} bins: measured / expected" for k in bins)], rows)
+    return plots.MarkdownText(f"{table}\n\n(measured: mean over {trials} random batches)")

@@ -1032,7 +1032,7 @@ def ddg_error_ratio(out, updates: torch.Tensor, clip_norm: float) -> float:
     """The server's error on the clipped sum (``out``: :class:`fedlab.privacy.distributed_dg.DDGSum` of
     ``updates`` [K, d] clipped to ``clip_norm``), as its standard deviation over the coordinates divided by
     the calibrated one, ``sqrt(K sigma_share^2) grid``: about 1 when every share is in the sum."""
-    from ..privacy.defenses import clip_rows
+    from ..privacy.clipping import clip_rows
 
     err = out.total - clip_rows(updates.double(), clip_norm).sum(0)
     return float(err.std()) / ((out.num_clients * out.local_sigma2) ** 0.5 * out.grid)

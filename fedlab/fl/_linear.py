@@ -16,8 +16,8 @@ from torch import nn
 
 from .._checks import finite_positive
 from ..models import logistic_loss, squared_error
-from . import ClientData, _check_inputs, _check_weight_decay, _start_params, clients_update
-from . import batch_plan as _vmap_batch_plan
+from .local import ClientData, _check_inputs, _check_weight_decay, _start_params, clients_update
+from .local import batch_plan as _vmap_batch_plan
 
 __all__ = ["linear_fast_path", "batch_plan", "local_sgd"]
 
@@ -65,7 +65,7 @@ def batch_plan(n: torch.Tensor, batch_size: int | None, local_epochs: int, gener
 
 def local_sgd(p: dict, X: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, wt: torch.Tensor, *,
               lr: float, weight_decay: float, logistic: bool) -> dict:
-    """``fedlab.fl.clients_update`` (``vmap`` of ``fedlab.fl._step_fn``) written out for ``nn.Linear(d, 1)``:
+    """``fedlab.fl.clients_update`` (``vmap`` of ``fedlab.fl.local._step_fn``) written out for ``nn.Linear(d, 1)``:
     every client's masked SGD steps at once, with the same floating-point operations in the same order,
     so the same numbers bit for bit. ``p`` stacked ``{"weight": [K, 1, d], ("bias": [K, 1])}``, ``X``
     ``[K, n, d]``, ``y`` ``[K, n]``, ``idx`` and ``wt`` ``[K, S, B]`` (:func:`batch_plan`). The products
@@ -112,7 +112,7 @@ _CHECKED: set = set()
 
 
 def _checked_inputs(model: nn.Module, p: dict, data: ClientData, loss_fn) -> None:
-    """``fedlab.fl._check_inputs`` on the first client, as :func:`fedlab.fl.clients_update` runs it every
+    """``fedlab.fl.local._check_inputs`` on the first client, as :func:`fedlab.fl.clients_update` runs it every
     call, but run once per combination of parameter shapes and dtypes, feature shape, dtypes and devices:
     for the models of this module (no label check: neither loss is the cross-entropy) its outcome depends
     on nothing else, and a round of IFCA otherwise spends a ``functional_call`` on it."""

@@ -18,7 +18,8 @@ from torch import nn
 
 from .._checks import finite_positive, finite_tensor, run_spec
 from ..privacy.dp_fedavg import check_dp_args, dp_aggregate, noise_std
-from . import ClientData, FLResult, cross_entropy, eval_fn, stack_clients
+from .local import ClientData, cross_entropy, stack_clients
+from .protocols import FLResult, eval_fn
 from .rounds import History, run_rounds
 
 __all__ = ["DPRoundRecord", "poisson_sample", "dp_server_step", "dp_fedavg", "dp_fedavg_runs"]

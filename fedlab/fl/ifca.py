@@ -29,7 +29,7 @@ from ..models import flatten_stacked as stack_to_flat, get_params, squared_error
 from ..models import unflatten_stacked as flat_to_stack
 from ..privacy.dprivacy import DEFAULT_FP_SLACK, PrivacyAccountant, sanitize_update
 from ..config import device as _device
-from . import ClientData, _model_on, clients_update, cross_entropy, stack_clients
+from .local import ClientData, _model_on, clients_update, cross_entropy, stack_clients
 from ._linear import dense_clients_update, dense_squared_losses, linear_fast_path, mlp_fast_path
 from .rounds import History, run_rounds
 

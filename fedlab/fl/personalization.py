@@ -27,7 +27,8 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from .._checks import run_spec
-from . import ClientData, cross_entropy, train_standalone
+from .local import ClientData, cross_entropy
+from .protocols import train_standalone
 from .stacked import SGDJob, batch_plan, clients_update_runs, sgd_jobs
 from .dp_fedavg import DPRoundRecord, dp_server_step, poisson_sample
 from .rounds import run_rounds

@@ -32,7 +32,9 @@ from torch.func import functional_call, grad, vmap
 from .._checks import finite_positive, finite_tensor, positive_int, run_spec
 from ..config import device as _device
 from ..models import flatten_params, unflatten_params
-from . import ClientData, FLResult, History, cross_entropy, select_upload, stack_clients, weighted_average
+from .local import ClientData, cross_entropy, stack_clients
+from .protocols import FLResult, select_upload, weighted_average
+from .rounds import History
 
 __all__ = ["SGDJob", "sgd_jobs", "batch_plan", "PlanCache", "clients_update_runs", "fedavg_runs", "selective_sgd_runs"]
 
@@ -399,7 +401,8 @@ def fedavg_runs(model: nn.Module, runs: Sequence[Mapping], *, num_rounds: int, e
     if stop_at is not None and eval_data is None:
         raise ValueError("stop_at needs eval_data")
     dev = _device(device)
-    from . import _model_on, eval_fn
+    from .local import _model_on
+    from .protocols import eval_fn
 
     on_model = _model_on(model, dev)
     ev = eval_fn(model, eval_data, loss_fn, dev)
@@ -460,7 +463,7 @@ def selective_sgd_runs(model: nn.Module, clients, configs: Sequence[Mapping], *,
     glob = [flatten_params(w0) for _ in cfgs]
     local = [[g.clone() for _ in range(data.num_clients)] for g in glob]
     hist = [History("accuracy", "loss") for _ in cfgs]
-    from . import eval_fn
+    from .protocols import eval_fn
 
     ev = eval_fn(model, eval_data, loss_fn)
 

@@ -1,29 +1,19 @@
 """Cheap defenses applied to a model update before it leaves the client.
 
 Reused by several chapters (gradient inversion, RAIFLE, d-privacy); all functions accept a tensor,
-or a parameter dict of tensors treated as one concatenated vector, and return the same type.
+or a parameter dict of tensors treated as one concatenated vector, and return the same type. Clipping
+(:func:`fedlab.privacy.clipping.clip_rows`, :func:`~fedlab.privacy.clipping.clip_by_norm`) lives in
+:mod:`fedlab.privacy.clipping` and is importable from here under its old names.
 """
 from __future__ import annotations
-
 
 import math
 
 import torch
 
-__all__ = ["gaussian_noise", "prune_by_magnitude", "prune_rows", "clip_by_norm", "clip_rows", "global_norm",
-           "sanitised_gradient"]
+from .clipping import _as_list, _pack, clip_by_norm, clip_rows  # noqa: F401  (their old home: defenses.clip_rows)
 
-
-def _as_list(update):
-    if isinstance(update, dict):
-        return list(update.keys()), list(update.values())
-    if isinstance(update, torch.Tensor):
-        return None, [update]
-    raise ValueError(f"update must be a tensor or a dict of tensors, got {type(update).__name__}")
-
-
-def _pack(keys, tensors):
-    return tensors[0] if keys is None else dict(zip(keys, tensors))
+__all__ = ["gaussian_noise", "prune_by_magnitude", "prune_rows", "global_norm", "sanitised_gradient"]
 
 
 def global_norm(update) -> torch.Tensor:
@@ -99,103 +89,6 @@ def prune_by_magnitude(update, fraction: float):
     keys, ts = _as_list(update)
     out = prune_rows(_pack(keys, [t[None] for t in ts]), fraction)
     return {k: v[0] for k, v in out.items()} if keys is not None else out[0]
-
-
-def clip_by_norm(update, clip_norm: float):
-    """Scale the update so its global L2 norm is at most ``clip_norm`` (McMahan et al. 2018,
-    per-client clipping of DP-FedAvg): ``u * min(1, clip_norm / ||u||)``, the norm taken over all
-    tensors of a dict together. This is :func:`clip_rows` on a batch of one update."""
-    keys, ts = _as_list(update)
-    out = clip_rows(_pack(keys, [t[None] for t in ts]), clip_norm)
-    return {k: v[0] for k, v in out.items()} if keys is not None else out[0]
-
-
-def _row_norms(flat: torch.Tensor):
-    """L2 norm of every row of ``flat`` ``[U, n]`` in its own precision, and where it overflows.
-
-    The plain ``flat.norm(dim=1)`` is kept wherever it is right, so ordinary inputs give bit for bit
-    the old result and gradient. A row whose norm came out ``0`` while it has non-zero entries (the
-    squares underflowed) gets ``m * ||row / m||`` with ``m`` its largest absolute entry. A row whose
-    norm came out ``inf`` (the squares overflowed) keeps ``inf`` here and is marked: the caller works
-    with ``row / m``, whose norm ``||row / m||`` lies in ``[1, sqrt(n)]``.
-
-    Returns ``(norms [U], overflow [U] bool or None, m [U])`` (``m`` is 1 outside the marked rows;
-    ``overflow`` is ``None`` when no row overflowed). Raises ``ValueError`` for NaN or infinite entries."""
-    norms = flat.norm(dim=1)
-    odd = ~torch.isfinite(norms) | (norms == 0)
-    if not bool(odd.any()):
-        return norms, None, None
-    rows = flat.detach()[odd]
-    if not bool(torch.isfinite(rows).all()):
-        raise ValueError("update must be finite (it has NaN or infinite entries)")
-    m = torch.ones_like(norms)
-    m[odd] = rows.abs().amax(1) if rows.shape[1] else 1.0
-    under = (norms == 0) & (m > 0) & odd
-    m = torch.where(m > 0, m, torch.ones_like(m)).detach()
-    if bool(under.any()):
-        norms = torch.where(under, (flat / m[:, None]).norm(dim=1) * m, norms)
-    over = torch.isinf(norms)
-    if not bool(over.any()):
-        return norms, None, torch.where(under, m, torch.ones_like(m))
-    return norms, over, torch.where(over, m, torch.ones_like(m))
-
-
-def clip_rows(update, clip_norm: float):
-    """Per-row L2 clipping of a batched update: ``update`` is a tensor ``[U, ...]`` or a dict of
-    tensors ``[U, ...]`` (row ``u`` of every tensor together is user ``u``'s update); each row is scaled
-    by ``min(1, clip_norm / ||row||)``. Differentiable, so an attacker can put it inside a simulated
-    update (RAIFLE 4.1.1). Returns the same type.
-
-    The norms are taken in the update's precision without overflow or underflow (:func:`_row_norms`:
-    a row whose squares overflow, such as ``[2e19, 2e19]`` in float32, is clipped to norm
-    ``clip_norm``, not to zero). Raises ``ValueError`` unless ``clip_norm`` is positive and finite, or
-    for an update with NaN or infinite entries."""
-    if not (clip_norm > 0 and math.isfinite(clip_norm)):
-        raise ValueError(f"clip_norm must be positive and finite, got {clip_norm}")
-    keys, ts = _as_list(update)
-    flat = torch.cat([t.flatten(1) for t in ts], 1) if keys is not None else ts[0].reshape(ts[0].shape[0], -1)
-    if not flat.is_floating_point():
-        raise ValueError(f"update must be floating point, got {flat.dtype}")
-    norms, over, m = _row_norms(flat)
-    factor = torch.clamp(clip_norm / (norms + 1e-12), max=1.0)
-    if over is None:
-        factor = factor * _round_down(flat, factor, clip_norm)
-        return _pack(keys, [t * factor.reshape(-1, *([1] * (t.dim() - 1))) for t in ts])
-    # rows whose norm overflows the dtype: row * C / ||row|| = (row / m) * (C / ||row / m||); the other rows
-    # get the factor they get in a batch without such a row (each row's clipping is its own: clip_by_norm
-    # of one row equals its row of clip_rows whatever the other rows hold)
-    base = (flat / m[:, None]).norm(dim=1)
-    shrink = over & (clip_norm < m.double() * base.double())     # False only when C exceeds the norm
-    div = torch.where(shrink, m, torch.ones_like(m))
-    corr = torch.ones_like(factor)
-    if bool((~over).any()):
-        corr[~over] = _round_down(flat[~over], factor[~over], clip_norm)
-    factor = torch.where(shrink, clip_norm / base, torch.where(over, torch.ones_like(factor), factor * corr))
-    shape = lambda t: (-1, *([1] * (t.dim() - 1)))                # noqa: E731
-    return _pack(keys, [(t / div.reshape(shape(t))) * factor.reshape(shape(t)) for t in ts])
-
-
-def _round_down(flat: torch.Tensor, factor: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    """A constant (detached) correction ``[U]`` to the clipping factor so that every clipped row's
-    norm, computed in float64 on the values as stored in ``flat``'s dtype, is at most ``clip_norm``.
-
-    In low precision the scaled row ``fl(row * factor)`` rounds each entry by up to half a unit in the
-    last place, so its norm can exceed ``clip_norm`` (bfloat16: up to about ``C (1 + 2^-8)``). Rows
-    that do are scaled down by ``(1 - 2u)^j`` (``u`` the dtype's unit roundoff) until they do not;
-    the others keep a factor of exactly 1, so float32 and float64 results are unchanged wherever
-    they were already within ``clip_norm``."""
-    with torch.no_grad():
-        f = factor.detach()
-        u = torch.finfo(flat.dtype).eps / 2
-        corr = torch.ones_like(f)
-        for _ in range(64):
-            row_norm = (flat.detach() * (f * corr)[:, None]).double().norm(dim=1)
-            bad = row_norm > clip_norm
-            if not bool(bad.any()):
-                return corr
-            corr = torch.where(bad, corr * (1 - 2 * u) * torch.clamp(
-                clip_norm / row_norm, max=1.0).to(corr.dtype), corr)
-        raise ValueError(f"clip_rows could not bring the rows within clip_norm={clip_norm:g} in {flat.dtype}")
 
 
 def prune_rows(update, fraction: float, *, mask: torch.Tensor | None = None):

@@ -7,7 +7,7 @@ With secure aggregation the server sees only the sum, so the noise has to be add
 each a share, on integers, because secure aggregation sums integers modulo ``2^b``:
 
 1. each client clips its update to L2 norm ``clip_norm`` (in float64 by
-   :func:`fedlab.privacy.defenses.clip_rows`, whose clipped norm never exceeds ``clip_norm``), rounds it to a public grid, ``k = round(x / grid)``,
+   :func:`fedlab.privacy.clipping.clip_rows`, whose clipped norm never exceeds ``clip_norm``), rounds it to a public grid, ``k = round(x / grid)``,
    and adds its own share ``Z ~ N_Z(0, local_sigma2)`` per coordinate (the exact sampler of
    :mod:`fedlab.privacy.discrete_gaussian`);
 2. secure aggregation (:mod:`fedlab.privacy.secure_aggregation`'s pairwise masks) sums the integer
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .defenses import clip_rows
+from .clipping import clip_rows
 from .discrete_gaussian import MAX_SIGMA2, _rdp_epsilon, integer_sensitivity, sample_discrete_gaussian
 from .secure_aggregation import MODULUS_BITS, _check_num_clients, pairwise_masks
 
@@ -165,7 +165,7 @@ def distributed_discrete_gaussian_sum(updates: torch.Tensor, *, clip_norm: float
                                       modulus_bits: int = MODULUS_BITS, rng=None,
                                       generator: torch.Generator | None = None) -> DDGSum:
     """One round of the distributed discrete Gaussian (KLS21, Alg. 1 without the rotation): clip each
-    row of ``updates`` ``[K, d]`` to ``clip_norm`` (in float64, :func:`fedlab.privacy.defenses.clip_rows`), round to ``grid``, add a
+    row of ``updates`` ``[K, d]`` to ``clip_norm`` (in float64, :func:`fedlab.privacy.clipping.clip_rows`), round to ``grid``, add a
     discrete Gaussian share ``N_Z(0, local_sigma2)`` per coordinate (``rng``: numpy seed or Generator),
     mask the integer vectors pairwise modulo ``2^modulus_bits`` (``generator``: the masks' torch
     generator), and return the server's decoded sum with the messages it received (:class:`DDGSum`).

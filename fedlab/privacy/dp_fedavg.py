@@ -8,7 +8,7 @@ The server is trusted. Each round it
 
 1. samples every client independently with probability ``q`` (Poisson sampling);
 2. lets each sampled client run ClientUpdate and return its update ``Delta_k = theta_k - theta``;
-3. clips each update to L2 norm ``S`` (``fedlab.privacy.clip_by_norm``), so that one client moves the
+3. clips each update to L2 norm ``S`` (:func:`fedlab.privacy.clipping.clip_updates`), so that one client moves the
    sum by at most ``S``;
 4. averages with the *fixed* denominator ``m = q K`` (the expected number of sampled clients; the
    estimator ``f~_f`` of the paper with equal client weights) and adds Gaussian noise of standard
@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from .defenses import clip_rows, gaussian_noise
+from .clipping import clip_updates
+from .defenses import gaussian_noise
 
 #: Renyi orders used by every accountant here (integers: fast and numerically stable for the
 #: Poisson-subsampled Gaussian; the fractional orders below 2 only matter for epsilon << 1)
@@ -41,7 +42,7 @@ RDP_ORDERS = tuple(range(2, 65)) + (80, 96, 128, 256, 512)
 #: ``[SAFE_GRID_RATIO, 2 SAFE_GRID_RATIO)``
 SAFE_GRID_RATIO = 1024
 
-__all__ = ["RDP_ORDERS", "SAFE_GRID_RATIO", "check_delta", "delta_for", "check_dp_args", "noise_std", "clip_updates",
+__all__ = ["RDP_ORDERS", "SAFE_GRID_RATIO", "check_delta", "delta_for", "check_dp_args", "noise_std",
            "dp_aggregate", "dp_event", "epsilon_spent", "noise_multiplier_for_epsilon", "discrete_noise",
            "safe_grid", "safe_noise_multiplier", "safe_noise_multiplier_bound"]
 
@@ -65,15 +66,6 @@ def noise_std(noise_multiplier: float, clip_norm: float, expected_clients: float
     if clip_norm is None:
         raise ValueError("clip_norm must be > 0 to define the noise scale")
     return float(noise_multiplier) * float(clip_norm) / float(expected_clients)
-
-
-def clip_updates(updates: dict, clip_norm: float | None) -> dict:
-    """Clip every client's update of a stacked dict ``{name: [m, ...]}`` to global L2 norm
-    ``clip_norm`` (each client's tensors taken together): :func:`fedlab.privacy.defenses.clip_rows`.
-    ``None`` returns the updates unchanged."""
-    if clip_norm is None:
-        return {k: v.clone() for k, v in updates.items()}
-    return clip_rows(updates, clip_norm)
 
 
 def dp_aggregate(updates: dict, *, clip_norm: float | None, noise_multiplier: float,

@@ -45,6 +45,8 @@ import numpy as np
 import torch
 from scipy.special import gammaln
 
+from .clipping import _check_pair, clip_update, l2_norm  # noqa: F401  (clip_update: its old home)
+
 # scipy.stats is imported inside the three functions that use it: importing it costs ~1.5 s of CPU in
 # every process that imports fedlab.privacy (each notebook kernel, each test worker)
 
@@ -53,7 +55,7 @@ __all__ = [
     "expected_radius", "component_variance", "sample_euclidean_laplace", "DEFAULT_BOUND",
     "snapping_grid", "snapping_extra_epsilon", "DEFAULT_FP_SLACK", "public_grid", "epsilon_cap",
     "release_euclidean_laplace", "sanitize_update",
-    "clip_update", "sanitize_update_clipped", "SanitizedUpdate", "estimate_update_norm",
+    "sanitize_update_clipped", "SanitizedUpdate", "estimate_update_norm",
     "norm_disclosure", "clopper_pearson", "empirical_privacy_loss", "privacy_loss_check",
     "PrivacyAccountant", "rmse_increase_bound",
 ]
@@ -396,36 +398,6 @@ class SanitizedUpdate:
     grid: torch.Tensor | None = None
 
 
-def _vector_norm(v: torch.Tensor, *, keepdim: bool = False) -> torch.Tensor:
-    """``torch.linalg.vector_norm(v, dim=-1)``, except where its squares over- or underflow: a row
-    whose norm came out ``inf``, or ``0`` while it has non-zero entries, is recomputed as
-    ``m * ||v / m||`` with ``m`` its largest absolute entry (other rows are bit for bit unchanged)."""
-    norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
-    odd = torch.isinf(norm) | (norm == 0)
-    if bool(odd.any()):
-        m = v.abs().amax(-1, keepdim=True)
-        fix = odd & (m > 0) & torch.isfinite(m)
-        safe_m = torch.where(fix, m, torch.ones_like(m))
-        norm = torch.where(fix, torch.linalg.vector_norm(v / safe_m, dim=-1, keepdim=True) * safe_m, norm)
-    return norm if keepdim else norm.squeeze(-1)
-
-
-def _check_pair(theta_local, theta_global):
-    theta_local = torch.as_tensor(theta_local)
-    if not theta_local.is_floating_point():
-        theta_local = theta_local.to(torch.get_default_dtype())
-    theta_global = torch.as_tensor(theta_global, dtype=theta_local.dtype)
-    if theta_local.ndim not in (1, 2):
-        raise ValueError(f"theta_local must have shape [n] or [K, n], got {tuple(theta_local.shape)}")
-    if theta_global.shape[-1] != theta_local.shape[-1] or theta_global.ndim > theta_local.ndim or (
-            theta_global.ndim == 2 and theta_global.shape[0] != theta_local.shape[0]):
-        raise ValueError(f"theta_global shape {tuple(theta_global.shape)} does not match theta_local "
-                         f"shape {tuple(theta_local.shape)}")
-    if not (torch.isfinite(theta_local).all() and torch.isfinite(theta_global).all()):
-        raise ValueError("theta_local and theta_global must be finite")
-    return theta_local, theta_global
-
-
 def _sanitized(tl, x, eps, leakage, *, rng, safe, bound, single, grid=None) -> SanitizedUpdate:
     n = tl.shape[-1]
     released = release_euclidean_laplace(x, eps.numpy(), rng=rng, safe=safe, bound=bound, grid=grid)
@@ -492,7 +464,7 @@ def sanitize_update(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: f
     single = theta_local.ndim == 1
     tl = theta_local.reshape(-1, theta_local.shape[-1])
     n = tl.shape[-1]
-    norm = _vector_norm((tl - theta_global).double())
+    norm = l2_norm((tl - theta_global).double())
     eps = torch.where(norm > 0, n / (nu * norm), torch.full_like(norm, math.inf))
     leakage = torch.where(norm > 0, torch.full_like(norm, n / nu), torch.full_like(norm, math.inf))
     grid = None
@@ -500,20 +472,6 @@ def sanitize_update(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: f
         grid = public_grid(n, bound, fp_slack)
         eps = torch.where(torch.isfinite(eps), eps.clamp(max=epsilon_cap(n, bound, fp_slack)), eps)
     return _sanitized(tl, tl, eps, leakage, rng=rng, safe=safe, bound=bound, single=single, grid=grid)
-
-
-def clip_update(theta_local: torch.Tensor, theta_global: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    """``theta_global + delta * min(1, clip_norm / ||delta||)``: the Euclidean projection of
-    ``theta_local`` ``[n]`` / ``[K, n]`` onto the ball of radius ``clip_norm`` around ``theta_global``.
-    A projection onto a convex set never increases distances. Returns the shape and dtype of
-    ``theta_local``. Raises ``ValueError`` on ``clip_norm <= 0`` or shape mismatch."""
-    if not (clip_norm > 0 and math.isfinite(clip_norm)):
-        raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm}")
-    theta_local, theta_global = _check_pair(theta_local, theta_global)
-    delta = (theta_local - theta_global).double()
-    norm = _vector_norm(delta, keepdim=True)
-    scale = torch.clamp(clip_norm / torch.where(norm > 0, norm, torch.ones_like(norm)), max=1.0)
-    return (theta_global.double() + delta * scale).to(theta_local.dtype)
 
 
 def sanitize_update_clipped(theta_local: torch.Tensor, theta_global: torch.Tensor, nu: float, *,
@@ -566,7 +524,7 @@ def estimate_update_norm(released: torch.Tensor, theta_global: torch.Tensor, nu:
         raise ValueError(f"nu must be a finite number > 0, got {nu}")
     released, theta_global = _check_pair(released, theta_global)
     n = released.shape[-1]
-    dist = _vector_norm((released - theta_global).double())
+    dist = l2_norm((released - theta_global).double())
     return dist / math.sqrt(1 + nu**2 * (n + 1) / n)
 
 

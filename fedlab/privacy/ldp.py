@@ -11,7 +11,7 @@ discrete Gaussian of :mod:`fedlab.privacy.discrete_gaussian` on a public grid (C
 Steinke 2020). RAIFLE's float mechanism, :func:`fedlab.privacy.defenses.gaussian_noise` added in
 floating point, is ``safe=False`` (not private on its float output; Chapters 3a and 3b pass it to
 reproduce the paper's setting); pruning per
-user is :func:`fedlab.privacy.defenses.prune_rows` and clipping :func:`fedlab.privacy.defenses.clip_rows`.
+user is :func:`fedlab.privacy.defenses.prune_rows` and clipping :func:`fedlab.privacy.clipping.clip_rows`.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ import torch
 
 # scipy.stats is imported inside the two functions that use it (~1.5 s of CPU for every importer of fedlab.privacy)
 
-from .defenses import clip_rows, gaussian_noise
+from .clipping import clip_rows
+from .defenses import gaussian_noise
 
 __all__ = ["classical_gaussian_sigma", "analytic_gaussian_sigma", "gaussian_sigma",
            "analytic_gaussian_delta", "ldp_clip_norm", "ldp_gaussian", "ldp_noise_multiplier",

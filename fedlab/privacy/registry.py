@@ -8,7 +8,7 @@ or a gradient, flattened) and returns what crosses each client's link, ``[A, n]`
 through the mechanisms of :mod:`fedlab.privacy` (nothing is re-implemented here). By kind:
 
 * ``none`` -- the update as it is (a copy);
-* ``clip`` -- each row clipped to L2 norm ``C`` (:func:`fedlab.privacy.defenses.clip_rows`), ``C`` given or the
+* ``clip`` -- each row clipped to L2 norm ``C`` (:func:`fedlab.privacy.clipping.clip_rows`), ``C`` given or the
   median norm of the rows (:func:`median_norm`, the quantile adaptive clipping aims at);
 * ``dp`` -- DP-FedAvg (McMahan et al. 2018, Algorithm 1): each row clipped to ``C`` plus ``N(0, (z C)^2)``, the
   noise a trusted server adds to the sum (:func:`fedlab.privacy.dp_fedavg.noise_std`), ``z`` calibrated by

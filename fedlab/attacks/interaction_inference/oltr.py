@@ -28,7 +28,7 @@ import torch
 from ...config import device as _device
 from ...fl.oltr import init_rankers, local_update, ranker_size, present, simulate_clicks
 from ...metrics import roc_auc_rows
-from ...privacy.defenses import clip_rows
+from ...privacy.clipping import clip_rows
 from .recsys import RaifleResult, raifle
 
 __all__ = ["OltrCase", "feature_allocation", "adm_fingerprint", "adm_noise_replacement", "adm_weight_blocks", "make_oltr_case", "in_order",

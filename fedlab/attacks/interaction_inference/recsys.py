@@ -34,9 +34,9 @@ import torch
 
 from ...fl.recsys.interactions import fcf_item_updates, fncf_backprop, fncf_first_layer, fncf_per_user, fncf_updates
 from ...config import device as _device
-from ...fl import _model_on
+from ...fl.local import _model_on
 from ...optim import lbfgs_rows
-from ...privacy.defenses import clip_rows
+from ...privacy.clipping import clip_rows
 
 __all__ = ["RaifleResult", "user_generator", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf", "FNCF_CONTINUATION",
            "analytic_fcf_attack", "pointwise_l2_update", "closed_form_interactions", "attack_hessian"]

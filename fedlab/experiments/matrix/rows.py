@@ -13,7 +13,7 @@ it with :func:`fedlab.experiments.matrix.render.render_html`.
 
 * ``none`` -- the attacker sees what its chapter lets it see (the server: each client's update; the
   eavesdropper: each message of the target);
-* ``clip`` -- each client clips its update to L2 norm ``C`` (:func:`fedlab.privacy.defenses.clip_rows`),
+* ``clip`` -- each client clips its update to L2 norm ``C`` (:func:`fedlab.privacy.clipping.clip_rows`),
   ``C`` the median norm of the clean updates of the round (the quantile adaptive clipping aims at);
 * ``dp1`` / ``dp8`` -- DP-FedAvg (McMahan et al. 2018): updates clipped to ``C``, a *trusted* server adds
   ``N(0, (z C)^2)`` to their sum (:func:`fedlab.privacy.dp_fedavg.dp_aggregate`) with ``z`` calibrated by

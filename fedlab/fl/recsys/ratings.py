@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...privacy.defenses import clip_rows, gaussian_noise
+from ...privacy.clipping import clip_rows
+from ...privacy.defenses import gaussian_noise
 from ..rounds import run_rounds
 
 __all__ = ["LOSSES", "COUNTEREXAMPLE_LOSSES", "margin_loss", "margin_loss_grad", "loss_derivative_at_zero", "RecData",
