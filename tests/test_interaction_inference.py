@@ -426,3 +426,35 @@ def test_raifle_with_a_pruning_mask_matches_only_the_kept_coordinates(algorithm)
         else:
             raifle_fncf(model, theta, X, X, None, mask, coord_mask=torch.ones_like(X, dtype=torch.bool),
                         items_clip_norm=1.0, max_iter=1)
+
+
+@pytest.mark.parametrize("algorithm", ["fcf", "fncf"])
+def test_masked_losses_on_restarts_and_running_subsets(monkeypatch, algorithm):
+    """The masked losses are evaluated as L-BFGS calls them: every user once per restart (the broadcast path)
+    and a subset of rows still running, with repeats, in any order; each row must be matching_loss of its
+    own user's masked simulated update (a mask taken by position instead of by user fails here)."""
+    import fedlab.attacks.interaction_inference.recsys as rf
+
+    captured = {}
+    monkeypatch.setattr(rf, "raifle", lambda loss_fn, *a, **k: captured.setdefault("fn", loss_fn))
+    X, E, I, mask = _users(U=5, m=20, d=16, seed=6)
+    mask[3, 9:] = False
+    X = X * mask[..., None]
+    model, theta = fncf_init(16, seed=3)
+    if algorithm == "fcf":
+        upd = prune_rows(fcf_item_updates(X, E, I, mask), 0.6, mask=mask)
+        rf.raifle_fcf(X, upd, mask, coord_mask=upd != 0, max_iter=1)
+    else:
+        full, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=1.0, local_steps=1)
+        upd = prune_rows(full, 0.6, mask=mask)
+        rf.raifle_fncf(model, theta, X, upd, dT, mask, coord_mask=upd != 0, max_iter=1, continuation=None)
+    fn, keep = captured["fn"], upd != 0
+    g = torch.Generator().manual_seed(1)
+    for rows in (torch.arange(5).repeat(3), torch.tensor([0, 3, 4, 4, 1]), torch.tensor([2])):
+        Ic, Ec = torch.rand(len(rows), 20, generator=g), torch.randn(len(rows), 16, generator=g)
+        if algorithm == "fcf":
+            pX = fcf_item_updates(X[rows], Ec, Ic, mask[rows])
+        else:
+            pX, _, _ = fncf_updates(model, theta, X[rows], Ec, Ic, mask[rows], lr=1.0, local_steps=1)
+        ref = matching_loss(pX * keep[rows], upd[rows], mask[rows])
+        assert torch.allclose(fn(Ic, Ec, rows), ref, rtol=1e-5, atol=1e-6), rows

@@ -242,7 +242,8 @@ def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=N
     ``coord_mask`` [U, m, d] (bool, optional): the coordinates the update carries when the users pruned
     it (:func:`fedlab.privacy.defenses.prune_rows`; a server reads them off the zeros it receives): the
     attacker who knows the defense matches only those, ``||M (rho_i e - G_i)||``, instead of asking its
-    dense simulation to reproduce the zeros. Other keywords go to :func:`raifle` (``seed``, ``user_ids``,
+    dense simulation to reproduce the zeros (the loss keeps its scale, the received update's row norms, which
+    a pruned update carries on the mask alone). Other keywords go to :func:`raifle` (``seed``, ``user_ids``,
     ``max_iter``, ``device`` -- default ``FEDLAB_DEVICE`` here --, ...). Raises ``ValueError`` for
     mismatched shapes, a negative ``alpha``, or ``coord_mask`` with ``clip_norm`` (not supported).
     """
