@@ -481,3 +481,28 @@ def test_prune_sweep_attacker_who_knows_the_mask(case):
     assert set(ch3a.prune_sweep(case, [0.7], fcf_max_iter=2, fncf_max_iter=2, num_restarts=1)[0.7]) == {"FCF emb", "FNCF emb"}
     with pytest.raises(ValueError, match="coord_mask"):
         ch3a.attack_case(case, "fcf", estimate_embedding=True, coord_mask=torch.ones(2, 3, 4, dtype=torch.bool), max_iter=1)
+
+
+def test_prune_curves_and_values_put_both_attackers_on_the_same_users(case):
+    """prune_curves: the naive curve over every user, the same attack on the aware attacker's users, and the
+    aware curve whose 0 % point is the naive one on those users; prune_aware_values reads each number from
+    its own curve and fraction, and the share of items whose FCF row keeps a coordinate falls with pruning."""
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)   # noqa: E731
+    naive = {0.0: {"FCF emb": t(1.0, 0.9, 0.8), "FNCF emb": t(0.9, 0.9, 0.6)},
+             0.5: {"FCF emb": t(0.5, 0.6, 0.1), "FNCF emb": t(0.8, 0.8, 0.5)},
+             0.9: {"FCF emb": t(0.5, 0.5, 0.2), "FNCF emb": t(0.7, 0.6, 0.5)},
+             0.99: {"FCF emb": t(0.5, 0.5, 0.3), "FNCF emb": t(0.6, 0.5, 0.5)}}
+    res = lambda a: {"auc": t(*a), "loss": torch.tensor([0.2, 0.4]), "loss_truth": torch.tensor([0.0, 0.0])}   # noqa: E731
+    aware = {f: {"FCF emb": res([0.98, 0.96 - f / 2]), "FNCF emb": res([0.7, 0.9])} for f in (0.5, 0.9, 0.99)}
+    curves = ch3a.prune_curves(naive, aware, [0, 2])
+    assert curves["naive"]["FCF emb"] == pytest.approx([0.9, 0.4, 0.4, 0.4333333])
+    assert curves["naive_same"]["FCF emb"] == pytest.approx([0.9, 0.3, 0.35, 0.4])
+    assert curves["aware"]["FCF emb"] == pytest.approx([0.9, 0.845, 0.745, 0.7225])
+    vals = ch3a.prune_aware_values(curves, aware, case, budget=50)
+    assert vals["ch3a_fcf_prune50_same"] == 0.3 and vals["ch3a_fcf_prune50_aware"] == 0.845
+    assert vals["ch3a_prune99_same"] == 0.55 and vals["ch3a_prune99_aware"] == 0.8
+    assert vals["ch3a_fcf_prune90_loss"] == "0.2" and "lower bound" in vals["ch3a_fcf_prune90_verdict"]
+    assert 0 < vals["ch3a_fcf_rows_kept99"] <= vals["ch3a_fcf_rows_kept90"] <= 1
+    with pytest.raises(ValueError, match="fractions"):
+        ch3a.prune_curves(naive, {0.5: aware[0.5]}, [0, 2])
+    assert ch3a.prune_plot([0.0, 0.5, 0.9, 0.99], curves) is not None

@@ -27,7 +27,7 @@ __all__ = ["RecsysCase", "make_recsys_case", "attack_case", "TABLE3_CONFIGS", "T
            "FNCF_CONFIGS", "network_draw_seeds", "network_draws_case", "fncf_network_draws", "network_draws_summary",
            "network_draws_table", "network_draws_values", "table3_boxplot", "linear_case", "loop_vs_batch", "PAPER_TABLE6", "PAPER_TABLE7", "ldp_sigma_rows",
            "ldp_updates", "ldp_attack_sweep", "clip_knowledge_rows", "ks_values", "table6_table", "table7_values", "table7_draws", "table7_draws_values", "table7_table",
-           "prune_sweep", "defense_boxplots", "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table"]
+           "prune_sweep", "prune_curves", "prune_plot", "prune_aware_values", "defense_boxplots", "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table"]
 
 
 @dataclass
@@ -735,6 +735,71 @@ def prune_sweep(case: RecsysCase, fractions, *, fcf_max_iter: int, fncf_max_iter
                                        max_iter=fncf_max_iter, num_restarts=num_restarts, seed=seed,
                                        user_ids=user_ids, **fncf_kw)}
         out[frac] = res if results else {k: r["auc"] for k, r in res.items()}
+    return out
+
+
+def prune_curves(naive: dict, aware: dict, aware_pos) -> dict:
+    """The mean AUC per pruning fraction of :func:`prune_sweep`'s two attackers: ``"naive"`` the paper's
+    attacker on every user of ``naive`` (``{fraction: {name: auc [U]}}``), ``"naive_same"`` it on the users
+    ``aware_pos`` (indices into those users) alone, and ``"aware"`` the attacker who knows the mask on the
+    same users (``aware``: ``prune_sweep(..., knows_mask=True, results=True)`` on them, every fraction of
+    ``naive`` but 0, where nothing is pruned and both attackers are one: its point is ``naive_same``'s).
+    Each ``{name: [mean AUC per fraction of naive]}``. Raises ``ValueError`` when ``aware`` lacks a
+    non-zero fraction of ``naive``."""
+    fractions = list(naive)
+    missing = [f for f in fractions if f != 0 and f not in aware]
+    if missing:
+        raise ValueError(f"aware lacks the fractions {missing}")
+    idx = torch.as_tensor(aware_pos, dtype=torch.long)
+    names = list(next(iter(naive.values())))
+    same = {n: [naive[f][n][idx].mean().item() for f in fractions] for n in names}
+    return {"naive": {n: [naive[f][n].mean().item() for f in fractions] for n in names}, "naive_same": same,
+            "aware": {n: [same[n][i] if f == 0 else aware[f][n]["auc"].mean().item() for i, f in enumerate(fractions)]
+                      for n in names}}
+
+
+def prune_plot(fractions, curves: dict):
+    """RAIFLE Fig. 10 with both attackers: :func:`prune_curves`' ``"naive"`` curves (solid) and
+    ``"aware"`` ones (dashed, triangles, the same colour per variant) over the percentage pruned. Returns
+    the axes."""
+    from ..plots import line_plot
+
+    ys = {**curves["naive"], **{f"{n}, knows the mask": v for n, v in curves["aware"].items()}}
+    styles = {f"{n}, knows the mask": {"ls": "--", "marker": "^", "color": f"C{i}"} for i, n in enumerate(curves["aware"])}
+    return line_plot([100 * f for f in fractions], ys, xlabel="% of update pruned", ylabel="mean AUC", styles=styles,
+                     title="RAIFLE under gradient pruning (cf. RAIFLE Fig. 10)")
+
+
+def prune_aware_values(curves: dict, aware: dict, case: RecsysCase, *, budget: int) -> dict:
+    """The glued names of the attacker who knows the pruning mask (``curves`` from :func:`prune_curves`,
+    ``aware`` its :func:`prune_sweep` results with ``results=True`` at 0.5, 0.9 and 0.99, ``case`` its
+    users, ``budget`` its loss evaluations per start): FCF's and FNCF's mean AUCs of both attackers on the
+    same users; at 90 % FCF's (lower) median loss reached and at the truth, and a verdict sentence from
+    them (a reached loss above ten times the truth's plus 1e-3 makes the AUC a lower bound); and the
+    share of the users' real items whose pruned FCF row keeps any coordinate at 90 % and 99 %
+    (``prune_rows`` works on a user's whole update, so whole item rows vanish)."""
+    positive_int("budget", budget)
+    fr = list(aware)
+    missing = sorted({0.5, 0.9, 0.99} - set(fr))
+    if missing:
+        raise ValueError(f"aware lacks the fractions {missing}")
+    pos = {f: 1 + fr.index(f) for f in (0.5, 0.9, 0.99)}       # curves hold fraction 0 first
+    r90 = aware[0.9]["FCF emb"]
+    reached, at_truth = r90["loss"].median().item(), r90["loss_truth"].median().item()
+    verdict = (f"the attack stops far above the truth's loss within the sweep's {budget} evaluations, so this AUC "
+               "is a lower bound on what leaks, not a measure of the defense" if reached > 10 * at_truth + 1e-3
+               else "the attack reaches the truth's loss, so this AUC is what the update gives away")
+    kept = {f: ((prune_rows(case.fcf, f, mask=case.mask) != 0).any(-1)[case.mask]).double().mean().item()
+            for f in (0.9, 0.99)}
+    a, n = curves["aware"], curves["naive_same"]
+    out = {"ch3a_fcf_prune50_same": n["FCF emb"][pos[0.5]], "ch3a_fcf_prune50_aware": a["FCF emb"][pos[0.5]],
+           "ch3a_fcf_prune90_aware": a["FCF emb"][pos[0.9]], "ch3a_fcf_prune99_aware": a["FCF emb"][pos[0.99]],
+           "ch3a_prune90_same": n["FNCF emb"][pos[0.9]], "ch3a_prune90_aware": a["FNCF emb"][pos[0.9]],
+           "ch3a_prune99_same": n["FNCF emb"][pos[0.99]], "ch3a_prune99_aware": a["FNCF emb"][pos[0.99]]}
+    out = {k: round(v, 3) for k, v in out.items()}
+    out.update(ch3a_prune_aware_users=len(case), ch3a_fcf_prune90_loss=f"{reached:.2g}",
+               ch3a_fcf_prune90_loss_truth=f"{at_truth:.2g}", ch3a_fcf_prune90_verdict=verdict,
+               ch3a_fcf_rows_kept90=round(kept[0.9], 2), ch3a_fcf_rows_kept99=round(kept[0.99], 2))
     return out
 
 
