@@ -37,7 +37,7 @@ def _case(dim=8, fncf_lr=1.0, local_steps=1, neg_ratio=4):
 SETTINGS_3A = {"table3_users": (3, None), "fcf_max_iter": (100, 1000), "fncf_max_iter": (150, 1000),
                "num_restarts": (2, 2), "sweep_users": (2, 200), "sweep_max_iter": (50, 1000), "ldp_variants": (4, 6),
                "loop_users": (2, 16), "network_draws": (10, 10), "draw_users": (2, 100),
-               "reference_users": (4, 50), "prune_aware_users": (4, 50)}
+               "reference_users": (3, 50), "prune_aware_users": (4, 50)}
 
 
 def _table3a(case=None, settings=None, **kw):

@@ -853,7 +853,7 @@ def _signature_default(fn, name: str):
 SCALE_SETTINGS = {"table3_users": (8, None), "fcf_max_iter": (100, 1000), "fncf_max_iter": (150, 1000),
                   "num_restarts": (2, 2), "sweep_users": (4, 200), "sweep_max_iter": (50, 1000),
                   "ldp_variants": (4, 6), "loop_users": (4, 16), "network_draws": (10, 10), "draw_users": (2, 100),
-                  "reference_users": (4, 50), "prune_aware_users": (4, 50)}
+                  "reference_users": (3, 50), "prune_aware_users": (4, 50)}
 
 
 def scaled(name: str):
