@@ -33,6 +33,16 @@ def _protected_gradients(G: torch.Tensor, w: dict, columns: Sequence[str], fc: s
     return views, obs, torch.tensor([[gi.idlg_label(obs[fc][i])] for i in range(len(views))])
 
 
+def _gradients_and_draws(net, w, X, y, seed: int, salt: int):
+    """What both gradient-inversion rows start from: the per-image gradients ``G`` [n, P] (flattened), the name
+    of the last linear layer's weight (iDLG's label), the row's generators (``salt``) and the median norm ``C``
+    the clipping columns use."""
+    G = models.flatten_stacked(gi.per_example_gradients(net, w, X, y))
+    fc = [k for k, v in w.items() if v.ndim == 2][-1]
+    gen, rng = _gens(seed, salt)
+    return G, fc, gen, rng, median_norm(G)
+
+
 def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: bool = False) -> dict:
     """DLG (Zhu et al. 2019) with the iDLG label rule (Zhao et al. 2020) on one-image FedSGD gradients of
     the sigmoid LeNet, 16 digits of 8x8 at quick scale, 3 calls of L-BFGS(20) as Chapter 1a's quick
@@ -47,10 +57,7 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
     w = models.get_params(net)
     digits = images.digit_images(n_img, seed=seed)
     X, y = digits.X, digits.y
-    G = models.flatten_stacked(gi.per_example_gradients(net, w, X, y))
-    fc = [k for k, v in w.items() if v.ndim == 2][-1]
-    gen, rng = _gens(seed, 1)
-    C = median_norm(G)
+    G, fc, gen, rng, C = _gradients_and_draws(net, w, X, y, seed, 1)
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
     single = [c for c in columns if _defense(c).kind != "secagg"]
     if single:
@@ -118,10 +125,7 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
     net = models.lenet(3, 10, size, activation="relu", seed=seed)
     w = models.get_params(net)
     X, y = crops.X, crops.y
-    G = models.flatten_stacked(gi.per_example_gradients(net, w, X, y))
-    fc = [k for k, v in w.items() if v.ndim == 2][-1]
-    gen, rng = _gens(seed, 2)
-    C = median_norm(G)
+    G, fc, gen, rng, C = _gradients_and_draws(net, w, X, y, seed, 2)
     kw = dict(input_shape=(3, size, size), max_iter=iters, lr=0.1, tv_weight=0.1, num_restarts=restarts,
               init_mean=public.mean((0, 2, 3)), init_std=public.std((0, 2, 3)), stacked=True, seed=seed)
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
