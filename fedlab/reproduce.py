@@ -79,7 +79,7 @@ from .config import progress_enabled
 # run that stops on a bad argument start in a fraction of a second
 
 __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "non_finite_glues", "summarize",
-           "t_interval", "run_notebook", "reproduce", "reproduce_matrix", "main", "atomic_write_text", "write_record",
+           "t_interval", "run_notebook", "reproduce", "reproduce_matrix", "merge_matrix_rows", "main", "atomic_write_text", "write_record",
            "check_out", "check_seeds", "check_timeout", "check_stored_seeds", "seeds_lost", "format_seeds",
            "chapter_aliases", "MATRIX", "MATRIX_NOTEBOOK", "RECORD_PAGES", "RunInterrupted"]
 
@@ -1243,14 +1243,16 @@ def _matrix_seed(scale: str, seed: int, rows=None, stderr=None) -> tuple[SeedRun
 
 def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Path, command: str = "",
                      stderr=None, force: bool = False, jobs: int = 1,
-                     rows: Sequence[str] | None = None) -> tuple[Path, list[dict]]:
+                     rows: Sequence[str] | None = None, merge: bool = False) -> tuple[Path, list[dict]]:
     """Run :func:`fedlab.experiments.matrix.run_matrix` at every seed of ``seeds`` (``FEDLAB_SCALE`` set
     to ``scale``, every RNG seeded with the seed, one torch thread; ``jobs`` seeds at a time, each in a
     process of its own when ``jobs > 1``: the same values as one after the other, tested) and write the record
     ``<out>/matrix.<scale>.json`` with :func:`write_record`. A seed whose run raises is a failure
     (``{"seed", "cell": the attack row, "line": "", "error"}``), kept out of the summary. ``rows``: only
     these rows (a partial matrix, for tests and quick checks; default every row; refused, before any seed runs,
-    when the stored record holds other rows, unless ``force``). Returns the
+    when the stored record holds other rows, unless ``force``). ``merge=True`` (with ``rows``): re-run these rows
+    of the stored record and keep its other rows (:func:`merge_matrix_rows`; the stored record must exist and
+    hold exactly ``seeds`` at ``scale``, checked before any seed runs). Returns the
     written path and the failures. Raises ``ValueError`` for bad ``seeds``, ``scale`` or ``jobs``, and, before any
     seed runs, when the stored record holds a seed that ``seeds`` leaves out (:func:`check_stored_seeds`;
     ``force`` replaces it anyway). SIGINT or SIGTERM stops every worker; no record is written."""
@@ -1281,7 +1283,8 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
     out = check_out(out, [MATRIX], scale)
     check_stored_seeds(out, [MATRIX], scale, seeds, force=force)
     stored = record_paths(out, MATRIX, scale)[0]
-    if rows is not None and not force and stored.is_file():
+    base = _merge_base(stored, scale, seeds, rows) if merge else None
+    if rows is not None and not force and not merge and stored.is_file():
         try:
             kept = {k.split("|")[0] for k in json.loads(stored.read_text()).get("values", {})}
         except (OSError, ValueError, AttributeError):
@@ -1343,6 +1346,8 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
     record = build_record(chapter, scale, runs, root=root, command=command)
     record["matrix"] = mx.describe_matrix()
     record["row_seconds"] = {row: [by_seed.get(s) for s in seeds] for row, by_seed in row_seconds.items()}
+    if base is not None:
+        record = merge_matrix_rows(base, record)
     path = write_record(record, out, force=force)     # atomic: an interrupt leaves the old record or the new
     failures = [dict(f, chapter=MATRIX) for f in record["failures"]]
     for f in failures:
@@ -1351,6 +1356,61 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
     print(f"matrix: {len(seeds) - len(failures)}/{len(seeds)} seeds clean, seconds per seed [{secs}] -> {path}",
           file=stderr)
     return path, failures
+
+
+def _merge_base(stored: Path, scale: str, seeds: list[int], rows) -> dict:
+    """The stored matrix record that ``reproduce_matrix(merge=True)`` re-runs ``rows`` of, checked before any seed
+    runs: it exists, is a matrix record at ``scale`` and holds exactly ``seeds``. Raises ``ValueError`` naming
+    what is wrong."""
+    if rows is None:
+        raise ValueError("merge=True needs rows: the rows of the stored record to run again")
+    if not stored.is_file():
+        raise ValueError(f"rows {list(rows)}: no stored matrix record at {stored} to merge them into; run the whole "
+                         f"matrix first")
+    try:
+        base = json.loads(stored.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"the stored matrix record {stored} cannot be read ({exc}); nothing was run") from None
+    if base.get("chapter") != MATRIX or base.get("scale") != scale or "row_seconds" not in base:
+        raise ValueError(f"{stored} is not a matrix record at scale {scale!r}; nothing was run")
+    if list(base.get("seeds", [])) != list(seeds):
+        raise ValueError(f"seeds {list(seeds)}: the stored record {stored} holds seeds {base.get('seeds')}; a merged "
+                         f"record needs every row at the same seeds (run --seeds {','.join(map(str, base['seeds']))})")
+    return base
+
+
+def merge_matrix_rows(stored: dict, part: dict) -> dict:
+    """The matrix record ``stored`` with the rows that ``part`` (a partial matrix record of the same scale and
+    seeds, :func:`reproduce_matrix` with ``rows``) ran replaced by ``part``'s: their values, row seconds and
+    failures; the layout (``matrix``) is ``part``'s, the current code's; the summary is recomputed over the seeds
+    that are clean in the merged record, and each seed's ``seconds`` is the stored one with the re-run rows'
+    old seconds replaced by their new ones. ``commit``, ``date`` and ``command`` stay the stored record's (the
+    other rows' provenance); ``reruns`` lists, for each merge, the rows and ``part``'s commit, date, command and
+    machine. Raises ``ValueError`` when the scales or seeds differ, or ``part`` holds no row."""
+    if part.get("scale") != stored.get("scale") or list(part.get("seeds", [])) != list(stored.get("seeds", [])):
+        raise ValueError(f"part must hold the stored record's scale and seeds ({stored.get('scale')}, "
+                         f"{stored.get('seeds')}), got ({part.get('scale')}, {part.get('seeds')})")
+    rows = sorted({k.split("|")[0] for k in part.get("values", {})} | set(part.get("row_seconds", {})))
+    if not rows:
+        raise ValueError("part holds no row of the matrix")
+    seeds = list(stored["seeds"])
+    values = {k: v for k, v in stored["values"].items() if k.split("|")[0] not in rows}
+    values.update(part["values"])
+    failures = [f for f in stored.get("failures", []) if f.get("cell") not in rows] + list(part.get("failures", []))
+    failed = {f["seed"] for f in failures}
+    old_secs, new_secs = stored.get("row_seconds", {}), part.get("row_seconds", {})
+    seconds = []
+    for i, total in enumerate(stored["seconds"]):
+        old = sum((old_secs.get(r) or [None] * len(seeds))[i] or 0.0 for r in rows)
+        new = sum((new_secs.get(r) or [None] * len(seeds))[i] or 0.0 for r in rows)
+        seconds.append(round(total - old + new, 1))
+    out = dict(stored)
+    out.update(values=values, summary=summarize(values, [s not in failed for s in seeds]), seconds=seconds,
+               failures=failures, matrix=part.get("matrix", stored.get("matrix")),
+               row_seconds={**old_secs, **{r: new_secs[r] for r in rows if r in new_secs}},
+               reruns=list(stored.get("reruns", [])) + [{"rows": rows, **{k: part.get(k) for k in (
+                   "commit", "date", "command", "machine", "torch")}}])
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1418,7 +1478,8 @@ examples:
   python -m fedlab reproduce 02 --seeds 0-4
   python -m fedlab reproduce 03b --scale paper --seeds 0-4 --jobs 2
   python -m fedlab reproduce all --seeds 0,1,2 --out /tmp/records
-  python -m fedlab reproduce matrix --seeds 0-2"""
+  python -m fedlab reproduce matrix --seeds 0-2
+  python -m fedlab reproduce matrix --scale paper --seeds 0-9 --rows rs,oltr"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -1441,6 +1502,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=_positive_seconds, default=DEFAULT_CELL_TIMEOUT,
                    help="seconds one cell may run before the seed counts as failed, > 0 (default: 300 quick, 1200 "
                         "paper); a seed whose cell times out, whose kernel dies or stalls is run once more")
+    r.add_argument("--rows", default=None,
+                   help="matrix only: re-run these rows of the stored matrix record (comma-separated keys, e.g. "
+                        "rs,oltr) at its seeds and keep its other rows; the record lists the re-runs")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     r.add_argument("--force", action="store_true",
                    help="replace the stored record whatever it holds: also when this run leaves out some of its "
@@ -1489,13 +1553,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         out = Path(args.out) if args.out else root / "chapters" / "records"
+        if args.rows is not None and args.chapter.strip().lower() != MATRIX:
+            raise ValueError(f"--rows re-runs rows of the matrix; {args.chapter!r} is a notebook")
         if args.chapter.strip().lower() == MATRIX:
             check_out(out, [MATRIX], args.scale)
             check_stored_seeds(out, [MATRIX], args.scale, args.seeds, force=args.force)
+            rows = None if args.rows is None else [r.strip() for r in args.rows.split(",") if r.strip()]
             try:
                 _, failures = reproduce_matrix(scale=args.scale, seeds=args.seeds, out=out, root=root,
                                                command="python -m fedlab " + " ".join(argv), force=args.force,
-                                               jobs=args.jobs)
+                                               jobs=args.jobs, rows=rows, merge=rows is not None)
             except (OSError, ValueError) as exc:   # not written (another run stored more seeds meanwhile)
                 print(f"error: {exc}", file=sys.stderr)
                 return 1

@@ -404,7 +404,7 @@ def test_reproduce_matrix_writes_a_record_and_names_a_failing_seed(tmp_path, mon
     (the real run is the stored record above): one entry per seed, the summary, the layout, a failing seed."""
     from fedlab import reproduce as rp
 
-    def fake(seed, progress=None):
+    def fake(seed, progress=None, rows=None):
         if seed == 5:
             raise RuntimeError("boom")
         progress("dlg", 0.25)
@@ -497,3 +497,48 @@ def test_matrix_rows_are_checked_and_a_partial_matrix_does_not_replace_a_full_re
     with pytest.raises(ValueError, match=r"leave out rows \['mia'\]"):
         rp.reproduce_matrix(scale="quick", seeds=[0], out=tmp_path, root=ROOT, rows=["dlg"])
     assert json.loads(stored.read_text())["values"]["mia|none"] == [0.5]
+
+
+def test_rerun_rows_merge_into_the_stored_record_and_keep_its_other_rows(tmp_path, monkeypatch):
+    """``reproduce matrix --rows rs,oltr`` (``merge=True``) re-runs rows of the stored record at its seeds: the
+    other rows' values, the summary of every cell over the clean seeds, each seed's seconds with the re-run rows'
+    time replaced, and a ``reruns`` entry naming the rows; a record at other seeds or none at all is refused before
+    any seed runs, and so are rows that are not the stored record's to replace."""
+    from fedlab import reproduce as rp
+
+    def full(seed, progress=None, rows=None):
+        vals = {"dlg|none": 20.0 + seed, "rs|none": 0.9, "rs|prune90": 0.6}
+        return ({k: v for k, v in vals.items() if rows is None or k.split("|")[0] in rows},
+                {r: 10.0 for r in ("dlg", "rs") if rows is None or r in rows})
+
+    monkeypatch.setattr(mx, "run_matrix", full)
+    with pytest.raises(ValueError, match="no stored matrix record"):
+        rp.reproduce_matrix(scale="quick", seeds=[0, 1], out=tmp_path, root=ROOT, rows=["rs"], merge=True)
+    path, _ = rp.reproduce_matrix(scale="quick", seeds=[0, 1], out=tmp_path, root=ROOT, command="full")
+    before = json.loads(path.read_text())
+
+    def part(seed, progress=None, rows=None):
+        assert rows == ["rs"]
+        return {"rs|none": 0.9, "rs|prune90": 0.95 + 0.01 * seed, "rs|prune90@naive": 0.6}, {"rs": 30.0}
+
+    monkeypatch.setattr(mx, "run_matrix", part)
+    with pytest.raises(ValueError, match="seeds"):
+        rp.reproduce_matrix(scale="quick", seeds=[0, 1, 2], out=tmp_path, root=ROOT, rows=["rs"], merge=True)
+    with pytest.raises(ValueError, match="needs rows"):
+        rp.reproduce_matrix(scale="quick", seeds=[0, 1], out=tmp_path, root=ROOT, merge=True)
+    assert json.loads(path.read_text()) == before                               # nothing ran, nothing written
+    path2, failures = rp.reproduce_matrix(scale="quick", seeds=[0, 1], out=tmp_path, root=ROOT, rows=["rs"],
+                                          merge=True, command="part")
+    rec = json.loads(path2.read_text())
+    assert path2 == path and failures == []
+    assert rec["values"]["dlg|none"] == [20.0, 21.0] and rec["values"]["rs|prune90"] == [0.95, 0.96]
+    assert rec["values"]["rs|prune90@naive"] == [0.6, 0.6] and rec["summary"]["rs|prune90"]["n"] == 2
+    assert rec["summary"]["dlg|none"] == before["summary"]["dlg|none"]
+    assert rec["row_seconds"] == {"dlg": [10.0, 10.0], "rs": [30.0, 30.0]}
+    assert rec["seconds"] == [round(s - 10.0 + 30.0, 1) for s in before["seconds"]]
+    assert rec["command"] == "full" and rec["reruns"][0]["rows"] == ["rs"] and rec["reruns"][0]["command"] == "part"
+    # the merge itself: a part at other seeds or without a row is refused
+    with pytest.raises(ValueError, match="seeds"):
+        rp.merge_matrix_rows(rec, dict(rec, seeds=[0]))
+    with pytest.raises(ValueError, match="no row"):
+        rp.merge_matrix_rows(rec, dict(rec, values={}, row_seconds={}))

@@ -257,3 +257,12 @@ def test_help_is_plain_text_with_examples(capsys):
     assert "--force" in out and "fewer seeds" in out and "3b" in out
     # the examples keep their lines (a reflowing formatter would run them together)
     assert "\n  python -m fedlab reproduce --list\n" in out
+
+
+def test_rows_is_for_the_matrix_only(capsys):
+    """``--rows`` re-runs rows of the stored matrix record; with a notebook it is an error that says so, before
+    anything runs."""
+    from fedlab import reproduce as rp
+
+    assert rp.main(["reproduce", "02", "--rows", "rs", "--root", str(ROOT)]) == 2
+    assert "--rows re-runs rows of the matrix" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ...metrics import roc_auc_rows
 from ...privacy import registry as reg
 from ...privacy.registry import median_norm
 from ...fl.recsys import ratings as rec
@@ -17,7 +18,7 @@ from ...data.letor import synthetic_letor
 from ...data.movielens import sample_user_items, synthetic_movielens
 from .. import chapter3a as ch3a
 from .. import chapter3b as ch3b
-from .layout import _defense, _gens, _size
+from .layout import LOSS_SUFFIX, LOSS_TRUTH_SUFFIX, NAIVE_SUFFIX, _defense, _gens, _size
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -114,6 +115,17 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
             knows = public.get("clip_norm") if d.kind == "user" else C if d.kind in _CLIPPING else None
             res = ch3a.attack_case(case, "fcf", estimate_embedding=True, fcf=views,
                                    clip_norm=knows, max_iter=iters, num_restarts=2, seed=seed)
+            if "mask" in public and knows is None:
+                # the attacker who knows a sparsifying defense (pruning, top-k; a user defense that publishes its
+                # mask) matches only the coordinates that were sent (Chapter 3a's mask-aware RAIFLE): that is the
+                # cell, RAIFLE as the paper runs it stays as "<column>@naive", with the loss reached and at the truth
+                sent = public["mask"].reshape(case.fcf.shape) & case.mask[..., None]
+                aware = ch3a.attack_case(case, "fcf", estimate_embedding=True, fcf=views, coord_mask=sent,
+                                         max_iter=iters, num_restarts=2, seed=seed)
+                out[c + NAIVE_SUFFIX] = float(res["auc"].mean())
+                out[c + LOSS_SUFFIX] = float(aware["loss"].median())
+                out[c + LOSS_TRUTH_SUFFIX] = float(aware["loss_truth"].median())
+                res = aware
         out[c] = float(res["auc"].mean())
     return out
 
@@ -147,10 +159,16 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
         auc = ro.attack_oltr(ro.cat_cases([case] * len(cols)), views, clip_norm=C if clipped else None,
                              max_iter=iters, seed=seed)
         out.update({c: float(auc[i * U:(i + 1) * U].mean()) for i, c in enumerate(cols)})
+        sparse = [i for i, c in enumerate(cols) if _defense(c).kind == "prune"]
+        if sparse:                                                   # the attacker who knows the pruning mask
+            rows = torch.cat([torch.arange(i * U, (i + 1) * U) for i in sparse])
+            _oltr_aware(out, case, [cols[i] for i in sparse], views[rows], views[rows] != 0, rows, iters, seed)
     for c in [c for c in columns if _defense(c).kind == "user"]:     # the clipping bound it publishes, if any
         view, public = reg.apply_public(case.update, _defense(c), generator=gen)
         auc = ro.attack_oltr(case, view, clip_norm=public.get("clip_norm"), max_iter=iters, seed=seed)
         out[c] = float(auc.mean())
+        if "mask" in public and "clip_norm" not in public:         # ... and the mask it publishes
+            _oltr_aware(out, case, [c], view, public["mask"], torch.arange(len(case)), iters, seed)
     if "secagg" in columns:
         if adm:
             D = torch.arange(data.num_features) < data.num_features // 2
@@ -164,6 +182,27 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
                                  max_iter=iters, seed=seed)
             out["secagg"] = float(auc.mean())
     return out
+
+
+def _oltr_aware(out: dict, case, cols: Sequence[str], views: torch.Tensor, sent: torch.Tensor, ids: torch.Tensor,
+                iters: int, seed: int) -> None:
+    """The cells of sparsifying columns ``cols`` under the attacker who knows the mask (RAIFLE App. C.4's attack
+    compares its dense simulation with the pruned update; this one compares only the coordinates ``sent``
+    [len(cols) U, P], :func:`fedlab.attacks.interaction_inference.oltr.raifle_oltr`'s ``mask``), one batch for
+    every column; ``ids`` [len(cols) U] are the rows' ids in the naive run, so that both start from the same points. ``out[c]`` becomes that attacker's mean AUC, the paper's attacker moves to
+    ``"<c>@naive"``, and the median loss reached and at the true clicks go to ``"<c>@loss"`` /
+    ``"<c>@loss_truth"`` (did the attack reach its optimum?)."""
+    U = len(case)
+    many = ro.cat_cases([case] * len(cols))
+    res = ro.raifle_oltr(many, views, mask=sent, max_iter=iters, seed=seed, user_ids=ids,
+                         truth=(many.I.reshape(len(many), -1).to(views.dtype), None))
+    auc = roc_auc_rows(many.I.reshape(len(many), -1), res.scores, many.mask.reshape(len(many), -1))
+    for i, c in enumerate(cols):
+        sl = slice(i * U, (i + 1) * U)
+        out[c + NAIVE_SUFFIX] = out[c]
+        out[c] = float(auc[sl].mean())
+        out[c + LOSS_SUFFIX] = float(res.loss[sl].median())
+        out[c + LOSS_TRUTH_SUFFIX] = float(res.loss_truth[sl].median())
 
 
 def _oltr_plain(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: bool = False) -> dict:

@@ -80,10 +80,10 @@ UNIT, NONNEG = (0.0, 1.0), (0.0, math.inf)
 
 
 #: the note of a cell that shows the naive attack under the adaptive one
-NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG and Inverting Gradients under pruning and top-k "
-              "match only the coordinates that were sent; under clipping, and under central DP where the curious server sees the "
+NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG, Inverting Gradients and RAIFLE under pruning and "
+              "top-k match only the coordinates that were sent; under clipping, and under central DP where the curious server sees the "
               "clipped gradient before its own noise, DLG clips its dummy gradient to the same C); 'naive' is the same attack "
-              "ignoring the defense, which overstates the defense (its dummy images start elsewhere in each column)")
+              "ignoring the defense, which overstates the defense (DLG's and IG's dummy images start elsewhere in each column; RAIFLE's two attackers share their starts)")
 #: suffix of a cell's value for the attack that ignores the defense, kept beside the adaptive attacker's:
 #: ``"<row>|<column>@naive"`` in a record; the page prints it under the cell
 NAIVE_SUFFIX = "@naive"

@@ -34,16 +34,19 @@ it with :func:`fedlab.experiments.matrix.render.render_html`.
   clips to ``C`` and adds Gaussian noise for ``(eps, 1e-5)``-LDP, sensitivity ``2 C``, per release (it
   composes over the releases a row observes, charged by the same accountant as central DP);
 * ``prune90`` -- each client zeroes the 90 % smallest coordinates (:func:`fedlab.privacy.defenses.prune_rows`);
-  the zeros are visible in the update, so the DLG row's attacker matches only the kept coordinates
-  (``gradient_inversion.dlg(mask=...)``, the attacker who knows the defense); the plain DLG that ignores the
-  mask is kept beside it as ``"dlg|prune90@naive"`` (:data:`NAIVE_SUFFIX`) and printed under the cell (under
-  ``clip`` the DLG row's attacker likewise clips its dummy gradient to ``C``, ``dlg(clip_norm=C)``);
+  the zeros are visible in the update, so every row whose attack has a masked variant matches only the kept
+  coordinates, the attacker who knows the defense: DLG and Inverting Gradients (``gradient_inversion.dlg(mask=...)``,
+  ``inverting_gradients(mask=...)``), RAIFLE against FCF (``chapter3a.attack_case(coord_mask=...)``) and against
+  FPDGD (``oltr.raifle_oltr(mask=...)``), each with the median loss it reached and the loss at the truth
+  (:data:`LOSS_SUFFIX`); the attack that ignores the mask is kept beside it as ``"<row>|prune90@naive"``
+  (:data:`NAIVE_SUFFIX`) and printed under the cell (under ``clip`` the DLG row's attacker likewise clips its
+  dummy gradient to ``C``, ``dlg(clip_norm=C)``);
 * ``dp1safe`` / ``ldp10safe`` -- the floating-point-safe mechanisms beside the float ones: the
   same epsilon, the discrete Gaussian on a public grid (``dp_aggregate(..., safe=True)``, ``ldp_gaussian(...,
   safe=True)``), each row's attacker and threat model as in the float column; their epsilons come from the
   discrete Gaussian's Renyi bound (:func:`safe_central_epsilon`, :func:`safe_ldp_epsilon`);
-* ``topk1`` -- top-k sparsification at k = 1 % (``prune90`` is top-k at k = 10 %), with the mask-aware DLG and
-  Inverting Gradients (the naive twins kept as ``"<row>|topk1@naive"``);
+* ``topk1`` -- top-k sparsification at k = 1 % (``prune90`` is top-k at k = 10 %), with the same mask-aware
+  attackers (the naive twins kept as ``"<row>|topk1@naive"``);
 * ``secagg`` -- secure aggregation (:func:`fedlab.privacy.secure_aggregation.secure_sum`): the attacker
   sees only the sum over a group of clients (its size is given per row); in the row of the malicious server
   inside SecAgg+ (:data:`SECAGG_ROW`, its own row group) the cell runs Flower's SecAgg+ itself
@@ -270,20 +273,26 @@ def run_row(row, seed: int, columns: Sequence | None = None, *, tiny: bool = Fal
 
 
 #: the public parameter each row's attacker reads when a user defense publishes it (its adaptive variant)
-_READS = {"dlg": ("mask", "clip_norm"), "ig": ("mask",), "mr": ("clip_norm",), "rs": ("clip_norm",), "oltr": ("clip_norm",),
-          "oltr_adm": ("clip_norm",)}
+_READS = {"dlg": ("mask", "clip_norm"), "ig": ("mask",), "mr": ("clip_norm",), "rs": ("mask", "clip_norm"),
+          "oltr": ("mask", "clip_norm"), "oltr_adm": ("mask", "clip_norm")}
+#: rows whose attacker uses a published mask only where no clipping bound is published (RAIFLE's masked loss does
+#: not model the clipping; with both it reads the clipping bound)
+_MASK_WITHOUT_CLIP = ("rs", "oltr", "oltr_adm")
 
 
 def attacker(row, defense: Defense) -> str:
     """Which attacker cell ``(row, defense)`` gets for a user defense ``defense``: ``"adaptive (reads
     <names>)"`` when the row's attacker has a variant that uses one of the public parameters the defense
-    declares (DLG: ``mask``, ``clip_norm``; the eavesdropper and the RAIFLE rows: ``clip_norm``), else
+    declares (DLG: ``mask``, ``clip_norm``; IG: ``mask``; the eavesdropper: ``clip_norm``; the RAIFLE rows:
+    ``mask``, or ``clip_norm`` where the defense publishes one), else
     ``"naive (...)"``, the row's attack run on the view as it is (so the cell may overstate the defense).
     Raises ``ValueError`` for an unknown row or a ``defense`` that is not a user :class:`Defense`."""
     a = _attack(row)
     if not isinstance(defense, Defense) or defense.kind != "user":
         raise ValueError(f"defense must be a user Defense (kind 'user'), got {defense!r}")
     reads = [p for p in _READS.get(a.key, ()) if p in defense.public]
+    if a.key in _MASK_WITHOUT_CLIP and "clip_norm" in reads:
+        reads = ["clip_norm"]
     if reads:
         return f"adaptive (reads {', '.join(reads)})"
     why = ("the defense publishes no parameter" if not defense.public else
