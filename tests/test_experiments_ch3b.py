@@ -216,3 +216,24 @@ def test_ks_rows_for_navigational_clicks(tmp_path):
     assert len(rows) == 3 * 12 and rows[-1][0] == "neural, nav, 8 q, ADM"
     with pytest.raises(ValueError, match="click_model"):
         ex.ks_pvalues(auc, rnd, eps, click_model="perfect")
+
+
+def test_budget_check_runs_each_budget_from_the_same_starts_and_reports_the_truths_loss(data):
+    """The check at the reference code's budget (issue 37): every budget starts from the same points, so a larger
+    budget never ends at a higher loss; the loss at the true clicks does not depend on the budget; the batch
+    never uses more evaluations than its budget; the table has one row per budget."""
+    case = ro.make_oltr_case(data, 3, 4, (4,), click_model="informational", adm=True, lr=0.1, seed=2)
+    check = ex.budget_check(case, [3, 40], seed=1)
+    small, large = check[3], check[40]
+    assert small["evaluations"] <= 3 and 3 < large["evaluations"] <= 40
+    assert torch.all(large["loss"] <= small["loss"] + 1e-12), (small["loss"], large["loss"])
+    for b in (3, 40):      # each budget is the chapter's attack at that budget, from the attack's own starts
+        assert torch.equal(check[b]["loss"], ro.raifle_oltr(case, max_iter=b, seed=1).loss)
+    assert torch.equal(small["loss_truth"], large["loss_truth"]) and torch.all(small["loss_truth"] >= 0)
+    assert small["auc"].shape == (3,) and torch.isfinite(large["auc"]).all()
+    head, rows = ex.budget_table(check)
+    assert len(head) == len(rows[0]) == 6 and [r[0] for r in rows] == [3, 40]
+    assert ex.REFERENCE_BUDGET == 1250        # torch.optim.LBFGS(max_iter=1000): max_eval = 1000 * 5 // 4
+    for bad in ([], [0], [2.5], [True]):
+        with pytest.raises(ValueError, match="budgets"):
+            ex.budget_check(case, bad)

@@ -70,7 +70,7 @@ def letor():
 SETTINGS_3B = {"synthetic_queries": (300, 1000), "fig5_queries": ([1, 8, 16], [1, 4, 8, 12, 16]),
                "num_users": (8, 100), "max_iter": (25, 200), "settings_users": (4, 50), "noisy_users": (6, 100),
                "replaced_fractions": ([1.0], [0.5, 1.0]), "pir_users": (40, 1000), "ldp_users": (8, 100),
-               "ldp_queries": ([8], [4, 8, 12, 16]), "num_rounds": (60, 300)}
+               "ldp_queries": ([8], [4, 8, 12, 16]), "num_rounds": (60, 300), "budget_users": (2, 50)}
 
 
 def _table3b(data, **kw):

@@ -31,7 +31,8 @@ __all__ = ["noise_replacement_grid", "SETTINGS", "SETTING_LABELS", "settings_gri
            "noisy_table", "pir_experiment", "pir_grid", "ldp_grid", "ldp_grids", "ldp_plot", "PAPER_KS", "PAPER_KS_NAV", "ks_pvalues", "ks_values",
            "ks_table", "ks_queries_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "table8_rise", "prune_grid", "prune_plot",
            "PAPER_FIG9", "prune_values", "prune_table", "flag_rounds", "ldp_boxplot", "RECORD_LABELS",
-           "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table"]
+           "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table", "REFERENCE_BUDGET",
+           "budget_check", "budget_table"]
 
 
 def adm_query_sweep(data, hidden, queries, click_models, num_users: int, *, lr: float, max_iter: int,
@@ -383,6 +384,46 @@ def order_mismatch(cases) -> torch.Tensor:
             sim = local_update(c.theta0, c.X, c.I, c.mask, c.hidden, lr=c.lr)
         out.append((c.update - sim).norm(dim=1) / c.update.norm(dim=1).clamp_min(1e-30))
     return torch.cat(out)
+
+
+#: the reference code's attack budget in loss evaluations: ``torch.optim.LBFGS(max_iter=1000)`` stops after 1000
+#: iterations or ``max_eval = max_iter * 5 // 4 = 1250`` evaluations of the loss, whichever comes first
+REFERENCE_BUDGET = 1000 * 5 // 4
+
+
+def budget_check(case, budgets, *, seed: int = 0) -> dict:
+    """Did the attack reach its optimum, and does the reference code's budget change the answer? RAIFLE
+    (:func:`~fedlab.attacks.interaction_inference.oltr.raifle_oltr`) on every user of ``case`` once per
+    loss-evaluation budget of ``budgets`` (e.g. ours and :data:`REFERENCE_BUDGET`), from the same random
+    starts (the same user ids), with the loss at the true clicks beside the loss reached: a loss reached
+    below the truth's means the server's objective has a better answer than the truth (its simulation, in
+    display order, is not the user's training), which no budget changes. Returns ``{budget: {"auc": [U],
+    "loss": [U], "loss_truth": [U], "evaluations": int}}`` (``evaluations``: loss evaluations the batch used,
+    at most the budget: fewer when every user's L-BFGS stopped on its own). Raises ``ValueError`` for empty
+    ``budgets`` or a budget that is not an integer >= 1."""
+    budgets = list(budgets)
+    if not budgets or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in budgets):
+        raise ValueError(f"budgets must be a non-empty list of integers >= 1, got {budgets!r}")
+    U = len(case)
+    truth = (case.I.reshape(U, -1).to(case.update.dtype), None)
+    out = {}
+    for b in budgets:
+        res = raifle_oltr(case, max_iter=b, seed=seed, truth=truth)
+        out[b] = {"auc": roc_auc_rows(case.I.reshape(U, -1), res.scores, case.mask.reshape(U, -1)),
+                  "loss": res.loss, "loss_truth": res.loss_truth, "evaluations": int(res.iterations)}
+    return out
+
+
+def budget_table(check: dict) -> tuple[list, list]:
+    """``(headers, rows)`` of :func:`budget_check`'s result: per budget the loss evaluations used, the mean AUC,
+    the median loss reached and at the true clicks, and the largest ratio of the two over the users."""
+    rows = []
+    for b, r in check.items():
+        ratio = float((r["loss"] / r["loss_truth"].clamp_min(1e-300)).max())
+        rows.append([b, r["evaluations"], round(float(r["auc"].mean()), 3), f"{float(r['loss'].median()):.3g}",
+                     f"{float(r['loss_truth'].median()):.3g}", f"{ratio:.2f}"])
+    return (["budget (loss evaluations)", "used", "mean AUC", "loss reached (median)", "loss at the true clicks (median)",
+             "largest ratio reached / truth"], rows)
 
 
 def settings_table(grid: dict, cases: dict, rankers, num_queries: int) -> tuple[list, list]:
@@ -1060,11 +1101,12 @@ REFERENCE_REPOSITORY = "github.com/dzungvpham/raifle"
 #: ``ldp_users``: users per click model and cell of the settings table, of Fig. 11 (and the reference's
 #: noise replacement), of Tables 4-5 and Fig. 9; ``replaced_fractions``: the fractions of features the
 #: reference's final ADM replaces; ``ldp_queries``: Tables 4-5's numbers of queries (with ADM and
-#: without); ``pir_users``: users of the PIR test; ``num_rounds``: rounds of federated training (Table 8)
+#: without); ``pir_users``: users of the PIR test; ``num_rounds``: rounds of federated training (Table 8);
+#: ``budget_users``: users of the check at the reference code's budget (:func:`budget_check`)
 SCALE_SETTINGS = {"synthetic_queries": (300, 1000), "fig5_queries": ([1, 8, 16], [1, 4, 8, 12, 16]),
                   "num_users": (8, 100), "max_iter": (25, 200), "settings_users": (4, 50), "noisy_users": (6, 100),
                   "replaced_fractions": ([1.0], [0.5, 1.0]), "pir_users": (40, 1000), "ldp_users": (8, 100),
-                  "ldp_queries": ([8], [4, 8, 12, 16]), "num_rounds": (60, 300)}
+                  "ldp_queries": ([8], [4, 8, 12, 16]), "num_rounds": (60, 300), "budget_users": (2, 50)}
 
 
 def scaled(name: str):
@@ -1173,7 +1215,8 @@ def reference_settings_table(data, rankers: dict, *, click_models, lr: float, ep
                                  f"Q ∈ {{{fmt(map(str, s['fig5_queries']))}}}; {s['settings_users']} per click model "
                                  f"in the table of open settings, {s['noisy_users']} in Fig. 11, {s['ldp_users']} in "
                                  f"Tables 4-5 and Fig. 9, {s['pir_users']} in the PIR test",
-            "budget": f"{s['max_iter']} loss evaluations per attack, not iterations",
+            "budget": f"{s['max_iter']} loss evaluations per attack, not iterations; the reference's "
+                      f"{REFERENCE_BUDGET} checked on {s['budget_users']} users (`budget_check`)",
             "ADM": f"{F} features in Q contiguous blocks of ⌊F/Q⌋ or ⌈F/Q⌉ (`feature_allocation`; at Q = {qmax}: "
                    f"{int(blocks.min())}-{int(blocks.max())} features); exact zeros, or N(0, s²) noise "
                    "(`adm_fingerprint`); the reference's final ADM as its own row (`noise_replacement_grid`, "
