@@ -204,8 +204,8 @@ def compare_rows(current: dict, recorded: dict | None, labels: dict, digits: int
 
 
 def describe(record: dict | None, *, stem: str | None = None) -> str:
-    """One sentence on a stored record (seeds, seconds per seed, machine, date, commit, failing seeds),
-    or how to make one when there is none."""
+    """One sentence on a stored record (seeds, seconds per seed, machine, date, commit, failing seeds, and the
+    rows of a matrix record run again since, ``reruns``), or how to make one when there is none."""
     if record is None:
         cmd = f"python -m fedlab reproduce {stem or '<chapter>'} --scale paper --seeds 0,1,2"
         return f"No paper-scale record is stored for this chapter yet (make one with `{cmd}`)."
@@ -219,4 +219,6 @@ def describe(record: dict | None, *, stem: str | None = None) -> str:
             f"{mean_s:.0f} s per seed on average on {record.get('machine', '?')} ({record.get('date', '?')}, "
             f"commit {record.get('commit', '?')}, torch {record.get('torch', '?')}); intervals are 95 % t "
             f"intervals over seeds.{tail}"
-            + (f" Made by `{record['command']}`." if record.get("command") else ""))
+            + (f" Made by `{record['command']}`." if record.get("command") else "")
+            + "".join(f" Rows {', '.join(r.get('rows', []))} were run again at commit {r.get('commit', '?')} "
+                      f"({r.get('date', '?')}) at the same seeds." for r in record.get("reruns") or []))

@@ -131,3 +131,24 @@ def test_adaptive_gaps_leaves_out_a_failed_seed_as_the_summaries_do():
     for g in gaps:
         assert g["adaptive"]["n"] == 2
         assert g["difference"] == pytest.approx(g["adaptive"]["mean"] - g["naive"]["mean"], abs=1e-12), g
+
+
+def test_optimum_verdict_says_stalled_below_or_reached_and_the_page_quotes_it():
+    assert mx.optimum_verdict(9e-3, 1.5e-7).startswith("stalled above the truth's loss (loss 9.0e-03")
+    assert "lower bound" in mx.optimum_verdict(9e-3, 1.5e-7)
+    assert mx.optimum_verdict(1e-12, 2e-3).startswith("ended below the truth's loss")
+    assert mx.optimum_verdict(5e-12, 0.0).startswith("reached the truth's loss")
+    assert mx.optimum_verdict(1e-3, 1e-3).startswith("reached")         # equal: reached, not below
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="reached"):
+            mx.optimum_verdict(bad, 0.0)
+    import json
+    from pathlib import Path
+    rec = json.loads((Path(__file__).resolve().parents[1] / "chapters/records/matrix.quick.json").read_text())
+    page = mx.page_values(rec)                 # the page's phrase for each mask-aware cell comes from the function
+    cells = [n[:-len(mx.LOSS_SUFFIX)] for n in rec["summary"] if n.endswith(mx.LOSS_SUFFIX)]
+    assert "rs|topk1" in cells and "oltr|prune90" in cells and "dlg|prune90" in cells
+    for n in cells:
+        s = rec["summary"]
+        assert page[f"mx_{n.replace('|', '_')}_optimum"] == mx.optimum_verdict(
+            s[n + mx.LOSS_SUFFIX]["mean"], s[n + mx.LOSS_TRUTH_SUFFIX]["mean"])

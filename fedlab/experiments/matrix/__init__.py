@@ -29,9 +29,9 @@ from .rows import (ATTACKS, OUTSIDER_COLUMNS, OUTSIDER_ROWS, OUTSIDER_SAME, SECA
                    SECAGG_CONSISTENT_SETTINGS, SECAGG_REFUSED_NOTE, SECAGG_ROW, SECAGG_ROWS, attacker, cell, run_matrix,
                    run_row)
 from .stats import (NOT_SIGNIFICANT, adaptive_gaps, advantage, bounded_interval, cell_interval, consistent_with_record,
-                    metric_range, record_table, undefended_advantage)
+                    metric_range, optimum_verdict, record_table, undefended_advantage)
 
-__all__ = ["Defense", "USER_CONTRACT", "USER_PUBLIC", "attacker", "Attack", "DEFENSES", "ATTACKS", "DP_SETTING",
+__all__ = ["optimum_verdict", "Defense", "USER_CONTRACT", "USER_PUBLIC", "attacker", "Attack", "DEFENSES", "ATTACKS", "DP_SETTING",
            "LDP_DELTA", "COLUMN_NOTES", "dp_noise_multiplier", "median_norm", "cell", "run_row", "run_matrix",
            "value_name", "describe_matrix", "threat_rows", "row_threats", "row_threat_header", "effective_epsilons",
            "undefended_advantage", "NOT_SIGNIFICANT", "MALICIOUS_SERVER_DP_NA", "OBSERVERS", "OUTSIDER",

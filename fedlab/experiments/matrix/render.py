@@ -12,9 +12,9 @@ import numpy as np
 from ..._stats import bounded_interval
 from ...privacy.registry import DEFENSES, Defense, dp_noise_multiplier
 from ._rows_gradient import IMPRINT_TOL
-from .layout import _BY_KEY, NAIVE_NOTE, NAIVE_SUFFIX, OUTSIDER, value_name
+from .layout import _BY_KEY, LOSS_SUFFIX, LOSS_TRUTH_SUFFIX, NAIVE_NOTE, NAIVE_SUFFIX, OUTSIDER, value_name
 from .rows import SECAGG_ROW, attacker
-from .stats import (NOT_SIGNIFICANT, adaptive_gaps, advantage, cell_interval, metric_range, record_table,
+from .stats import (NOT_SIGNIFICANT, adaptive_gaps, advantage, cell_interval, metric_range, optimum_verdict, record_table,
                     undefended_advantage)
 
 __all__ = ["COLUMN_NOTES", "threat_rows", "row_threats", "row_threat_header", "page_values", "own_defense_table",
@@ -105,7 +105,9 @@ def page_values(record: Mapping) -> dict:
     number of seeds, the wall seconds (total, mean per seed, slowest row per seed) and the machine, each
     row's secure-aggregation group (``mx_group_<row>``), releases observed and effective DP-FedAvg epsilons
     (``mx_eps_<row>_<column>``), the eavesdropper's cells in scientific notation (``mx_mr_<column>_sci``),
-    :data:`IMPRINT_TOL` and the sentence naming the rows without a significant undefended advantage.
+    each mask-aware cell's optimum check as a phrase (``mx_<row>_<column>_optimum``, :func:`optimum_verdict` of
+    the means of its ``@loss`` and ``@loss_truth``), :data:`IMPRINT_TOL`, the sentence naming the rows without a significant undefended advantage and the rows
+    run again since the record's commit (``mx_reruns``; "every row at that commit" when none).
     Raises ``ValueError`` for a record without the matrix layout."""
     if not record or "matrix" not in record:
         raise ValueError("record is not a matrix record (no 'matrix' layout)")
@@ -125,11 +127,17 @@ def page_values(record: Mapping) -> dict:
     flat = [r["label"] for r in record["matrix"]["rows"] if not undefended_advantage(record, r["key"])["significant"]]
     out["mx_not_significant"] = ("every row has a significant undefended advantage at this scale" if not flat else
                                  f"{' and '.join(flat)}: {NOT_SIGNIFICANT}; its row is not coloured")
+    for n, st in record["summary"].items():            # each mask-aware cell's optimum check, as a phrase
+        if n.endswith(LOSS_SUFFIX) and n[:-len(LOSS_SUFFIX)] + LOSS_TRUTH_SUFFIX in record["summary"]:
+            truth = record["summary"][n[:-len(LOSS_SUFFIX)] + LOSS_TRUTH_SUFFIX]["mean"]
+            out[f"mx_{tag(n[:-len(LOSS_SUFFIX)].replace('|', '_'))}_optimum"] = optimum_verdict(st["mean"], truth)
     out["mx_imprint_tol"] = IMPRINT_TOL
     out.update(mx_seeds=len(record["seeds"]), mx_wall_s=float(sum(secs)), mx_seed_s=float(np.mean(secs)),
                mx_slowest_row=next((r["label"] for r in record["matrix"]["rows"] if r["key"] == slow), slow),
                mx_slowest_s=float(np.mean(record["row_seconds"][slow])),
-               mx_machine=str(record.get("machine", "?")), mx_commit=str(record.get("commit", "?")))
+               mx_machine=str(record.get("machine", "?")), mx_commit=str(record.get("commit", "?")),
+               mx_reruns="; ".join(f"rows {', '.join(r.get('rows', []))} run again at commit {r.get('commit', '?')}"
+                                   for r in record.get("reruns") or []) or "every row at that commit")
     return out
 
 

@@ -14,7 +14,7 @@ from .layout import NAIVE_SUFFIX, UNIT, value_name
 from .rows import _attack
 
 __all__ = ["undefended_advantage", "NOT_SIGNIFICANT", "advantage", "record_table", "metric_range", "cell_interval",
-           "bounded_interval", "adaptive_gaps", "consistent_with_record"]
+           "bounded_interval", "adaptive_gaps", "consistent_with_record", "optimum_verdict"]
 
 
 def undefended_advantage(record: Mapping, row: str) -> dict:
@@ -142,3 +142,23 @@ def consistent_with_record(record: Mapping, row: str, column: str, value: float,
         raise ValueError(f"the record holds no values of cell ({row}, {column})")
     half = 0.0 if not s.get("ci95") else (s["ci95"][1] - s["ci95"][0]) / 2
     return min(vals) - half - slack <= value <= max(vals) + half + slack
+
+
+def optimum_verdict(reached: float, truth: float) -> str:
+    """What a mask-aware cell's optimum check says (``"<column>@loss"`` beside ``"<column>@loss_truth"``: the attack's
+    matching loss where it ended and at the true answer), as a phrase the page quotes: ``"stalled above the
+    truth's loss ... a lower bound on what leaks"`` when it ended more than 10 times (plus 1e-3) above the truth's
+    loss, ``"ended below the truth's loss ... do not determine the answer"`` when it ended below it (the objective
+    has better answers than the truth: no optimiser finds the truth through it), else ``"reached the truth's loss"``.
+    Both losses are printed. Raises ``ValueError`` for a loss that is negative or not finite."""
+    import math
+
+    for name, v in (("reached", reached), ("truth", truth)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise ValueError(f"{name} must be a finite loss >= 0, got {v!r}")
+    both = f"(loss {reached:.1e} where it ended, {truth:.1e} at the truth)"
+    if reached > 10 * truth + 1e-3:
+        return f"stalled above the truth's loss {both}: the cell is a lower bound on what leaks"
+    if reached < truth:
+        return f"ended below the truth's loss {both}: what was sent does not determine the answer"
+    return f"reached the truth's loss {both}"
