@@ -30,7 +30,8 @@ A run never replaces a stored record with fewer seeds: if ``<stem>.<scale>.json`
 ``--seeds`` leaves out, nothing runs and the command exits 2 naming the stored seeds, their commit and the
 seeds that would be lost (:func:`check_stored_seeds`); ``--seeds`` with every stored seed, another
 ``--out`` or ``--force`` go on. Seeds of two runs are never merged into one record (a record holds one
-commit's values). A chapter is named by its stem, its number (``1a``, ``01a``, ``ch3b``, ``4``) or a unique
+commit's values at every seed); the matrix's rows can be (``reproduce matrix --rows``, :func:`merge_matrix_rows`:
+a row is re-run at every stored seed, and the record's ``reruns`` names its commit). A chapter is named by its stem, its number (``1a``, ``01a``, ``ch3b``, ``4``) or a unique
 prefix of its stem (:func:`resolve_chapters`); an unknown name gets a "did you mean".
 
 ``python -m fedlab reproduce matrix`` is the one name that is not a notebook: it runs the attack x defense
@@ -981,8 +982,9 @@ def check_stored_seeds(out: str | Path, stems: list[str], scale: str, seeds, *, 
     """Before any seed runs: refuse a run whose record would replace a stored record with fewer seeds. For
     each of ``stems``, the record stored at ``<out>/<stem>.<scale>.json`` may only be replaced by a run
     whose ``seeds`` include every stored seed (more seeds, or the same seeds again, are fine), unless
-    ``force``. Stored seeds are never merged with new ones: a record holds the values of one commit, one
-    machine and one command, and a mix would state numbers no single run gave.
+    ``force``. Stored seeds are never merged with new ones: a record holds, at every seed, the values of one
+    commit, one machine and one command, and a mix would state numbers no single run gave (the matrix's
+    ``--rows`` replaces whole rows at every seed and names their commit in ``reruns``: :func:`merge_matrix_rows`).
 
     Raises ``ValueError`` naming, for each such record, the stored seeds and the seeds that would be lost,
     and the ways on: ``--seeds`` with every stored seed and the new ones (all run again), ``--out`` to write
@@ -1347,7 +1349,7 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
     record["matrix"] = mx.describe_matrix()
     record["row_seconds"] = {row: [by_seed.get(s) for s in seeds] for row, by_seed in row_seconds.items()}
     if base is not None:
-        record = merge_matrix_rows(base, record)
+        record = merge_matrix_rows(base, record, rows)
     path = write_record(record, out, force=force)     # atomic: an interrupt leaves the old record or the new
     failures = [dict(f, chapter=MATRIX) for f in record["failures"]]
     for f in failures:
@@ -1373,30 +1375,43 @@ def _merge_base(stored: Path, scale: str, seeds: list[int], rows) -> dict:
         raise ValueError(f"the stored matrix record {stored} cannot be read ({exc}); nothing was run") from None
     if base.get("chapter") != MATRIX or base.get("scale") != scale or "row_seconds" not in base:
         raise ValueError(f"{stored} is not a matrix record at scale {scale!r}; nothing was run")
+    have = {k.split("|")[0] for k in base.get("values", {})}
+    if set(rows) - have:
+        raise ValueError(f"rows {sorted(set(rows) - have)} are not in the stored record {stored}: --rows re-runs rows "
+                         f"it holds; nothing was run")
     if list(base.get("seeds", [])) != list(seeds):
         raise ValueError(f"seeds {list(seeds)}: the stored record {stored} holds seeds {base.get('seeds')}; a merged "
                          f"record needs every row at the same seeds (run --seeds {','.join(map(str, base['seeds']))})")
     return base
 
 
-def merge_matrix_rows(stored: dict, part: dict) -> dict:
-    """The matrix record ``stored`` with the rows that ``part`` (a partial matrix record of the same scale and
-    seeds, :func:`reproduce_matrix` with ``rows``) ran replaced by ``part``'s: their values, row seconds and
-    failures; the layout (``matrix``) is ``part``'s, the current code's; the summary is recomputed over the seeds
-    that are clean in the merged record, and each seed's ``seconds`` is the stored one with the re-run rows'
-    old seconds replaced by their new ones. ``commit``, ``date`` and ``command`` stay the stored record's (the
-    other rows' provenance); ``reruns`` lists, for each merge, the rows and ``part``'s commit, date, command and
-    machine. Raises ``ValueError`` when the scales or seeds differ, or ``part`` holds no row."""
+def merge_matrix_rows(stored: dict, part: dict, rows: Sequence[str]) -> dict:
+    """The matrix record ``stored`` with its rows ``rows`` replaced by those of ``part`` (a partial matrix record
+    of the same scale and seeds, :func:`reproduce_matrix` with ``rows``): their values (a row ``part`` has no
+    value of, because its seed failed, is null there), row seconds and failures; the layout (``matrix``) is
+    ``part``'s, the current code's; the summary is recomputed over the seeds that are clean in the merged record,
+    and each seed's ``seconds`` is the stored one with the re-run rows' old seconds replaced by their new ones.
+    A stored failure stays unless it belonged to a re-run row *and* the seed holds a value in every other row
+    (a row that raised lost its seed's values of every row: that seed stays failed). ``commit``, ``date``,
+    ``command`` and ``machine`` stay the stored record's (the other rows' provenance); ``reruns`` lists, for each
+    merge, the rows and ``part``'s commit, date, command, machine, python, torch and retries (a later entry
+    replaces the rows of an earlier one). Raises ``ValueError`` when the scales or seeds differ, ``rows`` is
+    empty, or ``part`` holds a row outside ``rows``."""
     if part.get("scale") != stored.get("scale") or list(part.get("seeds", [])) != list(stored.get("seeds", [])):
         raise ValueError(f"part must hold the stored record's scale and seeds ({stored.get('scale')}, "
                          f"{stored.get('seeds')}), got ({part.get('scale')}, {part.get('seeds')})")
-    rows = sorted({k.split("|")[0] for k in part.get("values", {})} | set(part.get("row_seconds", {})))
+    rows = sorted(set(rows))
     if not rows:
-        raise ValueError("part holds no row of the matrix")
+        raise ValueError("rows must name at least one row of the matrix")
+    extra = sorted({k.split("|")[0] for k in part.get("values", {})} - set(rows))
+    if extra:
+        raise ValueError(f"part holds rows {extra} outside rows {rows}")
     seeds = list(stored["seeds"])
     values = {k: v for k, v in stored["values"].items() if k.split("|")[0] not in rows}
+    holes = {seeds[i] for v in values.values() for i, x in enumerate(v) if x is None}   # seeds the other rows lack
     values.update(part["values"])
-    failures = [f for f in stored.get("failures", []) if f.get("cell") not in rows] + list(part.get("failures", []))
+    failures = ([f for f in stored.get("failures", []) if f.get("cell") not in rows or f.get("seed") in holes]
+                + list(part.get("failures", [])))
     failed = {f["seed"] for f in failures}
     old_secs, new_secs = stored.get("row_seconds", {}), part.get("row_seconds", {})
     seconds = []
@@ -1407,9 +1422,10 @@ def merge_matrix_rows(stored: dict, part: dict) -> dict:
     out = dict(stored)
     out.update(values=values, summary=summarize(values, [s not in failed for s in seeds]), seconds=seconds,
                failures=failures, matrix=part.get("matrix", stored.get("matrix")),
-               row_seconds={**old_secs, **{r: new_secs[r] for r in rows if r in new_secs}},
+               row_seconds={**{r: v for r, v in old_secs.items() if r not in rows},
+                            **{r: new_secs[r] for r in rows if r in new_secs}},
                reruns=list(stored.get("reruns", [])) + [{"rows": rows, **{k: part.get(k) for k in (
-                   "commit", "date", "command", "machine", "torch")}}])
+                   "commit", "date", "command", "machine", "python", "torch", "retries")}}])
     return out
 
 
@@ -1504,7 +1520,8 @@ def _parser() -> argparse.ArgumentParser:
                         "paper); a seed whose cell times out, whose kernel dies or stalls is run once more")
     r.add_argument("--rows", default=None,
                    help="matrix only: re-run these rows of the stored matrix record (comma-separated keys, e.g. "
-                        "rs,oltr) at its seeds and keep its other rows; the record lists the re-runs")
+                        "rs,oltr) and keep its other rows; --seeds must name exactly the record's seeds (the default "
+                        "0,1,2 does not match a paper record of 0-9); the record lists the re-runs")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     r.add_argument("--force", action="store_true",
                    help="replace the stored record whatever it holds: also when this run leaves out some of its "
@@ -1554,11 +1571,20 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         out = Path(args.out) if args.out else root / "chapters" / "records"
         if args.rows is not None and args.chapter.strip().lower() != MATRIX:
-            raise ValueError(f"--rows re-runs rows of the matrix; {args.chapter!r} is a notebook")
+            raise ValueError(f"--rows re-runs rows of the matrix, not of {args.chapter!r}")
         if args.chapter.strip().lower() == MATRIX:
             check_out(out, [MATRIX], args.scale)
             check_stored_seeds(out, [MATRIX], args.scale, args.seeds, force=args.force)
             rows = None if args.rows is None else [r.strip() for r in args.rows.split(",") if r.strip()]
+            if rows is not None:      # refused before anything runs: a usage error (2), not a failed seed (1)
+                from .experiments.matrix import rows as mx_rows
+                try:
+                    rows = [mx_rows._attack(r).key for r in rows]
+                except ValueError as exc:
+                    raise ValueError(f"--rows: {exc}") from None
+                if not rows:
+                    raise ValueError("--rows must name at least one row, e.g. --rows rs,oltr")
+                _merge_base(record_paths(out, MATRIX, args.scale)[0], args.scale, args.seeds, rows)
             try:
                 _, failures = reproduce_matrix(scale=args.scale, seeds=args.seeds, out=out, root=root,
                                                command="python -m fedlab " + " ".join(argv), force=args.force,

@@ -175,7 +175,8 @@ def test_every_cell_runs_and_na_cells_have_reasons(tiny):
         assert cells == {"baseline"} | (set(KEYS) - set(a.not_applicable)), a.key
         naive = {k[:-len(mx.NAIVE_SUFFIX)] for k in tiny[a.key] if k.endswith(mx.NAIVE_SUFFIX)}
         # the naive twin of an adaptive cell (the curious server under central DP sees the clipped gradient)
-        expected = {"dlg": {"prune90", "topk1", "clip", "dp1", "dp1safe", "dp8"}, "ig": {"prune90", "topk1"}}
+        expected = {"dlg": {"prune90", "topk1", "clip", "dp1", "dp1safe", "dp8"}, "ig": {"prune90", "topk1"},
+                    "rs": {"prune90", "topk1"}, "oltr": {"prune90", "topk1"}, "oltr_adm": {"prune90", "topk1"}}
         assert naive == expected.get(a.key, set()), (a.key, naive)
         assert all(np.isfinite(v) for v in tiny[a.key].values()), (a.key, tiny[a.key])
         assert a.chapter in {p.stem for p in (ROOT / "chapters").glob("*.ipynb")}
@@ -385,6 +386,8 @@ def test_stored_record_has_every_cell_at_three_or_more_seeds():
     assert rec["summary"] == json.loads(json.dumps(summarize(rec["values"])))
     assert set(rec["row_seconds"]) == {a.key for a in mx.ATTACKS}
     assert re.fullmatch(r"[0-9a-f]{7,}", rec["commit"]), rec["commit"]   # committed code, not a dirty tree
+    for rerun in rec.get("reruns", []):                                     # and so is every re-run of rows
+        assert re.fullmatch(r"[0-9a-f]{7,}", rerun["commit"] or ""), rerun
 
 
 def test_live_cell_is_checked_against_the_record():
@@ -537,8 +540,40 @@ def test_rerun_rows_merge_into_the_stored_record_and_keep_its_other_rows(tmp_pat
     assert rec["row_seconds"] == {"dlg": [10.0, 10.0], "rs": [30.0, 30.0]}
     assert rec["seconds"] == [round(s - 10.0 + 30.0, 1) for s in before["seconds"]]
     assert rec["command"] == "full" and rec["reruns"][0]["rows"] == ["rs"] and rec["reruns"][0]["command"] == "part"
-    # the merge itself: a part at other seeds or without a row is refused
+    with pytest.raises(ValueError, match=r"rows \['oltr'\] are not in the stored record"):
+        rp.reproduce_matrix(scale="quick", seeds=[0, 1], out=tmp_path, root=ROOT, rows=["oltr"], merge=True)
+    # the merge itself: a part at other seeds, no rows, or a row outside them is refused
     with pytest.raises(ValueError, match="seeds"):
-        rp.merge_matrix_rows(rec, dict(rec, seeds=[0]))
-    with pytest.raises(ValueError, match="no row"):
-        rp.merge_matrix_rows(rec, dict(rec, values={}, row_seconds={}))
+        rp.merge_matrix_rows(rec, dict(rec, seeds=[0]), ["rs"])
+    with pytest.raises(ValueError, match="at least one row"):
+        rp.merge_matrix_rows(rec, rec, [])
+    with pytest.raises(ValueError, match=r"outside rows \['rs'\]"):
+        rp.merge_matrix_rows(rec, rec, ["rs"])
+
+    # a re-run whose every seed fails: written (beside the clean record), its failures named, the rows null
+    def broken(seed, progress=None, rows=None):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(mx, "run_matrix", broken)
+    path3, failures = rp.reproduce_matrix(scale="quick", seeds=[0, 1], out=tmp_path, root=ROOT, rows=["rs"],
+                                          merge=True)
+    bad = json.loads(path3.read_text())
+    assert path3.name == "matrix.quick.failed.json" and [f["seed"] for f in failures] == [0, 1]
+    assert "rs|none" not in bad["values"] and bad["values"]["dlg|none"] == [20.0, 21.0]
+    assert bad["reruns"][-1]["rows"] == ["rs"] and "rs" not in bad["row_seconds"]
+
+
+def test_a_merge_keeps_a_seed_failed_when_its_other_rows_hold_no_value():
+    """A row that raised lost its seed's values of every row (``_matrix_seed``); re-running that row alone does
+    not make the seed clean while the other rows are null there."""
+    from fedlab import reproduce as rp
+
+    stored = {"scale": "quick", "seeds": [0, 1], "values": {"dlg|none": [20.0, None], "ig|none": [15.0, None]},
+              "seconds": [10.0, 5.0], "failures": [{"seed": 1, "cell": "ig", "line": "", "error": "boom"}],
+              "row_seconds": {"dlg": [5.0, None], "ig": [5.0, None]}}
+    part = {"scale": "quick", "seeds": [0, 1], "values": {"ig|none": [15.0, 15.0]}, "failures": [],
+            "row_seconds": {"ig": [4.0, 4.0]}, "commit": "abc"}
+    merged = rp.merge_matrix_rows(stored, part, ["ig"])
+    assert [f["seed"] for f in merged["failures"]] == [1] and merged["summary"]["ig|none"]["n"] == 1
+    full = dict(stored, values={"dlg|none": [20.0, 21.0], "ig|none": [15.0, None]})   # the other rows are whole
+    assert rp.merge_matrix_rows(full, part, ["ig"])["failures"] == []

@@ -68,19 +68,21 @@ def test_raifle_cells_under_pruning_are_the_mask_aware_attack_with_the_naive_one
     assert set(out) == {"baseline", "none", "prune90", "topk1", "clip"} | extra, sorted(out)
     assert all(np.isfinite(v) for v in out.values()), out
     assert out["prune90"] > out["prune90" + mx.NAIVE_SUFFIX], out     # knowing the mask helps at 90 %
+    assert out["topk1"] != out["prune90"], out                           # each column its own aware attack
     # the optimiser reached (about) the truth's loss or below it: the masked objective, not the solver, limits it
     assert out["prune90" + mx.LOSS_SUFFIX] <= max(10 * out["prune90" + mx.LOSS_TRUTH_SUFFIX], 1e-2), out
     if row == "rs":   # FCF's update: the paper's attacker at 90 % pruned is far from the mask-aware one (0.80 vs 0.97)
         assert out["prune90"] > 0.9 and out["prune90"] - out["prune90" + mx.NAIVE_SUFFIX] > 0.1, out
 
 
-def test_the_raifle_rows_read_a_published_mask_unless_a_clipping_bound_is_published():
+def test_the_raifle_rows_read_a_published_mask_and_the_oltr_rows_a_clipping_bound_beside_it():
     only_mask = privacy.Defense("m", "mask", "user", fn=lambda u, g: (u, {"mask": u != 0}), public=("mask",))
     both = privacy.Defense("mc", "mask, bound", "user", fn=lambda u, g: (u, {"mask": u != 0, "clip_norm": 1.0}),
                            public=("mask", "clip_norm"))
     for row in ("rs", "oltr", "oltr_adm"):
         assert mx.attacker(row, only_mask) == "adaptive (reads mask)"
-        assert mx.attacker(row, both) == "adaptive (reads clip_norm)"
+    assert mx.attacker("rs", both) == "adaptive (reads clip_norm)"           # FCF's masked loss has no clipping
+    assert mx.attacker("oltr", both) == mx.attacker("oltr_adm", both) == "adaptive (reads mask, clip_norm)"
     assert mx.attacker("dlg", both) == "adaptive (reads mask, clip_norm)"
 
 
@@ -152,3 +154,74 @@ def test_optimum_verdict_says_stalled_below_or_reached_and_the_page_quotes_it():
         s = rec["summary"]
         assert page[f"mx_{n.replace('|', '_')}_optimum"] == mx.optimum_verdict(
             s[n + mx.LOSS_SUFFIX]["mean"], s[n + mx.LOSS_TRUTH_SUFFIX]["mean"])
+
+
+def test_the_aware_oltr_attack_shares_the_naive_starts_and_reads_each_columns_own_mask(monkeypatch):
+    """With both RAIFLE calls replaced by spies (no optimisation runs): the mask-aware call gets the pruned columns'
+    views in their order, each row's mask is its own view's non-zeros, and its users keep the ids they had in the
+    naive batch, so both attackers start from the same points."""
+    from types import SimpleNamespace
+
+    from fedlab.attacks.interaction_inference import oltr as ro
+
+    seen = {}
+
+    def naive(case, update=None, **kw):
+        seen["naive"] = update.clone()
+        return torch.full((len(case),), 0.6, dtype=torch.float64)
+
+    def aware(case, update=None, *, mask=None, user_ids=None, clip_norm=None, **kw):
+        seen["aware"] = (update.clone(), mask.clone(), user_ids.clone(), clip_norm)
+        n = len(case)
+        return SimpleNamespace(scores=torch.rand(n, case.I.reshape(n, -1).shape[1], generator=torch.Generator().manual_seed(0)),
+                               loss=torch.zeros(n), loss_truth=torch.ones(n))
+
+    monkeypatch.setattr(ro, "attack_oltr", naive)
+    monkeypatch.setattr(ro, "raifle_oltr", aware)
+    out = mx.run_row("oltr", 0, ["none", "prune90", "topk1"], tiny=True)
+    U = 8                                                    # the row's tiny users
+    view, mask, ids, clip = seen["aware"]
+    assert torch.equal(view, seen["naive"][U:]) and torch.equal(mask, view != 0) and clip is None
+    assert torch.equal(ids, torch.arange(U, 3 * U))          # prune90's and topk1's rows of the naive batch
+    kept = mask.sum(1).float()
+    assert kept[:U].mean() >= 5 * kept[U:].mean() > 0        # 10 % kept against 1 % (46 weights: 5 and 1)
+    assert out["prune90@naive"] == out["topk1@naive"] == 0.6 and out["prune90@loss_truth"] == 1.0
+
+
+@pytest.mark.slow   # ~6 s on one core
+def test_a_user_pruning_that_publishes_its_mask_gets_the_library_pruning_cell_in_the_fcf_row():
+    """The user-defense path of RAIFLE's FCF row: a reader's copy of 90 % pruning that publishes its mask gets the
+    attacker of the library's column, the same cell, naive twin and optimum check."""
+    from fedlab.privacy.defenses import prune_rows
+
+    def mine(u, g):
+        v = prune_rows(u, 0.9)
+        return v, {"mask": v != 0}
+
+    user = privacy.Defense("myprune", "my pruning", "user", fn=mine, public=("mask",))
+    out = mx.run_row("rs", 0, ["prune90", user], tiny=True)
+    for suffix in ("", mx.NAIVE_SUFFIX, mx.LOSS_SUFFIX, mx.LOSS_TRUTH_SUFFIX):
+        assert out["myprune" + suffix] == out["prune90" + suffix], (suffix, out)
+
+
+def test_the_aware_fcf_attack_shares_the_naive_starts_and_matches_the_sent_coordinates(monkeypatch):
+    """RAIFLE's FCF row with ``attack_case`` replaced by a spy: the mask-aware call sees the same view and the same
+    user ids as the paper's attacker, and its ``coord_mask`` is the view's non-zeros on the users' real items."""
+    from fedlab.experiments import chapter3a as ch3a
+
+    calls = []
+
+    def spy(case, algorithm, **kw):
+        calls.append(kw)
+        n = len(case)
+        return {"auc": torch.full((n,), 0.7 if kw.get("coord_mask") is None else 0.9, dtype=torch.float64),
+                "loss": torch.ones(n), "loss_truth": torch.zeros(n), "emb_error": None, "evaluations": 1}
+
+    monkeypatch.setattr(ch3a, "attack_case", spy)
+    out = mx.run_row("rs", 0, ["prune90"], tiny=True)
+    naive, aware = calls
+    assert naive.get("coord_mask") is None and torch.equal(aware["fcf"], naive["fcf"])
+    assert aware.get("user_ids") is naive.get("user_ids") is None and aware["seed"] == naive["seed"]
+    sent = aware["coord_mask"]
+    assert sent.dtype == torch.bool and torch.equal(sent, naive["fcf"] != 0)   # padding is 0 in the view too
+    assert out["prune90"] == 0.9 and out["prune90" + mx.NAIVE_SUFFIX] == 0.7

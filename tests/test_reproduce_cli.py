@@ -265,4 +265,4 @@ def test_rows_is_for_the_matrix_only(capsys):
     from fedlab import reproduce as rp
 
     assert rp.main(["reproduce", "02", "--rows", "rs", "--root", str(ROOT)]) == 2
-    assert "--rows re-runs rows of the matrix" in capsys.readouterr().err
+    assert "--rows re-runs rows of the matrix, not of" in capsys.readouterr().err

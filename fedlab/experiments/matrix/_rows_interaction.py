@@ -82,7 +82,10 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
     never sent). Under secure aggregation groups of 4 users send catalogue-wide updates and the server
     attacks each group's first user with the sum restricted to that user's items. Under DP-FedAvg the
     curious server sees the clipped update before its noise, an outsider (``outsider``) the noisy release.
-    Metric: mean AUC over users of the inferred interactions."""
+    Under pruning and top-k (and a user defense that publishes its mask, without a clipping bound) the cell is
+    the attacker who matches only the sent coordinates (``attack_case(coord_mask=...)``), the paper's
+    attacker kept as ``"<column>@naive"``, the median loss reached and at the truth as ``"<column>@loss"`` /
+    ``"<column>@loss_truth"``. Metric: mean AUC over users of the inferred interactions."""
     U, group = _size(tiny, tiny_value=4, quick=16, paper=40), 4
     iters = _size(tiny, tiny_value=100, quick=1000, paper=1000)
     data = synthetic_movielens(seed=seed)
@@ -141,7 +144,11 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
     group's first user with the group's sum; with ADM it runs RAIFLE's bypass (Sec. 3.4.2,
     :func:`fedlab.experiments.chapter3b.sa_bypass_experiment`, one query, 4 groups of 4). Under DP-FedAvg
     the curious server sees the clipped update before its noise, an outsider (``outsider``) the noisy
-    release. Metric: mean AUC over users of the inferred clicks."""
+    release. Under pruning and top-k (and a user defense that publishes its mask) the cell is the attacker who
+    compares only the sent coordinates (:func:`_oltr_aware`), with ``@naive``, ``@loss`` and ``@loss_truth``
+    beside it. A user's random starts are keyed by its position in the batch of columns (so a cell's value
+    depends on the columns run with it, as the naive attack always did). Metric: mean AUC over users of the
+    inferred clicks."""
     U, Q, group = _size(tiny, tiny_value=8, quick=32, paper=64), 8, 4
     iters = _size(tiny, tiny_value=20, quick=35, paper=200)
     data = synthetic_letor(_size(tiny, tiny_value=100, quick=300, paper=1000), seed=seed)
@@ -167,8 +174,9 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
         view, public = reg.apply_public(case.update, _defense(c), generator=gen)
         auc = ro.attack_oltr(case, view, clip_norm=public.get("clip_norm"), max_iter=iters, seed=seed)
         out[c] = float(auc.mean())
-        if "mask" in public and "clip_norm" not in public:         # ... and the mask it publishes
-            _oltr_aware(out, case, [c], view, public["mask"], torch.arange(len(case)), iters, seed)
+        if "mask" in public:                                         # ... and the mask it publishes
+            _oltr_aware(out, case, [c], view, public["mask"], torch.arange(len(case)), iters, seed,
+                        clip_norm=public.get("clip_norm"))
     if "secagg" in columns:
         if adm:
             D = torch.arange(data.num_features) < data.num_features // 2
@@ -185,16 +193,17 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
 
 
 def _oltr_aware(out: dict, case, cols: Sequence[str], views: torch.Tensor, sent: torch.Tensor, ids: torch.Tensor,
-                iters: int, seed: int) -> None:
+                iters: int, seed: int, clip_norm: float | None = None) -> None:
     """The cells of sparsifying columns ``cols`` under the attacker who knows the mask (RAIFLE App. C.4's attack
     compares its dense simulation with the pruned update; this one compares only the coordinates ``sent``
     [len(cols) U, P], :func:`fedlab.attacks.interaction_inference.oltr.raifle_oltr`'s ``mask``), one batch for
-    every column; ``ids`` [len(cols) U] are the rows' ids in the naive run, so that both start from the same points. ``out[c]`` becomes that attacker's mean AUC, the paper's attacker moves to
+    every column; ``ids`` [len(cols) U] are the rows' ids in the naive run, so that both start from the same points;
+    ``clip_norm``: a clipping bound the defense published too (reproduced in the simulation). ``out[c]`` becomes that attacker's mean AUC, the paper's attacker moves to
     ``"<c>@naive"``, and the median loss reached and at the true clicks go to ``"<c>@loss"`` /
     ``"<c>@loss_truth"`` (did the attack reach its optimum?)."""
     U = len(case)
     many = ro.cat_cases([case] * len(cols))
-    res = ro.raifle_oltr(many, views, mask=sent, max_iter=iters, seed=seed, user_ids=ids,
+    res = ro.raifle_oltr(many, views, mask=sent, clip_norm=clip_norm, max_iter=iters, seed=seed, user_ids=ids,
                          truth=(many.I.reshape(len(many), -1).to(views.dtype), None))
     auc = roc_auc_rows(many.I.reshape(len(many), -1), res.scores, many.mask.reshape(len(many), -1))
     for i, c in enumerate(cols):

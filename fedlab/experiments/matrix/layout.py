@@ -87,11 +87,14 @@ NAIVE_NOTE = ("the cell is the attacker who knows the defense (DLG, Inverting Gr
 #: suffix of a cell's value for the attack that ignores the defense, kept beside the adaptive attacker's:
 #: ``"<row>|<column>@naive"`` in a record; the page prints it under the cell
 NAIVE_SUFFIX = "@naive"
-#: suffixes of the evidence that a mask-aware DLG or IG cell reached its optimum: the median over the images of the
-#: attack's masked matching term (:func:`fedlab.attacks.gradient_inversion.matching_loss`; DLG's normalised L2, IG's
-#: cosine) at the reconstruction (``"<column>@loss"``) and at the true images (``"<column>@loss_truth"``, 0 up to
-#: rounding). A reached loss far above
-#: the truth's means the optimiser stalled: the cell is then a lower bound on what leaks, not a measure of the defense
+#: suffixes of the evidence that a mask-aware cell (DLG, IG, RAIFLE) reached its optimum: the median over the
+#: targets of the attack's masked matching term (DLG's normalised L2 and IG's cosine,
+#: :func:`fedlab.attacks.gradient_inversion.matching_loss`; RAIFLE's normalised matching loss) at the attack's answer
+#: (``"<column>@loss"``) and at the truth (``"<column>@loss_truth"``: about 0 for DLG, IG and RAIFLE on FCF; for
+#: RAIFLE on FPDGD above 0, since the server simulates the training in display order). A reached loss far above the
+#: truth's means the optimiser stalled: the cell is then a lower bound on what leaks, not a measure of the defense;
+#: one below it means the objective has better answers than the truth (:func:`~fedlab.experiments.matrix.stats.
+#: optimum_verdict` says which)
 LOSS_SUFFIX, LOSS_TRUTH_SUFFIX = "@loss", "@loss_truth"
 
 

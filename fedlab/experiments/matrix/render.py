@@ -136,7 +136,8 @@ def page_values(record: Mapping) -> dict:
                mx_slowest_row=next((r["label"] for r in record["matrix"]["rows"] if r["key"] == slow), slow),
                mx_slowest_s=float(np.mean(record["row_seconds"][slow])),
                mx_machine=str(record.get("machine", "?")), mx_commit=str(record.get("commit", "?")),
-               mx_reruns="; ".join(f"rows {', '.join(r.get('rows', []))} run again at commit {r.get('commit', '?')}"
+               mx_reruns="; ".join(f"rows {', '.join(r.get('rows', []))} run again at commit {r.get('commit', '?')} "
+                                   f"({r.get('date', '?')}, {r.get('machine', '?')})"
                                    for r in record.get("reruns") or []) or "every row at that commit")
     return out
 

@@ -275,16 +275,16 @@ def run_row(row, seed: int, columns: Sequence | None = None, *, tiny: bool = Fal
 #: the public parameter each row's attacker reads when a user defense publishes it (its adaptive variant)
 _READS = {"dlg": ("mask", "clip_norm"), "ig": ("mask",), "mr": ("clip_norm",), "rs": ("mask", "clip_norm"),
           "oltr": ("mask", "clip_norm"), "oltr_adm": ("mask", "clip_norm")}
-#: rows whose attacker uses a published mask only where no clipping bound is published (RAIFLE's masked loss does
-#: not model the clipping; with both it reads the clipping bound)
-_MASK_WITHOUT_CLIP = ("rs", "oltr", "oltr_adm")
+#: rows whose attacker uses a published mask only where no clipping bound is published (RAIFLE's masked FCF loss
+#: does not model the clipping, ``raifle_fcf``; with both it reads the clipping bound); the OLTR rows read both
+_MASK_WITHOUT_CLIP = ("rs",)
 
 
 def attacker(row, defense: Defense) -> str:
     """Which attacker cell ``(row, defense)`` gets for a user defense ``defense``: ``"adaptive (reads
     <names>)"`` when the row's attacker has a variant that uses one of the public parameters the defense
-    declares (DLG: ``mask``, ``clip_norm``; IG: ``mask``; the eavesdropper: ``clip_norm``; the RAIFLE rows:
-    ``mask``, or ``clip_norm`` where the defense publishes one), else
+    declares (DLG and the OLTR rows: ``mask``, ``clip_norm``; IG: ``mask``; the eavesdropper: ``clip_norm``;
+    RAIFLE against FCF: ``mask``, or ``clip_norm`` where the defense publishes one), else
     ``"naive (...)"``, the row's attack run on the view as it is (so the cell may overstate the defense).
     Raises ``ValueError`` for an unknown row or a ``defense`` that is not a user :class:`Defense`."""
     a = _attack(row)
