@@ -132,12 +132,14 @@ def theorem1_fail_name(p: float, B: int) -> str:
 
 def theorem1_table(rows: Sequence[Theorem1Row], paper: Callable[..., str]) -> str:
     """The Theorem 1 rows as a Markdown table, with the stored paper-scale record's measured failure
-    (``paper(name, 4)``, e.g. :meth:`fedlab.records.Run.stored`) beside ours."""
-    head = ("| $p_c$ | $B$ | $T$ of Theorem 1 | measured failure at that $T$ | measured failure, paper scale "
-            "(mean ± 95 % CI, n seeds) | exact failure | smallest $T$ with exact failure $\\le\\delta$ | bound / needed |\n"
-            "|---|---|---|---|---|---|---|---|\n")
-    return head + "\n".join(f"| {p} | {B} | {t1} | {f:.4f} | {paper(theorem1_fail_name(p, B), 4)} | {e:.4f} | {te} | {r:.1f} |"
-                            for p, B, t1, f, e, te, r in rows)
+    (``paper(name, 4)``, e.g. :meth:`fedlab.records.Run.stored`) beside ours (:func:`fedlab.plots.md_table`)."""
+    from ..plots import md_table
+
+    header = ["$p_c$", "$B$", "$T$ of Theorem 1", "measured failure at that $T$",
+              "measured failure, paper scale (mean ± 95 % CI, n seeds)", "exact failure",
+              "smallest $T$ with exact failure $\\le\\delta$", "bound / needed"]
+    return md_table(header, [[f"{p}", f"{B}", f"{t1}", f"{f:.4f}", paper(theorem1_fail_name(p, B), 4), f"{e:.4f}",
+                              f"{te}", f"{r:.1f}"] for p, B, t1, f, e, te, r in rows])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -336,9 +338,11 @@ SLACK_LABELS = {"beta": "$\\beta=(1-2p_c)/2$ vs best $\\beta$", "M": "worst-case
 def bound_checks_table(checks: Mapping) -> str:
     """:func:`bound_checks` as a Markdown table: the check, the ``T`` it is read at, the measured
     failure probability, what the proof allows there, and the failure at ``0.2 T``'s bound is not
-    shown (the mutation test of ``tests/test_experiments_ch1b_2.py`` runs it)."""
-    head = "| check | $T$ | failure probability | allowed |\n|---|---|---|---|\n"
-    return head + "\n".join(f"| {CHECK_LABELS.get(k, k)} | {T} | {f:.4f} | {a:.3f} |" for k, (T, f, a) in checks.items())
+    shown (the mutation test of ``tests/test_experiments_ch1b_2.py`` runs it); :func:`fedlab.plots.md_table`."""
+    from ..plots import md_table
+
+    return md_table(["check", "$T$", "failure probability", "allowed"],
+                    [[f"{CHECK_LABELS.get(k, k)}", f"{T}", f"{f:.4f}", f"{a:.3f}"] for k, (T, f, a) in checks.items()])
 
 
 def slack_table(chains: Mapping) -> str:
