@@ -122,15 +122,15 @@ def convergence_counts(distances: dict, *, threshold: float = 0.5, level: float 
 
 def convergence_markdown(counts: dict, *, threshold: float = 0.5) -> str:
     """:func:`convergence_counts`' output as a Markdown table: one row per name, the seeds within
-    ``threshold`` of both optima and the 95 % interval of that fraction."""
+    ``threshold`` of both optima and the 95 % interval of that fraction (:func:`fedlab.plots.md_table`).
+    Raises ``ValueError`` for an empty ``counts``."""
+    from .. import plots
+
     if not counts:
         raise ValueError("counts must hold at least one row")
-    lines = [f"| early stopping | seeds within {threshold:g} of both θ* | fraction | 95 % interval |",
-             "|---|---|---|---|"]
-    for name, c in counts.items():
-        lo, hi = c["interval"]
-        lines.append(f"| {name} | {c['success']} / {c['seeds']} | {c['fraction']:.2f} | [{lo:.2f}, {hi:.2f}] |")
-    return "\n".join(lines)
+    return plots.md_table(["early stopping", f"seeds within {threshold:g} of both θ*", "fraction", "95 % interval"],
+                          [[f"{name}", f"{c['success']} / {c['seeds']}", f"{c['fraction']:.2f}",
+                            f"[{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]"] for name, c in counts.items()])
 
 
 def plot_released(rows: dict, optima: torch.Tensor):
@@ -220,14 +220,15 @@ def laplace_sampler_checks(settings: Sequence[tuple] = LAPLACE_SETTINGS, *, num_
 
 
 def laplace_checks_markdown(checks: dict) -> str:
-    """:func:`laplace_sampler_checks`' output as a Markdown table, one column per ``(n, eps)``."""
+    """:func:`laplace_sampler_checks`' output as a Markdown table, one column per ``(n, eps)``
+    (:func:`fedlab.plots.md_table`). Raises ``ValueError`` for an empty ``checks``."""
+    from .. import plots
+
     if not checks:
         raise ValueError("checks must hold at least one setting")
     settings = list(checks)
-    rows = "\n".join(f"| {k} | " + " | ".join(f"{checks[c][k]:.3f}" for c in settings) + " |"
-                     for k in checks[settings[0]])
-    return ("| statistic | " + " | ".join(f"n={n}, ε={e}" for n, e in settings) + " |\n|---"
-            + "|---" * len(settings) + "|\n" + rows)
+    return plots.md_table(["statistic", *(f"n={n}, ε={e}" for n, e in settings)],
+                          [[f"{k}", *(f"{checks[c][k]:.3f}" for c in settings)] for k in checks[settings[0]]])
 
 
 def plot_laplace_samples(settings: Sequence[tuple] = LAPLACE_SETTINGS, *, seed: int = 0):
@@ -585,10 +586,13 @@ def plot_dlg_psnr(psnr: dict, nus: Sequence[float], *, success_db: float, title:
 
 
 def dlg_markdown(psnr: dict, rate: dict, nus: Sequence[float], *, success_db: float = 20.0) -> str:
-    """Median DLG PSNR and the fraction of images recovered per noise multiplier, as a Markdown table."""
-    return ("| ν | " + " | ".join(f"{nu:g}" for nu in nus) + " |\n|---" + "|---" * len(nus) + "|\n"
-            + "| median PSNR (dB) | " + " | ".join(f"{np.median(psnr[nu]):.1f}" for nu in nus) + " |\n"
-            + f"| recovered (≥ {success_db:g} dB) | " + " | ".join(f"{rate[nu]:.2f}" for nu in nus) + " |")
+    """Median DLG PSNR and the fraction of images recovered per noise multiplier, as a Markdown table
+    (:func:`fedlab.plots.md_table`)."""
+    from .. import plots
+
+    return plots.md_table(["ν", *(f"{nu:g}" for nu in nus)],
+                          [["median PSNR (dB)", *(f"{np.median(psnr[nu]):.1f}" for nu in nus)],
+                           [f"recovered (≥ {success_db:g} dB)", *(f"{rate[nu]:.2f}" for nu in nus)]])
 
 
 def guarantee_gaps(nu: float, *, num_samples: int, seed: int, norm_dims: Sequence[int] = (2, 650),
