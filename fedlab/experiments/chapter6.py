@@ -51,7 +51,7 @@ from ..fl.recsys import ratings as rec
 from ..flower import attacks as fa
 from . import chapter2 as ch2
 from ..flower.transcript import Transcript
-from ..plots import MarkdownText
+from ..plots import MarkdownText, md_table
 
 __all__ = ["MembershipFederation", "membership_federation", "max_abs_difference", "round_differences",
            "plot_round_differences", "transcript_markdown",
@@ -775,11 +775,15 @@ def malicious_markdown(outcomes: Mapping[str, Mapping[str, Mapping]], notes: Map
                        ) -> MarkdownText:
     """``{attack: {column: outcome}}`` (columns of :data:`MALICIOUS_COLUMNS`, outcomes of
     :func:`secagg_outcome`) as a Markdown table; a missing cell reads "not run". ``notes``: ``{attack: text}``
-    appended to the cells of that attack's completed rounds (what the sum gives the server)."""
+    appended to the cells of that attack's completed rounds (what the sum gives the server);
+    :func:`fedlab.plots.md_table`."""
     notes = dict(notes or {})
-    lines = ["| attack | " + " | ".join(MALICIOUS_COLUMNS) + " |", "|---|" + "---|" * len(MALICIOUS_COLUMNS)]
-    for name, row in outcomes.items():
-        cells = [(_outcome_text(row[c]) + (f"; {notes[name]}" if name in notes and row[c]["completed"] else ""))
-                 if c in row else "not run" for c in MALICIOUS_COLUMNS]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return MarkdownText("\n".join(lines))
+
+    def cell(name: str, row: Mapping, column: str) -> str:
+        if column not in row:
+            return "not run"
+        o = row[column]
+        return _outcome_text(o) + (f"; {notes[name]}" if name in notes and o["completed"] else "")
+
+    return md_table(["attack", *MALICIOUS_COLUMNS],
+                    [[f"{name}", *(cell(name, row, c) for c in MALICIOUS_COLUMNS)] for name, row in outcomes.items()])
