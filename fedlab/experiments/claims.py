@@ -259,26 +259,31 @@ def _short(stem: str) -> str:
 def claims_table(pairs: list[tuple[Claim, Verdict]]) -> str:
     """A MyST markdown table: chapter (its section linked), the claim and its source, the paper's value,
     ours (mean [95 % interval], beside the mean it is compared with, n seeds), and the verdict with its
-    rule and evidence."""
-    rows = ["| chapter | claim | paper | ours: mean [95 % interval] (n seeds) | verdict (rule: evidence) |",
-            "|---|---|---|---|---|"]
+    rule and evidence (:func:`fedlab.plots.md_table`)."""
+    from ..plots import md_table
+
+    rows = []
     for c, v in pairs:
         paper = "—" if c.paper is None else c.paper.text(c.digits)
         src = f" {c.source}" if c.source else ""
-        rows.append(f"| {{ref}}`{_short(c.chapter)} <{c.label}>` | {c.text}{src} | {paper} | {v.ours} | "
-                    f"**{v.word}** ({c.rule}: {v.why}) |")
-    return "\n".join(rows)
+        rows.append([f"{{ref}}`{_short(c.chapter)} <{c.label}>`", f"{c.text}{src}", f"{paper}", f"{v.ours}",
+                     f"**{v.word}** ({c.rule}: {v.why})"])
+    return md_table(["chapter", "claim", "paper", "ours: mean [95 % interval] (n seeds)", "verdict (rule: evidence)"],
+                    rows)
 
 
 def records_table(recs: dict[str, dict]) -> str:
-    """A markdown table of the records the claims read: seeds, commit, date, seconds per seed."""
-    rows = ["| chapter | seeds (n) | commit | date | seconds per seed (mean) |", "|---|---|---|---|---|"]
+    """A markdown table of the records the claims read: seeds, commit, date, seconds per seed
+    (:func:`fedlab.plots.md_table`)."""
+    from ..plots import md_table
+
+    rows = []
     for stem, r in recs.items():
         secs = r["seconds"]
         seeds = ", ".join(str(s) for s in r["seeds"])
-        rows.append(f"| {{doc}}`{_short(stem)} <{stem}>` | {seeds} ({len(r['seeds'])}) | `{r.get('commit', '?')}` | "
-                    f"{r.get('date', '?')} | {sum(secs) / len(secs):.0f} |")
-    return "\n".join(rows)
+        rows.append([f"{{doc}}`{_short(stem)} <{stem}>`", f"{seeds} ({len(r['seeds'])})", f"`{r.get('commit', '?')}`",
+                     f"{r.get('date', '?')}", f"{sum(secs) / len(secs):.0f}"])
+    return md_table(["chapter", "seeds (n)", "commit", "date", "seconds per seed (mean)"], rows)
 
 
 #: the limits of a rate, an accuracy or an AUC; of an accuracy in percent
