@@ -320,8 +320,10 @@ def live_table(rows: Mapping[str, Mapping[str, float]], *, digits: int = 3) -> s
     (``{column key: value}`` as ``run_row`` returns it), one column per defense in :data:`DEFENSES` order
     (headed by its label), the attack's ``baseline`` first; ``acc_<column>`` values (the membership row's test
     accuracy) go to a line of their own, ``<label>: test accuracy``; ``@``-suffixed values (naive twins, a
-    cell's parts) are left out. Values to ``digits`` significant digits; "–" where a line has no such cell.
-    Raises ``ValueError`` for no rows."""
+    cell's parts) are left out. Values to ``digits`` significant digits; "–" where a line has no such cell
+    (:func:`fedlab.plots.md_table`). Raises ``ValueError`` for no rows."""
+    from ...plots import md_table
+
     if not rows:
         raise ValueError("rows must hold at least one label -> cells")
     lines: dict[str, dict] = {}
@@ -335,7 +337,5 @@ def live_table(rows: Mapping[str, Mapping[str, float]], *, digits: int = 3) -> s
     keys += sorted(used - set(keys))
     head = ["", *("the attack's baseline" if k == "baseline" else _BY_KEY[k].label if k in _BY_KEY else k
                   for k in keys)]
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, cells in lines.items():
-        out.append("| " + " | ".join([label, *(f"{cells[k]:.{digits}g}" if k in cells else "–" for k in keys)]) + " |")
-    return "\n".join(out)
+    return md_table(head, [[f"{label}", *(f"{cells[k]:.{digits}g}" if k in cells else "–" for k in keys)]
+                           for label, cells in lines.items()])
