@@ -214,18 +214,27 @@ def _table_cell(value, floatfmt: str) -> str:
     return floatfmt.format(x) if math.isfinite(x) else "–"
 
 
-def md_table(headers: Sequence[str], rows: Sequence[Sequence], *, floatfmt: str = "{:.3f}") -> MarkdownText:
+def md_table(headers: Sequence[str], rows: Sequence[Sequence], *, floatfmt: str = "{:.3f}",
+             align: str | None = None) -> MarkdownText:
     """A Markdown (GitHub pipe) table, rendered by Jupyter and by the book, from a header and rows of
     values: the one table writer of the package (:func:`fedlab.experiments.tables.markdown_table` is it
     with ``digits``). Use it for every "paper vs ours" table so that the numbers shown are the numbers
     computed.
 
     A cell is a string (``|`` escaped), an integer, or a real number written with ``floatfmt`` (``–``
-    when not finite). Returns a :class:`MarkdownText` (a ``str``). Raises ``ValueError`` for an empty
-    ``headers``, a row of the wrong length, or a cell that is neither a number nor a string."""
+    when not finite). ``align``: one letter per column, ``l`` (the default for every column), ``r`` or ``c``
+    (``---``, ``---:``, ``:---:`` in the separator row). Returns a :class:`MarkdownText` (a ``str``). Raises
+    ``ValueError`` for an empty ``headers``, a row of the wrong length, a cell that is neither a number nor a
+    string, or an ``align`` that is not one of ``l``, ``r``, ``c`` per header."""
     if len(headers) == 0:
         raise ValueError("headers must name at least one column")
-    lines = ["| " + " | ".join(_table_cell(str(h), floatfmt) for h in headers) + " |", "|" + "---|" * len(headers)]
+    if align is None:
+        align = "l" * len(headers)
+    if not isinstance(align, str) or len(align) != len(headers) or set(align) - set("lrc"):
+        raise ValueError(f"align must hold one of 'l', 'r', 'c' per header ({len(headers)}), got {align!r}")
+    sep = {"l": "---|", "r": "---:|", "c": ":---:|"}
+    lines = ["| " + " | ".join(_table_cell(str(h), floatfmt) for h in headers) + " |",
+             "|" + "".join(sep[a] for a in align)]
     for i, row in enumerate(rows):
         if len(row) != len(headers):
             raise ValueError(f"rows[{i}] has {len(row)} cells, headers has {len(headers)}: "

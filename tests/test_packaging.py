@@ -29,6 +29,17 @@ def test_md_table_needs_no_ipython_and_renders_as_markdown():
     assert out.stdout.strip().endswith("True False"), out.stdout
 
 
+def test_md_table_aligns_columns_and_checks_align():
+    """``align`` writes each column's separator (``l`` the default ``---``, ``r`` ``---:``, ``c`` ``:---:``); the
+    default is the plain table, and a wrong ``align`` names the argument."""
+    assert plots.md_table(["a", "b", "c"], [["x", 1, 2.0]], align="lrc") == \
+        "| a | b | c |\n|---|---:|:---:|\n| x | 1 | 2.000 |"
+    assert plots.md_table(["a", "b"], [[1, 2]], align="ll") == plots.md_table(["a", "b"], [[1, 2]])
+    for bad in ("l", "lrx", "LR", 3):
+        with pytest.raises(ValueError, match="align"):
+            plots.md_table(["a", "b"], [[1, 2]], align=bad)
+
+
 def test_the_digits_are_scikit_learns():
     """fedlab.data reads scikit-learn's digits file itself (importing scikit-learn costs about 1.7 s of CPU in
     each process that wants only the digits): the very arrays of sklearn.datasets.load_digits."""

@@ -176,16 +176,16 @@ def transcript_markdown(transcript: Transcript, *, rows: int = 6) -> MarkdownTex
     partition, examples, train loss, the size of the returned arrays), plus one line of totals."""
     rows = positive_int("rows", rows)
     replies = [r for r in transcript.replies if r.kind == "train"]
-    lines = ["| round | node id | partition | examples | train loss | arrays (floats) |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    cells = []
     for r in replies[:rows]:
         size = sum(int(np.prod(v.shape)) for v in r.params.values())
         loss = r.metrics.get("train-loss")
-        lines.append(f"| {r.round} | {r.node_id} | {r.partition_id} | {r.num_examples} | "
-                     f"{'n/a' if loss is None else f'{loss:.3f}'} | {size:,} |")
-    lines.append(f"\n{len(replies)} train replies in {transcript.num_rounds} rounds, "
-                 f"{len(transcript.globals)} global models (round 0 is the initial one).")
-    return MarkdownText("\n".join(lines))
+        cells.append([str(r.round), str(r.node_id), str(r.partition_id), str(r.num_examples),
+                      "n/a" if loss is None else f"{loss:.3f}", f"{size:,}"])
+    table = md_table(["round", "node id", "partition", "examples", "train loss", "arrays (floats)"], cells,
+                     align="rrrrrr")
+    return MarkdownText(f"{table}\n\n{len(replies)} train replies in {transcript.num_rounds} rounds, "
+                        f"{len(transcript.globals)} global models (round 0 is the initial one).")
 
 
 def permutation_floor(scores: torch.Tensor, is_member, *, num_permutations: int = 200, quantile: float = 0.95,
@@ -319,13 +319,11 @@ def defense_rows(attacks: Mapping[str, dict], membership: Mapping[str, dict], ac
 def defense_markdown(rows: Mapping[str, dict]) -> MarkdownText:
     """:func:`defense_rows` as a Markdown table (attacks of the server on the replies it recorded,
     the outsiders' attack on the released models, and the cost in test accuracy)."""
-    lines = ["| defense | iDLG labels | iDLG median PSNR (dB) | DLG median PSNR (dB) | DLG success | "
-             "MIA AUC on replies | MIA AUC on global models | test accuracy |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for d, r in rows.items():
-        lines.append(f"| {d} | {r['idlg_acc']:.3f} | {r['idlg_median_psnr']:.1f} | {r['dlg_median_psnr']:.1f} | "
-                     f"{r['dlg_success']:.3f} | {r['mia_auc']:.3f} | {r['global_auc']:.3f} | {r['accuracy']:.3f} |")
-    return MarkdownText("\n".join(lines))
+    return md_table(["defense", "iDLG labels", "iDLG median PSNR (dB)", "DLG median PSNR (dB)", "DLG success",
+                     "MIA AUC on replies", "MIA AUC on global models", "test accuracy"],
+                    [[d, f"{r['idlg_acc']:.3f}", f"{r['idlg_median_psnr']:.1f}", f"{r['dlg_median_psnr']:.1f}",
+                      f"{r['dlg_success']:.3f}", f"{r['mia_auc']:.3f}", f"{r['global_auc']:.3f}", f"{r['accuracy']:.3f}"]
+                     for d, r in rows.items()], align="lrrrrrrr")
 
 
 def compare_markdown(ours: Mapping[str, float], paper_1a: Callable[[str], str], paper_1b: Callable[[str], str],
@@ -335,13 +333,13 @@ def compare_markdown(ours: Mapping[str, float], paper_1a: Callable[[str], str], 
     the record's name and the number of decimals), only for
     the names those records hold (:data:`COMPARE_1A`, :data:`COMPARE_1B`). ``settings``: the chapter
     name -> one line on how our setting differs."""
-    lines = ["| chapter | value | this build, on the Flower transcript | stored record of the chapter |",
-             "|---|---|---:|---:|"]
-    for chapter, table, paper in (("1a", COMPARE_1A, paper_1a), ("1b", COMPARE_1B, paper_1b)):
-        for rec_name, (our_name, label, digits) in table.items():
-            lines.append(f"| {chapter} | {label} | {ours[our_name]:.{digits}f} | {paper(rec_name, digits)} |")
+    cells = [[chapter, label, f"{ours[our_name]:.{digits}f}", paper(rec_name, digits)]
+             for chapter, table, paper in (("1a", COMPARE_1A, paper_1a), ("1b", COMPARE_1B, paper_1b))
+             for rec_name, (our_name, label, digits) in table.items()]
+    table = md_table(["chapter", "value", "this build, on the Flower transcript", "stored record of the chapter"],
+                     cells, align="llrr")
     notes = " ".join(f"**{c}:** {s}" for c, s in settings.items())
-    return MarkdownText("\n".join(lines) + ("\n\n" + notes if notes else ""))
+    return MarkdownText(table + ("\n\n" + notes if notes else ""))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -451,13 +449,10 @@ def secagg_stages(transcript: Transcript, round: int = 1) -> list[dict]:
 
 def secagg_markdown(rows: Sequence[dict]) -> MarkdownText:
     """:func:`secagg_stages` as a Markdown table."""
-    lines = ["| stage | what each reply carries | replies | bytes per reply | replies with a float model | "
-             "values in the clear |", "|---|---|---:|---:|---:|---|"]
-    for r in rows:
-        clear = ", ".join(f"`{m}`" for m in r["metrics"] if m != "masked-weight") or "none"
-        lines.append(f"| `{r['kind']}` | {_STAGE_TEXT[r['kind']]} | {r['replies']} | {r['bytes']:,.0f} | "
-                     f"{r['models']} | {clear} |")
-    return MarkdownText("\n".join(lines))
+    cells = [[f"`{r['kind']}`", _STAGE_TEXT[r["kind"]], str(r["replies"]), f"{r['bytes']:,.0f}", str(r["models"]),
+              ", ".join(f"`{m}`" for m in r["metrics"] if m != "masked-weight") or "none"] for r in rows]
+    return md_table(["stage", "what each reply carries", "replies", "bytes per reply", "replies with a float model",
+                     "values in the clear"], cells, align="llrrrl")
 
 
 def masked_uniformity(transcript: Transcript, reference: Transcript, round: int = 1) -> dict:
@@ -538,13 +533,11 @@ def imprint_rows(runs: Mapping[str, Transcript], X: torch.Tensor, *, tol: float 
 
 def imprint_markdown(rows: Mapping[str, dict], expected: float) -> MarkdownText:
     """:func:`imprint_rows` as a Markdown table, with the expected rate ``(k / (k + 1))^n`` of chapter 1a."""
-    lines = ["| run | SecAgg+ quantization $Q$ | learning rate sent | digits recovered | median relative error |",
-             "|---|---:|---:|---:|---:|"]
-    for label, r in rows.items():
-        q = "none" if r["quantization_range"] is None else f"$2^{{{int(np.log2(r['quantization_range']))}}}$"
-        lines.append(f"| {label} | {q} | {r['lr']:g} | {r['rate']:.3f} | {r['median_error']:.1e} |")
-    lines.append(f"\nChapter 1a's expected rate for this many digits and bins: {expected:.3f}.")
-    return MarkdownText("\n".join(lines))
+    cells = [[label, "none" if r["quantization_range"] is None else f"$2^{{{int(np.log2(r['quantization_range']))}}}$",
+              f"{r['lr']:g}", f"{r['rate']:.3f}", f"{r['median_error']:.1e}"] for label, r in rows.items()]
+    table = md_table(["run", "SecAgg+ quantization $Q$", "learning rate sent", "digits recovered",
+                      "median relative error"], cells, align="lrrrr")
+    return MarkdownText(f"{table}\n\nChapter 1a's expected rate for this many digits and bins: {expected:.3f}.")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -687,14 +680,13 @@ def item_sums_check(fed: ItemFederation, sums: "fa.ItemSums", *, seed: int = 0) 
 def item_sums_markdown(check: Mapping) -> MarkdownText:
     """:func:`item_sums_check` as a Markdown table: chapter 2's exact per-item sums beside the server's."""
     r = check
-    lines = ["| per-item sums of one cohort | chapter 2 (exact sums) | Flower's SecAgg+ aggregate |", "|---|---:|---:|",
-             f"| items some member trained on | {r['touched']} | {r['readable']} above the rounding bound |",
-             f"| items with one contributor | {r['single']} | {r['single_readable']} above the rounding bound |",
-             f"| members whose $\\mathbf u_c$ a sum reveals | {r['exposed_exact']:.2f} | {r['exposed']:.2f} "
-             f"(median cosine {r['single_cos']:.6f}) |",
-             f"\nCohort of {r['m']} clients; largest error of the server's sums {r['max_error']:.1e} "
-             f"(SecAgg+'s bound {r['bound']:.1e})."]
-    return MarkdownText("\n".join(lines))
+    table = md_table(["per-item sums of one cohort", "chapter 2 (exact sums)", "Flower's SecAgg+ aggregate"],
+                     [["items some member trained on", str(r["touched"]), f"{r['readable']} above the rounding bound"],
+                      ["items with one contributor", str(r["single"]), f"{r['single_readable']} above the rounding bound"],
+                      ["members whose $\\mathbf u_c$ a sum reveals", f"{r['exposed_exact']:.2f}",
+                       f"{r['exposed']:.2f} (median cosine {r['single_cos']:.6f})"]], align="lrr")
+    return MarkdownText(f"{table}\n\nCohort of {r['m']} clients; largest error of the server's sums "
+                        f"{r['max_error']:.1e} (SecAgg+'s bound {r['bound']:.1e}).")
 
 
 # --------------------------------------------------------------------------------------------
