@@ -336,7 +336,7 @@ SLACK_LABELS = {"beta": "$\\beta=(1-2p_c)/2$ vs best $\\beta$", "M": "worst-case
 def bound_checks_table(checks: Mapping) -> str:
     """:func:`bound_checks` as a Markdown table: the check, the ``T`` it is read at, the measured
     failure probability, what the proof allows there, and the failure at ``0.2 T``'s bound is not
-    shown (the mutation test of ``tests/test_experiments_ch1b_2.py`` runs it)."""
+    shown (the mutation test of ``tests/test_ch2.py`` runs it)."""
     head = "| check | $T$ | failure probability | allowed |\n|---|---|---|---|\n"
     return head + "\n".join(f"| {CHECK_LABELS.get(k, k)} | {T} | {f:.4f} | {a:.3f} |" for k, (T, f, a) in checks.items())
 
