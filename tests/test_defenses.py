@@ -1,39 +1,10 @@
-"""Clipping and noise in low precision (issue 34, item 3): clip_rows never leaves a row above C in any
-dtype, and gaussian_noise either adds noise the dtype can represent or says it cannot."""
-import numpy as np
+"""fedlab.privacy.defenses: the global norm, clip, prune and Gaussian noise on known values, a sigma per row,
+and noise in low precision (issue 34, item 3): gaussian_noise either adds noise the dtype can represent or
+says it cannot. The clips themselves live in fedlab.privacy.clipping (test_clipping.py)."""
 import pytest
 import torch
 
-from fedlab.privacy.defenses import clip_by_norm, clip_rows, gaussian_noise
-
-DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("clip_norm", [0.5, 1.0, 0.1, 3.7])
-def test_clipped_norm_never_exceeds_c(dtype, clip_norm):
-    g = torch.Generator().manual_seed(int(clip_norm * 100))
-    scales = torch.logspace(-2, 2, 20_000, dtype=torch.float64)[:, None]
-    x = (torch.randn(20_000, 9, generator=g, dtype=torch.float64) * scales).to(dtype)
-    out = clip_rows(x, clip_norm)
-    assert out.dtype == dtype
-    norms = out.double().norm(dim=1)
-    assert float(norms.max()) <= clip_norm                 # computed exactly (float64) on the stored values
-    # rows above C land just below it (within a few units in the last place), rows below C are untouched
-    big = x.double().norm(dim=1) > clip_norm * 1.01
-    assert float(norms[big].min()) >= clip_norm * (1 - max(8 * torch.finfo(dtype).eps, 1e-10))  # (+1e-12 in the norm)
-    small = x.double().norm(dim=1) < clip_norm * 0.99
-    assert torch.equal(out[small], x[small])
-    # dict updates too
-    d = clip_rows({"a": x[:, :4], "b": x[:, 4:]}, clip_norm)
-    assert float(torch.cat([d["a"], d["b"]], 1).double().norm(dim=1).max()) <= clip_norm
-    assert float(clip_by_norm(x[0] * 1000, clip_norm).double().norm()) <= clip_norm
-
-
-def test_clip_rows_stays_differentiable():
-    x = torch.randn(5, 3, dtype=torch.float32, requires_grad=True)
-    clip_rows(x * 10, 1.0).sum().backward()
-    assert x.grad is not None and torch.isfinite(x.grad).all()
+from fedlab.privacy.defenses import gaussian_noise
 
 
 def test_noise_in_bfloat16_is_not_silently_rounded_away():
@@ -52,3 +23,36 @@ def test_noise_in_bfloat16_is_not_silently_rounded_away():
     t = torch.ones(7)
     assert torch.equal(gaussian_noise(t, 0.3, generator=torch.Generator().manual_seed(2)),
                        t + 0.3 * torch.randn(7, generator=torch.Generator().manual_seed(2)))
+
+
+def test_defenses():
+    from fedlab.privacy import clip_by_norm, gaussian_noise, global_norm, prune_by_magnitude
+
+    u = {"a": torch.tensor([3.0, -0.1]), "b": torch.tensor([[4.0, 0.2]])}
+    assert float(global_norm(u)) == pytest.approx((9 + 0.01 + 16 + 0.04) ** 0.5)
+    assert global_norm(torch.tensor([3, 4])).dtype == torch.float32                 # integers: float32
+    assert global_norm(torch.tensor([3.0, 4.0], dtype=torch.float64)).dtype == torch.float64
+    c = clip_by_norm(u, 1.0)
+    assert float(global_norm(c)) == pytest.approx(1.0, rel=1e-5)
+    p = prune_by_magnitude(u, 0.5)
+    assert p["a"].tolist() == [3.0, 0.0] and p["b"].tolist() == [[4.0, 0.0]]
+    z = gaussian_noise(torch.zeros(200_000), 0.5, generator=torch.Generator().manual_seed(0))
+    assert float(z.std()) == pytest.approx(0.5, rel=0.01)
+    with pytest.raises(ValueError, match="sigma"):
+        gaussian_noise(u, -1.0)
+    with pytest.raises(ValueError, match="fraction"):
+        prune_by_magnitude(u, 1.0)
+
+
+def test_gaussian_noise_per_row_sigma():
+    from fedlab.privacy import gaussian_noise
+
+    x = torch.zeros(3, 20000, dtype=torch.float64)
+    out = gaussian_noise(x, torch.tensor([0.0, 1.0, 3.0]), generator=torch.Generator().manual_seed(0))
+    assert float(out[0].abs().max()) == 0.0
+    assert abs(float(out[1].std()) - 1.0) < 0.03 and abs(float(out[2].std()) - 3.0) < 0.09
+    for bad in (torch.tensor([1.0, -1.0, 1.0]), torch.tensor([1.0, 1.0]), torch.tensor([1.0, float("nan"), 1.0])):
+        with pytest.raises(ValueError, match="sigma"):
+            gaussian_noise(x, bad)
+    with pytest.raises(ValueError, match="sigma"):
+        gaussian_noise(x, float("inf"))

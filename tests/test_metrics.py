@@ -1,10 +1,13 @@
-"""fedlab.metrics.tpr_at_fpr (Carlini et al. 2022's TPR at a low FPR) against a brute force over every threshold
-and against scikit-learn's ROC curve; ties, resolution and bad input."""
+"""fedlab.metrics: tpr_at_fpr (Carlini et al. 2022's TPR at a low FPR) against a brute force over every threshold
+and against scikit-learn's ROC curve (ties, resolution and bad input); accuracy, ROC AUC (one vector, and per row
+of a batch against scikit-learn), MSE, PSNR and rounds-to-target on known values."""
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import roc_curve
 
-from fedlab.metrics import tpr_at_fpr
+from fedlab import metrics
+from fedlab.metrics import roc_auc_rows, tpr_at_fpr
 
 
 def _brute(labels, scores, rate):
@@ -49,17 +52,47 @@ def test_bad_input(kw, match):
         tpr_at_fpr(**kw)
 
 
-def test_the_membership_attack_pools_its_clients_with_one_threshold():
-    import torch
+def test_metrics_known_values():
+    assert metrics.accuracy(torch.tensor([1, 0, 2]), torch.tensor([1, 1, 2])) == pytest.approx(2 / 3)
+    assert metrics.roc_auc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == pytest.approx(0.75)
+    from sklearn.metrics import roc_auc_score
+    r = np.random.default_rng(0)
+    for n in (5, 40, 400):
+        lab, sc = r.integers(0, 2, n), r.integers(0, 7, n).astype(float)     # ties
+        lab[:2] = [0, 1]
+        assert metrics.roc_auc(lab, sc) == pytest.approx(roc_auc_score(lab, sc), abs=1e-12)
+    x = np.zeros((4, 4))
+    assert metrics.mse(x + 0.1, x) == pytest.approx(0.01)
+    assert metrics.psnr(x + 0.1, x) == pytest.approx(20.0)
+    assert metrics.psnr(x, x) == float("inf")
+    with pytest.raises(ValueError, match="data_range"):
+        metrics.psnr(x, x, data_range=0)
+    with pytest.raises(ValueError, match="both classes"):
+        metrics.roc_auc([1, 1], [0.2, 0.3])
 
-    from fedlab.attacks import membership as mia
+
+def test_rounds_to_accuracy():
+    h = {"round": [0, 1, 2, 3], "accuracy": [0.1, 0.5, 0.92, 0.95]}
+    assert metrics.rounds_to_accuracy(h, 0.9) == 2
+    assert metrics.rounds_to_accuracy(h, 0.99) is None
+    with pytest.raises(ValueError, match="target"):
+        metrics.rounds_to_accuracy(h, 0.0)
+
+
+def test_roc_auc_rows_matches_sklearn_with_ties_and_masks():
+    from sklearn.metrics import roc_auc_score
 
     g = torch.Generator().manual_seed(0)
-    is_member = np.r_[np.ones(20), np.zeros(20)]
-    signals = torch.rand(3, 5, 40, generator=g) + torch.as_tensor(1 - is_member) * 0.3   # members: lower loss
-    pooled = np.concatenate([-signals[k, -1].numpy() for k in range(3)])
-    got = mia.attack_tpr_at_fpr(signals, is_member, [0.01, 0.1])
-    assert got == tpr_at_fpr(np.tile(is_member, 3), pooled, [0.01, 0.1]) and got[1] > 0.1
-    assert mia.attack_tpr_at_fpr(signals[0], is_member, 0.1, window=5) == [tpr_at_fpr(is_member, -signals[0].mean(0), 0.1)]
-    with pytest.raises(ValueError, match="signals"):
-        mia.attack_tpr_at_fpr(signals[0, 0], is_member)
+    scores = torch.randint(0, 5, (30, 12), generator=g).float()            # many ties
+    labels = (torch.rand(30, 12, generator=g) < 0.4).float()
+    mask = torch.rand(30, 12, generator=g) < 0.8
+    labels[:, 0], labels[:, 1], mask[:, :2] = 1.0, 0.0, True               # both classes present
+    scores[~mask] = float("nan")                                           # padding is never read
+    auc = roc_auc_rows(labels, scores, mask)
+    ref = torch.tensor([roc_auc_score(labels[u][mask[u]].numpy(), scores[u][mask[u]].numpy()) for u in range(30)],
+                       dtype=torch.float64)
+    assert torch.allclose(auc, ref, atol=1e-12)
+    with pytest.raises(ValueError, match="one class"):
+        roc_auc_rows(torch.zeros(1, 12), scores[:1], mask[:1])
+    with pytest.raises(ValueError, match="finite"):
+        roc_auc_rows(labels[:1], torch.full((1, 12), float("inf")), mask[:1])

@@ -289,25 +289,6 @@ def test_prune_rows_matches_prune_by_magnitude():
         prune_rows(padded, 1.0)
 
 
-def test_roc_auc_rows_matches_sklearn_with_ties_and_masks():
-    from sklearn.metrics import roc_auc_score
-
-    g = torch.Generator().manual_seed(0)
-    scores = torch.randint(0, 5, (30, 12), generator=g).float()            # many ties
-    labels = (torch.rand(30, 12, generator=g) < 0.4).float()
-    mask = torch.rand(30, 12, generator=g) < 0.8
-    labels[:, 0], labels[:, 1], mask[:, :2] = 1.0, 0.0, True               # both classes present
-    scores[~mask] = float("nan")                                           # padding is never read
-    auc = roc_auc_rows(labels, scores, mask)
-    ref = torch.tensor([roc_auc_score(labels[u][mask[u]].numpy(), scores[u][mask[u]].numpy()) for u in range(30)],
-                       dtype=torch.float64)
-    assert torch.allclose(auc, ref, atol=1e-12)
-    with pytest.raises(ValueError, match="one class"):
-        roc_auc_rows(torch.zeros(1, 12), scores[:1], mask[:1])
-    with pytest.raises(ValueError, match="finite"):
-        roc_auc_rows(labels[:1], torch.full((1, 12), float("inf")), mask[:1])
-
-
 def test_fncf_backprop_temperature_tends_to_the_relu_network():
     """fncf_backprop(temperature=tau) smooths the hidden ReLUs into tau * softplus(a / tau): close to
     the network at a small tau, different at a large one; a negative tau is refused."""
