@@ -125,7 +125,7 @@ def test_client_fraction_table_marks_misses_and_speedups():
                                           num_rounds=1, lrs=ch0.DEFAULT_LRS), "num_clients"),
     (lambda s: ch0.client_fraction_table({}, 10), "rounds"),
 ])
-def test_second_edition_helpers_reject_bad_arguments(digits_setup, call, name):
+def test_tuning_and_client_fraction_helpers_reject_bad_arguments(digits_setup, call, name):
     with pytest.raises(ValueError, match=name):
         call(digits_setup)
 
@@ -178,6 +178,6 @@ def test_settings_table_quotes_the_record():
                                upload_fractions=(0.0,)), "upload_fractions"),
     (lambda s: ch0.local_work_grid(s[0], s[4], {}, params=s[1], eval_data=s[3], num_rounds=0), "num_rounds"),
 ])
-def test_chapter0_rejects_bad_arguments(digits_setup, call, name):
+def test_comparison_dssgd_and_grid_helpers_reject_bad_arguments(digits_setup, call, name):
     with pytest.raises(ValueError, match=name):
         call(digits_setup)

@@ -6,7 +6,7 @@ from fedlab.privacy import clipping, defenses, dp_fedavg, dprivacy
 from fedlab.privacy.clipping import clip_by_norm, clip_rows
 
 
-def test_the_old_names_are_the_clipping_functions():
+def test_defenses_dprivacy_and_dp_fedavg_clips_are_the_clipping_functions():
     assert defenses.clip_rows is clipping.clip_rows and defenses.clip_by_norm is clipping.clip_by_norm
     assert dprivacy.clip_update is clipping.clip_update and dp_fedavg.clip_updates is clipping.clip_updates
     assert not hasattr(defenses, "_row_norms") and not hasattr(dprivacy, "_vector_norm")
@@ -54,7 +54,7 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("clip_norm", [0.5, 1.0, 0.1, 3.7])
-def test_clipped_norm_never_exceeds_c(dtype, clip_norm):
+def test_clipped_norm_never_exceeds_c_in_any_dtype(dtype, clip_norm):
     g = torch.Generator().manual_seed(int(clip_norm * 100))
     scales = torch.logspace(-2, 2, 20_000, dtype=torch.float64)[:, None]
     x = (torch.randn(20_000, 9, generator=g, dtype=torch.float64) * scales).to(dtype)

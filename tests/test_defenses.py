@@ -25,7 +25,7 @@ def test_noise_in_bfloat16_is_not_silently_rounded_away():
                        t + 0.3 * torch.randn(7, generator=torch.Generator().manual_seed(2)))
 
 
-def test_defenses():
+def test_global_norm_clip_prune_and_noise_known_values():
     from fedlab.privacy import clip_by_norm, gaussian_noise, global_norm, prune_by_magnitude
 
     u = {"a": torch.tensor([3.0, -0.1]), "b": torch.tensor([[4.0, 0.2]])}

@@ -46,9 +46,10 @@ def test_dlg_reference_loop_matches_torch_lbfgs_iterates_and_evaluations(image, 
     """gi.dlg(steps=S, max_iter=20) is the reference's loop: the same closure calls as torch's LBFGS in the
     reference's loop (S x 20 = 60 when no stopping test fires; fewer when a step ends early, as in the last
     two cases with torch 2.13: 52 when the loss stops changing, 25 when L-BFGS meets a non-descent direction
-    and the run stays there) and the same final dummy image and label, in float64 to machine precision. The
-    early-stop counts themselves are torch's and may move with its version: the test compares ours with
-    torch's own count, and pins only which cases stop early."""
+    and the run stays there; the first ran all 60) and the same final dummy image and label, in float64 to
+    machine precision. The counts themselves are torch's and may move with its version: the test compares ours
+    with torch's own count, checks the budget is never exceeded, and requires only that the last two cases stop
+    before it (so the early-stop path is exercised); it pins no count."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
@@ -59,7 +60,7 @@ def test_dlg_reference_loop_matches_torch_lbfgs_iterates_and_evaluations(image, 
         X = ds.X.double()
         obs = gi.parameter_gradient(net, params, X[image:image + 1], ds.y[image:image + 1])
         x_ref, y_ref, calls = _reference_run(net, params, obs, seed, steps=3)
-        assert (calls == 60) if full else (calls < 60), calls
+        assert 0 < calls <= 60 and (full or calls < 60), calls
         assert gi.reference_evaluations(3, 20) == 60
         ours = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, seed=seed)
         assert ours.evaluations == calls and len(ours.history["iteration"]) == calls

@@ -20,7 +20,7 @@ def _brute(labels, scores, rate):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_equals_the_brute_force_and_sklearns_curve(seed):
+def test_tpr_at_fpr_equals_the_brute_force_and_sklearns_curve(seed):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(20, 400))
     labels = rng.integers(0, 2, n)
@@ -34,7 +34,7 @@ def test_equals_the_brute_force_and_sklearns_curve(seed):
     assert got == sorted(got) and got[-1] == 1.0
 
 
-def test_resolution_and_ties():
+def test_tpr_at_fpr_resolution_and_ties():
     # 3 negatives: a rate below 1/3 can only mean FPR 0, the positives above every negative
     assert tpr_at_fpr([0, 0, 0, 1, 1, 1], [1, 2, 3, 2.5, 3.5, 4], [0.001, 0.34]) == [2 / 3, 1.0]
     # a positive tied with a negative is counted only with it: no threshold splits a tie
@@ -47,12 +47,12 @@ def test_resolution_and_ties():
                                        (dict(labels=[1, 1], scores=[0.1, 0.2], fpr=0.1), "both classes"),
                                        (dict(labels=[0, 1], scores=[0.1, 0.2], fpr=1.5), "fpr"),
                                        (dict(labels=[0, 1], scores=[0.1, 0.2], fpr=[0.1, -0.1]), "fpr")])
-def test_bad_input(kw, match):
+def test_tpr_at_fpr_refuses_bad_input(kw, match):
     with pytest.raises(ValueError, match=match):
         tpr_at_fpr(**kw)
 
 
-def test_metrics_known_values():
+def test_accuracy_roc_auc_mse_and_psnr_known_values():
     assert metrics.accuracy(torch.tensor([1, 0, 2]), torch.tensor([1, 1, 2])) == pytest.approx(2 / 3)
     assert metrics.roc_auc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == pytest.approx(0.75)
     from sklearn.metrics import roc_auc_score
@@ -71,7 +71,7 @@ def test_metrics_known_values():
         metrics.roc_auc([1, 1], [0.2, 0.3])
 
 
-def test_rounds_to_accuracy():
+def test_rounds_to_accuracy_first_round_at_the_target_or_none():
     h = {"round": [0, 1, 2, 3], "accuracy": [0.1, 0.5, 0.92, 0.95]}
     assert metrics.rounds_to_accuracy(h, 0.9) == 2
     assert metrics.rounds_to_accuracy(h, 0.99) is None

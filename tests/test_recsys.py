@@ -307,11 +307,14 @@ def test_fncf_backprop_temperature_tends_to_the_relu_network():
 
 
 @pytest.mark.slow
-def test_fncf_continuation_reaches_the_loss_at_the_truth():
+def test_fncf_continuation_ends_below_the_plain_lbfgs_stall_and_ranks_better():
     """Algorithm 2 on FNCF: the exact matching loss is piecewise smooth in the embedding (ReLU
     patterns), and plain L-BFGS stalls far above the loss at the truth; the continuation over
-    smoothed ReLUs (raifle_fncf's default) gets close to it with the same budget. The loss at the
-    truth is reported (truth=) and equals matching_loss there."""
+    smoothed ReLUs (raifle_fncf's default) ends well below that stall, within the same budget, and its
+    scores rank the true interactions better. It does not reach the loss at the truth (below 0.3, not
+    0.01). How many evaluations the stages use before their stopping tests fire depends on floating
+    point, so only the budget is checked. The loss at the truth is reported (truth=) and equals
+    matching_loss there."""
     d = 32
     X, E, I, mask = _users(U=3, m=60, d=d, seed=5)
     model, theta = fncf_init(d, seed=4)
@@ -321,7 +324,7 @@ def test_fncf_continuation_reaches_the_loss_at_the_truth():
     cont = raifle_fncf(model, theta, X, dX, dT, mask, **kw)
     assert torch.allclose(cont.loss_truth, matching_loss(dX, dX, mask), atol=1e-2) and cont.loss_truth.max() < 0.01
     assert plain.loss.min() > 0.5, plain.loss                    # the stall
-    assert cont.loss.max() < 0.3 and cont.iterations == 250, (cont.loss, cont.iterations)
+    assert cont.loss.max() < 0.3 and 0 < cont.iterations <= 250, (cont.loss, cont.iterations)
     assert roc_auc_rows(I, cont.scores, mask).mean() > roc_auc_rows(I, plain.scores, mask).mean()
     with pytest.raises(ValueError, match="max_iter"):
         raifle_fncf(model, theta, X, dX, dT, mask, continuation=(0.1, 0.01), max_iter=2)
