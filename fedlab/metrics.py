@@ -39,7 +39,7 @@ def accuracy(pred, y) -> float:
 def roc_auc(labels, scores) -> float:
     """Area under the ROC curve of one score vector: :func:`roc_auc_rows` on a batch of one.
     ``labels`` in {0, 1} (1 = positive, e.g. member); a higher ``score`` should mean "more likely
-    positive". Equals scikit-learn's ``roc_auc_score`` (``tests/test_core.py`` compares them).
+    positive". Equals scikit-learn's ``roc_auc_score`` (``tests/test_metrics.py`` compares them).
 
     Raises ``ValueError`` for mismatched lengths, non-finite scores or a single class.
     """
@@ -63,7 +63,7 @@ def roc_auc_rows(labels, scores, mask=None) -> torch.Tensor:
     ``r_i`` the average rank of entry ``i`` among its row's real entries (ties share their mean
     rank), ``AUC = (sum_pos r_i - n_pos (n_pos + 1) / 2) / (n_pos n_neg)``. The ranks come from one
     sort and two ``searchsorted`` per row, so the memory is ``O(U m)`` for any ``m``. Equals
-    scikit-learn's ``roc_auc_score`` row by row (``tests/test_core.py``). Raises ``ValueError`` for
+    scikit-learn's ``roc_auc_score`` row by row (``tests/test_metrics.py``). Raises ``ValueError`` for
     mismatched shapes, non-finite real scores, or a row whose real entries are all of one class.
     """
     scores = torch.as_tensor(scores).double()

@@ -3,9 +3,10 @@ import pytest
 import torch
 
 from fedlab.privacy import clipping, defenses, dp_fedavg, dprivacy
+from fedlab.privacy.clipping import clip_by_norm, clip_rows
 
 
-def test_the_old_names_are_the_clipping_functions():
+def test_defenses_dprivacy_and_dp_fedavg_clips_are_the_clipping_functions():
     assert defenses.clip_rows is clipping.clip_rows and defenses.clip_by_norm is clipping.clip_by_norm
     assert dprivacy.clip_update is clipping.clip_update and dp_fedavg.clip_updates is clipping.clip_updates
     assert not hasattr(defenses, "_row_norms") and not hasattr(dprivacy, "_vector_norm")
@@ -45,3 +46,34 @@ def test_clip_updates_without_a_bound_returns_the_updates():
     u = {"w": torch.full((2, 3), 5.0)}
     assert clipping.clip_updates(u, None) is u
     assert torch.allclose(clipping.clip_updates(u, 1.0)["w"].norm(dim=1), torch.ones(2))
+
+
+# in low precision (issue 34, item 3): clip_rows never leaves a row above C in any dtype
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("clip_norm", [0.5, 1.0, 0.1, 3.7])
+def test_clipped_norm_never_exceeds_c_in_any_dtype(dtype, clip_norm):
+    g = torch.Generator().manual_seed(int(clip_norm * 100))
+    scales = torch.logspace(-2, 2, 20_000, dtype=torch.float64)[:, None]
+    x = (torch.randn(20_000, 9, generator=g, dtype=torch.float64) * scales).to(dtype)
+    out = clip_rows(x, clip_norm)
+    assert out.dtype == dtype
+    norms = out.double().norm(dim=1)
+    assert float(norms.max()) <= clip_norm                 # computed exactly (float64) on the stored values
+    # rows above C land just below it (within a few units in the last place), rows below C are untouched
+    big = x.double().norm(dim=1) > clip_norm * 1.01
+    assert float(norms[big].min()) >= clip_norm * (1 - max(8 * torch.finfo(dtype).eps, 1e-10))  # (+1e-12 in the norm)
+    small = x.double().norm(dim=1) < clip_norm * 0.99
+    assert torch.equal(out[small], x[small])
+    # dict updates too
+    d = clip_rows({"a": x[:, :4], "b": x[:, 4:]}, clip_norm)
+    assert float(torch.cat([d["a"], d["b"]], 1).double().norm(dim=1).max()) <= clip_norm
+    assert float(clip_by_norm(x[0] * 1000, clip_norm).double().norm()) <= clip_norm
+
+
+def test_clip_rows_stays_differentiable():
+    x = torch.randn(5, 3, dtype=torch.float32, requires_grad=True)
+    clip_rows(x * 10, 1.0).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()

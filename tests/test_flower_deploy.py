@@ -102,7 +102,7 @@ def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
         return time.perf_counter() - t0
 
     # the nodes hold consistency keys, so by default they would refuse the plain run ("SecAgg+ only",
-    # tests/test_deploy_app.py); this federation runs both side by side, so its nodes lift that policy
+    # tests/test_flower_deploy_app.py); this federation runs both side by side, so its nodes lift that policy
     with deploy.local_federation(2, workdir=tmp_path / "federation", tls=True, supernode_auth=True,
                                  consistency_keys=True, require_secagg=False) as fed:
         # both runs at once (each message of either waits mostly on Flower's 3 s polling and a fresh

@@ -8,6 +8,7 @@ from torch import nn
 from fedlab import fl
 from fedlab.attacks import imprint as im
 from fedlab.data import load_digits
+from fedlab.data.images import digit_images
 
 DIM, K = 20, 16
 
@@ -208,3 +209,19 @@ def test_bad_inputs_raise_value_error_naming_the_argument():
         im.imprint_recovery_grid(X, (4,), (), 1, 0)
     with pytest.raises(ValueError, match="trials"):
         im.imprint_recovery_grid(X, (4,), (4,), 0, 0)
+
+
+def test_expected_imprint_rate_matches_the_measured_grid():
+    """(k / (k + 1))^B: k + 1 equally likely intervals, the lowest never recovered, and no other of the
+    B inputs in the same interval. Measured on digits over 20 random batches per cell."""
+    from fedlab.attacks import imprint
+
+    assert imprint.expected_recovery_rate(1, 1) == pytest.approx(0.5)
+    assert imprint.expected_recovery_rate(64, 256) == pytest.approx((256 / 257) ** 64)
+    grid_e = imprint.expected_recovery_rate(np.array([[16], [64]]), np.array([[16, 256]]))
+    assert grid_e.shape == (2, 2)
+    X = digit_images(None).X.reshape(-1, 64)
+    grid = imprint.imprint_recovery_grid(X, [16, 64], [16, 256], trials=20, seed=3)
+    assert np.abs(grid - grid_e).max() < 0.08, (grid, grid_e)
+    with pytest.raises(ValueError, match="batch_size"):
+        imprint.expected_recovery_rate(0, 16)

@@ -48,7 +48,7 @@ def test_ldp_gaussian_meets_its_claim_on_worst_case_inputs(epsilon, sensitivity)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("epsilon", [1.0, 10.0, 100.0])
-def test_the_first_editions_calibration_fails_the_same_check(monkeypatch, epsilon):
+def test_clipping_to_the_whole_sensitivity_fails_the_same_check(monkeypatch, epsilon):
     monkeypatch.setattr(ldp, "ldp_clip_norm", lambda s: float(s))      # clip to Delta_2, noise for Delta_2
     assert measured_delta(epsilon, 0.5) > 1000 * DELTA
 

@@ -7,6 +7,7 @@ from torch import nn
 
 from fedlab import fl, models
 from fedlab.attacks import membership as mia
+from fedlab.metrics import tpr_at_fpr
 
 torch.set_num_threads(1)
 
@@ -158,3 +159,19 @@ def test_active_step_raises_the_loss_drop_of_members():
     loc0 = fl.client_update(net, p, cd.X[0], cd.y[0], lr=0.2, local_epochs=3)
     drop0 = (mia.per_example_loss(net, p, cd.X[0], cd.y[0]) - mia.per_example_loss(net, loc0, cd.X[0], cd.y[0])).mean()
     assert drop_adv > drop0 > 0
+
+
+def test_the_membership_attack_pools_its_clients_with_one_threshold():
+    import torch
+
+    from fedlab.attacks import membership as mia
+
+    g = torch.Generator().manual_seed(0)
+    is_member = np.r_[np.ones(20), np.zeros(20)]
+    signals = torch.rand(3, 5, 40, generator=g) + torch.as_tensor(1 - is_member) * 0.3   # members: lower loss
+    pooled = np.concatenate([-signals[k, -1].numpy() for k in range(3)])
+    got = mia.attack_tpr_at_fpr(signals, is_member, [0.01, 0.1])
+    assert got == tpr_at_fpr(np.tile(is_member, 3), pooled, [0.01, 0.1]) and got[1] > 0.1
+    assert mia.attack_tpr_at_fpr(signals[0], is_member, 0.1, window=5) == [tpr_at_fpr(is_member, -signals[0].mean(0), 0.1)]
+    with pytest.raises(ValueError, match="signals"):
+        mia.attack_tpr_at_fpr(signals[0, 0], is_member)

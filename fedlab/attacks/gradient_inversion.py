@@ -478,7 +478,7 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
       ``result.evaluations`` is then an array ``[A]`` (an int when not stacked): each attack's
       closure calls. Where torch's L-BFGS meets a direction that is not a descent direction it ends
       the step without moving, and every later step repeats that, so such an attack stops there;
-      the ``steps=None`` loop moves on instead. ``tests/test_dlg_reference_budget.py`` checks iterates and
+      the ``steps=None`` loop moves on instead. ``tests/test_gradient_inversion_budget.py`` checks iterates and
       counts against ``torch.optim.LBFGS``.
 
     ``stacked=True`` runs ``A`` independent attacks at once: every ``observed`` tensor has a leading

@@ -338,7 +338,7 @@ SLACK_LABELS = {"beta": "$\\beta=(1-2p_c)/2$ vs best $\\beta$", "M": "worst-case
 def bound_checks_table(checks: Mapping) -> str:
     """:func:`bound_checks` as a Markdown table: the check, the ``T`` it is read at, the measured
     failure probability, what the proof allows there, and the failure at ``0.2 T``'s bound is not
-    shown (the mutation test of ``tests/test_experiments_ch1b_2.py`` runs it); :func:`fedlab.plots.md_table`."""
+    shown (the mutation test of ``tests/test_ch2.py`` runs it); :func:`fedlab.plots.md_table`."""
     from ..plots import md_table
 
     return md_table(["check", "$T$", "failure probability", "allowed"],

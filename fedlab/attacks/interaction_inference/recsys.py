@@ -91,7 +91,7 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None
     default ``0..num_users-1``). Every candidate runs its own L-BFGS
     (:func:`fedlab.optim.lbfgs_rows`: own curvature memory, own Armijo line search, a budget of
     ``max_iter`` evaluations, stopping when its loss changes by less than ``tol``), so a user's
-    result does not depend on the users it is batched with (``tests/test_interaction_inference.py``
+    result does not depend on the users it is batched with (``tests/test_recsys.py``
     checks this). Each user keeps its best restart.
 
     ``device``: where the L-BFGS runs (``None``: the CPU). ``loss_fn`` then receives ``I``, ``E`` and

@@ -124,7 +124,7 @@ def fncf_backprop(layers, theta, XW, E, I, w, *, X=None, temperature: float = 0.
     gradients ``{name: [U, ...]}`` when the items ``X`` [U, m, d] are given (else ``None``; ``X``
     may also be a function ``delta -> delta^T X`` [U, h1, d], for a caller that avoids gathering ``X``).
     Differentiable in ``I`` and ``E`` with one autograd pass (no double backward); matches autograd
-    (``tests/test_interaction_inference.py``).
+    (``tests/test_recsys.py``).
 
     ``theta`` is one network shared by the users, or one network per user (every tensor ``[U, ...]``
     stacked on dim 0, :func:`fncf_per_user`; the attack on many network draws at once,

@@ -1,7 +1,7 @@
-"""Issue 35 item 4: the matrix's new row and columns. The malicious server inside Flower's SecAgg+ (row
-``secagg_lie``: false dropout, split view, model inconsistency) against stock SecAgg+ and SecAgg+ with the
-consistency round (``secagg_cr``); the floating-point-safe Gaussian beside the float one (``dp1safe``,
-``ldp10safe``); top-k at 1 % (``topk1``)."""
+"""The matrix's SecAgg+ row and its safe-Gaussian and top-k columns (issue 35 item 4). The malicious server
+inside Flower's SecAgg+ (row ``secagg_lie``: false dropout, split view, model inconsistency) against stock SecAgg+
+and SecAgg+ with the consistency round (``secagg_cr``); the floating-point-safe Gaussian beside the float one
+(``dp1safe``, ``ldp10safe``); top-k at 1 % (``topk1``)."""
 import math
 
 import pytest
@@ -18,7 +18,7 @@ KEYS = [d.key for d in mx.DEFENSES]
 
 # ------------------------------------------------------------------------------------------------------------
 # the layout: which cells exist
-def test_new_columns_and_the_secagg_row_layout():
+def test_layout_of_the_safe_and_topk_columns_and_the_secagg_row():
     by = {d.key: d for d in mx.DEFENSES}
     assert by["dp1safe"].kind == "dp" and by["dp1safe"].safe and by["dp1safe"].param == by["dp1"].param
     assert by["ldp10safe"].kind == "ldp" and by["ldp10safe"].safe and by["ldp10safe"].param == by["ldp10"].param

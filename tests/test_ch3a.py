@@ -1,13 +1,10 @@
-"""Chapters 3a and 3b's experiment helpers (fedlab.experiments.chapter3a / chapter3b): the sweeps run on
-tiny cases, the tables and glued names are built from hand-made results."""
+"""Chapter 3a's experiment helpers (fedlab.experiments.chapter3a): the sweeps run on tiny cases, the tables
+and glued names are built from hand-made results."""
 import pytest
 import torch
 
 from fedlab import records
-from fedlab.data.letor import synthetic_letor
 from fedlab.experiments import chapter3a as ch3a
-from fedlab.experiments import chapter3b as ch3b
-from fedlab.fl.oltr import click_probabilities
 from fedlab.privacy.ldp import classical_gaussian_sigma, gaussian_sigma
 
 torch.set_num_threads(1)
@@ -32,8 +29,6 @@ def case():
 def run(tmp_path):
     return records.Run("03_test", folder=tmp_path)   # no stored record: every paper column says so
 
-
-# --- chapter 3a ------------------------------------------------------------------------------------
 
 def test_table3_runs_every_configuration(case, run):
     res = ch3a.table3(case, fcf_max_iter=5, fncf_max_iter=3, num_restarts=1, seed=0)
@@ -175,122 +170,7 @@ def test_plots_refuse_unswept_values():
     assert ch3a.table3_boxplot(res) is not None
 
 
-# --- chapter 3b ------------------------------------------------------------------------------------
-
-RANKERS = {"linear": (), "neural": (4,)}
-CLICKS = ["navigational", "informational"]
-
-
-@pytest.fixture(scope="module")
-def data():
-    return synthetic_letor(60, seed=0)
-
-
-def _fig5():
-    """A hand-made Fig. 5 grid: AUC = 0.5 + Q / 100 (+ 0.2 with ADM, + 0.01 for informational clicks)."""
-    return {(m, Q, c, a): torch.full((4,), 0.5 + Q / 100 + 0.2 * a + 0.01 * CLICKS.index(c))
-            for m in RANKERS for Q in (1, 16) for c in CLICKS for a in ([False] if Q == 1 else [False, True])}
-
-
-def test_fig5_summary_table_and_gain(run):
-    fig5 = _fig5()
-    assert ch3b.fig5_mean(fig5, "linear", 16, True, CLICKS) == pytest.approx(0.865)
-    f5 = ch3b.fig5_summary(fig5, RANKERS, CLICKS)
-    assert f5["single"] == pytest.approx(0.515) and f5["nn16_adm"] == pytest.approx(0.865)
-    headers, rows = ch3b.fig5_table(fig5, CLICKS, run)
-    assert len(rows) == len(ch3b.PAPER_FIG5) and all(len(r) == len(headers) for r in rows)
-    assert rows[2][4] == round(f5["lin16"], 3)
-    noadm, withadm = ch3b.adm_gain(fig5, [1, 16], CLICKS)
-    assert (withadm - noadm).mean().item() == pytest.approx(0.2)
-    rows = ch3b.click_model_rows(grades=(3,))
-    pc, _ = click_probabilities("navigational", 3)
-    assert len(rows) == 2 and rows[0][2] == " / ".join(f"{p:g}" for p in pc.tolist())
-
-
-def test_noisy_values_and_table(run):
-    stds = [0.0, 0.01, 0.1]
-    noisy = {(m, s): 0.9 - (s or 0) for m in ("linear", "neural") for s in stds}
-    noisy.update({("linear", None): 0.7, ("neural", None): 0.6})
-    vals = ch3b.noisy_values(noisy, stds)
-    assert vals["ch3b_noisy_neural_std0p01"] == pytest.approx(0.89) and vals["ch3b_noisy_nn0"] == 0.6
-    assert vals["ch3b_noisy_linz"] == 0.9 and vals["ch3b_noisy_worst_drop"] == pytest.approx(0.1)
-    headers, rows = ch3b.noisy_table(noisy, RANKERS, stds, run)
-    assert rows[0][0] == "0 (exact zeros)" and rows[1][1] == ch3b.PAPER_FIG11[1e-2] and len(rows[0]) == len(headers)
-    with pytest.raises(ValueError, match="noise_stds"):
-        ch3b.noisy_values(noisy, [0.01, 0.1])
-
-
-def test_ks_and_table8(run):
-    eps = [1.0, 10.0, 20.0, 100.0, 500.0]
-    auc = {(m, Q, a, e): torch.linspace(0, 1, 8) for m in RANKERS for Q, a in [(1, False), (8, False), (8, True)]
-           for e in eps}
-    rnd = {(m, Q, a): torch.linspace(0, 1, 8) for m in RANKERS for Q, a in [(1, False), (8, False), (8, True)]}
-    ks = ch3b.ks_pvalues(auc, rnd, eps)                                   # only the rows that were run
-    assert set(ks) == {k for k in ch3b.PAPER_KS if k[1] in (1, 8)} and all(p == [1.0] * 5 for p in ks.values())
-    vals = ch3b.ks_values(ks, eps)
-    assert vals["ch3b_ks_neural_8q_adm_eps500"] == "1.0e+00" and len(vals) == 5 * 6
-    headers, rows = ch3b.ks_table(ks, eps, run)
-    assert len(rows) == 3 * 6 and all(len(r) == len(headers) for r in rows)
-    headers, rows = ch3b.ks_table(ks, eps, run, queries=(1, 4, 8, 12, 16))
-    assert len(rows) == 3 * len(ch3b.PAPER_KS) and rows[4] == ["linear, inf, 4 q", "ours"] + ["—"] * 5
-    with pytest.raises(ValueError, match="epsilons"):
-        ch3b.ks_table(ks, eps[:2], run)
-    headers, rows = ch3b.ks_queries_table(run, 500.0)
-    assert len(rows) == 8 and rows[0][:3] == ["linear", "inf", "no"] and rows[0][4] == f"{4.51e-229:.1e} / no record yet"
-    with pytest.raises(ValueError, match="epsilon"):
-        ch3b.ks_queries_table(run, 50.0)
-    eps_u = eps + [None]
-    ndcg = {(m, e): 0.5 + (e or 1000) / 10000 for m in RANKERS for e in eps_u}
-    vals = ch3b.table8_values(ndcg, RANKERS, eps_u)
-    assert vals["ch3b_t8_linear_inf"] == vals["ch3b_ndcg_linear_inf"] == 0.6
-    assert vals["ch3b_t8_neural_eps1"] == vals["ch3b_ndcg_neural_eps1"] and len(vals) == 2 * 6 + 4
-    headers, rows = ch3b.table8_table(ndcg, RANKERS, eps_u, run)
-    assert headers[-1] == "ε=∞" and rows[1][:3] == ["linear", "ours", 0.5] and rows[1][-1] == 0.6
-    assert all(len(r) == len(headers) for r in rows)
-    with pytest.raises(ValueError, match="epsilons"):
-        ch3b.table8_values(ndcg, RANKERS, [1.0])
-    with pytest.raises(ValueError, match="epsilons"):
-        ch3b.table8_table(ndcg, RANKERS, [1.0, None], run)
-
-
-def test_grids_run_every_ranker(data):
-    auc, cases = ch3b.fig5_grid(data, {"linear": ()}, [1, 2], ["navigational"], 2, lr=1.0, max_iter=2)
-    assert set(auc) == {("linear", 1, "navigational", False), ("linear", 2, "navigational", False),
-                        ("linear", 2, "navigational", True)} and set(cases) == set(auc)
-    noisy, noisy_cases = ch3b.noisy_adm_grid(data, {"linear": ()}, [0.0], 2, 2, lr=1.0, max_iter=2)
-    assert set(noisy) == {("linear", None), ("linear", 0.0)} and all(isinstance(v, float) for v in noisy.values())
-    flags = ch3b.flag_rounds([noisy_cases[("linear", None)], noisy_cases[("linear", 0.0)]])
-    assert flags.tolist() == [False, False, True, True]                   # exact-zero ADM leaves dead features
-    _, nav_cases = ch3b.noisy_adm_grid(data, {"linear": ()}, [0.0], 2, 2, lr=1.0, max_iter=2, click_model="navigational")
-    nav = ch3b.make_oltr_case(data, 2, 2, (), click_model="navigational", adm=False, lr=1.0, group=0, seed=50)
-    assert torch.equal(nav_cases[("linear", None)].I, nav.I)             # the click model reaches the users
-    ldp_auc, rnd = ch3b.ldp_grid(data, {"linear": ()}, [1.0], [(1, [False])], 2, delta=1e-8, sensitivity=0.5, lr=1.0,
-                                 max_iter=2, random_draws=2, rand_generator=torch.Generator().manual_seed(0))
-    assert set(ldp_auc) == {("linear", 1, False, 1.0)} and rnd[("linear", 1, False)].shape == (4,)
-    with pytest.raises(ValueError, match="rankers"):
-        ch3b.fig5_grid(data, {}, [1], ["navigational"], 2, lr=1.0, max_iter=2)
-    with pytest.raises(ValueError, match="cases"):
-        ch3b.flag_rounds([])
-
-
-def test_pir_and_utility_grids(data):
-    pir = ch3b.pir_grid(data, {"linear": ()}, 6, epsilons=[None], lr=1.0, seed=0)
-    assert pir == {("linear", None): (1.0, 0.0, 1.0)}                    # exact without noise (Sec. 3.4.3)
-    train, test = data.split(0.2, seed=0)
-    ndcg = ch3b.utility_grid(train, test, {"linear": ()}, [None], num_rounds=2, clients_per_round=4, lr=1.0,
-                             delta=1e-8, sensitivity=0.5)
-    assert set(ndcg) == {("linear", None)} and 0.0 <= ndcg[("linear", None)] <= 1.0
-
-
-def test_ldp_boxplot_refuses_unswept_eps():
-    auc = {(m, Q, a, 1.0): torch.rand(3) for m in RANKERS for Q, a in [(1, False), (8, False), (8, True)]}
-    assert ch3b.ldp_boxplot(auc, RANKERS, 8, 1.0) is not None
-    with pytest.raises(ValueError, match="eps"):
-        ch3b.ldp_boxplot(auc, RANKERS, 8, 10.0)
-    assert set(ch3b.RECORD_LABELS) >= {"ch3b_fig5_single", "ch3b_total_s"}
-
-
-# --- chapter 3a: the FNCF network as a random effect -------------------------------------------------
+# --- the FNCF network as a random effect ------------------------------------------------------------
 
 def test_network_draws_case_gives_each_draw_its_own_network(case):
     """Draw k of the stacked case is the case's users under network fncf_init(seed=seeds[k]): its

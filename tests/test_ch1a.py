@@ -1,6 +1,6 @@
-"""The experiment helpers of chapters 0 and 1a (fedlab.experiments.chapter0 / chapter1a): what they
-compute on tiny inputs, that they run the library's algorithms in the page's order, the tables they
-write, and the ValueErrors they raise on bad arguments."""
+"""Chapter 1a's experiment helpers (fedlab.experiments.chapter1a): what they compute on tiny inputs, that
+they run the library's algorithms in the page's order, the tables and paragraphs they write, and the
+ValueErrors they raise on bad arguments."""
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -9,7 +9,6 @@ import torch
 from fedlab import data, fl, models, privacy
 from fedlab.attacks import gradient_inversion as gi
 from fedlab.data import images
-from fedlab.experiments import chapter0 as ch0
 from fedlab.experiments import chapter1a as ch1a
 
 torch.set_num_threads(1)
@@ -28,61 +27,6 @@ def _close_figures():
     plt.close("all")
 
 
-# ------------------------------------------------------------------ chapter 0
-@pytest.mark.slow
-def test_fedsgd_vs_fedavg_and_the_grid_reuse_its_corners(digits_setup):
-    net, w0, _, test, clients = digits_setup
-    curves = ch0.fedsgd_vs_fedavg(net, clients, params=w0, eval_data=test, num_rounds=3, seed=0)
-    assert list(curves) == [("iid", "FedSGD"), ("iid", "FedAvg E=5, B=10")]
-    again = fl.fedsgd(net, clients["iid"], num_rounds=3, lr=0.5, params=w0, seed=0, eval_data=test).history
-    assert curves[("iid", "FedSGD")]["accuracy"] == again["accuracy"]
-    grid = ch0.local_work_grid(net, clients, curves, params=w0, eval_data=test, num_rounds=2, seed=0)
-    assert set(grid) == {("iid", E, B) for E in (1, 5) for B in (10, 50, None)}
-    assert grid[("iid", 1, None)]["accuracy"] == curves[("iid", "FedSGD")]["accuracy"][:3]   # rounds 0..2
-    assert all(len(h["accuracy"]) == 3 for h in grid.values())
-    ch0.plot_rounds(curves)
-    ch0.plot_local_work_grid(grid)
-    ch0.plot_grid_curve(grid, "iid", 1, "50")
-    with pytest.raises(ValueError, match="batch_size"):
-        ch0.plot_grid_curve(grid, "iid", 5, "20")
-
-
-def test_dssgd_sweep_order_and_keys(digits_setup):
-    net, w0, _, test, clients = digits_setup
-    dssgd = ch0.dssgd_sweep(net, clients["iid"], params=w0, eval_data=test, num_rounds=1, threshold=1e-3,
-                            upload_fractions=(1.0, 0.1), seed=0)
-    assert list(dssgd) == [("largest", 1.0), ("largest", 0.1), ("random", 1.0), ("random", 0.1)]
-    ch0.plot_dssgd(dssgd, standalone=0.5)
-
-
-def test_settings_table_quotes_the_record():
-    acc = {"centralized": {"iid": 0.9, "non-iid": 0.9}, "standalone (mean client)": {"iid": 0.8, "non-iid": 0.2},
-           "FedAvg": {"iid": 0.88, "non-iid": 0.7}}
-    table = ch0.settings_table(acc, _Run()).data
-    assert "| standalone (mean client) | 0.800 | 0.200 | paper:standalone_iid | paper:standalone_noniid |" in table
-    with pytest.raises(ValueError, match="acc"):
-        ch0.settings_table({"FedAvg": acc["FedAvg"]}, _Run())
-
-
-@pytest.mark.parametrize("call, name", [
-    (lambda s: ch0.compare_settings(*s[:1], s[2], s[4], params=s[1], eval_data=s[3], num_rounds=0, num_epochs=1),
-     "num_rounds"),
-    (lambda s: ch0.compare_settings(*s[:1], s[2], s[4], params=s[1], eval_data=s[3], num_rounds=1, num_epochs=1.5),
-     "num_epochs"),
-    (lambda s: ch0.compare_settings(*s[:1], s[2], {}, params=s[1], eval_data=s[3], num_rounds=1, num_epochs=1),
-     "clients"),
-    (lambda s: ch0.dssgd_sweep(s[0], s[4]["iid"], params=s[1], eval_data=s[3], num_rounds=1, threshold=-1.0),
-     "threshold"),
-    (lambda s: ch0.dssgd_sweep(s[0], s[4]["iid"], params=s[1], eval_data=s[3], num_rounds=1, threshold=0.0,
-                               upload_fractions=(0.0,)), "upload_fractions"),
-    (lambda s: ch0.local_work_grid(s[0], s[4], {}, params=s[1], eval_data=s[3], num_rounds=0), "num_rounds"),
-])
-def test_chapter0_rejects_bad_arguments(digits_setup, call, name):
-    with pytest.raises(ValueError, match=name):
-        call(digits_setup)
-
-
-# ------------------------------------------------------------------ chapter 1a
 @pytest.fixture(scope="module")
 def text_setup():
     corpus = images.synthetic_sentences(60, vocab_size=40, sentence_length=6, seed=0)
@@ -244,7 +188,7 @@ def test_dlg_vs_ig_and_the_dlg_figures_on_tiny_runs(lenet_setup):
         ch1a.plot_dlg_snapshots(run, X[:2], show=0)
 
 
-# ------------------------------------------------------------------ chapter 1a: one success rule, DLG restarts
+# ------------------------------------------------------------------ one success rule, DLG restarts
 def test_success_rule_needs_the_bar_and_the_mean_colour():
     flat = torch.full((1, 1, 4, 4), 0.3)
     flat[0, 0, 0, 0] = 0.31                                  # nearly its own mean colour: a high floor
@@ -321,3 +265,81 @@ def test_dlg_final_loss_is_small_where_the_attack_succeeds_and_not_where_it_stal
     assert ok.max() < 1e-3 and stalled.min() > 100 * ok.max(), (psnr, run.final_loss)
     single = gi.dlg(net, w, {k: v[3] for k, v in grads.items()}, input_shape=(1, 8, 8), num_classes=10, max_iter=5)
     assert isinstance(single.final_loss, float) and single.final_loss >= 0
+
+
+@pytest.fixture(scope="module")
+def digits_net():
+    torch.set_num_threads(1)
+    net = gi.dlg_init_(models.lenet(1, 10, 8), seed=0)
+    return net, models.get_params(net), images.digit_images(6, seed=1)
+
+
+def test_chapter_helpers_baselines_imprint_and_intervals():
+    import matplotlib
+    matplotlib.use("Agg")
+    X = images.digit_images(None).X
+    demo = ch1a.imprint_demo(X, num_clients=3, batch_size=4, num_bins=128, seed=0)
+    rec = demo["recovered"]
+    assert demo["X"].shape == demo["X_hat"].shape == (12, 1, 8, 8) and rec.any()
+    assert torch.allclose(demo["X_hat"][rec], demo["X"][rec], atol=1e-6)   # exact from the sum of 3 clients
+    assert (demo["X_hat"][~rec] == 0).all()
+    assert int(rec.sum()) == demo["alone"]             # exactly the digits alone in their bin
+    ch1a.plot_imprint(demo, show=6)
+    grid = np.array([[0.9, 1.0], [0.1, 0.8]])
+    ch1a.plot_imprint_grid(grid, [4, 64], [16, 256])
+    assert "| 64 | 0.10 / 0.02 | 0.80 / 0.78 |" in ch1a.imprint_table(grid, [4, 64], [16, 256], trials=5).data
+    with pytest.raises(ValueError, match="X holds"):
+        ch1a.imprint_demo(X[:5], num_clients=2, batch_size=4, num_bins=16)
+    s = ch1a.psnr_summary([60.0, 5.0], X[:2])
+    assert s["beats grey"] == 0.5 and s["n"] == 2 and s["attack"] == pytest.approx(32.5)
+    assert "| DLG | 2 | 32.5 |" in ch1a.baseline_table({"DLG": s}).data
+    with pytest.raises(ValueError, match="psnr"):
+        ch1a.psnr_summary([1.0], X[:2])
+
+    class _Run:
+        def stored(self, name, digits=3, *, scale_factor=1.0, value_range=None):
+            return f"paper:{name}"
+
+    table = ch1a.wei_table({1: 0.75, 16: 0.0}, {1: 1.0, 9: 0.25}, _Run(), scale="quick", num_images=8).data
+    # 0 of 16 images at B = 16 (a whole batch): exact interval [0, 1 - 0.025^(1/16)] = [0, 0.21]
+    assert "| batch size 16 | 0.13 | 0.00 | paper:rate_b16 | 16 | [0.00, 0.21] |" in table
+    assert "| local steps 1 | 1.00 | 1.00 | paper:rate_k1 | 8 | [0.63, 1.00] |" in table
+    assert ch1a.images_per_cell(8, 16) == 16 and ch1a.images_per_cell(24, 16) == 32
+
+
+def test_layer_figure_and_correlation_on_a_tiny_run(digits_net):
+    import matplotlib
+    matplotlib.use("Agg")
+    net, params, ds = digits_net
+    g = gi.per_example_gradients(net, params, ds.X[:2], ds.y[:2])
+    run = gi.dlg(net, params, g, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=2, stacked=True,
+                 x_true=ds.X[:2, None])
+    ch1a.plot_layer_distances(run, ["c1", "c2", "c3", "fc"], attack=1)
+    ch1a.plot_dlg_psnr(run, success_db=20.0, baselines={"grey": 7.0})
+    rho = ch1a.layer_image_correlation(run, attack=0)
+    assert rho.shape == (4,) and np.isfinite(rho).all()
+    with pytest.raises(ValueError, match="attack"):
+        ch1a.plot_layer_distances(run, ["c1", "c2", "c3", "fc"], attack=5)
+    res = ch1a.dlg_vs_inverting_gradients(models.lenet(1, 10, 8, activation="relu", seed=0),
+                                          models.get_params(models.lenet(1, 10, 8, activation="relu", seed=0)),
+                                          ds.X[:2], ds.y[:2], weight_key="7.weight", max_iter=4, dlg_steps=1,
+                                          num_restarts=2)
+    assert res["ig_evaluations"] == 5 and (res["dlg_evaluations"] <= 20).all() and res["ig_x"].shape == (2, 1, 8, 8)
+
+
+def test_restart_paragraph_states_this_seeds_counts_and_refuses_a_mismatch():
+    final_loss = np.array([1e-12, 3.5, 2e-11, 40.0])
+    won, failed = np.array([True, False, True, False]), np.array([1, 3])
+    restart = {"loss_truth": np.array([1e-16, 3e-17])}
+    text = ch1a.restart_paragraph(restart, final_loss=final_loss, won=won, failed=failed, stalled=1,
+                                  rescued=np.array([True, False]), num_restarts=4, success_before=0.5)
+    assert "failed on 2 of the 4 digits (1 of them stopped" in text and "at least 3.5," in text
+    assert "at most 2e-11" in text and "scores 1e-16" in text and "4 more random starts" in text
+    assert "1 of the 2 failed digits" in text and "becomes 0.750 (from 0.500)" in text
+    none = ch1a.restart_paragraph(restart, final_loss=final_loss[[0, 2]], won=np.array([True, True]),
+                                  failed=np.array([], dtype=int), stalled=0, rescued=np.array([], dtype=bool),
+                                  num_restarts=4, success_before=1.0)
+    assert "succeeded on all 2 digits" in none and "at most 2e-11" in none
+    with pytest.raises(ValueError, match="rescued"):
+        ch1a.restart_paragraph(restart, final_loss=final_loss, won=won, failed=failed, stalled=1,
+                               rescued=np.array([True]), num_restarts=4, success_before=0.5)

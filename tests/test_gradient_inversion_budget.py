@@ -1,5 +1,6 @@
-"""Chapter 1a: DLG's budget in the reference's units, the PSNR floors, Inverting
-Gradients with Gaussian starts and restarts, and the per-layer gradient distance (Zhu et al. 2019, Fig. 3)."""
+"""fedlab.attacks.gradient_inversion's budgets and baselines (chapter 1a's attacks): DLG's budget in the
+reference's units, the PSNR floors, Inverting Gradients with Gaussian starts and restarts, and the per-layer
+gradient distance (Zhu et al. 2019, Fig. 3). The chapter's helpers built on them are tested in test_ch1a.py."""
 import numpy as np
 import pytest
 import torch
@@ -45,9 +46,10 @@ def test_dlg_reference_loop_matches_torch_lbfgs_iterates_and_evaluations(image, 
     """gi.dlg(steps=S, max_iter=20) is the reference's loop: the same closure calls as torch's LBFGS in the
     reference's loop (S x 20 = 60 when no stopping test fires; fewer when a step ends early, as in the last
     two cases with torch 2.13: 52 when the loss stops changing, 25 when L-BFGS meets a non-descent direction
-    and the run stays there) and the same final dummy image and label, in float64 to machine precision. The
-    early-stop counts themselves are torch's and may move with its version: the test compares ours with
-    torch's own count, and pins only which cases stop early."""
+    and the run stays there; the first ran all 60) and the same final dummy image and label, in float64 to
+    machine precision. The counts themselves are torch's and may move with its version: the test compares ours
+    with torch's own count, checks the budget is never exceeded, and requires only that the last two cases stop
+    before it (so the early-stop path is exercised); it pins no count."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
@@ -58,7 +60,7 @@ def test_dlg_reference_loop_matches_torch_lbfgs_iterates_and_evaluations(image, 
         X = ds.X.double()
         obs = gi.parameter_gradient(net, params, X[image:image + 1], ds.y[image:image + 1])
         x_ref, y_ref, calls = _reference_run(net, params, obs, seed, steps=3)
-        assert (calls == 60) if full else (calls < 60), calls
+        assert 0 < calls <= 60 and (full or calls < 60), calls
         assert gi.reference_evaluations(3, 20) == 60
         ours = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, seed=seed)
         assert ours.evaluations == calls and len(ours.history["iteration"]) == calls
@@ -163,96 +165,3 @@ def test_layer_mse_history_falls_with_image_mse(digits_net):
     mse = np.array(res.history["image_mse"])[:, 0]
     assert mse[-1] < 1e-2 * mse[0]
     assert list(layers) == ["0", "2", "4", "7"]
-
-
-def test_expected_imprint_rate_matches_the_measured_grid():
-    """(k / (k + 1))^B: k + 1 equally likely intervals, the lowest never recovered, and no other of the
-    B inputs in the same interval. Measured on digits over 20 random batches per cell."""
-    from fedlab.attacks import imprint
-
-    assert imprint.expected_recovery_rate(1, 1) == pytest.approx(0.5)
-    assert imprint.expected_recovery_rate(64, 256) == pytest.approx((256 / 257) ** 64)
-    grid_e = imprint.expected_recovery_rate(np.array([[16], [64]]), np.array([[16, 256]]))
-    assert grid_e.shape == (2, 2)
-    X = digit_images(None).X.reshape(-1, 64)
-    grid = imprint.imprint_recovery_grid(X, [16, 64], [16, 256], trials=20, seed=3)
-    assert np.abs(grid - grid_e).max() < 0.08, (grid, grid_e)
-    with pytest.raises(ValueError, match="batch_size"):
-        imprint.expected_recovery_rate(0, 16)
-
-
-def test_chapter_helpers_baselines_imprint_and_intervals():
-    import matplotlib
-    matplotlib.use("Agg")
-    from fedlab.experiments import chapter1a as ch1a
-
-    X = digit_images(None).X
-    demo = ch1a.imprint_demo(X, num_clients=3, batch_size=4, num_bins=128, seed=0)
-    rec = demo["recovered"]
-    assert demo["X"].shape == demo["X_hat"].shape == (12, 1, 8, 8) and rec.any()
-    assert torch.allclose(demo["X_hat"][rec], demo["X"][rec], atol=1e-6)   # exact from the sum of 3 clients
-    assert (demo["X_hat"][~rec] == 0).all()
-    assert int(rec.sum()) == demo["alone"]             # exactly the digits alone in their bin
-    ch1a.plot_imprint(demo, show=6)
-    grid = np.array([[0.9, 1.0], [0.1, 0.8]])
-    ch1a.plot_imprint_grid(grid, [4, 64], [16, 256])
-    assert "| 64 | 0.10 / 0.02 | 0.80 / 0.78 |" in ch1a.imprint_table(grid, [4, 64], [16, 256], trials=5).data
-    with pytest.raises(ValueError, match="X holds"):
-        ch1a.imprint_demo(X[:5], num_clients=2, batch_size=4, num_bins=16)
-    s = ch1a.psnr_summary([60.0, 5.0], X[:2])
-    assert s["beats grey"] == 0.5 and s["n"] == 2 and s["attack"] == pytest.approx(32.5)
-    assert "| DLG | 2 | 32.5 |" in ch1a.baseline_table({"DLG": s}).data
-    with pytest.raises(ValueError, match="psnr"):
-        ch1a.psnr_summary([1.0], X[:2])
-
-    class _Run:
-        def stored(self, name, digits=3, *, scale_factor=1.0, value_range=None):
-            return f"paper:{name}"
-
-    table = ch1a.wei_table({1: 0.75, 16: 0.0}, {1: 1.0, 9: 0.25}, _Run(), scale="quick", num_images=8).data
-    # 0 of 16 images at B = 16 (a whole batch): exact interval [0, 1 - 0.025^(1/16)] = [0, 0.21]
-    assert "| batch size 16 | 0.13 | 0.00 | paper:rate_b16 | 16 | [0.00, 0.21] |" in table
-    assert "| local steps 1 | 1.00 | 1.00 | paper:rate_k1 | 8 | [0.63, 1.00] |" in table
-    assert ch1a.images_per_cell(8, 16) == 16 and ch1a.images_per_cell(24, 16) == 32
-
-
-def test_layer_figure_and_correlation_on_a_tiny_run(digits_net):
-    import matplotlib
-    matplotlib.use("Agg")
-    from fedlab.experiments import chapter1a as ch1a
-
-    net, params, ds = digits_net
-    g = gi.per_example_gradients(net, params, ds.X[:2], ds.y[:2])
-    run = gi.dlg(net, params, g, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=2, stacked=True,
-                 x_true=ds.X[:2, None])
-    ch1a.plot_layer_distances(run, ["c1", "c2", "c3", "fc"], attack=1)
-    ch1a.plot_dlg_psnr(run, success_db=20.0, baselines={"grey": 7.0})
-    rho = ch1a.layer_image_correlation(run, attack=0)
-    assert rho.shape == (4,) and np.isfinite(rho).all()
-    with pytest.raises(ValueError, match="attack"):
-        ch1a.plot_layer_distances(run, ["c1", "c2", "c3", "fc"], attack=5)
-    res = ch1a.dlg_vs_inverting_gradients(models.lenet(1, 10, 8, activation="relu", seed=0),
-                                          models.get_params(models.lenet(1, 10, 8, activation="relu", seed=0)),
-                                          ds.X[:2], ds.y[:2], weight_key="7.weight", max_iter=4, dlg_steps=1,
-                                          num_restarts=2)
-    assert res["ig_evaluations"] == 5 and (res["dlg_evaluations"] <= 20).all() and res["ig_x"].shape == (2, 1, 8, 8)
-
-
-def test_restart_paragraph_states_this_seeds_counts_and_refuses_a_mismatch():
-    from fedlab.experiments import chapter1a as ch1a
-
-    final_loss = np.array([1e-12, 3.5, 2e-11, 40.0])
-    won, failed = np.array([True, False, True, False]), np.array([1, 3])
-    restart = {"loss_truth": np.array([1e-16, 3e-17])}
-    text = ch1a.restart_paragraph(restart, final_loss=final_loss, won=won, failed=failed, stalled=1,
-                                  rescued=np.array([True, False]), num_restarts=4, success_before=0.5)
-    assert "failed on 2 of the 4 digits (1 of them stopped" in text and "at least 3.5," in text
-    assert "at most 2e-11" in text and "scores 1e-16" in text and "4 more random starts" in text
-    assert "1 of the 2 failed digits" in text and "becomes 0.750 (from 0.500)" in text
-    none = ch1a.restart_paragraph(restart, final_loss=final_loss[[0, 2]], won=np.array([True, True]),
-                                  failed=np.array([], dtype=int), stalled=0, rescued=np.array([], dtype=bool),
-                                  num_restarts=4, success_before=1.0)
-    assert "succeeded on all 2 digits" in none and "at most 2e-11" in none
-    with pytest.raises(ValueError, match="rescued"):
-        ch1a.restart_paragraph(restart, final_loss=final_loss, won=won, failed=failed, stalled=1,
-                               rescued=np.array([True]), num_restarts=4, success_before=0.5)

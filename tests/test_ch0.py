@@ -1,6 +1,7 @@
-"""Chapter 0: the step size of each method tuned on held-out
-validation data, the client-fraction table of McMahan et al. (Table 1), and the tuned step sizes
-passed through to the FedSGD / FedAvg comparison and the local-work grid."""
+"""Chapter 0's experiment helpers (fedlab.experiments.chapter0): the step size of each method tuned on
+held-out validation data, the client-fraction table of McMahan et al. (Table 1), the tuned step sizes passed
+through to the FedSGD / FedAvg comparison and the local-work grid, the DSSGD sweep, the settings table, and the
+ValueErrors they raise on bad arguments."""
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -16,6 +17,13 @@ torch.set_num_threads(1)
 def _close_figures():
     yield
     plt.close("all")
+
+
+class _Run:
+    """Stands in for fedlab.records.Run: quotes a stored value by name."""
+
+    def stored(self, name, digits=3, *, scale_factor=1.0, value_range=None):
+        return f"paper:{name}"
 
 
 @pytest.mark.slow
@@ -117,6 +125,59 @@ def test_client_fraction_table_marks_misses_and_speedups():
                                           num_rounds=1, lrs=ch0.DEFAULT_LRS), "num_clients"),
     (lambda s: ch0.client_fraction_table({}, 10), "rounds"),
 ])
-def test_second_edition_helpers_reject_bad_arguments(digits_setup, call, name):
+def test_tuning_and_client_fraction_helpers_reject_bad_arguments(digits_setup, call, name):
+    with pytest.raises(ValueError, match=name):
+        call(digits_setup)
+
+
+@pytest.mark.slow
+def test_fedsgd_vs_fedavg_and_the_grid_reuse_its_corners(digits_setup):
+    net, w0, _, test, clients = digits_setup
+    curves = ch0.fedsgd_vs_fedavg(net, clients, params=w0, eval_data=test, num_rounds=3, seed=0)
+    assert list(curves) == [("iid", "FedSGD"), ("iid", "FedAvg E=5, B=10")]
+    again = fl.fedsgd(net, clients["iid"], num_rounds=3, lr=0.5, params=w0, seed=0, eval_data=test).history
+    assert curves[("iid", "FedSGD")]["accuracy"] == again["accuracy"]
+    grid = ch0.local_work_grid(net, clients, curves, params=w0, eval_data=test, num_rounds=2, seed=0)
+    assert set(grid) == {("iid", E, B) for E in (1, 5) for B in (10, 50, None)}
+    assert grid[("iid", 1, None)]["accuracy"] == curves[("iid", "FedSGD")]["accuracy"][:3]   # rounds 0..2
+    assert all(len(h["accuracy"]) == 3 for h in grid.values())
+    ch0.plot_rounds(curves)
+    ch0.plot_local_work_grid(grid)
+    ch0.plot_grid_curve(grid, "iid", 1, "50")
+    with pytest.raises(ValueError, match="batch_size"):
+        ch0.plot_grid_curve(grid, "iid", 5, "20")
+
+
+def test_dssgd_sweep_order_and_keys(digits_setup):
+    net, w0, _, test, clients = digits_setup
+    dssgd = ch0.dssgd_sweep(net, clients["iid"], params=w0, eval_data=test, num_rounds=1, threshold=1e-3,
+                            upload_fractions=(1.0, 0.1), seed=0)
+    assert list(dssgd) == [("largest", 1.0), ("largest", 0.1), ("random", 1.0), ("random", 0.1)]
+    ch0.plot_dssgd(dssgd, standalone=0.5)
+
+
+def test_settings_table_quotes_the_record():
+    acc = {"centralized": {"iid": 0.9, "non-iid": 0.9}, "standalone (mean client)": {"iid": 0.8, "non-iid": 0.2},
+           "FedAvg": {"iid": 0.88, "non-iid": 0.7}}
+    table = ch0.settings_table(acc, _Run()).data
+    assert "| standalone (mean client) | 0.800 | 0.200 | paper:standalone_iid | paper:standalone_noniid |" in table
+    with pytest.raises(ValueError, match="acc"):
+        ch0.settings_table({"FedAvg": acc["FedAvg"]}, _Run())
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda s: ch0.compare_settings(*s[:1], s[2], s[4], params=s[1], eval_data=s[3], num_rounds=0, num_epochs=1),
+     "num_rounds"),
+    (lambda s: ch0.compare_settings(*s[:1], s[2], s[4], params=s[1], eval_data=s[3], num_rounds=1, num_epochs=1.5),
+     "num_epochs"),
+    (lambda s: ch0.compare_settings(*s[:1], s[2], {}, params=s[1], eval_data=s[3], num_rounds=1, num_epochs=1),
+     "clients"),
+    (lambda s: ch0.dssgd_sweep(s[0], s[4]["iid"], params=s[1], eval_data=s[3], num_rounds=1, threshold=-1.0),
+     "threshold"),
+    (lambda s: ch0.dssgd_sweep(s[0], s[4]["iid"], params=s[1], eval_data=s[3], num_rounds=1, threshold=0.0,
+                               upload_fractions=(0.0,)), "upload_fractions"),
+    (lambda s: ch0.local_work_grid(s[0], s[4], {}, params=s[1], eval_data=s[3], num_rounds=0), "num_rounds"),
+])
+def test_comparison_dssgd_and_grid_helpers_reject_bad_arguments(digits_setup, call, name):
     with pytest.raises(ValueError, match=name):
         call(digits_setup)
