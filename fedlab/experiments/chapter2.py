@@ -347,16 +347,18 @@ def bound_checks_table(checks: Mapping) -> str:
 
 def slack_table(chains: Mapping) -> str:
     """Markdown table of :func:`slack_chain` results ``{column title: chain}``: one row per factor,
-    the ``T`` of the theorem and the ``T`` needed, and the total."""
-    cols = list(chains)
-    head = "| | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n"
-    rows = [f"| $T$ of the theorem (paper's $\\beta$) | " + " | ".join(f"{c['T']['paper']:.0f}" for c in chains.values()) + " |"]
-    rows += [f"| factor: {SLACK_LABELS[n]} | " + " | ".join(f"{c['factor'][n]:.2f}" for c in chains.values()) + " |"
+    the ``T`` of the theorem and the ``T`` needed, and the total (:func:`fedlab.plots.md_table`)."""
+    from ..plots import md_table
+
+    def row(label, fmt, get):
+        return [label] + [format(get(c), fmt) for c in chains.values()]
+
+    rows = [row("$T$ of the theorem (paper's $\\beta$)", ".0f", lambda c: c["T"]["paper"])]
+    rows += [row(f"factor: {SLACK_LABELS[n]}".replace("\\|", "|"), ".2f", lambda c, n=n: c["factor"][n])   # md_table escapes |
              for n in SLACK_LABELS]
-    rows += ["| $T$ needed for P(error > $\\epsilon$) $\\le\\delta$ | " +
-             " | ".join(f"{c['T']['error']:.0f}" for c in chains.values()) + " |",
-             "| total: theorem / needed | " + " | ".join(f"{c['total']:.1f}" for c in chains.values()) + " |"]
-    return head + "\n".join(rows)
+    rows += [row("$T$ needed for P(error > $\\epsilon$) $\\le\\delta$", ".0f", lambda c: c["T"]["error"]),
+             row("total: theorem / needed", ".1f", lambda c: c["total"])]
+    return md_table([""] + list(chains), rows)
 
 
 def epsilon_sweep(laws: Mapping, epsilons: Sequence[float], *, delta: float) -> dict:

@@ -581,14 +581,16 @@ def adult_variants_markdown(rows) -> str:
 def adult_counts_markdown(counts: dict, paper=None) -> str:
     """The Adult split's counts as a Markdown table: the paper's, ours (``counts`` from
     :func:`adult_split_counts`) and the stored paper-scale record ``paper(name, digits)`` (``n/a`` when
-    ``None``). Raises ``ValueError`` for a name of :data:`PAPER_ADULT_COUNTS` missing from ``counts``."""
+    ``None``; :func:`fedlab.plots.md_table`). Raises ``ValueError`` for a name of :data:`PAPER_ADULT_COUNTS`
+    missing from ``counts``."""
     missing = [n for n in PAPER_ADULT_COUNTS if n not in counts]
     if missing:
         raise ValueError(f"counts lacks {missing}: pass the output of adult_split_counts")
-    rows = [f"| {label} | {v} | {counts[name]} | {paper(name, 0) if paper is not None else 'n/a'} |"
-            for name, (label, v) in PAPER_ADULT_COUNTS.items()]
-    return ("| | paper | ours | ours, paper scale (mean ± 95 % CI, n seeds) |\n|---|---|---|---|\n"
-            + "\n".join(rows))
+    from ..plots import md_table
+
+    return md_table(["", "paper", "ours", "ours, paper scale (mean ± 95 % CI, n seeds)"],
+                    [[str(label), str(v), str(counts[name]), paper(name, 0) if paper is not None else "n/a"]
+                     for name, (label, v) in PAPER_ADULT_COUNTS.items()])
 
 
 def phd_distance_means(dist, num_phd: int = 3) -> tuple[float, float]:
