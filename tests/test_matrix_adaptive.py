@@ -182,7 +182,7 @@ def test_the_aware_oltr_attack_shares_the_naive_starts_and_reads_each_columns_ow
     U = 8                                                    # the row's tiny users
     view, mask, ids, clip = seen["aware"]
     assert torch.equal(view, seen["naive"][U:]) and torch.equal(mask, view != 0) and clip is None
-    assert torch.equal(ids, torch.arange(U, 3 * U))          # prune90's and topk1's rows of the naive batch
+    assert torch.equal(ids, torch.arange(U).repeat(2))       # each column's users start where the naive ones did
     kept = mask.sum(1).float()
     assert kept[:U].mean() >= 5 * kept[U:].mean() > 0        # 10 % kept against 1 % (46 weights: 5 and 1)
     assert out["prune90@naive"] == out["topk1@naive"] == 0.6 and out["prune90@loss_truth"] == 1.0
@@ -225,3 +225,12 @@ def test_the_aware_fcf_attack_shares_the_naive_starts_and_matches_the_sent_coord
     sent = aware["coord_mask"]
     assert sent.dtype == torch.bool and torch.equal(sent, naive["fcf"] != 0)   # padding is 0 in the view too
     assert out["prune90"] == 0.9 and out["prune90" + mx.NAIVE_SUFFIX] == 0.7
+
+
+@pytest.mark.slow   # ~6 s on one core
+def test_an_oltr_cell_does_not_depend_on_the_columns_run_with_it():
+    """Each column's users start from the same points (ids 0..U-1 per column): a cell alone equals the cell in a
+    row run with other columns (it did not when the starts were keyed by the position in the batch)."""
+    alone = mx.cell("oltr", "prune90", tiny=True)(0)
+    together = mx.run_row("oltr", 0, ["topk1", "none", "prune90"], tiny=True)
+    assert alone == together["prune90"], (alone, together)

@@ -146,9 +146,8 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
     the curious server sees the clipped update before its noise, an outsider (``outsider``) the noisy
     release. Under pruning and top-k (and a user defense that publishes its mask) the cell is the attacker who
     compares only the sent coordinates (:func:`_oltr_aware`), with ``@naive``, ``@loss`` and ``@loss_truth``
-    beside it. A user's random starts are keyed by its position in the batch of columns (so a cell's value
-    depends on the columns run with it, as the naive attack always did). Metric: mean AUC over users of the
-    inferred clicks."""
+    beside it. Every column's users start from the same points (user ids ``0..U-1`` in each column), so a cell
+    does not depend on the columns run with it. Metric: mean AUC over users of the inferred clicks."""
     U, Q, group = _size(tiny, tiny_value=8, quick=32, paper=64), 8, 4
     iters = _size(tiny, tiny_value=20, quick=35, paper=200)
     data = synthetic_letor(_size(tiny, tiny_value=100, quick=300, paper=1000), seed=seed)
@@ -164,12 +163,13 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
         views = torch.cat([reg.apply(case.update, _defense(c), clip_norm=C, generator=gen, rng=rng,
                                      client_side_noise=outsider) for c in cols])
         auc = ro.attack_oltr(ro.cat_cases([case] * len(cols)), views, clip_norm=C if clipped else None,
-                             max_iter=iters, seed=seed)
+                             max_iter=iters, seed=seed, user_ids=torch.arange(U).repeat(len(cols)))
         out.update({c: float(auc[i * U:(i + 1) * U].mean()) for i, c in enumerate(cols)})
         sparse = [i for i, c in enumerate(cols) if _defense(c).kind == "prune"]
         if sparse:                                                   # the attacker who knows the pruning mask
             rows = torch.cat([torch.arange(i * U, (i + 1) * U) for i in sparse])
-            _oltr_aware(out, case, [cols[i] for i in sparse], views[rows], views[rows] != 0, rows, iters, seed)
+            _oltr_aware(out, case, [cols[i] for i in sparse], views[rows], views[rows] != 0,
+                        torch.arange(U).repeat(len(sparse)), iters, seed)
     for c in [c for c in columns if _defense(c).kind == "user"]:     # the clipping bound it publishes, if any
         view, public = reg.apply_public(case.update, _defense(c), generator=gen)
         auc = ro.attack_oltr(case, view, clip_norm=public.get("clip_norm"), max_iter=iters, seed=seed)
@@ -197,7 +197,7 @@ def _oltr_aware(out: dict, case, cols: Sequence[str], views: torch.Tensor, sent:
     """The cells of sparsifying columns ``cols`` under the attacker who knows the mask (RAIFLE App. C.4's attack
     compares its dense simulation with the pruned update; this one compares only the coordinates ``sent``
     [len(cols) U, P], :func:`fedlab.attacks.interaction_inference.oltr.raifle_oltr`'s ``mask``), one batch for
-    every column; ``ids`` [len(cols) U] are the rows' ids in the naive run, so that both start from the same points;
+    every column; ``ids`` [len(cols) U] are the users' ids in the naive run, so that both start from the same points;
     ``clip_norm``: a clipping bound the defense published too (reproduced in the simulation). ``out[c]`` becomes that attacker's mean AUC, the paper's attacker moves to
     ``"<c>@naive"``, and the median loss reached and at the true clicks go to ``"<c>@loss"`` /
     ``"<c>@loss_truth"`` (did the attack reach its optimum?)."""
