@@ -11,7 +11,7 @@ from ._stats import t_interval  # noqa: F401  (lives in fedlab._stats: the comma
 
 __all__ = ["accuracy", "roc_auc", "roc_auc_rows", "roc_curve", "mse", "psnr", "psnr_from_mse", "matched_psnr",
            "rounds_to_accuracy", "ks_pvalue", "t_interval", "auc_permutation_floor", "best_threshold",
-           "balanced_accuracy", "tpr_at_fpr"]
+           "balanced_accuracy", "tpr_at_fpr", "optimum_status"]
 
 
 def _np(x):
@@ -294,3 +294,19 @@ def best_threshold(labels, scores) -> float:
     pos = labels == 1
     bacc = (pred[:, pos].mean(1) + (~pred[:, ~pos]).mean(1)) / 2
     return float(cands[int(np.argmax(bacc))])
+
+
+def optimum_status(reached: float, truth: float) -> str:
+    """Did an attack that minimises a matching loss reach its optimum? Compares the loss it ended at
+    (``reached``) with the same loss at the true answer (``truth``): ``"stalled"`` when it ended more than 10 times
+    (plus 1e-3) above the truth's loss (the optimiser failed: what the attack recovered is a lower bound on what
+    leaks), ``"below"`` when it ended under the truth's loss (the objective has better answers than the truth, so
+    no optimiser finds the truth through it), else ``"reached"``. The one rule of the book's optimum checks
+    (Chapter 3a's pruning sweep, the matrix's mask-aware cells). Raises ``ValueError`` for a loss that is negative
+    or not finite."""
+    for name, v in (("reached", reached), ("truth", truth)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be a finite loss >= 0, got {v!r}")
+    if reached > 10 * truth + 1e-3:
+        return "stalled"
+    return "below" if reached < truth else "reached"

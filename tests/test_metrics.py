@@ -96,3 +96,15 @@ def test_roc_auc_rows_matches_sklearn_with_ties_and_masks():
         roc_auc_rows(torch.zeros(1, 12), scores[:1], mask[:1])
     with pytest.raises(ValueError, match="finite"):
         roc_auc_rows(labels[:1], torch.full((1, 12), float("inf")), mask[:1])
+
+
+def test_optimum_status_stalled_below_reached():
+    """The one rule of the book's optimum checks: above 10x the truth's loss (plus 1e-3) the attack stalled."""
+    from fedlab.metrics import optimum_status
+
+    assert optimum_status(9e-3, 1.5e-7) == "stalled" and optimum_status(0.0111, 1e-3) == "stalled"
+    assert optimum_status(0.0109, 1e-3) == "reached" and optimum_status(1e-3, 1e-3) == "reached"
+    assert optimum_status(1e-12, 2e-3) == "below" and optimum_status(0.0, 0.0) == "reached"
+    for bad in (-1.0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="reached"):
+            optimum_status(bad, 0.0)

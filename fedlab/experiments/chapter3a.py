@@ -14,7 +14,7 @@ import torch
 
 from ..attacks.interaction_inference.recsys import raifle_fcf, raifle_fncf
 from ..fl.recsys.interactions import fcf_item_updates, fncf_init, fncf_per_user, fncf_updates
-from ..metrics import ks_pvalue, roc_auc_rows, t_interval
+from ..metrics import ks_pvalue, optimum_status, roc_auc_rows, t_interval
 from ..privacy import ldp
 from ..privacy.defenses import prune_rows
 from .tables import scale_cells, scale_pairs, settings_header
@@ -775,7 +775,7 @@ def prune_aware_values(curves: dict, aware: dict, case: RecsysCase, *, budget: i
     ``aware`` its :func:`prune_sweep` results with ``results=True`` at 0.5, 0.9 and 0.99, ``case`` its
     users, ``budget`` its loss evaluations per start): FCF's and FNCF's mean AUCs of both attackers on the
     same users; at 90 % FCF's (lower) median loss reached and at the truth, and a verdict sentence from
-    them (a reached loss above ten times the truth's plus 1e-3 makes the AUC a lower bound); and the
+    them (:func:`fedlab.metrics.optimum_status`'s "stalled" makes the AUC a lower bound); and the
     share of the users' real items whose pruned FCF row keeps any coordinate at 90 % and 99 %
     (``prune_rows`` works on a user's whole update, so whole item rows vanish)."""
     positive_int("budget", budget)
@@ -787,7 +787,7 @@ def prune_aware_values(curves: dict, aware: dict, case: RecsysCase, *, budget: i
     r90 = aware[0.9]["FCF emb"]
     reached, at_truth = r90["loss"].median().item(), r90["loss_truth"].median().item()
     verdict = (f"the attack stops far above the truth's loss within the sweep's {budget} evaluations, so this AUC "
-               "is a lower bound on what leaks, not a measure of the defense" if reached > 10 * at_truth + 1e-3
+               "is a lower bound on what leaks, not a measure of the defense" if optimum_status(reached, at_truth) == "stalled"
                else "the attack reaches the truth's loss, so this AUC is what the update gives away")
     kept = {f: ((prune_rows(case.fcf, f, mask=case.mask) != 0).any(-1)[case.mask]).double().mean().item()
             for f in (0.9, 0.99)}

@@ -198,9 +198,9 @@ def _oltr_aware(out: dict, case, cols: Sequence[str], views: torch.Tensor, sent:
     compares its dense simulation with the pruned update; this one compares only the coordinates ``sent``
     [len(cols) U, P], :func:`fedlab.attacks.interaction_inference.oltr.raifle_oltr`'s ``mask``), one batch for
     every column; ``ids`` [len(cols) U] are the users' ids in the naive run, so that both start from the same points;
-    ``clip_norm``: a clipping bound the defense published too (reproduced in the simulation). ``out[c]`` becomes that attacker's mean AUC, the paper's attacker moves to
-    ``"<c>@naive"``, and the median loss reached and at the true clicks go to ``"<c>@loss"`` /
-    ``"<c>@loss_truth"`` (did the attack reach its optimum?)."""
+    ``clip_norm``: a clipping bound the defense published too (reproduced in the simulation). ``out[c]`` becomes
+    that attacker's mean AUC, the paper's attacker moves to ``"<c>@naive"``, and the median loss reached and at
+    the true clicks go to ``"<c>@loss"`` / ``"<c>@loss_truth"`` (did the attack reach its optimum?)."""
     U = len(case)
     many = ro.cat_cases([case] * len(cols))
     res = ro.raifle_oltr(many, views, mask=sent, clip_norm=clip_norm, max_iter=iters, seed=seed, user_ids=ids,

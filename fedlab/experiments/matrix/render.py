@@ -14,8 +14,8 @@ from ...privacy.registry import DEFENSES, Defense, dp_noise_multiplier
 from ._rows_gradient import IMPRINT_TOL
 from .layout import _BY_KEY, LOSS_SUFFIX, LOSS_TRUTH_SUFFIX, NAIVE_NOTE, NAIVE_SUFFIX, OUTSIDER, value_name
 from .rows import SECAGG_ROW, attacker
-from .stats import (NOT_SIGNIFICANT, adaptive_gaps, advantage, cell_interval, metric_range, optimum_verdict, record_table,
-                    undefended_advantage)
+from .stats import (NOT_SIGNIFICANT, adaptive_gaps, advantage, cell_interval, metric_range, optimum_verdict,
+                    record_table, undefended_advantage)
 
 __all__ = ["COLUMN_NOTES", "threat_rows", "row_threats", "row_threat_header", "page_values", "own_defense_table",
            "UTILITY_ROW", "utility_table", "render_html", "adaptive_gap_table", "live_table"]
@@ -106,8 +106,8 @@ def page_values(record: Mapping) -> dict:
     row's secure-aggregation group (``mx_group_<row>``), releases observed and effective DP-FedAvg epsilons
     (``mx_eps_<row>_<column>``), the eavesdropper's cells in scientific notation (``mx_mr_<column>_sci``),
     each mask-aware cell's optimum check as a phrase (``mx_<row>_<column>_optimum``, :func:`optimum_verdict` of
-    the means of its ``@loss`` and ``@loss_truth``), :data:`IMPRINT_TOL`, the sentence naming the rows without a significant undefended advantage and the rows
-    run again since the record's commit (``mx_reruns``; "every row at that commit" when none).
+    the means of its ``@loss`` and ``@loss_truth``), :data:`IMPRINT_TOL`, the sentence naming the rows without a
+    significant undefended advantage and the rows run again since the record's commit (``mx_reruns``; "every row at that commit" when none).
     Raises ``ValueError`` for a record without the matrix layout."""
     if not record or "matrix" not in record:
         raise ValueError("record is not a matrix record (no 'matrix' layout)")

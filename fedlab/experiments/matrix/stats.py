@@ -146,19 +146,16 @@ def consistent_with_record(record: Mapping, row: str, column: str, value: float,
 
 def optimum_verdict(reached: float, truth: float) -> str:
     """What a mask-aware cell's optimum check says (``"<column>@loss"`` beside ``"<column>@loss_truth"``: the attack's
-    matching loss where it ended and at the true answer), as a phrase the page quotes: ``"stalled above the
-    truth's loss ... a lower bound on what leaks"`` when it ended more than 10 times (plus 1e-3) above the truth's
-    loss, ``"ended below the truth's loss ... do not determine the answer"`` when it ended below it (the objective
-    has better answers than the truth: no optimiser finds the truth through it), else ``"reached the truth's loss"``.
-    Both losses are printed. Raises ``ValueError`` for a loss that is negative or not finite."""
-    import math
+    matching loss where it ended and at the true answer), as a phrase the page quotes, by
+    :func:`fedlab.metrics.optimum_status`: ``"stalled above the truth's loss ... a lower bound on what leaks"``,
+    ``"ended below the truth's loss ... does not determine the answer"`` or ``"reached the truth's loss"``, with
+    both losses printed. Raises ``ValueError`` for a loss that is negative or not finite."""
+    from ...metrics import optimum_status
 
-    for name, v in (("reached", reached), ("truth", truth)):
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            raise ValueError(f"{name} must be a finite loss >= 0, got {v!r}")
+    status = optimum_status(reached, truth)
     both = f"(loss {reached:.1e} where it ended, {truth:.1e} at the truth)"
-    if reached > 10 * truth + 1e-3:
+    if status == "stalled":
         return f"stalled above the truth's loss {both}: the cell is a lower bound on what leaks"
-    if reached < truth:
+    if status == "below":
         return f"ended below the truth's loss {both}: what was sent does not determine the answer"
     return f"reached the truth's loss {both}"
