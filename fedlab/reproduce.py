@@ -1265,7 +1265,6 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
 
     from .config import SCALES
     from .experiments import matrix as mx
-    from .experiments.matrix import rows as mx_rows
 
     stderr = stderr or sys.stderr
     if scale not in SCALES:
@@ -1274,14 +1273,7 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     seeds = check_seeds(seeds)
     if rows is not None:
-        if isinstance(rows, str):
-            raise ValueError(f"rows must be a list of row keys, got the string {rows!r} (rows=[{rows!r}] for one row)")
-        try:
-            rows = [mx_rows._attack(r).key for r in rows]
-        except ValueError as exc:
-            raise ValueError(f"rows: {exc}") from None
-        if not rows or len(set(rows)) != len(rows):
-            raise ValueError(f"rows must name at least one row, each once, got {rows!r}")
+        rows = _matrix_rows(rows)
     out = check_out(out, [MATRIX], scale)
     check_stored_seeds(out, [MATRIX], scale, seeds, force=force)
     stored = record_paths(out, MATRIX, scale)[0]
@@ -1358,6 +1350,22 @@ def reproduce_matrix(*, scale: str, seeds: list[int], out: str | Path, root: Pat
     print(f"matrix: {len(seeds) - len(failures)}/{len(seeds)} seeds clean, seconds per seed [{secs}] -> {path}",
           file=stderr)
     return path, failures
+
+
+def _matrix_rows(rows) -> list[str]:
+    """``rows`` checked: a list of the matrix's row keys (or :class:`Attack` objects), at least one, each once.
+    Returns the keys. Raises ``ValueError`` naming ``rows``."""
+    from .experiments.matrix import rows as mx_rows
+
+    if isinstance(rows, str):
+        raise ValueError(f"rows must be a list of row keys, got the string {rows!r} (rows=[{rows!r}] for one row)")
+    try:
+        keys = [mx_rows._attack(r).key for r in rows]
+    except ValueError as exc:
+        raise ValueError(f"rows: {exc}") from None
+    if not keys or len(set(keys)) != len(keys):
+        raise ValueError(f"rows must name at least one row, each once, got {keys!r}")
+    return keys
 
 
 def _merge_base(stored: Path, scale: str, seeds: list[int], rows) -> dict:
@@ -1577,13 +1585,7 @@ def main(argv: list[str] | None = None) -> int:
             check_stored_seeds(out, [MATRIX], args.scale, args.seeds, force=args.force)
             rows = None if args.rows is None else [r.strip() for r in args.rows.split(",") if r.strip()]
             if rows is not None:      # refused before anything runs: a usage error (2), not a failed seed (1)
-                from .experiments.matrix import rows as mx_rows
-                try:
-                    rows = [mx_rows._attack(r).key for r in rows]
-                except ValueError as exc:
-                    raise ValueError(f"--rows: {exc}") from None
-                if not rows:
-                    raise ValueError("--rows must name at least one row, e.g. --rows rs,oltr")
+                rows = _matrix_rows(rows)
                 _merge_base(record_paths(out, MATRIX, args.scale)[0], args.scale, args.seeds, rows)
             try:
                 _, failures = reproduce_matrix(scale=args.scale, seeds=args.seeds, out=out, root=root,
