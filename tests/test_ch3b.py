@@ -235,6 +235,13 @@ def test_budget_check_runs_each_budget_from_the_same_starts_and_reports_the_trut
     head, rows = ex.budget_table(check)
     assert len(head) == len(rows[0]) == 6 and [r[0] for r in rows] == [3, 40]
     assert ex.REFERENCE_BUDGET == 1250        # torch.optim.LBFGS(max_iter=1000): max_eval = 1000 * 5 // 4
+    # told the order the users trained in, the server's simulation is their training: the truth fits exactly
+    # (a truth laid out in the wrong order of queries and documents does not)
+    shuffled = ro.make_oltr_case(data, 3, 4, (4,), click_model="informational", adm=True, lr=0.1, seed=2,
+                                 shuffle_queries=True)
+    told = ex.budget_check(shuffled, [1], known_order=True)[1]["loss_truth"]
+    assert float(told.max()) < 1e-10, told
+    assert float(ex.budget_check(shuffled, [1])[1]["loss_truth"].max()) > 1e-6    # in display order it does not
     for bad in ([], [0], [2.5], [True]):
         with pytest.raises(ValueError, match="budgets"):
             ex.budget_check(case, bad)

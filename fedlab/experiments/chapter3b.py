@@ -391,7 +391,7 @@ def order_mismatch(cases) -> torch.Tensor:
 REFERENCE_BUDGET = 1000 * 5 // 4
 
 
-def budget_check(case, budgets, *, seed: int = 0) -> dict:
+def budget_check(case, budgets, *, seed: int = 0, known_order: bool = False) -> dict:
     """Did the attack reach its optimum, and does the reference code's budget change the answer? RAIFLE
     (:func:`~fedlab.attacks.interaction_inference.oltr.raifle_oltr`) on every user of ``case`` once per
     loss-evaluation budget of ``budgets`` (e.g. ours and :data:`REFERENCE_BUDGET`), from the same random
@@ -399,8 +399,10 @@ def budget_check(case, budgets, *, seed: int = 0) -> dict:
     below the truth's means the server's objective has a better answer than the truth (its simulation, in
     display order, is not the user's training), which no budget changes. Returns ``{budget: {"auc": [U],
     "loss": [U], "loss_truth": [U], "evaluations": int}}`` (``evaluations``: loss evaluations the batch used,
-    at most the budget: fewer when every user's L-BFGS stopped on its own). Raises ``ValueError`` for empty
-    ``budgets`` or a budget that is not an integer >= 1."""
+    at most the budget: fewer when every user's L-BFGS stopped on its own). ``known_order=True``: the server is
+    told the order each user trained in (:func:`~fedlab.attacks.interaction_inference.oltr.raifle_oltr`'s oracle),
+    so that its simulation is the user's training and the loss at the truth is 0 up to rounding. Raises
+    ``ValueError`` for empty ``budgets`` or a budget that is not an integer >= 1."""
     budgets = list(budgets)
     if not budgets or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in budgets):
         raise ValueError(f"budgets must be a non-empty list of integers >= 1, got {budgets!r}")
@@ -408,7 +410,7 @@ def budget_check(case, budgets, *, seed: int = 0) -> dict:
     truth = (case.I.reshape(U, -1).to(case.update.dtype), None)
     out = {}
     for b in budgets:
-        res = raifle_oltr(case, max_iter=b, seed=seed, truth=truth)
+        res = raifle_oltr(case, max_iter=b, seed=seed, truth=truth, known_order=bool(known_order))
         out[b] = {"auc": roc_auc_rows(case.I.reshape(U, -1), res.scores, case.mask.reshape(U, -1)),
                   "loss": res.loss, "loss_truth": res.loss_truth, "evaluations": int(res.iterations)}
     return out
