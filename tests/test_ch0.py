@@ -34,7 +34,7 @@ def test_tuning_scores_each_lr_on_validation_data_never_on_test(digits_setup):
     # the score is the mean validation accuracy of rounds 1..R of the very run fl.fedavg makes
     fit, val = data.train_test_split(train, test_fraction=0.2, seed=0)
     cd = fl.stack_clients(data.client_datasets(fit, data.partition_iid(len(fit), 4, seed=0)))
-    h = fl.fedavg(net, cd, num_rounds=2, local_epochs=1, batch_size=None, lr=1.0, params=w0, seed=0,
+    h = fl.fedavg(net, cd, num_rounds=2, local=fl.LocalTraining(lr=1.0, local_epochs=1, batch_size=None), params=w0, seed=0,
                   eval_data=val).history
     assert tuned["scores"]["FedSGD"][1.0] == pytest.approx(np.mean(h["accuracy"][1:]))
     for method, sc in tuned["scores"].items():
@@ -64,14 +64,14 @@ def test_the_comparison_and_the_grid_run_with_the_given_step_sizes(digits_setup)
     lrs = {"FedSGD": 0.7, "FedAvg E=5, B=10": 0.02}
     curves = ch0.fedsgd_vs_fedavg(net, clients, params=w0, eval_data=test, num_rounds=2, seed=0, lrs=lrs)
     sgd = fl.fedsgd(net, clients["iid"], num_rounds=2, lr=0.7, params=w0, seed=0, eval_data=test).history
-    avg = fl.fedavg(net, clients["iid"], num_rounds=2, local_epochs=5, batch_size=10, lr=0.02, params=w0, seed=0,
+    avg = fl.fedavg(net, clients["iid"], num_rounds=2, local=fl.LocalTraining(lr=0.02, local_epochs=5, batch_size=10), params=w0, seed=0,
                     eval_data=test).history
     assert curves[("iid", "FedSGD")]["accuracy"] == sgd["accuracy"]
     assert curves[("iid", "FedAvg E=5, B=10")]["accuracy"] == avg["accuracy"]
     grid = ch0.local_work_grid(net, clients, curves, params=w0, eval_data=test, num_rounds=1, seed=0, lrs=lrs)
-    e5_full = fl.fedavg(net, clients["iid"], num_rounds=1, local_epochs=5, batch_size=None, lr=0.7, params=w0,
+    e5_full = fl.fedavg(net, clients["iid"], num_rounds=1, local=fl.LocalTraining(lr=0.7, local_epochs=5, batch_size=None), params=w0,
                         seed=0, eval_data=test).history
-    e1_b50 = fl.fedavg(net, clients["iid"], num_rounds=1, local_epochs=1, batch_size=50, lr=0.02, params=w0,
+    e1_b50 = fl.fedavg(net, clients["iid"], num_rounds=1, local=fl.LocalTraining(lr=0.02, local_epochs=1, batch_size=50), params=w0,
                        seed=0, eval_data=test).history
     assert grid[("iid", 5, None)]["accuracy"] == e5_full["accuracy"]
     assert grid[("iid", 1, 50)]["accuracy"] == e1_b50["accuracy"]
@@ -90,7 +90,7 @@ def test_client_fraction_zero_is_one_client_per_round(digits_setup):
     # one cell against a direct run of fl.fedavg
     parts = data.partition_label_skew(train.y, 20, classes_per_client=2, seed=0)
     cd = fl.stack_clients(data.client_datasets(train, parts))
-    h = fl.fedavg(net, cd, num_rounds=6, client_fraction=1.0, local_epochs=1, batch_size=10, lr=0.1, params=w0,
+    h = fl.fedavg(net, cd, num_rounds=6, client_fraction=1.0, local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=10), params=w0,
                   seed=0, eval_data=test).history
     assert rounds[("non-iid", 10, 1.0)] == metrics.rounds_to_accuracy(h, 0.3)
     table = ch0.client_fraction_table(rounds, 6)

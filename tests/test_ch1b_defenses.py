@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fedlab
-from fedlab import models
+from fedlab import fl, models
 from fedlab.experiments import chapter1b as ch1b
 from fedlab.privacy import dp_fedavg as dpf
 
@@ -218,7 +218,7 @@ def test_dp_grid_reports_chance_floors_of_its_auc():
     net = models.mlp(5, [8], 2, seed=0)
     grid = ch1b.dp_grid(net, models.get_params(net), train, nonmem, test, n_per_client=10, client_counts=[2],
                         epsilons=[1.0, float("inf")], num_rounds=3, delta=1e-3, clip_norm=1.0, window=2, seed=0,
-                        local_epochs=1, batch_size=5, lr=0.1)
+                        local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=5))
     for cell in grid.values():
         assert 0.5 < cell["floor"] < cell["floor_999"] < 1.0
         assert np.isfinite(cell["auc"])

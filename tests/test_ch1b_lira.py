@@ -150,7 +150,7 @@ def test_shadow_federations_are_the_librarys_fedavg():
     w0 = models.get_params(net)
     pool_X, pool_y = X.reshape(-1, 5), y.reshape(-1)
     I = mia.balanced_inclusion(S, 2 * K * n, seed=1)
-    kw = dict(lr=0.3, local_epochs=1, batch_size=2)
+    kw = dict(local=fl.LocalTraining(lr=0.3, local_epochs=1, batch_size=2))
     shadows, owner = ch1b.lira_shadow_models(net, w0, pool_X, pool_y, I, num_clients=K, num_rounds=R, seed=7, **kw)
     assert shadows["0.weight"].shape == (S, K, 6, 5) and owner.shape == I.shape
     assert torch.equal(owner >= 0, I)
@@ -178,7 +178,7 @@ def test_lira_attack_reads_in_from_the_owner_and_out_from_the_targets_client():
     X, y = _fed(K, n, seed=2)
     net = models.mlp(5, (6,), 3, seed=0)
     w0 = models.get_params(net)
-    kw = dict(lr=0.3, local_epochs=1, batch_size=2)
+    kw = dict(local=fl.LocalTraining(lr=0.3, local_epochs=1, batch_size=2))
     target = fl.clients_update(net, w0, fl.ClientData(X[:, :n], y[:, :n], torch.full((K,), n)), **kw)
     is_member = np.r_[np.ones(n), np.zeros(n)]
     out = ch1b.lira_attack(net, target, X, y, is_member, params=w0, num_shadows=S, num_rounds=R, seed=5, **kw)
@@ -212,7 +212,7 @@ def test_lira_finds_memorised_records():
     X, y = _fed(K, n, seed=3)
     net = models.mlp(5, (32,), 3, seed=0)
     w0 = models.get_params(net)
-    kw = dict(lr=0.5, local_epochs=20, batch_size=None)
+    kw = dict(local=fl.LocalTraining(lr=0.5, local_epochs=20, batch_size=None))
     data = fl.ClientData(X[:, :n], y[:, :n], torch.full((K,), n))
     glob = fl.fedavg(net, data, num_rounds=2, params=w0, seed=1, **kw).params
     target = fl.clients_update(net, glob, data, **kw)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlab import models
+from fedlab import fl, models
 from fedlab.attacks import model_reconstruction as mr
 from fedlab.experiments import chapter4 as ex4
 
@@ -143,8 +143,8 @@ def test_logistic_local_optimum_is_the_regularised_minimiser():
     assert float(grad.norm()) < 1e-9
     # it is what FedAvg's local SGD with the same weight decay converges to (one client, full batch)
     model = models.linear_model(3, bias=True, dtype=torch.float64, seed=0)
-    res = mr.fl.fedavg(model, [(X, y)], num_rounds=400, local_epochs=5, batch_size=None, lr=0.5,
-                       loss_fn=models.logistic_loss, weight_decay=lam, progress=False)
+    res = fl.fedavg(model, [(X, y)], num_rounds=400, local=fl.LocalTraining(
+        lr=0.5, local_epochs=5, batch_size=None, weight_decay=lam, loss_fn=models.logistic_loss))
     assert torch.allclose(models.flatten_params(res.params), th, atol=1e-6)
     # a separable client: the optimum exists only with weight decay, and its norm grows as lambda falls
     ys = (X[:, 0] > 0).long()
@@ -176,8 +176,9 @@ def test_weight_decay_in_fedavg_is_the_regularised_gradient_step_and_zero_change
     X, y = torch.randn(10, 3, generator=g), (torch.rand(10, generator=g) > 0.5).long()
     model = models.linear_model(3, bias=True, dtype=torch.float32, seed=0)
     p0 = {k: v.detach().clone() for k, v in model.named_parameters()}
-    run = lambda **kw: fl.client_update(model, p0, X, y, lr=0.1, batch_size=None, loss_fn=models.logistic_loss,  # noqa: E731
-                                        generator=torch.Generator().manual_seed(1), **kw)
+    run = lambda **kw: fl.client_update(  # noqa: E731
+        model, p0, X, y, local=fl.LocalTraining(lr=0.1, batch_size=None, loss_fn=models.logistic_loss, **kw),
+        generator=torch.Generator().manual_seed(1))
     plain, same = run(), run(weight_decay=0)
     assert all(torch.equal(plain[k], same[k]) for k in plain)
     wd = run(weight_decay=0.5)
@@ -185,7 +186,7 @@ def test_weight_decay_in_fedavg_is_the_regularised_gradient_step_and_zero_change
         assert torch.allclose(wd[k], plain[k] - 0.1 * 0.5 * p0[k], atol=1e-7)
     for bad in (-0.1, float("inf"), True):
         with pytest.raises(ValueError, match="weight_decay"):
-            fl.client_update(model, p0, X, y, lr=0.1, weight_decay=bad)
+            fl.client_update(model, p0, X, y, local=fl.LocalTraining(lr=0.1, batch_size=None, weight_decay=bad))
 
 
 @pytest.mark.slow

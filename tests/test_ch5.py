@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedlab import models
+from fedlab import fl, models
 from fedlab.experiments import chapter5 as ex5
 from fedlab.privacy import defenses
 from fedlab.privacy import dprivacy as dp
@@ -133,7 +133,7 @@ def small_grid():
     va, _ = clustered.synthetic_linear_clusters(10, 10, seed=1)
     make = lambda s: models.mlp(2, (), 1, seed=s)   # noqa: E731  (linear with intercept, n = 3)
     return ex5.ifca_grid(make, tr, va, settings=[(1, 0), (2, 0), (2, 5.0)], seeds=[0, 1], num_rounds=6,
-                         clients_per_round=5, lr=0.1, loss_fn=models.squared_error)
+                         clients_per_round=5, local=fl.LocalTraining(lr=0.1, loss_fn=models.squared_error))
 
 
 def test_ifca_grid_runs_every_setting_and_seed_on_one_schedule(small_grid):
@@ -150,7 +150,7 @@ def test_ifca_grid_runs_every_setting_and_seed_on_one_schedule(small_grid):
         ex5.grid_values(small_grid, "val_auc")
     with pytest.raises(ValueError, match="settings"):
         ex5.ifca_grid(lambda s: nn.Linear(2, 1), [], [], settings=[(0, 1.0)], seeds=[0], num_rounds=1,
-                      clients_per_round=1, lr=0.1)
+                      clients_per_round=1)
 
 
 def test_grid_budgets_table1_and_fig4(small_grid):

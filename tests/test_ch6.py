@@ -124,7 +124,7 @@ def test_reply_membership_on_a_transcript_equals_chapter_1b_on_fedavg():
     flower = _flower()
     fed = ex.membership_federation(1, num_clients=4, n_per_client=20)
     mlp = lambda: models.mlp(64, (32,), 10, seed=1)  # noqa: E731
-    args = dict(num_rounds=5, local_epochs=5, batch_size=10, lr=0.3, seed=1)
+    args = dict(num_rounds=5, local=fl.LocalTraining(lr=0.3, local_epochs=5, batch_size=10), seed=1)
     res = flower.run(mlp, fed.clients, engine="local", **args)
     rec = mia.SnapshotRecorder()
     ref = fl.fedavg(mlp(), fed.clients, callback=rec, **args)
@@ -151,7 +151,7 @@ def test_fedsgd_attack_and_the_dp_wrappers():
     flower = _flower()
     victims, lenet = ex.fedsgd_clients(0, 3)
     assert len(victims) == 3 and victims[0][0].shape == (1, 1, 8, 8)
-    args = dict(num_rounds=1, lr=0.1, local_epochs=1, batch_size=None, seed=0, engine="local")
+    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=None), seed=0, engine="local")
     base = flower.run(lenet, victims, **args).transcript
     a = ex.fedsgd_attack(lenet, base, victims, max_iter=30, seed=0)
     assert a["idlg_acc"] == 1.0 and a["idlg_psnr"].shape == (3,) and a["x_idlg"].shape == (3, 1, 8, 8)
@@ -176,11 +176,11 @@ def test_eavesdrop_logistic_compares_the_two_runs():
     from fedlab.data.leaf import make_leaf_synthetic
 
     leaf = make_leaf_synthetic(seed=0)[:3]
-    args = dict(num_rounds=12, local_epochs=1, local_steps=1, batch_size=256, lr=0.01, weight_decay=0.01, seed=0)
+    args = dict(num_rounds=12, local=fl.LocalTraining(lr=0.01, local_epochs=1, batch_size=256, local_steps=1, weight_decay=0.01), seed=0)
     model = lambda: mr.linear_model(leaf[0].X.shape[1], bias=True, dtype=torch.float32, seed=0)  # noqa: E731
     pairs = [(c.X.float(), c.y) for c in leaf]
-    T = flower.run(model, pairs, engine="local", loss_fn=mr.logistic_loss, **args).transcript
-    _, spy = mr.run_eavesdropped_fedavg(model(), pairs, loss_fn=mr.logistic_loss, **args)
+    T = flower.run(model, pairs, engine="local", local=fl.LocalTraining(loss_fn=mr.logistic_loss), **args).transcript
+    _, spy = mr.run_eavesdropped_fedavg(model(), pairs, local=fl.LocalTraining(loss_fn=mr.logistic_loss), **args)
     out = ex.eavesdrop_logistic(T, spy, leaf, weight_decay=0.01, fit_max_iter=60, decode_max_iter=60, hidden=64)
     assert out["num_obs"] == 12 and out["decoded"].shape == (3,) and out["pairs_diff"] < 1e-6
     assert out["gap"].max() < 0.01 and np.all(out["oracle"] > 0.8), out
@@ -231,7 +231,7 @@ def test_secagg_outcome_summarises_completed_refused_and_impossible_rounds():
     from fedlab.flower import attacks as fa
 
     victims, lenet = ex.fedsgd_clients(0, 4)
-    args = dict(num_rounds=1, lr=0.1, batch_size=None, seed=0, engine="local", secagg=True)
+    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None), seed=0, engine="local", secagg=True)
     lie = ex.secagg_outcome(lambda: flower.run(lenet, victims, secagg_attack=fa.FalseDropout(1), **args))
     assert lie["completed"] and lie["exposed"] == [1] and lie["key_shares"] >= 2 and lie["messages"] == 16
     assert ex.exposed_model(lie, 1).keys() == lie["run"].params.keys()

@@ -75,7 +75,7 @@ def test_fedavg_default_equals_fedlab_device_cpu_and_threads_its_device(monkeypa
     net = models.mlp(5, (4,), 3, seed=1)
     ev = D.Dataset(torch.randn(9, 5), torch.arange(9) % 3)
     seen, clients = [], _clients()
-    run = lambda **kw: fl.fedavg(net, clients, num_rounds=3, client_fraction=0.67, batch_size=2, lr=0.3,  # noqa: E731
+    run = lambda **kw: fl.fedavg(net, clients, num_rounds=3, client_fraction=0.67, local=fl.LocalTraining(lr=0.3, batch_size=2), # noqa: E731
                                  eval_data=ev, seed=4, **kw)
     monkeypatch.delenv("FEDLAB_DEVICE", raising=False)
     base = run(callback=lambda r: seen.append(r.client_params))
@@ -93,7 +93,7 @@ def test_ifca_threads_its_device():
     net = models.mlp(5, (), 3, seed=1)
     clients, val = _clients((5, 6, 4, 7)), _clients((4, 4))
     run = lambda **kw: ifca(net, clients, num_clusters=2, num_rounds=3, clients_per_round=3,  # noqa: E731
-                            batch_size=3, seed=2, val_clients=val, **kw)
+                            local=fl.LocalTraining(batch_size=3), seed=2, val_clients=val, **kw)
     a, b = run(), _under_meta_default(lambda: run(device="cpu"))
     assert _same(a.hypotheses, b.hypotheses) and _same(a.final, b.final) and a.history == b.history
 

@@ -109,12 +109,12 @@ def _clients(K=6, n=8, seed=0):
 def test_dp_fedavg_without_noise_or_clipping_is_fedavg():
     net = models.mlp(5, (4,), 3, seed=0); p = models.get_params(net); cd = _clients()
     a = dp_fedavg(net, cd, num_rounds=3, sampling_prob=1.0, noise_multiplier=0.0, clip_norm=None,
-                      batch_size=4, lr=0.1, params=p, seed=1)
-    b = fl.fedavg(net, cd, num_rounds=3, batch_size=4, lr=0.1, params=p, seed=1)
+                      local=fl.LocalTraining(lr=0.1, batch_size=4), params=p, seed=1)
+    b = fl.fedavg(net, cd, num_rounds=3, local=fl.LocalTraining(lr=0.1, batch_size=4), params=p, seed=1)
     # same client schedule: FedAvg also draws a permutation first, so compare one round by hand instead
     one = dp_fedavg(net, cd, num_rounds=1, sampling_prob=1.0, noise_multiplier=0.0, clip_norm=None,
-                        batch_size=None, lr=0.1, params=p, seed=1)
-    loc = fl.clients_update(net, p, cd, lr=0.1, batch_size=None)
+                        local=fl.LocalTraining(lr=0.1, batch_size=None), params=p, seed=1)
+    loc = fl.clients_update(net, p, cd, local=fl.LocalTraining(lr=0.1, batch_size=None))
     want = fl.weighted_average(loc, cd.n.float())
     assert all(torch.allclose(one.params[k], want[k], atol=1e-6) for k in p)
     assert set(a.params) == set(b.params)
@@ -126,7 +126,7 @@ def test_dp_fedavg_records_noise_std_and_clipped_norm():
     net = models.mlp(5, (4,), 3, seed=0); cd = _clients(K=10)
     recs = []
     dp_fedavg(net, cd, num_rounds=2, sampling_prob=0.5, noise_multiplier=1.0, clip_norm=0.01,
-                  batch_size=4, lr=0.5, params=models.get_params(net), callback=recs.append)
+                  local=fl.LocalTraining(lr=0.5, batch_size=4), params=models.get_params(net), callback=recs.append)
     assert recs[0].noise_std == pytest.approx(1.0 * 0.01 / 5)
     m = len(recs[0].selected)
     total = torch.sqrt(sum(v.pow(2).sum() for v in recs[0].clipped_mean.values()))
@@ -149,7 +149,7 @@ def test_centaur_shares_only_representation_and_learns():
     net = models.mlp(64, (4,), 10, seed=0); p = models.get_params(net)
     recs = []
     out = pers.centaur(net, tr, num_rounds=3, sampling_prob=0.5, noise_multiplier=0.0, clip_norm=None,
-                       head_epochs=3, lr=0.2, batch_size=5, params=p, callback=recs.append)
+                       head_epochs=3, local=fl.LocalTraining(lr=0.2, batch_size=5), params=p, callback=recs.append)
     assert set(recs[0].updates) == {"0.weight", "0.bias"}           # heads never leave the client
     assert out["2.weight"].shape == (60, 10, 4)
     assert torch.allclose(out["0.weight"][0], out["0.weight"][1])  # one shared representation

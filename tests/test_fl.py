@@ -53,8 +53,8 @@ def test_fedavg_round_equals_weighted_average_of_sequential_client_updates():
     net = _net()
     w0 = models.get_params(net)
     records = []
-    res = fl.fedavg(net, clients, num_rounds=1, local_epochs=2, batch_size=2, lr=0.05, seed=3,
-                    callback=records.append, progress=False)
+    res = fl.fedavg(net, clients, num_rounds=1, local=fl.LocalTraining(lr=0.05, local_epochs=2, batch_size=2), seed=3,
+                    callback=records.append)
     # replay: the same generator draws the client selection, then one batch plan for all clients
     gen = torch.Generator().manual_seed(3)
     sel = torch.randperm(3, generator=gen)[:3].sort().values
@@ -87,8 +87,7 @@ def test_vmap_clients_update_equals_one_by_one():
     data = fl.stack_clients(clients)
     net = _net()
     w0 = models.get_params(net)
-    batched = fl.clients_update(net, w0, data, lr=0.1, local_epochs=3, batch_size=4,
-                                generator=torch.Generator().manual_seed(0))
+    batched = fl.clients_update(net, w0, data, local=fl.LocalTraining(lr=0.1, local_epochs=3, batch_size=4), generator=torch.Generator().manual_seed(0))
     idx, w = fl.batch_plan(data.n, 4, 3, torch.Generator().manual_seed(0))
     step = fl.local._step_fn(net, fl.cross_entropy, 0.1)
     for k in range(3):
@@ -103,7 +102,7 @@ def test_fedsgd_is_full_batch_gradient_descent_on_pooled_data():
     clients = _toy_clients(sizes=(4, 6, 10))
     net = _net()
     w0 = models.get_params(net)
-    res = fl.fedsgd(net, clients, num_rounds=3, lr=0.2, progress=False)
+    res = fl.fedsgd(net, clients, num_rounds=3, lr=0.2)
     X = torch.cat([c.X for c in clients])
     y = torch.cat([c.y for c in clients])
     p = {n: v.clone() for n, v in w0.items()}
@@ -117,7 +116,7 @@ def test_fedsgd_is_full_batch_gradient_descent_on_pooled_data():
 def test_fedavg_with_one_client_equals_centralized_sgd():
     clients = _toy_clients(sizes=(12,))
     net = _net()
-    a = fl.fedavg(net, clients, num_rounds=2, local_epochs=1, batch_size=5, lr=0.1, seed=7, progress=False)
+    a = fl.fedavg(net, clients, num_rounds=2, local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=5), seed=7)
     b = fl.train_centralized(net, clients[0], num_epochs=2, batch_size=5, lr=0.1, seed=7)
     for name in a.params:
         assert torch.allclose(a.params[name], b.params[name])
@@ -126,10 +125,10 @@ def test_fedavg_with_one_client_equals_centralized_sgd():
 def test_client_fraction_samples_m_clients():
     clients = _toy_clients(sizes=(3,) * 10)
     seen = []
-    fl.fedavg(_net(), clients, num_rounds=4, client_fraction=0.3, lr=0.1, callback=seen.append, progress=False)
+    fl.fedavg(_net(), clients, num_rounds=4, client_fraction=0.3, local=fl.LocalTraining(lr=0.1), callback=seen.append)
     assert all(len(r.selected) == 3 and len(set(r.selected)) == 3 for r in seen)
     seen = []
-    fl.fedavg(_net(), clients, num_rounds=1, client_fraction=0.01, lr=0.1, callback=seen.append, progress=False)
+    fl.fedavg(_net(), clients, num_rounds=1, client_fraction=0.01, local=fl.LocalTraining(lr=0.1), callback=seen.append)
     assert len(seen[0].selected) == 1  # m = max(C K, 1)
 
 
@@ -142,10 +141,10 @@ def test_client_fraction_samples_m_clients():
     ({"num_rounds": -1}, "num_rounds"),
 ])
 def test_fedavg_validates_arguments(kwargs, arg):
-    base = dict(num_rounds=1, lr=0.1, progress=False)
-    base.update(kwargs)
+    local = {k: v for k, v in kwargs.items() if k in ("lr", "local_epochs", "batch_size")}   # fl.LocalTraining's
+    base = {"num_rounds": 1, **{k: v for k, v in kwargs.items() if k not in local}}
     with pytest.raises(ValueError, match=arg):
-        fl.fedavg(_net(), _toy_clients(), **base)
+        fl.fedavg(_net(), _toy_clients(), local=fl.LocalTraining(**{"lr": 0.1, **local}), **base)
 
 
 def test_batch_plan_covers_each_example_once_per_epoch():
@@ -173,9 +172,8 @@ def test_selective_sgd_upload_masks():
 def test_selective_sgd_full_upload_single_client_equals_sgd():
     clients = _toy_clients(sizes=(8,))
     net = _net()
-    a = fl.selective_sgd(net, clients, num_rounds=1, upload_fraction=1.0, batch_size=None, lr=0.1,
-                         progress=False)
-    b = fl.fedsgd(net, clients, num_rounds=1, lr=0.1, progress=False)
+    a = fl.selective_sgd(net, clients, num_rounds=1, upload_fraction=1.0, local=fl.LocalTraining(lr=0.1, batch_size=None))
+    b = fl.fedsgd(net, clients, num_rounds=1, lr=0.1)
     for name in a.params:
         assert torch.allclose(a.params[name], b.params[name], atol=1e-6)
 
@@ -186,8 +184,7 @@ def test_fedavg_learns_digits():
     tr, te = D.train_test_split(ds, 0.3, seed=0)
     clients = D.client_datasets(tr, D.partition_iid(len(tr), 5))
     net = models.mlp(64, (32,), 10, seed=0)
-    res = fl.fedavg(net, clients, num_rounds=5, local_epochs=1, batch_size=20, lr=0.3,
-                    eval_data=te, progress=False)
+    res = fl.fedavg(net, clients, num_rounds=5, local=fl.LocalTraining(lr=0.3, local_epochs=1, batch_size=20), eval_data=te)
     assert res.history["accuracy"][0] < 0.3 < 0.85 < res.history["accuracy"][-1]
 
 
@@ -214,7 +211,7 @@ def test_stacked_clients_with_weight_decay_equal_clients_run_one_by_one():
     big = (torch.randn(48, 5, generator=g), torch.randint(0, 3, (48,), generator=g))
     model = models.mlp(5, [8], 3, seed=0)
     params = {k: v.detach() for k, v in model.named_parameters()}
-    kw = dict(lr=0.1, local_epochs=3, batch_size=16, weight_decay=0.1)
+    kw = dict(local=fl.LocalTraining(lr=0.1, local_epochs=3, batch_size=16, weight_decay=0.1))
     both = fl.clients_update(model, params, fl.stack_clients([small, big]), generator=torch.Generator().manual_seed(1), **kw)
     alone = fl.clients_update(model, params, fl.stack_clients([small]), generator=torch.Generator().manual_seed(2), **kw)
     for name in params:

@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("flwr", reason="Flower is not installed: the `flower` extra (pip install '.[flower]', "
                                    "flwr[simulation]>=1.41) is needed for tests/test_flower.py")
 
+from fedlab.fl import LocalTraining  # noqa: E402
 from fedlab import flower  # noqa: E402
 from fedlab.fl import fedavg  # noqa: E402
 from fedlab.flower import deploy  # noqa: E402
@@ -45,15 +46,15 @@ def _weighted(replies):
     return {k: sum(wi * r.params[k] for wi, r in zip(w, replies)) for k in replies[0].params}
 
 
-@pytest.mark.parametrize("local", [dict(batch_size=8), dict(batch_size=None), dict(batch_size=16, local_epochs=3),
-                                   dict(batch_size=16, local_steps=5), dict(batch_size=45, local_steps=3),
-                                   dict(batch_size=8, weight_decay=0.1)])
+@pytest.mark.parametrize("local", [dict(local=LocalTraining(batch_size=8)), dict(local=LocalTraining(batch_size=None)), dict(local=LocalTraining(local_epochs=3, batch_size=16)),
+                                   dict(local=LocalTraining(batch_size=16, local_steps=5)), dict(local=LocalTraining(batch_size=45, local_steps=3)),
+                                   dict(local=LocalTraining(batch_size=8, weight_decay=0.1))])
 def test_local_engine_gives_fedavg_with_client_sampling(local):
     """The same apps over LocalGrid (no Ray): C = 0.5 of 4 clients, fedavg's sampling is replayed."""
     clients = _clients(4)
-    kw = dict(num_rounds=3, lr=0.1, seed=7, client_fraction=0.5, **local)
+    kw = dict(num_rounds=3, local=LocalTraining(lr=0.1), seed=7, client_fraction=0.5, **local)
     sent = []
-    ref = fedavg(_model_fn(), clients, progress=False, callback=sent.append, **kw)
+    ref = fedavg(_model_fn(), clients, callback=sent.append, **kw)
     res = flower.run(_model_fn, clients, engine="local", **kw)
     assert _maxdiff(ref.params, res.params) <= TOL
     for t, rec in enumerate(sent, start=1):
@@ -63,7 +64,7 @@ def test_local_engine_gives_fedavg_with_client_sampling(local):
 def test_client_app_reuses_a_model_only_when_that_changes_nothing():
     """The ClientApp builds a seeded, buffer-free model once; a model_fn that draws from torch's global stream
     (or a model with buffers) is still called for every message, and both runs give the same models."""
-    clients, kw = _clients(3), dict(num_rounds=2, lr=0.1, seed=7, batch_size=8, engine="local")
+    clients, kw = _clients(3), dict(num_rounds=2, local=LocalTraining(lr=0.1, batch_size=8), seed=7, engine="local")
     calls = {"seeded": 0, "unseeded": 0, "buffers": 0}
 
     def seeded():
@@ -90,8 +91,7 @@ def test_client_app_reuses_a_model_only_when_that_changes_nothing():
 def test_schedule_replays_fedavg_sampling_and_validates():
     sched = flower.fedavg_schedule([5, 7, 9, 11, 13], num_rounds=4, client_fraction=0.4, seed=2)
     sent = []
-    fedavg(_model_fn(), _clients(5, base=5, step=2), num_rounds=4, client_fraction=0.4, seed=2, progress=False,
-           callback=sent.append, batch_size=4)
+    fedavg(_model_fn(), _clients(5, base=5, step=2), num_rounds=4, client_fraction=0.4, seed=2, callback=sent.append, local=LocalTraining(batch_size=4))
     assert [[k for k, _ in r] for r in sched] == [rec.selected.tolist() for rec in sent]
     for bad in (dict(sizes=[]), dict(sizes=[3, 0]), dict(client_fraction=0.0), dict(num_rounds=-1)):
         args = dict(sizes=[3, 4], num_rounds=1) | bad
@@ -103,7 +103,7 @@ def test_client_side_clipping_clips_what_the_server_receives():
     """DifferentialPrivacyClientSideFixedClipping + fixedclipping_mod: every recorded update has norm <= C;
     with noise 0 the next global model is the weighted average of the recorded (clipped) replies."""
     C = 0.05
-    res = flower.run(_model_fn, _clients(3), engine="local", num_rounds=2, lr=0.1, batch_size=16, seed=1,
+    res = flower.run(_model_fn, _clients(3), engine="local", num_rounds=2, local=LocalTraining(lr=0.1, batch_size=16), seed=1,
                      dp="client", clipping_norm=C, noise_multiplier=0.0)
     T = res.transcript
     norms = [_delta_norm(r.params, T.globals[r.round - 1]) for r in T.train_replies()]
@@ -117,7 +117,7 @@ def test_server_side_clipping_records_raw_updates_and_adds_the_documented_noise(
     clips them, averages and adds N(0, (z C / m)^2) per coordinate (Flower's compute_stdv)."""
     C, m = 0.05, 3
     clients = _clients(m)
-    quiet = flower.run(_model_fn, clients, engine="local", num_rounds=1, lr=0.1, batch_size=16, seed=1,
+    quiet = flower.run(_model_fn, clients, engine="local", num_rounds=1, local=LocalTraining(lr=0.1, batch_size=16), seed=1,
                        dp="server", clipping_norm=C, noise_multiplier=0.0)
     T = quiet.transcript
     replies = T.train_replies(1)
@@ -129,7 +129,7 @@ def test_server_side_clipping_records_raw_updates_and_adds_the_documented_noise(
         clipped.append(type(r)(**{**r.__dict__, "params": {k: g0[k] + scale * (r.params[k] - g0[k]) for k in g0}}))
     assert _maxdiff(_weighted(clipped), T.globals[1]) <= TOL
     z = 2.0
-    noisy = flower.run(_model_fn, clients, engine="local", num_rounds=1, lr=0.1, batch_size=16, seed=1,
+    noisy = flower.run(_model_fn, clients, engine="local", num_rounds=1, local=LocalTraining(lr=0.1, batch_size=16), seed=1,
                        dp="server", clipping_norm=C, noise_multiplier=z)
     noise = flatten_params(noisy.params) - flatten_params(T.globals[1])
     assert abs(float(noise.std()) / (z * C / m) - 1) < 0.1, (float(noise.std()), z * C / m)   # d = 1210 draws
@@ -177,11 +177,11 @@ def test_index_json_is_the_text_json_dumps_gives(tmp_path):
 
 def test_apps_validate_their_arguments(tmp_path):
     with pytest.raises(ValueError, match="dp"):
-        flower.server_app(_model_fn, tmp_path, num_clients=2, num_rounds=1, lr=0.1, dp="local")
+        flower.server_app(_model_fn, tmp_path, num_clients=2, num_rounds=1, local=LocalTraining(lr=0.1), dp="local")
     with pytest.raises(ValueError, match="lr"):
-        flower.server_app(_model_fn, tmp_path, num_clients=2, num_rounds=1, lr=0.0)
+        flower.server_app(_model_fn, tmp_path, num_clients=2, num_rounds=1, local=LocalTraining(lr=0.0))
     with pytest.raises(ValueError, match="num_clients"):
-        flower.server_app(_model_fn, tmp_path, num_clients=0, num_rounds=1, lr=0.1)
+        flower.server_app(_model_fn, tmp_path, num_clients=0, num_rounds=1, local=LocalTraining(lr=0.1))
     with pytest.raises(ValueError, match="load_partition"):
         flower.client_app(_model_fn, None)
     with pytest.raises(ValueError, match="engine"):
@@ -189,7 +189,7 @@ def test_apps_validate_their_arguments(tmp_path):
 
 
 def test_evaluate_replies_are_recorded_and_a_failing_node_is_named():
-    res = flower.run(_model_fn, _clients(2), engine="local", num_rounds=2, lr=0.1, batch_size=16, seed=0,
+    res = flower.run(_model_fn, _clients(2), engine="local", num_rounds=2, local=LocalTraining(lr=0.1, batch_size=16), seed=0,
                      evaluate_clients=True)
     ev = [r for r in res.transcript.replies if r.kind == "evaluate"]
     assert [(r.round, r.partition_id) for r in sorted(ev, key=lambda r: (r.round, r.partition_id))] == \
@@ -202,7 +202,7 @@ def test_evaluate_replies_are_recorded_and_a_failing_node_is_named():
         return _clients(2)[pid]
 
     app = flower.client_app(_model_fn, broken)
-    server = flower.server_app(_model_fn, res.transcript_path.parent / "t2", num_clients=2, num_rounds=1, lr=0.1)
+    server = flower.server_app(_model_fn, res.transcript_path.parent / "t2", num_clients=2, num_rounds=1, local=LocalTraining(lr=0.1))
     from fedlab.flower.apps import LocalGrid, _task_identity
     from flwr.app import Context, RecordDict
     with _task_identity(), pytest.raises(RuntimeError, match="disk gone"):
@@ -269,9 +269,9 @@ def test_simulation_engine_gives_fedavg_and_records_every_reply(capsys, one_ray_
     """One FedAvg run with the Ray engine (the ClientApp in Ray workers) and through fedlab.fl.fedavg: same data,
     seed and schedule (all 3 clients every round, E=2, B=16) -> same global model."""
     clients = _clients(3)
-    kw = dict(num_rounds=2, lr=0.1, local_epochs=2, batch_size=16, seed=5)
+    kw = dict(num_rounds=2, local=LocalTraining(lr=0.1, local_epochs=2, batch_size=16), seed=5)
     sent = []
-    ref = fedavg(_model_fn(), clients, progress=False, callback=sent.append, **kw)
+    ref = fedavg(_model_fn(), clients, callback=sent.append, **kw)
     res = flower.run(_model_fn, clients, engine="ray", num_cpus=2, **kw)   # two workers: contexts move between them
     diff = _maxdiff(ref.params, res.params)
     with capsys.disabled():
@@ -300,7 +300,7 @@ def test_secagg_runs_with_the_ray_engine(one_ray_runtime):
     from fedlab.flower import attacks as fa
 
     victims, lenet = ex.fedsgd_clients(1, 3)
-    args = dict(num_rounds=1, lr=0.1, local_epochs=1, batch_size=None, seed=1)
+    args = dict(num_rounds=1, local=LocalTraining(lr=0.1, local_epochs=1, batch_size=None), seed=1)
     T = flower.run(lenet, victims, engine="ray", secagg=True, num_cpus=2, **args).transcript   # state in the contexts
     plain = flower.run(lenet, victims, engine="local", **args).transcript
     assert sorted(r.kind for r in T.replies) == sorted(["secagg-keys", "secagg-shares", "secagg-masked", "secagg-unmask"] * 3)

@@ -22,7 +22,7 @@ def _fedsgd_images(seed=0, num_clients=4):
     def model_fn():
         return dlg_init_(lenet(1, 10, 8, seed=seed), seed=seed)   # chapter 1a's sigmoid LeNet
 
-    res = flower.run(model_fn, clients, engine="local", num_rounds=1, lr=0.1, batch_size=None, seed=seed)
+    res = flower.run(model_fn, clients, engine="local", num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None), seed=seed)
     return clients, model_fn, res.transcript
 
 
@@ -65,7 +65,7 @@ def test_membership_inference_on_the_models_a_client_returned():
     def model_fn():
         return mlp(64, [64], 10, seed=0)
 
-    res = flower.run(model_fn, train, engine="local", num_rounds=3, lr=0.5, batch_size=10, local_epochs=10, seed=0)
+    res = flower.run(model_fn, train, engine="local", num_rounds=3, local=fl.LocalTraining(lr=0.5, local_epochs=10, batch_size=10), seed=0)
     X = torch.cat([train[0].X, outsiders.X[:30]])
     y = torch.cat([train[0].y, outsiders.y[:30]])
     is_member = np.r_[np.ones(30), np.zeros(30)]
@@ -85,9 +85,9 @@ def _least_squares_run(seed=0, num_rounds=40):
     from fedlab.experiments import chapter6 as ex
 
     clients = ex.least_squares_clients(seed)
-    args = dict(num_rounds=num_rounds, client_fraction=0.6, local_epochs=3, batch_size=None, lr=0.01, seed=seed)
-    res = flower.run(lambda: mr.linear_model(10, seed=seed), clients, engine="local", loss_fn=mr.squared_loss, **args)
-    _, spy = mr.run_eavesdropped_fedavg(mr.linear_model(10, seed=seed), clients, loss_fn=mr.squared_loss, **args)
+    args = dict(num_rounds=num_rounds, client_fraction=0.6, local=fl.LocalTraining(lr=0.01, local_epochs=3, batch_size=None), seed=seed)
+    res = flower.run(lambda: mr.linear_model(10, seed=seed), clients, engine="local", local=fl.LocalTraining(loss_fn=mr.squared_loss), **args)
+    _, spy = mr.run_eavesdropped_fedavg(mr.linear_model(10, seed=seed), clients, local=fl.LocalTraining(loss_fn=mr.squared_loss), **args)
     return clients, res.transcript, spy
 
 
@@ -150,7 +150,7 @@ def test_secagg_transcript_holds_no_model_and_the_aggregate_is_fedavgs():
     from fedlab.experiments import chapter6 as ex
 
     victims, lenet = ex.fedsgd_clients(0, 4)
-    args = dict(num_rounds=1, lr=0.1, local_epochs=1, batch_size=None, seed=0, engine="local")
+    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=None), seed=0, engine="local")
     plain = flower.run(lenet, victims, **args).transcript
     T = flower.run(lenet, victims, secagg=True, **args).transcript
     assert T.meta["secagg"] and T.meta["secagg_settings"]["max_weight"] == 1.0
@@ -191,9 +191,9 @@ def test_secagg_training_follows_fedavg_over_rounds():
     fed = ex.membership_federation(0, num_clients=5, n_per_client=20)
     clients = [(fed.clients.X[k, :12 + 2 * k], fed.clients.y[k, :12 + 2 * k]) for k in range(5)]   # 12, 14, ..., 20
     mlp = lambda: models.mlp(64, (32,), 10, seed=0)  # noqa: E731
-    args = dict(num_rounds=3, local_epochs=2, batch_size=10, lr=0.3, seed=0, client_fraction=0.8)
+    args = dict(num_rounds=3, local=fl.LocalTraining(lr=0.3, local_epochs=2, batch_size=10), seed=0, client_fraction=0.8)
     T = flower.run(mlp, clients, engine="local", secagg=True, **args).transcript
-    ref = fl.fedavg(mlp(), clients, progress=False, **args)
+    ref = fl.fedavg(mlp(), clients, **args)
     assert ex.max_abs_difference(T.final_params, ref.params) < 1e-4
     assert all(len([r for r in T.replies if r.kind == "secagg-masked" and r.round == t]) == 4 for t in (1, 2, 3))
     assert T.meta["secagg_settings"]["max_weight"] == 20.0
@@ -209,10 +209,10 @@ def test_imprint_through_the_secagg_aggregate():
 
     clients, model_fn, X = ex.imprint_clients(0)
     assert len(clients) == 4 and X.shape == (32, 64) and clients[0][0].dtype == torch.float64
-    args = dict(num_rounds=1, batch_size=None, seed=0, engine="local")
-    runs = {"plain": flower.run(model_fn, clients, lr=0.1, **args).transcript}
+    args = dict(num_rounds=1, local=fl.LocalTraining(batch_size=None), seed=0, engine="local")
+    runs = {"plain": flower.run(model_fn, clients, local=fl.LocalTraining(lr=0.1), **args).transcript}
     for name, lr, q in [("default", 0.1, 2 ** 22), ("chosen", 1000.0, 2 ** 29)]:
-        runs[name] = flower.run(model_fn, clients, lr=lr, secagg=True, secagg_settings={"quantization_range": q},
+        runs[name] = flower.run(model_fn, clients, local=fl.LocalTraining(lr=lr), secagg=True, secagg_settings={"quantization_range": q},
                                 **args).transcript
     rows = ex.imprint_rows(runs, X)
     direct = imp.imprint_attack([x for x, _ in clients], [y for _, y in clients], model=model_fn(), num_bins=256)
@@ -262,7 +262,7 @@ def test_item_sums_from_the_aggregate_are_chapter_2s_per_item_sums():
 
     fed = ex.item_federation(1, cohort_size=4, num_users=40, num_rounds=5)
     m, N, I = 4, fed.data.num_rated, fed.data.num_items
-    args = dict(num_rounds=1, lr=fed.lr, batch_size=None, seed=1, engine="local", loss_fn=fed.loss_fn)
+    args = dict(num_rounds=1, local=fl.LocalTraining(lr=fed.lr, batch_size=None, loss_fn=fed.loss_fn), seed=1, engine="local")
     plain = flower.run(fed.model_fn, fed.clients, **args).transcript
     T = flower.run(fed.model_fn, fed.clients, secagg=True, secagg_settings={"clipping_range": fed.clipping_range},
                    **args).transcript

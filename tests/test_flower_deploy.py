@@ -20,6 +20,7 @@ import torch
 pytest.importorskip("flwr", reason="Flower is not installed: the `flower` extra (pip install '.[flower]', "
                                    "flwr[simulation]>=1.41) is needed for tests/test_flower_deploy.py")
 
+from fedlab.fl import LocalTraining  # noqa: E402
 from fedlab.fl import client_update, fedavg  # noqa: E402
 from fedlab.flower import deploy  # noqa: E402
 from fedlab.flower.apps import CONSISTENCY_KIND, fedavg_schedule  # noqa: E402
@@ -47,8 +48,8 @@ def _fedavg_round(start, t, clients, kw):
     for k, state in schedule:
         gen = torch.Generator()
         gen.set_state(state)
-        new = client_update(model, {n: v.clone() for n, v in start.items()}, clients[k].X, clients[k].y, lr=kw["lr"],
-                            local_epochs=kw["local_epochs"], batch_size=kw["batch_size"], generator=gen)
+        new = client_update(model, {n: v.clone() for n, v in start.items()}, clients[k].X, clients[k].y, local=LocalTraining(lr=kw["lr"], local_epochs=kw["local_epochs"], batch_size=kw["batch_size"]),
+                            generator=gen)
         for n, v in new.items():
             out[n] = out.get(n, 0) + sizes[k] / total * v.detach().double()
     return out
@@ -91,7 +92,7 @@ def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
     node started with its own consistency-round signing key and the public registry) a second `flwr run`
     with SecAgg+ and Bonawitz et al.'s consistency round, one round: the round runs for both nodes, and the
     aggregate is FedAvg's plain sum within SecAgg's rounding."""
-    kw = dict(num_rounds=2, lr=0.1, local_epochs=1, batch_size=16, seed=4)
+    kw = dict(num_rounds=2, local=LocalTraining(lr=0.1, local_epochs=1, batch_size=16), seed=4)
     root = tmp_path / "transcripts"
     # the app's own settings say 3 rounds and lr 0.5; the run config of each `flwr run` overrides them
     app = deploy.write_app(tmp_path / "app", root, num_clients=2, model_seed=3, hidden=16, examples_per_client=60,
@@ -124,7 +125,7 @@ def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
     for t in (1, 2):
         replies = T.train_replies(t)
         assert [r.partition_id for r in replies] == [0, 1] and [r.num_examples for r in replies] == [60, 60]
-    ref = fedavg(_model_fn(), deploy.demo_clients(2, examples_per_client=60), progress=False, **kw)
+    ref = fedavg(_model_fn(), deploy.demo_clients(2, examples_per_client=60), **kw)
     diff = _maxdiff(ref.params, T.final_params)
     assert diff <= TOL, diff
     # SecAgg+ with the consistency round: every round sent both nodes the consistency stage, nobody refused,

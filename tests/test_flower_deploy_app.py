@@ -14,6 +14,7 @@ if sys.version_info >= (3, 11):
 else:                                                    # Flower depends on tomli
     import tomli as tomllib
 
+from fedlab.fl import LocalTraining  # noqa: E402
 from fedlab.fl import fedavg  # noqa: E402
 from fedlab.flower import deploy  # noqa: E402
 from fedlab.flower.apps import LocalGrid, _task_identity  # noqa: E402
@@ -29,8 +30,7 @@ def _run(server, client, run_id, run_config, num_nodes=2):
 
 
 def test_each_run_reads_its_run_config_and_writes_its_own_transcript(tmp_path):
-    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=2, num_rounds=3, lr=0.5, batch_size=16,
-                           seed=4, model_seed=3, examples_per_client=30)
+    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=2, num_rounds=3, local=LocalTraining(lr=0.5, batch_size=16), seed=4, model_seed=3, examples_per_client=30)
     config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert config["num-rounds"] == 3 and config["transcript-root"] == str((tmp_path / "tr").resolve())
     server, client = deploy.demo_server_app(), deploy.demo_client_app()
@@ -39,8 +39,8 @@ def test_each_run_reads_its_run_config_and_writes_its_own_transcript(tmp_path):
     assert sorted(p.name for p in (tmp_path / "tr").iterdir()) == ["run-11", "run-12"]
     a, b = load_transcript(tmp_path / "tr" / "run-11"), load_transcript(tmp_path / "tr" / "run-12")
     assert (a.num_rounds, a.meta["lr"], b.num_rounds, b.meta["lr"]) == (2, 0.1, 3, 0.5)
-    ref = fedavg(deploy.demo_model(seed=3), deploy.demo_clients(2, examples_per_client=30), num_rounds=2, lr=0.1,
-                 batch_size=16, seed=4, progress=False)
+    ref = fedavg(deploy.demo_model(seed=3), deploy.demo_clients(2, examples_per_client=30), num_rounds=2, local=LocalTraining(lr=0.1, batch_size=16),
+                 seed=4)
     assert max(float((ref.params[k] - a.final_params[k]).abs().max()) for k in ref.params) <= 1e-6
 
 
@@ -54,7 +54,7 @@ def test_bad_run_configs_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"missing keys \['lr'\]"):
         deploy.run_settings({k: v for k, v in config.items() if k != "lr"})
     with pytest.raises(ValueError, match="batch_size"):
-        deploy.write_app(tmp_path / "app2", tmp_path / "tr", num_clients=2, num_rounds=1, batch_size=0)
+        deploy.write_app(tmp_path / "app2", tmp_path / "tr", num_clients=2, num_rounds=1, local=LocalTraining(batch_size=0))
     with pytest.raises(ValueError, match="already holds"):
         deploy.write_app(app, tmp_path / "tr", num_clients=2, num_rounds=1)
     assert not (tmp_path / "tr").exists()                  # writing and checking an app creates no transcript
@@ -85,8 +85,7 @@ def test_secagg_with_the_consistency_round_from_the_run_and_node_configs(tmp_pat
 
     keys = deploy.write_consistency_keys(tmp_path / "keys", 3)
     assert oct(keys["signing"][0].stat().st_mode & 0o777) == "0o600"
-    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=3, num_rounds=1, lr=0.1, batch_size=16,
-                           seed=4, model_seed=3, examples_per_client=30, secagg=True, consistency=True)
+    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=3, num_rounds=1, local=LocalTraining(lr=0.1, batch_size=16), seed=4, model_seed=3, examples_per_client=30, secagg=True, consistency=True)
     config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert (config["secagg"], config["consistency"]) == (True, True)
     _secagg_run(app, config, [_key_config(keys, k) for k in range(3)])
@@ -95,8 +94,8 @@ def test_secagg_with_the_consistency_round_from_the_run_and_node_configs(tmp_pat
     assert sorted(s.node_id for s in T.sent if s.kind == CONSISTENCY_KIND) == [1, 2, 3]     # transcript kind
     assert sorted(r.node_id for r in T.replies if r.kind == CONSISTENCY_KIND) == [1, 2, 3]
     assert not [r for r in T.replies if r.error is not None]
-    ref = fedavg(deploy.demo_model(seed=3), deploy.demo_clients(3, examples_per_client=30), num_rounds=1, lr=0.1,
-                 batch_size=16, seed=4, progress=False)
+    ref = fedavg(deploy.demo_model(seed=3), deploy.demo_clients(3, examples_per_client=30), num_rounds=1, local=LocalTraining(lr=0.1, batch_size=16),
+                 seed=4)
     diff = max(float((ref.params[k] - T.globals[1][k]).abs().max()) for k in ref.params)
     assert diff <= secagg_error_bound(T, 1) + 1e-6, diff
 
@@ -108,7 +107,7 @@ def test_nodes_refuse_a_wrong_key_and_a_secagg_run_without_the_consistency_round
     from fedlab.flower.secagg import ConsistencyKeys, SecAggAborted
 
     keys = deploy.write_consistency_keys(tmp_path / "keys", 2)
-    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=2, num_rounds=1, batch_size=16,
+    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=2, num_rounds=1, local=LocalTraining(batch_size=16),
                            examples_per_client=20, secagg=True, consistency=True)
     config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     with pytest.raises(ValueError, match="is not partition 0's key: its public key is partition 1's"):
@@ -139,7 +138,7 @@ def test_secagg_only_nodes_refuse_a_plain_run(tmp_path):
     with an error and sends no model (the run stops with the node's reason); require-secagg=false in the
     node's own config lifts it."""
     keys = deploy.write_consistency_keys(tmp_path / "keys", 2)
-    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=2, num_rounds=1, batch_size=16,
+    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=2, num_rounds=1, local=LocalTraining(batch_size=16),
                            examples_per_client=20, secagg=True, consistency=True)
     config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     plain = {**config, "secagg": False, "consistency": False}

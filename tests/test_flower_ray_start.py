@@ -6,6 +6,7 @@ import pytest
 pytest.importorskip("flwr", reason="the `flower` extra is needed")
 ray = pytest.importorskip("ray", reason="Flower's simulation extra (ray) is needed")
 
+from fedlab.fl import LocalTraining  # noqa: E402
 from fedlab.flower import apps  # noqa: E402
 
 
@@ -76,4 +77,4 @@ def test_flower_deprecations_reach_the_user_and_fedlab_itself_calls_none(tmp_pat
         return cross_entropy(*args, **kwargs)
 
     with pytest.warns(FutureWarning, match=r"Flower says: DEPRECATED FEATURE: an old thing.*calls no deprecated"):
-        flower.run(model_fn, clients, num_rounds=1, engine="local", loss_fn=old_loss, transcript_dir=tmp_path / "b")
+        flower.run(model_fn, clients, num_rounds=1, engine="local", local=LocalTraining(loss_fn=old_loss), transcript_dir=tmp_path / "b")

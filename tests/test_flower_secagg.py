@@ -8,13 +8,14 @@ import torch
 pytest.importorskip("flwr", reason="Flower is not installed: the `flower` extra (pip install '.[flower]') is "
                                    "needed for tests/test_flower_secagg.py")
 
+from fedlab.fl import LocalTraining  # noqa: E402
 from fedlab import flower  # noqa: E402
 from fedlab.experiments import chapter6 as ex  # noqa: E402
 from fedlab.flower import attacks as fa  # noqa: E402
 from fedlab.flower import secagg as sa  # noqa: E402
 
 TARGET = 3
-ARGS = dict(num_rounds=1, lr=0.1, local_epochs=1, batch_size=None, seed=0, engine="local")
+ARGS = dict(num_rounds=1, local=LocalTraining(lr=0.1, local_epochs=1, batch_size=None), seed=0, engine="local")
 STRICT = {"reconstruction_threshold": 0.6}       # t = 5 of 8: above half, as the consistency round requires
 
 

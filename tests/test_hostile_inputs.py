@@ -44,15 +44,15 @@ def test_checks_name_the_argument():
 # ------------------------------------------------------------------ FL: silent wrong answers
 def test_fedavg_with_an_infinite_lr_raises_naming_lr():                               # F1
     with pytest.raises(ValueError, match="lr must be a finite number > 0"):
-        fl.fedavg(_net(), _clients(), num_rounds=2, lr=float("inf"), eval_data=_eval())
+        fl.fedavg(_net(), _clients(), num_rounds=2, local=fl.LocalTraining(lr=float("inf")), eval_data=_eval())
     with pytest.raises(ValueError, match="lr must be a finite number > 0"):
-        fl.fedavg(_net(), _clients(), num_rounds=2, lr=float("nan"))
+        fl.fedavg(_net(), _clients(), num_rounds=2, local=fl.LocalTraining(lr=float("nan")))
 
 
 def test_fedavg_that_diverges_raises_naming_lr_instead_of_reporting_accuracy():       # F1, F30
     clients = [D.Dataset(c.X * 1e3, c.y) for c in _clients()]
     with pytest.raises(ValueError, match=r"(after round \d+ .*|on X .*)lower (lr|the learning rate)"):
-        fl.fedavg(_net(), clients, num_rounds=30, lr=1e6, batch_size=None, eval_data=_eval())
+        fl.fedavg(_net(), clients, num_rounds=30, local=fl.LocalTraining(lr=1e6, batch_size=None), eval_data=_eval())
 
 
 def test_fedavg_with_one_nan_feature_raises_naming_the_data():                        # F4
@@ -83,11 +83,12 @@ def test_evaluate_refuses_nan_logits_and_empty_data():                          
 
 
 def test_dp_fedavg_with_an_infinite_server_lr_raises_naming_it():                     # F22, F22b, F23
-    for kw, name in (({"server_lr": float("inf")}, "server_lr"), ({"lr": float("inf")}, "lr")):
+    for kw, name in ((lambda: {"server_lr": float("inf")}, "server_lr"),
+                     (lambda: {"local": fl.LocalTraining(lr=float("inf"))}, "lr")):
         for rounds in (1, 2):
             with pytest.raises(ValueError, match=f"^{name} must be a finite number > 0"):
                 dp_fedavg(_net(), _clients(), num_rounds=rounds, sampling_prob=1.0,
-                                       noise_multiplier=1.0, clip_norm=1.0, **kw)
+                                       noise_multiplier=1.0, clip_norm=1.0, **kw())
     with pytest.raises(ValueError, match="after round 1.*server_lr"):                  # finite, but overflows
         dp_fedavg(_net(), _clients(), num_rounds=1, sampling_prob=1.0, noise_multiplier=1.0,
                                clip_norm=1.0, server_lr=1e308)
@@ -102,7 +103,7 @@ def test_labels_outside_the_classes_raise_naming_y():                           
     X, y = _clients()[0].X, _clients()[0].y.clone()
     y[0] = 3
     with pytest.raises(ValueError, match=r"y: labels must lie in 0\.\.2"):
-        fl.client_update(_net(), dict(_net().named_parameters()), X, y, lr=0.1)
+        fl.client_update(_net(), dict(_net().named_parameters()), X, y, local=fl.LocalTraining(lr=0.1, batch_size=None))
 
 
 def test_a_dtype_or_shape_the_model_does_not_take_raises_a_value_error():             # F8, F9, F19
@@ -119,15 +120,15 @@ def test_meta_tensors_raise_a_value_error():                                    
     clients = fl.stack_clients(_clients())
     meta = fl.ClientData(clients.X.to("meta"), clients.y.to("meta"), clients.n)
     with pytest.raises(ValueError, match="meta tensors"):
-        fl.clients_update(_net(), dict(_net().named_parameters()), meta, lr=0.1)
+        fl.clients_update(_net(), dict(_net().named_parameters()), meta, local=fl.LocalTraining(lr=0.1, batch_size=None))
 
 
 def test_a_fractional_batch_size_raises():                                            # F15
     with pytest.raises(ValueError, match="batch_size must be a positive integer"):
-        fl.fedavg(_net(), _clients(), num_rounds=1, batch_size=2.7)
+        fl.fedavg(_net(), _clients(), num_rounds=1, local=fl.LocalTraining(batch_size=2.7))
     # 2.0 is a whole number and gives the same run as 2
-    a = fl.fedavg(_net(), _clients(), num_rounds=1, batch_size=2.0).params
-    b = fl.fedavg(_net(), _clients(), num_rounds=1, batch_size=2).params
+    a = fl.fedavg(_net(), _clients(), num_rounds=1, local=fl.LocalTraining(batch_size=2.0)).params
+    b = fl.fedavg(_net(), _clients(), num_rounds=1, local=fl.LocalTraining(batch_size=2)).params
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from fedlab.fl import LocalTraining
 from fedlab import models
 from fedlab.data import OfflineError, clustered
 from fedlab.fl import ifca as I
@@ -49,8 +50,8 @@ def test_one_round_with_one_cluster_is_unweighted_fedavg(synthetic):
     tr, _, _ = synthetic
     model = _linear()
     init = torch.tensor([[1.0, -1.0]])
-    res = I.ifca(model, tr, num_clusters=1, num_rounds=1, clients_per_round=5, batch_size=None,
-                 lr=0.1, init=init, loss_fn=I.squared_error, seed=3)
+    res = I.ifca(model, tr, num_clusters=1, num_rounds=1, clients_per_round=5, local=LocalTraining(lr=0.1, batch_size=None, loss_fn=I.squared_error),
+                 init=init, seed=3)
     sel = res.rounds[0].selected
     manual = []
     for c in sel:   # full-batch GD step on the MSE: theta - lr * 2 X^T (X theta - y) / n
@@ -63,8 +64,7 @@ def test_ifca_recovers_both_optima_where_fedavg_cannot(synthetic):
     tr, _, va = synthetic
     model = _linear()
     init = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
-    common = dict(num_rounds=30, clients_per_round=10, batch_size=10, lr=0.3,
-                  loss_fn=I.squared_error, val_clients=va, seed=0)
+    common = dict(num_rounds=30, clients_per_round=10, local=LocalTraining(lr=0.3, batch_size=10, loss_fn=I.squared_error), val_clients=va, seed=0)
     res = I.ifca(model, tr, num_clusters=2, init=init, **common)
     dist = torch.cdist(res.hypotheses, clustered.THETA_STAR)
     assert float(dist.min(0).values.max()) < 0.3, res.hypotheses
@@ -78,7 +78,7 @@ def test_private_ifca_accounts_n_over_nu_per_participation(synthetic):
     model = _linear()
     nu = 5.0
     res = I.private_ifca(model, tr, num_clusters=2, nu=nu, num_rounds=12, clients_per_round=7,
-                         loss_fn=I.squared_error, seed=1)
+                         local=LocalTraining(loss_fn=I.squared_error), seed=1)
     acct = res.accountant
     for rd in res.rounds:
         assert np.array_equal(rd.leakage, np.full(len(rd.selected), 2 / nu))
@@ -97,7 +97,7 @@ def test_private_ifca_releases_lie_on_the_public_grid(synthetic):
     # the client's update norm. The plain float32 release (safe=False) fails this.
     tr, _, _ = synthetic
     res = I.private_ifca(_linear(), tr, num_clusters=2, nu=5.0, num_rounds=8, clients_per_round=7,
-                         loss_fn=I.squared_error, seed=3)
+                         local=LocalTraining(loss_fn=I.squared_error), seed=3)
     lam = dp.public_grid(2)
     released = torch.cat([rd.released for rd in res.rounds]).double()
     assert released.shape[0] == 8 * 7
@@ -108,7 +108,7 @@ def test_private_ifca_releases_lie_on_the_public_grid(synthetic):
 def test_budget_refusal_caps_every_client(synthetic):
     tr, _, _ = synthetic
     res = I.private_ifca(_linear(), tr, num_clusters=2, nu=5.0, num_rounds=30, clients_per_round=10,
-                         loss_fn=I.squared_error, seed=2, budget=1.0)
+                         local=LocalTraining(loss_fn=I.squared_error), seed=2, budget=1.0)
     assert res.accountant.spent.max() <= 1.0 + 1e-9
     assert res.accountant.participations.max() == 2          # floor(1.0 / 0.4)
     assert sum(len(r.refused) for r in res.rounds) > 0
@@ -172,7 +172,7 @@ def test_kmeans_clusters_rejects_bad_input(released, hyps):
 
 def test_noise_does_not_change_the_client_schedule(synthetic):
     tr, _, _ = synthetic
-    common = dict(num_clusters=2, num_rounds=8, clients_per_round=7, loss_fn=I.squared_error, seed=4)
+    common = dict(num_clusters=2, num_rounds=8, clients_per_round=7, local=LocalTraining(loss_fn=I.squared_error), seed=4)
     plain = I.ifca(_linear(), tr, **common)
     noisy = [I.private_ifca(_linear(), tr, nu=nu, **common) for nu in (0.1, 5.0)]
     plain_km = I.ifca(_linear(), tr, clustering="kmeans", **common)
@@ -189,7 +189,7 @@ def test_private_ifca_converges_to_the_optima_for_small_noise(synthetic, nu):
     tr, _, va = synthetic
     init = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
     res = I.private_ifca(_linear(), tr, num_clusters=2, nu=nu, init=init, num_rounds=60, clients_per_round=10,
-                         batch_size=10, lr=0.3, loss_fn=I.squared_error, val_clients=va, seed=0)
+                         local=LocalTraining(lr=0.3, batch_size=10, loss_fn=I.squared_error), val_clients=va, seed=0)
     # each optimum to its nearest hypothesis: at the best validation round (8 seeds: at most 0.24) and at the end
     best = torch.cdist(res.hypotheses, clustered.THETA_STAR).min(0).values
     final = torch.cdist(res.final, clustered.THETA_STAR).min(0).values
@@ -204,12 +204,12 @@ def test_a_zero_update_sends_nothing(synthetic):
     init = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
     flat = lambda out, y: 0.0 * out[:, 0]   # noqa: E731  a loss with zero gradient: every update is zero
     res = I.private_ifca(_linear(), tr, num_clusters=2, nu=5.0, num_rounds=3, clients_per_round=7, init=init,
-                         loss_fn=flat, seed=0)
+                         local=LocalTraining(loss_fn=flat), seed=0)
     for rd in res.rounds:
         assert len(rd.idle) == 7 and len(rd.selected) == 0 and rd.released.shape == (0, 2)
     assert res.accountant.spent.sum() == 0 and torch.equal(res.final, init)
     # without noise a zero update is released as it is
-    plain = I.ifca(_linear(), tr, num_clusters=2, num_rounds=1, clients_per_round=7, init=init, loss_fn=flat, seed=0)
+    plain = I.ifca(_linear(), tr, num_clusters=2, num_rounds=1, clients_per_round=7, init=init, local=LocalTraining(loss_fn=flat), seed=0)
     assert len(plain.rounds[0].selected) == 7 and len(plain.rounds[0].idle) == 0
 
 
@@ -283,7 +283,7 @@ def test_cms_loader_reads_the_csv_format(tmp_path, monkeypatch):
 ])
 def test_bad_arguments_raise(synthetic, kwargs):
     tr, _, _ = synthetic
-    base = dict(num_rounds=1, clients_per_round=3, loss_fn=I.squared_error)
+    base = dict(num_rounds=1, clients_per_round=3, local=LocalTraining(loss_fn=I.squared_error))
     base.update(kwargs)
     with pytest.raises(ValueError):
         I.ifca(_linear(), tr, **base)
@@ -302,13 +302,11 @@ def test_flat_stack_roundtrip():
 def test_a_run_whose_local_training_blows_up_stops_and_keeps_its_best_finite_hypotheses(synthetic):
     tr, _, va = synthetic
     # a step far above 1/L makes gradient descent on the MSE diverge to inf/NaN within a few rounds
-    res = I.ifca(_linear(), tr, num_clusters=2, num_rounds=200, clients_per_round=10, batch_size=None, lr=50.0,
-                 init=torch.tensor([[1.0, 1.0], [-1.0, 1.0]]), loss_fn=I.squared_error, val_clients=va, seed=0)
+    res = I.ifca(_linear(), tr, num_clusters=2, num_rounds=200, clients_per_round=10, local=LocalTraining(lr=50.0, batch_size=None, loss_fn=I.squared_error), init=torch.tensor([[1.0, 1.0], [-1.0, 1.0]]), val_clients=va, seed=0)
     assert res.diverged is not None and res.stopped_early and len(res.rounds) == res.diverged < 200
     assert torch.isfinite(res.hypotheses).all() and res.best_round < res.diverged
     assert len(res.rounds[-1].selected) == 0                  # nothing was released in that round
-    ok = I.ifca(_linear(), tr, num_clusters=2, num_rounds=3, clients_per_round=10, lr=0.1, loss_fn=I.squared_error,
-                seed=0)
+    ok = I.ifca(_linear(), tr, num_clusters=2, num_rounds=3, clients_per_round=10, local=LocalTraining(lr=0.1, loss_fn=I.squared_error), seed=0)
     assert ok.diverged is None
 
 
@@ -336,12 +334,13 @@ def test_dense_fast_path_equals_the_vmap_path(synthetic, monkeypatch, case):
 
     if case.startswith("linear"):
         train, _, val = synthetic
-        model, kw = nn.Linear(2, 1, bias=False), dict(clients_per_round=7, batch_size=10, num_clusters=2)
+        model, kw = nn.Linear(2, 1, bias=False), dict(clients_per_round=7, num_clusters=2)
     else:
         train, val = ex5.diabetes_split(0)
         model = ex5.hospital_net(0)
-        kw = dict(clients_per_round=10, batch_size=10, num_clusters=3, init=ex5.model_hypotheses(ex5.hospital_net, 3))
-    kw.update(num_rounds=12, lr=0.1, loss_fn=models.squared_error, val_clients=val, seed=4)
+        kw = dict(clients_per_round=10, num_clusters=3, init=ex5.model_hypotheses(ex5.hospital_net, 3))
+    kw.update(num_rounds=12, local=LocalTraining(lr=0.1, batch_size=10, loss_fn=models.squared_error), val_clients=val,
+              seed=4)
     if case.endswith("private"):
         kw.update(nu=3.0, clustering="kmeans")
     fast = I.ifca(model, train, **kw)

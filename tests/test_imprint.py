@@ -71,7 +71,7 @@ def test_planted_batch_recovered_exactly_through_autograd():
     # the update (a multiple of the gradient) and recovers the same inputs; theta_0 - theta_1 carries
     # rounding of the parameters (~eps |theta|) in the empty bins, hence a larger rtol
     params = {k: v.detach() for k, v in model.named_parameters()}
-    new = fl.client_update(model, params, X, y, lr=0.1, local_epochs=1, batch_size=None)
+    new = fl.client_update(model, params, X, y, local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=None))
     rec2 = im.recover_from_imprint(params["imprint.weight"] - new["imprint.weight"],
                                    params["imprint.bias"] - new["imprint.bias"], rtol=1e-8)
     assert rec2.bins.tolist() == bins

@@ -128,7 +128,7 @@ def _federation():
 
 def test_recorder_and_client_signals():
     net = _net(); cd = _federation(); rec = mia.SnapshotRecorder()
-    res = fl.fedavg(net, cd, num_rounds=3, batch_size=4, lr=0.1, params=models.get_params(net), callback=rec)
+    res = fl.fedavg(net, cd, num_rounds=3, local=fl.LocalTraining(lr=0.1, batch_size=4), params=models.get_params(net), callback=rec)
     assert len(rec.global_models) == 3
     assert all(torch.allclose(rec.global_models[-1][k], res.params[k]) for k in res.params)
     S = mia.client_signals(net, rec, cd.X, cd.y)
@@ -154,9 +154,9 @@ def test_active_step_raises_the_loss_drop_of_members():
     # the target's local training pulls the ascended members back down: the drop is larger
     net = _net(); cd = _federation(); p = models.get_params(net)
     adv = mia.gradient_ascent(net, p, cd.X[0], cd.y[0], ascent_lr=2.0)
-    loc = fl.client_update(net, adv, cd.X[0], cd.y[0], lr=0.2, local_epochs=3)
+    loc = fl.client_update(net, adv, cd.X[0], cd.y[0], local=fl.LocalTraining(lr=0.2, local_epochs=3, batch_size=None))
     drop_adv = (mia.per_example_loss(net, adv, cd.X[0], cd.y[0]) - mia.per_example_loss(net, loc, cd.X[0], cd.y[0])).mean()
-    loc0 = fl.client_update(net, p, cd.X[0], cd.y[0], lr=0.2, local_epochs=3)
+    loc0 = fl.client_update(net, p, cd.X[0], cd.y[0], local=fl.LocalTraining(lr=0.2, local_epochs=3, batch_size=None))
     drop0 = (mia.per_example_loss(net, p, cd.X[0], cd.y[0]) - mia.per_example_loss(net, loc0, cd.X[0], cd.y[0])).mean()
     assert drop_adv > drop0 > 0
 

@@ -33,8 +33,7 @@ def _observe(X, y, server, *, lr, local_epochs):
     model = mr.linear_model(X.shape[1])
     outs = []
     for theta in server:
-        p = fl.client_update(model, {"weight": theta[None].clone()}, X, y, lr=lr,
-                             local_epochs=local_epochs, batch_size=None, loss_fn=mr.squared_loss)
+        p = fl.client_update(model, {"weight": theta[None].clone()}, X, y, local=fl.LocalTraining(lr=lr, local_epochs=local_epochs, batch_size=None, loss_fn=mr.squared_loss))
         outs.append(p["weight"][0].detach())
     return torch.stack(outs)
 
@@ -139,8 +138,8 @@ def _hard_run(d, truncated, local_epochs=1, rounds=None):
     model = mr.linear_model(d)
     zero = {"weight": torch.zeros(1, d, dtype=torch.float64)}
     _, spy = mr.run_eavesdropped_fedavg(model, mr.hard_instance_clients(d, 3, truncated=truncated),
-                                        targets=[0], num_rounds=rounds or d, local_epochs=local_epochs,
-                                        batch_size=None, lr=0.3, params=zero, loss_fn=mr.squared_loss)
+                                        targets=[0], num_rounds=rounds or d, local=fl.LocalTraining(lr=0.3, local_epochs=local_epochs, batch_size=None, loss_fn=mr.squared_loss),
+                                        params=zero)
     return spy.observations(0)
 
 
@@ -247,8 +246,7 @@ def test_eavesdropper_sees_only_rounds_with_the_target():
     X, y = _client()
     clients = [(X, y), _client(seed=9), _client(seed=10)]
     _, spy = mr.run_eavesdropped_fedavg(mr.linear_model(4), clients, targets=[1], num_rounds=12,
-                                        client_fraction=0.34, batch_size=None, lr=0.05,
-                                        loss_fn=mr.squared_loss, seed=0)
+                                        client_fraction=0.34, local=fl.LocalTraining(lr=0.05, batch_size=None, loss_fn=mr.squared_loss), seed=0)
     ti, to, rounds = spy.observations(1)
     assert 0 < len(rounds) < 12 and ti.shape == to.shape == (len(rounds), 4)
     with pytest.raises(ValueError, match="never observed"):
@@ -261,8 +259,7 @@ def test_eavesdropped_fedavg_reveals_the_local_optimum_exactly():
     d = 4
     clients = [_client(m=30 + 10 * k, d=d, seed=20 + k) for k in range(4)]
     _, spy = mr.run_eavesdropped_fedavg(mr.linear_model(d, seed=0), clients, targets=[2], num_rounds=40,
-                                        client_fraction=0.5, local_epochs=3, batch_size=None, lr=0.02,
-                                        loss_fn=mr.squared_loss, seed=1)
+                                        client_fraction=0.5, local=fl.LocalTraining(lr=0.02, local_epochs=3, batch_size=None, loss_fn=mr.squared_loss), seed=1)
     assert spy.num_observations(2) >= d + 1
     ti, to, rounds = spy.observations(2, max_obs=d + 1)
     assert ti.shape == to.shape == (d + 1, d) and (np.diff(rounds) > 0).all()
@@ -340,7 +337,7 @@ def test_adult_phd_split():
 
 def _fedavg_with_spy(model, clients, **kw):
     spy = mr.Eavesdropper(None)
-    res = fl.fedavg(model, clients, callback=spy, progress=False, **kw)
+    res = fl.fedavg(model, clients, callback=spy, **kw)
     return res, spy
 
 
@@ -353,8 +350,7 @@ def test_linear_fast_path_equals_fedavg_bit_for_bit(case):
         leaf = make_leaf_synthetic([60, 45, 130, 20], seed=1)
         clients = [(c.X.float(), c.y) for c in leaf]
         model = mr.linear_model(10, bias=True, dtype=torch.float32, seed=2)
-        kw = dict(num_rounds=6, local_epochs=1, local_steps=4, batch_size=32, lr=0.1, seed=5,
-                  loss_fn=mr.logistic_loss, weight_decay=0.01,
+        kw = dict(num_rounds=6, local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=32, local_steps=4, weight_decay=0.01, loss_fn=mr.logistic_loss), seed=5,
                   client_fraction=0.5 if case == "logistic_sampled" else 1.0)
     else:
         clients = []
@@ -362,9 +358,7 @@ def test_linear_fast_path_equals_fedavg_bit_for_bit(case):
             X = torch.randn(15 + 7 * k, 6, generator=g, dtype=torch.float64) + 0.3 * k
             clients.append((X, X @ torch.randn(6, generator=g, dtype=torch.float64)))
         model = mr.linear_model(6, seed=4)
-        kw = dict(num_rounds=7, client_fraction=0.75, local_epochs=2, lr=0.02, seed=9, loss_fn=mr.squared_loss,
-                  batch_size=None if case == "squared_full" else 4,
-                  weight_decay=0.1 if case == "squared_decay" else 0.0)
+        kw = dict(num_rounds=7, client_fraction=0.75, local=fl.LocalTraining(lr=0.02, local_epochs=2, batch_size=None if case == "squared_full" else 4, weight_decay=0.1 if case == "squared_decay" else 0.0, loss_fn=mr.squared_loss), seed=9)
     assert mr._linear_fast_path_applies(model, clients, kw)
     ref, ref_spy = _fedavg_with_spy(model, clients, **kw)
     res, spy = mr.run_eavesdropped_fedavg(model, clients, **kw)
@@ -386,9 +380,9 @@ def test_linear_fast_path_falls_back_where_it_does_not_apply():
     assert not mr._linear_fast_path_applies(lin, clients, {"num_rounds": 2, "loss_fn": mr.squared_loss,
                                                           "eval_data": clients[0]})
     with pytest.raises(ValueError, match="client_fraction"):   # fl.fedavg's own error
-        mr.run_eavesdropped_fedavg(lin, clients, num_rounds=2, client_fraction=1.5, loss_fn=mr.squared_loss)
+        mr.run_eavesdropped_fedavg(lin, clients, num_rounds=2, client_fraction=1.5, local=fl.LocalTraining(loss_fn=mr.squared_loss))
     with pytest.raises(ValueError, match="batch_size"):
-        mr.run_eavesdropped_fedavg(lin, clients, num_rounds=2, batch_size=0, loss_fn=mr.squared_loss)
+        mr.run_eavesdropped_fedavg(lin, clients, num_rounds=2, local=fl.LocalTraining(batch_size=0, loss_fn=mr.squared_loss))
 
 
 def test_fast_batch_plan_equals_fl_batch_plan():

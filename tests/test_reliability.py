@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedlab.fl import LocalTraining
 from fedlab.privacy import defenses, dp_fedavg, secure_aggregation as sa
 
 
@@ -271,7 +272,7 @@ def test_selective_sgd_and_fedavg_refuse_negative_rounds():
     clients = [(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))] * 2
     for f in (selective_sgd, fedavg):
         with pytest.raises(ValueError, match="num_rounds"):
-            f(model, clients, num_rounds=-3, progress=False)
+            f(model, clients, num_rounds=-3)
 
 
 def test_client_update_and_batch_plan_on_empty_data_name_the_argument():
@@ -286,7 +287,7 @@ def test_client_update_and_batch_plan_on_empty_data_name_the_argument():
     model = torch.nn.Linear(3, 2)
     with pytest.raises(ValueError, match="X"):
         client_update(model, dict(model.named_parameters()), torch.zeros(0, 3), torch.zeros(0, dtype=torch.long),
-                      lr=0.1)
+                      local=LocalTraining(lr=0.1, batch_size=None))
 
 
 def test_subset_takes_a_boolean_mask_as_a_mask():

@@ -79,8 +79,7 @@ def test_clients_update_runs_are_clients_update(digits, trace):
              dict(data=clients["iid"].select([2]), lr=0.05, local_epochs=3, batch_size=7, seed=3),   # one client
              dict(data=clients["non-iid"], lr=1.0, local_epochs=2, batch_size=None, seed=4),
              dict(data=clients["iid"].select([4]), lr=0.2, local_epochs=1, batch_size=None, seed=5)]
-    want = [fl.clients_update(net, w0, s["data"], lr=s["lr"], local_epochs=s["local_epochs"], batch_size=s["batch_size"],
-                              generator=torch.Generator().manual_seed(s["seed"])) for s in specs]
+    want = [fl.clients_update(net, w0, s["data"], local=fl.LocalTraining(lr=s["lr"], local_epochs=s["local_epochs"], batch_size=s["batch_size"]), generator=torch.Generator().manual_seed(s["seed"])) for s in specs]
     got = stacked.clients_update_runs(net, [dict(params=w0, data=s["data"], lr=s["lr"], local_epochs=s["local_epochs"],
                                                  batch_size=s["batch_size"],
                                                  generator=torch.Generator().manual_seed(s["seed"])) for s in specs])
@@ -91,15 +90,25 @@ def test_clients_update_runs_are_clients_update(digits, trace):
 
 def test_fedavg_runs_are_fedavg_and_stop_at_the_target(digits, trace):
     net, w0, _, test, clients = digits
-    specs = [dict(clients=clients["iid"], lr=0.1, local_epochs=2, batch_size=10, params=w0, seed=0),
-             dict(clients=clients["non-iid"], lr=0.5, local_epochs=1, batch_size=None, params=w0, seed=0),
-             dict(clients=clients["non-iid"], lr=0.05, batch_size=10, client_fraction=0.2, params=w0, seed=1),  # m = 1
-             dict(clients=clients["iid"], lr=0.3, batch_size=None, client_fraction=0.5, params=w0, seed=2),
-             dict(clients=clients["iid"], lr=0.2, local_epochs=3, batch_size=25, params=w0, seed=3)]
-    want = [fl.fedavg(net, num_rounds=4, eval_data=test, progress=False, **s) for s in specs]
+    LT = fl.LocalTraining
+    specs = [dict(clients=clients["iid"], local=LT(lr=0.1, local_epochs=2, batch_size=10), params=w0, seed=0),
+             dict(clients=clients["non-iid"], local=LT(lr=0.5, local_epochs=1, batch_size=None), params=w0, seed=0),
+             dict(clients=clients["non-iid"], local=LT(lr=0.05, batch_size=10), client_fraction=0.2, params=w0,
+                  seed=1),  # m = 1
+             dict(clients=clients["iid"], local=LT(lr=0.3, batch_size=None), client_fraction=0.5, params=w0, seed=2),
+             dict(clients=clients["iid"], local=LT(lr=0.2, local_epochs=3, batch_size=25), params=w0, seed=3)]
+    want = [fl.fedavg(net, num_rounds=4, eval_data=test, **s) for s in specs]
     got = stacked.fedavg_runs(net, specs, num_rounds=4, eval_data=test)
     for a, b in zip(want, got):
         assert _eq(a.params, b.params) and a.history == b.history
+    flat = [{**{k: v for k, v in s.items() if k != "local"}, "lr": s["local"].lr,
+             "local_epochs": s["local"].local_epochs, "batch_size": s["local"].batch_size} for s in specs]
+    for a, b in zip(got, stacked.fedavg_runs(net, flat, num_rounds=4, eval_data=test)):   # the flat spelling too
+        assert _eq(a.params, b.params) and a.history == b.history
+    with pytest.raises(ValueError, match="local"):
+        stacked.fedavg_runs(net, [{**specs[0], "lr": 0.1}], num_rounds=1)
+    with pytest.raises(ValueError, match="local"):
+        stacked.fedavg_runs(net, [{**specs[0], "local": LT(weight_decay=0.1)}], num_rounds=1)
     cut = stacked.fedavg_runs(net, specs, num_rounds=4, eval_data=test, stop_at=0.4)
     for a, c in zip(want, cut):
         r = len(c.history["round"])
@@ -117,14 +126,21 @@ def test_fedavg_runs_are_fedavg_and_stop_at_the_target(digits, trace):
 def test_selective_sgd_runs_are_selective_sgd(digits, trace):
     net, w0, _, test, clients = digits
     cfgs = [dict(criterion=c, upload_fraction=u, threshold=1e-3) for c in ("largest", "random") for u in (1.0, 0.1)]
-    want = [fl.selective_sgd(net, clients["iid"], num_rounds=2, batch_size=10, lr=0.1, params=w0, seed=4,
-                             eval_data=test, **c) for c in cfgs]
-    got = stacked.selective_sgd_runs(net, clients["iid"], cfgs, num_rounds=2, batch_size=10, lr=0.1, params=w0, seed=4,
+    local = fl.LocalTraining(lr=0.1, batch_size=10)
+    want = [fl.selective_sgd(net, clients["iid"], num_rounds=2, local=local, params=w0, seed=4, eval_data=test, **c)
+            for c in cfgs]
+    got = stacked.selective_sgd_runs(net, clients["iid"], cfgs, num_rounds=2, local=local, params=w0, seed=4,
                                      eval_data=test)
     for a, b in zip(want, got):
         assert _eq(a.params, b.params) and a.history == b.history
     with pytest.raises(ValueError, match="upload_fraction"):
         stacked.selective_sgd_runs(net, clients["iid"], [dict(upload_fraction=0.0)], num_rounds=1)
+
+
+def _single(spec: dict) -> dict:
+    """A flat run of a multi-run function as its single-run function's keywords (``local=fl.LocalTraining``)."""
+    flat = {k: spec[k] for k in ("lr", "local_epochs", "batch_size") if k in spec}
+    return {**{k: v for k, v in spec.items() if k not in flat}, "local": fl.LocalTraining(**flat)}
 
 
 def _dp_fedavg_reference(model, clients, *, num_rounds, sampling_prob, noise_multiplier, clip_norm, local_epochs=1,
@@ -137,8 +153,8 @@ def _dp_fedavg_reference(model, clients, *, num_rounds, sampling_prob, noise_mul
         selected = poisson_sample(K, sampling_prob, gen)
         updates = None
         if len(selected):
-            local = fl.clients_update(model, w, clients.select(selected), lr=lr, local_epochs=local_epochs,
-                                      batch_size=batch_size, generator=gen)
+            local = fl.clients_update(model, w, clients.select(selected), generator=gen,
+                                      local=fl.LocalTraining(lr=lr, local_epochs=local_epochs, batch_size=batch_size))
             updates = {k: (local[k] - w[k]).detach() for k in w}
         w = dp_server_step(t, w, selected, updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
                            expected_clients=m, server_lr=server_lr, generator=gen, callback=callback)
@@ -158,7 +174,7 @@ def test_dp_fedavg_runs_are_dp_fedavg_and_its_old_loop(digits, trace):
     for s, g, r in zip(specs, got, recs):
         ref_recs = []
         ref = _dp_fedavg_reference(net, num_rounds=3, params=w0, callback=ref_recs.append, **s)
-        alone = dp_fedavg(net, num_rounds=3, params=w0, eval_data=test, **s)
+        alone = dp_fedavg(net, num_rounds=3, params=w0, eval_data=test, **_single(s))
         assert _eq(ref, g.params) and _eq(alone.params, g.params) and alone.history == g.history
         assert len(r) == len(ref_recs) == 3
         assert all(_eq(a.new_params, b.new_params) and _eq(a.updates, b.updates) for a, b in zip(r, ref_recs))
@@ -235,7 +251,9 @@ def test_personalisation_runs_are_the_old_loops(trace):
     for tr, z, g, r in zip(tasks, zs, got, recs):
         ref_recs = []
         assert _eq(_centaur_reference(net, tr, num_rounds=3, noise_multiplier=z, callback=ref_recs.append, **args), g)
-        assert _eq(pers.centaur(net, tr, num_rounds=3, noise_multiplier=z, **args), g)
+        single = {k: v for k, v in args.items() if k not in ("lr", "batch_size")}
+        local = fl.LocalTraining(lr=args["lr"], batch_size=args["batch_size"])
+        assert _eq(pers.centaur(net, tr, num_rounds=3, noise_multiplier=z, local=local, **single), g)
         assert all(_eq(a.new_params, b.new_params) for a, b in zip(r, ref_recs))
     heads = pers.head_names_of(w0)
     ft = pers.finetune_runs(net, [dict(params=w0, train=tr, num_epochs=3, lr=0.2, seed=0) for tr in tasks])
@@ -272,8 +290,7 @@ def _active_reference(model, clients, params, X_target, y_target, *, target, num
             rows = [target] if isolate else list(range(K))
             for k in send:
                 send[k][rows] = base[k]
-        local = fl.clients_update(model, send, clients, lr=lr, local_epochs=local_epochs, batch_size=batch_size,
-                                  generator=gen, stacked=True)
+        local = fl.clients_update(model, send, clients, local=fl.LocalTraining(lr=lr, local_epochs=local_epochs, batch_size=batch_size), generator=gen, stacked=True)
         if attacker == "participant" and ascent_lr > 0:
             up = mia.gradient_ascent(model, {k: v[attacker_index] for k, v in local.items()}, X_target, y_target,
                                      ascent_lr=ascent_lr)

@@ -39,7 +39,6 @@ from torch import nn
 
 from .. import fl
 from ..fl._linear import dense_clients_update, linear_fast_path
-from ..fl.local import _check_weight_decay
 from ..models import flatten_params, linear_model, logistic_loss
 from ..models import squared_error as squared_loss
 from ..privacy.defenses import gaussian_noise
@@ -495,15 +494,14 @@ def run_eavesdropped_fedavg(model: nn.Module, clients, *, targets=None, **fedavg
     if _linear_fast_path_applies(model, clients, fedavg_kwargs):
         res = _linear_fedavg(model, clients, callback=spy, **fedavg_kwargs)
     else:
-        res = fl.fedavg(model, clients, callback=spy, progress=False, **fedavg_kwargs)
+        res = fl.fedavg(model, clients, callback=spy, **fedavg_kwargs)   # the clients' training: local=fl.LocalTraining
     return res, spy
 
 
 # --------------------------------------------------------------------------------------------
 # FedAvg for one-output linear models, without vmap (the same numbers as fl.fedavg)
 # --------------------------------------------------------------------------------------------
-_FAST_KWARGS = {"num_rounds", "client_fraction", "local_epochs", "batch_size", "lr", "params", "seed",
-                "loss_fn", "local_steps", "weight_decay"}
+_FAST_KWARGS = {"num_rounds", "client_fraction", "local", "params", "seed"}
 
 
 def _linear_fast_path_applies(model, clients, kwargs) -> bool:
@@ -513,7 +511,9 @@ def _linear_fast_path_applies(model, clients, kwargs) -> bool:
     round (a single client runs outside ``vmap`` in :func:`fedlab.fl.clients_update`, with other kernels)."""
     from ..config import device as _device
 
-    if not set(kwargs) <= _FAST_KWARGS | {"device"} or not linear_fast_path(model, kwargs.get("loss_fn", fl.cross_entropy)):
+    local = kwargs.get("local", fl.LocalTraining())
+    if (not set(kwargs) <= _FAST_KWARGS | {"device"} or not isinstance(local, fl.LocalTraining)
+            or not linear_fast_path(model, local.loss_fn)):
         return False
     try:
         if _device(kwargs.get("device")).type != "cpu":
@@ -528,21 +528,18 @@ def _linear_fast_path_applies(model, clients, kwargs) -> bool:
     return all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors)
 
 
-def _linear_fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float = 1.0,
-                   local_epochs: int = 1, batch_size: int | None = 10, lr: float = 0.1,
-                   params: dict | None = None, seed: int = 0, loss_fn=fl.cross_entropy, callback=None,
-                   local_steps: int | None = None, weight_decay: float = 0.0, device=None) -> fl.FLResult:
+def _linear_fedavg(model: nn.Module, clients, *, num_rounds: int, local: fl.LocalTraining = fl.LocalTraining(),
+                   client_fraction: float = 1.0, params: dict | None = None, seed: int = 0, callback=None,
+                   device=None) -> fl.FLResult:
     """:func:`fedlab.fl.fedavg` for ``nn.Linear(d, 1)`` with :func:`squared_loss` or :func:`logistic_loss`
     and at least two clients per round (see :func:`_linear_fast_path_applies`): the same client
     sampling, batch plans, checks, callback records and aggregation, and the same numbers bit for bit,
     with the clients' SGD steps computed by :func:`fedlab.fl._linear.dense_clients_update` instead of
     ``vmap(grad(...))``."""
-    from .._checks import finite_positive, finite_tensor
+    from .._checks import finite_tensor
 
     if not 0.0 < client_fraction <= 1.0:
         raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
-    finite_positive("lr", lr)
-    _check_weight_decay(weight_decay)
     data = clients if isinstance(clients, fl.ClientData) else fl.stack_clients(clients)
     finite_tensor("clients' X", data.X, " (one NaN makes every parameter NaN after the first round)")
     K = data.num_clients
@@ -554,14 +551,13 @@ def _linear_fedavg(model: nn.Module, clients, *, num_rounds: int, client_fractio
     def step(t, w):
         selected = torch.randperm(K, generator=gen, device="cpu")[:m].sort().values
         sub = data.select(selected)
-        p = dense_clients_update(model, w, sub, lr=lr, local_epochs=local_epochs, batch_size=batch_size,
-                                 generator=gen, loss_fn=loss_fn, local_steps=local_steps,
-                                 weight_decay=weight_decay)
+        p = dense_clients_update(model, w, sub, local=local, generator=gen)
         weights = sub.n.float()
         if callback is not None:
             callback(fl.RoundRecord(t, w, selected.numpy(), p, weights))
         new = fl.weighted_average(p, weights)
-        finite_tensor(f"the global parameters after round {t}", new, f" (training diverged: lower lr, got {lr})")
+        finite_tensor(f"the global parameters after round {t}", new,
+                      f" (training diverged: lower lr, got {local.lr})")
         return new
 
     w, history, _ = fl.run_rounds(num_rounds, step, w, history=fl.History("accuracy", "loss"), progress=False)

@@ -19,7 +19,8 @@ from .._checks import positive_int
 from ..attacks import membership as mia
 from ..data import Dataset, client_datasets, partition_iid
 from ..fl import personalization as pers
-from ..fl import stack_clients
+from ..fl import LocalTraining, cross_entropy, stack_clients
+from ..fl.local import _local
 from ..fl.dp_fedavg import dp_fedavg_runs
 from ..metrics import auc_permutation_floor, roc_auc, t_interval
 from .tables import mean_interval
@@ -533,7 +534,7 @@ def learned_attack_table(learned: Sequence[dict], paper_accuracy: Mapping, paper
 
 def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand_y: torch.Tensor, is_member, *,
                         targets: Sequence[int], variants: Mapping[str, dict], num_rounds: int,
-                        ascent_lrs: Sequence[float], seed: int = 0, **fl_args) -> dict:
+                        ascent_lrs: Sequence[float], seed: int = 0, local: LocalTraining = LocalTraining()) -> dict:
     """Nasr et al. (2019, Sec. V-B) passive and gradient-ascent attacks, for each attacker variant and
     every target client.
 
@@ -542,7 +543,8 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
     every ``gamma`` of ``(0, *ascent_lrs)`` and every target ``k``: ``num_rounds`` FedAvg rounds from
     ``params`` (``seed`` fixes them, the same batches for every variant; a participant attacker is client
     ``k + 1``), scored on client ``k``'s candidates ``cand_X[k], cand_y[k]`` (``[K, 2n, ...]``, ``[K, 2n]``)
-    by minus the loss averaged over the rounds. ``fl_args``: ``local_epochs``, ``batch_size``, ``lr``.
+    by minus the loss averaged over the rounds. ``local``: the clients' :class:`fedlab.fl.LocalTraining`
+    (epochs, batch size, step and loss).
 
     Returns ``{"auc": {(name, gamma): [U]}, "accuracy": {(name, gamma): [U]}, "auc_learned": {(name, gamma): [U]},
     "tpr": {(name, gamma): {"mean loss": [..], "learned": [..]}}, "fpr": LOW_FPR, "floor": float,
@@ -578,10 +580,11 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
             extra = {"attacker_index": (k + 1) % num_clients} if kw["attacker"] == "participant" else {}
             runs.append(dict(X_target=cand_X[k], y_target=cand_y[k], target=k, ascent_lr=gamma, **kw, **extra))
     # mia.active_attack_rounds for every (variant, gamma, target), all runs' clients trained in one vmap
+    local = _local(local)
+    lkw = {} if local.loss_fn is cross_entropy else {"loss_fn": local.loss_fn}
     traces = iter(mia.active_attack_runs(model, clients, params, runs, num_rounds=num_rounds, seed=seed,
-                                         return_trace=True, **fl_args))
-    loss_fn = fl_args.get("loss_fn")
-    lkw = {} if loss_fn is None else {"loss_fn": loss_fn}
+                                         return_trace=True, lr=local.lr, local_epochs=local.local_epochs,
+                                         batch_size=local.batch_size, **lkw))
     out = {"auc": {}, "accuracy": {}, "auc_learned": {}, "tpr": {}, "fpr": tuple(LOW_FPR), "drop": {}}
     labels = np.tile(np.asarray(is_member), len(targets))
     mem = np.asarray(is_member) > 0.5
@@ -802,12 +805,13 @@ def active_learned_table(sweep: Mapping, paper: Callable[[str], str]):
 # ---------------------------------------------------------------------------------------------------
 
 def lira_shadow_models(model, params: dict, X_pool: torch.Tensor, y_pool: torch.Tensor, shadow_in: torch.Tensor, *,
-                       num_clients: int, num_rounds: int, seed: int = 0, lr: float = 0.1, local_epochs: int = 1,
-                       batch_size: int | None = 10) -> tuple[dict, torch.Tensor]:
+                       num_clients: int, num_rounds: int, seed: int = 0,
+                       local: LocalTraining = LocalTraining()) -> tuple[dict, torch.Tensor]:
     """The attacker's shadow federations for LiRA adapted to FedAvg (Carlini et al. 2022, Sec. IV-C, online
     variant; FedAvg of McMahan et al. 2017). Shadow ``s`` is a federation of ``num_clients`` clients that
     share out the records ``i`` with ``shadow_in[s, i]`` (shuffled, equal shares) and run FedAvg from
-    ``params`` with the target federation's ``lr``, ``local_epochs`` and ``batch_size``: ``num_rounds - 1``
+    ``params`` with the target federation's clients' training ``local`` (:class:`fedlab.fl.LocalTraining`, epochs
+    without ``local_steps`` or ``weight_decay``, cross-entropy): ``num_rounds - 1``
     rounds of :func:`fedlab.fl.stacked.fedavg_runs` (all shadows advanced together, one vmapped step) and
     the local training of the last round (:func:`fedlab.fl.stacked.clients_update_runs`), which gives the
     model each shadow client returns in round ``num_rounds``, what the server sees of a real client.
@@ -841,7 +845,11 @@ def lira_shadow_models(model, params: dict, X_pool: torch.Tensor, y_pool: torch.
         for k in range(num_clients):
             owner[s, rows[k]] = k
         feds.append(ClientData(X_pool[rows], y_pool[rows], torch.full((num_clients,), n, dtype=torch.long)))
-    fl_args = dict(lr=lr, local_epochs=local_epochs, batch_size=batch_size)
+    local = _local(local)
+    fl_args = dict(lr=local.lr, local_epochs=local.local_epochs, batch_size=local.batch_size)
+    if local.local_steps is not None or local.weight_decay != 0 or local.loss_fn is not cross_entropy:
+        raise ValueError(f"local: the shadow federations train local_epochs epochs of cross-entropy without weight "
+                         f"decay, got {local}")
     if num_rounds > 1:   # the global model each shadow federation sends in its last round
         starts = [r.params for r in fedavg_runs(model, [dict(clients=c, params=params, seed=int(seed) + 1 + s, **fl_args)
                                                         for s, c in enumerate(feds)], num_rounds=num_rounds - 1)]
@@ -853,13 +861,13 @@ def lira_shadow_models(model, params: dict, X_pool: torch.Tensor, y_pool: torch.
 
 
 def lira_attack(model, target_models: dict, cand_X: torch.Tensor, cand_y: torch.Tensor, is_member, *, params: dict,
-                num_shadows: int, num_rounds: int, seed: int = 0, **fl_args) -> dict:
+                num_shadows: int, num_rounds: int, seed: int = 0, local: LocalTraining = LocalTraining()) -> dict:
     """LiRA (Carlini et al., S&P 2022, Sec. IV, online variant) adapted to FedAvg, against the model each
     client returns in the last round.
 
     Threat model: the attacker is the server, honest but curious. It sees the model each client returns
     every round (here the last, round ``num_rounds``), knows the training algorithm, its settings
-    (``fl_args``: ``lr``, ``local_epochs``, ``batch_size``) and the initial model ``params`` (it sent it),
+    (``local``: the clients' :class:`fedlab.fl.LocalTraining`) and the initial model ``params`` (it sent it),
     and holds the candidate records, not their membership. Its own data are the ``K r`` candidates
     themselves, drawn from the same distribution as the clients' data (half of them members of some
     client): it trains ``num_shadows`` shadow federations of ``K`` clients (:func:`lira_shadow_models`),
@@ -899,7 +907,7 @@ def lira_attack(model, target_models: dict, cand_X: torch.Tensor, cand_y: torch.
     X_pool, y_pool = cand_X.reshape(K * r, *cand_X.shape[2:]), cand_y.reshape(K * r)
     shadow_in = mia.balanced_inclusion(int(num_shadows), K * r, seed=seed)
     models, owner = lira_shadow_models(model, params, X_pool, y_pool, shadow_in, num_clients=K, num_rounds=num_rounds,
-                                       seed=seed, **fl_args)
+                                       seed=seed, local=local)
     with torch.no_grad():
         logits = vmap(vmap(lambda p: functional_call(model, p, (X_pool,))))(models)          # [S, K, N, C]
         phi_all = mia.logit_confidence(logits, y_pool)                                        # [S, K, N]
@@ -1044,7 +1052,7 @@ def ddg_error_ratio(out, updates: torch.Tensor, clip_norm: float) -> float:
 
 def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Dataset, *, n_per_client: int,
             client_counts: Sequence[int], epsilons: Sequence[float], num_rounds: int, delta: float,
-            clip_norm: float, window: int = 5, seed: int = 0, **fl_args) -> dict:
+            clip_norm: float, window: int = 5, seed: int = 0, local: LocalTraining = LocalTraining()) -> dict:
     """DP-FedAvg (McMahan et al. 2018, Alg. 1, every client every round, ``q = 1``) against the
     passive attack on its *released* models, over a grid of client counts and budgets.
 
@@ -1053,7 +1061,7 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
     noise) the noise multiplier is calibrated with the RDP accountant at ``delta``, DP-FedAvg runs
     ``num_rounds`` rounds from ``params``, and the attacker averages each record's loss over the last
     ``window`` released models (members: every client's records; non-members: all of ``nonmembers``).
-    ``fl_args``: ``local_epochs``, ``batch_size``, ``lr`` of the clients.
+    ``local``: the clients' :class:`fedlab.fl.LocalTraining` (epochs, batch size and step; cross-entropy).
 
     Returns ``{(eps, K): {"z", "accuracy" (on test), "auc", "floor", "floor_999"}}``: ``floor`` and
     ``floor_999`` are the 95th and 99.9th percentiles of the AUC with shuffled membership labels
@@ -1081,7 +1089,7 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
             cells.append((eps, K, z))
             released[(eps, K)] = []
             runs.append(dict(clients=cl_K, sampling_prob=1.0, noise_multiplier=z, clip_norm=clip_norm, params=params, safe=False,
-                             seed=seed, callback=lambda r, out=released[(eps, K)]: out.append(r.new_params), **fl_args))
+                             seed=seed, callback=lambda r, out=released[(eps, K)]: out.append(r.new_params), local=local))
     # dp_fedavg for every (eps, K), the runs advanced together (the same numbers as one after another)
     results = dp_fedavg_runs(model, runs, num_rounds=num_rounds, eval_data=test)
     grid = {}

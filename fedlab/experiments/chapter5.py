@@ -16,7 +16,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from .._checks import positive_int
-from ..fl import cross_entropy
+from ..fl import LocalTraining
 from ..fl import ifca as IF
 from ..metrics import t_interval
 from ..models import flatten_params, get_params, num_params, unflatten_params
@@ -171,7 +171,7 @@ def server_view_panel(model, hypotheses: torch.Tensor, clients, membership, opti
     if nu < 0:
         raise ValueError(f"nu must be >= 0 (0: no noise), got {nu}")
     v = IF.server_view(model, hypotheses, clients, nu=nu or None, num_clusters=num_clusters,
-                       loss_fn=IF.squared_error, seed=seed)
+                       local=LocalTraining(loss_fn=IF.squared_error), seed=seed)
     pts = v["released"].numpy()
     for grp, marker in [(0, "o"), (1, "^")]:
         m = membership == grp
@@ -361,13 +361,14 @@ def diabetes_split(seed: int = 0, *, patients_per_client: int = 4, train_share: 
 
 def ifca_grid(make_model: Callable[[int], nn.Module], train_clients, val_clients, *,
               settings: Sequence[tuple], seeds: Sequence[int], num_rounds: int, clients_per_round: int,
-              lr: float, batch_size: int | None = 10, loss_fn=cross_entropy, patience: int | None = None) -> dict:
+              local: LocalTraining = LocalTraining(), patience: int | None = None) -> dict:
     """The experiment behind Galli et al.'s Fig. 3 and Tables 1-2 (Sec. 4.2-4.3): (private) IFCA
     (:func:`fedlab.fl.ifca.ifca`) for every ``(k, nu)`` of ``settings`` and every seed ``s`` of ``seeds``.
     ``nu = 0`` is IFCA without sanitisation (the clients' argmin assignment); ``nu > 0`` is Algorithm 1
     (SanitizeUpdate, the server's k-means). A run starts from :func:`model_hypotheses` ``(make_model,
     k, seed=100 * s)``, runs with ``seed=s`` (so for one ``s`` every ``nu`` samples the same clients),
-    keeps its best validation round and stops after ``patience`` rounds without improvement.
+    keeps its best validation round and stops after ``patience`` rounds without improvement. ``local``: the
+    clients' :class:`fedlab.fl.LocalTraining` (its loss is also the validation loss).
 
     Returns ``{(k, nu, s): IFCAResult}``. Raises ``ValueError`` for empty ``settings`` or ``seeds``, a
     ``k < 1`` or a negative ``nu``."""
@@ -383,9 +384,9 @@ def ifca_grid(make_model: Callable[[int], nn.Module], train_clients, val_clients
         for s in seeds:
             grid[(k, nu, s)] = IF.ifca(model, train_clients, num_clusters=k,
                                        init=model_hypotheses(make_model, k, seed=100 * s), num_rounds=num_rounds,
-                                       clients_per_round=clients_per_round, lr=lr, batch_size=batch_size,
-                                       nu=nu or None, clustering="kmeans" if nu else "argmin", loss_fn=loss_fn,
-                                       val_clients=val_clients, patience=patience, seed=s)
+                                       clients_per_round=clients_per_round, local=local, nu=nu or None,
+                                       clustering="kmeans" if nu else "argmin", val_clients=val_clients,
+                                       patience=patience, seed=s)
     return grid
 
 

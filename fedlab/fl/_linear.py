@@ -16,7 +16,8 @@ from torch import nn
 
 from .._checks import finite_positive
 from ..models import logistic_loss, squared_error
-from .local import ClientData, _check_inputs, _check_weight_decay, _start_params, clients_update
+from .local import (ClientData, LocalTraining, _check_inputs, _check_weight_decay, _local, _start_params,
+                    clients_update)
 from .local import batch_plan as _vmap_batch_plan
 
 __all__ = ["linear_fast_path", "batch_plan", "local_sgd"]
@@ -179,24 +180,20 @@ def mlp_local_sgd(model: nn.Sequential, p: dict, X: torch.Tensor, y: torch.Tenso
     return p
 
 
-def dense_clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: float, local_epochs: int = 1,
-                         batch_size: int | None = None, generator: torch.Generator | None = None,
-                         loss_fn=squared_error, stacked: bool = False, local_steps: int | None = None,
-                         weight_decay: float = 0.0) -> dict:
+def dense_clients_update(model: nn.Module, params: dict, data: ClientData, *, local: LocalTraining,
+                         generator: torch.Generator | None = None, stacked: bool = False) -> dict:
     """:func:`fedlab.fl.clients_update` for a model where :func:`linear_fast_path` or :func:`mlp_fast_path`
     holds, with the same checks, batch plan and result (bit for bit); a single client (which
     ``clients_update`` runs outside ``vmap``, with other kernels) goes to ``clients_update`` itself.
     Returns the stacked dict ``{name: [K, ...]}``."""
+    local = _local(local)
     K = data.num_clients
     if K < 2:
-        return clients_update(model, params, data, lr=lr, local_epochs=local_epochs, batch_size=batch_size,
-                              generator=generator, loss_fn=loss_fn, stacked=stacked, local_steps=local_steps,
-                              weight_decay=weight_decay)
-    finite_positive("lr", lr)
+        return clients_update(model, params, data, local=local, generator=generator, stacked=stacked)
+    loss_fn, lr, weight_decay = local.loss_fn, local.lr, local.weight_decay
     p = _start_params(params, K, stacked)
-    _check_weight_decay(weight_decay)
     _checked_inputs(model, p, data, loss_fn)
-    idx, wt = batch_plan(data.n, batch_size, local_epochs, generator, local_steps)
+    idx, wt = batch_plan(data.n, local.batch_size, local.local_epochs, generator, local.local_steps)
     if linear_fast_path(model, loss_fn):
         return local_sgd(p, data.X, data.y, idx, wt, lr=lr, weight_decay=weight_decay,
                          logistic=loss_fn is logistic_loss)

@@ -18,7 +18,7 @@ from torch import nn
 
 from .._checks import finite_positive, finite_tensor, run_spec
 from ..privacy.dp_fedavg import check_dp_args, dp_aggregate, noise_std
-from .local import ClientData, cross_entropy, stack_clients
+from .local import ClientData, LocalTraining, _local, _spec_local, cross_entropy, stack_clients
 from .protocols import FLResult, eval_fn
 from .rounds import History, run_rounds
 
@@ -76,10 +76,9 @@ _DP_RUN = {"clients": None, "sampling_prob": None, "noise_multiplier": None, "cl
 
 
 def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: float,
-              noise_multiplier: float, clip_norm: float | None, local_epochs: int = 1,
-              batch_size: int | None = 10, lr: float = 0.1, server_lr: float = 1.0,
-              params: dict | None = None, seed: int = 0, eval_data=None,
-              loss_fn=cross_entropy, callback: Callable[[DPRoundRecord], None] | None = None,
+              noise_multiplier: float, clip_norm: float | None, local: LocalTraining = LocalTraining(),
+              server_lr: float = 1.0, params: dict | None = None, seed: int = 0, eval_data=None,
+              callback: Callable[[DPRoundRecord], None] | None = None,
               safe: bool = True, grid: float | None = None) -> FLResult:
     """DP-FedAvg (McMahan et al. 2018, Alg. 1) with the functional, vmapped client update of
     :mod:`fedlab.fl` (one run of :func:`dp_fedavg_runs`).
@@ -93,6 +92,9 @@ def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: floa
         ``z``; the noise std on the average is ``z * clip_norm / (q K)``. 0 gives clipped FedAvg.
     clip_norm : float or None
         ``S``, the L2 bound on each client's update (``None``: no clipping, only with ``z = 0``).
+    local : LocalTraining
+        The sampled clients' training (default ``E = 1``, ``B = 10``, step 0.1; ``local_steps`` and
+        ``weight_decay`` are not supported here and raise ``ValueError``).
     safe : bool
         ``True`` (default): the floating-point-safe discrete Gaussian on a public grid
         (``dp_aggregate(..., safe=True)``, ``grid`` its step, default ``safe_grid(sigma)``);
@@ -105,14 +107,18 @@ def dp_fedavg(model: nn.Module, clients, *, num_rounds: int, sampling_prob: floa
     sampling probability, rounds and ``delta``, and ``safe=safe`` (with ``num_params`` for the default grid's
     rounding when ``safe``).
     """
+    local = _local(local)
+    if local.local_steps is not None or local.weight_decay != 0:
+        raise ValueError(f"local: dp_fedavg trains clients for local_epochs epochs without weight decay, got "
+                         f"local_steps={local.local_steps}, weight_decay={local.weight_decay}")
     run = dict(clients=clients, sampling_prob=sampling_prob, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
-               local_epochs=local_epochs, batch_size=batch_size, lr=lr, server_lr=server_lr, params=params, seed=seed,
-               callback=callback, safe=safe, grid=grid)
-    return dp_fedavg_runs(model, [run], num_rounds=num_rounds, eval_data=eval_data, loss_fn=loss_fn)[0]
+               local_epochs=local.local_epochs, batch_size=local.batch_size, lr=local.lr, server_lr=server_lr,
+               params=params, seed=seed, callback=callback, safe=safe, grid=grid)
+    return dp_fedavg_runs(model, [run], num_rounds=num_rounds, eval_data=eval_data, loss_fn=local.loss_fn)[0]
 
 
-def _dp_run(model: nn.Module, spec) -> dict:
-    r = run_spec(spec, _DP_RUN, ("clients", "sampling_prob", "noise_multiplier", "clip_norm"), "the dp_fedavg arguments")
+def _dp_run(model: nn.Module, spec, loss_fn=cross_entropy) -> dict:
+    r = run_spec(_spec_local(spec, loss_fn), _DP_RUN, ("clients", "sampling_prob", "noise_multiplier", "clip_norm"), "the dp_fedavg arguments")
     if not 0.0 < r["sampling_prob"] <= 1.0:
         raise ValueError(f"sampling_prob must be in (0, 1], got {r['sampling_prob']}")
     finite_positive("server_lr", r["server_lr"])
@@ -133,7 +139,7 @@ def _dp_run(model: nn.Module, spec) -> dict:
 def dp_fedavg_runs(model: nn.Module, runs, *, num_rounds: int, eval_data=None, loss_fn=cross_entropy) -> list[FLResult]:
     """Several :func:`dp_fedavg` runs advanced round by round together: each run is a mapping of that
     function's arguments (``clients``, ``sampling_prob``, ``noise_multiplier``, ``clip_norm`` and
-    optionally ``local_epochs``, ``batch_size``, ``lr``, ``server_lr``, ``params``, ``seed``,
+    optionally ``local`` (or, flat, ``local_epochs``, ``batch_size``, ``lr``), ``server_lr``, ``params``, ``seed``,
     ``callback``, ``safe``, ``grid``), ``num_rounds``, ``eval_data`` and ``loss_fn`` are shared. Every run samples its
     clients, mini-batches and noise from its own generator in :func:`dp_fedavg`'s order; the local steps
     of all runs go through one vmapped step (:func:`fedlab.fl.stacked.sgd_jobs`). Returns one
@@ -143,7 +149,7 @@ def dp_fedavg_runs(model: nn.Module, runs, *, num_rounds: int, eval_data=None, l
 
     if not runs:
         raise ValueError("runs must hold at least one run")
-    state = [_dp_run(model, r) for r in runs]
+    state = [_dp_run(model, r, loss_fn) for r in runs]
     ev = eval_fn(model, eval_data, loss_fn)
 
     def step(t, ws):

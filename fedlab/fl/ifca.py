@@ -29,7 +29,7 @@ from ..models import flatten_stacked as stack_to_flat, get_params, squared_error
 from ..models import unflatten_stacked as flat_to_stack
 from ..privacy.dprivacy import DEFAULT_FP_SLACK, PrivacyAccountant, sanitize_update
 from ..config import device as _device
-from .local import ClientData, _model_on, clients_update, cross_entropy, stack_clients
+from .local import ClientData, LocalTraining, _local, _model_on, clients_update, cross_entropy, stack_clients
 from ._linear import dense_clients_update, dense_squared_losses, linear_fast_path, mlp_fast_path
 from .rounds import History, run_rounds
 
@@ -212,16 +212,17 @@ def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
 
 
 def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clients_per_round: int,
-         local_epochs: int = 1, batch_size: int | None = 10, lr: float = 0.1, nu: float | None = None,
+         local: LocalTraining = LocalTraining(), nu: float | None = None,
          clustering: str = "argmin", init: torch.Tensor | None = None, init_std: float = 1.0,
-         val_clients=None, patience: int | None = None, loss_fn: LossFn = cross_entropy,
+         val_clients=None, patience: int | None = None,
          budget: float | None = None, refuse_past_budget: bool = True, seed: int = 0,
          device=None) -> IFCAResult:
     """IFCA (Ghosh et al. 2020) and, with ``nu`` and ``clustering="kmeans"``, Galli et al. Algorithm 1.
 
     Each round ``t``: sample ``U = clients_per_round`` clients; each computes ``F_c(theta_j)`` for all
-    ``k`` hypotheses, picks ``j = argmin``, runs LocalUpdate (``local_epochs`` E, step ``lr`` s, batch
-    ``batch_size`` B_s) from ``theta_j``; with ``nu`` it releases SanitizeUpdate(theta_{j,c}; nu) and
+    ``k`` hypotheses, picks ``j = argmin``, runs LocalUpdate (``local``, a :class:`~fedlab.fl.LocalTraining`:
+    ``local_epochs`` E, step ``lr`` s, batch ``batch_size`` B_s; its ``loss_fn`` is also ``F_c``) from
+    ``theta_j``; with ``nu`` it releases SanitizeUpdate(theta_{j,c}; nu) and
     pays ``n / nu`` plus the snapping's floating-point slack (at most
     :data:`~fedlab.privacy.dprivacy.DEFAULT_FP_SLACK`; the release snaps to the secret-independent
     :func:`~fedlab.privacy.dprivacy.public_grid`) to its
@@ -258,6 +259,8 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
         On ``num_clusters < 1``, ``clients_per_round`` outside ``[1, K]``, ``nu <= 0``, an unknown
         ``clustering`` or an ``init`` of the wrong shape.
     """
+    local = _local(local)
+    loss_fn = local.loss_fn
     if int(num_clusters) != num_clusters or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1, got {num_clusters}")
     if nu is not None and not nu > 0:
@@ -310,27 +313,26 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
             sub = data.select(selected)
             chosen = _per_client_stats(model, like, hyps, sub, loss_fn)[0].argmin(1).numpy()
             start = hyps[torch.from_numpy(chosen)]
-            local = stack_to_flat(update(
-                model, flat_to_stack(start.to(dev), like), sub, lr=lr, local_epochs=local_epochs,
-                batch_size=batch_size, generator=gen, loss_fn=loss_fn, stacked=True)).detach().cpu()
-            if not torch.isfinite(local).all():
+            trained = stack_to_flat(update(
+                model, flat_to_stack(start.to(dev), like), sub, local=local, generator=gen, stacked=True)).detach().cpu()
+            if not torch.isfinite(trained).all():
                 # local SGD blew up: nothing is released, the run stops after this round (see IFCAResult)
                 res.diverged = t
                 selected = chosen = np.array([], dtype=np.int64)
             elif nu is not None:
                 # a zero update would be released exactly (eps = inf): such a client sends nothing
-                moved = (local != start).any(1).numpy()
+                moved = (trained != start).any(1).numpy()
                 idle = selected[~moved]
                 selected, chosen = selected[moved], chosen[moved]
-                start, local = start[torch.from_numpy(moved)], local[torch.from_numpy(moved)]
+                start, trained = start[torch.from_numpy(moved)], trained[torch.from_numpy(moved)]
         if len(selected) > 0:
             if nu is not None:
-                san = sanitize_update(local, start, nu, rng=noise_rng)
+                san = sanitize_update(trained, start, nu, rng=noise_rng)
                 released, leak = san.theta, san.leakage.numpy()
                 acct.spend(selected, leak, round=t, epsilon=san.epsilon.numpy(),   # for budget_at_radius
                            fp_leakage=san.fp_leakage.numpy())                     # the snapping's slack
             else:
-                released = local
+                released = trained
             labels = (chosen if clustering == "argmin"
                       else kmeans_clusters(released, hyps, seed=seed + t))
             new = hyps.clone()
@@ -386,36 +388,35 @@ def private_ifca(model: nn.Module, clients, *, num_clusters: int, nu: float, **k
 
 
 def server_view(model: nn.Module, hypotheses: torch.Tensor, clients, *, nu: float | None,
-                num_clusters: int | None = None, lr: float = 0.1, local_epochs: int = 1,
-                batch_size: int | None = 10, loss_fn: LossFn = cross_entropy, seed: int = 0) -> dict:
+                num_clusters: int | None = None, local: LocalTraining = LocalTraining(), seed: int = 0) -> dict:
     """One round of Galli et al. Algorithm 1 seen from the server, without aggregation: every client
     of ``clients`` picks its best hypothesis, trains it, sanitises it with noise multiplier ``nu``
-    (``None``: no noise) and the server runs k-means with ``num_clusters`` clusters (default: the
+    (``None``: no noise; ``local``: the clients' :class:`~fedlab.fl.LocalTraining`) and the server runs k-means with ``num_clusters`` clusters (default: the
     number of hypotheses, initialised at them; another value uses scikit-learn's k-means++ seeding).
 
     Returns ``{"chosen": [K], "local": [K, n], "released": [K, n], "labels": [K]}``."""
     from sklearn.cluster import KMeans
 
+    local = _local(local)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
     like = get_params(model)
     hyps = _check_hyps(hypotheses, like)
     k = hyps.shape[0] if num_clusters is None else int(num_clusters)
     if k < 1:
         raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
-    chosen = _per_client_stats(model, like, hyps, data, loss_fn)[0].argmin(1)
+    chosen = _per_client_stats(model, like, hyps, data, local.loss_fn)[0].argmin(1)
     start = hyps[chosen]
-    local = stack_to_flat(clients_update(
-        model, flat_to_stack(start, like), data, lr=lr, local_epochs=local_epochs,
-        batch_size=batch_size, generator=torch.Generator().manual_seed(seed), loss_fn=loss_fn,
+    trained = stack_to_flat(clients_update(
+        model, flat_to_stack(start, like), data, local=local, generator=torch.Generator().manual_seed(seed),
         stacked=True)).detach()
-    released = local if nu is None else sanitize_update(local, start, nu, rng=seed).theta
+    released = trained if nu is None else sanitize_update(trained, start, nu, rng=seed).theta
     if k == hyps.shape[0]:
         labels = kmeans_clusters(released, hyps, seed=seed)
     elif k == 1:
         labels = np.zeros(len(released), dtype=np.int64)
     else:
         labels = KMeans(n_clusters=k, n_init=1, random_state=seed).fit(released.double().numpy()).labels_
-    return {"chosen": chosen.numpy(), "local": local, "released": released, "labels": labels}
+    return {"chosen": chosen.numpy(), "local": trained, "released": released, "labels": labels}
 
 
 def early_stop_round(val_losses, patience: int) -> tuple[int, int]:

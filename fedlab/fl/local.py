@@ -27,8 +27,8 @@ from torch.func import functional_call, grad, vmap
 
 from .._checks import finite_positive, finite_tensor, positive_int
 
-__all__ = ["ClientData", "stack_clients", "batch_plan", "client_update", "clients_update", "cross_entropy",
-           "evaluate"]
+__all__ = ["ClientData", "LocalTraining", "stack_clients", "batch_plan", "client_update", "clients_update",
+           "cross_entropy", "evaluate"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -36,6 +36,55 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Per-sample cross-entropy, shape ``[batch]`` (the default loss of every protocol here)."""
     return F.cross_entropy(logits, y, reduction="none")
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """How a client trains on its own data in a round: ClientUpdate of McMahan et al. (2017, Alg. 1).
+
+    One settings object for every protocol of :mod:`fedlab.fl` (``fedavg``, ``dp_fedavg``, ``ifca``,
+    ``selective_sgd``, ``centaur``, ``client_update``...) and the Flower apps, so that a page shows the
+    client's training in one line, ``fl.LocalTraining(lr=0.1, local_epochs=5, batch_size=10)``, and a
+    reader can pass the same object to the book's FedAvg and to Flower.
+
+    Fields (defaults: FedAvg's ``E = 1``, ``B = 10`` and a step of 0.1, McMahan et al. 2017, Sec. 3):
+
+    ``lr``
+        the SGD step size ``eta``, finite and > 0.
+    ``local_epochs``
+        ``E``, passes over the client's data (a positive integer).
+    ``batch_size``
+        ``B``, the mini-batch size; ``None`` is the full batch (one step per epoch).
+    ``local_steps``
+        a fixed number of SGD steps instead of epochs (Xu & Neglia 2021, Table 1), or ``None``.
+    ``weight_decay``
+        ``lambda >= 0``: the client minimises ``mean loss + lambda/2 ||params||^2`` (0: plain SGD).
+    ``loss_fn``
+        the per-example loss ``(outputs [n, ...], y [n]) -> [n]``; the protocols also report it on their
+        evaluation data.
+
+    Raises ``ValueError`` naming the field for a step that is not finite and positive, an epoch count or
+    batch size that is not a positive integer, or a negative or non-finite weight decay.
+    """
+
+    lr: float = 0.1
+    local_epochs: int = 1
+    batch_size: int | None = 10
+    local_steps: int | None = None
+    weight_decay: float = 0.0
+    loss_fn: LossFn = cross_entropy
+
+    def __post_init__(self):
+        if not callable(self.loss_fn):
+            raise ValueError(f"loss_fn must be a callable (outputs, y) -> per-example losses, got {self.loss_fn!r}")
+        finite_positive("lr", self.lr)
+        if isinstance(self.local_epochs, bool) or int(self.local_epochs) != self.local_epochs or self.local_epochs < 1:
+            raise ValueError(f"local_epochs must be a positive integer, got {self.local_epochs!r}")
+        if self.batch_size is not None:
+            positive_int("batch_size", self.batch_size)
+        if self.local_steps is not None:
+            positive_int("local_steps", self.local_steps)
+        _check_weight_decay(self.weight_decay)
 
 
 @torch.no_grad()
@@ -223,25 +272,47 @@ def _check_weight_decay(weight_decay) -> None:
         raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
 
 
-def client_update(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, *, lr: float,
-                  local_epochs: int = 1, batch_size: int | None = None,
-                  generator: torch.Generator | None = None, loss_fn: LossFn = cross_entropy,
-                  local_steps: int | None = None, weight_decay: float = 0.0) -> dict:
-    """ClientUpdate(k, w) of McMahan et al. (2017, Alg. 1): ``local_epochs`` passes of mini-batch
-    SGD with step ``lr`` over ``(X, y)``. Pure function of ``params``: differentiable with
-    ``torch.func`` and safe to call inside ``vmap``. ``local_steps`` (optional): a fixed number of
-    SGD steps instead of epochs (see :func:`batch_plan`). ``weight_decay`` lambda >= 0: the client
-    minimises ``mean loss + lambda/2 ||params||^2`` (0, the default, is plain SGD).
+def _local(local) -> "LocalTraining":
+    """``local`` itself when it is a :class:`LocalTraining`, else a ``ValueError`` that says how to make one."""
+    if not isinstance(local, LocalTraining):
+        raise ValueError(f"local must be a fedlab.fl.LocalTraining (e.g. fl.LocalTraining(lr=0.1, local_epochs=1, "
+                         f"batch_size=10)), got {type(local).__name__}: {local!r}")
+    return local
+
+
+def _spec_local(spec, loss_fn=cross_entropy) -> dict:
+    """A run of a multi-run function (``fedavg_runs``, ``dp_fedavg_runs``) given, as its single-run function is,
+    with ``local`` (a :class:`LocalTraining`): the same run with flat ``lr``, ``local_epochs`` and ``batch_size``.
+    Raises ``ValueError`` naming ``local`` for flat keys beside it, ``local_steps`` or ``weight_decay`` (these runs
+    do not take them) or a loss other than the one the runs share."""
+    if "local" not in spec:
+        return dict(spec)
+    local = _local(spec["local"])
+    clash = sorted({"lr", "local_epochs", "batch_size"} & set(spec))
+    if clash:
+        raise ValueError(f"local: a run gives its training either as local= or as {clash}, not both")
+    if local.local_steps is not None or local.weight_decay != 0 or local.loss_fn is not loss_fn:
+        raise ValueError(f"local: these runs train local_epochs epochs of the shared loss without weight decay, got "
+                         f"local_steps={local.local_steps}, weight_decay={local.weight_decay}, loss_fn={local.loss_fn}")
+    out = {k: v for k, v in spec.items() if k != "local"}
+    return {**out, "lr": local.lr, "local_epochs": local.local_epochs, "batch_size": local.batch_size}
+
+
+def client_update(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, *, local: LocalTraining,
+                  generator: torch.Generator | None = None) -> dict:
+    """ClientUpdate(k, w) of McMahan et al. (2017, Alg. 1): ``local.local_epochs`` passes of mini-batch
+    SGD with step ``local.lr`` over ``(X, y)`` (or ``local.local_steps`` steps, see :func:`batch_plan`;
+    :class:`LocalTraining`). Pure function of ``params``: differentiable with ``torch.func`` and safe to call
+    inside ``vmap``.
 
     ``X``: ``[n, ...]``, ``y``: ``[n]``. Returns the new parameter dict.
     """
-    finite_positive("lr", lr)
-    _check_weight_decay(weight_decay)
+    local = _local(local)
     if len(X) < 1 or len(y) != len(X):
         raise ValueError(f"X and y must hold the same number >= 1 of examples, got {len(X)} and {len(y)}")
-    _check_inputs(model, params, X, y, loss_fn)
-    idx, w = batch_plan(torch.tensor([len(X)]), batch_size, local_epochs, generator, local_steps)
-    step = _step_fn(model, loss_fn, lr, weight_decay)
+    _check_inputs(model, params, X, y, local.loss_fn)
+    idx, w = batch_plan(torch.tensor([len(X)]), local.batch_size, local.local_epochs, generator, local.local_steps)
+    step = _step_fn(model, local.loss_fn, local.lr, local.weight_decay)
     for s in range(idx.shape[1]):
         params = step(params, X, y, idx[0, s], w[0, s])
     return params
@@ -299,24 +370,21 @@ def _start_params(params: dict, K: int, stacked: bool) -> dict:
     return {k: v.clone() for k, v in params.items()}
 
 
-def clients_update(model: nn.Module, params: dict, data: ClientData, *, lr: float,
-                   local_epochs: int = 1, batch_size: int | None = None,
-                   generator: torch.Generator | None = None, loss_fn: LossFn = cross_entropy,
-                   stacked: bool = False, local_steps: int | None = None, weight_decay: float = 0.0) -> dict:
+def clients_update(model: nn.Module, params: dict, data: ClientData, *, local: LocalTraining,
+                   generator: torch.Generator | None = None, stacked: bool = False) -> dict:
     """Run :func:`client_update` for all ``K`` clients of ``data`` at once with ``torch.func.vmap``.
 
     ``params`` is one parameter dict broadcast to every client, or (``stacked=True``) a dict whose
     tensors have a leading client dimension ``K``. Returns a stacked dict ``{name: [K, ...]}``.
     The result equals running the clients one after the other with the same batch plan.
     """
-    finite_positive("lr", lr)
+    local = _local(local)
     K = data.num_clients
     p = _start_params(params, K, stacked)
-    _check_weight_decay(weight_decay)
-    _check_inputs(model, {k: v[0] for k, v in p.items()}, data.X[0], data.y[0], loss_fn, n=data.n)
-    idx, w = batch_plan(data.n, batch_size, local_epochs, generator, local_steps)   # drawn on the CPU
+    _check_inputs(model, {k: v[0] for k, v in p.items()}, data.X[0], data.y[0], local.loss_fn, n=data.n)
+    idx, w = batch_plan(data.n, local.batch_size, local.local_epochs, generator, local.local_steps)  # on the CPU
     idx, w = idx.to(data.X.device), w.to(data.X.device)          # the same plan wherever the data lives
-    step = _step_fn(model, loss_fn, lr, weight_decay)
+    step = _step_fn(model, local.loss_fn, local.lr, local.weight_decay)
     if K == 1:  # vmap's bookkeeping costs more than it saves for a single client
         q = {k: v[0] for k, v in p.items()}
         for s in range(idx.shape[1]):

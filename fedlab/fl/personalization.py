@@ -27,7 +27,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from .._checks import run_spec
-from .local import ClientData, cross_entropy
+from .local import ClientData, LocalTraining, _local, cross_entropy
 from .protocols import train_standalone
 from .stacked import SGDJob, batch_plan, clients_update_runs, sgd_jobs
 from .dp_fedavg import DPRoundRecord, dp_server_step, poisson_sample
@@ -186,8 +186,8 @@ def finetune_runs(model: nn.Module, runs: Sequence[dict], *, trainable: Sequence
 
 
 def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, sampling_prob: float,
-            noise_multiplier: float, clip_norm: float | None, head_epochs: int = 5, rep_epochs: int = 1,
-            lr: float = 0.1, batch_size: int | None = 10, server_lr: float = 1.0,
+            noise_multiplier: float, clip_norm: float | None, head_epochs: int = 5,
+            local: LocalTraining = LocalTraining(), server_lr: float = 1.0,
             final_head_epochs: int | None = None, params: dict | None = None,
             head_names: Sequence[str] | None = None, seed: int = 0,
             callback: Callable[[DPRoundRecord], None] | None = None, safe: bool = True,
@@ -197,16 +197,23 @@ def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, sampling_pr
     2021). Client heads persist across rounds (each client keeps ``w_i``).
 
     Phase 1 is ``head_epochs`` of full-batch gradient descent on the head (approximating the argmin),
-    Phase 2 is ``rep_epochs`` of mini-batch SGD (batch ``batch_size``) on the representation.
+    Phase 2 is ``local`` (a :class:`~fedlab.fl.LocalTraining`: ``local_epochs`` epochs of mini-batch SGD of
+    batch ``batch_size`` and step ``lr``, the step of both phases) on the representation.
     At the end every client fits its head on the final representation (``final_head_epochs``,
-    default ``head_epochs``; free of privacy cost).
+    default ``head_epochs``; free of privacy cost). ``local`` takes neither ``local_steps`` nor
+    ``weight_decay`` nor another loss than cross-entropy (``ValueError``).
 
     Returns the stacked personalised models ``{name: [K, ...]}``. Privacy: the same
     :func:`fedlab.privacy.dp_fedavg.epsilon_spent` as DP-FedAvg with the same ``(z, q, T)`` and ``safe``
     (``safe`` and ``grid`` as in :func:`fedlab.fl.dp_fedavg.dp_fedavg`: the discrete Gaussian by default).
     """
+    local = _local(local)
+    if local.local_steps is not None or local.weight_decay != 0 or local.loss_fn is not cross_entropy:
+        raise ValueError(f"local: centaur trains local_epochs epochs of cross-entropy without weight decay, got "
+                         f"local_steps={local.local_steps}, weight_decay={local.weight_decay}, loss_fn={local.loss_fn}")
     run = dict(train=train, sampling_prob=sampling_prob, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
-               head_epochs=head_epochs, rep_epochs=rep_epochs, lr=lr, batch_size=batch_size, server_lr=server_lr,
+               head_epochs=head_epochs, rep_epochs=local.local_epochs, lr=local.lr, batch_size=local.batch_size,
+               server_lr=server_lr,
                final_head_epochs=final_head_epochs, params=params, head_names=head_names, seed=seed, callback=callback,
                safe=safe, grid=grid)
     return centaur_runs(model, [run], num_rounds=num_rounds)[0]

@@ -18,8 +18,8 @@ from torch import nn
 from .._checks import finite_positive, finite_tensor
 from ..config import device as _device
 from ..models import flatten_params, unflatten_params
-from .local import (ClientData, LossFn, _model_on, _on, client_update, clients_update, cross_entropy, evaluate,
-                    stack_clients)
+from .local import (ClientData, LocalTraining, LossFn, _local, _model_on, _on, client_update, clients_update,
+                    cross_entropy, evaluate, stack_clients)
 from .rounds import History, run_rounds
 
 __all__ = ["weighted_average", "FLResult", "eval_fn", "RoundRecord", "fedavg", "fedsgd", "train_centralized",
@@ -89,33 +89,28 @@ def eval_fn(model: nn.Module, eval_data, loss_fn: LossFn = cross_entropy, device
     return lambda params: evaluate(model, params, X, y, loss_fn)
 
 
-def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float = 1.0,
-           local_epochs: int = 1, batch_size: int | None = 10, lr: float = 0.1,
-           params: dict | None = None, seed: int = 0, eval_data=None, eval_every: int = 1,
-           loss_fn: LossFn = cross_entropy, callback: Callable[[RoundRecord], None] | None = None,
-           progress: bool | None = None, local_steps: int | None = None,
-           weight_decay: float = 0.0, device=None) -> FLResult:
+def fedavg(model: nn.Module, clients, *, num_rounds: int, local: LocalTraining = LocalTraining(),
+           client_fraction: float = 1.0, params: dict | None = None, seed: int = 0, eval_data=None,
+           callback: Callable[[RoundRecord], None] | None = None, device=None) -> FLResult:
     """FederatedAveraging (McMahan et al. 2017; Shokri's CS5562 lecture, Algorithm 1).
 
     Each round ``t``: the server samples ``m = max(C*K, 1)`` clients, each runs ClientUpdate from the
-    current global model (``local_epochs`` = E epochs of SGD, batch ``batch_size`` = B, step ``lr`` =
-    eta), and the server sets ``w_{t+1} = sum_k n_k / m_t * w^k_{t+1}``.
+    current global model (``local``: :class:`LocalTraining`, E = ``local_epochs`` epochs of SGD with batch
+    B = ``batch_size`` and step eta = ``lr``), and the server sets ``w_{t+1} = sum_k n_k / m_t * w^k_{t+1}``.
 
     Parameters
     ----------
     clients : ClientData or list of per-client data sets
+    local : LocalTraining
+        The clients' training (default: E = 1, B = 10, eta = 0.1; ``batch_size=None`` is the full local
+        batch, ``local_steps`` a fixed number of steps, ``weight_decay`` lambda, ``loss_fn`` the loss, also
+        reported on ``eval_data``).
     client_fraction : float in (0, 1]
         C, the fraction of the K clients sampled per round.
-    batch_size : int or None
-        B; ``None`` is the full local batch (B = infinity).
     eval_data : Dataset, optional
-        Evaluated after round 0 (initial model) and every ``eval_every`` rounds.
+        Evaluated after round 0 (initial model) and after every round.
     callback : callable, optional
         Called with a :class:`RoundRecord` after each round.
-    local_steps : int, optional
-        Run exactly this many SGD steps per client and round instead of ``local_epochs`` epochs.
-    weight_decay : float
-        lambda >= 0: each client's local objective is ``mean loss + lambda/2 ||w||^2`` (0: none).
     device : str or torch.device, optional
         Where the clients train and the server averages (default :func:`fedlab.config.device`, i.e.
         ``FEDLAB_DEVICE``, ``cpu`` unless set). Client sampling and mini-batches are drawn on the CPU,
@@ -128,13 +123,25 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
     Raises
     ------
     ValueError
-        Naming ``lr`` (not finite and > 0, or training diverged to NaN/inf parameters), the clients'
-        ``X`` (NaN or infinite entries), ``y`` (labels outside the model's classes), ``params``, or
-        ``device`` / ``FEDLAB_DEVICE``.
+        Naming ``local`` (not a :class:`LocalTraining`), ``lr`` (training diverged to NaN/inf parameters),
+        the clients' ``X`` (NaN or infinite entries), ``y`` (labels outside the model's classes), ``params``,
+        or ``device`` / ``FEDLAB_DEVICE``.
+
+    A progress bar shows the rounds unless ``FEDLAB_PROGRESS=0`` (:func:`fedlab.config.progress_enabled`).
     """
+    return _fedavg(model, clients, num_rounds=num_rounds, local=local, client_fraction=client_fraction,
+                   params=params, seed=seed, eval_data=eval_data, callback=callback, device=device)
+
+
+def _fedavg(model: nn.Module, clients, *, num_rounds: int, local: LocalTraining, client_fraction: float = 1.0,
+            params: dict | None = None, seed: int = 0, eval_data=None, eval_every: int = 1,
+            callback: Callable[[RoundRecord], None] | None = None, progress: bool | None = None,
+            device=None) -> FLResult:
+    """:func:`fedavg`, with the evaluation period and the progress bar as arguments (the library's own callers
+    run FedAvg inside loops of their own and pass ``progress=False``)."""
+    local = _local(local)
     if not 0.0 < client_fraction <= 1.0:
         raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
-    finite_positive("lr", lr)
     dev = _device(device)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
     finite_tensor("clients' X", data.X, " (one NaN makes every parameter NaN after the first round)")
@@ -150,18 +157,16 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
     def step(t, w):
         selected = torch.randperm(K, generator=gen, device="cpu")[:m].sort().values
         sub = data.select(selected)
-        local = clients_update(on_model, w, sub, lr=lr, local_epochs=local_epochs,
-                               batch_size=batch_size, generator=gen, loss_fn=loss_fn,
-                               local_steps=local_steps, weight_decay=weight_decay)
+        updated = clients_update(on_model, w, sub, local=local, generator=gen)
         weights = sub.n.float()
         if callback is not None:
-            callback(RoundRecord(t, cpu(w), selected.numpy(), cpu(local), weights))
-        new = weighted_average(local, weights)
+            callback(RoundRecord(t, cpu(w), selected.numpy(), cpu(updated), weights))
+        new = weighted_average(updated, weights)
         finite_tensor(f"the global parameters after round {t}", new,
-                      f" (training diverged: lower lr, got {lr})")
+                      f" (training diverged: lower lr, got {local.lr})")
         return new
 
-    w, history, _ = run_rounds(num_rounds, step, w, evaluate=eval_fn(model, eval_data, loss_fn, dev),
+    w, history, _ = run_rounds(num_rounds, step, w, evaluate=eval_fn(model, eval_data, local.loss_fn, dev),
                                eval_every=eval_every, history=History("accuracy", "loss"),
                                progress=progress, desc="FedAvg rounds")
     return FLResult(cpu(w), history)
@@ -174,17 +179,18 @@ def fedsgd(model: nn.Module, clients, *, num_rounds: int, client_fraction: float
     Each round is one gradient step ``w <- w - lr * sum_k n_k/m * grad F_k(w)``; with C = 1 that is
     exactly full-batch gradient descent on the pooled data.
     """
+    loss_fn = kwargs.pop("loss_fn", cross_entropy)
     return fedavg(model, clients, num_rounds=num_rounds, client_fraction=client_fraction,
-                  local_epochs=1, batch_size=None, lr=lr, **kwargs)
+                  local=LocalTraining(lr=lr, local_epochs=1, batch_size=None, loss_fn=loss_fn), **kwargs)
 
 
 def train_centralized(model: nn.Module, train, *, num_epochs: int, batch_size: int | None = 32,
                       lr: float = 0.1, params: dict | None = None, seed: int = 0, eval_data=None,
                       loss_fn: LossFn = cross_entropy) -> FLResult:
     """Centralized learning: all data pooled at one party, ``num_epochs`` of mini-batch SGD."""
-    return fedavg(model, [train], num_rounds=num_epochs, local_epochs=1, batch_size=batch_size,
-                  lr=lr, params=params, seed=seed, eval_data=eval_data, loss_fn=loss_fn,
-                  progress=False)
+    return _fedavg(model, [train], num_rounds=num_epochs,
+                   local=LocalTraining(lr=lr, local_epochs=1, batch_size=batch_size, loss_fn=loss_fn),
+                   params=params, seed=seed, eval_data=eval_data, progress=False)
 
 
 def train_standalone(model: nn.Module, clients, *, num_epochs: int, batch_size: int | None = 32,
@@ -198,8 +204,8 @@ def train_standalone(model: nn.Module, clients, *, num_epochs: int, batch_size: 
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
     gen = torch.Generator().manual_seed(seed)
     w = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}
-    local = clients_update(model, w, data, lr=lr, local_epochs=num_epochs, batch_size=batch_size,
-                           generator=gen, loss_fn=loss_fn)
+    local = clients_update(model, w, data, generator=gen,
+                           local=LocalTraining(lr=lr, local_epochs=num_epochs, batch_size=batch_size, loss_fn=loss_fn))
     evals = []
     if eval_data is not None:
         for k in range(data.num_clients):
@@ -236,18 +242,19 @@ def select_upload(delta: torch.Tensor, upload_fraction: float, criterion: str = 
 
 def selective_sgd(model: nn.Module, clients, *, num_rounds: int, upload_fraction: float = 0.1,
                   criterion: str = "largest", threshold: float = 0.0, download_fraction: float = 1.0,
-                  local_epochs: int = 1, batch_size: int | None = 32, lr: float = 0.1,
-                  params: dict | None = None, seed: int = 0, eval_data=None,
-                  loss_fn: LossFn = cross_entropy, progress: bool | None = None) -> FLResult:
+                  local: LocalTraining = LocalTraining(batch_size=32), params: dict | None = None, seed: int = 0,
+                  eval_data=None) -> FLResult:
     """Distributed selective SGD (Shokri & Shmatikov 2015; CS5562 lecture, "De-centralized learning").
 
     Participants take turns (round robin). A participant downloads a ``download_fraction`` (theta_d)
-    of the global parameters into its local model, runs ``local_epochs`` of SGD on its own data,
-    and uploads only the selected coordinates (:func:`select_upload`, fraction ``upload_fraction`` =
-    theta_u) of its change, which the server adds to the global parameters.
+    of the global parameters into its local model, trains on its own data (``local``, a
+    :class:`LocalTraining`; default one epoch of batch 32, step 0.1), and uploads only the selected
+    coordinates (:func:`select_upload`, fraction ``upload_fraction`` = theta_u) of its change, which the
+    server adds to the global parameters. A progress bar shows the turns unless ``FEDLAB_PROGRESS=0``.
 
     Returns an :class:`FLResult` whose ``history`` is logged once per full turn of all participants.
     """
+    local = _local(local)
     if not 0.0 < download_fraction <= 1.0:
         raise ValueError(f"download_fraction must be in (0, 1], got {download_fraction}")
     select_upload(torch.zeros(1), upload_fraction, criterion, threshold)  # validates the arguments
@@ -262,9 +269,7 @@ def selective_sgd(model: nn.Module, clients, *, num_rounds: int, upload_fraction
             down = torch.rand(global_theta.numel(), generator=gen) < download_fraction
             theta = torch.where(down, global_theta, local_theta[k])
             Xk, yk = data.client(k)
-            new = client_update(model, unflatten_params(theta, w0), Xk, yk, lr=lr,
-                                local_epochs=local_epochs, batch_size=batch_size, generator=gen,
-                                loss_fn=loss_fn)
+            new = client_update(model, unflatten_params(theta, w0), Xk, yk, local=local, generator=gen)
             new_theta = flatten_params(new).detach()
             delta = new_theta - theta
             mask = select_upload(delta, upload_fraction, criterion, threshold, gen)
@@ -272,8 +277,8 @@ def selective_sgd(model: nn.Module, clients, *, num_rounds: int, upload_fraction
             local_theta[k] = new_theta
         return global_theta
 
-    ev = eval_fn(model, eval_data, loss_fn)
+    ev = eval_fn(model, eval_data, local.loss_fn)
     global_theta, history, _ = run_rounds(
         num_rounds, step, global_theta, evaluate=None if ev is None else (lambda th: ev(unflatten_params(th, w0))),
-        history=History("accuracy", "loss"), progress=progress, desc="selective SGD rounds")
+        history=History("accuracy", "loss"), progress=None, desc="selective SGD rounds")
     return FLResult(unflatten_params(global_theta, w0), history)

@@ -32,7 +32,7 @@ from torch.func import functional_call, grad, vmap
 from .._checks import finite_positive, finite_tensor, positive_int, run_spec
 from ..config import device as _device
 from ..models import flatten_params, unflatten_params
-from .local import ClientData, cross_entropy, stack_clients
+from .local import ClientData, LocalTraining, _local, _spec_local, cross_entropy, stack_clients
 from .protocols import FLResult, select_upload, weighted_average
 from .rounds import History
 
@@ -350,8 +350,8 @@ _FEDAVG_ARGS = {"clients": None, "lr": 0.1, "client_fraction": 1.0, "local_epoch
 class _Run:
     """The state of one FedAvg run of :func:`fedavg_runs`."""
 
-    def __init__(self, model, spec: Mapping, dev, evaluate_fn):
-        a = run_spec(spec, _FEDAVG_ARGS, ("clients",), "the fedavg arguments")
+    def __init__(self, model, spec: Mapping, dev, evaluate_fn, loss_fn=cross_entropy):
+        a = run_spec(_spec_local(spec, loss_fn), _FEDAVG_ARGS, ("clients",), "the fedavg arguments")
         if not 0.0 < a["client_fraction"] <= 1.0:
             raise ValueError(f"client_fraction must be in (0, 1], got {a['client_fraction']}")
         finite_positive("lr", a["lr"])
@@ -382,8 +382,9 @@ def fedavg_runs(model: nn.Module, runs: Sequence[Mapping], *, num_rounds: int, e
                 stop_at: float | None = None, loss_fn=cross_entropy, device=None) -> list[FLResult]:
     """Several FedAvg runs (McMahan et al. 2017, Algorithm 1) advanced round by round together, each
     exactly :func:`fedlab.fl.fedavg` with its own arguments: a run is a mapping of ``clients`` and
-    optionally ``lr`` (0.1), ``client_fraction`` (1), ``local_epochs`` (1), ``batch_size`` (10; ``None``
-    is B = infinity), ``params`` and ``seed`` (0), fedavg's defaults. Every run samples its clients and
+    optionally ``local`` (a :class:`fedlab.fl.LocalTraining` without ``local_steps`` or ``weight_decay``, its loss
+    the shared ``loss_fn``; or, flat, ``lr`` (0.1), ``local_epochs`` (1), ``batch_size`` (10; ``None`` is B =
+    infinity)), ``client_fraction`` (1), ``params`` and ``seed`` (0), fedavg's defaults. Every run samples its clients and
     mini-batches from its own generator, in fedavg's order, and is evaluated on ``eval_data`` after round
     0 and every round; the local steps of all runs go through :func:`sgd_jobs`.
 
@@ -406,7 +407,7 @@ def fedavg_runs(model: nn.Module, runs: Sequence[Mapping], *, num_rounds: int, e
 
     on_model = _model_on(model, dev)
     ev = eval_fn(model, eval_data, loss_fn, dev)
-    state = [_Run(model, r, dev, ev) for r in runs]
+    state = [_Run(model, r, dev, ev, loss_fn) for r in runs]
     for r in state:
         r.log(0, stop_at)
     for t in range(1, num_rounds + 1):
@@ -430,17 +431,23 @@ def fedavg_runs(model: nn.Module, runs: Sequence[Mapping], *, num_rounds: int, e
 
 
 def selective_sgd_runs(model: nn.Module, clients, configs: Sequence[Mapping], *, num_rounds: int,
-                       local_epochs: int = 1, batch_size: int | None = 32, lr: float = 0.1,
-                       download_fraction: float = 1.0, params: dict | None = None, seed: int = 0,
-                       eval_data=None, loss_fn=cross_entropy) -> list[FLResult]:
+                       local: LocalTraining = LocalTraining(batch_size=32), download_fraction: float = 1.0,
+                       params: dict | None = None, seed: int = 0, eval_data=None) -> list[FLResult]:
     """Several distributed selective SGD runs (Shokri & Shmatikov 2015, :func:`fedlab.fl.selective_sgd`)
     on the same participants, one per entry of ``configs`` (a mapping of ``upload_fraction``, and
     optionally ``criterion`` ("largest") and ``threshold`` (0)), every other argument shared. Each run
     has its own generator seeded with ``seed`` and draws from it what ``selective_sgd`` draws, in the
     same order; the participants take turns as there, and at each turn the local SGD of every run is
     one vmapped job (:func:`sgd_jobs`). Returns one :class:`fedlab.fl.FLResult` per config, bit for
-    bit that of :func:`fedlab.fl.selective_sgd`. Raises ``ValueError`` as that function does, and for
-    no configs or an unknown config key."""
+    bit that of :func:`fedlab.fl.selective_sgd`. ``local``: the participants' :class:`fedlab.fl.LocalTraining`
+    (epochs, batch, step and loss; neither ``local_steps`` nor ``weight_decay``). Raises ``ValueError`` as that
+    function does, and for no configs or an unknown config key."""
+    local_training = _local(local)
+    if local_training.local_steps is not None or local_training.weight_decay != 0:
+        raise ValueError("local: selective_sgd_runs trains local_epochs epochs without weight decay, got "
+                         f"local_steps={local_training.local_steps}, weight_decay={local_training.weight_decay}")
+    lr, local_epochs, batch_size, loss_fn = (local_training.lr, local_training.local_epochs, local_training.batch_size,
+                                             local_training.loss_fn)
     if not 0.0 < download_fraction <= 1.0:
         raise ValueError(f"download_fraction must be in (0, 1], got {download_fraction}")
     if not configs:
@@ -456,7 +463,6 @@ def selective_sgd_runs(model: nn.Module, clients, configs: Sequence[Mapping], *,
     if isinstance(num_rounds, bool) or int(num_rounds) != num_rounds or num_rounds < 0:
         raise ValueError(f"num_rounds must be a non-negative integer, got {num_rounds}")
     num_rounds = int(num_rounds)
-    finite_positive("lr", lr)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
     w0 = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}
     gens = [torch.Generator().manual_seed(seed) for _ in cfgs]

@@ -59,7 +59,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..fl import ClientData, batch_plan, client_update, cross_entropy, evaluate, stack_clients
+from ..fl import ClientData, LocalTraining, batch_plan, client_update, cross_entropy, evaluate, stack_clients
+from ..fl.local import _local
 from .transcript import Transcript, TranscriptWriter, load_transcript
 
 try:
@@ -278,9 +279,9 @@ def client_app(model_fn: Callable[[], nn.Module], load_partition: LoadPartition,
         gen = torch.Generator()
         gen.set_state(torch.frombuffer(bytearray(cfg["rng-state"]), dtype=torch.uint8).clone())
         model = model_of()
-        new = client_update(model, params, X, y, lr=float(cfg["lr"]), local_epochs=int(cfg["local-epochs"]),
-                            batch_size=int(cfg["batch-size"]) or None, generator=gen, loss_fn=loss_fn,
-                            local_steps=int(cfg["local-steps"]) or None, weight_decay=float(cfg["weight-decay"]))
+        new = client_update(model, params, X, y, generator=gen, local=LocalTraining(
+            lr=float(cfg["lr"]), local_epochs=int(cfg["local-epochs"]), batch_size=int(cfg["batch-size"]) or None,
+            local_steps=int(cfg["local-steps"]) or None, weight_decay=float(cfg["weight-decay"]), loss_fn=loss_fn))
         new = {k: v.detach() for k, v in new.items()}
         return pid, len(X), new, evaluate(model, new, X, y, loss_fn)["loss"]
 
@@ -637,8 +638,7 @@ def _wait_for_nodes(grid: Grid, num_clients: int, timeout: float) -> list[int]:
 
 
 def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients: int, num_rounds: int,
-               lr: float, local_epochs: int = 1, batch_size: int | None = 10, local_steps: int | None = None,
-               weight_decay: float = 0.0, client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
+               local: LocalTraining = LocalTraining(), client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
                noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
                secagg: bool = False, secagg_settings: dict | None = None, secagg_attack=None,
                consistency: bool = False, secagg_log=None,
@@ -653,8 +653,10 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
         Where the :class:`Recorder` writes (must not exist or be empty).
     num_clients : int
         K, the number of nodes (= partitions) the server waits for.
-    lr, local_epochs, batch_size, local_steps, weight_decay, client_fraction, seed
-        As in :func:`fedlab.fl.fedavg` (``batch_size=None``: full batch).
+    local, client_fraction, seed
+        As in :func:`fedlab.fl.fedavg`: ``local`` is the clients' :class:`fedlab.fl.LocalTraining` (its step,
+        epochs, batch size, steps and weight decay go to the clients in each round's ``ConfigRecord``; its loss
+        is the ClientApp's, :func:`client_app`'s ``loss_fn``).
     dp : None, "client" or "server"
         Wrap FedAvg in Flower's ``DifferentialPrivacyClientSideFixedClipping`` (the ClientApp must be
         built with ``dp_client_clipping=True``) or ``DifferentialPrivacyServerSideFixedClipping``,
@@ -685,7 +687,7 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
     Raises
     ------
     ValueError
-        For a ``dp`` not in :data:`DP_MODES`, non-positive ``lr`` or a bad count, ``secagg`` combined
+        For a ``dp`` not in :data:`DP_MODES`, a ``local`` that is not a LocalTraining, a bad count, ``secagg`` combined
         with ``dp`` or ``evaluate_clients``, or bad ``secagg_settings``.
     RuntimeError
         (in the running ServerApp) When a SecAgg+ round halts without an aggregate.
@@ -694,13 +696,11 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
         raise ValueError(f"dp must be one of {DP_MODES}, got {dp!r}")
     num_clients = _check_int("num_clients", num_clients, 1)
     num_rounds = _check_int("num_rounds", num_rounds, 1)
-    local_epochs = _check_int("local_epochs", local_epochs, 1)
-    batch_size = _check_int("batch_size", batch_size, 1, allow_none=True)
-    local_steps = _check_int("local_steps", local_steps, 1, allow_none=True)
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
-    if not weight_decay >= 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    local = _local(local)
+    lr, weight_decay = local.lr, local.weight_decay
+    local_epochs = _check_int("local_epochs", local.local_epochs, 1)
+    batch_size = _check_int("batch_size", local.batch_size, 1, allow_none=True)
+    local_steps = _check_int("local_steps", local.local_steps, 1, allow_none=True)
     if not 0.0 < client_fraction <= 1.0:
         raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
     if dp is not None and not (noise_multiplier >= 0 and clipping_norm > 0):
@@ -1103,17 +1103,17 @@ class FlowerRun:
     secagg_log: object = None
 
 
-def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: float = 0.1,
-        local_epochs: int = 1, batch_size: int | None = 10, local_steps: int | None = None,
-        weight_decay: float = 0.0, client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
+def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, local: LocalTraining = LocalTraining(),
+        client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
         noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
         secagg: bool = False, secagg_settings: dict | None = None, secagg_attack=None, consistency: bool = False,
-        secagg_client_mods=(), transcript_dir=None, engine: str = "ray", num_cpus: int = 1, loss_fn=cross_entropy,
+        secagg_client_mods=(), transcript_dir=None, engine: str = "ray", num_cpus: int = 1,
         verbose: bool = False) -> FlowerRun:
     """Run FedAvg as a Flower ``ServerApp`` and ``ClientApp`` simulated on this machine, one node per client.
 
     Same arguments as :func:`fedlab.fl.fedavg` (``clients``: a :class:`fedlab.fl.ClientData` or a list
-    of per-client data sets; partition ``k`` is client ``k``), plus the ``dp`` wrapper and the ``secagg``
+    of per-client data sets; partition ``k`` is client ``k``; ``local``: the clients' :class:`fedlab.fl.LocalTraining`,
+    the same object ``fedavg`` takes, its ``loss_fn`` the ClientApp's), plus the ``dp`` wrapper and the ``secagg``
     option of :func:`server_app` and ``transcript_dir`` (default: a new temporary directory). Under SecAgg+:
     ``secagg_attack`` and ``consistency`` (:func:`server_app`; ``consistency=True`` gives every client a signing
     key, :class:`fedlab.flower.secagg.ConsistencyKeys`) and ``secagg_client_mods`` (:func:`client_app`'s
@@ -1145,6 +1145,7 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     num_cpus = _check_int("num_cpus", num_cpus, 1)
+    local = _local(local)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
     log = keys = None
     if secagg:
@@ -1154,13 +1155,12 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, lr: floa
         keys = ConsistencyKeys(range(data.num_clients)) if consistency else None
     if transcript_dir is None:
         transcript_dir = Path(tempfile.mkdtemp(prefix="fedlab-flower-")) / "transcript"
-    sapp = server_app(model_fn, transcript_dir, num_clients=data.num_clients, num_rounds=num_rounds, lr=lr,
-                      local_epochs=local_epochs, batch_size=batch_size, local_steps=local_steps,
-                      weight_decay=weight_decay, client_fraction=client_fraction, seed=seed, dp=dp,
+    sapp = server_app(model_fn, transcript_dir, num_clients=data.num_clients, num_rounds=num_rounds, local=local,
+                      client_fraction=client_fraction, seed=seed, dp=dp,
                       noise_multiplier=noise_multiplier, clipping_norm=clipping_norm,
                       evaluate_clients=evaluate_clients, secagg=secagg, secagg_settings=secagg_settings,
                       secagg_attack=secagg_attack, consistency=consistency, secagg_log=log)
-    capp = client_app(model_fn, lambda pid, num: data.client(pid), loss_fn=loss_fn,
+    capp = client_app(model_fn, lambda pid, num: data.client(pid), loss_fn=local.loss_fn,
                       dp_client_clipping=(dp == "client"), secagg=secagg, consistency_keys=keys,
                       secagg_mods=secagg_client_mods)
     ray_init = {"num_cpus": num_cpus, "num_gpus": 0, "include_dashboard": False, "log_to_driver": bool(verbose),

@@ -43,6 +43,8 @@ from pathlib import Path
 import torch
 
 from ..data import Dataset, client_datasets, load_digits, partition_iid
+from ..fl import LocalTraining, cross_entropy
+from ..fl.local import _local
 from ..models import mlp
 
 __all__ = ["demo_clients", "demo_model", "write_app", "run_settings", "demo_server_app", "demo_client_app",
@@ -162,9 +164,9 @@ def run_settings(run_config: dict) -> dict:
             raise ValueError(f"run config: secagg-threshold={cfg['secagg-threshold']} gives t={t} of {m} clients a "
                              f"round, not above half of num-clients={cfg['num-clients']}: the nodes' consistency "
                              "round would refuse it (raise secagg-threshold)")
-    server = dict(num_clients=cfg["num-clients"], num_rounds=cfg["num-rounds"], lr=cfg["lr"],
-                  local_epochs=cfg["local-epochs"], batch_size=cfg["batch-size"] or None,
-                  local_steps=cfg["local-steps"] or None, weight_decay=cfg["weight-decay"],
+    local = LocalTraining(lr=cfg["lr"], local_epochs=cfg["local-epochs"], batch_size=cfg["batch-size"] or None,
+                          local_steps=cfg["local-steps"] or None, weight_decay=cfg["weight-decay"])
+    server = dict(num_clients=cfg["num-clients"], num_rounds=cfg["num-rounds"], local=local,
                   client_fraction=cfg["client-fraction"], seed=cfg["seed"],
                   dp=None if cfg["dp"] == "none" else cfg["dp"], noise_multiplier=cfg["noise-multiplier"],
                   clipping_norm=cfg["clipping-norm"], node_timeout=cfg["node-timeout"], secagg=cfg["secagg"],
@@ -272,7 +274,7 @@ def demo_client_app():
                              "require-secagg=true), but the run asks for plain FedAvg (secagg=false): no model "
                              "leaves this node")
         node = {k: context.node_config.get(k) for k in ("partition-id", "signing-key", "verification-keys")}
-        key = json.dumps([s, node if secagg else None], sort_keys=True)
+        key = json.dumps([dict(context.run_config), node if secagg else None], sort_keys=True)
         if key not in apps:
             keys = node_consistency_keys(context.node_config) if secagg else None
             if s["server"]["consistency"] and keys is None:
@@ -304,9 +306,8 @@ def _toml_value(value) -> str:
     return json.dumps(value)        # TOML's basic strings, integers, floats and booleans are JSON's
 
 
-def write_app(path, transcript_root, *, num_clients: int, num_rounds: int, lr: float = 0.1,
-              local_epochs: int = 1, batch_size: int | None = 10, local_steps: int | None = None,
-              weight_decay: float = 0.0, client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
+def write_app(path, transcript_root, *, num_clients: int, num_rounds: int, local: LocalTraining = LocalTraining(),
+              client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
               noise_multiplier: float = 1.0, clipping_norm: float = 1.0, model_seed: int = 0, hidden: int = 16,
               data_seed: int = 0, examples_per_client: int | None = None, node_timeout: float = 120.0,
               secagg: bool = False, consistency: bool = False, secagg_threshold: float = 0.5,
@@ -314,7 +315,8 @@ def write_app(path, transcript_root, *, num_clients: int, num_rounds: int, lr: f
     """Write a Flower App project to ``path`` (created; must not hold a ``pyproject.toml``).
 
     The ServerApp is :func:`fedlab.flower.apps.server_app` with the given FedAvg settings (same meaning as in
-    :func:`fedlab.fl.fedavg`); the ClientApp trains on :func:`demo_clients` partition ``partition-id``. The
+    :func:`fedlab.fl.fedavg`; ``local``: the clients' :class:`fedlab.fl.LocalTraining`, with the demonstration
+    task's cross-entropy loss: a run config cannot carry another loss function); the ClientApp trains on :func:`demo_clients` partition ``partition-id``. The
     settings are written as the app's run config (``[tool.flwr.app.config]``, keys :data:`RUN_CONFIG`), so
     ``flwr run APP CONNECTION --run-config "num-rounds=5"`` changes them for one run. Each run writes its
     transcript to ``<transcript_root>/run-<run id>`` (``transcript_root`` made absolute; a path on the
@@ -334,6 +336,12 @@ def write_app(path, transcript_root, *, num_clients: int, num_rounds: int, lr: f
     path = Path(path)
     if (path / "pyproject.toml").exists():
         raise ValueError(f"path {path} already holds a pyproject.toml")
+    local = _local(local)
+    if local.loss_fn is not cross_entropy:
+        raise ValueError(f"local: a generated app trains with cross-entropy (a run config cannot carry a loss "
+                         f"function), got loss_fn={local.loss_fn!r}")
+    lr, local_epochs, batch_size = local.lr, local.local_epochs, local.batch_size
+    local_steps, weight_decay = local.local_steps, local.weight_decay
     for key, value in (("batch_size", batch_size), ("local_steps", local_steps),
                        ("examples_per_client", examples_per_client)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

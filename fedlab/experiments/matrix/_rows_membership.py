@@ -62,7 +62,7 @@ def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
         recorder = mia.SnapshotRecorder()
 
         def step(t, w, d=d, gen=gen, rng=rng, batches=batches, recorder=recorder):
-            local = fl.clients_update(net, w, clients, lr=0.3, local_epochs=2, batch_size=10, generator=batches)
+            local = fl.clients_update(net, w, clients, local=fl.LocalTraining(lr=0.3, local_epochs=2, batch_size=10), generator=batches)
             U = models.flatten_stacked({k: local[k] - w[k] for k in w})
             theta = models.flatten_params(w)
             if t == 1:                                                 # C fixed from the first round's updates
@@ -118,7 +118,7 @@ def _mia_active_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
     fl_args = dict(local_epochs=2, batch_size=10, lr=0.3)
     clients, cand_X, cand_y, is_member, net, _ = _mia_federation(seed, K, n)
     honest = fl.fedavg(net, clients, num_rounds=honest_rounds, params=models.get_params(net), seed=seed,
-                       progress=False, **fl_args)
+                       local=fl.LocalTraining(**fl_args))
     traces = [mia.active_attack_rounds(net, clients, honest.params, cand_X[k], cand_y[k], target=k, num_rounds=rounds,
                                        ascent_lr=gamma, attacker="server", isolate=True, seed=seed + 1,
                                        return_trace=True, **fl_args) for k in range(K)]

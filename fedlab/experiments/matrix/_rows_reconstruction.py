@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from ... import models
+from ... import fl, models
 from ...privacy import registry as reg
 from ...privacy.registry import dp_noise_multiplier, median_norm
 from ...fl.dp_fedavg import dp_fedavg
@@ -73,7 +73,8 @@ def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
     round's aggregate of the 3 participants. Metric: relative error ``||theta_hat - theta*|| / ||theta*||``."""
     clients = _mr_clients(seed)
     theta_star = mr.local_optimum(*clients[0])
-    kw = dict(num_rounds=_MR_ROUNDS, local_epochs=3, batch_size=None, lr=0.01, loss_fn=mr.squared_loss, seed=seed)
+    kw = dict(num_rounds=_MR_ROUNDS, seed=seed,
+              local=fl.LocalTraining(lr=0.01, local_epochs=3, batch_size=None, loss_fn=mr.squared_loss))
     net = mr.linear_model(10, seed=seed)
     res, spy = mr.run_eavesdropped_fedavg(net, clients, targets=None, client_fraction=_MR_FRACTION, **kw)
     rel = lambda th: float((th - theta_star).norm() / theta_star.norm())   # noqa: E731
