@@ -206,3 +206,44 @@ def test_fl_init_is_an_index():
     assert fl.fedavg is protocols.fedavg and fl.client_update is local.client_update
     assert all(getattr(fl, name).__module__ in ("fedlab.fl.local", "fedlab.fl.protocols", "fedlab.fl.rounds")
                for name in fl.__all__)
+
+
+def _long_signatures(root, limit: int = 10) -> dict[str, int]:
+    """``{"module.function": parameters}`` of every public function or method under ``root`` (a package directory)
+    with more than ``limit`` parameters (``self``, ``cls``, ``*args`` and ``**kwargs`` not counted)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        if "vendor" in path.parts or any(p.startswith("_") and p != "__init__.py" for p in path.relative_to(root).parts):
+            continue
+        mod = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                a = node.args
+                names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
+                if len(names) > limit:
+                    out[f"{mod}.{node.name}"] = len(names)
+    return out
+
+
+#: Public functions that still take more than 10 parameters, and how many: settings objects (``fl.LocalTraining``,
+#: the attacks' budgets) replace long parameter lists. The list may only shrink: a new function over 10, or one of
+#: these that grows, fails until it takes a settings object instead.
+OVER_TEN: dict[str, int] = {}
+
+
+def test_no_new_public_function_takes_more_than_ten_parameters():
+    found = _long_signatures(PKG)
+    new = {k: v for k, v in found.items() if k not in OVER_TEN}
+    grown = {k: (OVER_TEN[k], v) for k, v in found.items() if k in OVER_TEN and v > OVER_TEN[k]}
+    assert not new and not grown, f"over 10 parameters: new {new}; grown {grown}"
+    gone = sorted(set(OVER_TEN) - set(found))
+    assert not gone, f"no longer over 10 parameters (remove from OVER_TEN): {gone}"
+
+
+def test_the_parameter_count_sees_a_long_signature(tmp_path):
+    fake = tmp_path / "fedlab"
+    (fake / "fl").mkdir(parents=True)
+    (fake / "fl" / "a.py").write_text("def f(a, b, c, d, e, f, g, h, i, j, *, k=1, **kw):\n    pass\n\n"
+                                      "def g(self, a, b, c, d, e, f, g, h, i, j):\n    pass\n\n"
+                                      "def _h(a, b, c, d, e, f, g, h, i, j, k):\n    pass\n")
+    assert _long_signatures(fake) == {"fedlab.fl.a.f": 11}

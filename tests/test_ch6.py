@@ -176,11 +176,12 @@ def test_eavesdrop_logistic_compares_the_two_runs():
     from fedlab.data.leaf import make_leaf_synthetic
 
     leaf = make_leaf_synthetic(seed=0)[:3]
-    args = dict(num_rounds=12, local=fl.LocalTraining(lr=0.01, local_epochs=1, batch_size=256, local_steps=1, weight_decay=0.01), seed=0)
+    args = dict(num_rounds=12, seed=0, local=fl.LocalTraining(lr=0.01, batch_size=256, local_steps=1, weight_decay=0.01,
+                                                            loss_fn=mr.logistic_loss))
     model = lambda: mr.linear_model(leaf[0].X.shape[1], bias=True, dtype=torch.float32, seed=0)  # noqa: E731
     pairs = [(c.X.float(), c.y) for c in leaf]
-    T = flower.run(model, pairs, engine="local", local=fl.LocalTraining(loss_fn=mr.logistic_loss), **args).transcript
-    _, spy = mr.run_eavesdropped_fedavg(model(), pairs, local=fl.LocalTraining(loss_fn=mr.logistic_loss), **args)
+    T = flower.run(model, pairs, engine="local", **args).transcript
+    _, spy = mr.run_eavesdropped_fedavg(model(), pairs, **args)
     out = ex.eavesdrop_logistic(T, spy, leaf, weight_decay=0.01, fit_max_iter=60, decode_max_iter=60, hidden=64)
     assert out["num_obs"] == 12 and out["decoded"].shape == (3,) and out["pairs_diff"] < 1e-6
     assert out["gap"].max() < 0.01 and np.all(out["oracle"] > 0.8), out

@@ -8,7 +8,7 @@ import torch
 from fedlab import fl, models
 from fedlab.fl import personalization as pers
 from fedlab.privacy import dp_fedavg as dpf
-from fedlab.fl.dp_fedavg import dp_fedavg
+from fedlab.fl.dp_fedavg import DPSettings, dp_fedavg
 
 torch.set_num_threads(1)
 
@@ -108,25 +108,24 @@ def _clients(K=6, n=8, seed=0):
 
 def test_dp_fedavg_without_noise_or_clipping_is_fedavg():
     net = models.mlp(5, (4,), 3, seed=0); p = models.get_params(net); cd = _clients()
-    a = dp_fedavg(net, cd, num_rounds=3, sampling_prob=1.0, noise_multiplier=0.0, clip_norm=None,
-                      local=fl.LocalTraining(lr=0.1, batch_size=4), params=p, seed=1)
+    plain = DPSettings(noise_multiplier=0.0, clip_norm=None, sampling_prob=1.0)
+    a = dp_fedavg(net, cd, num_rounds=3, dp=plain, local=fl.LocalTraining(lr=0.1, batch_size=4), params=p, seed=1)
     b = fl.fedavg(net, cd, num_rounds=3, local=fl.LocalTraining(lr=0.1, batch_size=4), params=p, seed=1)
     # same client schedule: FedAvg also draws a permutation first, so compare one round by hand instead
-    one = dp_fedavg(net, cd, num_rounds=1, sampling_prob=1.0, noise_multiplier=0.0, clip_norm=None,
-                        local=fl.LocalTraining(lr=0.1, batch_size=None), params=p, seed=1)
+    one = dp_fedavg(net, cd, num_rounds=1, dp=plain, local=fl.LocalTraining(lr=0.1, batch_size=None), params=p, seed=1)
     loc = fl.clients_update(net, p, cd, local=fl.LocalTraining(lr=0.1, batch_size=None))
     want = fl.weighted_average(loc, cd.n.float())
     assert all(torch.allclose(one.params[k], want[k], atol=1e-6) for k in p)
     assert set(a.params) == set(b.params)
     with pytest.raises(ValueError, match="sampling_prob"):
-        dp_fedavg(net, cd, num_rounds=1, sampling_prob=0.0, noise_multiplier=1.0, clip_norm=1.0)
+        dp_fedavg(net, cd, num_rounds=1, dp=DPSettings(noise_multiplier=1.0, clip_norm=1.0, sampling_prob=0.0))
 
 
 def test_dp_fedavg_records_noise_std_and_clipped_norm():
     net = models.mlp(5, (4,), 3, seed=0); cd = _clients(K=10)
     recs = []
-    dp_fedavg(net, cd, num_rounds=2, sampling_prob=0.5, noise_multiplier=1.0, clip_norm=0.01,
-                  local=fl.LocalTraining(lr=0.5, batch_size=4), params=models.get_params(net), callback=recs.append)
+    dp_fedavg(net, cd, num_rounds=2, dp=DPSettings(noise_multiplier=1.0, clip_norm=0.01, sampling_prob=0.5),
+              local=fl.LocalTraining(lr=0.5, batch_size=4), params=models.get_params(net), callback=recs.append)
     assert recs[0].noise_std == pytest.approx(1.0 * 0.01 / 5)
     m = len(recs[0].selected)
     total = torch.sqrt(sum(v.pow(2).sum() for v in recs[0].clipped_mean.values()))
@@ -148,7 +147,7 @@ def test_centaur_shares_only_representation_and_learns():
     assert all(len(torch.unique(torch.cat([tr.y[k], te.y[k]]))) <= 2 for k in range(60))
     net = models.mlp(64, (4,), 10, seed=0); p = models.get_params(net)
     recs = []
-    out = pers.centaur(net, tr, num_rounds=3, sampling_prob=0.5, noise_multiplier=0.0, clip_norm=None,
+    out = pers.centaur(net, tr, num_rounds=3, dp=DPSettings(noise_multiplier=0.0, clip_norm=None, sampling_prob=0.5),
                        head_epochs=3, local=fl.LocalTraining(lr=0.2, batch_size=5), params=p, callback=recs.append)
     assert set(recs[0].updates) == {"0.weight", "0.bias"}           # heads never leave the client
     assert out["2.weight"].shape == (60, 10, 4)

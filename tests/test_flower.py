@@ -46,13 +46,13 @@ def _weighted(replies):
     return {k: sum(wi * r.params[k] for wi, r in zip(w, replies)) for k in replies[0].params}
 
 
-@pytest.mark.parametrize("local", [dict(local=LocalTraining(batch_size=8)), dict(local=LocalTraining(batch_size=None)), dict(local=LocalTraining(local_epochs=3, batch_size=16)),
-                                   dict(local=LocalTraining(batch_size=16, local_steps=5)), dict(local=LocalTraining(batch_size=45, local_steps=3)),
-                                   dict(local=LocalTraining(batch_size=8, weight_decay=0.1))])
+@pytest.mark.parametrize("local", [LocalTraining(batch_size=8), LocalTraining(batch_size=None),
+                                   LocalTraining(local_epochs=3, batch_size=16), LocalTraining(batch_size=16, local_steps=5),
+                                   LocalTraining(batch_size=45, local_steps=3), LocalTraining(batch_size=8, weight_decay=0.1)])
 def test_local_engine_gives_fedavg_with_client_sampling(local):
     """The same apps over LocalGrid (no Ray): C = 0.5 of 4 clients, fedavg's sampling is replayed."""
     clients = _clients(4)
-    kw = dict(num_rounds=3, local=LocalTraining(lr=0.1), seed=7, client_fraction=0.5, **local)
+    kw = dict(num_rounds=3, local=local, seed=7, client_fraction=0.5)
     sent = []
     ref = fedavg(_model_fn(), clients, callback=sent.append, **kw)
     res = flower.run(_model_fn, clients, engine="local", **kw)

@@ -7,7 +7,7 @@ import torch
 pytest.importorskip("flwr", reason="Flower is not installed: the `flower` extra (pip install '.[flower]', "
                                    "flwr[simulation]>=1.41) is needed for tests/test_flower_attacks.py")
 
-from fedlab import flower  # noqa: E402
+from fedlab import fl, flower  # noqa: E402
 from fedlab.attacks.gradient_inversion import dlg_init_, parameter_gradient  # noqa: E402
 from fedlab.data.images import digit_images  # noqa: E402
 from fedlab.flower import attacks as fa  # noqa: E402
@@ -22,7 +22,8 @@ def _fedsgd_images(seed=0, num_clients=4):
     def model_fn():
         return dlg_init_(lenet(1, 10, 8, seed=seed), seed=seed)   # chapter 1a's sigmoid LeNet
 
-    res = flower.run(model_fn, clients, engine="local", num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None), seed=seed)
+    res = flower.run(model_fn, clients, engine="local", num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None),
+                     seed=seed)
     return clients, model_fn, res.transcript
 
 
@@ -85,9 +86,10 @@ def _least_squares_run(seed=0, num_rounds=40):
     from fedlab.experiments import chapter6 as ex
 
     clients = ex.least_squares_clients(seed)
-    args = dict(num_rounds=num_rounds, client_fraction=0.6, local=fl.LocalTraining(lr=0.01, local_epochs=3, batch_size=None), seed=seed)
-    res = flower.run(lambda: mr.linear_model(10, seed=seed), clients, engine="local", local=fl.LocalTraining(loss_fn=mr.squared_loss), **args)
-    _, spy = mr.run_eavesdropped_fedavg(mr.linear_model(10, seed=seed), clients, local=fl.LocalTraining(loss_fn=mr.squared_loss), **args)
+    args = dict(num_rounds=num_rounds, client_fraction=0.6, seed=seed,
+                local=fl.LocalTraining(lr=0.01, local_epochs=3, batch_size=None, loss_fn=mr.squared_loss))
+    res = flower.run(lambda: mr.linear_model(10, seed=seed), clients, engine="local", **args)
+    _, spy = mr.run_eavesdropped_fedavg(mr.linear_model(10, seed=seed), clients, **args)
     return clients, res.transcript, spy
 
 
@@ -209,10 +211,11 @@ def test_imprint_through_the_secagg_aggregate():
 
     clients, model_fn, X = ex.imprint_clients(0)
     assert len(clients) == 4 and X.shape == (32, 64) and clients[0][0].dtype == torch.float64
-    args = dict(num_rounds=1, local=fl.LocalTraining(batch_size=None), seed=0, engine="local")
-    runs = {"plain": flower.run(model_fn, clients, local=fl.LocalTraining(lr=0.1), **args).transcript}
+    args = dict(num_rounds=1, seed=0, engine="local")
+    step = lambda lr: fl.LocalTraining(lr=lr, batch_size=None)   # noqa: E731  (one full-batch step)
+    runs = {"plain": flower.run(model_fn, clients, local=step(0.1), **args).transcript}
     for name, lr, q in [("default", 0.1, 2 ** 22), ("chosen", 1000.0, 2 ** 29)]:
-        runs[name] = flower.run(model_fn, clients, local=fl.LocalTraining(lr=lr), secagg=True, secagg_settings={"quantization_range": q},
+        runs[name] = flower.run(model_fn, clients, local=step(lr), secagg=True, secagg_settings={"quantization_range": q},
                                 **args).transcript
     rows = ex.imprint_rows(runs, X)
     direct = imp.imprint_attack([x for x, _ in clients], [y for _, y in clients], model=model_fn(), num_bins=256)

@@ -8,6 +8,7 @@ with test_flower.py's Ray runs on another worker.
 
 Needs the ``flower`` extra (``pip install ".[flower]"``); without ``flwr`` the test is skipped.
 """
+import dataclasses
 import socket
 import ssl
 import subprocess
@@ -42,13 +43,14 @@ def _fedavg_round(start, t, clients, kw):
     """FedAvg's round ``t`` from the global model ``start`` (fedlab's ClientUpdate with fedavg's shuffles for
     that round, weighted by n_k): the exact plain sum a SecAgg+ round decodes up to its rounding."""
     sizes = [len(c.X) for c in clients]
-    schedule = fedavg_schedule(sizes, num_rounds=t, local_epochs=kw["local_epochs"], batch_size=kw["batch_size"],
+    local = kw["local"]
+    schedule = fedavg_schedule(sizes, num_rounds=t, local_epochs=local.local_epochs, batch_size=local.batch_size,
                                seed=kw["seed"])[t - 1]
     total, model, out = sum(sizes[k] for k, _ in schedule), _model_fn(), {}
     for k, state in schedule:
         gen = torch.Generator()
         gen.set_state(state)
-        new = client_update(model, {n: v.clone() for n, v in start.items()}, clients[k].X, clients[k].y, local=LocalTraining(lr=kw["lr"], local_epochs=kw["local_epochs"], batch_size=kw["batch_size"]),
+        new = client_update(model, {n: v.clone() for n, v in start.items()}, clients[k].X, clients[k].y, local=local,
                             generator=gen)
         for n, v in new.items():
             out[n] = out.get(n, 0) + sizes[k] / total * v.detach().double()
@@ -96,7 +98,7 @@ def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
     root = tmp_path / "transcripts"
     # the app's own settings say 3 rounds and lr 0.5; the run config of each `flwr run` overrides them
     app = deploy.write_app(tmp_path / "app", root, num_clients=2, model_seed=3, hidden=16, examples_per_client=60,
-                           **{**kw, "num_rounds": 3, "lr": 0.5})
+                           **{**kw, "num_rounds": 3, "local": dataclasses.replace(kw["local"], lr=0.5)})
     def timed_run(run_config):
         t0 = time.perf_counter()
         deploy.flwr_run(app, fed, run_config=run_config, timeout=900)

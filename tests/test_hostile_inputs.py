@@ -9,7 +9,7 @@ import torch
 
 from fedlab import config, fl, models
 from fedlab import data as D
-from fedlab.fl.dp_fedavg import dp_fedavg
+from fedlab.fl.dp_fedavg import DPSettings, dp_fedavg
 from fedlab._checks import finite_positive, finite_tensor, whole_int
 
 
@@ -61,8 +61,8 @@ def test_fedavg_with_one_nan_feature_raises_naming_the_data():                  
     with pytest.raises(ValueError, match="clients' X holds NaN"):
         fl.fedavg(_net(), clients, num_rounds=1, eval_data=_eval())
     with pytest.raises(ValueError, match="clients' X holds NaN"):
-        dp_fedavg(_net(), clients, num_rounds=1, sampling_prob=1.0, noise_multiplier=0.0,
-                               clip_norm=1.0)
+        dp_fedavg(_net(), clients, num_rounds=1,
+                  dp=DPSettings(noise_multiplier=0.0, clip_norm=1.0, sampling_prob=1.0))
 
 
 def test_evaluate_refuses_nan_logits_and_empty_data():                                # F30
@@ -83,15 +83,14 @@ def test_evaluate_refuses_nan_logits_and_empty_data():                          
 
 
 def test_dp_fedavg_with_an_infinite_server_lr_raises_naming_it():                     # F22, F22b, F23
-    for kw, name in ((lambda: {"server_lr": float("inf")}, "server_lr"),
-                     (lambda: {"local": fl.LocalTraining(lr=float("inf"))}, "lr")):
+    dp = dict(noise_multiplier=1.0, clip_norm=1.0, sampling_prob=1.0)
+    for kw, name in ((lambda: {"dp": DPSettings(**dp, server_lr=float("inf"))}, "server_lr"),
+                     (lambda: {"dp": DPSettings(**dp), "local": fl.LocalTraining(lr=float("inf"))}, "lr")):
         for rounds in (1, 2):
             with pytest.raises(ValueError, match=f"^{name} must be a finite number > 0"):
-                dp_fedavg(_net(), _clients(), num_rounds=rounds, sampling_prob=1.0,
-                                       noise_multiplier=1.0, clip_norm=1.0, **kw())
+                dp_fedavg(_net(), _clients(), num_rounds=rounds, **kw())
     with pytest.raises(ValueError, match="after round 1.*server_lr"):                  # finite, but overflows
-        dp_fedavg(_net(), _clients(), num_rounds=1, sampling_prob=1.0, noise_multiplier=1.0,
-                               clip_norm=1.0, server_lr=1e308)
+        dp_fedavg(_net(), _clients(), num_rounds=1, dp=DPSettings(**dp, server_lr=1e308))
 
 
 def test_labels_outside_the_classes_raise_naming_y():                                 # F5, F6

@@ -5,6 +5,7 @@ Steinke 2020) and every accountant to its Renyi bound, so that a default release
 as the float mechanism (McMahan et al. 2018 Alg. 1; RAIFLE Sec. 4.1.1), whose guarantee fails on its
 float output (Mironov 2012; Chapter 5). ``safe=False`` still gives the float mechanism.
 """
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from fedlab import models
 from fedlab.fl import dp_fedavg as fdp
+from fedlab.fl.dp_fedavg import DPSettings
 from fedlab.fl import personalization as pers
 from fedlab.privacy import dp_fedavg as dpf
 from fedlab.privacy import ldp
@@ -58,8 +60,9 @@ def test_dp_aggregate_defaults_to_the_discrete_gaussian_on_its_grid():
 def _server_step(**kw):
     params = {"w": torch.zeros(400, dtype=torch.float64)}
     updates = {"w": torch.randn(3, 400, generator=torch.Generator().manual_seed(4), dtype=torch.float64)}
-    return fdp.dp_server_step(1, params, torch.arange(3), updates, clip_norm=1.0, noise_multiplier=1.1,
-                              expected_clients=3.0, server_lr=1.0, generator=torch.Generator().manual_seed(6), **kw)["w"]
+    dp = DPSettings(noise_multiplier=1.1, clip_norm=1.0, sampling_prob=1.0, **kw)
+    return fdp.dp_server_step(1, params, torch.arange(3), updates, dp=dp, expected_clients=3.0,
+                              generator=torch.Generator().manual_seed(6))["w"]
 
 
 def test_dp_server_step_forwards_safe_and_defaults_to_it():
@@ -93,11 +96,11 @@ def _task():
 def test_dp_fedavg_and_centaur_forward_safe_to_the_server_step(monkeypatch, kw, want):
     net, w0, train = _task()
     seen = _record_safe(monkeypatch)
-    fdp.dp_fedavg(net, train, num_rounds=2, sampling_prob=1.0, noise_multiplier=1.0, clip_norm=0.5, params=w0, **kw)
+    dp = DPSettings(noise_multiplier=1.0, clip_norm=0.5, sampling_prob=1.0, **kw)
+    fdp.dp_fedavg(net, train, num_rounds=2, dp=dp, params=w0)
     assert seen == [want, want]
     seen.clear()
-    pers.centaur(net, train, num_rounds=2, sampling_prob=1.0, noise_multiplier=1.0, clip_norm=0.5, params=w0,
-                 head_epochs=1, final_head_epochs=1, **kw)
+    pers.centaur(net, train, num_rounds=2, dp=dp, params=w0, head_epochs=1, final_head_epochs=1)
     assert seen == [want, want]
 
 
@@ -105,13 +108,12 @@ def test_dp_fedavg_default_release_is_on_the_grid():
     net, w0, train = _task()
     w0 = {k: torch.zeros_like(v) for k, v in w0.items()}
     rec = []
-    fdp.dp_fedavg(net, train, num_rounds=1, sampling_prob=1.0, noise_multiplier=2.0, clip_norm=0.5, params=w0,
-                  callback=rec.append)
+    dp = DPSettings(noise_multiplier=2.0, clip_norm=0.5, sampling_prob=1.0)
+    fdp.dp_fedavg(net, train, num_rounds=1, dp=dp, params=w0, callback=rec.append)
     grid = dpf.safe_grid(dpf.noise_std(2.0, 0.5, 6.0))
     assert all(_on_grid(v, grid) for v in rec[0].new_params.values())
     rec.clear()
-    fdp.dp_fedavg(net, train, num_rounds=1, sampling_prob=1.0, noise_multiplier=2.0, clip_norm=0.5, params=w0,
-                  callback=rec.append, safe=False)
+    fdp.dp_fedavg(net, train, num_rounds=1, dp=dataclasses.replace(dp, safe=False), params=w0, callback=rec.append)
     assert not all(_on_grid(v, grid) for v in rec[0].new_params.values())
 
 

@@ -13,7 +13,7 @@ from fedlab import data, fl, models
 from fedlab.attacks import membership as mia
 from fedlab.fl import personalization as pers
 from fedlab.fl import stacked
-from fedlab.fl.dp_fedavg import dp_fedavg, dp_fedavg_runs, dp_server_step, poisson_sample
+from fedlab.fl.dp_fedavg import DPSettings, dp_fedavg, dp_fedavg_runs, dp_server_step, poisson_sample
 from fedlab.metrics import auc_permutation_floor, roc_auc_rows, rounds_to_accuracy
 
 
@@ -138,9 +138,11 @@ def test_selective_sgd_runs_are_selective_sgd(digits, trace):
 
 
 def _single(spec: dict) -> dict:
-    """A flat run of a multi-run function as its single-run function's keywords (``local=fl.LocalTraining``)."""
+    """A flat run of ``dp_fedavg_runs`` as ``dp_fedavg``'s keywords (``local=fl.LocalTraining``, ``dp=DPSettings``)."""
     flat = {k: spec[k] for k in ("lr", "local_epochs", "batch_size") if k in spec}
-    return {**{k: v for k, v in spec.items() if k not in flat}, "local": fl.LocalTraining(**flat)}
+    dp = {k: spec[k] for k in ("noise_multiplier", "clip_norm", "sampling_prob", "server_lr", "safe", "grid") if k in spec}
+    rest = {k: v for k, v in spec.items() if k not in flat and k not in dp}
+    return {**rest, "local": fl.LocalTraining(**flat), "dp": DPSettings(**dp)}
 
 
 def _dp_fedavg_reference(model, clients, *, num_rounds, sampling_prob, noise_multiplier, clip_norm, local_epochs=1,
@@ -156,8 +158,9 @@ def _dp_fedavg_reference(model, clients, *, num_rounds, sampling_prob, noise_mul
             local = fl.clients_update(model, w, clients.select(selected), generator=gen,
                                       local=fl.LocalTraining(lr=lr, local_epochs=local_epochs, batch_size=batch_size))
             updates = {k: (local[k] - w[k]).detach() for k in w}
-        w = dp_server_step(t, w, selected, updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                           expected_clients=m, server_lr=server_lr, generator=gen, callback=callback)
+        dp = DPSettings(noise_multiplier=noise_multiplier, clip_norm=clip_norm, sampling_prob=sampling_prob,
+                        server_lr=server_lr)
+        w = dp_server_step(t, w, selected, updates, dp=dp, expected_clients=m, generator=gen, callback=callback)
     return w
 
 
@@ -230,8 +233,9 @@ def _centaur_reference(model, train, *, num_rounds, sampling_prob, noise_multipl
                 head_state[k][sel] = p[k]
             p = _partial_reference(model, p, sub, rep, lr=lr, local_epochs=1, batch_size=batch_size, generator=gen)
             updates = {k: p[k] - b[k] for k in rep}
-        b = dp_server_step(t, b, sel, updates, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                           expected_clients=sampling_prob * K, server_lr=server_lr, generator=gen, callback=callback)
+        dp = DPSettings(noise_multiplier=noise_multiplier, clip_norm=clip_norm, sampling_prob=sampling_prob,
+                        server_lr=server_lr)
+        b = dp_server_step(t, b, sel, updates, dp=dp, expected_clients=sampling_prob * K, generator=gen, callback=callback)
     final = {**stack(b, K), **head_state}
     return _partial_reference(model, {k: final[k] for k in w0}, train, heads, lr=lr, local_epochs=final_head_epochs,
                               generator=gen)
@@ -251,9 +255,11 @@ def test_personalisation_runs_are_the_old_loops(trace):
     for tr, z, g, r in zip(tasks, zs, got, recs):
         ref_recs = []
         assert _eq(_centaur_reference(net, tr, num_rounds=3, noise_multiplier=z, callback=ref_recs.append, **args), g)
-        single = {k: v for k, v in args.items() if k not in ("lr", "batch_size")}
+        single = {k: v for k, v in args.items() if k not in ("lr", "batch_size", "sampling_prob", "clip_norm", "server_lr")}
         local = fl.LocalTraining(lr=args["lr"], batch_size=args["batch_size"])
-        assert _eq(pers.centaur(net, tr, num_rounds=3, noise_multiplier=z, local=local, **single), g)
+        dp = DPSettings(noise_multiplier=z, clip_norm=args["clip_norm"], sampling_prob=args["sampling_prob"],
+                        server_lr=args["server_lr"])
+        assert _eq(pers.centaur(net, tr, num_rounds=3, dp=dp, local=local, **single), g)
         assert all(_eq(a.new_params, b.new_params) for a, b in zip(r, ref_recs))
     heads = pers.head_names_of(w0)
     ft = pers.finetune_runs(net, [dict(params=w0, train=tr, num_epochs=3, lr=0.2, seed=0) for tr in tasks])

@@ -80,5 +80,6 @@ def embedding_update(model: nn.Module, params: dict, tokens: torch.Tensor, y: to
         raise ValueError(f"local_epochs must be >= 0, got {local_epochs}")
     if local_epochs == 0:
         return {k: v.detach() for k, v in parameter_gradient(model, params, tokens, y).items()}
-    new = fl.client_update(model, params, tokens, y, local=fl.LocalTraining(lr=lr, local_epochs=local_epochs, batch_size=batch_size), generator=generator)
+    new = fl.client_update(model, params, tokens, y, generator=generator,
+                           local=fl.LocalTraining(lr=lr, local_epochs=local_epochs, batch_size=batch_size))
     return {k: (params[k] - new[k]).detach() for k in params}

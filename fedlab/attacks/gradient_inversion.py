@@ -756,7 +756,8 @@ def client_update_as_gradient(model: nn.Module, params: dict, X: torch.Tensor, y
         raise ValueError(f"local_steps must be >= 1, got {local_steps}")
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr}")
-    new = fl.client_update(model, params, X, y, local=fl.LocalTraining(lr=lr, local_epochs=int(local_steps), batch_size=None))
+    new = fl.client_update(model, params, X, y,
+                           local=fl.LocalTraining(lr=lr, local_epochs=int(local_steps), batch_size=None))
     return {k: (params[k] - new[k]).detach() / (lr * local_steps) for k in params}
 
 

@@ -127,8 +127,9 @@ def dssgd_sweep(model, clients, *, params: dict, eval_data, num_rounds: int, thr
     keys = [(criterion, theta_u) for criterion in criteria for theta_u in upload_fractions]
     # fl.selective_sgd once per (criterion, theta_u), the runs stacked (the same numbers, bit for bit)
     runs = stacked.selective_sgd_runs(model, clients, [dict(criterion=c, upload_fraction=u, threshold=threshold)
-                                                       for c, u in keys], num_rounds=num_rounds, local=fl.LocalTraining(lr=0.1, batch_size=10),
-                                      params=params, seed=seed, eval_data=eval_data)
+                                                       for c, u in keys], num_rounds=num_rounds,
+                                      local=fl.LocalTraining(lr=0.1, batch_size=10), params=params, seed=seed,
+                                      eval_data=eval_data)
     return {key: res.history for key, res in zip(keys, runs)}
 
 

@@ -1089,7 +1089,8 @@ def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Data
             cells.append((eps, K, z))
             released[(eps, K)] = []
             runs.append(dict(clients=cl_K, sampling_prob=1.0, noise_multiplier=z, clip_norm=clip_norm, params=params, safe=False,
-                             seed=seed, callback=lambda r, out=released[(eps, K)]: out.append(r.new_params), local=local))
+                             seed=seed, callback=lambda r, out=released[(eps, K)]: out.append(r.new_params),
+                             local=local))
     # dp_fedavg for every (eps, K), the runs advanced together (the same numbers as one after another)
     results = dp_fedavg_runs(model, runs, num_rounds=num_rounds, eval_data=test)
     grid = {}

@@ -94,8 +94,10 @@ def _logistic_fedavg(clients, *, num_rounds, local_steps, batch_size, lr, seed, 
     d_x = clients[0].X.shape[1]
     model = linear_model(d_x, bias=True, dtype=torch.float32, seed=seed)
     pairs = [(c.X.float(), c.y) for c in clients]
-    res, spy = run_eavesdropped_fedavg(model, pairs, num_rounds=num_rounds, local=LocalTraining(lr=lr, local_epochs=1, batch_size=batch_size, local_steps=local_steps, weight_decay=weight_decay, loss_fn=logistic_loss),
-                                       seed=seed, client_fraction=client_fraction)
+    local = LocalTraining(lr=lr, batch_size=batch_size, local_steps=local_steps, weight_decay=weight_decay,
+                          loss_fn=logistic_loss)
+    res, spy = run_eavesdropped_fedavg(model, pairs, num_rounds=num_rounds, local=local, seed=seed,
+                                       client_fraction=client_fraction)
     obs = [spy.observations(k) for k in range(len(clients))]
     return flatten_params(res.params).double(), obs
 
@@ -272,8 +274,9 @@ def fedavg_ols_curve(clients, n_obs: Sequence[int], *, target: int = 0, batch_si
     err, rho = np.zeros((len(seeds), len(n_obs))), np.zeros((len(seeds), len(n_obs)))
     for i, s in enumerate(seeds):
         _, spy = run_eavesdropped_fedavg(linear_model(X.shape[1], seed=int(s)), clients, targets=[target],
-                                         num_rounds=num_rounds, client_fraction=client_fraction,
-                                         local=LocalTraining(lr=lr, local_epochs=local_epochs, batch_size=batch_size, loss_fn=squared_loss), seed=int(s))
+                                         num_rounds=num_rounds, client_fraction=client_fraction, seed=int(s),
+                                         local=LocalTraining(lr=lr, local_epochs=local_epochs, batch_size=batch_size,
+                                                             loss_fn=squared_loss))
         ti, to, _ = spy.observations(target)
         if len(ti) < n_obs[-1]:
             raise ValueError(f"client {target} was observed {len(ti)} times, fewer than {n_obs[-1]}")
@@ -304,8 +307,9 @@ def hard_instance_transcript(dim: int, *, truncated: bool = False, num_rounds: i
         positive_int(name, v)
     zero = {"weight": torch.zeros(1, dim, dtype=torch.float64)}
     _, spy = run_eavesdropped_fedavg(linear_model(dim), hard_instance_clients(dim, num_clients, truncated=truncated),
-                                     targets=[0], num_rounds=num_rounds, local=LocalTraining(lr=lr, local_epochs=local_epochs, batch_size=None, loss_fn=squared_loss),
-                                     params=zero)
+                                     targets=[0], num_rounds=num_rounds, params=zero,
+                                     local=LocalTraining(lr=lr, local_epochs=local_epochs, batch_size=None,
+                                                         loss_fn=squared_loss))
     return spy.observations(0)
 
 

@@ -16,7 +16,8 @@ The other modules are imported by name: :mod:`fedlab.fl.stacked` (several runs a
 :mod:`fedlab.fl.dp_fedavg`, :mod:`fedlab.fl.personalization`, :mod:`fedlab.fl.ifca`,
 :mod:`fedlab.fl.recsys`, :mod:`fedlab.fl.oltr`.
 """
-from .local import ClientData, LocalTraining, batch_plan, client_update, clients_update, cross_entropy, evaluate, stack_clients
+from .local import (ClientData, LocalTraining, batch_plan, client_update, clients_update, cross_entropy, evaluate,
+                    stack_clients)
 from .protocols import (FLResult, RoundRecord, eval_fn, fedavg, fedsgd, select_upload, selective_sgd,
                         train_centralized, train_standalone, weighted_average)
 from .rounds import History, run_rounds

@@ -314,7 +314,8 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
             chosen = _per_client_stats(model, like, hyps, sub, loss_fn)[0].argmin(1).numpy()
             start = hyps[torch.from_numpy(chosen)]
             trained = stack_to_flat(update(
-                model, flat_to_stack(start.to(dev), like), sub, local=local, generator=gen, stacked=True)).detach().cpu()
+                model, flat_to_stack(start.to(dev), like), sub, local=local, generator=gen,
+                stacked=True)).detach().cpu()
             if not torch.isfinite(trained).all():
                 # local SGD blew up: nothing is released, the run stops after this round (see IFCAResult)
                 res.diverged = t
@@ -391,7 +392,8 @@ def server_view(model: nn.Module, hypotheses: torch.Tensor, clients, *, nu: floa
                 num_clusters: int | None = None, local: LocalTraining = LocalTraining(), seed: int = 0) -> dict:
     """One round of Galli et al. Algorithm 1 seen from the server, without aggregation: every client
     of ``clients`` picks its best hypothesis, trains it, sanitises it with noise multiplier ``nu``
-    (``None``: no noise; ``local``: the clients' :class:`~fedlab.fl.LocalTraining`) and the server runs k-means with ``num_clusters`` clusters (default: the
+    (``None``: no noise; ``local``: the clients' :class:`~fedlab.fl.LocalTraining`) and the server runs k-means
+    with ``num_clusters`` clusters (default: the
     number of hypotheses, initialised at them; another value uses scikit-learn's k-means++ seeding).
 
     Returns ``{"chosen": [K], "local": [K, n], "released": [K, n], "labels": [K]}``."""

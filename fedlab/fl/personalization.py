@@ -30,7 +30,7 @@ from .._checks import run_spec
 from .local import ClientData, LocalTraining, _local, cross_entropy
 from .protocols import train_standalone
 from .stacked import SGDJob, batch_plan, clients_update_runs, sgd_jobs
-from .dp_fedavg import DPRoundRecord, dp_server_step, poisson_sample
+from .dp_fedavg import _DP_FIELDS, DPRoundRecord, DPSettings, _dp_settings, _spec_dp, dp_server_step, poisson_sample
 from .rounds import run_rounds
 
 __all__ = ["make_representation_task", "head_names_of", "partial_clients_update", "partial_clients_update_runs",
@@ -185,16 +185,15 @@ def finetune_runs(model: nn.Module, runs: Sequence[dict], *, trainable: Sequence
     return partial_clients_update_runs(model, specs, trainable)
 
 
-def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, sampling_prob: float,
-            noise_multiplier: float, clip_norm: float | None, head_epochs: int = 5,
-            local: LocalTraining = LocalTraining(), server_lr: float = 1.0,
-            final_head_epochs: int | None = None, params: dict | None = None,
+def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, dp: DPSettings, head_epochs: int = 5,
+            local: LocalTraining = LocalTraining(), final_head_epochs: int | None = None, params: dict | None = None,
             head_names: Sequence[str] | None = None, seed: int = 0,
-            callback: Callable[[DPRoundRecord], None] | None = None, safe: bool = True,
-            grid: float | None = None) -> dict:
+            callback: Callable[[DPRoundRecord], None] | None = None) -> dict:
     """Centaur (Shen et al. 2023, Alg. 1 server / Alg. 2 client): DP-FedRep that shares only the
-    representation. ``noise_multiplier = 0`` and ``clip_norm = None`` give FedRep (Collins et al.
-    2021). Client heads persist across rounds (each client keeps ``w_i``).
+    representation, with the server's mechanism ``dp`` (:class:`~fedlab.fl.dp_fedavg.DPSettings`: clip bound,
+    noise multiplier, Poisson sampling, server step) on the representation's updates. ``noise_multiplier = 0`` and
+    ``clip_norm = None`` give FedRep (Collins et al. 2021). Client heads persist across rounds (each client
+    keeps ``w_i``).
 
     Phase 1 is ``head_epochs`` of full-batch gradient descent on the head (approximating the argmin),
     Phase 2 is ``local`` (a :class:`~fedlab.fl.LocalTraining`: ``local_epochs`` epochs of mini-batch SGD of
@@ -205,17 +204,15 @@ def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, sampling_pr
 
     Returns the stacked personalised models ``{name: [K, ...]}``. Privacy: the same
     :func:`fedlab.privacy.dp_fedavg.epsilon_spent` as DP-FedAvg with the same ``(z, q, T)`` and ``safe``
-    (``safe`` and ``grid`` as in :func:`fedlab.fl.dp_fedavg.dp_fedavg`: the discrete Gaussian by default).
+    (``dp.safe`` and ``dp.grid`` as in :func:`fedlab.fl.dp_fedavg.dp_fedavg`: the discrete Gaussian by default).
     """
     local = _local(local)
     if local.local_steps is not None or local.weight_decay != 0 or local.loss_fn is not cross_entropy:
         raise ValueError(f"local: centaur trains local_epochs epochs of cross-entropy without weight decay, got "
                          f"local_steps={local.local_steps}, weight_decay={local.weight_decay}, loss_fn={local.loss_fn}")
-    run = dict(train=train, sampling_prob=sampling_prob, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
+    run = dict(train=train, dp=_dp_settings(dp),
                head_epochs=head_epochs, rep_epochs=local.local_epochs, lr=local.lr, batch_size=local.batch_size,
-               server_lr=server_lr,
-               final_head_epochs=final_head_epochs, params=params, head_names=head_names, seed=seed, callback=callback,
-               safe=safe, grid=grid)
+               final_head_epochs=final_head_epochs, params=params, head_names=head_names, seed=seed, callback=callback)
     return centaur_runs(model, [run], num_rounds=num_rounds)[0]
 
 
@@ -226,8 +223,9 @@ _CENTAUR_RUN = {"train": None, "sampling_prob": None, "noise_multiplier": None, 
 
 def centaur_runs(model: nn.Module, runs: Sequence[dict], *, num_rounds: int) -> list[dict]:
     """Several :func:`centaur` runs advanced round by round together: each run is a mapping of that
-    function's arguments but ``num_rounds`` (``train``, ``sampling_prob``, ``noise_multiplier``,
-    ``clip_norm`` and optionally the others), every run with its own generator, drawing in
+    function's arguments but ``num_rounds`` (``train``, ``dp`` or, flat, ``sampling_prob``, ``noise_multiplier``,
+    ``clip_norm`` (and ``server_lr``, ``safe``, ``grid``); flat ``lr``, ``batch_size``, ``rep_epochs`` for the
+    training, and optionally the others), every run with its own generator, drawing in
     :func:`centaur`'s order. Each phase of all runs goes through one vmapped step
     (:func:`fedlab.fl.stacked.sgd_jobs`), which needs the same head names in every run. Returns each
     run's stacked personalised models, bit for bit what :func:`centaur` returns. Raises ``ValueError``
@@ -236,10 +234,9 @@ def centaur_runs(model: nn.Module, runs: Sequence[dict], *, num_rounds: int) -> 
         raise ValueError("runs must hold at least one run")
     state = []
     for spec in runs:
-        r = run_spec(spec, _CENTAUR_RUN, ("train", "sampling_prob", "noise_multiplier", "clip_norm"),
+        r = run_spec(_spec_dp(spec), _CENTAUR_RUN, ("train", "sampling_prob", "noise_multiplier", "clip_norm"),
                      "the centaur arguments")
-        if not 0.0 < r["sampling_prob"] <= 1.0:
-            raise ValueError(f"sampling_prob must be in (0, 1], got {r['sampling_prob']}")
+        r["dp"] = DPSettings(**{k: r[k] for k in _DP_FIELDS})
         K = r["train"].num_clients
         w0 = {k: v.detach().clone() for k, v in (r["params"] or dict(model.named_parameters())).items()}
         heads = list(r["head_names"]) if r["head_names"] is not None else head_names_of(w0)
@@ -276,9 +273,8 @@ def centaur_runs(model: nn.Module, runs: Sequence[dict], *, num_rounds: int) -> 
                 for k in heads:
                     r["head_state"][k][sel] = p1[k]
                 upd = {k: p[k] - b[k] for k in rep}                                             # Phase 3
-            new.append(dp_server_step(t, b, sel, upd, clip_norm=r["clip_norm"], noise_multiplier=r["noise_multiplier"],
-                                      expected_clients=r["m"], server_lr=r["server_lr"], generator=r["gen"],
-                                      callback=r["callback"], safe=r["safe"], grid=r["grid"]))
+            new.append(dp_server_step(t, b, sel, upd, dp=r["dp"], expected_clients=r["m"], generator=r["gen"],
+                                      callback=r["callback"]))
         return new
 
     bs, _, _ = run_rounds(num_rounds, step, [{k: r["w0"][k] for k in rep} for r in state])

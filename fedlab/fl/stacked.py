@@ -384,9 +384,9 @@ def fedavg_runs(model: nn.Module, runs: Sequence[Mapping], *, num_rounds: int, e
     exactly :func:`fedlab.fl.fedavg` with its own arguments: a run is a mapping of ``clients`` and
     optionally ``local`` (a :class:`fedlab.fl.LocalTraining` without ``local_steps`` or ``weight_decay``, its loss
     the shared ``loss_fn``; or, flat, ``lr`` (0.1), ``local_epochs`` (1), ``batch_size`` (10; ``None`` is B =
-    infinity)), ``client_fraction`` (1), ``params`` and ``seed`` (0), fedavg's defaults. Every run samples its clients and
-    mini-batches from its own generator, in fedavg's order, and is evaluated on ``eval_data`` after round
-    0 and every round; the local steps of all runs go through :func:`sgd_jobs`.
+    infinity)), ``client_fraction`` (1), ``params`` and ``seed`` (0), fedavg's defaults. Every run samples its
+    clients and mini-batches from its own generator, in fedavg's order, and is evaluated on ``eval_data`` after
+    round 0 and every round; the local steps of all runs go through :func:`sgd_jobs`.
 
     ``stop_at``: a run stops after the first evaluation whose accuracy reaches it (its history ends there;
     :func:`fedlab.metrics.rounds_to_accuracy` gives the same round as on the full run). ``device`` as in

@@ -638,7 +638,8 @@ def _wait_for_nodes(grid: Grid, num_clients: int, timeout: float) -> list[int]:
 
 
 def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients: int, num_rounds: int,
-               local: LocalTraining = LocalTraining(), client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
+               local: LocalTraining = LocalTraining(), client_fraction: float = 1.0, seed: int = 0,
+               dp: str | None = None,
                noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
                secagg: bool = False, secagg_settings: dict | None = None, secagg_attack=None,
                consistency: bool = False, secagg_log=None,

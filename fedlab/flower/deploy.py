@@ -316,7 +316,8 @@ def write_app(path, transcript_root, *, num_clients: int, num_rounds: int, local
 
     The ServerApp is :func:`fedlab.flower.apps.server_app` with the given FedAvg settings (same meaning as in
     :func:`fedlab.fl.fedavg`; ``local``: the clients' :class:`fedlab.fl.LocalTraining`, with the demonstration
-    task's cross-entropy loss: a run config cannot carry another loss function); the ClientApp trains on :func:`demo_clients` partition ``partition-id``. The
+    task's cross-entropy loss: a run config cannot carry another loss function); the ClientApp trains on
+    :func:`demo_clients` partition ``partition-id``. The
     settings are written as the app's run config (``[tool.flwr.app.config]``, keys :data:`RUN_CONFIG`), so
     ``flwr run APP CONNECTION --run-config "num-rounds=5"`` changes them for one run. Each run writes its
     transcript to ``<transcript_root>/run-<run id>`` (``transcript_root`` made absolute; a path on the

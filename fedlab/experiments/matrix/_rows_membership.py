@@ -62,7 +62,8 @@ def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
         recorder = mia.SnapshotRecorder()
 
         def step(t, w, d=d, gen=gen, rng=rng, batches=batches, recorder=recorder):
-            local = fl.clients_update(net, w, clients, local=fl.LocalTraining(lr=0.3, local_epochs=2, batch_size=10), generator=batches)
+            local = fl.clients_update(net, w, clients, generator=batches,
+                                      local=fl.LocalTraining(lr=0.3, local_epochs=2, batch_size=10))
             U = models.flatten_stacked({k: local[k] - w[k] for k in w})
             theta = models.flatten_params(w)
             if t == 1:                                                 # C fixed from the first round's updates

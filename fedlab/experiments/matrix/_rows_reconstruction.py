@@ -9,7 +9,7 @@ import torch
 from ... import fl, models
 from ...privacy import registry as reg
 from ...privacy.registry import dp_noise_multiplier, median_norm
-from ...fl.dp_fedavg import dp_fedavg
+from ...fl.dp_fedavg import DPSettings, dp_fedavg
 from ...attacks import model_reconstruction as mr
 from .layout import _defense, _gens
 
@@ -97,8 +97,8 @@ def _mr_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
                     pairs.append((th, reg.apply(u[None], d, clip_norm=C, client_side_noise=False)[0]))
 
             z = dp_noise_multiplier(d.param)
-            dp_fedavg(mr.linear_model(10, seed=seed), clients, sampling_prob=_MR_FRACTION, noise_multiplier=z,
-                      clip_norm=C, callback=spy_dp, safe=d.safe, **kw)   # float or discrete Gaussian
+            dp = DPSettings(noise_multiplier=z, clip_norm=C, sampling_prob=_MR_FRACTION, safe=d.safe)  # float or
+            dp_fedavg(mr.linear_model(10, seed=seed), clients, dp=dp, callback=spy_dp, **kw)           # discrete Gaussian
             ti, sent = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
             out[c] = rel(_mr_decode(ti, sent, C))
             continue

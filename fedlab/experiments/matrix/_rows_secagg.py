@@ -60,7 +60,7 @@ def _secagg_lie_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
     iters = _size(tiny, tiny_value=40, quick=100, paper=300)
     target = int(seed) % _SA_CLIENTS
     victims, lenet = ch6.fedsgd_clients(seed, _SA_CLIENTS)
-    args = dict(num_rounds=1, local=LocalTraining(lr=_SA_LR, local_epochs=1, batch_size=None), seed=seed, engine="local")
+    args = dict(num_rounds=1, local=LocalTraining(lr=_SA_LR, batch_size=None), seed=seed, engine="local")   # one step
     x_true = victims[target][0]
     plain = flower.run(lenet, victims, **args)
     w0 = plain.transcript.globals[0]
