@@ -240,3 +240,40 @@ def test_matching_loss_is_zero_at_the_truth_and_ignores_what_was_not_sent():
         gi.matching_loss(net, w, X[:, None], lab, {k: torch.zeros_like(v) for k, v in obs.items()})
     with pytest.raises(ValueError, match="stacked"):
         gi.matching_loss(net, w, X[:, None], lab, {k: v[0] for k, v in obs.items()})
+
+
+def test_settings_objects_validate_their_fields(digits_net):
+    """Knowledge, ImagePrior and Trace raise a ValueError naming the field; an attack rejects a budget field it
+    does not use instead of ignoring it."""
+    net, params, ds = digits_net
+    for kw, field in [(dict(input_shape=()), "input_shape"), (dict(input_shape=(1, 0)), "input_shape"),
+                      (dict(num_classes=1), "num_classes"), (dict(batch_size=0), "batch_size"),
+                      (dict(labels=torch.zeros(2)), "labels"), (dict(mask=[1]), "mask"),
+                      (dict(clip_norm=0.0), "clip_norm"), (dict(clip_norm=float("inf")), "clip_norm")]:
+        with pytest.raises(ValueError, match=f"Knowledge.{field}"):
+            gi.Knowledge(**{"input_shape": (1, 8, 8), **kw})
+    for kw, field in [(dict(tv_weight=-1.0), "tv_weight"), (dict(init="zeros"), "init"),
+                      (dict(init_std=0.0), "init_std"), (dict(init_std=[0.2, -0.1]), "init_std"),
+                      (dict(signed=1), "signed")]:
+        with pytest.raises(ValueError, match=f"ImagePrior.{field}"):
+            gi.ImagePrior(**kw)
+    assert gi.ImagePrior(init="uniform", init_std=0.0).init == "uniform"     # the std of a start not drawn
+    with pytest.raises(ValueError, match="Trace.snapshot_every"):
+        gi.Trace(snapshot_every=0)
+    with pytest.raises(ValueError, match="Trace.x_true"):
+        gi.Trace(x_true=[0.5])
+    obs = gi.parameter_gradient(net, params, ds.X[:1], ds.y[:1])
+    knows = gi.Knowledge(input_shape=(1, 8, 8), num_classes=10)
+    with pytest.raises(ValueError, match="num_restarts"):
+        gi.dlg(net, params, obs, knows=knows, budget=gi.AttackBudget(max_iter=2, lr=1.0, num_restarts=2))
+    with pytest.raises(ValueError, match="num_classes"):
+        gi.dlg(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8)))
+    ig_knows = gi.Knowledge(input_shape=(1, 8, 8), labels=ds.y[:1])
+    with pytest.raises(ValueError, match="steps"):
+        gi.inverting_gradients(net, params, obs, knows=ig_knows, budget=gi.AttackBudget(max_iter=2, lr=0.1, steps=2))
+    with pytest.raises(ValueError, match="clip_norm"):
+        gi.inverting_gradients(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), labels=ds.y[:1],
+                                                                    clip_norm=1.0))
+    with pytest.raises(ValueError, match="batch_size"):
+        gi.inverting_gradients(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), labels=ds.y[:1],
+                                                                    batch_size=2))

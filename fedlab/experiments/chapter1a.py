@@ -773,8 +773,8 @@ def imprint_demo(X: torch.Tensor, *, num_clients: int, batch_size: int, num_bins
     h = flat @ w
     idx = torch.as_tensor(np.random.default_rng(seed).choice(len(X), size=n, replace=False))
     batches = list(flat[idx].reshape(num_clients, batch_size, -1))
-    res = imp.imprint_attack(batches, num_bins=num_bins, mean=float(h.mean()), std=float(h.std()), direction=w,
-                             seed=seed)
+    res = imp.imprint_attack(batches, trap=imp.ImprintTrap(num_bins=num_bins, mean=float(h.mean()), std=float(h.std()),
+                                                           direction=w), seed=seed)
     Xt = flat[idx]
     if len(res.x):
         nearest = torch.cdist(Xt, res.x.double()).argmin(1)
