@@ -122,7 +122,8 @@ def test_the_attacker_who_knows_the_pruning_mask_beats_the_naive_one(lenet_setup
     assert "matching_loss" not in naive[0.9]
     # the naive settings' results are the same whether or not a mask-aware setting runs beside them
     prune = {p: (lambda u, p=p: privacy.prune_by_magnitude(u, p)) for p in (0.7, 0.9)}
-    both = gi.attack_grid(net, w, X[:4], y[:4], num_classes=10, max_iter=20, steps=2, seed=0, settings={
+    both = gi.attack_grid(net, w, X[:4], y[:4], num_classes=10, budget=gi.AttackBudget(max_iter=20, lr=1.0, steps=2),
+                          seed=0, settings={
         "a7": {"defense": prune[0.7], "knows_mask": True}, 0.7: {"defense": prune[0.7]},
         "a9": {"defense": prune[0.9], "knows_mask": True}, 0.9: {"defense": prune[0.9]}})
     for p, a in ((0.7, "a7"), (0.9, "a9")):
@@ -130,7 +131,8 @@ def test_the_attacker_who_knows_the_pruning_mask_beats_the_naive_one(lenet_setup
     with pytest.raises(ValueError, match="knows_mask"):
         ch1a.pruning_grid(net, w, X[:2], y[:2], fractions=[0.5], max_iter=2, knows_mask="yes")
     with pytest.raises(ValueError, match="knows_mask"):
-        gi.attack_grid(net, w, X[:2], y[:2], num_classes=10, max_iter=2, settings={"a": {"knows_mask": 1}})
+        gi.attack_grid(net, w, X[:2], y[:2], num_classes=10, budget=gi.AttackBudget(max_iter=2, lr=1.0),
+                       settings={"a": {"knows_mask": 1}})
     with pytest.raises(ValueError, match="psnr_prune_aware"):
         ch1a.plot_defenses(pn, pn, pn, pn, success_db=20.0, psnr_prune_aware={0.5: 1.0})
 
@@ -180,8 +182,8 @@ def test_dlg_vs_ig_and_the_dlg_figures_on_tiny_runs(lenet_setup):
     assert res["dlg_x"].shape == res["ig_x"].shape == X[:2].shape and res["psnr_ig"].shape == (2,)
     ch1a.plot_dlg_vs_ig(X[:2], res)
     grads = gi.per_example_gradients(net, w, X[:2], y[:2])
-    run = gi.dlg(net, w, grads, input_shape=(1, 8, 8), num_classes=10, max_iter=4, stacked=True,
-                 x_true=X[:2, None], snapshot_every=2, seed=0)
+    run = gi.dlg(net, w, grads, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10), budget=gi.AttackBudget(max_iter=4, lr=1.0),
+                 stacked=True, trace=gi.Trace(x_true=X[:2, None], snapshot_every=2), seed=0)
     ch1a.plot_dlg_snapshots(run, X[:2], show=2)
     ch1a.plot_dlg_psnr(run, success_db=20.0)
     with pytest.raises(ValueError, match="show"):
@@ -225,7 +227,8 @@ def test_dlg_final_loss_and_restarts_keep_the_least_loss(lenet_setup):
     net, w, X, y = lenet_setup
     X4 = X[:3]                                                # [n, 1, 8, 8]
     grads = gi.per_example_gradients(net, w, X4, y[:3])
-    first = gi.dlg(net, w, grads, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=1, stacked=True, seed=0)
+    one_step = gi.AttackBudget(max_iter=20, lr=1.0, steps=1)
+    first = gi.dlg(net, w, grads, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10), budget=one_step, stacked=True, seed=0)
     psnr0 = np.array([gi.matched_psnr(first.x[i], X4[i:i + 1])[0] for i in range(3)])
     assert first.final_loss.shape == (3,) and (first.final_loss >= 0).all()
     res = ch1a.dlg_restarts(net, w, X4, y[:3], psnr0=psnr0, loss0=first.final_loss, evaluations0=first.evaluations,
@@ -233,8 +236,8 @@ def test_dlg_final_loss_and_restarts_keep_the_least_loss(lenet_setup):
     assert res["psnr"].shape == res["loss"].shape == res["evaluations"].shape == (3, 3)
     assert np.array_equal(res["loss"][0], first.final_loss) and np.array_equal(res["psnr"][0], psnr0)
     reps = {k: v.repeat(2, *([1] * (v.ndim - 1))) for k, v in grads.items()}   # restart r of image i: row 3 (r-1) + i
-    again = gi.dlg(net, w, reps, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=1, stacked=True, seed=7,
-                   x_true=X4.repeat(2, 1, 1, 1)[:, None])
+    again = gi.dlg(net, w, reps, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10), budget=one_step, stacked=True, seed=7,
+                   trace=gi.Trace(x_true=X4.repeat(2, 1, 1, 1)[:, None]))
     assert np.allclose(res["loss"][1:].ravel(), again.final_loss)
     assert np.array_equal(res["evaluations"][1:].ravel(), np.asarray(again.evaluations, dtype=float))
     assert np.allclose(res["psnr"][1:].ravel(), -10 * np.log10(np.maximum(again.history["image_mse"][-1], 1e-12)))
@@ -256,14 +259,16 @@ def test_dlg_final_loss_and_restarts_keep_the_least_loss(lenet_setup):
 def test_dlg_final_loss_is_small_where_the_attack_succeeds_and_not_where_it_stalls(lenet_setup):
     net, w, X, y = lenet_setup
     grads = gi.per_example_gradients(net, w, X, y)
-    run = gi.dlg(net, w, grads, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, stacked=True, seed=2)
+    run = gi.dlg(net, w, grads, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10), budget=gi.AttackBudget(max_iter=20, lr=1.0, steps=3),
+                 stacked=True, seed=2)
     psnr = np.array([gi.matched_psnr(run.x[i], X[i:i + 1])[0] for i in range(len(X))])
     assert run.final_loss.shape == (len(X),) and (psnr > 30).sum() >= 10 and (psnr < 20).sum() >= 2, psnr
     # the stalls end orders of magnitude above every success (the exact values move with the CPU's float
     # order: a stall ended at 2.2 and 0.42 on an AVX-512 AMD EPYC where it ended above 1 elsewhere)
     ok, stalled = run.final_loss[psnr > 30], run.final_loss[psnr < 20]
     assert ok.max() < 1e-3 and stalled.min() > 100 * ok.max(), (psnr, run.final_loss)
-    single = gi.dlg(net, w, {k: v[3] for k, v in grads.items()}, input_shape=(1, 8, 8), num_classes=10, max_iter=5)
+    single = gi.dlg(net, w, {k: v[3] for k, v in grads.items()}, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10),
+                    budget=gi.AttackBudget(max_iter=5, lr=1.0))
     assert isinstance(single.final_loss, float) and single.final_loss >= 0
 
 
@@ -312,8 +317,8 @@ def test_layer_figure_and_correlation_on_a_tiny_run(digits_net):
     matplotlib.use("Agg")
     net, params, ds = digits_net
     g = gi.per_example_gradients(net, params, ds.X[:2], ds.y[:2])
-    run = gi.dlg(net, params, g, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=2, stacked=True,
-                 x_true=ds.X[:2, None])
+    run = gi.dlg(net, params, g, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10), budget=gi.AttackBudget(max_iter=20, lr=1.0, steps=2),
+                 stacked=True, trace=gi.Trace(x_true=ds.X[:2, None]))
     ch1a.plot_layer_distances(run, ["c1", "c2", "c3", "fc"], attack=1)
     ch1a.plot_dlg_psnr(run, success_db=20.0, baselines={"grey": 7.0})
     rho = ch1a.layer_image_correlation(run, attack=0)

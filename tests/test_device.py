@@ -105,12 +105,14 @@ def test_gradient_inversion_threads_its_device():
     params = {k: v.detach().clone() for k, v in net.named_parameters()}
     X, y = torch.rand(2, 6, generator=torch.Generator().manual_seed(3)), torch.tensor([1, 2])
     obs = gi.parameter_gradient(net, params, X, y)
-    for fn in (lambda **kw: gi.dlg(net, params, obs, input_shape=(6,), num_classes=3, batch_size=2, max_iter=6,
-                                   x_true=X, **kw),
-               lambda **kw: gi.dlg(net, params, obs, input_shape=(6,), num_classes=3, batch_size=2, max_iter=3,
-                                   steps=3, **kw),
-               lambda **kw: gi.inverting_gradients(net, params, obs, input_shape=(6,), labels=y, max_iter=6,
-                                                   num_restarts=2, x_true=X, **kw)):
+    knows = gi.Knowledge(input_shape=(6,), num_classes=3, batch_size=2)
+    for fn in (lambda **kw: gi.dlg(net, params, obs, knows=knows, budget=gi.AttackBudget(max_iter=6, lr=1.0),
+                                   trace=gi.Trace(x_true=X), **kw),
+               lambda **kw: gi.dlg(net, params, obs, knows=knows, budget=gi.AttackBudget(max_iter=3, lr=1.0, steps=3),
+                                   **kw),
+               lambda **kw: gi.inverting_gradients(net, params, obs, knows=gi.Knowledge(input_shape=(6,), labels=y),
+                                                   budget=gi.AttackBudget(max_iter=6, lr=0.1, num_restarts=2),
+                                                   trace=gi.Trace(x_true=X), **kw)):
         a, b = fn(), _under_meta_default(lambda: fn(device="cpu"))
         assert _same(a.x, b.x) and _same(a.labels, b.labels)
         assert a.history["loss"] == b.history["loss"]

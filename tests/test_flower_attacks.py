@@ -218,7 +218,8 @@ def test_imprint_through_the_secagg_aggregate():
         runs[name] = flower.run(model_fn, clients, local=step(lr), secagg=True, secagg_settings={"quantization_range": q},
                                 **args).transcript
     rows = ex.imprint_rows(runs, X)
-    direct = imp.imprint_attack([x for x, _ in clients], [y for _, y in clients], model=model_fn(), num_bins=256)
+    direct = imp.imprint_attack([x for x, _ in clients], [y for _, y in clients], model=model_fn(),
+                                trap=imp.ImprintTrap(num_bins=256))
     assert rows["plain"]["rate"] == direct.rate > 0.5 and torch.equal(rows["plain"]["recovered"], direct.recovered)
     assert rows["default"]["rate"] == 0.0
     assert torch.equal(rows["chosen"]["recovered"], rows["plain"]["recovered"]) and rows["chosen"]["median_error"] < 1e-5

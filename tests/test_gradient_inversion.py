@@ -70,7 +70,8 @@ def test_dlg_recovers_single_digits_and_label(digits_net):
     net, params, ds = digits_net
     obs = {k: torch.stack([gi.parameter_gradient(net, params, ds.X[i:i + 1], ds.y[i:i + 1])[k]
                            for i in range(2)]) for k in params}
-    res = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=40, stacked=True)
+    res = gi.dlg(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10), budget=gi.AttackBudget(max_iter=40, lr=1.0),
+                 stacked=True)
     psnr = [gi.matched_psnr(r, t)[0] for r, t in zip(res.x, ds.X[:2, None])]
     assert min(psnr) > 25, psnr
     assert res.labels.flatten().tolist() == ds.y[:2].tolist()
@@ -81,7 +82,8 @@ def test_batched_lbfgs_matches_torch_lbfgs(digits_net):
     net, params, ds = digits_net
     X, y = ds.X[:1], ds.y[:1]
     obs = gi.parameter_gradient(net, params, X, y)
-    ours = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=5, labels=y, seed=3)
+    ours = gi.dlg(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10, labels=y),
+                  budget=gi.AttackBudget(max_iter=5, lr=1.0), seed=3)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn((1, 1, 8, 8), generator=gen).requires_grad_(True)
     opt = torch.optim.LBFGS([x], lr=1.0, max_iter=1, history_size=100)
@@ -138,8 +140,9 @@ def test_inverting_gradients_improves_on_relu():
     p = models.get_params(net)
     obs = gi.parameter_gradient(net, p, crops.X, crops.y)
     label = torch.tensor([gi.idlg_label(obs)])
-    res = gi.inverting_gradients(net, p, obs, input_shape=(3, 16, 16), labels=label, max_iter=60,
-                                 tv_weight=0.1, x_true=crops.X)
+    res = gi.inverting_gradients(net, p, obs, knows=gi.Knowledge(input_shape=(3, 16, 16), labels=label),
+                                 budget=gi.AttackBudget(max_iter=60, lr=0.1), prior=gi.ImagePrior(tv_weight=0.1),
+                                 trace=gi.Trace(x_true=crops.X))
     assert res.history["loss"][-1] < 0.5 * res.history["loss"][0]
     assert res.history["psnr"][-1] > res.history["psnr"][0] + 3
 
@@ -164,19 +167,21 @@ def test_bad_inputs_raise(digits_net):
     net, params, ds = digits_net
     obs = gi.parameter_gradient(net, params, ds.X[:1], ds.y[:1])
     with pytest.raises(ValueError, match="observed"):
-        gi.dlg(net, params, {}, input_shape=(1, 8, 8), num_classes=10)
+        gi.dlg(net, params, {}, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10))
     bad = dict(obs)
     bad["6.weight"] = torch.zeros(3, 3)
     with pytest.raises(ValueError, match="observed"):
-        gi.dlg(net, params, bad, input_shape=(1, 8, 8), num_classes=10)
+        gi.dlg(net, params, bad, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10))
     with pytest.raises(ValueError, match="observed"):
         gi.gradient_distance({}, {})
     with pytest.raises(ValueError, match="kind"):
         gi.gradient_distance(obs, obs, "l1")
     with pytest.raises(ValueError, match="max_iter"):
-        gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=0)
+        gi.AttackBudget(max_iter=0, lr=1.0)
     with pytest.raises(ValueError, match="labels"):
-        gi.inverting_gradients(net, params, obs, input_shape=(1, 8, 8), labels=torch.zeros(1))
+        gi.Knowledge(input_shape=(1, 8, 8), labels=torch.zeros(1))
+    with pytest.raises(ValueError, match="labels"):          # Inverting Gradients needs them
+        gi.inverting_gradients(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8)))
     with pytest.raises(ValueError, match="x_rec"):
         gi.matched_psnr(torch.zeros(2, 4), torch.zeros(3, 4))
     with pytest.raises(ValueError, match="local_steps"):
@@ -235,3 +240,40 @@ def test_matching_loss_is_zero_at_the_truth_and_ignores_what_was_not_sent():
         gi.matching_loss(net, w, X[:, None], lab, {k: torch.zeros_like(v) for k, v in obs.items()})
     with pytest.raises(ValueError, match="stacked"):
         gi.matching_loss(net, w, X[:, None], lab, {k: v[0] for k, v in obs.items()})
+
+
+def test_settings_objects_validate_their_fields(digits_net):
+    """Knowledge, ImagePrior and Trace raise a ValueError naming the field; an attack rejects a budget field it
+    does not use instead of ignoring it."""
+    net, params, ds = digits_net
+    for kw, field in [(dict(input_shape=()), "input_shape"), (dict(input_shape=(1, 0)), "input_shape"),
+                      (dict(num_classes=1), "num_classes"), (dict(batch_size=0), "batch_size"),
+                      (dict(labels=torch.zeros(2)), "labels"), (dict(mask=[1]), "mask"),
+                      (dict(clip_norm=0.0), "clip_norm"), (dict(clip_norm=float("inf")), "clip_norm")]:
+        with pytest.raises(ValueError, match=f"Knowledge.{field}"):
+            gi.Knowledge(**{"input_shape": (1, 8, 8), **kw})
+    for kw, field in [(dict(tv_weight=-1.0), "tv_weight"), (dict(init="zeros"), "init"),
+                      (dict(init_std=0.0), "init_std"), (dict(init_std=[0.2, -0.1]), "init_std"),
+                      (dict(signed=1), "signed")]:
+        with pytest.raises(ValueError, match=f"ImagePrior.{field}"):
+            gi.ImagePrior(**kw)
+    assert gi.ImagePrior(init="uniform", init_std=0.0).init == "uniform"     # the std of a start not drawn
+    with pytest.raises(ValueError, match="Trace.snapshot_every"):
+        gi.Trace(snapshot_every=0)
+    with pytest.raises(ValueError, match="Trace.x_true"):
+        gi.Trace(x_true=[0.5])
+    obs = gi.parameter_gradient(net, params, ds.X[:1], ds.y[:1])
+    knows = gi.Knowledge(input_shape=(1, 8, 8), num_classes=10)
+    with pytest.raises(ValueError, match="num_restarts"):
+        gi.dlg(net, params, obs, knows=knows, budget=gi.AttackBudget(max_iter=2, lr=1.0, num_restarts=2))
+    with pytest.raises(ValueError, match="num_classes"):
+        gi.dlg(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8)))
+    ig_knows = gi.Knowledge(input_shape=(1, 8, 8), labels=ds.y[:1])
+    with pytest.raises(ValueError, match="steps"):
+        gi.inverting_gradients(net, params, obs, knows=ig_knows, budget=gi.AttackBudget(max_iter=2, lr=0.1, steps=2))
+    with pytest.raises(ValueError, match="clip_norm"):
+        gi.inverting_gradients(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), labels=ds.y[:1],
+                                                                    clip_norm=1.0))
+    with pytest.raises(ValueError, match="batch_size"):
+        gi.inverting_gradients(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), labels=ds.y[:1],
+                                                                    batch_size=2))

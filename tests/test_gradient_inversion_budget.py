@@ -43,7 +43,7 @@ def _reference_run(net, params, obs, seed, steps, max_iter=20):
 
 @pytest.mark.parametrize("image, seed, full", [(0, 0, True), (2, 0, False), (2, 3, False)])
 def test_dlg_reference_loop_matches_torch_lbfgs_iterates_and_evaluations(image, seed, full):
-    """gi.dlg(steps=S, max_iter=20) is the reference's loop: the same closure calls as torch's LBFGS in the
+    """gi.dlg(budget=AttackBudget(max_iter=20, lr=1.0, steps=S)) is the reference's loop: the same closure calls as torch's LBFGS in the
     reference's loop (S x 20 = 60 when no stopping test fires; fewer when a step ends early, as in the last
     two cases with torch 2.13: 52 when the loss stops changing, 25 when L-BFGS meets a non-descent direction
     and the run stays there; the first ran all 60) and the same final dummy image and label, in float64 to
@@ -62,7 +62,8 @@ def test_dlg_reference_loop_matches_torch_lbfgs_iterates_and_evaluations(image, 
         x_ref, y_ref, calls = _reference_run(net, params, obs, seed, steps=3)
         assert 0 < calls <= 60 and (full or calls < 60), calls
         assert gi.reference_evaluations(3, 20) == 60
-        ours = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, seed=seed)
+        ours = gi.dlg(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10),
+                      budget=gi.AttackBudget(max_iter=20, lr=1.0, steps=3), seed=seed)
         assert ours.evaluations == calls and len(ours.history["iteration"]) == calls
         assert torch.allclose(ours.x, x_ref.clamp(0, 1), atol=1e-8)
         assert int(ours.labels[0]) == int(y_ref.argmax())
@@ -74,18 +75,21 @@ def test_dlg_evaluation_counts_and_reference_budget(digits_net):
     net, params, ds = digits_net
     obs = {k: v[:3] for k, v in gi.per_example_gradients(net, params, ds.X[:3], ds.y[:3]).items()}
     assert gi.reference_evaluations() == 6000 == gi.DLG_REFERENCE_STEPS * gi.DLG_REFERENCE_MAX_ITER
-    one_run = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=40, stacked=True)
+    one_run = gi.dlg(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10), budget=gi.AttackBudget(max_iter=40, lr=1.0),
+                     stacked=True)
     assert one_run.evaluations == 41                            # 40 iterations + the final check
-    ref = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=2, stacked=True)
+    ref = gi.dlg(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10), budget=gi.AttackBudget(max_iter=20, lr=1.0, steps=2),
+                 stacked=True)
     assert ref.evaluations.shape == (3,) and (ref.evaluations <= 40).all() and (ref.evaluations >= 2).all()
     with pytest.raises(ValueError, match="steps"):
-        gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=0, stacked=True)
+        gi.AttackBudget(max_iter=20, lr=1.0, steps=0)
 
 
 def test_inverting_gradients_counts_evaluations_and_restarts(digits_net):
     net, params, ds = digits_net
     obs = gi.parameter_gradient(net, params, ds.X[:1], ds.y[:1])
-    res = gi.inverting_gradients(net, params, obs, input_shape=(1, 8, 8), labels=ds.y[:1], max_iter=7, num_restarts=3)
+    res = gi.inverting_gradients(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), labels=ds.y[:1]),
+                                 budget=gi.AttackBudget(max_iter=7, lr=0.1, num_restarts=3))
     assert res.evaluations == 8 and res.history["restart_loss"].shape == (1, 3)
     chosen = int(res.history["chosen"][0])
     assert chosen == int(np.argmin(res.history["restart_loss"][0]))
@@ -97,8 +101,10 @@ def test_stacked_inverting_gradients_equals_separate_runs():
     net = models.lenet(3, 10, 16, activation="relu", seed=0)
     p = models.get_params(net)
     g = gi.per_example_gradients(net, p, crops.X, crops.y)
-    kw = dict(input_shape=(3, 16, 16), max_iter=12, tv_weight=0.1, init_mean=[0.4, 0.5, 0.3], init_std=0.2)
-    both = gi.inverting_gradients(net, p, g, labels=crops.y[:, None], stacked=True, num_restarts=2, seed=4, **kw)
+    both = gi.inverting_gradients(net, p, g, knows=gi.Knowledge(input_shape=(3, 16, 16), labels=crops.y[:, None]),
+                                  budget=gi.AttackBudget(max_iter=12, lr=0.1, num_restarts=2),
+                                  prior=gi.ImagePrior(tv_weight=0.1, init_mean=[0.4, 0.5, 0.3], init_std=0.2),
+                                  stacked=True, seed=4)
     assert both.x.shape == (2, 1, 3, 16, 16)
     # row a*R + r of the stack is trial r of attack a: rerun attack 1 alone with the same starting draws
     gen = torch.Generator().manual_seed(4)
@@ -127,8 +133,9 @@ def test_restarts_keep_the_best_trial_and_gaussian_start_beats_nothing():
     net = models.lenet(3, 10, 16, activation="relu", seed=0)
     p = models.get_params(net)
     obs = gi.parameter_gradient(net, p, crops.X, crops.y)
-    res = gi.inverting_gradients(net, p, obs, input_shape=(3, 16, 16), labels=crops.y, max_iter=60, num_restarts=4,
-                                 tv_weight=0.1, x_true=crops.X)
+    res = gi.inverting_gradients(net, p, obs, knows=gi.Knowledge(input_shape=(3, 16, 16), labels=crops.y),
+                                 budget=gi.AttackBudget(max_iter=60, lr=0.1, num_restarts=4),
+                                 prior=gi.ImagePrior(tv_weight=0.1), trace=gi.Trace(x_true=crops.X))
     losses = res.history["restart_loss"][0]
     assert losses.min() <= losses.max() and np.isfinite(losses).all() and losses.min() < 0.5
     assert res.history["psnr"][-1] > res.history["psnr"][0] + 3
@@ -155,7 +162,8 @@ def test_layer_mse_history_falls_with_image_mse(digits_net):
     image error; the per-layer values sum back to the objective."""
     net, params, ds = digits_net
     obs = gi.parameter_gradient(net, params, ds.X[:1], ds.y[:1])
-    res = gi.dlg(net, params, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=40, x_true=ds.X[:1])
+    res = gi.dlg(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10), budget=gi.AttackBudget(max_iter=40, lr=1.0),
+                 trace=gi.Trace(x_true=ds.X[:1]))
     layers = gi.layer_groups(params)
     L = np.stack(res.history["layer_mse"])[:, 0]          # [iterations, layers]
     sizes = np.array([sum(params[k].numel() for k in g) for g in layers.values()])

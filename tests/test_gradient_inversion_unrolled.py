@@ -1,5 +1,6 @@
 """The unrolled attacker of Geiping et al. (2020, Sec. 5): DLG that simulates the client's K local steps on
-its dummy data (``gi.simulated_update``, ``gi.dlg(local_steps=K, local_lr=eta)``, ``gi.attack_grid(unroll=True)``,
+its dummy data (``gi.simulated_update``, ``gi.dlg(knows=Knowledge(local_steps=K, local_lr=eta))``,
+``gi.attack_grid(settings={K: {"local_steps": K, "knows_local_steps": True}})``,
 ``ch1a.unrolled_local_steps``)."""
 import numpy as np
 import pytest
@@ -65,18 +66,18 @@ def test_matching_loss_unrolled_is_zero_at_the_truth_only(net8):
 def test_bad_unroll_arguments_name_themselves(net8):
     net, params, ds = net8
     obs = gi.parameter_gradient(net, params, ds.X[:1], ds.y[:1])
-    kw = dict(input_shape=(1, 8, 8), num_classes=10, max_iter=2)
+    kw = dict(input_shape=(1, 8, 8), num_classes=10)
     for bad in (0, -1, 2.5, True):
-        with pytest.raises(ValueError, match="local_steps"):
-            gi.dlg(net, params, obs, local_steps=bad, local_lr=0.1, **kw)
+        with pytest.raises(ValueError, match="Knowledge.local_steps"):
+            gi.Knowledge(local_steps=bad, local_lr=0.1, **kw)
     for bad in (None, 0.0, -0.1, float("inf"), float("nan")):
-        with pytest.raises(ValueError, match="local_lr"):
-            gi.dlg(net, params, obs, local_steps=3, local_lr=bad, **kw)
+        with pytest.raises(ValueError, match="Knowledge.local_lr"):
+            gi.Knowledge(local_steps=3, local_lr=bad, **kw)
     stacked = {k: v[None] for k, v in obs.items()}
     with pytest.raises(ValueError, match="local_lr"):
         gi.matching_loss(net, params, ds.X[:1, None], ds.y[:1, None], stacked, local_steps=2)
-    with pytest.raises(ValueError, match="unroll"):
-        gi.attack_grid(net, params, ds.X[:1], ds.y[:1], num_classes=10, settings={1: {}}, unroll="yes")
+    with pytest.raises(ValueError, match="knows_local_steps"):
+        gi.attack_grid(net, params, ds.X[:1], ds.y[:1], num_classes=10, settings={1: {"knows_local_steps": "yes"}})
     with pytest.raises(ValueError, match="local_steps"):
         ch1a.unrolled_local_steps(net, params, ds.X[:1], ds.y[:1], local_steps=1, max_iter=2, success_db=20.0)
     with pytest.raises(ValueError, match="local_lrs"):
@@ -87,9 +88,10 @@ def test_one_step_objective_is_unchanged(net8):
     """``local_steps=1`` is the plain objective: bit-identical reconstructions with and without the argument."""
     net, params, ds = net8
     obs = {k: v[None] for k, v in gi.parameter_gradient(net, params, ds.X[:1], ds.y[:1]).items()}
-    kw = dict(input_shape=(1, 8, 8), num_classes=10, max_iter=15, stacked=True, seed=3)
-    a = gi.dlg(net, params, obs, **kw)
-    b = gi.dlg(net, params, obs, local_steps=1, local_lr=0.5, **kw)
+    kw = dict(budget=gi.AttackBudget(max_iter=15, lr=1.0), stacked=True, seed=3)
+    a = gi.dlg(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10), **kw)
+    b = gi.dlg(net, params, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10, local_steps=1, local_lr=0.5),
+               **kw)
     assert torch.equal(a.x, b.x) and np.array_equal(a.final_loss, b.final_loss)
 
 

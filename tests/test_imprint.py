@@ -77,7 +77,7 @@ def test_planted_batch_recovered_exactly_through_autograd():
     assert rec2.bins.tolist() == bins
     assert (rec2.x - X).abs().max() < 1e-8
 
-    res = im.imprint_attack(X, y, num_bins=K, model=imprinted(W, b))
+    res = im.imprint_attack(X, y, trap=im.ImprintTrap(num_bins=K), model=imprinted(W, b))
     assert res.rate == 1.0 and res.unique[bins].all() and res.counts.sum() == len(bins)
 
 
@@ -96,13 +96,13 @@ def test_secure_aggregation_sum_of_three_clients_recovered():
     rec = im.recover_from_imprint(*summed)
     assert rec.x.shape == (16, DIM)
     assert (rec.x - X).abs().max() < 1e-9
-    res = im.imprint_attack(clients, labels, num_bins=K, model=imprinted(W, b))
+    res = im.imprint_attack(clients, labels, trap=im.ImprintTrap(num_bins=K), model=imprinted(W, b))
     assert res.rate == 1.0 and res.error.max() < 1e-12
 
     # a real aggregate: every client in its own batch, inputs of different clients alone in their bins
     # and two inputs of *different* clients sharing a bin (only those two are lost)
     X2, W2, b2 = planted([1, 4, 4, 9, 12, 13], seed=5)
-    res = im.imprint_attack([X2[:2], X2[2:4], X2[4:]], num_bins=K, model=imprinted(W2, b2),
+    res = im.imprint_attack([X2[:2], X2[2:4], X2[4:]], trap=im.ImprintTrap(num_bins=K), model=imprinted(W2, b2),
                             num_classes=3)
     assert res.recovered.tolist() == [True, False, False, True, True, True]
     assert res.unique.sum() == 4 and res.counts[4] == 2
@@ -121,7 +121,7 @@ def test_two_inputs_in_one_bin_give_their_gradient_weighted_mixture():
     assert torch.allclose(mix, (g[0] * X[0] + g[1] * X[1]) / (g[0] + g[1]), atol=1e-10)
     assert min((mix - X[0]).norm(), (mix - X[1]).norm()) > 1e-2
     assert (rec.x[1] - X[2]).abs().max() < 1e-10
-    res = im.imprint_attack(X, y, num_bins=K, model=imprinted(W, b, seed=1))
+    res = im.imprint_attack(X, y, trap=im.ImprintTrap(num_bins=K), model=imprinted(W, b, seed=1))
     assert res.recovered.tolist() == [False, False, True]
     assert res.counts[2] == 2 and not res.unique[2] and res.unique[7]
     assert res.rate == pytest.approx(1 / 3)
@@ -141,8 +141,8 @@ def digits_rates(batch, num_bins, trials=5):
     rates = []
     for t in range(trials):
         idx = torch.as_tensor(rng.choice(len(X), batch, replace=False))
-        rates.append(im.imprint_attack(X[idx], num_bins=num_bins, mean=float(h.mean()),
-                                       std=float(h.std()), direction=w, seed=t).rate)
+        trap = im.ImprintTrap(num_bins=num_bins, mean=float(h.mean()), std=float(h.std()), direction=w)
+        rates.append(im.imprint_attack(X[idx], trap=trap, seed=t).rate)
     return float(np.mean(rates))
 
 
@@ -193,15 +193,21 @@ def test_bad_inputs_raise_value_error_naming_the_argument():
         im.recover_from_imprint(torch.zeros(4, 3), torch.zeros(4), weight=torch.zeros(4, 3),
                                 bias=torch.tensor([0.0, 1.0, 2.0, 3.0]))
     with pytest.raises(ValueError, match="X"):
-        im.imprint_attack(torch.zeros(5), num_bins=4)
+        im.imprint_attack(torch.zeros(5), trap=im.ImprintTrap(num_bins=4))
     with pytest.raises(ValueError, match="y"):
-        im.imprint_attack(torch.zeros(5, 3), torch.zeros(4, dtype=torch.long), num_bins=4)
-    with pytest.raises(ValueError, match="num_bins"):
-        im.imprint_attack(torch.zeros(5, 3), num_bins=-2)
+        im.imprint_attack(torch.zeros(5, 3), torch.zeros(4, dtype=torch.long), trap=im.ImprintTrap(num_bins=4))
+    with pytest.raises(ValueError, match="ImprintTrap.num_bins"):
+        im.ImprintTrap(num_bins=-2)
+    with pytest.raises(ValueError, match="ImprintTrap.std"):
+        im.ImprintTrap(num_bins=4, mean=0.5, std=0.0)
+    with pytest.raises(ValueError, match="ImprintTrap.mean and ImprintTrap.std"):
+        im.ImprintTrap(num_bins=4, mean=0.5)
+    with pytest.raises(ValueError, match="trap"):
+        im.imprint_attack(torch.rand(5, 3), trap=4)
     with pytest.raises(ValueError, match="tol"):
-        im.imprint_attack(torch.rand(5, 3), num_bins=4, tol=0)
+        im.imprint_attack(torch.rand(5, 3), trap=im.ImprintTrap(num_bins=4), tol=0)
     with pytest.raises(ValueError, match="model"):
-        im.imprint_attack(torch.rand(5, 3), num_bins=4, model=nn.Linear(3, 2))
+        im.imprint_attack(torch.rand(5, 3), trap=im.ImprintTrap(num_bins=4), model=nn.Linear(3, 2))
     X = load_digits().X
     with pytest.raises(ValueError, match="batch_sizes"):
         im.imprint_recovery_grid(X, (0,), (4,), 1, 0)

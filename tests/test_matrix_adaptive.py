@@ -19,15 +19,16 @@ def test_mask_aware_dlg_beats_the_naive_one_under_pruning():
     d = images.digit_images(4, seed=0)
     G = models.flatten_stacked(gi.per_example_gradients(net, w, d.X, d.y))
     obs = models.unflatten_stacked(privacy.apply(G, "prune90"), w)
-    kw = dict(input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, labels=d.y[:, None], stacked=True, seed=0)
-    naive = gi.dlg(net, w, obs, **kw)
-    ada = gi.dlg(net, w, obs, mask={k: v != 0 for k, v in obs.items()}, **kw)
+    kw = dict(budget=gi.AttackBudget(max_iter=20, lr=1.0, steps=3), stacked=True, seed=0)
+    knows = lambda **k: gi.Knowledge(input_shape=(1, 8, 8), num_classes=10, labels=d.y[:, None], **k)   # noqa: E731
+    naive = gi.dlg(net, w, obs, knows=knows(), **kw)
+    ada = gi.dlg(net, w, obs, knows=knows(mask={k: v != 0 for k, v in obs.items()}), **kw)
     p_naive = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(naive.x, d.X)])
     p_ada = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(ada.x, d.X)])
     base = float(np.mean(gi.psnr_baselines(d.X)["mean colour"]))
     assert p_naive.mean() < base + 3 < 30 < p_ada.mean(), (p_naive, p_ada, base)   # naive: "pruning stops DLG"
     # a mask of ones is the plain objective, bit for bit
-    ones = gi.dlg(net, w, obs, mask={k: torch.ones_like(v) for k, v in obs.items()}, **kw)
+    ones = gi.dlg(net, w, obs, knows=knows(mask={k: torch.ones_like(v) for k, v in obs.items()}), **kw)
     assert torch.equal(ones.x, naive.x)
 
 
@@ -39,14 +40,15 @@ def test_clip_aware_dlg_beats_the_naive_one_under_clipping():
     G = models.flatten_stacked(gi.per_example_gradients(net, w, d.X, d.y))
     C = mx.median_norm(G)
     obs = models.unflatten_stacked(privacy.apply(G, "clip", clip_norm=C), w)
-    kw = dict(input_shape=(1, 8, 8), num_classes=10, max_iter=20, steps=3, labels=d.y[:, None], stacked=True, seed=0)
+    kw = dict(budget=gi.AttackBudget(max_iter=20, lr=1.0, steps=3), stacked=True, seed=0)
+    knows = lambda **k: gi.Knowledge(input_shape=(1, 8, 8), num_classes=10, labels=d.y[:, None], **k)   # noqa: E731
     psnr = lambda r: np.mean([gi.matched_psnr(x, t[None])[0] for x, t in zip(r.x, d.X)])   # noqa: E731
-    naive, ada = psnr(gi.dlg(net, w, obs, **kw)), psnr(gi.dlg(net, w, obs, clip_norm=C, **kw))
+    naive, ada = psnr(gi.dlg(net, w, obs, knows=knows(), **kw)), psnr(gi.dlg(net, w, obs, knows=knows(clip_norm=C), **kw))
     assert ada > naive + 10, (naive, ada)            # the clipped half of the digits comes back
-    huge = gi.dlg(net, w, obs, clip_norm=1e9, **kw)   # a bound no gradient reaches: the plain objective
+    huge = gi.dlg(net, w, obs, knows=knows(clip_norm=1e9), **kw)   # a bound no gradient reaches: the plain objective
     assert np.isclose(psnr(huge), naive, atol=0.5), (psnr(huge), naive)
     with pytest.raises(ValueError, match="clip_norm"):
-        gi.dlg(net, w, obs, clip_norm=0.0, **kw)
+        knows(clip_norm=0.0)
 
 
 @pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)

@@ -198,16 +198,17 @@ def test_inverting_gradients_matches_only_the_sent_coordinates():
     view = privacy.apply(G, "prune90")
     obs = models.unflatten_stacked(view, w)
     mask = models.unflatten_stacked(view != 0, w)
-    kw = dict(input_shape=(3, 8, 8), labels=y[None], max_iter=300, lr=0.1, tv_weight=0.0, stacked=True, seed=0)
-    naive = gi.inverting_gradients(net, w, obs, **kw)
-    ada = gi.inverting_gradients(net, w, obs, mask=mask, **kw)
+    kw = dict(budget=gi.AttackBudget(max_iter=300, lr=0.1), prior=gi.ImagePrior(tv_weight=0.0), stacked=True, seed=0)
+    knows = lambda mask=None: gi.Knowledge(input_shape=(3, 8, 8), labels=y[None], mask=mask)   # noqa: E731
+    naive = gi.inverting_gradients(net, w, obs, knows=knows(), **kw)
+    ada = gi.inverting_gradients(net, w, obs, knows=knows(mask), **kw)
     p_naive, p_ada = float(gi.matched_psnr(naive.x[0], X)[0]), float(gi.matched_psnr(ada.x[0], X)[0])
     assert p_ada > p_naive + 1, (p_ada, p_naive)           # measured: 15.0 dB against 12.5 dB
     # an all-True mask is the plain objective
     ones = {k: torch.ones_like(v, dtype=torch.bool) for k, v in obs.items()}
-    assert torch.equal(gi.inverting_gradients(net, w, obs, mask=ones, **kw).x, naive.x)
+    assert torch.equal(gi.inverting_gradients(net, w, obs, knows=knows(ones), **kw).x, naive.x)
     with pytest.raises(ValueError, match="mask"):
-        gi.inverting_gradients(net, w, obs, mask={"nope": 1}, **kw)
+        gi.inverting_gradients(net, w, obs, knows=knows({"nope": 1}), **kw)
 
 
 def test_the_eavesdropper_row_has_a_floating_point_safe_dp_cell():

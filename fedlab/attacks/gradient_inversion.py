@@ -14,6 +14,11 @@
 Every attack takes ``(model, params, observed)`` where ``observed`` is a parameter-shaped dict (the
 gradient or the update the server receives) and returns an :class:`InversionResult` with the
 reconstruction and a history of the objective (and of the PSNR when the true images are passed).
+Its settings come as small frozen objects: :class:`Knowledge` (what the attacker knows about the client
+besides its update: the data's shape, the batch size, the labels, a defense's mask or clip bound, the local
+steps), :class:`fedlab.attacks.AttackBudget` (the optimiser's budget; the papers' values are
+:data:`DLG_BUDGET` and :data:`IG_BUDGET`), :class:`ImagePrior` (Inverting Gradients' prior and start) and
+:class:`Trace` (what the history records: PSNR against the true images, snapshots).
 """
 from __future__ import annotations
 
@@ -31,8 +36,16 @@ from ..fl.local import _model_on, _on
 from ..config import device as _device
 from ..metrics import matched_psnr, psnr_from_mse
 from ..optim import Memory, lbfgs_fixed_step
+from .._checks import whole_int
+from .budget import AttackBudget
 
 __all__ = [
+    "AttackBudget",
+    "Knowledge",
+    "ImagePrior",
+    "Trace",
+    "DLG_BUDGET",
+    "IG_BUDGET",
     "InversionResult",
     "parameter_gradient",
     "gradient_distance",
@@ -71,6 +84,129 @@ def reference_evaluations(steps: int = DLG_REFERENCE_STEPS, max_iter: int = DLG_
     if int(steps) < 1 or int(max_iter) < 1:
         raise ValueError(f"steps and max_iter must be >= 1, got steps={steps}, max_iter={max_iter}")
     return int(steps) * int(max_iter)
+
+
+#: DLG's budget by default: 100 L-BFGS iterations of fixed step 1.0 in one run, memory 100 (Zhu et al. 2019,
+#: Sec. 3: L-BFGS with learning rate 1; the reference loop is ``AttackBudget(max_iter=DLG_REFERENCE_MAX_ITER,
+#: lr=1.0, steps=DLG_REFERENCE_STEPS)``)
+DLG_BUDGET = AttackBudget(max_iter=100, lr=1.0)
+#: Inverting Gradients' budget by default: 200 steps of Adam at 0.1 from one start (Geiping et al. 2020, Sec. 4
+#: use step size 0.1 and up to 24k iterations with several restarts; 200 keeps the book's runs short)
+IG_BUDGET = AttackBudget(max_iter=200, lr=0.1)
+
+
+@dataclass(frozen=True, eq=False)
+class Knowledge:
+    """What a gradient-inversion attacker knows about the client besides the update it received (the threat
+    model of Geiping et al. 2020, Sec. 5, and of the adaptive attackers of Chapter 7).
+
+    * ``input_shape``: the shape of one input, e.g. ``(1, 8, 8)`` (the architecture tells it); required.
+    * ``num_classes``: the number of labels (:func:`dlg` optimises a dummy label over them; required there).
+    * ``batch_size``: the images behind the update; ``None`` (default): from ``labels`` when given, else ``1``
+      (Zhu et al. 2019 attack batches of 1 to 8).
+    * ``labels``: the true labels, integer ``[batch]`` (``[A, batch]`` for a stacked attack), e.g. from
+      :func:`idlg_label` (iDLG, Zhao et al. 2020); ``None``: :func:`dlg` optimises them too. Required by
+      :func:`inverting_gradients` (Geiping et al. assume them known).
+    * ``mask``: shaped like the observation, the coordinates a sparsifying defense (pruning, top-k) sent: the
+      attacker matches only those (:func:`dlg`, :func:`inverting_gradients`); ``None`` (default): all.
+    * ``clip_norm``: the L2 bound ``C`` the client clipped its update to; :func:`dlg` clips its dummy gradient
+      the same way; ``None`` (default): no clipping known.
+    * ``local_steps``, ``local_lr``: the client took ``K`` full-batch SGD steps of size ``eta`` and sent
+      :func:`client_update_as_gradient`; :func:`dlg` simulates them (Geiping et al. 2020, Sec. 5); default
+      ``1`` step (the plain gradient), where ``local_lr`` is not used.
+
+    Raises ``ValueError`` naming the field for an empty or non-positive ``input_shape``, ``num_classes < 2``, a
+    ``batch_size`` that is not a positive integer, non-integer ``labels``, a ``mask`` that is not a dict, a
+    ``clip_norm`` that is not finite and ``> 0``, or ``local_steps`` / ``local_lr`` as :func:`dlg` rejects them.
+    """
+
+    input_shape: tuple
+    num_classes: int | None = None
+    batch_size: int | None = None
+    labels: torch.Tensor | None = None
+    mask: dict | None = None
+    clip_norm: float | None = None
+    local_steps: int = 1
+    local_lr: float | None = None
+
+    def __post_init__(self):
+        shape = self.input_shape
+        if (not isinstance(shape, (tuple, list, torch.Size)) or len(shape) == 0
+                or any(isinstance(v, bool) or int(v) != v or int(v) < 1 for v in shape)):
+            raise ValueError(f"Knowledge.input_shape must be a non-empty tuple of positive sizes, got {shape!r}")
+        object.__setattr__(self, "input_shape", tuple(int(v) for v in shape))
+        if self.num_classes is not None:
+            object.__setattr__(self, "num_classes", whole_int("Knowledge.num_classes", self.num_classes, low=2))
+        if self.batch_size is not None:
+            object.__setattr__(self, "batch_size", whole_int("Knowledge.batch_size", self.batch_size, low=1))
+        if self.labels is not None and (not isinstance(self.labels, torch.Tensor) or self.labels.is_floating_point()):
+            raise ValueError(f"Knowledge.labels must be an integer tensor or None, got {type(self.labels).__name__}")
+        if self.mask is not None and not isinstance(self.mask, dict):
+            raise ValueError(f"Knowledge.mask must be a dict shaped like observed, or None; got {type(self.mask).__name__}")
+        c = self.clip_norm
+        if c is not None and not (isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 and math.isfinite(c)):
+            raise ValueError(f"Knowledge.clip_norm must be a finite number > 0 or None, got {c!r}")
+        _check_unroll(self.local_steps, self.local_lr, "Knowledge.")
+
+
+@dataclass(frozen=True, eq=False)
+class ImagePrior:
+    """Inverting Gradients' image prior, start and step (Geiping et al. 2020, Sec. 4, Eq. 4; their code
+    ``inversefed``), the choices besides the budget.
+
+    * ``tv_weight``: weight of the total-variation prior, ``1e-2`` by default (``0``: none); only for images
+      ``[C, H, W]``.
+    * ``init``: ``"gaussian"`` (default, ``inversefed``'s ``init='randn'``): ``x' = init_mean + init_std
+      N(0, 1)``, the data's normalised coordinates; ``"uniform"``: ``U[0, 1]``.
+    * ``init_mean``, ``init_std``: scalars or per-channel ``[C]`` (the statistics a server normalises with),
+      default ``0.5`` and ``0.25``.
+    * ``signed``: Adam on the sign of the gradient, as the authors do; default ``True``.
+
+    Raises ``ValueError`` naming the field for ``tv_weight < 0``, an unknown ``init`` or an ``init_std`` not
+    ``> 0`` (Gaussian start).
+    """
+
+    tv_weight: float = 1e-2
+    init: str = "gaussian"
+    init_mean: object = 0.5
+    init_std: object = 0.25
+    signed: bool = True
+
+    def __post_init__(self):
+        if not self.tv_weight >= 0:
+            raise ValueError(f"ImagePrior.tv_weight must be >= 0, got {self.tv_weight!r}")
+        if self.init not in ("gaussian", "uniform"):
+            raise ValueError(f"ImagePrior.init must be 'gaussian' or 'uniform', got {self.init!r}")
+        if self.init == "gaussian" and not bool((torch.as_tensor(self.init_std) > 0).all()):
+            raise ValueError(f"ImagePrior.init_std must be > 0, got {self.init_std}")
+        if not isinstance(self.signed, bool):
+            raise ValueError(f"ImagePrior.signed must be True or False, got {self.signed!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """What an attack's history records besides its objective.
+
+    * ``x_true``: the true images ``[batch, *input_shape]`` (``[A, batch, ...]`` stacked): the history then
+      has the PSNR (and, for :func:`dlg`, the matched MSE) at every iteration; ``None`` (default): not recorded.
+    * ``snapshot_every``: keep the reconstruction at iteration 1 and every ``snapshot_every``-th
+      (``result.snapshots``, for figures); ``None`` (default): none.
+
+    Raises ``ValueError`` naming the field for a non-tensor ``x_true`` or a ``snapshot_every`` that is not a
+    positive integer.
+    """
+
+    x_true: torch.Tensor | None = None
+    snapshot_every: int | None = None
+
+    def __post_init__(self):
+        if self.x_true is not None and not isinstance(self.x_true, torch.Tensor):
+            raise ValueError(f"Trace.x_true must be a tensor or None, got {type(self.x_true).__name__}")
+        if self.snapshot_every is not None:
+            object.__setattr__(self, "snapshot_every", whole_int("Trace.snapshot_every", self.snapshot_every, low=1))
+
+
+_NO_TRACE = Trace()
 
 
 @dataclass
@@ -253,15 +389,6 @@ def _log_iteration(history: dict, snapshots: list, it: int, loss: float, *, psnr
         snapshots.append((it, snapshot()))
 
 
-def _validate_common(input_shape, batch_size, max_iter):
-    if len(input_shape) == 0 or any(int(s) < 1 for s in input_shape):
-        raise ValueError(f"input_shape must be a non-empty tuple of positive sizes, got {input_shape}")
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if int(max_iter) < 1:
-        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
-
-
 def _reference_lbfgs(value_and_grad, z0: torch.Tensor, *, steps: int, max_iter: int, lr: float,
                      history_size: int, callback=None):
     """``steps`` calls of ``torch.optim.LBFGS(lr=lr, max_iter=max_iter, history_size=history_size)
@@ -411,14 +538,14 @@ def _stack_inputs(observed, params, labels, x_true, stacked):
     return obs, labels, x_true, A
 
 
-def _check_unroll(local_steps, local_lr) -> int:
+def _check_unroll(local_steps, local_lr, prefix: str = "") -> int:
     """``local_steps`` as an int after checking it (an integer >= 1) and, for more than one step, ``local_lr``
-    (a finite number > 0); ``ValueError`` naming the argument otherwise."""
+    (a finite number > 0); ``ValueError`` naming the argument (after ``prefix``, e.g. ``"Knowledge."``) otherwise."""
     if isinstance(local_steps, bool) or not isinstance(local_steps, (int, np.integer)) or local_steps < 1:
-        raise ValueError(f"local_steps must be an integer >= 1, got {local_steps!r}")
+        raise ValueError(f"{prefix}local_steps must be an integer >= 1, got {local_steps!r}")
     if local_steps > 1 and not (isinstance(local_lr, (int, float)) and not isinstance(local_lr, bool)
                                 and math.isfinite(local_lr) and local_lr > 0):
-        raise ValueError(f"local_lr must be a finite number > 0 when local_steps > 1, got {local_lr!r}")
+        raise ValueError(f"{prefix}local_lr must be a finite number > 0 when local_steps > 1, got {local_lr!r}")
     return int(local_steps)
 
 
@@ -453,13 +580,14 @@ def _stack_mask(mask: dict | None, observed: dict, obs: dict, stacked: bool) -> 
     return mask
 
 
-def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, num_classes: int,
-        batch_size: int = 1, max_iter: int = 100, lr: float = 1.0, labels: torch.Tensor | None = None,
-        x_true: torch.Tensor | None = None, snapshot_every: int | None = None, stacked: bool = False,
-        history_size: int = 100, steps: int | None = None, seed: int = 0, device=None,
-        mask: dict | None = None, clip_norm: float | None = None, local_steps: int = 1,
-        local_lr: float | None = None) -> InversionResult:
+def dlg(model: nn.Module, params: dict, observed: dict, *, knows: Knowledge, budget: AttackBudget = DLG_BUDGET,
+        trace: Trace | None = None, stacked: bool = False, seed: int = 0, device=None) -> InversionResult:
     """Deep Leakage from Gradients (Zhu et al. 2019, Algorithm 1).
+
+    ``knows`` (:class:`Knowledge`): ``input_shape`` and ``num_classes`` (required), ``batch_size``, ``labels``,
+    ``mask``, ``clip_norm``, ``local_steps`` / ``local_lr``; ``budget`` (:class:`fedlab.attacks.AttackBudget`,
+    default :data:`DLG_BUDGET`): ``max_iter``, ``lr``, ``history_size``, ``steps`` (``num_restarts`` must be 1:
+    DLG starts once); ``trace`` (:class:`Trace`): ``x_true``, ``snapshot_every``. Below, each field by its name.
 
     Draw dummy ``x' ~ N(0, 1)`` of shape ``[batch_size, *input_shape]`` and dummy label logits ``y'``;
     run ``max_iter`` L-BFGS iterations (step ``lr``, no line search, memory ``history_size``, as the
@@ -521,16 +649,24 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     """
     from torch.func import grad_and_value, vmap
 
-    _validate_common(input_shape, batch_size, max_iter)
+    if not isinstance(knows, Knowledge):
+        raise ValueError(f"knows must be a Knowledge, got {type(knows).__name__}")
+    if not isinstance(budget, AttackBudget) or budget.num_restarts != 1:
+        raise ValueError(f"budget must be an AttackBudget with num_restarts=1 (DLG starts once), got {budget!r}")
+    trace = _NO_TRACE if trace is None else trace
+    if not isinstance(trace, Trace):
+        raise ValueError(f"trace must be a Trace or None, got {type(trace).__name__}")
+    if knows.num_classes is None:
+        raise ValueError("knows.num_classes must be given: DLG optimises a dummy label over the classes")
+    input_shape, num_classes, labels, mask, clip_norm = (knows.input_shape, knows.num_classes, knows.labels,
+                                                         knows.mask, knows.clip_norm)
+    batch_size = knows.batch_size if knows.batch_size is not None else 1 if labels is None else int(labels.shape[-1])
+    max_iter, lr, history_size, steps = budget.max_iter, budget.lr, budget.history_size, budget.steps
+    x_true, snapshot_every = trace.x_true, trace.snapshot_every
+    local_steps, local_lr = knows.local_steps, knows.local_lr
     obs, labels, x_true, A = _stack_inputs(observed, params, labels, x_true, stacked)
-    if clip_norm is not None and not (isinstance(clip_norm, (int, float)) and clip_norm > 0 and math.isfinite(clip_norm)):
-        raise ValueError(f"clip_norm must be a finite number > 0 or None, got {clip_norm!r}")
     mask = _stack_mask(mask, observed, obs, stacked)
     local_steps = _check_unroll(local_steps, local_lr)
-    if num_classes < 2:
-        raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
     if labels is not None and tuple(labels.shape) != (A, batch_size):
         raise ValueError(f"labels must have shape {[A, batch_size] if stacked else [batch_size]}, "
                          f"got {tuple(labels.shape[1:] if not stacked else labels.shape)}")
@@ -609,8 +745,6 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
                                    callback=record)
         evaluations = count[0]
     else:
-        if int(steps) < 1:
-            raise ValueError(f"steps must be >= 1 or None, got {steps}")
         best, ev = _reference_lbfgs(evaluate, z, steps=int(steps), max_iter=int(max_iter), lr=lr,
                                     history_size=history_size, callback=record)
         evaluations = ev.numpy() if stacked else int(ev[0])
@@ -622,13 +756,18 @@ def dlg(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple, n
     return InversionResult(x, rec.clone(), history, snapshots, evaluations=evaluations, final_loss=final_loss)
 
 
-def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input_shape: tuple,
-                        labels: torch.Tensor, max_iter: int = 200, lr: float = 0.1,
-                        tv_weight: float = 1e-2, signed: bool = True, num_restarts: int = 1,
-                        init: str = "gaussian", init_mean=0.5, init_std=0.25, stacked: bool = False,
-                        x_true: torch.Tensor | None = None, snapshot_every: int | None = None,
-                        seed: int = 0, device=None, mask: dict | None = None) -> InversionResult:
+def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, knows: Knowledge,
+                        budget: AttackBudget = IG_BUDGET, prior: ImagePrior = ImagePrior(),
+                        trace: Trace | None = None, stacked: bool = False, seed: int = 0,
+                        device=None) -> InversionResult:
     """Inverting Gradients (Geiping et al. 2020, Sec. 4, Eq. 4) with the authors' restarts.
+
+    ``knows`` (:class:`Knowledge`): ``input_shape`` and ``labels`` (required), ``mask``; the attack does not
+    model clipping or local steps (``clip_norm`` must be ``None``, ``local_steps`` 1), ``batch_size`` is the
+    labels'. ``budget`` (:class:`fedlab.attacks.AttackBudget`, default :data:`IG_BUDGET`): ``max_iter``, ``lr``,
+    ``num_restarts`` (``steps`` must be ``None``; ``history_size`` is not used). ``prior``
+    (:class:`ImagePrior`): ``tv_weight``, ``init``, ``init_mean``, ``init_std``, ``signed``. ``trace``
+    (:class:`Trace`): ``x_true``, ``snapshot_every``. Below, each field by its name.
 
     Minimise ``1 - cos(grad(x', y), observed) + tv_weight * TV(x')`` over ``x' in [0, 1]`` with Adam
     on the sign of the gradient (``signed=True``, as the authors do), the step decayed by 10 at 3/8,
@@ -660,23 +799,33 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
     """
     from torch.func import grad_and_value, vmap
 
+    if not isinstance(knows, Knowledge):
+        raise ValueError(f"knows must be a Knowledge, got {type(knows).__name__}")
+    if knows.clip_norm is not None or knows.local_steps != 1:
+        raise ValueError("knows.clip_norm and knows.local_steps are not modelled by inverting_gradients "
+                         "(use dlg); leave them None and 1")
+    if not isinstance(budget, AttackBudget) or budget.steps is not None:
+        raise ValueError(f"budget must be an AttackBudget with steps=None (Adam runs once), got {budget!r}")
+    if not isinstance(prior, ImagePrior):
+        raise ValueError(f"prior must be an ImagePrior, got {type(prior).__name__}")
+    trace = _NO_TRACE if trace is None else trace
+    if not isinstance(trace, Trace):
+        raise ValueError(f"trace must be a Trace or None, got {type(trace).__name__}")
+    input_shape, labels, mask = knows.input_shape, knows.labels, knows.mask
+    max_iter, lr, num_restarts = budget.max_iter, budget.lr, budget.num_restarts
+    tv_weight, signed, init, init_mean, init_std = (prior.tv_weight, prior.signed, prior.init, prior.init_mean,
+                                                    prior.init_std)
+    x_true, snapshot_every = trace.x_true, trace.snapshot_every
     if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.ndim != (2 if stacked else 1):
         raise ValueError(f"labels must be an integer tensor [{'A, ' if stacked else ''}batch], got "
                          f"{getattr(labels, 'shape', labels)}")
     batch_size = int(labels.shape[-1])
-    _validate_common(input_shape, batch_size, max_iter)
+    if knows.batch_size is not None and knows.batch_size != batch_size:
+        raise ValueError(f"knows.batch_size ({knows.batch_size}) differs from the labels' batch ({batch_size})")
     obs, labels, x_true, A = _stack_inputs(observed, params, labels, x_true, stacked)
     if labels.shape[0] != A:
         raise ValueError(f"labels must hold one row per attack ({A}), got {labels.shape[0]}")
     mask = _stack_mask(mask, observed, obs, stacked)
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
-    if tv_weight < 0:
-        raise ValueError(f"tv_weight must be >= 0, got {tv_weight}")
-    if int(num_restarts) < 1:
-        raise ValueError(f"num_restarts must be >= 1, got {num_restarts}")
-    if init not in ("gaussian", "uniform"):
-        raise ValueError(f"init must be 'gaussian' or 'uniform', got {init!r}")
     R = int(num_restarts)
     gen = torch.Generator().manual_seed(int(seed))
     shape = (A * R, batch_size, *input_shape)
@@ -687,8 +836,6 @@ def inverting_gradients(model: nn.Module, params: dict, observed: dict, *, input
             m = m.reshape(-1, *([1] * (len(input_shape) - 1)))
         if sd.ndim == 1:
             sd = sd.reshape(-1, *([1] * (len(input_shape) - 1)))
-        if not (sd > 0).all():
-            raise ValueError(f"init_std must be > 0, got {init_std}")
         x = m + sd * torch.randn(shape, generator=gen, device="cpu")
     else:
         x = torch.rand(shape, generator=gen, device="cpu")
@@ -786,9 +933,8 @@ def per_example_gradients(model: nn.Module, params: dict, X: torch.Tensor, y: to
 
 
 def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor, *, num_classes: int,
-                settings: dict, batch_size: int = 1, local_lr: float = 0.01, max_iter: int = 100,
-                labels_known: bool = False, steps: int | None = None, seed: int = 0,
-                unroll: bool = False) -> dict:
+                settings: dict, batch_size: int = 1, local_lr: float = 0.01,
+                budget: AttackBudget = DLG_BUDGET, seed: int = 0) -> dict:
     """DLG against every client under several settings, all attacks in ONE stacked :func:`dlg` call.
 
     The images ``X [n, *shape]`` are dealt to ``A = n // batch_size`` clients of ``batch_size``
@@ -797,20 +943,25 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
     (the plain gradient for ``K = 1``), passed through ``f`` (update dict -> update dict, e.g.
     ``lambda u: gaussian_noise(u, 0.01)``). Returns ``{name: {"psnr": array [A * batch_size],
     "x": reconstructions [A, batch_size, *shape]}}`` with PSNRs matched by :func:`matched_psnr`.
-    ``max_iter`` and ``steps`` are passed to :func:`dlg` (``steps``: the reference's loop of ``steps``
-    calls of L-BFGS with ``max_iter`` iterations each).
+    ``budget`` (:class:`fedlab.attacks.AttackBudget`, default :data:`DLG_BUDGET`) is passed to :func:`dlg`
+    (``steps``: the reference's loop of ``steps`` calls of L-BFGS with ``max_iter`` iterations each).
 
-    ``unroll=True``: the attacker knows ``K`` and ``local_lr`` and simulates the ``K`` local steps
-    (:func:`dlg` with ``local_steps=K``, one stacked call per distinct ``K``; Geiping et al. 2020, Sec. 5).
-    ``False`` (default): every update is matched as if it were one gradient (Wei et al. 2020), all settings
-    in one call. The attacker does not model a ``defense``, unless a setting says ``"knows_mask": True``: then
-    it knows that the defense withholds coordinates (pruning, top-k) and matches only those the update
-    carries, ``mask = update != 0`` (:func:`dlg`'s ``mask``); those settings run in a stacked call of their
-    own, so the other settings' results do not depend on them. ``"final_loss"`` is each attack's matching
-    loss reached (masked where the mask is known); at the truth that loss is 0.
+    What the attacker knows, per setting (each ``False`` by default; the settings that share the same
+    knowledge, and with ``"knows_local_steps"`` the same ``K``, run as one stacked :func:`dlg` call, and no
+    setting's result depends on the others'):
+
+    * ``"knows_local_steps": True``: it knows ``K`` and ``local_lr`` and simulates the ``K`` local steps
+      (:func:`dlg` with ``Knowledge(local_steps=K)``; Geiping et al. 2020, Sec. 5); otherwise the update is
+      matched as if it were one gradient (Wei et al. 2020).
+    * ``"knows_mask": True``: it knows that the defense withholds coordinates (pruning, top-k) and matches only
+      those the update carries, ``mask = update != 0`` (:class:`Knowledge`'s ``mask``); otherwise it does not
+      model the ``defense``.
+    * ``"knows_labels": True``: it is given the true labels (:class:`Knowledge`'s ``labels``, as iDLG finds
+      them); otherwise DLG optimises them.
+
+    ``"final_loss"`` is each attack's matching loss reached (masked where the mask is known); at the truth that
+    loss is 0. Raises ``ValueError`` for an unknown key or a flag that is not ``True`` or ``False``.
     """
-    if not isinstance(unroll, bool):
-        raise ValueError(f"unroll must be True or False, got {unroll!r}")
     B = int(batch_size)
     if B < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -823,8 +974,9 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
         raise ValueError("settings must name at least one setting")
     Xs, ys = X[:A * B].reshape(A, B, *X.shape[1:]), y[:A * B].reshape(A, B)
     updates = []
+    flags = ("knows_mask", "knows_labels", "knows_local_steps")
     for name, opt in settings.items():
-        unknown = set(opt) - {"local_steps", "defense", "knows_mask"}
+        unknown = set(opt) - {"local_steps", "defense", *flags}
         if unknown:
             raise ValueError(f"settings[{name!r}] has unknown keys {sorted(unknown)}")
         K, defense = int(opt.get("local_steps", 1)), opt.get("defense")
@@ -836,21 +988,25 @@ def attack_grid(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Tensor
             updates.append(defense(u) if defense is not None else u)
     names = list(settings)
     Ks = [int(settings[n].get("local_steps", 1)) for n in names]
+    for n in names:
+        for f in flags:
+            if not isinstance(settings[n].get(f, False), bool):
+                raise ValueError(f"settings[{n!r}][{f!r}] must be True or False")
     knows = [settings[n].get("knows_mask", False) for n in names]
-    bad = [n for n, k in zip(names, knows) if not isinstance(k, bool)]
-    if bad:
-        raise ValueError(f"settings[{bad[0]!r}]['knows_mask'] must be True or False")
-    keys = [(Ks[i] if unroll else 1, knows[i]) for i in range(len(names))]
+    labels_known = [settings[n].get("knows_labels", False) for n in names]
+    unroll = [settings[n].get("knows_local_steps", False) for n in names]
+    keys = [(Ks[i] if unroll[i] else 1, knows[i], labels_known[i], unroll[i]) for i in range(len(names))]
     groups = [[i for i, key in enumerate(keys) if key == g] for g in dict.fromkeys(keys)]
     out = {}
     for grp in groups:
+        i0 = grp[0]
         rows = [i * A + a for i in grp for a in range(A)]
         stacked = {k: torch.stack([updates[r][k].detach() for r in rows]) for k in params}
-        mask = {k: v != 0 for k, v in stacked.items()} if knows[grp[0]] else None
-        res = dlg(model, params, stacked, input_shape=tuple(X.shape[1:]), num_classes=num_classes,
-                  batch_size=B, max_iter=max_iter, labels=ys.repeat(len(grp), 1) if labels_known else None,
-                  stacked=True, steps=steps, seed=seed, local_steps=Ks[grp[0]] if unroll else 1,
-                  local_lr=local_lr if unroll else None, mask=mask)
+        mask = {k: v != 0 for k, v in stacked.items()} if knows[i0] else None
+        known = Knowledge(input_shape=tuple(X.shape[1:]), num_classes=num_classes, batch_size=B,
+                          labels=ys.repeat(len(grp), 1) if labels_known[i0] else None, mask=mask,
+                          local_steps=Ks[i0] if unroll[i0] else 1, local_lr=local_lr if unroll[i0] else None)
+        res = dlg(model, params, stacked, knows=known, budget=budget, stacked=True, seed=seed)
         for j, i in enumerate(grp):
             xr = res.x[j * A:(j + 1) * A]
             out[names[i]] = {"psnr": np.concatenate([matched_psnr(r, t) for r, t in zip(xr, Xs)]), "x": xr,

@@ -22,6 +22,7 @@ which is why secure aggregation does not hide the inputs.
 * :func:`imprint_model` / :class:`ImprintedModel` -- imprint linear + ReLU + a linear map back to the
   input (added to the input) + the base model; an honest client trains it like any model.
 * :func:`recover_from_imprint` -- inputs from the gradient of the imprint layer.
+* :class:`ImprintTrap` -- the server's settings of the trap: bins, its model of ``h(x)``, the direction.
 * :func:`imprint_attack` -- gradient of the imprinted model on one batch or the sum over several
   clients' batches (secure aggregation), recovery, and matching against the true inputs.
 * :func:`imprint_recovery_grid` -- recovery rate over batch sizes and numbers of bins.
@@ -45,6 +46,7 @@ __all__ = [
     "ImprintRecovery",
     "recover_from_imprint",
     "ImprintAttackResult",
+    "ImprintTrap",
     "match_recovered",
     "imprint_attack",
     "imprint_recovery_grid",
@@ -286,11 +288,61 @@ def _loss_mean_ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out, y)
 
 
-def imprint_attack(X, y=None, *, num_bins: int, model: ImprintedModel | None = None,
-                   mean: float | None = None, std: float | None = None, reference=None, direction=None,
+def _finite(v) -> bool:
+    """Whether ``v`` converts to a finite float (a number, a NumPy or a 0-d torch scalar)."""
+    try:
+        return not isinstance(v, (bool, str)) and bool(np.isfinite(float(v)))
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass(frozen=True, eq=False)
+class ImprintTrap:
+    """The malicious server's imprint layer (Fowl et al. 2022, Sec. 3), as :func:`imprint_layer` builds it.
+
+    * ``num_bins``: the ``k`` units (bins) of the layer; required (the paper's Fig. 3 uses up to 512).
+    * ``mean``, ``std``: the server's ``N(mean, std^2)`` model of ``h(x) = w . x`` (e.g. published data
+      statistics), whose quantiles of order ``i / (k + 1)`` are the cut-offs; ``None`` (default).
+    * ``reference``: public data ``[n, dim]`` whose empirical distribution of ``h`` gives the cut-offs instead;
+      ``None`` (default). Give ``mean`` and ``std``, or ``reference``; with neither, :func:`imprint_attack`
+      fits ``N(mean, std^2)`` to the attacked inputs themselves (a server that knows the data's statistics).
+    * ``direction``: the measurement ``w``: ``None`` or ``"mean"`` (default: the mean of the pixels,
+      ``w = 1/dim``), ``"random"`` (a unit Gaussian direction drawn with the attack's seed) or a tensor ``[dim]``.
+
+    Raises ``ValueError`` naming the field for a ``num_bins`` that is not a positive integer, a ``std`` that is
+    not finite and ``> 0``, a non-finite ``mean``, only one of ``mean`` and ``std``, both those and
+    ``reference``, or an unknown ``direction`` string.
+    """
+
+    num_bins: int
+    mean: float | None = None
+    std: float | None = None
+    reference: torch.Tensor | None = None
+    direction: object = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "num_bins", positive_int("ImprintTrap.num_bins", self.num_bins))
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("ImprintTrap.mean and ImprintTrap.std go together: give both or neither")
+        if self.mean is not None:
+            if self.reference is not None:
+                raise ValueError("ImprintTrap: give either mean and std or reference, not both")
+            if not _finite(self.mean):
+                raise ValueError(f"ImprintTrap.mean must be finite, got {self.mean!r}")
+            if not (_finite(self.std) and float(self.std) > 0):
+                raise ValueError(f"ImprintTrap.std must be finite and > 0, got {self.std!r}")
+        if isinstance(self.direction, str) and self.direction not in ("mean", "random"):
+            raise ValueError(f"ImprintTrap.direction must be None, 'mean', 'random' or a tensor, got {self.direction!r}")
+
+
+def imprint_attack(X, y=None, *, trap: ImprintTrap, model: ImprintedModel | None = None,
                    num_classes: int = 10, loss_fn=None, dtype=torch.float64, tol: float = 1e-4,
                    seed: int = 0) -> ImprintAttackResult:
     """Robbing the Fed (Fowl et al. 2022, Sec. 3) end to end.
+
+    ``trap`` (:class:`ImprintTrap`): the imprint layer's ``num_bins``, the server's model of ``h(x)``
+    (``mean``/``std`` or ``reference``) and the ``direction``; with ``model`` given, only ``trap.num_bins``
+    is used (to check the model's imprint layer). Below, each field by its name.
 
     ``X``: one client's batch ``[B, dim]`` or a list of clients' batches ``[B_c, dim]``; ``y``: integer
     labels ``[B]`` (or a list matching ``X``; ``None`` draws random labels in ``range(num_classes)``).
@@ -312,7 +364,9 @@ def imprint_attack(X, y=None, *, num_bins: int, model: ImprintedModel | None = N
     dim = Xs[0].shape[1]
     if any(x.shape[1] != dim for x in Xs):
         raise ValueError("X: every client's batch must have the same dim")
-    num_bins = positive_int("num_bins", num_bins)
+    if not isinstance(trap, ImprintTrap):
+        raise ValueError(f"trap must be an ImprintTrap, got {type(trap).__name__}")
+    num_bins, mean, std, reference, direction = trap.num_bins, trap.mean, trap.std, trap.reference, trap.direction
     num_classes = positive_int("num_classes", num_classes)
     if not (np.isfinite(float(tol)) and float(tol) > 0):
         raise ValueError(f"tol must be finite and > 0, got {tol!r}")
@@ -407,7 +461,7 @@ def imprint_recovery_grid(X, batch_sizes, bins, trials: int = 5, seed: int = 0, 
             yb = None if y is None else y[idx]
             s = int(rng.integers(2 ** 31))
             for j, k in enumerate(bins):
-                res = imprint_attack(X[idx], yb, num_bins=k, mean=mean, std=std, direction=w,
+                res = imprint_attack(X[idx], yb, trap=ImprintTrap(num_bins=k, mean=mean, std=std, direction=w),
                                      num_classes=num_classes, seed=s)
                 out[i, j] += res.rate
                 alone[i, j] += float(res.unique.sum()) / B

@@ -279,8 +279,8 @@ def dlg_restarts(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, psnr0
             dummy = gi.parameter_gradient(model, params, X[i:i + 1], y[i:i + 1])
             truth[i] = float(gi.gradient_distance(dummy, {k: v[i] for k, v in g.items()}))
         reps = {k: v.repeat(num_restarts, *([1] * (v.ndim - 1))) for k, v in g.items()}   # row (r - 1) * n + i
-        run = gi.dlg(model, params, reps, input_shape=tuple(X.shape[1:]), num_classes=10, max_iter=max_iter,
-                     steps=steps, stacked=True, seed=seed)
+        run = gi.dlg(model, params, reps, knows=gi.Knowledge(input_shape=tuple(X.shape[1:]), num_classes=10),
+                     budget=gi.AttackBudget(max_iter=max_iter, lr=1.0, steps=steps), stacked=True, seed=seed)
         p = np.array([gi.matched_psnr(run.x[j], X[j % n:j % n + 1])[0] for j in range(num_restarts * n)])
         psnr += list(p.reshape(num_restarts, n))
         loss += list(np.asarray(run.final_loss, dtype=float).reshape(num_restarts, n))
@@ -390,15 +390,17 @@ def dlg_vs_inverting_gradients(model, params: dict, X: torch.Tensor, y: torch.Te
     g = gi.per_example_gradients(model, params, X, y)
     labels = torch.tensor([[gi.idlg_label(g[weight_key][i])] for i in range(n)])
     if dlg_steps is None:
-        dlg_run = gi.dlg(model, params, g, input_shape=shape, num_classes=10, max_iter=max_iter // 2,
-                         labels=labels, stacked=True, seed=seed)
+        dlg_run = gi.dlg(model, params, g, knows=gi.Knowledge(input_shape=shape, num_classes=10, labels=labels),
+                         budget=gi.AttackBudget(max_iter=max_iter // 2, lr=1.0), stacked=True, seed=seed)
         dlg_evals = np.full(n, dlg_run.evaluations)
     else:
-        dlg_run = gi.dlg(model, params, g, input_shape=shape, num_classes=10, max_iter=gi.DLG_REFERENCE_MAX_ITER,
-                         steps=dlg_steps, labels=labels, stacked=True, seed=seed)
+        dlg_run = gi.dlg(model, params, g, knows=gi.Knowledge(input_shape=shape, num_classes=10, labels=labels),
+                         budget=gi.AttackBudget(max_iter=gi.DLG_REFERENCE_MAX_ITER, lr=1.0, steps=dlg_steps),
+                         stacked=True, seed=seed)
         dlg_evals = np.asarray(dlg_run.evaluations)
-    ig = gi.inverting_gradients(model, params, g, input_shape=shape, labels=labels, max_iter=max_iter, lr=0.1,
-                                tv_weight=0.1, num_restarts=num_restarts, init_mean=init_mean, init_std=init_std,
+    ig = gi.inverting_gradients(model, params, g, knows=gi.Knowledge(input_shape=shape, labels=labels),
+                                budget=gi.AttackBudget(max_iter=max_iter, lr=0.1, num_restarts=num_restarts),
+                                prior=gi.ImagePrior(tv_weight=0.1, init_mean=init_mean, init_std=init_std),
                                 stacked=True, seed=seed)
     psnr_dlg = np.array([gi.matched_psnr(dlg_run.x[i], X[i:i + 1])[0] for i in range(n)])
     psnr_ig = np.array([gi.matched_psnr(ig.x[i], X[i:i + 1])[0] for i in range(n)])
@@ -446,8 +448,8 @@ def success_by_batch_size(model, params: dict, X: torch.Tensor, y: torch.Tensor,
         n = images_per_cell(num_images, B)
         if n > len(X):
             raise ValueError(f"X holds {len(X)} images, batch size {B} needs {n}")
-        by_batch[B] = gi.attack_grid(model, params, X[:n], y[:n], num_classes=10, batch_size=B,
-                                     settings={"plain": {}}, max_iter=max_iter, steps=steps, seed=seed)["plain"]
+        by_batch[B] = gi.attack_grid(model, params, X[:n], y[:n], num_classes=10, batch_size=B, settings={"plain": {}},
+                                     budget=gi.AttackBudget(max_iter=max_iter, lr=1.0, steps=steps), seed=seed)["plain"]
     return {B: gi.success_rate(r["psnr"], success_db) for B, r in by_batch.items()}
 
 
@@ -467,7 +469,7 @@ def success_by_local_steps(model, params: dict, X: torch.Tensor, y: torch.Tensor
         raise ValueError(f"local_lr must be > 0, got {local_lr}")
     by_steps = gi.attack_grid(model, params, X, y, num_classes=10,
                               settings={K: {"local_steps": K} for K in local_steps}, local_lr=local_lr,
-                              max_iter=max_iter, steps=steps, seed=seed)
+                              budget=gi.AttackBudget(max_iter=max_iter, lr=1.0, steps=steps), seed=seed)
     return {K: gi.success_rate(r["psnr"], success_db) for K, r in by_steps.items()}
 
 
@@ -501,8 +503,9 @@ def unrolled_local_steps(model, params: dict, X: torch.Tensor, y: torch.Tensor, 
             raise ValueError(f"local_lrs must hold finite numbers > 0, got {list(local_lrs)}")
     out = {}
     for lr in local_lrs:
-        res = {u: gi.attack_grid(model, params, X, y, num_classes=10, settings={local_steps: {"local_steps": local_steps}},
-                                 local_lr=lr, max_iter=max_iter, steps=steps, seed=seed, unroll=u)[local_steps]
+        budget = gi.AttackBudget(max_iter=max_iter, lr=1.0, steps=steps)
+        res = {u: gi.attack_grid(model, params, X, y, num_classes=10, local_lr=lr, budget=budget, seed=seed,
+                                 settings={local_steps: {"local_steps": local_steps, "knows_local_steps": u}})[local_steps]
                for u in (False, True)}
         updates = [gi.client_update_as_gradient(model, params, X[i:i + 1], y[i:i + 1], lr=lr, local_steps=local_steps)
                    for i in range(len(X))]
@@ -616,7 +619,8 @@ def noise_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, sigmas:
     for B in batch_sizes:
         positive_int("batch_sizes", B)
     noise_gen = torch.Generator().manual_seed(seed)
-    return {B: gi.attack_grid(model, params, X, y, num_classes=10, batch_size=B, max_iter=max_iter, steps=steps, seed=seed,
+    budget = gi.AttackBudget(max_iter=max_iter, lr=1.0, steps=steps)
+    return {B: gi.attack_grid(model, params, X, y, num_classes=10, batch_size=B, budget=budget, seed=seed,
                               settings={s: {"defense": (lambda u, s=s: privacy.gaussian_noise(u, s, generator=noise_gen))}
                                         for s in sigmas})
             for B in batch_sizes}
@@ -667,8 +671,8 @@ def pruning_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, fract
         raise ValueError(f"fractions must lie in [0, 1), got {bad}")
     if not isinstance(knows_mask, bool):
         raise ValueError(f"knows_mask must be True or False, got {knows_mask!r}")
-    out = gi.attack_grid(model, params, X, y, num_classes=10, max_iter=max_iter, steps=steps, seed=seed,
-                         settings={p: {"defense": (lambda u, p=p: privacy.prune_by_magnitude(u, p)),
+    out = gi.attack_grid(model, params, X, y, num_classes=10, budget=gi.AttackBudget(max_iter=max_iter, lr=1.0, steps=steps),
+                         seed=seed, settings={p: {"defense": (lambda u, p=p: privacy.prune_by_magnitude(u, p)),
                                        **({"knows_mask": True} if knows_mask else {})} for p in fractions})
     if knows_mask:       # did it reach its optimum? the normalised masked matching loss, reached and at the truth
         labels = y[:len(X)].reshape(-1, 1)
@@ -769,8 +773,8 @@ def imprint_demo(X: torch.Tensor, *, num_clients: int, batch_size: int, num_bins
     h = flat @ w
     idx = torch.as_tensor(np.random.default_rng(seed).choice(len(X), size=n, replace=False))
     batches = list(flat[idx].reshape(num_clients, batch_size, -1))
-    res = imp.imprint_attack(batches, num_bins=num_bins, mean=float(h.mean()), std=float(h.std()), direction=w,
-                             seed=seed)
+    res = imp.imprint_attack(batches, trap=imp.ImprintTrap(num_bins=num_bins, mean=float(h.mean()), std=float(h.std()),
+                                                           direction=w), seed=seed)
     Xt = flat[idx]
     if len(res.x):
         nearest = torch.cdist(Xt, res.x.double()).argmin(1)

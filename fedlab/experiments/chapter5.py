@@ -552,8 +552,8 @@ def dlg_on_sanitised(model, X: torch.Tensor, y: torch.Tensor, nus: Sequence[floa
     theta0 = flatten_params(params)
     noise = np.random.default_rng(seed)
     settings = {nu: {"defense": defenses.sanitised_gradient(nu, theta0, lr=lr, rng=noise)} for nu in nus}
-    return gi.attack_grid(model, params, X, y, num_classes=num_classes, max_iter=max_iter,
-                          seed=seed, settings=settings)
+    return gi.attack_grid(model, params, X, y, num_classes=num_classes,
+                          budget=gi.AttackBudget(max_iter=max_iter, lr=1.0), seed=seed, settings=settings)
 
 
 def plot_dlg_reconstructions(private_images: torch.Tensor, results: dict, nus: Sequence[float],

@@ -149,8 +149,9 @@ def invert_gradients(model_fn: Callable[[], nn.Module], transcript: Transcript, 
         labels = torch.tensor([[gi.idlg_label(obs[k])] for k in parts])
     model = model_fn()
     params = transcript.globals[round - 1]
-    res = gi.dlg(model, params, stacked, input_shape=tuple(input_shape), num_classes=num_classes,
-                 batch_size=batch_size, max_iter=max_iter, labels=labels, stacked=True, seed=seed)
+    knows = gi.Knowledge(input_shape=tuple(input_shape), num_classes=num_classes, batch_size=batch_size, labels=labels)
+    res = gi.dlg(model, params, stacked, knows=knows, budget=gi.AttackBudget(max_iter=max_iter, lr=1.0),
+                 stacked=True, seed=seed)
     psnr = None
     if x_true is not None:
         psnr = np.stack([matched_psnr(res.x[i], x_true[k]) for i, k in enumerate(parts)])
@@ -630,7 +631,9 @@ def invert_model(model_fn: Callable[[], nn.Module], global_params: dict, client_
     grad = {k: ((torch.as_tensor(global_params[k]).double() - torch.as_tensor(client_params[k]).double()) / lr)
             .to(torch.as_tensor(global_params[k]).dtype)[None] for k in global_params}
     label = gi.idlg_label({k: v[0] for k, v in grad.items()})
-    res = gi.dlg(model_fn(), dict(global_params), grad, input_shape=tuple(input_shape), num_classes=num_classes,
-                 batch_size=1, max_iter=max_iter, labels=torch.tensor([[label]]), stacked=True, seed=seed)
+    knows = gi.Knowledge(input_shape=tuple(input_shape), num_classes=num_classes, batch_size=1,
+                         labels=torch.tensor([[label]]))
+    res = gi.dlg(model_fn(), dict(global_params), grad, knows=knows,
+                 budget=gi.AttackBudget(max_iter=max_iter, lr=1.0), stacked=True, seed=seed)
     psnr = None if x_true is None else float(matched_psnr(res.x[0], x_true)[0])
     return res.x[0], int(label), psnr

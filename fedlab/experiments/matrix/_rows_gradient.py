@@ -64,8 +64,9 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
         publics = []
         views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng,
                                                   client_side_noise=outsider, publics=publics)
-        res = gi.dlg(net, w, obs, input_shape=(1, 8, 8), num_classes=10, max_iter=gi.DLG_REFERENCE_MAX_ITER,
-                     steps=steps, labels=labels, stacked=True, seed=seed)
+        budget = gi.AttackBudget(max_iter=gi.DLG_REFERENCE_MAX_ITER, lr=1.0, steps=steps)
+        res = gi.dlg(net, w, obs, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10, labels=labels),
+                     budget=budget, stacked=True, seed=seed)
         psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
         out.update({c: float(psnr[i * n_img:(i + 1) * n_img].mean()) for i, c in enumerate(single)})
         # the attacker who knows a sparsifying defense matches only the coordinates that were sent (the others
@@ -90,8 +91,8 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
             else:
                 knows = ({"mask": {k: v != 0 for k, v in ob.items()}} if d.kind == "prune"
                          else {"clip_norm": float(C)})
-            ada = gi.dlg(net, w, ob, input_shape=(1, 8, 8), num_classes=10, max_iter=gi.DLG_REFERENCE_MAX_ITER,
-                         steps=steps, labels=labels[sl], stacked=True, seed=seed, **knows)
+            ada = gi.dlg(net, w, ob, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10, labels=labels[sl], **knows),
+                         budget=budget, stacked=True, seed=seed)
             out[c + NAIVE_SUFFIX] = out[c]
             out[c] = float(np.mean([gi.matched_psnr(r, t[None])[0] for r, t in zip(ada.x, X)]))
             if "mask" in knows:       # did the attack reach its optimum? DLG's masked loss reached vs at the truth
@@ -101,8 +102,10 @@ def _dlg_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
                                                                     mask=knows["mask"]).median())
     if "secagg" in columns:
         sums = reg.apply(G, "secagg", group=group, generator=gen) / group     # the server knows the group size
-        res = gi.dlg(net, w, models.unflatten_stacked(sums, w), input_shape=(1, 8, 8), num_classes=10,
-                     batch_size=group, max_iter=gi.DLG_REFERENCE_MAX_ITER, steps=steps, stacked=True, seed=seed)
+        res = gi.dlg(net, w, models.unflatten_stacked(sums, w),
+                     knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10, batch_size=group),
+                     budget=gi.AttackBudget(max_iter=gi.DLG_REFERENCE_MAX_ITER, lr=1.0, steps=steps), stacked=True,
+                     seed=seed)
         Xs = X.reshape(-1, group, 1, 8, 8)
         out["secagg"] = float(np.concatenate([gi.matched_psnr(r, t) for r, t in zip(res.x, Xs)]).mean())
     return out
@@ -126,15 +129,17 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
     w = models.get_params(net)
     X, y = crops.X, crops.y
     G, fc, gen, rng, C = _gradients_and_draws(net, w, X, y, seed, 2)
-    kw = dict(input_shape=(3, size, size), max_iter=iters, lr=0.1, tv_weight=0.1, num_restarts=restarts,
-              init_mean=public.mean((0, 2, 3)), init_std=public.std((0, 2, 3)), stacked=True, seed=seed)
+    kw = dict(budget=gi.AttackBudget(max_iter=iters, lr=0.1, num_restarts=restarts),
+              prior=gi.ImagePrior(tv_weight=0.1, init_mean=public.mean((0, 2, 3)), init_std=public.std((0, 2, 3))),
+              stacked=True, seed=seed)
+    shape = (3, size, size)
     out = {"baseline": float(np.mean(gi.psnr_baselines(X)["mean colour"]))}
     single = [c for c in columns if _defense(c).kind != "secagg"]
     if single:
         publics = []
         views, obs, labels = _protected_gradients(G, w, single, fc, clip_norm=C, generator=gen, rng=rng,
                                                   client_side_noise=outsider, publics=publics)
-        res = gi.inverting_gradients(net, w, obs, labels=labels, **kw)
+        res = gi.inverting_gradients(net, w, obs, knows=gi.Knowledge(input_shape=shape, labels=labels), **kw)
         psnr = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(res.x, X.repeat(len(single), 1, 1, 1))])
         out.update({c: float(psnr[i * n_img:(i + 1) * n_img].mean()) for i, c in enumerate(single)})
         # the attacker who knows a sparsifying defense (pruning, top-k; a user defense that publishes its mask)
@@ -146,7 +151,8 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
             ob = {k: v[rows] for k, v in obs.items()}
             mk = models.unflatten_stacked(torch.cat([publics[i]["mask"] if "mask" in publics[i]
                                                      else views[i * n_img:(i + 1) * n_img] != 0 for i in sparse]), w)
-            ada = gi.inverting_gradients(net, w, ob, labels=labels[rows], mask=mk, **kw)
+            ada = gi.inverting_gradients(net, w, ob, knows=gi.Knowledge(input_shape=shape, labels=labels[rows], mask=mk),
+                                         **kw)
             p_ada = np.array([gi.matched_psnr(r, t[None])[0] for r, t in zip(ada.x, X.repeat(len(sparse), 1, 1, 1))])
             # did it reach its optimum? IG's cosine matching term (its prior aside) reached vs at the true crops
             lab = labels[rows]
@@ -159,7 +165,8 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
                 out[c + LOSS_SUFFIX], out[c + LOSS_TRUTH_SUFFIX] = float(reached[sl].median()), float(truth[sl].median())
     if "secagg" in columns:
         sums = reg.apply(G, "secagg", group=group, generator=gen)
-        res = gi.inverting_gradients(net, w, models.unflatten_stacked(sums, w), labels=y.reshape(-1, group), **kw)
+        res = gi.inverting_gradients(net, w, models.unflatten_stacked(sums, w),
+                                     knows=gi.Knowledge(input_shape=shape, labels=y.reshape(-1, group)), **kw)
         Xs = X.reshape(-1, group, *X.shape[1:])
         out["secagg"] = float(np.concatenate([gi.matched_psnr(r, t) for r, t in zip(res.x, Xs)]).mean())
     return out

@@ -73,8 +73,9 @@ def _secagg_lie_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
         grad = {k: ((torch.as_tensor(w0[k]).double() - torch.as_tensor(w[k]).double()) / _SA_LR)
                 .to(torch.as_tensor(w0[k]).dtype)[None] for k in w0}
         mask = {k: torch.full_like(v, k in silent, dtype=torch.bool) for k, v in grad.items()}
-        res = gi.dlg(lenet(), dict(w0), grad, input_shape=(1, 8, 8), num_classes=10, batch_size=1, max_iter=iters,
-                     stacked=True, seed=seed, mask=mask)
+        res = gi.dlg(lenet(), dict(w0), grad, knows=gi.Knowledge(input_shape=(1, 8, 8), num_classes=10, batch_size=1,
+                                                                 mask=mask),
+                     budget=gi.AttackBudget(max_iter=iters, lr=1.0), stacked=True, seed=seed)
         return float(gi.matched_psnr(res.x[0], x_true)[0])
 
     honest = ch6.secagg_outcome(lambda: flower.run(lenet, victims, secagg=True, **args))

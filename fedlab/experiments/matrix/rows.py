@@ -35,12 +35,12 @@ it with :func:`fedlab.experiments.matrix.render.render_html`.
   composes over the releases a row observes, charged by the same accountant as central DP);
 * ``prune90`` -- each client zeroes the 90 % smallest coordinates (:func:`fedlab.privacy.defenses.prune_rows`);
   the zeros are visible in the update, so every row whose attack has a masked variant matches only the kept
-  coordinates, the attacker who knows the defense: DLG and Inverting Gradients (``gradient_inversion.dlg(mask=...)``,
-  ``inverting_gradients(mask=...)``), RAIFLE against FCF (``chapter3a.attack_case(coord_mask=...)``) and against
+  coordinates, the attacker who knows the defense: DLG and Inverting Gradients (``gradient_inversion.dlg`` and
+  ``inverting_gradients`` with ``knows=Knowledge(mask=...)``), RAIFLE against FCF (``chapter3a.attack_case(coord_mask=...)``) and against
   FPDGD (``oltr.raifle_oltr(mask=...)``), each with the median loss it reached and the loss at the truth
   (:data:`LOSS_SUFFIX`); the attack that ignores the mask is kept beside it as ``"<row>|prune90@naive"``
   (:data:`NAIVE_SUFFIX`) and printed under the cell (under ``clip`` the DLG row's attacker likewise clips its
-  dummy gradient to ``C``, ``dlg(clip_norm=C)``);
+  dummy gradient to ``C``, ``Knowledge(clip_norm=C)``);
 * ``dp1safe`` / ``ldp10safe`` -- the floating-point-safe mechanisms beside the float ones: the
   same epsilon, the discrete Gaussian on a public grid (``dp_aggregate(..., safe=True)``, ``ldp_gaussian(...,
   safe=True)``), each row's attacker and threat model as in the float column; their epsilons come from the
