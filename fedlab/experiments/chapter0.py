@@ -56,14 +56,17 @@ def _check_clients(clients: Mapping) -> None:
 
 
 def compare_settings(model, train, clients: Mapping, *, params: dict, eval_data, num_rounds: int,
-                     num_epochs: int, seed: int = 0) -> dict:
+                     num_epochs: int, local: fl.LocalTraining = fl.LocalTraining(lr=0.1, local_epochs=2,
+                                                                                batch_size=10),
+                     seed: int = 0) -> dict:
     """Centralized, standalone and collaborative (FedAvg) learning of one model on the same data, the
     three settings of Shokri's CS5562 lecture (FedAvg: McMahan et al. 2017, Algorithm 1).
 
-    Centralized: ``num_epochs`` epochs of SGD on all of ``train`` (B = 32, lr 0.1). For every split of
-    ``clients`` (``{"iid": stacked clients, "non-iid": ...}``) in order: standalone training of every
-    client (``num_epochs`` epochs, B = 10, lr 0.1), then FedAvg for ``num_rounds`` rounds (E = 2,
-    B = 10, lr 0.1), all from ``params``.
+    Centralized: ``num_epochs`` epochs of SGD on all of ``train`` (B = 32, step ``local.lr``). For every split
+    of ``clients`` (``{"iid": stacked clients, "non-iid": ...}``) in order: standalone training of every
+    client (``num_epochs`` epochs, batch ``local.batch_size``, step ``local.lr``), then FedAvg for
+    ``num_rounds`` rounds with the clients' training ``local`` (:class:`fedlab.fl.LocalTraining`; default E = 2,
+    B = 10, step 0.1), all from ``params``.
 
     Returns ``{setting: {split: test accuracy}}`` with settings ``"centralized"`` (the same number for
     every split), ``"standalone (mean client)"`` (mean of the clients' accuracies) and ``"FedAvg"``.
@@ -73,19 +76,22 @@ def compare_settings(model, train, clients: Mapping, *, params: dict, eval_data,
     num_rounds = positive_int("num_rounds", num_rounds)
     num_epochs = positive_int("num_epochs", num_epochs)
     _check_clients(clients)
+    if local.local_steps is not None or local.weight_decay != 0 or local.loss_fn is not fl.cross_entropy:
+        raise ValueError(f"local: compare_settings trains local_epochs epochs of cross-entropy without weight decay, "
+                         f"got {local}")
     # fl.train_centralized: FedAvg with one client holding all the data, one epoch per round
-    central = stacked.fedavg_runs(model, [dict(clients=[train], local_epochs=1, batch_size=32, lr=0.1, params=params,
-                                               seed=seed)], num_rounds=num_epochs, eval_data=eval_data)[0]
+    central = stacked.fedavg_runs(model, [dict(clients=[train], local_epochs=1, batch_size=32, lr=local.lr,
+                                               params=params, seed=seed)], num_rounds=num_epochs, eval_data=eval_data)[0]
     central_acc = central.history["accuracy"][-1]
     acc = {"centralized": {name: central_acc for name in clients},
            "standalone (mean client)": {}, "FedAvg": {}}
     # fl.train_standalone of every split (each client alone, its own generator per split), stacked
     w = {k: v.detach().clone() for k, v in params.items()}
     alone = stacked.clients_update_runs(model, [
-        dict(params=w, data=cd, lr=0.1, local_epochs=num_epochs, batch_size=10,
+        dict(params=w, data=cd, lr=local.lr, local_epochs=num_epochs, batch_size=local.batch_size,
              generator=torch.Generator().manual_seed(seed)) for cd in clients.values()])
-    fed = stacked.fedavg_runs(model, [dict(clients=cd, local_epochs=2, batch_size=10, lr=0.1, params=params, seed=seed)
-                                      for cd in clients.values()], num_rounds=num_rounds, eval_data=eval_data)
+    fed = stacked.fedavg_runs(model, [dict(clients=cd, local=local, params=params, seed=seed) for cd in clients.values()],
+                              num_rounds=num_rounds, eval_data=eval_data)
     for name, cd, local, res in zip(clients, clients.values(), alone, fed):
         evals = [fl.evaluate(model, {n: v[k] for n, v in local.items()}, eval_data.X, eval_data.y)
                  for k in range(cd.num_clients)]
