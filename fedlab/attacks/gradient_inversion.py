@@ -86,12 +86,12 @@ def reference_evaluations(steps: int = DLG_REFERENCE_STEPS, max_iter: int = DLG_
     return int(steps) * int(max_iter)
 
 
-#: DLG's budget by default: 100 L-BFGS iterations of fixed step 1.0 in one run, memory 100 (Zhu et al. 2019,
-#: Sec. 3: L-BFGS with learning rate 1; the reference loop is ``AttackBudget(max_iter=DLG_REFERENCE_MAX_ITER,
-#: lr=1.0, steps=DLG_REFERENCE_STEPS)``)
+#: :func:`dlg`'s budget by default: 100 L-BFGS iterations in one run, with the step and memory of Zhu et al.'s
+#: code (``torch.optim.LBFGS``'s defaults: step 1, memory 100). Their code's own loop, 300 calls of 20
+#: iterations, is ``AttackBudget(max_iter=DLG_REFERENCE_MAX_ITER, lr=1.0, steps=DLG_REFERENCE_STEPS)``.
 DLG_BUDGET = AttackBudget(max_iter=100, lr=1.0)
-#: Inverting Gradients' budget by default: 200 steps of Adam at 0.1 from one start (Geiping et al. 2020, Sec. 4
-#: use step size 0.1 and up to 24k iterations with several restarts; 200 keeps the book's runs short)
+#: :func:`inverting_gradients`' budget by default: 200 iterations of Adam with Geiping et al.'s step size 0.1
+#: (Sec. 4) from one start; the paper's runs are far longer and restart, the chapters pass their own budget.
 IG_BUDGET = AttackBudget(max_iter=200, lr=0.1)
 
 

@@ -300,7 +300,8 @@ def _finite(v) -> bool:
 class ImprintTrap:
     """The malicious server's imprint layer (Fowl et al. 2022, Sec. 3), as :func:`imprint_layer` builds it.
 
-    * ``num_bins``: the ``k`` units (bins) of the layer; required (the paper's Fig. 3 uses up to 512).
+    * ``num_bins``: the ``k`` units (bins) of the layer; required (more bins than inputs leave most inputs
+      alone in their bin, :func:`expected_recovery_rate`).
     * ``mean``, ``std``: the server's ``N(mean, std^2)`` model of ``h(x) = w . x`` (e.g. published data
       statistics), whose quantiles of order ``i / (k + 1)`` are the cut-offs; ``None`` (default).
     * ``reference``: public data ``[n, dim]`` whose empirical distribution of ``h`` gives the cut-offs instead;
