@@ -97,6 +97,7 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, local: LocalTraining =
     Each round ``t``: the server samples ``m = max(C*K, 1)`` clients, each runs ClientUpdate from the
     current global model (``local``: :class:`LocalTraining`, E = ``local_epochs`` epochs of SGD with batch
     B = ``batch_size`` and step eta = ``lr``), and the server sets ``w_{t+1} = sum_k n_k / m_t * w^k_{t+1}``.
+    A progress bar shows the rounds unless ``FEDLAB_PROGRESS=0`` (:func:`fedlab.config.progress_enabled`).
 
     Parameters
     ----------
@@ -126,8 +127,6 @@ def fedavg(model: nn.Module, clients, *, num_rounds: int, local: LocalTraining =
         Naming ``local`` (not a :class:`LocalTraining`), ``lr`` (training diverged to NaN/inf parameters),
         the clients' ``X`` (NaN or infinite entries), ``y`` (labels outside the model's classes), ``params``,
         or ``device`` / ``FEDLAB_DEVICE``.
-
-    A progress bar shows the rounds unless ``FEDLAB_PROGRESS=0`` (:func:`fedlab.config.progress_enabled`).
     """
     return _fedavg(model, clients, num_rounds=num_rounds, local=local, client_fraction=client_fraction,
                    params=params, seed=seed, eval_data=eval_data, callback=callback, device=device)
