@@ -92,4 +92,31 @@ def test_ci_runs_the_readme_commands_and_the_fresh_install_check():
     assert any(line.startswith("if ! wait") for line in lines)   # a failed core install fails CI
     assert "(src|href)=\"https?://" in ci                       # the offline check of the built pages
     script = (ROOT / "scripts" / "check_core_install.sh").read_text()
-    assert 'pip install --quiet "$SRC"' in script and "git ls-files" in script and "IPython" in script and "epsilon_spent" in script
+    assert 'pip install --quiet "$SRC"' in script and "git ls-files" in script
+    assert 'scripts/core_smoke.py" --installed' in script
+    smoke = (ROOT / "scripts" / "core_smoke.py").read_text()
+    assert "IPython" in smoke and "epsilon_spent" in smoke and "fl.fedavg(" in smoke
+
+
+def test_core_smoke_script_runs_against_this_tree():
+    """The calls the fresh-install check makes (scripts/core_smoke.py) run here too: an API change that breaks
+    them fails ``make test`` and not only CI (stop 53's CI failed on ``fedavg(lr=...)`` in that script)."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "core_smoke.py")], capture_output=True,
+                         text=True, cwd=ROOT, env={**__import__("os").environ, "FEDLAB_PROGRESS": "0"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("core install OK"), out.stdout
+
+
+def test_readme_python_one_liners_run(tmp_path):
+    """Every ``python -c "..."`` command of the README runs against this tree (its /srv paths moved into a
+    temporary folder): the deployment recipe's ``write_app`` and ``write_consistency_keys`` calls."""
+    import os
+    import re
+    readme = (ROOT / "README.md").read_text()
+    codes = re.findall(r'^python -c "(.+)"$', readme, flags=re.M)
+    assert len(codes) >= 2, codes
+    for code in codes:
+        code = code.replace("/srv/fedlab", str(tmp_path / "srv"))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                             env={**os.environ, "PYTHONPATH": str(ROOT), "FEDLAB_PROGRESS": "0"})
+        assert out.returncode == 0, (code, out.stderr[-2000:])
