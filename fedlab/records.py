@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ._stats import pvalue_summary
 
-__all__ = ["Run", "records_dir", "load", "load_record", "format_summary", "compare_rows", "describe"]
+__all__ = ["Run", "records_dir", "load", "load_record", "format_summary", "format_median_range", "compare_rows",
+           "describe"]
 
 _REQUIRED = ("chapter", "scale", "seeds", "values", "summary", "seconds")
 
@@ -156,6 +157,30 @@ def format_pvalue(record: dict | None, name: str, *, brief: bool = False) -> str
     return pvalue_summary(seen, brief=brief)
 
 
+def format_median_range(record: dict | None, name: str) -> str:
+    """A heavy-tailed value of ``record`` over its seeds (e.g. a mean squared error that one seed blows up) as
+    ``'median m (range lo-hi, n = k)'``, two significant digits: a t interval there is dominated by the outlier
+    and runs below 0. ``'m (n = 1)'`` for one seed, ``'m (all n = k seeds)'`` when equal at every seed; the
+    same words as :func:`format_summary` without a record or without ``name``. Raises ``ValueError`` for a
+    stored value that is not finite."""
+    if record is None:
+        return "no record yet"
+    if name not in record.get("values", {}):
+        return "not in record"
+    seen = sorted(float(v) for v in _clean_values(record, name))
+    if not seen:
+        return "failed at every seed"
+    if not all(math.isfinite(x) for x in seen):
+        raise ValueError(f"name={name!r} holds a non-finite value: {seen}")
+    k = len(seen)
+    median = seen[k // 2] if k % 2 else (seen[k // 2 - 1] + seen[k // 2]) / 2
+    if k == 1:
+        return f"{median:.2g} (n = 1)"
+    if seen[0] == seen[-1]:
+        return f"{median:.2g} (all n = {k} seeds)"
+    return f"median {median:.2g} (range {seen[0]:.2g}–{seen[-1]:.2g}, n = {k})"
+
+
 class Run(dict):
     """The glued numbers of this build (``name -> value``) and the stored paper-scale record of the
     chapter ``stem`` (``self.record``, ``None`` when there is none)."""
@@ -174,6 +199,10 @@ class Run(dict):
     def stored_p(self, name: str, *, brief: bool = False) -> str:
         """The stored paper-scale p-value ``name`` as a median and range over seeds: :func:`format_pvalue`."""
         return format_pvalue(self.record, name, brief=brief)
+
+    def stored_median(self, name: str) -> str:
+        """The stored paper-scale value ``name`` as a median and range over seeds: :func:`format_median_range`."""
+        return format_median_range(self.record, name)
 
     def per_seed(self, name: str) -> list[float]:
         """The stored value of ``name`` at each seed that finished cleanly (``[]`` without a record)."""

@@ -42,8 +42,16 @@ def test_table3_runs_every_configuration(case, run):
     assert names["ch3a_emb_err_fncf_emb_model"] == emb[("FNCF", True, True)]
     assert len(names) == len(auc) + len(emb)
     headers, rows = ch3a.table3_table(auc, emb, run)
-    assert len(rows) == 6 and all(len(r) == len(headers) for r in rows)
-    assert rows[0][-1] == "N/A" and rows[1][-1] == "no record yet"
+    assert len(rows) == 6 and all(len(r) == len(headers) == 4 for r in rows)
+    assert [r[0] for r in rows] == [ch3a.VARIANTS[k] for k in ch3a.PAPER_TABLE3] and rows[1][-1] == "no record yet"
+    assert rows[1][1] == 0.979 and rows[1][2] == auc[("FCF", True, False)]
+    headers, rows = ch3a.table3_emb_table(emb, run)
+    assert [r[0] for r in rows] == ["FCF emb", "FNCF emb", "FNCF emb model"] and rows[0][1] == 0.07
+    assert rows[1][2] == f'{emb[("FNCF", True, False)]:.2g}' and rows[2][-1] == "no record yet"
+    with pytest.raises(ValueError, match="emb lacks"):
+        ch3a.table3_emb_table({}, run)
+    with pytest.raises(ValueError, match="do not estimate"):
+        ch3a.table3_table(auc, {("FCF", False, False): 1.0}, run)
     with pytest.raises(ValueError, match="fcf_max_iter"):
         ch3a.table3(case, fcf_max_iter=0, fncf_max_iter=3, num_restarts=1)
     with pytest.raises(ValueError, match="configurations"):

@@ -332,6 +332,21 @@ def test_constants_have_no_interval_and_p_values_read_as_median_and_range(tmp_pa
     assert records.Run("02_x", folder=tmp_path).stored_p("p") == "median 0.20 (range 0.01–0.30, n = 3)"
 
 
+def test_a_heavy_tailed_value_reads_as_median_and_range(tmp_path):
+    """Chapter 3a's FNCF embedding error (43, 36, 18598 over three seeds): a t interval would be 6225 ± 26616,
+    below 0; the median and range say what the seeds gave."""
+    _record(tmp_path, {"err": [43.42, 35.97, 18597.8], "same": [2.0, 2.0, 2.0], "one": [0.5, None, None],
+                       "inf": [1.0, "inf", 2.0]},
+            seeds=range(3))
+    run = records.Run("02_x", folder=tmp_path)
+    assert run.stored_median("err") == "median 43 (range 36–1.9e+04, n = 3)"
+    assert run.stored_median("same") == "2 (all n = 3 seeds)" and run.stored_median("one") == "0.5 (n = 1)"
+    assert run.stored_median("zzz") == "not in record"
+    assert records.Run("03_none", folder=tmp_path).stored_median("err") == "no record yet"
+    with pytest.raises(ValueError, match="name='inf'"):
+        run.stored_median("inf")
+
+
 def test_a_rate_is_shown_with_its_interval_cut_to_the_unit_range():
     """``value_range=(0, 1)``: a small rate's t interval (which runs below 0) is cut to [0, 1] and printed in fixed
     notation as ``mean [lo, hi]``, not as ``5.00e-02 ± 6.74e-02``; constants keep no interval; a bad range is
