@@ -465,15 +465,14 @@ def network_draws_summary(result: dict, confidence: float = 0.95) -> dict:
 def network_draws_table(summary: dict) -> tuple[list, list]:
     """``(headers, rows)`` of a :func:`network_draws_summary`: per FNCF configuration the paper's AUC
     (:data:`PAPER_TABLE3`), our mean AUC over network draws with its 95 % interval, the standard deviation
-    and range of the draws' mean AUCs, the median loss at the truth and reached, and the share of
+    ("sd") and range of the draws' mean AUCs (over networks), the median loss at the truth and reached, and the share of
     (draw, user) pairs that reached the truth's loss (``at_truth``: at most twice it plus 0.01)."""
     rows = [[VARIANTS[c], PAPER_TABLE3[c][0], f"{s['auc']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}]", round(s["sd"], 3),
              f"{s['range'][0]:.3f}–{s['range'][1]:.3f}", round(s["loss_truth"], 3), round(s["loss"], 3),
              round(s["at_truth"], 2)] for c, s in summary.items()]
     n = next(iter(summary.values()))
-    headers = ["configuration", "paper AUC", f"mean AUC over {n['num_draws']} networks [95 % CI]", "sd over networks",
-               "range over networks", "median loss at the truth", "median loss reached",
-               "share reaching the truth's loss (≤ 2 × + 0.01)"]
+    headers = ["configuration", "paper AUC", f"mean AUC, {n['num_draws']} networks [95 % CI]", "sd", "range",
+               "loss at the truth (median)", "loss reached (median)", "share at the truth's loss (≤ 2× + 0.01)"]
     return headers, rows
 
 
