@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedlab import config  # noqa: E402
 from fedlab.data.movielens import sample_user_items, synthetic_movielens  # noqa: E402
 from fedlab.experiments import chapter3a as ex  # noqa: E402
+from fedlab.attacks.interaction_inference.recsys import make_recsys_case  # noqa: E402
 from fedlab._io import atomic_write_bytes  # noqa: E402
 
 
@@ -45,7 +46,7 @@ def main(argv=None) -> dict:
     data = synthetic_movielens(seed=a.seed)
     users = torch.arange(data.num_users if a.users is None else min(a.users, data.num_users)).numpy()
     items = sample_user_items(data, neg_ratio=4, users=users, seed=a.seed)
-    case = ex.make_recsys_case(items, data.num_items, dim=64, fncf_lr=1.0, local_steps=1, seed=a.seed)
+    case = make_recsys_case(items, data.num_items, dim=64, fncf_lr=1.0, local_steps=1, seed=a.seed)
     out = {"users": len(case), "seed": a.seed, "torch": torch.__version__, "threads": torch.get_num_threads(),
            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "runs": {}}
     for dev in a.devices.split(","):

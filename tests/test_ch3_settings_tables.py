@@ -8,6 +8,7 @@ import torch
 from fedlab import plots
 from fedlab.attacks.interaction_inference import oltr as attack_oltr
 from fedlab.attacks.interaction_inference import recsys as attack_recsys
+from fedlab.attacks.interaction_inference.recsys import make_recsys_case
 from fedlab.data.letor import synthetic_letor
 from fedlab.data.movielens import UserItems
 from fedlab.experiments import chapter3a, chapter3b
@@ -29,7 +30,7 @@ def _user_items(num_users=3, pos=2, neg_ratio=4, num_items=40, seed=0):
 
 
 def _case(dim=8, fncf_lr=1.0, local_steps=1, neg_ratio=4):
-    return chapter3a.make_recsys_case(_user_items(neg_ratio=neg_ratio), 40, dim=dim, fncf_lr=fncf_lr,
+    return make_recsys_case(_user_items(neg_ratio=neg_ratio), 40, dim=dim, fncf_lr=fncf_lr,
                                       local_steps=local_steps, seed=0)
 
 

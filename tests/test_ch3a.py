@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from fedlab import records
+from fedlab.attacks.interaction_inference.recsys import make_recsys_case
 from fedlab.experiments import chapter3a as ch3a
 from fedlab.privacy.ldp import classical_gaussian_sigma, gaussian_sigma
 
@@ -22,7 +23,7 @@ def case():
     interactions[:, :3] = 1.0
     users = type("UserItems", (), {"items": items, "mask": mask, "interactions": interactions * mask,
                                    "__len__": lambda self: U})()
-    return ch3a.make_recsys_case(users, 30, dim=8, local_steps=1, seed=0)
+    return make_recsys_case(users, 30, dim=8, local_steps=1, seed=0)
 
 
 @pytest.fixture

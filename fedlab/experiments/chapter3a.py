@@ -1,19 +1,20 @@
 """Chapter 3a's experiments: one honest round of federated recommendation (RAIFLE Section 4.1) for a set
 of users, one Table 3 configuration of the attack run on all of them in batches, and the chapter's
 sweeps and tables (Table 3, App. A on a linear model, LDP with Table 6, pruning). The attacks
-themselves are :func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf` and :func:`fedlab.attacks.interaction_inference.recsys.raifle_fncf`.
+themselves are :func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf` and :func:`fedlab.attacks.interaction_inference.recsys.raifle_fncf`;
+the honest round they attack is :func:`fedlab.attacks.interaction_inference.recsys.make_recsys_case` (beside
+chapter 3b's :class:`~fedlab.attacks.interaction_inference.oltr.OltrCase`).
 """
 from __future__ import annotations
 
 from functools import partial
 
 import inspect
-from dataclasses import dataclass
 
 import torch
 
-from ..attacks.interaction_inference.recsys import raifle_fcf, raifle_fncf
-from ..fl.recsys.interactions import fcf_item_updates, fncf_init, fncf_per_user, fncf_updates
+from ..attacks.interaction_inference.recsys import RecsysCase, raifle_fcf, raifle_fncf
+from ..fl.recsys.interactions import fncf_init, fncf_per_user, fncf_updates
 from ..metrics import ks_pvalue, optimum_status, roc_auc_rows, t_interval
 from ..privacy import ldp
 from ..privacy.defenses import prune_rows
@@ -21,7 +22,7 @@ from .tables import scale_cells, scale_pairs, settings_header
 from .._checks import positive_int
 from .._stats import pvalue_summary
 
-__all__ = ["RecsysCase", "make_recsys_case", "attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
+__all__ = ["attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
            "VARIANTS", "attack_budget", "run_config", "table3", "table3_summary", "table3_values", "table3_table",
            "table3_emb_table", "table3_loss_table",
            "REFERENCE_ATTACK", "table3_reference", "table3_reference_table", "table3_reference_values",
@@ -29,70 +30,6 @@ __all__ = ["RecsysCase", "make_recsys_case", "attack_case", "TABLE3_CONFIGS", "T
            "network_draws_table", "network_draws_values", "table3_boxplot", "linear_case", "loop_vs_batch", "PAPER_TABLE6", "PAPER_TABLE7", "ldp_sigma_rows",
            "ldp_updates", "ldp_attack_sweep", "clip_knowledge_rows", "ks_values", "table6_table", "table7_values", "table7_draws", "table7_draws_values", "table7_table",
            "prune_sweep", "prune_curves", "prune_plot", "prune_aware_values", "defense_boxplots", "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table"]
-
-
-@dataclass
-class RecsysCase:
-    """One honest round of federated recommendation for a set of users (RAIFLE Sec. 4.1).
-
-    ``X`` [U, m, d] the items each user trains on (public), ``E`` [U, d] the private user
-    embeddings, ``I`` [U, m] the private 0/1 interactions, ``mask`` [U, m]; FCF's item update
-    ``fcf`` [U, m, d]; FNCF's network ``model, theta`` and its updates ``fncf_items`` [U, m, d] and
-    ``fncf_params`` {name: [U, ...]}; the users' local settings ``fncf_lr``, ``local_steps``.
-    ``theta`` is one network shared by the users, or one per user (every tensor ``[U, ...]``, as
-    :func:`network_draws_case` builds: the same users under several network draws).
-    """
-
-    X: torch.Tensor
-    E: torch.Tensor
-    I: torch.Tensor
-    mask: torch.Tensor
-    fcf: torch.Tensor
-    model: torch.nn.Module
-    theta: dict
-    fncf_items: torch.Tensor
-    fncf_params: dict
-    fncf_lr: float
-    local_steps: int
-
-    def __len__(self) -> int:
-        return int(self.I.shape[0])
-
-    def subset(self, users) -> "RecsysCase":
-        """The same round restricted to ``users`` (indices into this case), padding trimmed to their
-        longest item list. Raises ``ValueError`` for an empty selection or an index out of range."""
-        idx = torch.as_tensor(users, dtype=torch.long).flatten()
-        if idx.numel() == 0:
-            raise ValueError("users must not be empty")
-        if int(idx.min()) < 0 or int(idx.max()) >= len(self):
-            raise ValueError(f"users must lie in [0, {len(self)}), got {idx.min().item()}..{idx.max().item()}")
-        m = int(self.mask[idx].sum(1).max())
-        return RecsysCase(self.X[idx, :m], self.E[idx], self.I[idx, :m], self.mask[idx, :m], self.fcf[idx, :m],
-                          self.model, _theta_of(self, idx), self.fncf_items[idx, :m],
-                          {k: v[idx] for k, v in self.fncf_params.items()}, self.fncf_lr, self.local_steps)
-
-
-def _theta_of(case: RecsysCase, idx) -> dict:
-    """The FNCF network(s) of the users ``idx`` of ``case``: the shared ``theta``, or their rows of a
-    per-user one."""
-    return {k: v[idx] for k, v in case.theta.items()} if fncf_per_user(case.model, case.theta) else case.theta
-
-
-def make_recsys_case(user_items, num_items: int, *, dim: int = 64, fncf_lr: float = 1.0,
-                     local_steps: int = 1, seed: int = 0) -> RecsysCase:
-    """Random item and user embeddings (N(0, 1), as ``nn.Embedding`` initialises them; RAIFLE
-    Sec. 4.1.3), the FNCF network, and every user's honest FCF and FNCF updates.
-    ``user_items``: a :class:`fedlab.data.movielens.UserItems`."""
-    g = torch.Generator().manual_seed(seed)
-    item_emb = torch.randn(num_items, dim, generator=g)
-    E = torch.randn(len(user_items), dim, generator=g)
-    mask = user_items.mask
-    X = item_emb[user_items.items] * mask[..., None]
-    I = user_items.interactions
-    model, theta = fncf_init(dim, seed=seed)
-    fcf = fcf_item_updates(X, E, I, mask)
-    dX, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=fncf_lr, local_steps=local_steps)
-    return RecsysCase(X, E, I, mask, fcf, model, theta, dX, dT, fncf_lr, local_steps)
 
 
 def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, use_model_params: bool = False,
@@ -146,7 +83,7 @@ def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, u
                              user_ids=ids[idx], truth=truth, **kwargs)
         else:
             ci, cp = clip_norm if clip_norm is not None else (None, None)
-            res = raifle_fncf(case.model, _theta_of(case, idx), X, fncf_items[idx, :m],
+            res = raifle_fncf(case.model, case.networks(idx), X, fncf_items[idx, :m],
                               {k: v[idx] for k, v in fncf_params.items()}, mk,
                               estimate_embedding=estimate_embedding, use_model_params=use_model_params,
                               user_lr=case.fncf_lr, local_steps=case.local_steps, items_clip_norm=ci,
@@ -354,7 +291,7 @@ FNCF_CONFIGS = [c for c in TABLE3_CONFIGS if c[0] == "FNCF"]
 def network_draw_seeds(seed: int, num_draws: int) -> list[int]:
     """``num_draws`` seeds of independent FNCF networks for run ``seed``: NumPy ``SeedSequence((seed,
     k))`` for draw ``k``, so draw ``k`` is the same whatever ``num_draws`` is, and no draw reuses the
-    seed :func:`make_recsys_case` gave the case's own network. Raises ``ValueError`` naming
+    seed :func:`~fedlab.attacks.interaction_inference.recsys.make_recsys_case` gave the case's own network. Raises ``ValueError`` naming
     ``num_draws`` when below 1."""
     import numpy as np
 
@@ -363,7 +300,7 @@ def network_draw_seeds(seed: int, num_draws: int) -> list[int]:
 
 
 def network_draws_case(case: RecsysCase, draw_seeds) -> RecsysCase:
-    """The users of ``case`` under ``D = len(draw_seeds)`` FNCF networks at once: a :class:`RecsysCase`
+    """The users of ``case`` under ``D = len(draw_seeds)`` FNCF networks at once: a :class:`~fedlab.attacks.interaction_inference.recsys.RecsysCase`
     of ``D * U`` rows, draw-major (row ``k * U + u`` is user ``u`` under network ``k``), with the same
     items ``X``, embeddings ``E`` and interactions ``I`` in every draw, network ``k`` from
     :func:`fedlab.fl.recsys.interactions.fncf_init` with seed ``draw_seeds[k]`` and the widths of
@@ -906,7 +843,7 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
     The first two columns quote their sources. Every value of the two "ours" columns comes from code:
     from ``settings`` (default :data:`SCALE_SETTINGS`, read at the call: the budgets, starts and users
     the notebook runs at each scale, through :func:`attack_budget`), from the arguments (the notebook's
-    constants: ``case`` the honest round the chapter attacks, built by :func:`make_recsys_case`;
+    constants: ``case`` the honest round the chapter attacks, built by :func:`~fedlab.attacks.interaction_inference.recsys.make_recsys_case`;
     ``source`` and ``num_users_total`` the data set's name and size; ``epsilons``, ``delta``,
     ``sensitivity`` the LDP sweep's settings, as for :func:`ldp_attack_sweep`) or read from the library
     (the network of ``case.model``, the defaults of

@@ -32,13 +32,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ...fl.recsys.interactions import fcf_item_updates, fncf_backprop, fncf_first_layer, fncf_per_user, fncf_updates
+from ...fl.recsys.interactions import (fcf_item_updates, fncf_backprop, fncf_first_layer, fncf_init, fncf_per_user,
+                                       fncf_updates)
 from ...config import device as _device
 from ...fl.local import _model_on
 from ...optim import lbfgs_rows
 from ...privacy.clipping import clip_rows
 
-__all__ = ["RaifleResult", "user_generator", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf", "FNCF_CONTINUATION",
+__all__ = ["RecsysCase", "make_recsys_case", "RaifleResult", "user_generator", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf", "FNCF_CONTINUATION",
            "analytic_fcf_attack", "pointwise_l2_update", "closed_form_interactions", "attack_hessian"]
 
 
@@ -62,6 +63,78 @@ class RaifleResult:
     @property
     def interactions(self) -> torch.Tensor:
         return torch.sigmoid(self.scores)
+
+
+# ------------------------------------------------------------------------------- the honest round attacked
+
+@dataclass
+class RecsysCase:
+    """One honest round of federated recommendation for a set of users (RAIFLE Sec. 4.1).
+
+    ``X`` [U, m, d] the items each user trains on (public), ``E`` [U, d] the private user
+    embeddings, ``I`` [U, m] the private 0/1 interactions, ``mask`` [U, m]; FCF's item update
+    ``fcf`` [U, m, d]; FNCF's network ``model, theta`` and its updates ``fncf_items`` [U, m, d] and
+    ``fncf_params`` {name: [U, ...]}; the users' local settings ``fncf_lr``, ``local_steps``.
+    ``theta`` is one network shared by the users, or one per user (every tensor ``[U, ...]``, as
+    :func:`fedlab.experiments.chapter3a.network_draws_case` builds: the same users under several network draws).
+    """
+
+    X: torch.Tensor
+    E: torch.Tensor
+    I: torch.Tensor
+    mask: torch.Tensor
+    fcf: torch.Tensor
+    model: torch.nn.Module
+    theta: dict
+    fncf_items: torch.Tensor
+    fncf_params: dict
+    fncf_lr: float
+    local_steps: int
+
+    def __len__(self) -> int:
+        return int(self.I.shape[0])
+
+    def networks(self, users) -> dict:
+        """The FNCF network(s) of ``users`` (indices into this case): the shared ``theta``, or their rows of a
+        per-user one."""
+        return _theta_of(self, users)
+
+    def subset(self, users) -> "RecsysCase":
+        """The same round restricted to ``users`` (indices into this case), padding trimmed to their
+        longest item list. Raises ``ValueError`` for an empty selection or an index out of range."""
+        idx = torch.as_tensor(users, dtype=torch.long).flatten()
+        if idx.numel() == 0:
+            raise ValueError("users must not be empty")
+        if int(idx.min()) < 0 or int(idx.max()) >= len(self):
+            raise ValueError(f"users must lie in [0, {len(self)}), got {idx.min().item()}..{idx.max().item()}")
+        m = int(self.mask[idx].sum(1).max())
+        return RecsysCase(self.X[idx, :m], self.E[idx], self.I[idx, :m], self.mask[idx, :m], self.fcf[idx, :m],
+                          self.model, _theta_of(self, idx), self.fncf_items[idx, :m],
+                          {k: v[idx] for k, v in self.fncf_params.items()}, self.fncf_lr, self.local_steps)
+
+
+def _theta_of(case: RecsysCase, idx) -> dict:
+    """The FNCF network(s) of the users ``idx`` of ``case``: the shared ``theta``, or their rows of a
+    per-user one."""
+    return {k: v[idx] for k, v in case.theta.items()} if fncf_per_user(case.model, case.theta) else case.theta
+
+
+def make_recsys_case(user_items, num_items: int, *, dim: int = 64, fncf_lr: float = 1.0,
+                     local_steps: int = 1, seed: int = 0) -> RecsysCase:
+    """Random item and user embeddings (N(0, 1), as ``nn.Embedding`` initialises them; RAIFLE
+    Sec. 4.1.3), the FNCF network, and every user's honest FCF and FNCF updates.
+    ``user_items``: a :class:`fedlab.data.movielens.UserItems`."""
+    g = torch.Generator().manual_seed(seed)
+    item_emb = torch.randn(num_items, dim, generator=g)
+    E = torch.randn(len(user_items), dim, generator=g)
+    mask = user_items.mask
+    X = item_emb[user_items.items] * mask[..., None]
+    I = user_items.interactions
+    model, theta = fncf_init(dim, seed=seed)
+    fcf = fcf_item_updates(X, E, I, mask)
+    dX, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=fncf_lr, local_steps=local_steps)
+    return RecsysCase(X, E, I, mask, fcf, model, theta, dX, dT, fncf_lr, local_steps)
+
 
 
 def user_generator(seed: int, user: int, stream: int) -> torch.Generator:

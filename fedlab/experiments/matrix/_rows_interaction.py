@@ -14,6 +14,7 @@ from ...privacy.registry import median_norm
 from ...fl.recsys import ratings as rec
 from ...attacks import identifiability as pac
 from ...attacks.interaction_inference import oltr as ro
+from ...attacks.interaction_inference.recsys import make_recsys_case
 from ...data.letor import synthetic_letor
 from ...data.movielens import sample_user_items, synthetic_movielens
 from .. import chapter3a as ch3a
@@ -91,7 +92,7 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
     data = synthetic_movielens(seed=seed)
     users = np.sort(np.random.default_rng(seed).choice(data.num_users, U, replace=False))
     ui = sample_user_items(data, neg_ratio=4, users=users, seed=seed)
-    case = ch3a.make_recsys_case(ui, data.num_items, dim=64, fncf_lr=1.0, local_steps=1, seed=seed)
+    case = make_recsys_case(ui, data.num_items, dim=64, fncf_lr=1.0, local_steps=1, seed=seed)
     mask = case.mask[..., None].to(case.fcf.dtype)
     flat = case.fcf.reshape(U, -1)
     gen, rng = _gens(seed, 6)
