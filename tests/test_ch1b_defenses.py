@@ -1,4 +1,4 @@
-"""Chapter 1b's defenses (issue 16, item 6): delta of client-level DP checked against 1/K, the
+"""Chapter 1b's defenses, now chapter 1c's page (issue 16, item 6): delta of client-level DP checked against 1/K, the
 chapter's delta below 1/K at every K it uses (both scales), and the budget sweep of local-only
 training, DP-FedAvg + fine-tuning and Centaur (fedlab.experiments.chapter1b)."""
 import json
@@ -16,7 +16,7 @@ from fedlab.experiments import chapter1b as ch1b
 from fedlab.privacy import dp_fedavg as dpf
 
 torch.set_num_threads(1)
-NOTEBOOK = Path(__file__).resolve().parents[1] / "chapters" / "01b_membership_inference.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[1] / "chapters" / "01c_membership_defenses.ipynb"   # the defenses' page
 
 
 # ------------------------------------------------------------------ delta against 1/K
