@@ -224,7 +224,7 @@ def resolve_chapters(name: str, chapters: list[Chapter]) -> list[Chapter]:
     path: ``chapters/02_pac_identifiability.ipynb``); a chapter number with its letter, padded or not, with
     or without ``ch`` (``1a``, ``01a``, ``ch3b``, ``4``, ``04``: see :func:`chapter_aliases`); or a
     unique prefix of a stem (``03a_rai``). A number without its letter where the chapter has several
-    (``1`` for 01a and 01b) is ambiguous.
+    (``1`` for 01a, 01b and 01c) is ambiguous.
 
     Raises ``ValueError`` when ``name`` matches no chapter or several. The first message proposes what
     was probably meant (for a chapter number the book lacks, ``3c``, the chapters of that number; else the
