@@ -224,7 +224,7 @@ def resolve_chapters(name: str, chapters: list[Chapter]) -> list[Chapter]:
     path: ``chapters/02_pac_identifiability.ipynb``); a chapter number with its letter, padded or not, with
     or without ``ch`` (``1a``, ``01a``, ``ch3b``, ``4``, ``04``: see :func:`chapter_aliases`); or a
     unique prefix of a stem (``03a_rai``). A number without its letter where the chapter has several
-    (``1`` for 01a and 01b) is ambiguous.
+    (``1`` for 01a, 01b and 01c) is ambiguous.
 
     Raises ``ValueError`` when ``name`` matches no chapter or several. The first message proposes what
     was probably meant (for a chapter number the book lacks, ``3c``, the chapters of that number; else the
@@ -1544,7 +1544,8 @@ MATRIX_NOTEBOOK = "07_matrix"
 
 def _stored_times(stem: str, folder: Path) -> str:
     """'  [paper: 3 seeds, 120 s/seed]' for the records stored in ``folder`` (empty when none); for
-    :data:`MATRIX_NOTEBOOK`, the matrix's records."""
+    :data:`MATRIX_NOTEBOOK`, the matrix's records; for a record split out of a chapter's (``split_from``), the
+    seconds are named as the unsplit chapter's."""
     parts = []
     stem = MATRIX if stem == MATRIX_NOTEBOOK else stem
     for scale in ("quick", "paper"):
@@ -1553,7 +1554,9 @@ def _stored_times(stem: str, folder: Path) -> str:
             rec = json.loads(path.read_text())
             failed = {f["seed"] for f in rec.get("failures") or []}
             secs = [t for s, t in zip(rec.get("seeds", []), rec.get("seconds", [])) if s not in failed] or [0]
-            parts.append(f"{scale}: {len(secs)} seeds, {sum(secs) / len(secs):.0f} s/seed")
+            split = rec.get("split_from") or {}
+            parts.append(f"{scale}: {len(secs)} seeds, {sum(secs) / len(secs):.0f} s/seed"
+                         + (f" of the unsplit {split['chapter']}" if split.get("chapter") else ""))
     return f"  [{'; '.join(parts)}]" if parts else ""
 
 

@@ -32,8 +32,10 @@ CHAPTERS = {
     "00_fl_primer": ("Run FedSGD, FedAvg and selective sharing, and see what the server receives.", ()),
     "01a_gradient_leakage": ("Reconstruct a client's inputs and labels from one update (DLG, iDLG, Inverting "
                              "Gradients) and see when it stops working.", ("00_fl_primer",)),
-    "01b_membership_inference": ("Infer membership from the models a federation exchanges; defend with "
-                                 "DP-FedAvg and keep utility with Centaur.", ("00_fl_primer",)),
+    "01b_membership_inference": ("Infer membership from the models a federation exchanges: passive over many "
+                                 "rounds, LiRA, white-box, and the active gradient-ascent attack.", ("00_fl_primer",)),
+    "01c_membership_defenses": ("Defend against membership inference with client-level DP (DP-FedAvg) and keep "
+                                "utility with fine-tuning and Centaur.", ("00_fl_primer", "01b_membership_inference")),
     "02_pac_identifiability": ("Recover a user's private vector exactly from its messages (London's Theorems "
                                "1-3) and price the attack in ε.", ("00_fl_primer",)),
     "03a_raifle_recsys": ("Infer a user's interactions from federated recommendation updates (RAIFLE).",
@@ -45,8 +47,8 @@ CHAPTERS = {
     "05_dprivacy_ifca": ("d-privacy with the Euclidean Laplace mechanism in clustered personalised FL: what it "
                          "guarantees and costs.", ("00_fl_primer", "01a_gradient_leakage")),
     "06_flower": ("Run the earlier attacks on a real Flower federation, with its DP wrappers and SecAgg+.",
-                  ("00_fl_primer", "01a_gradient_leakage", "01b_membership_inference", "02_pac_identifiability",
-                   "04_model_reconstruction")),
+                  ("00_fl_primer", "01a_gradient_leakage", "01b_membership_inference", "01c_membership_defenses",
+                   "02_pac_identifiability", "04_model_reconstruction")),
     "07_matrix": ("Every attack against every defense in one table, under each attacker's threat model.",
                   ("01a_gradient_leakage", "01b_membership_inference", "02_pac_identifiability", "03a_raifle_recsys",
                    "03b_raifle_oltr", "04_model_reconstruction", "06_flower")),
@@ -58,7 +60,7 @@ RECORDS = {"07_matrix": ("matrix", "paper")}
 #: a suggested split into lectures of LECTURE_MINUTES minutes: (title, chapters)
 LECTURES = [
     ("Federated learning, and what one update gives away", ("00_fl_primer", "01a_gradient_leakage")),
-    ("Membership inference and client-level DP", ("01b_membership_inference",)),
+    ("Membership inference and client-level DP", ("01b_membership_inference", "01c_membership_defenses")),
     ("Exact recovery with guarantees", ("02_pac_identifiability",)),
     ("Interactions from recommendation and ranking updates", ("03a_raifle_recsys", "03b_raifle_oltr")),
     ("Models from eavesdropping; d-privacy", ("04_model_reconstruction", "05_dprivacy_ifca")),
@@ -92,7 +94,8 @@ def reading_minutes(words: int) -> int:
 
 def run_time(stem: str, root: Path = ROOT) -> str:
     """``"12 min (n = 5)"``: the stored record's mean minutes per seed and its seeds (``"2 min (n = 3,
-    quick scale)"`` for a record at another scale than paper), or ``"no record"``."""
+    quick scale)"`` for a record at another scale than paper; ``"5 min (n = 5, unsplit 01b)"`` for a record
+    split out of another chapter's, whose seconds are the whole unsplit chapter's), or ``"no record"``."""
     from fedlab import records
 
     rec_stem, scale = RECORDS.get(stem, (stem, "paper"))
@@ -101,6 +104,8 @@ def run_time(stem: str, root: Path = ROOT) -> str:
         return "no record"
     secs = rec["seconds"]
     other = "" if scale == "paper" else f", {scale} scale"
+    if rec.get("split_from"):     # a chapter split out of another: its record's seconds are the unsplit chapter's
+        other += f", unsplit {short(rec['split_from']['chapter'])}"
     return f"{sum(secs) / len(secs) / 60:.0f} min (n = {len(secs)}{other})"
 
 

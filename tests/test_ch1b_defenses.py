@@ -1,4 +1,4 @@
-"""Chapter 1b's defenses (issue 16, item 6): delta of client-level DP checked against 1/K, the
+"""Chapter 1b's defenses, now chapter 1c's page (issue 16, item 6): delta of client-level DP checked against 1/K, the
 chapter's delta below 1/K at every K it uses (both scales), and the budget sweep of local-only
 training, DP-FedAvg + fine-tuning and Centaur (fedlab.experiments.chapter1b)."""
 import json
@@ -16,7 +16,7 @@ from fedlab.experiments import chapter1b as ch1b
 from fedlab.privacy import dp_fedavg as dpf
 
 torch.set_num_threads(1)
-NOTEBOOK = Path(__file__).resolve().parents[1] / "chapters" / "01b_membership_inference.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[1] / "chapters" / "01c_membership_defenses.ipynb"   # the defenses' page
 
 
 # ------------------------------------------------------------------ delta against 1/K
@@ -239,3 +239,37 @@ def test_the_chapters_dp_runs_use_the_float_mechanism_they_are_accounted_for(mon
     accs, _ = ch1b.personalization_sweep(net, w0, [5], sampling_prob=SMALL["sampling_prob"], noise_multiplier=1.0,
                                          methods=["DP-FedAvg + fine-tuning", "Centaur"], **args)
     assert set(accs) == {"DP-FedAvg + fine-tuning", "Centaur"} and all(5 in v for v in accs.values())
+
+
+# ------------------------------------------------------------------ the DP grid's attack (chapter 1c's first figure)
+@pytest.mark.slow           # 3.4 s on one core
+def test_dp_grid_attacks_the_last_window_of_released_models():
+    """The attack of dp_grid reads the *last* ``window`` models DP-FedAvg released (a slice taken from the front,
+    the first rounds' models, passed every assert of chapter 1c's page): recomputed from the same run."""
+    from fedlab import data
+    from fedlab.attacks import membership as mia
+    from fedlab.fl.dp_fedavg import dp_fedavg_runs
+
+    digits = data.load_digits()
+    train, held_out = data.train_test_split(digits, test_fraction=0.5, seed=0)
+    nonmembers, test = data.train_test_split(held_out, test_fraction=0.5, seed=0)
+    nonmembers = nonmembers.subset(np.arange(40))
+    net = models.mlp(64, (16,), 10, seed=0)
+    w0 = models.get_params(net)
+    K, n, rounds, window, local = 4, 10, 6, 2, fl.LocalTraining(lr=0.3, local_epochs=2, batch_size=10)
+    grid = ch1b.dp_grid(net, w0, train, nonmembers, test, n_per_client=n, client_counts=[K], epsilons=[math.inf],
+                        num_rounds=rounds, delta=1e-3, clip_norm=1.0, window=window, seed=0, local=local)
+    parts = [p[:n] for p in data.partition_iid(len(train), K, seed=0)]
+    clients = fl.stack_clients(data.client_datasets(train, parts))
+    released = []
+    z = dpf.noise_multiplier_for_epsilon(math.inf, 1.0, rounds, 1e-3, num_clients=K, safe=False)
+    dp_fedavg_runs(net, [dict(clients=clients, sampling_prob=1.0, noise_multiplier=z, clip_norm=1.0, params=w0,
+                              safe=False, seed=0, callback=lambda r: released.append(r.new_params), local=local)],
+                   num_rounds=rounds, eval_data=test)
+    idx = np.concatenate(parts)
+    X_all = torch.cat([train.X[idx], nonmembers.X])
+    y_all = torch.cat([train.y[idx], nonmembers.y])
+    lab = np.r_[np.ones(len(idx)), np.zeros(len(nonmembers))]
+    last = mia.attack_auc(mia.snapshot_signals(net, released[-window:], X_all, y_all), lab, window)
+    first = mia.attack_auc(mia.snapshot_signals(net, released[:window], X_all, y_all), lab, window)
+    assert grid[(math.inf, K)]["auc"] == last and last != first, (grid[(math.inf, K)]["auc"], last, first)

@@ -65,6 +65,8 @@ def test_compare_markdown_quotes_only_names_the_records_hold():
         if rec is None:
             pytest.skip(f"no stored record of {stem}")
         assert set(table) <= set(rec["values"]), (stem, set(table) - set(rec["values"]))
+    defenses = records.load("01c_membership_defenses")   # chapter 1b split in two: its attacks' keys stay in 01b
+    assert defenses is None or not set(ex.COMPARE_1B) & set(defenses["values"])
     ours = {"idlg_acc": 1.0, "dlg_label_acc": 0.875, "dlg_success": 0.75, "dlg_median_psnr": 50.0, "mia_auc": 0.7}
     text = ex.compare_markdown(ours, lambda n, d: f"1a:{n}:{d}", lambda n, d: f"1b:{n}:{d}", settings={"1a": "fewer digits"})
     assert "| 1a | iDLG label accuracy | 1.000 | 1a:idlg_acc:3 |" in text and "1b:auc_last:3" in text

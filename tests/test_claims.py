@@ -188,6 +188,12 @@ def test_chapter2_delta_is_the_notebooks():
      "not reproduced"),
     ("05_dprivacy_ifca", "reproduced in direction; our drop is steeper", "ch5_rel10", "in direction only"),
     ("01b_membership_inference", "reproduced with a learned attack", "act_server_g2_ld", "reproduced"),
+    ("01c_membership_defenses", "heterogeneous, is **not** established here", "ce_minus_ft2", "not reproduced"),
+    ("01c_membership_defenses", "This part reproduces (asserted below)", "snr_gain", "reproduced"),
+    ("01c_membership_defenses", "*Clients agree more on the representation update.* **Not reproduced.**", "agree_ce",
+     "not reproduced"),
+    ("01c_membership_defenses", "Centaur beats local-only training at every budget from $\\varepsilon = 1$ up",
+     "pe_ce_minus_lo_1", "reproduced"),
 ])
 def test_the_page_agrees_with_the_chapters_words(recs, stem, phrase, key, word):
     """Where a chapter states a verdict, the page gives the same (04's Table 1: the decoded value is not

@@ -211,9 +211,14 @@ def test_the_real_book_takes_the_short_names():
     chapters = rp.list_chapters(ROOT)
     expect = {"1a": "01a_gradient_leakage", "01b": "01b_membership_inference", "2": "02_pac_identifiability",
               "3a": "03a_raifle_recsys", "ch3b": "03b_raifle_oltr", "4": "04_model_reconstruction",
-              "05": "05_dprivacy_ifca", "6": "06_flower", "0": "00_fl_primer"}
+              "05": "05_dprivacy_ifca", "6": "06_flower", "0": "00_fl_primer",
+              "1c": "01c_membership_defenses", "01c": "01c_membership_defenses", "ch1c": "01c_membership_defenses",
+              "1b": "01b_membership_inference", "ch1b": "01b_membership_inference"}
     for name, stem in expect.items():
         assert [c.stem for c in rp.resolve_chapters(name, chapters)] == [stem], name
+    with pytest.raises(ValueError, match=r"'1' is ambiguous \(01a_gradient_leakage, 01b_membership_inference, "
+                                         r"01c_membership_defenses\)"):
+        rp.resolve_chapters("1", chapters)
 
 
 def test_an_unknown_name_gets_did_you_mean_and_the_valid_names(tmp_path):

@@ -1,7 +1,7 @@
-"""Chapter 1b's experiments: membership inference against FedAvg (Nasr et al. 2019, Sections IV-V, as
-taught in Shokri's CS5562 lecture), client-level DP-FedAvg (McMahan et al. 2018, Alg. 1) against
-that attack, and the personalised alternatives (local-only training, DP-FedAvg followed by
-fine-tuning, Centaur of Shen et al. 2023, Alg. 1-2).
+"""The experiments of chapters 1b and 1c: membership inference against FedAvg (Nasr et al. 2019, Sections
+IV-V, as taught in Shokri's CS5562 lecture; chapter 1b), client-level DP-FedAvg (McMahan et al. 2018, Alg. 1)
+against that attack, and the personalised alternatives (local-only training, DP-FedAvg followed by
+fine-tuning, Centaur of Shen et al. 2023, Alg. 1-2; chapter 1c, ``chapters/01c_membership_defenses.ipynb``).
 
 The attacks are :mod:`fedlab.attacks.membership`; DP-FedAvg and Centaur are :mod:`fedlab.fl.dp_fedavg`
 and :mod:`fedlab.fl.personalization`. The functions here run the chapter's sweeps in the order the
@@ -26,7 +26,7 @@ from ..metrics import auc_permutation_floor, roc_auc, t_interval
 from .tables import mean_interval
 from ..privacy import dp_fedavg as dpf
 
-__all__ = ["LECTURE_WINDOW_AUC", "SUMMARY_LABELS", "LECTURE_ACTIVE_ACCURACY", "LECTURE_WHITE_BOX", "window_values", "window_table",
+__all__ = ["LECTURE_WINDOW_AUC", "SUMMARY_LABELS", "DEFENSE_SUMMARY_LABELS", "LECTURE_ACTIVE_ACCURACY", "LECTURE_WHITE_BOX", "window_values", "window_table",
            "passive_curves", "passive_curve_values", "plot_passive_curves", "white_black_box",
            "white_black_box_values", "white_black_box_table",
            "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "active_attack_sweep",
@@ -72,7 +72,7 @@ def safe_noise_cost(epsilon: float, sampling_prob: float, num_rounds: int, delta
     zf = dpf.noise_multiplier_for_epsilon(epsilon, sampling_prob, num_rounds, delta, num_clients=num_clients, safe=False)
     zs = dpf.noise_multiplier_for_epsilon(epsilon, sampling_prob, num_rounds, delta, num_clients=num_clients, safe=True)
     return {"float": zf, "safe": zs, "ratio": zs / zf}
-# the chapter's main numbers, name -> label, for the over-seeds summary figure (plots.record_errorbars)
+# chapter 1b's main numbers (the attacks), name -> label, for the over-seeds summary figure (plots.record_errorbars)
 SUMMARY_LABELS = {
     "mia_auc_last": "MIA AUC, last round",
     "mia_auc_avg10": "MIA AUC, last 10 rounds",
@@ -89,6 +89,11 @@ SUMMARY_LABELS = {
     "act_participant_p_auc": "participant, passive (AUC)",
     "act_participant_g5_auc": "participant, ascent γ = 5 (AUC)",
     "act_floor": "active attacks, chance floor (AUC)",
+}
+# chapter 1c's main numbers (the defenses), name -> label, for its over-seeds summary figure
+DEFENSE_SUMMARY_LABELS = {
+    "dp_auc_small": "DP-FedAvg, ε = 0.5, 10 clients: MIA AUC",
+    "dp_acc_small": "DP-FedAvg, ε = 0.5, 10 clients: test accuracy",
     "lo2": "local-only, 2 classes",
     "ce2": "Centaur, 2 classes",
     "ft2": "DP-FedAvg + FT, 2 classes",

@@ -341,6 +341,16 @@ CLAIMS: list[Claim] = [
           "gain; paper: accuracy gain", "act_server_g2_ld", "direction", "ch1b-learned-active",
           paper=_p("chapter1b.LECTURE_ACTIVE_ACCURACY", ("server", True), minus=(("server", False),)),
           direction=(">", 0.0), source="(Nasr et al., Table XI)"),
+    # 01c: Shen et al. 2023 (Centaur, via the lecture); the lecture shows plots, no numbers
+    Claim("01c_membership_defenses", "Centaur beats local-only training (5 classes per client, ε = 1): accuracy gain",
+          "pe_ce_minus_lo_1", "direction", "ch1c-eps-sweep", direction=(">", 0.0), source="(lecture, Shen et al.)"),
+    Claim("01c_membership_defenses", "Centaur beats DP-FedAvg + fine-tuning (2 classes per client, ε = 1): accuracy "
+          "gain", "ce_minus_ft2", "direction", "ch1c-centaur", direction=(">", 0.0), source="(lecture, Shen et al.)"),
+    Claim("01c_membership_defenses", "sharing only the representation raises its per-dimension SNR (Centaur / "
+          "DP-FedAvg)", "snr_gain", "direction", "ch1c-snr", direction=(">", 1.0), source="(lecture, Shen et al.)"),
+    Claim("01c_membership_defenses", "clients agree more on the representation update in Centaur (mean cosine with "
+          "the mean update)", "agree_ce", "direction", "ch1c-snr", direction=(">", "agree_fa"),
+          source="(lecture, Shen et al.)"),
     # 02: London 2020 (guarantees, no experiments); delta is the chapter's setting
     Claim("02_pac_identifiability",
           f"Theorem 1: P(error > 0) ≤ δ = {CHAPTER2_DELTA} at the theorem's T (worst case tested)",

@@ -1,0 +1,106 @@
+"""scripts/split_record.py: a stored record split by key when its chapter is split into notebooks (chapter 1b into
+01b_membership_inference and 01c_membership_defenses), and the two stored parts it wrote."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedlab import records
+from fedlab.reproduce import RECORD_FIELDS, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import split_record as sr  # noqa: E402
+
+sys.path.pop(0)
+
+
+def _record(values, seeds=(0, 1, 2), failures=()):
+    return {"chapter": "01x_whole", "title": "Whole", "scale": "paper", "seeds": list(seeds), "values": values,
+            "summary": summarize(values), "seconds": [100.0, 110.0, 120.0][:len(seeds)], "failures": list(failures),
+            "retries": [], "machine": "x86_64, 2 CPUs", "python": "3.11", "torch": "2.13.0", "commit": "abc1234",
+            "date": "2026-11-27", "command": "python -m fedlab reproduce 01x --scale paper --seeds 0-2"}
+
+
+def _keys_folder(tmp_path, parts):
+    folder = tmp_path / "quick"
+    folder.mkdir()
+    for stem, keys in parts.items():
+        rec = _record({k: [1.0, 1.0, 1.0] for k in keys})
+        rec.update(chapter=stem, title=stem.upper(), scale="quick")
+        (folder / f"{stem}.quick.json").write_text(json.dumps(rec))
+    return folder
+
+
+def test_every_key_goes_to_exactly_one_part_unchanged(tmp_path):
+    whole = _record({"auc": [0.6, 0.7, 0.8], "note": ["a", "a", "b"], "acc": [0.5, 0.6, 0.55], "k": [3, 3, 3]})
+    src = tmp_path / "01x_whole.paper.json"
+    src.write_text(json.dumps(whole))
+    folder = _keys_folder(tmp_path, {"01x_whole": ["auc", "note"], "01y_part": ["acc", "k", "glued_since"]})
+    assert sr.main([str(src), "01x_whole", "01y_part", "--keys-from", str(folder), "--force"]) == 0
+    a, b = records.load_record(src), records.load_record(tmp_path / "01y_part.paper.json")   # the loader takes both
+    assert set(a["values"]) == {"auc", "note"} and set(b["values"]) == {"acc", "k"}     # glued_since: not invented
+    for part in (a, b):
+        assert set(RECORD_FIELDS) <= set(part)
+        for k, v in part["values"].items():
+            assert v == whole["values"][k]
+        assert part["summary"] == json.loads(json.dumps(summarize(part["values"])))      # as tests/test_records.py
+        for field in ("seeds", "seconds", "commit", "command", "machine", "date", "scale"):
+            assert part[field] == whole[field], field
+        assert part["split_from"]["chapter"] == "01x_whole" and part["split_from"]["commit"] == "abc1234"
+        assert "unsplit" in part["split_from"]["seconds"]
+    assert (a["chapter"], b["chapter"], b["title"]) == ("01x_whole", "01y_part", "01Y_PART")
+
+
+@pytest.mark.parametrize("parts, message", [
+    ({"01x_whole": ["auc"], "01y_part": ["acc"]}, "in none: \\['k'\\]"),
+    ({"01x_whole": ["auc", "k"], "01y_part": ["acc", "k"]}, "in several: \\['k'\\]"),
+])
+def test_a_key_in_no_part_or_in_two_writes_nothing(tmp_path, parts, message, capsys):
+    whole = _record({"auc": [0.6, 0.7, 0.8], "acc": [0.5, 0.6, 0.55], "k": [3, 3, 3]})
+    src = tmp_path / "01x_whole.paper.json"
+    src.write_text(json.dumps(whole))
+    folder = _keys_folder(tmp_path, parts)
+    with pytest.raises(ValueError, match=message):
+        sr.split_record(whole, sr.part_keys(folder, list(parts)))
+    assert sr.main([str(src), *parts, "--keys-from", str(folder), "--force"]) == 1
+    assert "nothing was written" in capsys.readouterr().err
+    assert json.loads(src.read_text()) == whole and not (tmp_path / "01y_part.paper.json").exists()
+
+
+def test_refuses_failures_an_empty_part_and_an_existing_file_without_force(tmp_path):
+    whole = _record({"auc": [0.6, 0.7, 0.8]})
+    with pytest.raises(ValueError, match="failing seeds"):
+        sr.split_record(_record({"auc": [0.6, None, None]}, failures=[{"seed": 1, "cell": 2, "error": "x"}]),
+                        {"a": {"keys": {"auc"}, "title": "A"}})
+    with pytest.raises(ValueError, match="gets no key"):
+        sr.split_record(whole, {"a": {"keys": {"auc"}, "title": "A"}, "b": {"keys": {"x"}, "title": "B"}})
+    parts, _ = sr.split_record(whole, {"a": {"keys": {"auc"}, "title": "A"}})
+    (tmp_path / "a.paper.json").write_text("{}")
+    with pytest.raises(ValueError, match="--force"):
+        sr.write_parts(parts, tmp_path)
+    assert (tmp_path / "a.paper.json").read_text() == "{}"
+    with pytest.raises(ValueError, match="no record of b"):
+        sr.part_keys(tmp_path, ["b"])
+
+
+def test_the_part_that_replaces_the_unsplit_record_is_written_last(tmp_path, monkeypatch):
+    whole = _record({"auc": [0.6, 0.7, 0.8], "acc": [0.5, 0.6, 0.55]})
+    parts, _ = sr.split_record(whole, {"01x_whole": {"keys": {"auc"}, "title": "X"},
+                                       "01y_part": {"keys": {"acc"}, "title": "Y"}})
+    order = []
+    monkeypatch.setattr(sr, "atomic_write_text", lambda path, text: order.append(Path(path).name))
+    sr.write_parts(parts, tmp_path, force=True, source=tmp_path / "01x_whole.paper.json")
+    assert order == ["01y_part.paper.json", "01x_whole.paper.json"]
+
+
+def test_the_stored_records_of_1b_and_1c_are_one_run_split_by_key():
+    b = records.load("01b_membership_inference", "paper", ROOT / "chapters" / "records")
+    c = records.load("01c_membership_defenses", "paper", ROOT / "chapters" / "records")
+    assert b is not None and c is not None
+    assert not set(b["values"]) & set(c["values"])
+    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
+        assert b[field] == c[field], field
+    assert b["split_from"] == c["split_from"] and b["split_from"]["chapter"] == "01b_membership_inference"
+    assert "mia_auc_last" in b["values"] and "ce_minus_ft2" in c["values"] and "dp_auc_small" in c["values"]
