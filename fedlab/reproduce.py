@@ -223,9 +223,11 @@ def resolve_chapters(name: str, chapters: list[Chapter]) -> list[Chapter]:
     """The chapters that ``name`` names: ``all``; a notebook stem (``02_pac_identifiability``, also as a
     path: ``chapters/02_pac_identifiability.ipynb``); a chapter number with its letter, padded or not, with
     or without ``ch`` (``1a``, ``01a``, ``ch3b``, ``4``, ``04``: see :func:`chapter_aliases`); or a
-    unique prefix of a stem (``03a_rai``). A number without its letter names the chapter of that number
-    without a letter where there is one (``6`` for 06_flower beside 06b_flower_secagg); where every chapter
-    of the number has a letter (``1`` for 01a and 01b) it is ambiguous.
+    unique prefix of a stem (``03a_rai``). A number without its letter where the chapter has several
+    (``1`` for 01a and 01b) is ambiguous.
+
+    Except: where one chapter of that number has no letter, the bare number names it (``6`` is 06_flower,
+    beside 06b_flower_secagg).
 
     Raises ``ValueError`` when ``name`` matches no chapter or several. The first message proposes what
     was probably meant (for a chapter number the book lacks, ``3c``, the chapters of that number; else the
