@@ -135,8 +135,8 @@ def legend(record: dict | None, scale: str, seed: int) -> str:
 #: The id of every chapter's first code cell, the Colab install cell (tagged ``remove-cell``).
 COLAB_CELL_ID = "colab-install"
 #: The extras of ``pyproject.toml`` a chapter needs beyond the core install: every chapter glues its numbers
-#: through myst-nb (``book``); Chapter 6 runs Flower (``flower``). Colab's install cell and Binder install them.
-CHAPTER_EXTRAS = {"06_flower": ("book", "flower")}
+#: through myst-nb (``book``); Chapters 6 and 6b run Flower (``flower``). Colab's install cell and Binder install them.
+CHAPTER_EXTRAS = {"06_flower": ("book", "flower"), "06b_flower_secagg": ("book", "flower")}
 DEFAULT_EXTRAS = ("book",)
 
 
@@ -152,7 +152,7 @@ def colab_cell_source(repository: str = "", extras: tuple[str, ...] = DEFAULT_EX
     torch download) and change into its ``chapters/`` folder so the stored records are found. Elsewhere
     the cell does nothing. With no repository named, the cell stops on Colab with an error that says
     how to name one. ``extras``: the ``pyproject.toml`` extras installed with it (:func:`chapter_extras`:
-    ``book`` for every chapter, whose numbers are glued through myst-nb, and ``flower`` for Chapter 6).
+    ``book`` for every chapter, whose numbers are glued through myst-nb, and ``flower`` for Chapters 6 and 6b).
     Raises ``ValueError`` if ``repository`` is neither empty nor an ``https://`` URL, or for an extra that is
     not a plain name."""
     repository = str(repository).strip()

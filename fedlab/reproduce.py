@@ -226,6 +226,9 @@ def resolve_chapters(name: str, chapters: list[Chapter]) -> list[Chapter]:
     unique prefix of a stem (``03a_rai``). A number without its letter where the chapter has several
     (``1`` for 01a, 01b and 01c) is ambiguous.
 
+    Except: where one chapter of that number has no letter, the bare number names it (``6`` is 06_flower,
+    beside 06b_flower_secagg).
+
     Raises ``ValueError`` when ``name`` matches no chapter or several. The first message proposes what
     was probably meant (for a chapter number the book lacks, ``3c``, the chapters of that number; else the
     ``difflib.get_close_matches`` of ``name`` among the stems, their aliases and their words, ``raifle``)
@@ -245,6 +248,8 @@ def resolve_chapters(name: str, chapters: list[Chapter]) -> list[Chapter]:
         n, letter = key
         hits = [c for c in chapters if (num := _stem_number(c.stem)) is not None and num[0] == n
                 and (num[1] == letter or not letter)]
+        if len(hits) > 1 and not letter:   # "6" is 06_flower beside 06b_flower_secagg: the chapter without a letter
+            hits = [c for c in hits if _stem_number(c.stem)[1] == ""] or hits
         if len(hits) == 1:
             return hits
         if len(hits) > 1:

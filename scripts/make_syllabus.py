@@ -46,12 +46,15 @@ CHAPTERS = {
                                 ("00_fl_primer",)),
     "05_dprivacy_ifca": ("d-privacy with the Euclidean Laplace mechanism in clustered personalised FL: what it "
                          "guarantees and costs.", ("00_fl_primer", "01a_gradient_leakage")),
-    "06_flower": ("Run the earlier attacks on a real Flower federation, with its DP wrappers and SecAgg+.",
+    "06_flower": ("Run the earlier attacks on a real Flower federation, and see what its DP wrappers protect.",
                   ("00_fl_primer", "01a_gradient_leakage", "01b_membership_inference", "01c_membership_defenses",
-                   "02_pac_identifiability", "04_model_reconstruction")),
+                   "04_model_reconstruction")),
+    "06b_flower_secagg": ("Run Flower's secure aggregation (SecAgg+): what it hides, what the sum still gives "
+                          "away, and what a server that lies gets.",
+                          ("01a_gradient_leakage", "02_pac_identifiability", "06_flower")),
     "07_matrix": ("Every attack against every defense in one table, under each attacker's threat model.",
                   ("01a_gradient_leakage", "01b_membership_inference", "02_pac_identifiability", "03a_raifle_recsys",
-                   "03b_raifle_oltr", "04_model_reconstruction", "06_flower")),
+                   "03b_raifle_oltr", "04_model_reconstruction", "06b_flower_secagg")),
 }
 
 #: the stored record of each chapter, as (record stem, scale); default (stem, "paper")
@@ -64,7 +67,7 @@ LECTURES = [
     ("Exact recovery with guarantees", ("02_pac_identifiability",)),
     ("Interactions from recommendation and ranking updates", ("03a_raifle_recsys", "03b_raifle_oltr")),
     ("Models from eavesdropping; d-privacy", ("04_model_reconstruction", "05_dprivacy_ifca")),
-    ("A real federation, and the whole picture", ("06_flower", "07_matrix")),
+    ("A real federation, and the whole picture", ("06_flower", "06b_flower_secagg", "07_matrix")),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Chapter 6's bookkeeping (fedlab.experiments.chapter6): the chapters' attacks on Flower transcripts.
+"""Chapters 6 and 6b's bookkeeping (fedlab.experiments.chapter6): the chapters' attacks on Flower transcripts.
 The tests that run Flower apps use the in-process engine (the same ServerApp, ClientApp and Recorder
 as the Ray engine, without Ray's start-up)."""
 import numpy as np
@@ -167,6 +167,21 @@ def test_fedsgd_attack_and_the_dp_wrappers():
     assert c["idlg_acc"] == 1.0
     with pytest.raises(ValueError, match="num_clients"):
         ex.fedsgd_clients(0, 0)
+
+
+def test_chapter_6b_picks_its_target_from_chapter_6s_idlg():
+    """Chapter 6b runs iDLG alone on the plain FedSGD round (no DLG) to pick the lying server's target and quote
+    its PSNR: the same PSNRs as chapter 6's :func:`fedsgd_attack`, so 6b's target is the unsplit chapter's."""
+    flower = _flower()
+    from fedlab.flower import attacks as fa
+
+    victims, lenet = ex.fedsgd_clients(1, 3)
+    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None), seed=1, engine="local")
+    base = flower.run(lenet, victims, **args).transcript
+    a = ex.fedsgd_attack(lenet, base, victims, max_iter=20, seed=1)
+    alone = fa.invert_gradients(lenet, base, input_shape=(1, 8, 8), num_classes=10, max_iter=20,
+                                x_true={k: X for k, (X, _) in enumerate(victims)}, seed=1).psnr[:, 0]
+    assert np.array_equal(alone, a["idlg_psnr"]), (alone, a["idlg_psnr"])
 
 
 def test_eavesdrop_logistic_compares_the_two_runs():

@@ -256,7 +256,7 @@ def test_secagg_arguments_are_checked():
 
 
 def test_item_sums_from_the_aggregate_are_chapter_2s_per_item_sums():
-    """Chapter 2's recommender as Flower clients (chapter 6's ItemScores): one round without SecAgg+ returns
+    """Chapter 2's recommender as Flower clients (chapter 6b's ItemScores): one round without SecAgg+ returns
     exactly Protocol 1's item deltas (R = 1, B = N) and the per-item sums of secure_aggregate_items; under
     SecAgg+ the server's sums stay within m x secagg_error_bound of them, and every row above that bound is
     an item some client rated."""

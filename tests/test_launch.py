@@ -45,6 +45,7 @@ def test_colab_cell_installs_on_colab_only(monkeypatch):
     calls, _ = _run_cell(monkeypatch, book.colab_cell_source(URL, book.chapter_extras("06_flower")), on_colab=True,
                          installed=False)
     assert calls[1][0][-1] == "/content/fedlab-course[book,flower]"     # Chapter 6 runs Flower
+    assert book.chapter_extras("06b_flower_secagg") == ("book", "flower")  # and so does 6b
     with pytest.raises(ValueError, match="extras"):
         book.colab_cell_source(URL, ("book]; rm -rf /",))
 

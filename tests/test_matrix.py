@@ -390,6 +390,15 @@ def test_stored_record_has_every_cell_at_three_or_more_seeds():
         assert re.fullmatch(r"[0-9a-f]{7,}", rerun["commit"] or ""), rerun
 
 
+def test_stored_records_link_each_row_to_its_chapter():
+    """Page 07 links each row to the chapter its record names: the stored records name the chapters of ATTACKS
+    (the SecAgg+ row's is 06b_flower_secagg since chapter 6 was split)."""
+    want = {a.key: a.chapter for a in mx.ATTACKS}
+    for path in (RECORD, RECORD.with_name("matrix.paper.json")):
+        rec = json.loads(path.read_text())
+        assert {r["key"]: r["chapter"] for r in rec["matrix"]["rows"]} == want, path.name
+
+
 def test_live_cell_is_checked_against_the_record():
     rec = json.loads(RECORD.read_text())
     v = rec["values"][mx.value_name("mr", "none")]

@@ -207,6 +207,29 @@ def test_short_names_resolve_to_the_notebook(tmp_path):
         stem("1")
 
 
+def test_a_number_without_its_letter_names_the_chapter_without_a_letter():
+    """06_flower beside 06b_flower_secagg: "6" is 06_flower and "6b" the other; where every chapter of a number has
+    a letter (01a, 01b) the bare number stays ambiguous."""
+    chapters = [rp.Chapter(s, Path(f"{s}.ipynb"), s) for s in
+                ("01a_alpha", "01b_beta", "06_flower", "06b_flower_secagg", "07_matrix")]
+
+    def stem(name):
+        return [c.stem for c in rp.resolve_chapters(name, chapters)]
+
+    for name in ("6", "06", "ch6", "chapter 6"):
+        assert stem(name) == ["06_flower"], name
+    for name in ("6b", "06b", "ch6b", "ch06b"):
+        assert stem(name) == ["06b_flower_secagg"], name
+    with pytest.raises(ValueError, match=r"'1' is ambiguous \(01a_alpha, 01b_beta\)"):
+        stem("1")
+    with pytest.raises(ValueError, match="matches no notebook"):
+        stem("6c")
+    real = rp.list_chapters(ROOT)                   # the book itself: chapter 6 and its secure-aggregation half
+    for name, want in {"6": "06_flower", "06": "06_flower", "ch6": "06_flower", "6b": "06b_flower_secagg",
+                       "06b": "06b_flower_secagg", "ch6b": "06b_flower_secagg"}.items():
+        assert [c.stem for c in rp.resolve_chapters(name, real)] == [want], name
+
+
 def test_the_real_book_takes_the_short_names():
     chapters = rp.list_chapters(ROOT)
     expect = {"1a": "01a_gradient_leakage", "01b": "01b_membership_inference", "2": "02_pac_identifiability",

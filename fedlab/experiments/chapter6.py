@@ -1,5 +1,7 @@
-"""Chapter 6's bookkeeping (from the book to a real federation): the chapters' federations and attacks
-run on what a Flower server recorded (Beutel et al. 2020, Flower; :mod:`fedlab.flower`).
+"""The bookkeeping of Chapter 6 (from the book to a real federation) and Chapter 6b (its secure aggregation):
+the chapters' federations and attacks run on what a Flower server recorded (Beutel et al. 2020, Flower;
+:mod:`fedlab.flower`). Chapter 6b uses the secure-aggregation helpers below, from :func:`secagg_stages` on,
+and chapter 6's :func:`fedsgd_clients`.
 
 * :func:`membership_federation`: chapter 1b's federation (10 clients with 20 scikit-learn digits each)
   with each client's candidate records (its own 20 members and 20 outsiders);
@@ -26,7 +28,7 @@ run on what a Flower server recorded (Beutel et al. 2020, Flower; :mod:`fedlab.f
   (:func:`fedlab.flower.attacks.item_sums_from_aggregate`) beside chapter 2's own count
   (:func:`fedlab.experiments.chapter2.secagg_experiment`).
 
-This module reads transcripts and never imports ``flwr``; the notebook runs the federations with
+This module reads transcripts and never imports ``flwr``; the notebooks run the federations with
 :func:`fedlab.flower.run`.
 """
 from __future__ import annotations

@@ -29,7 +29,7 @@ quickly as ``sigma^2`` grows (``tau < 1e-3`` for ``sigma^2 >= 1``, ``n <= 10``) 
 ``tests/test_distributed_dg.py`` finds exact Renyi divergences above the bound without it.
 
 Who adds noise: the guarantee counts the ``n`` clients whose shares are really in the sum. A client
-that drops out, or that a malicious server declares dropped (chapter 6's attack on SecAgg+), takes
+that drops out, or that a malicious server declares dropped (chapter 6b's attack on SecAgg+), takes
 its share with it; account with the number of honest, surviving clients you can guarantee, not the
 number invited.
 

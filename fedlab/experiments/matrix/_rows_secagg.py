@@ -1,4 +1,4 @@
-"""The matrix's row of Chapter 6: the malicious server inside Flower's SecAgg+ (false dropout, split view, model
+"""The matrix's row of Chapter 6b: the malicious server inside Flower's SecAgg+ (false dropout, split view, model
 inconsistency), against stock SecAgg+ and SecAgg+ with the consistency round."""
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from .layout import _size
 SECAGG_ROW = "secagg_lie"
 #: the malicious server's attacks inside SecAgg+ (:mod:`fedlab.flower.attacks`), in the order the row runs them
 SECAGG_ATTACKS = ("false_dropout", "split_view", "inconsistent_model")
-#: clients of the SecAgg+ round (Chapter 6's FedSGD federation) and FedSGD's learning rate
+#: clients of the SecAgg+ round (Chapter 6b's FedSGD federation) and FedSGD's learning rate
 _SA_CLIENTS, _SA_LR = 8, 0.1
 #: the SecAgg+ settings of the consistency column: Bonawitz et al.'s consistency round needs ``t > n / 2``
-#: (Chapter 6: at the default ``t`` every client refuses the setup); stock SecAgg+ keeps Flower's defaults
+#: (Chapter 6b: at the default ``t`` every client refuses the setup); stock SecAgg+ keeps Flower's defaults
 SECAGG_CONSISTENT_SETTINGS = {"reconstruction_threshold": 0.6}
 #: the cell note of the consistency column: what the row does when the clients refuse
 SECAGG_REFUSED_NOTE = ("when the clients refuse (or the attack cannot be mounted), the round stops before the server "
@@ -29,8 +29,8 @@ SECAGG_REFUSED_NOTE = ("when the clients refuse (or the attack cannot be mounted
 
 
 def _secagg_lie_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
-    """The malicious server inside secure aggregation (Chapter 6; Bonawitz et al. 2017, Sec. 6-7): one FedSGD
-    round of Chapter 6's federation (:func:`fedlab.experiments.chapter6.fedsgd_clients`: 8 clients, one digit
+    """The malicious server inside secure aggregation (Chapter 6b; Bonawitz et al. 2017, Sec. 6-7): one FedSGD
+    round of Chapter 6b's federation (:func:`fedlab.experiments.chapter6.fedsgd_clients`: 8 clients, one digit
     each, the sigmoid LeNet, lr 0.1) through **Flower's SecAgg+** (:func:`fedlab.flower.run` with
     ``secagg=True``, in-process engine), the target client ``seed % 8``. The server mounts each attack of
     :data:`SECAGG_ATTACKS` (:class:`fedlab.flower.attacks.FalseDropout`, :class:`~fedlab.flower.attacks.SplitView`,
@@ -39,7 +39,7 @@ def _secagg_lie_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
     ``secagg_cr``: ``consistency=True`` with :data:`SECAGG_CONSISTENT_SETTINGS`).
 
     Metric: the PSNR (dB) of the attacker's best reconstruction of the target's digit, iDLG on the target's
-    FedSGD gradient ``(w_global - w_target) / lr`` as Chapter 6 (:func:`fedlab.flower.attacks.invert_model`),
+    FedSGD gradient ``(w_global - w_target) / lr`` as Chapter 6b (:func:`fedlab.flower.attacks.invert_model`),
     with the target's model as the server recovered it: unmasked alone (false dropout, split view), or isolated
     from the decoded sum on the parameters the decoy silences (model inconsistency; DLG then matches only
     those, labels learned: the output layer is not isolated). A round that completes without exposing the

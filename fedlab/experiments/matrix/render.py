@@ -205,7 +205,7 @@ def _colour(share: float) -> str:
 #: the header of a row group (a ``<tr class="mx-group">`` above its first row), by observer
 _ROW_GROUPS = {OUTSIDER: "Outsider who sees only the released aggregate (and, as the DP guarantee assumes, every other "
                          "update): the same attacks as the curious-server rows above, under central DP's noise",
-               SECAGG_ROW: "Malicious server inside secure aggregation, computed through Flower's SecAgg+ (Chapter 6): "
+               SECAGG_ROW: "Malicious server inside secure aggregation, computed through Flower's SecAgg+ (Chapter 6b): "
                            "stock SecAgg+ against SecAgg+ with the consistency round"}
 
 

@@ -182,7 +182,8 @@ _SECAGG_ROW_NA = ("this row attacks the secure-aggregation protocol itself (Flow
                   "defenses are the imprint, active membership, PAC and ADM rows)")
 
 SECAGG_ROWS: tuple[Attack, ...] = (
-    Attack(SECAGG_ROW, "Malicious server inside SecAgg+ (false dropout, split view, model inconsistency)", "06_flower",
+    Attack(SECAGG_ROW, "Malicious server inside SecAgg+ (false dropout, split view, model inconsistency)",
+           "06b_flower_secagg",
            "PSNR (dB) of the target's digit", True,
            "malicious server lies inside Flower's SecAgg+ to unmask or isolate the target's model, then runs iDLG on it",
            _secagg_lie_row, "iDLG on the honest round's sum of 8 models (what SecAgg+ promises)",
