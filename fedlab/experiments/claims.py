@@ -413,6 +413,19 @@ CLAIMS: list[Claim] = [
     Claim("06_flower", "membership AUC from the last returned model, Flower transcript", "ch6_mia_auc", "interval",
           "ch6-mia", paper=_p("chapter1b.LECTURE_WINDOW_AUC", 1), direction=(">", "ch6_mia_floor"),
           source="(lecture, Nasr et al.)", limits=UNIT),
+    # 06b: Fowl et al. 2022, London 2020 (Sec. 6) and Bonawitz et al. 2017 (Sec. 6): statements, no numbers
+    Claim("06b_flower_secagg", "a server that chooses the model, η and Q reads as many imprinted digits through SecAgg+ "
+          "as without it (fraction recovered)", "ch6_imp_chosen", "direction", "ch6b-imprint",
+          direction=(">=", "ch6_imp_plain"), source="(Fowl et al. 2022)", limits=UNIT),
+    Claim("06b_flower_secagg", "secure aggregation does not hide chapter 2's per-item sums: share of the cohort whose "
+          "private vector is exposed", "ch6_items_exposed", "direction", "ch6b-items", direction=(">", 0.0),
+          source="(London 2020, Sec. 6)", limits=UNIT),
+    Claim("06b_flower_secagg", "a server that lies about a dropout collects at least t shares of the target's mask key "
+          "(shares collected)", "ch6_lie_keys", "direction", "ch6b-lie", direction=(">=", "ch6_sa_t"),
+          source="(Bonawitz et al. 2017, Sec. 6)", digits=1),
+    Claim("06b_flower_secagg", "the consistency round refuses the split view: clients that refuse (of every client "
+          "of the round)", "ch6_split_refused", "direction", "ch6b-consistency", direction=(">=", "ch6_sa_nclients"),
+          source="(Bonawitz et al. 2017, Sec. 6)", digits=1),
 ]
 
 #: where a chapter's own words and this page's rule read a claim differently, or the rule is lenient (shown
