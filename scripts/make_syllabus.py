@@ -44,8 +44,11 @@ CHAPTERS = {
                         "manipulation and LDP.", ("03a_raifle_recsys",)),
     "04_model_reconstruction": ("Reconstruct a client's local model by eavesdropping on FedAvg rounds.",
                                 ("00_fl_primer",)),
-    "05_dprivacy_ifca": ("d-privacy with the Euclidean Laplace mechanism in clustered personalised FL: what it "
-                         "guarantees and costs.", ("00_fl_primer", "01a_gradient_leakage")),
+    "05_dprivacy_ifca": ("d-privacy with the Euclidean Laplace mechanism in clustered personalised FL (IFCA) on a "
+                         "2-parameter task: what it guarantees, and what it does not.", ("00_fl_primer",)),
+    "05b_dprivacy_experiments": ("What d-privacy guarantees and costs as the model grows: diabetes clinics, a CNN "
+                                 "(the paper's Table 2) and DLG on the sanitised update.",
+                                 ("01a_gradient_leakage", "05_dprivacy_ifca")),
     "06_flower": ("Run the earlier attacks on a real Flower federation, and see what its DP wrappers protect.",
                   ("00_fl_primer", "01a_gradient_leakage", "01b_membership_inference", "01c_membership_defenses",
                    "04_model_reconstruction")),
@@ -66,7 +69,8 @@ LECTURES = [
     ("Membership inference and client-level DP", ("01b_membership_inference", "01c_membership_defenses")),
     ("Exact recovery with guarantees", ("02_pac_identifiability",)),
     ("Interactions from recommendation and ranking updates", ("03a_raifle_recsys", "03b_raifle_oltr")),
-    ("Models from eavesdropping; d-privacy", ("04_model_reconstruction", "05_dprivacy_ifca")),
+    ("Models from eavesdropping; d-privacy", ("04_model_reconstruction", "05_dprivacy_ifca",
+                                              "05b_dprivacy_experiments")),
     ("A real federation, and the whole picture", ("06_flower", "06b_flower_secagg", "07_matrix")),
 ]
 

@@ -186,7 +186,7 @@ def test_chapter2_delta_is_the_notebooks():
     ("01b_membership_inference", "**Not reproduced.** The white-box score", "wb_diff", "not reproduced"),
     ("04_model_reconstruction", "**Verdict: the paper's Table 1 is not reproduced.**", "ch4-t1-last1",
      "not reproduced"),
-    ("05_dprivacy_ifca", "reproduced in direction; our drop is steeper", "ch5_rel10", "in direction only"),
+    ("05b_dprivacy_experiments", "reproduced in direction; our drop is steeper", "ch5_rel10", "in direction only"),
     ("01b_membership_inference", "reproduced with a learned attack", "act_server_g2_ld", "reproduced"),
     ("01c_membership_defenses", "heterogeneous, is **not** established here", "ce_minus_ft2", "not reproduced"),
     ("01c_membership_defenses", "This part reproduces (asserted below)", "snr_gain", "reproduced"),

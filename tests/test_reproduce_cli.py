@@ -236,7 +236,9 @@ def test_the_real_book_takes_the_short_names():
               "3a": "03a_raifle_recsys", "ch3b": "03b_raifle_oltr", "4": "04_model_reconstruction",
               "05": "05_dprivacy_ifca", "6": "06_flower", "0": "00_fl_primer",
               "1c": "01c_membership_defenses", "01c": "01c_membership_defenses", "ch1c": "01c_membership_defenses",
-              "1b": "01b_membership_inference", "ch1b": "01b_membership_inference"}
+              "1b": "01b_membership_inference", "ch1b": "01b_membership_inference",
+              "5": "05_dprivacy_ifca", "ch5": "05_dprivacy_ifca", "5b": "05b_dprivacy_experiments",
+              "05b": "05b_dprivacy_experiments", "ch5b": "05b_dprivacy_experiments"}
     for name, stem in expect.items():
         assert [c.stem for c in rp.resolve_chapters(name, chapters)] == [stem], name
     with pytest.raises(ValueError, match=r"'1' is ambiguous \(01a_gradient_leakage, 01b_membership_inference, "

@@ -395,15 +395,25 @@ CLAIMS: list[Claim] = [
     Claim("04_model_reconstruction", "decoded models, ten local steps: train accuracy (%)", "ch4-t1-dec10",
           "interval", "ch4-table1", paper=_p("chapter4.PAPER_TABLE1", 10, "decoded", -1),
           direction=(">", "ch4-t1-last10"), digits=1, source="(Xu & Neglia, Table 1)", limits=PERCENT),
-    # 05: Galli et al. 2022
-    Claim("05_dprivacy_ifca", "more hypotheses lower the RMSE without noise (k = 1 → largest k)",
+    # 05: Galli et al. 2022 on the synthetic 2-parameter task: statements, no numbers
+    Claim("05_dprivacy_ifca", "IFCA (k = 2) reaches a lower validation RMSE than FedAvg (k = 1) on two groups of "
+          "clients", "ch5_rmse_ifca", "direction", "ch5-ifca", direction=("<", "ch5_rmse_fedavg"),
+          source="(Galli et al., Sec. 4.1)"),
+    Claim("05_dprivacy_ifca", "private IFCA at ν = 5 ends near both optima: median distance of the nearest private "
+          "hypothesis", "ch5_priv_median", "direction", "ch5-private-ifca", direction=("<", 0.5),
+          source="(Galli et al., Fig. 1)"),
+    Claim("05_dprivacy_ifca", "the largest measured loss increase stays within Proposition 3.2's bound (fraction of "
+          "the bound, linear model)", "ch5_ratio_lin", "direction", "ch5-prop32", direction=("<=", 1.0),
+          source="(Galli et al., Prop. 3.2)"),
+    # 05b: Galli et al. 2022 on real data and larger models
+    Claim("05b_dprivacy_experiments", "more hypotheses lower the RMSE without noise (k = 1 → largest k)",
           "ch5_dia_rmse_kmax", "direction", "ch5-diabetes", direction=("<", "ch5_dia_rmse_k1"),
           source="(Galli et al., Fig. 3)"),
-    Claim("05_dprivacy_ifca", "... and at the largest noise multiplier", "ch5_dia_rmse_kmax_noisy", "direction",
+    Claim("05b_dprivacy_experiments", "... and at the largest noise multiplier", "ch5_dia_rmse_kmax_noisy", "direction",
           "ch5-diabetes", direction=("<", "ch5_dia_rmse_k1_noisy"), source="(Galli et al., Fig. 3)"),
-    Claim("05_dprivacy_ifca", "accuracy at ν = 3 relative to ν = 0", "ch5_rel3", "interval", "ch5-table2",
+    Claim("05b_dprivacy_experiments", "accuracy at ν = 3 relative to ν = 0", "ch5_rel3", "interval", "ch5-table2",
           paper=_p("chapter5.PAPER_TABLE2", 3, relative_to=(0,)), source="(Galli et al., Table 2)"),
-    Claim("05_dprivacy_ifca", "accuracy at ν = 10 relative to ν = 0", "ch5_rel10", "interval", "ch5-table2",
+    Claim("05b_dprivacy_experiments", "accuracy at ν = 10 relative to ν = 0", "ch5_rel10", "interval", "ch5-table2",
           paper=_p("chapter5.PAPER_TABLE2", 10, relative_to=(0,)), direction=("<", "ch5_rel3"),
           source="(Galli et al., Table 2)"),
     # 06: chapters 1a and 1b through a Flower federation
