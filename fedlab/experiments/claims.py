@@ -385,10 +385,13 @@ CLAIMS: list[Claim] = [
     Claim("03b_raifle_oltr", "16 queries, neural ranker, with ADM: AUC", "ch3b_fig5_nn16_adm", "interval",
           "ch3b-fig5", paper=_p("chapter3b.PAPER_FIG5", ("neural", 16, True)), direction=(">", "ch3b_fig5_nn16"),
           source="(RAIFLE, Fig. 5)", limits=UNIT),
-    # 04: Xu & Neglia 2021, Observations 1 and 7 (least squares): statements, no numbers
+    # 04: Xu & Neglia 2021, Observations 1, 6 and 7 (least squares): statements, no numbers
     Claim("04_model_reconstruction", "d + 1 eavesdropped rounds recover a least-squares client's local optimum exactly "
-          "(relative error below 1e-8)", "ch4-err-d1", "direction", "ch4-obs1", direction=("<", 1e-8), digits=12,
+          "(relative error below 1e-8)", "ch4-err-d1", "direction", "ch4-obs1", direction=("<", 1e-8),
           source="(Xu & Neglia, Observation 1)", limits=UNIT),
+    Claim("04_model_reconstruction", "with mini-batches the OLS decoder's error stays above Observation 6's lower bound "
+          "(smallest ratio of the two)", "ch4-lb-ratio", "direction", "ch4-obs56", direction=(">=", 1.0), digits=1,
+          source="(Xu & Neglia, Observation 6)"),
     Claim("04_model_reconstruction", "the decoded local model infers a client's sensitive values better than the global "
           "model (mean squared error)", "ch4-mse-dec", "direction", "ch4-obs7", direction=("<", "ch4-mse-glob"),
           source="(Xu & Neglia, Observation 7)"),
