@@ -42,8 +42,11 @@ CHAPTERS = {
                           ("00_fl_primer", "01a_gradient_leakage")),
     "03b_raifle_oltr": ("The same attack against federated online learning to rank, with active data "
                         "manipulation and LDP.", ("03a_raifle_recsys",)),
-    "04_model_reconstruction": ("Reconstruct a client's local model by eavesdropping on FedAvg rounds.",
-                                ("00_fl_primer",)),
+    "04_model_reconstruction": ("Reconstruct a least-squares client's local model exactly by eavesdropping on FedAvg "
+                                "rounds, and see what noise and mini-batches cost the attack.", ("00_fl_primer",)),
+    "04b_reconstruction_heuristic": ("Run the paper's heuristic for any model (Algorithm 3) on LEAF and Adult, and "
+                                     "check when a decoded model gets near the local optimum.",
+                                     ("04_model_reconstruction",)),
     "05_dprivacy_ifca": ("d-privacy with the Euclidean Laplace mechanism in clustered personalised FL (IFCA) on a "
                          "2-parameter task: what it guarantees, and what it does not.", ("00_fl_primer",)),
     "05b_dprivacy_experiments": ("What d-privacy guarantees and costs as the model grows: diabetes clinics, a CNN "
@@ -51,7 +54,7 @@ CHAPTERS = {
                                  ("01a_gradient_leakage", "05_dprivacy_ifca")),
     "06_flower": ("Run the earlier attacks on a real Flower federation, and see what its DP wrappers protect.",
                   ("00_fl_primer", "01a_gradient_leakage", "01b_membership_inference", "01c_membership_defenses",
-                   "04_model_reconstruction")),
+                   "04_model_reconstruction", "04b_reconstruction_heuristic")),
     "06b_flower_secagg": ("Run Flower's secure aggregation (SecAgg+): what it hides, what the sum still gives "
                           "away, and what a server that lies gets.",
                           ("01a_gradient_leakage", "02_pac_identifiability", "06_flower")),
@@ -69,8 +72,8 @@ LECTURES = [
     ("Membership inference and client-level DP", ("01b_membership_inference", "01c_membership_defenses")),
     ("Exact recovery with guarantees", ("02_pac_identifiability",)),
     ("Interactions from recommendation and ranking updates", ("03a_raifle_recsys", "03b_raifle_oltr")),
-    ("Models from eavesdropping; d-privacy", ("04_model_reconstruction", "05_dprivacy_ifca",
-                                              "05b_dprivacy_experiments")),
+    ("Models from eavesdropping; d-privacy", ("04_model_reconstruction", "04b_reconstruction_heuristic",
+                                              "05_dprivacy_ifca", "05b_dprivacy_experiments")),
     ("A real federation, and the whole picture", ("06_flower", "06b_flower_secagg", "07_matrix")),
 ]
 

@@ -185,7 +185,7 @@ def test_chapter_6b_picks_its_target_from_chapter_6s_idlg():
 
 
 def test_eavesdrop_logistic_compares_the_two_runs():
-    """Algorithm 3 on a Flower transcript of chapter 4's LEAF federation and on fedavg's pairs: the same pairs up
+    """Algorithm 3 on a Flower transcript of chapter 4b's LEAF federation and on fedavg's pairs: the same pairs up
     to float rounding, decoded models 1 % of ||theta_c*|| apart at most (3.7e-3 measured at seeds 0-11 with 250
     Adam steps; fewer steps here)."""
     flower = _flower()

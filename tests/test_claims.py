@@ -184,7 +184,7 @@ def test_chapter2_delta_is_the_notebooks():
 
 @pytest.mark.parametrize("stem, phrase, key, word", [
     ("01b_membership_inference", "**Not reproduced.** The white-box score", "wb_diff", "not reproduced"),
-    ("04_model_reconstruction", "**Verdict: the paper's Table 1 is not reproduced.**", "ch4-t1-last1",
+    ("04b_reconstruction_heuristic", "**Verdict: the paper's Table 1 is not reproduced.**", "ch4-t1-last1",
      "not reproduced"),
     ("05b_dprivacy_experiments", "reproduced in direction; our drop is steeper", "ch5_rel10", "in direction only"),
     ("01b_membership_inference", "reproduced with a learned attack", "act_server_g2_ld", "reproduced"),
@@ -196,7 +196,7 @@ def test_chapter2_delta_is_the_notebooks():
      "pe_ce_minus_lo_1", "reproduced"),
 ])
 def test_the_page_agrees_with_the_chapters_words(recs, stem, phrase, key, word):
-    """Where a chapter states a verdict, the page gives the same (04's Table 1: the decoded value is not
+    """Where a chapter states a verdict, the page gives the same (04b's Table 1: the decoded value is not
     reproduced, only its direction; the page's notes say so)."""
     assert phrase in _markdown(stem).replace("\n", " "), phrase
     claim = next(c for c in cl.CLAIMS if c.chapter == stem and c.key == key)

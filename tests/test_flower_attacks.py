@@ -127,7 +127,7 @@ def test_eavesdropped_pairs_are_chapter_4s_and_decode_the_local_optimum_exactly(
 
 
 def test_heuristic_on_the_transcript_is_algorithm_3_on_the_same_pairs():
-    """method="heuristic" runs chapter 4's Algorithm 3 on the transcript's pairs (first n of each client, one
+    """method="heuristic" runs chapter 4b's Algorithm 3 on the transcript's pairs (first n of each client, one
     batch, the seed given): the same decoded models as reconstruct_heuristic on those pairs."""
     from fedlab.attacks import model_reconstruction as mr
 

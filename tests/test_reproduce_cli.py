@@ -228,12 +228,17 @@ def test_a_number_without_its_letter_names_the_chapter_without_a_letter():
     for name, want in {"6": "06_flower", "06": "06_flower", "ch6": "06_flower", "6b": "06b_flower_secagg",
                        "06b": "06b_flower_secagg", "ch6b": "06b_flower_secagg"}.items():
         assert [c.stem for c in rp.resolve_chapters(name, real)] == [want], name
+    for name, want in {"4": "04_model_reconstruction", "04": "04_model_reconstruction", "ch4": "04_model_reconstruction",
+                       "4b": "04b_reconstruction_heuristic", "04b": "04b_reconstruction_heuristic",
+                       "ch4b": "04b_reconstruction_heuristic"}.items():   # chapter 4 and its Algorithm 3 half
+        assert [c.stem for c in rp.resolve_chapters(name, real)] == [want], name
 
 
 def test_the_real_book_takes_the_short_names():
     chapters = rp.list_chapters(ROOT)
     expect = {"1a": "01a_gradient_leakage", "01b": "01b_membership_inference", "2": "02_pac_identifiability",
               "3a": "03a_raifle_recsys", "ch3b": "03b_raifle_oltr", "4": "04_model_reconstruction",
+              "4b": "04b_reconstruction_heuristic",
               "05": "05_dprivacy_ifca", "6": "06_flower", "0": "00_fl_primer",
               "1c": "01c_membership_defenses", "01c": "01c_membership_defenses", "ch1c": "01c_membership_defenses",
               "1b": "01b_membership_inference", "ch1b": "01b_membership_inference",

@@ -104,3 +104,15 @@ def test_the_stored_records_of_1b_and_1c_are_one_run_split_by_key():
         assert b[field] == c[field], field
     assert b["split_from"] == c["split_from"] and b["split_from"]["chapter"] == "01b_membership_inference"
     assert "mia_auc_last" in b["values"] and "ce_minus_ft2" in c["values"] and "dp_auc_small" in c["values"]
+
+
+def test_the_stored_records_of_4_and_4b_are_one_run_split_by_key():
+    a = records.load("04_model_reconstruction", "paper", ROOT / "chapters" / "records")
+    b = records.load("04b_reconstruction_heuristic", "paper", ROOT / "chapters" / "records")
+    assert a is not None and b is not None
+    assert not set(a["values"]) & set(b["values"])
+    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
+        assert a[field] == b[field], field
+    assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "04_model_reconstruction"
+    assert "ch4-err-d1" in a["values"] and "ch4-mse-dec" in a["values"]
+    assert "ch4-t1-dec1" in b["values"] and "ch4-t1-last5" in b["values"] and "ch4-obs7-oracle" in b["values"]

@@ -158,7 +158,7 @@ _ADULT_ROWS: dict[str, tuple] = {}
 
 def _read_adult(path: Path) -> tuple[tuple[str, ...], ...]:
     """The records of one vendored Adult file (checksum verified), as immutable rows. Parsed once per
-    process and file version: chapter 4 loads the files a dozen times."""
+    process and file version: chapter 4b loads the files a dozen times."""
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     hit = _ADULT_ROWS.get(str(path))

@@ -1,7 +1,7 @@
-"""Chapter 4's experiments (Xu & Neglia 2021, Section 4): the Adult PhD split, Table 1 on LEAF's
-synthetic clients and Figure 1 on Adult, each an eavesdropped FedAvg run followed by the heuristic
-reconstruction (Algorithm 3) of :mod:`fedlab.attacks.model_reconstruction`; the hard instance of
-Observation 2, the error curves of Observations 5 and 6, and the tables and figures the chapter shows.
+"""The experiments of Chapters 4 and 4b (Xu & Neglia 2021, Section 4). Chapter 4b: the Adult PhD split, Table 1
+on LEAF's synthetic clients and Figure 1 on Adult, each an eavesdropped FedAvg run followed by the heuristic
+reconstruction (Algorithm 3) of :mod:`fedlab.attacks.model_reconstruction`; chapter 4: the hard instance of
+Observation 2, the error curves of Observations 5 and 6; and the tables and figures the chapters show.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ and chapter 6's :func:`fedsgd_clients`.
   with the PSNR of a flat grey image as the floor a reconstruction has to beat;
 * tables of a transcript's messages, of the DP wrappers' effect and of this chapter beside the stored
   records of chapters 1a and 1b;
-* :func:`least_squares_clients`, :func:`eavesdrop_least_squares`, :func:`eavesdrop_logistic`: chapter 4's
-  eavesdropper (:func:`fedlab.flower.attacks.reconstruct_local_models`) on a Flower transcript beside the
+* :func:`least_squares_clients`, :func:`eavesdrop_least_squares`, :func:`eavesdrop_logistic`: the
+  eavesdropper of chapters 4 and 4b (:func:`fedlab.flower.attacks.reconstruct_local_models`) on a Flower transcript beside the
   same attack on :func:`fedlab.fl.fedavg`'s run (:class:`fedlab.attacks.model_reconstruction.Eavesdropper`);
 * :func:`secagg_stages`, :func:`secagg_markdown`, :func:`masked_uniformity`: what a Flower server receives
   under SecAgg+, stage by stage;
@@ -399,7 +399,7 @@ def eavesdrop_least_squares(transcript: Transcript, reference: mr.Eavesdropper, 
 
 def eavesdrop_logistic(transcript: Transcript, reference: mr.Eavesdropper, clients: Sequence, *, weight_decay: float,
                        fit_max_iter: int, decode_max_iter: int, hidden: int = 1000, seed: int = 0) -> dict:
-    """Algorithm 3 of chapter 4 (Xu & Neglia 2021) on a Flower transcript of chapter 4's Table 1
+    """Algorithm 3 of chapter 4b (Xu & Neglia 2021) on a Flower transcript of chapter 4b's Table 1
     federation (binary logistic regression on LEAF's synthetic clients, :class:`fedlab.data.Dataset`),
     beside the same attack (same seed and settings) on the pairs of a :func:`fedlab.fl.fedavg` run.
 

@@ -13,7 +13,7 @@
   2021) on one client's link, read off the transcript: the (global model sent, model returned) pairs of
   every round the client took part in, and the local optimum decoded from them with
   :func:`fedlab.attacks.model_reconstruction.solve_affine` (Observations 1 and 5) or
-  :func:`~fedlab.attacks.model_reconstruction.reconstruct_heuristic` (Algorithm 3);
+  :func:`~fedlab.attacks.model_reconstruction.reconstruct_heuristic` (Algorithm 3, chapter 4b);
 * under Flower's SecAgg+ (``secagg=True`` runs), where no reply carries a model:
   :func:`secagg_error_bound` (how far the decoded average may sit from the exact one) and
   :func:`imprint_from_aggregate`, chapter 1a's imprint attack (Fowl et al. 2022) read off the aggregate
