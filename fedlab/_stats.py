@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["t_interval", "bounded_interval", "pvalue_summary"]
+__all__ = ["t_interval", "bounded_interval", "pvalue_summary", "median_range"]
 
 
 def t_interval(xs, confidence: float = 0.95) -> tuple[float, float | None, tuple[float, float] | None]:
@@ -67,15 +67,27 @@ def pvalue_summary(pvalues, *, brief: bool = False, unit: str | None = None) -> 
         raise ValueError("pvalues must not be empty")
     if not all(0.0 <= x <= 1.0 for x in seen):
         raise ValueError(f"pvalues must lie in [0, 1], got {[x for x in seen if not 0.0 <= x <= 1.0][:3]}")
-    k = len(seen)
-    median = seen[k // 2] if k % 2 else (seen[k // 2 - 1] + seen[k // 2]) / 2
 
     def p(x):
         return f"{x:.1e}" if x < 0.01 else f"{x:.2f}"
+    return median_range(seen, p, brief=brief, unit=unit)
+
+
+def median_range(values, fmt, *, brief: bool = False, unit: str | None = None) -> str:
+    """Numbers over seeds as ``'median m (range lo-hi, n = k)'`` with ``fmt`` writing each number: ``'m (n =
+    1)'`` for one, ``'m (all n = k seeds)'`` when all are equal, the median alone with ``brief``; ``unit``
+    (e.g. ``"networks"``) is written after ``k`` in place of ``seeds``. The summary of p-values
+    (:func:`pvalue_summary`) and of heavy-tailed values (:func:`fedlab.records.format_median_range`), where a
+    t interval would mislead. Raises ``ValueError`` naming ``values`` when it is empty."""
+    seen = sorted(float(x) for x in values)
+    if not seen:
+        raise ValueError("values must not be empty")
+    k = len(seen)
+    median = seen[k // 2] if k % 2 else (seen[k // 2 - 1] + seen[k // 2]) / 2
     if brief:
-        return p(median)
+        return fmt(median)
     if k == 1:
-        return f"{p(median)} (n = 1)"
+        return f"{fmt(median)} (n = 1)"
     if seen[0] == seen[-1]:
-        return f"{p(median)} (all n = {k} {unit or 'seeds'})"
-    return f"median {p(median)} (range {p(seen[0])}–{p(seen[-1])}, n = {k}{' ' + unit if unit else ''})"
+        return f"{fmt(median)} (all n = {k} {unit or 'seeds'})"
+    return f"median {fmt(median)} (range {fmt(seen[0])}–{fmt(seen[-1])}, n = {k}{' ' + unit if unit else ''})"

@@ -21,7 +21,7 @@ import json
 import math
 from pathlib import Path
 
-from ._stats import pvalue_summary
+from ._stats import median_range, pvalue_summary
 
 __all__ = ["Run", "records_dir", "load", "load_record", "format_summary", "format_median_range", "compare_rows",
            "describe"]
@@ -172,13 +172,7 @@ def format_median_range(record: dict | None, name: str) -> str:
         return "failed at every seed"
     if not all(math.isfinite(x) for x in seen):
         raise ValueError(f"name={name!r} holds a non-finite value: {seen}")
-    k = len(seen)
-    median = seen[k // 2] if k % 2 else (seen[k // 2 - 1] + seen[k // 2]) / 2
-    if k == 1:
-        return f"{median:.2g} (n = 1)"
-    if seen[0] == seen[-1]:
-        return f"{median:.2g} (all n = {k} seeds)"
-    return f"median {median:.2g} (range {seen[0]:.2g}–{seen[-1]:.2g}, n = {k})"
+    return median_range(seen, lambda x: f"{x:.2g}")
 
 
 class Run(dict):
