@@ -1,5 +1,5 @@
-"""scripts/split_record.py: a stored record split by key when its chapter is split into notebooks (chapter 1b into
-01b_membership_inference and 01c_membership_defenses), and the two stored parts it wrote."""
+"""scripts/split_record.py: a stored record split by key when its chapter is split into notebooks (chapter 1c into
+01c_membership_inference and 01d_membership_defenses), and the two stored parts it wrote."""
 import json
 import sys
 from pathlib import Path
@@ -95,9 +95,9 @@ def test_the_part_that_replaces_the_unsplit_record_is_written_last(tmp_path, mon
     assert order == ["01y_part.paper.json", "01x_whole.paper.json"]
 
 
-def test_the_stored_records_of_1b_and_1c_are_one_run_split_by_key():
-    b = records.load("01b_membership_inference", "paper", ROOT / "chapters" / "records")
-    c = records.load("01c_membership_defenses", "paper", ROOT / "chapters" / "records")
+def test_the_stored_records_of_1c_and_1d_are_one_run_split_by_key():
+    b = records.load("01c_membership_inference", "paper", ROOT / "chapters" / "records")
+    c = records.load("01d_membership_defenses", "paper", ROOT / "chapters" / "records")
     assert b is not None and c is not None
     assert not set(b["values"]) & set(c["values"])
     for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):

@@ -3,7 +3,7 @@ of users, one Table 3 configuration of the attack run on all of them in batches,
 sweeps and tables (Table 3, App. A on a linear model, LDP with Table 6, pruning). The attacks
 themselves are :func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf` and :func:`fedlab.attacks.interaction_inference.recsys.raifle_fncf`;
 the honest round they attack is :func:`fedlab.attacks.interaction_inference.recsys.make_recsys_case` (beside
-chapter 3b's :class:`~fedlab.attacks.interaction_inference.oltr.OltrCase`).
+chapter 3c's :class:`~fedlab.attacks.interaction_inference.oltr.OltrCase`).
 """
 from __future__ import annotations
 

@@ -3,16 +3,16 @@ the chapters' federations and attacks run on what a Flower server recorded (Beut
 :mod:`fedlab.flower`). Chapter 6b uses the secure-aggregation helpers below, from :func:`secagg_stages` on,
 and chapter 6's :func:`fedsgd_clients`.
 
-* :func:`membership_federation`: chapter 1b's federation (10 clients with 20 scikit-learn digits each)
+* :func:`membership_federation`: chapter 1c's federation (10 clients with 20 scikit-learn digits each)
   with each client's candidate records (its own 20 members and 20 outsiders);
-* :func:`reply_membership`: chapter 1b's passive attack (:func:`fedlab.flower.attacks.membership_auc`)
+* :func:`reply_membership`: chapter 1c's passive attack (:func:`fedlab.flower.attacks.membership_auc`)
   on every client's returned models, beside a permutation floor (:func:`permutation_floor`) and the
   same attack on the *released global models* (what another participant sees);
 * :func:`fedsgd_clients` / :func:`fedsgd_attack`: chapter 1a's FedSGD victims (one digit per client,
   the sigmoid LeNet) and DLG / iDLG (:func:`fedlab.flower.attacks.invert_gradients`) on the transcript,
   with the PSNR of a flat grey image as the floor a reconstruction has to beat;
 * tables of a transcript's messages, of the DP wrappers' effect and of this chapter beside the stored
-  records of chapters 1a and 1b;
+  records of chapters 1a and 1c;
 * :func:`least_squares_clients`, :func:`eavesdrop_least_squares`, :func:`eavesdrop_logistic`: the
   eavesdropper of chapters 4 and 4b (:func:`fedlab.flower.attacks.reconstruct_local_models`) on a Flower transcript beside the
   same attack on :func:`fedlab.fl.fedavg`'s run (:class:`fedlab.attacks.model_reconstruction.Eavesdropper`);
@@ -69,13 +69,13 @@ COMPARE_1A = {"idlg_acc": ("idlg_acc", "iDLG label accuracy", 3),
               "dlg_label_acc": ("dlg_label_acc", "DLG label accuracy", 3),
               "dlg_success": ("dlg_success", "DLG success (PSNR ≥ 20 dB)", 3),
               "dlg_median_psnr": ("dlg_median_psnr", "DLG median PSNR (dB)", 1)}
-#: values of chapter 1b's stored record quoted beside ours
+#: values of chapter 1c's stored record quoted beside ours
 COMPARE_1B = {"auc_last": ("mia_auc", "passive MIA AUC, last returned model (mean over clients)", 3)}
 
 
 @dataclass
 class MembershipFederation:
-    """Chapter 1b's federation: ``clients`` (:class:`fedlab.fl.ClientData`, ``K`` clients of ``n``
+    """Chapter 1c's federation: ``clients`` (:class:`fedlab.fl.ClientData`, ``K`` clients of ``n``
     digits), the candidates of each client ``cand_X`` ``[K, 2n, 64]`` / ``cand_y`` ``[K, 2n]`` (its
     ``n`` members first, then ``n`` outsiders), ``is_member`` ``[2n]`` and the ``test`` set."""
 
@@ -87,7 +87,7 @@ class MembershipFederation:
 
 
 def membership_federation(seed: int, *, num_clients: int = 10, n_per_client: int = 20) -> MembershipFederation:
-    """Chapter 1b's setting (its first cells): scikit-learn digits split in half (train / held out),
+    """Chapter 1c's setting (its first cells): scikit-learn digits split in half (train / held out),
     the held-out half split into a pool of outsiders and a test set, ``num_clients`` IID clients of
     ``n_per_client`` training digits, and for every client its members and as many outsiders.
 
@@ -215,7 +215,7 @@ def permutation_floor(scores: torch.Tensor, is_member, *, num_permutations: int 
 
 def reply_membership(model_fn: Callable, transcript: Transcript, fed: MembershipFederation, *,
                      window: int = 1, num_permutations: int = 200, seed: int = 0) -> dict:
-    """Chapter 1b's passive attack on a transcript, for every client on its own candidates.
+    """Chapter 1c's passive attack on a transcript, for every client on its own candidates.
 
     Returns ``{"auc": [K] (each client's AUC from its returned models, mean of the last ``window``),
     "mia_auc": their mean, "floor": the 95 % permutation floor of that mean, "global_auc": the mean
@@ -328,15 +328,15 @@ def defense_markdown(rows: Mapping[str, dict]) -> MarkdownText:
                      for d, r in rows.items()], align="lrrrrrrr")
 
 
-def compare_markdown(ours: Mapping[str, float], paper_1a: Callable[[str], str], paper_1b: Callable[[str], str],
+def compare_markdown(ours: Mapping[str, float], paper_1a: Callable[[str], str], paper_1c: Callable[[str], str],
                      *, settings: Mapping[str, str]) -> MarkdownText:
     """This build's numbers on Flower transcripts beside the stored paper-scale records of chapters 1a
-    and 1b (``paper_1a`` / ``paper_1b``: :meth:`fedlab.records.Run.stored` of those chapters, called with
+    and 1c (``paper_1a`` / ``paper_1c``: :meth:`fedlab.records.Run.stored` of those chapters, called with
     the record's name and the number of decimals), only for
     the names those records hold (:data:`COMPARE_1A`, :data:`COMPARE_1B`). ``settings``: the chapter
     name -> one line on how our setting differs."""
     cells = [[chapter, label, f"{ours[our_name]:.{digits}f}", paper(rec_name, digits)]
-             for chapter, table, paper in (("1a", COMPARE_1A, paper_1a), ("1b", COMPARE_1B, paper_1b))
+             for chapter, table, paper in (("1a", COMPARE_1A, paper_1a), ("1c", COMPARE_1B, paper_1c))
              for rec_name, (our_name, label, digits) in table.items()]
     table = md_table(["chapter", "value", "this build, on the Flower transcript", "stored record of the chapter"],
                      cells, align="llrr")

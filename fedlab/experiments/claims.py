@@ -57,7 +57,7 @@ _ABOUT = re.compile(r"^\s*(?:≈)?\s*([0-9.]+)\s*$")
 
 @dataclass(frozen=True)
 class Paper:
-    """Where a paper's number lives: ``constant`` (``"chapter1b.LECTURE_WINDOW_AUC"``, a module of
+    """Where a paper's number lives: ``constant`` (``"chapter1c.LECTURE_WINDOW_AUC"``, a module of
     :mod:`fedlab.experiments` and a name in it) indexed by ``index`` in turn; with ``minus`` the value at
     that other index is subtracted, with ``relative_to`` the value is divided by the one at that index.
     A text value states a range: ``"0.6-0.7"``, ``"≳ 0.9"`` (at least), ``"≈ 0.75"`` (a point)."""
@@ -322,34 +322,34 @@ CLAIMS: list[Claim] = [
     Claim("01a_gradient_leakage", "9 local steps at η = 0.1: the attacker who simulates them beats the one who "
           "treats the update as one gradient (success rate)", "unroll_rate_1", "direction", "ch1a-batch-steps",
           direction=(">", "unroll_one_1"), source="(Geiping et al., Sec. 5)", limits=UNIT),
-    # 01b: Nasr et al. 2019 (via the lecture)
-    Claim("01b_membership_inference", "passive server, loss of the last round: membership AUC", "mia_auc_last",
-          "interval", "ch1b-passive", paper=_p("chapter1b.LECTURE_WINDOW_AUC", 1),
+    # 01c: Nasr et al. 2019 (via the lecture)
+    Claim("01c_membership_inference", "passive server, loss of the last round: membership AUC", "mia_auc_last",
+          "interval", "ch1c-passive", paper=_p("chapter1c.LECTURE_WINDOW_AUC", 1),
           source="(lecture, Nasr et al.)", limits=UNIT),
-    Claim("01b_membership_inference", "averaging the last 10 rounds raises the AUC (gain)", "mia_auc_avg10_minus_last",
-          "interval", "ch1b-passive", paper=_p("chapter1b.LECTURE_WINDOW_AUC", 10, minus=(1,)),
+    Claim("01c_membership_inference", "averaging the last 10 rounds raises the AUC (gain)", "mia_auc_avg10_minus_last",
+          "interval", "ch1c-passive", paper=_p("chapter1c.LECTURE_WINDOW_AUC", 10, minus=(1,)),
           direction=(">", 0.0), source="(lecture, Nasr et al.)"),
-    Claim("01b_membership_inference", "white-box (gradient) beats black-box (loss): paired AUC gain; paper: "
-          "accuracy gain", "wb_diff", "direction", "ch1b-white-box",
-          paper=_p("chapter1b.LECTURE_WHITE_BOX", "white-box (gradients)", minus=("black-box (outputs)",)),
+    Claim("01c_membership_inference", "white-box (gradient) beats black-box (loss): paired AUC gain; paper: "
+          "accuracy gain", "wb_diff", "direction", "ch1c-white-box",
+          paper=_p("chapter1c.LECTURE_WHITE_BOX", "white-box (gradients)", minus=("black-box (outputs)",)),
           direction=(">", 0.0), source="(Nasr et al., Table IV)"),
-    Claim("01b_membership_inference", "isolating the target helps the server: paired AUC gain; paper: accuracy gain",
-          "d_iso_p", "direction", "ch1b-active",
-          paper=_p("chapter1b.LECTURE_ACTIVE_ACCURACY", ("server, isolating", False), minus=(("server", False),)),
+    Claim("01c_membership_inference", "isolating the target helps the server: paired AUC gain; paper: accuracy gain",
+          "d_iso_p", "direction", "ch1c-active",
+          paper=_p("chapter1c.LECTURE_ACTIVE_ACCURACY", ("server, isolating", False), minus=(("server", False),)),
           direction=(">", 0.0), source="(Nasr et al., Table XI)"),
-    Claim("01b_membership_inference", "gradient ascent (γ = 2) helps the non-isolating server, learned attack: AUC "
-          "gain; paper: accuracy gain", "act_server_g2_ld", "direction", "ch1b-learned-active",
-          paper=_p("chapter1b.LECTURE_ACTIVE_ACCURACY", ("server", True), minus=(("server", False),)),
+    Claim("01c_membership_inference", "gradient ascent (γ = 2) helps the non-isolating server, learned attack: AUC "
+          "gain; paper: accuracy gain", "act_server_g2_ld", "direction", "ch1c-learned-active",
+          paper=_p("chapter1c.LECTURE_ACTIVE_ACCURACY", ("server", True), minus=(("server", False),)),
           direction=(">", 0.0), source="(Nasr et al., Table XI)"),
-    # 01c: Shen et al. 2023 (Centaur, via the lecture); the lecture shows plots, no numbers
-    Claim("01c_membership_defenses", "Centaur beats local-only training (5 classes per client, ε = 1): accuracy gain",
-          "pe_ce_minus_lo_1", "direction", "ch1c-eps-sweep", direction=(">", 0.0), source="(lecture, Shen et al.)"),
-    Claim("01c_membership_defenses", "Centaur beats DP-FedAvg + fine-tuning (2 classes per client, ε = 1): accuracy "
-          "gain", "ce_minus_ft2", "direction", "ch1c-centaur", direction=(">", 0.0), source="(lecture, Shen et al.)"),
-    Claim("01c_membership_defenses", "sharing only the representation raises its per-dimension SNR (Centaur / "
-          "DP-FedAvg)", "snr_gain", "direction", "ch1c-snr", direction=(">", 1.0), source="(lecture, Shen et al.)"),
-    Claim("01c_membership_defenses", "clients agree more on the representation update in Centaur (mean cosine with "
-          "the mean update)", "agree_ce", "direction", "ch1c-snr", direction=(">", "agree_fa"),
+    # 01d: Shen et al. 2023 (Centaur, via the lecture); the lecture shows plots, no numbers
+    Claim("01d_membership_defenses", "Centaur beats local-only training (5 classes per client, ε = 1): accuracy gain",
+          "pe_ce_minus_lo_1", "direction", "ch1d-eps-sweep", direction=(">", 0.0), source="(lecture, Shen et al.)"),
+    Claim("01d_membership_defenses", "Centaur beats DP-FedAvg + fine-tuning (2 classes per client, ε = 1): accuracy "
+          "gain", "ce_minus_ft2", "direction", "ch1d-centaur", direction=(">", 0.0), source="(lecture, Shen et al.)"),
+    Claim("01d_membership_defenses", "sharing only the representation raises its per-dimension SNR (Centaur / "
+          "DP-FedAvg)", "snr_gain", "direction", "ch1d-snr", direction=(">", 1.0), source="(lecture, Shen et al.)"),
+    Claim("01d_membership_defenses", "clients agree more on the representation update in Centaur (mean cosine with "
+          "the mean update)", "agree_ce", "direction", "ch1d-snr", direction=(">", "agree_fa"),
           source="(lecture, Shen et al.)"),
     # 02: London 2020 (guarantees, no experiments); delta is the chapter's setting
     Claim("02_pac_identifiability",
@@ -373,17 +373,17 @@ CLAIMS: list[Claim] = [
     Claim("03a_raifle_recsys", "FNCF with the embedding estimate (AUC)", "ch3a_auc_fncf_emb", "interval",
           "ch3a-table3", paper=_p("chapter3a.PAPER_TABLE3", ("FNCF", True, False), 0),
           direction=(">", "ch3a_auc_fncf"), source="(RAIFLE, Table 3)", limits=UNIT),
-    # 03b: RAIFLE Fig. 5 (MSLR-WEB10K), as the paper's text states it
-    Claim("03b_raifle_oltr", "one query per user: AUC (linear ranker)", "ch3b_fig5_single", "interval",
-          "ch3b-fig5", paper=_p("chapter3b.PAPER_FIG5", ("linear", 1, False)), source="(RAIFLE, Fig. 5)", limits=UNIT),
-    Claim("03b_raifle_oltr", "16 queries, linear ranker: AUC", "ch3b_fig5_lin16", "interval", "ch3b-fig5",
-          paper=_p("chapter3b.PAPER_FIG5", ("linear", 16, False)), direction=("<", "ch3b_fig5_single"),
+    # 03c: RAIFLE Fig. 5 (MSLR-WEB10K), as the paper's text states it
+    Claim("03c_raifle_oltr", "one query per user: AUC (linear ranker)", "ch3c_fig5_single", "interval",
+          "ch3c-fig5", paper=_p("chapter3c.PAPER_FIG5", ("linear", 1, False)), source="(RAIFLE, Fig. 5)", limits=UNIT),
+    Claim("03c_raifle_oltr", "16 queries, linear ranker: AUC", "ch3c_fig5_lin16", "interval", "ch3c-fig5",
+          paper=_p("chapter3c.PAPER_FIG5", ("linear", 16, False)), direction=("<", "ch3c_fig5_single"),
           source="(RAIFLE, Fig. 5)", limits=UNIT),
-    Claim("03b_raifle_oltr", "16 queries, neural ranker: AUC", "ch3b_fig5_nn16", "interval", "ch3b-fig5",
-          paper=_p("chapter3b.PAPER_FIG5", ("neural", 16, False)), direction=("<", "ch3b_fig5_lin16"),
+    Claim("03c_raifle_oltr", "16 queries, neural ranker: AUC", "ch3c_fig5_nn16", "interval", "ch3c-fig5",
+          paper=_p("chapter3c.PAPER_FIG5", ("neural", 16, False)), direction=("<", "ch3c_fig5_lin16"),
           source="(RAIFLE, Fig. 5)", limits=UNIT),
-    Claim("03b_raifle_oltr", "16 queries, neural ranker, with ADM: AUC", "ch3b_fig5_nn16_adm", "interval",
-          "ch3b-fig5", paper=_p("chapter3b.PAPER_FIG5", ("neural", 16, True)), direction=(">", "ch3b_fig5_nn16"),
+    Claim("03c_raifle_oltr", "16 queries, neural ranker, with ADM: AUC", "ch3c_fig5_nn16_adm", "interval",
+          "ch3c-fig5", paper=_p("chapter3c.PAPER_FIG5", ("neural", 16, True)), direction=(">", "ch3c_fig5_nn16"),
           source="(RAIFLE, Fig. 5)", limits=UNIT),
     # 04: Xu & Neglia 2021, Observations 1, 6 and 7 (least squares): statements, no numbers
     Claim("04_model_reconstruction", "d + 1 eavesdropped rounds recover a least-squares client's local optimum exactly "
@@ -426,12 +426,12 @@ CLAIMS: list[Claim] = [
     Claim("05b_dprivacy_experiments", "accuracy at ν = 10 relative to ν = 0", "ch5_rel10", "interval", "ch5-table2",
           paper=_p("chapter5.PAPER_TABLE2", 10, relative_to=(0,)), direction=("<", "ch5_rel3"),
           source="(Galli et al., Table 2)"),
-    # 06: chapters 1a and 1b through a Flower federation
+    # 06: chapters 1a and 1c through a Flower federation
     Claim("06_flower", "iDLG label accuracy on the FedSGD replies a Flower server keeps", "ch6_idlg_acc",
           "interval", "ch6-dlg", paper=_p("chapter1a.ZHAO_LABEL_ACC", "iDLG"),
           source="(Zhao et al., Table 1)", limits=UNIT),
     Claim("06_flower", "membership AUC from the last returned model, Flower transcript", "ch6_mia_auc", "interval",
-          "ch6-mia", paper=_p("chapter1b.LECTURE_WINDOW_AUC", 1), direction=(">", "ch6_mia_floor"),
+          "ch6-mia", paper=_p("chapter1c.LECTURE_WINDOW_AUC", 1), direction=(">", "ch6_mia_floor"),
           source="(lecture, Nasr et al.)", limits=UNIT),
     # 06b: Fowl et al. 2022, London 2020 (Sec. 6) and Bonawitz et al. 2017 (Sec. 6): statements, no numbers
     Claim("06b_flower_secagg", "a server that chooses the model, η and Q reads as many imprinted digits through SecAgg+ "
@@ -466,10 +466,10 @@ NOTES = {
     ("04b_reconstruction_heuristic", "ch4-t1-dec10"):
         "the paper's value meets our interval at ten local steps, but there our decoded models are no better "
         "than the last returned ones (the chapter's Table 1); the single number agrees, the mechanism does not",
-    ("01b_membership_inference", "act_server_g2_ld"):
+    ("01c_membership_inference", "act_server_g2_ld"):
         "with the chapter's fixed score the gain's sign changes with the seed; the chapter's verdict, like "
         "this row, rests on the learned attack",
-    ("01b_membership_inference", "d_iso_p"):
+    ("01c_membership_inference", "d_iso_p"):
         "the paper reports attack accuracy and we report AUC, so only the direction is compared",
 }
 

@@ -7,7 +7,7 @@
 * :func:`invert_gradients` runs DLG (Zhu et al. 2019) or iDLG (Zhao et al. 2020: the label from the sign
   of the last layer's weight gradient) with :func:`fedlab.attacks.gradient_inversion.dlg` on them, one
   stacked attack over the clients of the round (chapter 1a);
-* :func:`membership_signals` / :func:`membership_auc`: the passive membership inference of chapter 1b
+* :func:`membership_signals` / :func:`membership_auc`: the passive membership inference of chapter 1c
   (per-example loss under the models a client returned, :mod:`fedlab.attacks.membership`);
 * :func:`eavesdropped_pairs` / :func:`reconstruct_local_models`: chapter 4's eavesdropper (Xu & Neglia
   2021) on one client's link, read off the transcript: the (global model sent, model returned) pairs of
@@ -160,7 +160,7 @@ def invert_gradients(model_fn: Callable[[], nn.Module], transcript: Transcript, 
 
 def membership_signals(model_fn: Callable[[], nn.Module], transcript: Transcript, partition: int,
                        X: torch.Tensor, y: torch.Tensor, *, rounds=None, signal: str = "loss") -> torch.Tensor:
-    """Chapter 1b's passive signal of candidate records ``(X, y)`` under the models that client
+    """Chapter 1c's passive signal of candidate records ``(X, y)`` under the models that client
     ``partition`` returned (:func:`fedlab.attacks.membership.snapshot_signals`): ``[T, n]``, one row per
     round the client took part in (of ``rounds`` when given).
 

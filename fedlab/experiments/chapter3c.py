@@ -1,4 +1,4 @@
-"""Chapter 3b's experiments: the sweeps of RAIFLE Section 4 (Pham, Kulkarni & Houmansadr) against
+"""Chapter 3c's experiments: the sweeps of RAIFLE Section 4 (Pham, Kulkarni & Houmansadr) against
 federated online learning to rank, as the chapter runs them (Figs. 5-7 and 11, Tables 4-5 and 8, the
 secure aggregation and PIR bypasses end to end), with the chapter's "paper vs ours" tables and
 figures. The attack itself is :mod:`fedlab.attacks.interaction_inference.oltr`.
@@ -237,9 +237,9 @@ PAPER_FIG5 = {("linear", 1, False): "≳ 0.9", ("neural", 1, False): "≳ 0.9",
               ("neural", 16, False): "≈ 0.5", ("neural", 16, True): "0.6-0.75"}
 
 #: the glued name of each row of :data:`PAPER_FIG5` (its paper-scale column comes from the record)
-FIG5_NAMES = {("linear", 1, False): "ch3b_fig5_single", ("neural", 1, False): "ch3b_fig5_single",
-              ("linear", 16, False): "ch3b_fig5_lin16", ("linear", 16, True): "ch3b_fig5_lin16_adm",
-              ("neural", 16, False): "ch3b_fig5_nn16", ("neural", 16, True): "ch3b_fig5_nn16_adm"}
+FIG5_NAMES = {("linear", 1, False): "ch3c_fig5_single", ("neural", 1, False): "ch3c_fig5_single",
+              ("linear", 16, False): "ch3c_fig5_lin16", ("linear", 16, True): "ch3c_fig5_lin16_adm",
+              ("neural", 16, False): "ch3c_fig5_nn16", ("neural", 16, True): "ch3c_fig5_nn16_adm"}
 
 
 def fig5_table(fig5: dict, click_models, run) -> tuple[list, list]:
@@ -452,14 +452,14 @@ def settings_table(grid: dict, cases: dict, rankers, num_queries: int) -> tuple[
 
 
 def settings_values(grid: dict, cases: dict, rankers) -> dict:
-    """The glued numbers of :func:`settings_grid` (unrounded): ``ch3b_set_<key>_<ranker>[_adm]`` the
-    mean AUCs and, for the network (last of ``rankers``) with ADM, ``ch3b_drift_<key>`` and
-    ``ch3b_mismatch_<key>``, the medians of :func:`update_drift` and :func:`order_mismatch`."""
+    """The glued numbers of :func:`settings_grid` (unrounded): ``ch3c_set_<key>_<ranker>[_adm]`` the
+    mean AUCs and, for the network (last of ``rankers``) with ADM, ``ch3c_drift_<key>`` and
+    ``ch3c_mismatch_<key>``, the medians of :func:`update_drift` and :func:`order_mismatch`."""
     rankers = list(rankers)
-    out = {f"ch3b_set_{k}_{m}{'_adm' if a else ''}": v.mean().item() for (k, m, a), v in grid.items()}
+    out = {f"ch3c_set_{k}_{m}{'_adm' if a else ''}": v.mean().item() for (k, m, a), v in grid.items()}
     for k in dict.fromkeys(k[0] for k in grid):
-        out[f"ch3b_drift_{k}"] = update_drift(cases[(k, rankers[-1], True)]).median().item()
-        out[f"ch3b_mismatch_{k}"] = order_mismatch(cases[(k, rankers[-1], True)]).median().item()
+        out[f"ch3c_drift_{k}"] = update_drift(cases[(k, rankers[-1], True)]).median().item()
+        out[f"ch3c_mismatch_{k}"] = order_mismatch(cases[(k, rankers[-1], True)]).median().item()
     return out
 
 
@@ -504,14 +504,14 @@ PAPER_FIG11 = {1e-4: "≈ as std 0", 1e-3: "≈ as std 0", 1e-2: "linear near 1;
 
 
 def noisy_name(model: str, std: float) -> str:
-    """The glued name of ranker ``model`` at ADM noise ``std``: ``ch3b_noisy_linear_std0p01``, ..."""
-    return f"ch3b_noisy_{model}_std{std:g}".replace(".", "p")
+    """The glued name of ranker ``model`` at ADM noise ``std``: ``ch3c_noisy_linear_std0p01``, ..."""
+    return f"ch3c_noisy_{model}_std{std:g}".replace(".", "p")
 
 
 def noisy_values(noisy: dict, noise_stds) -> dict:
     """The glued numbers of Fig. 11 (unrounded): :func:`noisy_name` for every ranker and std;
-    ``ch3b_noisy_<lin|nn>`` at std 0.1, ``..z`` at std 0 (exact zeros), ``..0`` without ADM; and
-    ``ch3b_noisy_worst_drop``, the largest fall of noisy ADM below exact-zero ADM. ``noisy`` from
+    ``ch3c_noisy_<lin|nn>`` at std 0.1, ``..z`` at std 0 (exact zeros), ``..0`` without ADM; and
+    ``ch3c_noisy_worst_drop``, the largest fall of noisy ADM below exact-zero ADM. ``noisy`` from
     :func:`noisy_adm_grid` with the rankers ``"linear"`` and ``"neural"``; ``noise_stds`` must start
     with 0 and contain 0.1. Raises ``ValueError`` otherwise."""
     noise_stds = list(noise_stds)
@@ -520,10 +520,10 @@ def noisy_values(noisy: dict, noise_stds) -> dict:
     models = list(dict.fromkeys(m for m, _ in noisy))
     out = {noisy_name(m, s): noisy[(m, s)] for s in noise_stds for m in models}
     for short, m in [("lin", "linear"), ("nn", "neural")]:
-        out[f"ch3b_noisy_{short}"] = noisy[(m, 0.1)]
-        out[f"ch3b_noisy_{short}z"] = noisy[(m, 0.0)]
-        out[f"ch3b_noisy_{short}0"] = noisy[(m, None)]
-    out["ch3b_noisy_worst_drop"] = max(noisy[(m, 0.0)] - noisy[(m, s)] for m in models for s in noise_stds[1:])
+        out[f"ch3c_noisy_{short}"] = noisy[(m, 0.1)]
+        out[f"ch3c_noisy_{short}z"] = noisy[(m, 0.0)]
+        out[f"ch3c_noisy_{short}0"] = noisy[(m, None)]
+    out["ch3c_noisy_worst_drop"] = max(noisy[(m, 0.0)] - noisy[(m, s)] for m in models for s in noise_stds[1:])
     return out
 
 
@@ -758,7 +758,7 @@ def _paper_ks(click_model: str) -> dict:
 
 def _ks_name(model: str, Q: int, adm: bool, eps: float, click_model: str = "informational") -> str:
     nav = "_nav" if click_model == "navigational" else ""
-    return f"ch3b_ks_{model}_{Q}q{'_adm' if adm else ''}{nav}_eps{eps:g}"
+    return f"ch3c_ks_{model}_{Q}q{'_adm' if adm else ''}{nav}_eps{eps:g}"
 
 
 def ks_pvalues(ldp_auc: dict, random_auc: dict, epsilons, *, click_model: str = "informational") -> dict:
@@ -773,7 +773,7 @@ def ks_pvalues(ldp_auc: dict, random_auc: dict, epsilons, *, click_model: str = 
 
 
 def ks_values(ks: dict, epsilons, *, click_model: str = "informational") -> dict:
-    """The glued p-values of Tables 4-5, ``ch3b_ks_<ranker>_<Q>q[_adm]_eps<epsilon>`` (``_nav``
+    """The glued p-values of Tables 4-5, ``ch3c_ks_<ranker>_<Q>q[_adm]_eps<epsilon>`` (``_nav``
     appended for navigational clicks) -> the p-value as text with two significant digits
     (``"1.4e-03"``)."""
     _paper_ks(click_model)
@@ -844,20 +844,20 @@ PAPER_T8 = {"linear": [0.228, 0.260, 0.280, 0.298, 0.301, 0.315],
 
 
 def _t8_name(model: str, eps) -> str:
-    return f"ch3b_t8_{model}_eps{eps:g}" if eps else f"ch3b_t8_{model}_inf"
+    return f"ch3c_t8_{model}_eps{eps:g}" if eps else f"ch3c_t8_{model}_inf"
 
 
 def table8_values(ndcg: dict, rankers, epsilons) -> dict:
-    """The glued numbers of Table 8 (unrounded): ``ch3b_t8_<ranker>_eps<epsilon>`` (``_inf`` for no
-    noise) for every ranker and epsilon, and ``ch3b_ndcg_<ranker>_eps1`` / ``_inf`` that the text
+    """The glued numbers of Table 8 (unrounded): ``ch3c_t8_<ranker>_eps<epsilon>`` (``_inf`` for no
+    noise) for every ranker and epsilon, and ``ch3c_ndcg_<ranker>_eps1`` / ``_inf`` that the text
     quotes. Raises ``ValueError`` unless ``epsilons`` holds 1.0 and ``None``."""
     epsilons = list(epsilons)
     if 1.0 not in epsilons or None not in epsilons:
         raise ValueError(f"epsilons must contain 1.0 and None, got {epsilons}")
     out = {_t8_name(m, e): ndcg[(m, e)] for m in rankers for e in epsilons}
     for m in rankers:
-        out[f"ch3b_ndcg_{m}_eps1"] = ndcg[(m, 1.0)]
-        out[f"ch3b_ndcg_{m}_inf"] = ndcg[(m, None)]
+        out[f"ch3c_ndcg_{m}_eps1"] = ndcg[(m, 1.0)]
+        out[f"ch3c_ndcg_{m}_inf"] = ndcg[(m, None)]
     return out
 
 
@@ -878,10 +878,10 @@ def table8_rise(ndcg: dict, rankers, run) -> tuple[tuple[list, list], dict]:
     """How much NDCG@10 the ranker gains from epsilon = 1 to no noise (RAIFLE App. C.6, Table 8), as
     ``((header, rows), values)``. One row per ranker: the paper's rise (:data:`PAPER_T8`, last column
     minus first), this build's (``ndcg`` of :func:`utility_grid`, one run), and the stored paper-scale
-    record's, seed by seed from ``ch3b_ndcg_<ranker>_inf`` and ``_eps1`` (``run.per_seed``): the mean
+    record's, seed by seed from ``ch3c_ndcg_<ranker>_inf`` and ``_eps1`` (``run.per_seed``): the mean
     with the half-width of its 95 % t interval (:func:`fedlab.metrics.t_interval`) and the range over
-    seeds ("no record yet" without them). ``values``: ``ch3b_t8_rise_<ranker>`` (this build, unrounded)
-    and ``ch3b_t8_rise_<ranker>_paper`` (the record's cell, a string) for :func:`fedlab.book.glue_many`.
+    seeds ("no record yet" without them). ``values``: ``ch3c_t8_rise_<ranker>`` (this build, unrounded)
+    and ``ch3c_t8_rise_<ranker>_paper`` (the record's cell, a string) for :func:`fedlab.book.glue_many`.
     Raises ``ValueError`` for a ranker without both ``(ranker, 1.0)`` and ``(ranker, None)`` in ``ndcg``,
     or a record whose two values have different numbers of seeds."""
     from ..metrics import t_interval
@@ -891,9 +891,9 @@ def table8_rise(ndcg: dict, rankers, run) -> tuple[tuple[list, list], dict]:
         if (m, 1.0) not in ndcg or (m, None) not in ndcg:
             raise ValueError(f"ndcg must hold ({m!r}, 1.0) and ({m!r}, None)")
         ours = float(ndcg[(m, None)] - ndcg[(m, 1.0)])
-        hi, lo = run.per_seed(f"ch3b_ndcg_{m}_inf"), run.per_seed(f"ch3b_ndcg_{m}_eps1")
+        hi, lo = run.per_seed(f"ch3c_ndcg_{m}_inf"), run.per_seed(f"ch3c_ndcg_{m}_eps1")
         if len(hi) != len(lo):
-            raise ValueError(f"the record holds {len(hi)} seeds of ch3b_ndcg_{m}_inf and {len(lo)} of _eps1")
+            raise ValueError(f"the record holds {len(hi)} seeds of ch3c_ndcg_{m}_inf and {len(lo)} of _eps1")
         rises = [a - b for a, b in zip(hi, lo)]
         if not rises:
             record, spread = "no record yet", "no record yet"
@@ -904,8 +904,8 @@ def table8_rise(ndcg: dict, rankers, run) -> tuple[tuple[list, list], dict]:
             spread = f"{min(rises):.3f} to {max(rises):.3f}"
         paper = PAPER_T8[m][-1] - PAPER_T8[m][0] if m in PAPER_T8 else float("nan")
         rows.append([m, paper, ours, record, spread])
-        values[f"ch3b_t8_rise_{m}"] = ours
-        values[f"ch3b_t8_rise_{m}_paper"] = record
+        values[f"ch3c_t8_rise_{m}"] = ours
+        values[f"ch3c_t8_rise_{m}_paper"] = record
     header = ["ranker", "paper (Table 8, mean of 10 runs)", "ours, this build (one run)",
               "ours, paper-scale record (mean ± 95 % CI)", "record: range over seeds"]
     return (header, rows), values
@@ -1002,16 +1002,16 @@ PAPER_FIG9 = {0.9: "pruning must exceed 90 % before the AUC nears 0.5", 0.99: "c
 
 def prune_values(prune_auc: dict, configs, *, aware: dict | None = None, loss: dict | None = None) -> dict:
     """The glued numbers of :func:`prune_grid` (unrounded): the paper's attack's mean AUCs
-    ``ch3b_prune_<ranker>_<Q>q[_adm]_f<percent>``; with ``aware`` the mask-aware attacker's
-    ``ch3b_prune_aware_<...>``; with ``loss`` the median matching losses ``ch3b_prune_loss_<attacker>[_truth]_<...>``
+    ``ch3c_prune_<ranker>_<Q>q[_adm]_f<percent>``; with ``aware`` the mask-aware attacker's
+    ``ch3c_prune_aware_<...>``; with ``loss`` the median matching losses ``ch3c_prune_loss_<attacker>[_truth]_<...>``
     (``attacker`` ``naive`` or ``aware``; reached, or at the true clicks)."""
     keep = set(configs)
     name = lambda m, Q, a, f: f"{m}_{Q}q{'_adm' if a else ''}_f{100 * f:g}"
-    out = {f"ch3b_prune_{name(*k)}": v.mean().item() for k, v in prune_auc.items() if k[1:3] in keep}
-    out.update({f"ch3b_prune_aware_{name(*k)}": v.mean().item() for k, v in (aware or {}).items() if k[1:3] in keep})
+    out = {f"ch3c_prune_{name(*k)}": v.mean().item() for k, v in prune_auc.items() if k[1:3] in keep}
+    out.update({f"ch3c_prune_aware_{name(*k)}": v.mean().item() for k, v in (aware or {}).items() if k[1:3] in keep})
     for k, d in (loss or {}).items():
         if k[1:3] in keep:
-            out.update({f"ch3b_prune_loss_{which}_{name(*k)}": d[which].median().item() for which in d})
+            out.update({f"ch3c_prune_loss_{which}_{name(*k)}": d[which].median().item() for which in d})
     return out
 
 
@@ -1061,28 +1061,28 @@ def ldp_boxplot(ldp_auc: dict, rankers, num_queries: int, eps: float):
 
 #: the chapter's headline numbers: glued name -> label, for the table of this build against the record
 RECORD_LABELS = {
-    "ch3b_users": "users per cell (Fig. 5)",
-    "ch3b_fig5_single": "Fig. 5: 1 query, AUC (lower of the two rankers)",
-    "ch3b_fig5_lin16": "Fig. 5: linear, 16 queries", "ch3b_fig5_lin16_adm": "Fig. 5: linear, 16 queries, ADM",
-    "ch3b_fig5_nn16": "Fig. 5: neural, 16 queries", "ch3b_fig5_nn16_adm": "Fig. 5: neural, 16 queries, ADM",
-    "ch3b_set_before_neural_adm": "16 queries, neural, ADM: a first choice (η = 1, fan-in, display order)",
-    "ch3b_set_paper_neural_adm": "16 queries, neural, ADM: the paper's setting",
-    "ch3b_set_weight_blocks_neural_adm": "16 queries, neural, ADM: + the reference's weight blocks",
-    "ch3b_noisy_nn0": "Fig. 11: neural, 16 queries, no ADM", "ch3b_noisy_nnz": "Fig. 11: neural, exact-zero ADM",
-    "ch3b_noisy_nn": "Fig. 11: neural, ADM noise 0.1",
-    "ch3b_sa_err": "SA bypass: max abs error of the recovered update",
-    "ch3b_pir_tpr_ldp": "PIR bypass under LDP ε=100: true-positive rate",
-    "ch3b_ldp_lin1_eps10": "LDP ε=10: linear, 1 query, AUC", "ch3b_ks_lin1_eps10": "LDP ε=10: K-S p-value",
-    "ch3b_ldp_nn_noadm": "LDP ε=500: neural, 8 queries", "ch3b_ldp_nn_adm": "LDP ε=500: neural, 8 queries, ADM",
-    "ch3b_prune_min90": "Fig. 9: 90 % pruned, lowest mean AUC",
-    "ch3b_prune_linear_8q_adm_f99": "Fig. 9: 99 % pruned, linear, 8 queries, ADM",
-    "ch3b_prune_neural_1q_f99": "Fig. 9: 99 % pruned, neural, 1 query",
-    "ch3b_prune_aware_neural_1q_f99": "Fig. 9: 99 % pruned, neural, 1 query, attacker who knows the mask",
-    "ch3b_ndcg_linear_eps1": "Table 8: linear NDCG@10, ε=1",
-    "ch3b_ndcg_linear_inf": "Table 8: linear NDCG@10, no noise",
-    "ch3b_ndcg_neural_eps1": "Table 8: neural NDCG@10, ε=1",
-    "ch3b_ndcg_neural_inf": "Table 8: neural NDCG@10, no noise",
-    "ch3b_total_s": "notebook run time (s)"}
+    "ch3c_users": "users per cell (Fig. 5)",
+    "ch3c_fig5_single": "Fig. 5: 1 query, AUC (lower of the two rankers)",
+    "ch3c_fig5_lin16": "Fig. 5: linear, 16 queries", "ch3c_fig5_lin16_adm": "Fig. 5: linear, 16 queries, ADM",
+    "ch3c_fig5_nn16": "Fig. 5: neural, 16 queries", "ch3c_fig5_nn16_adm": "Fig. 5: neural, 16 queries, ADM",
+    "ch3c_set_before_neural_adm": "16 queries, neural, ADM: a first choice (η = 1, fan-in, display order)",
+    "ch3c_set_paper_neural_adm": "16 queries, neural, ADM: the paper's setting",
+    "ch3c_set_weight_blocks_neural_adm": "16 queries, neural, ADM: + the reference's weight blocks",
+    "ch3c_noisy_nn0": "Fig. 11: neural, 16 queries, no ADM", "ch3c_noisy_nnz": "Fig. 11: neural, exact-zero ADM",
+    "ch3c_noisy_nn": "Fig. 11: neural, ADM noise 0.1",
+    "ch3c_sa_err": "SA bypass: max abs error of the recovered update",
+    "ch3c_pir_tpr_ldp": "PIR bypass under LDP ε=100: true-positive rate",
+    "ch3c_ldp_lin1_eps10": "LDP ε=10: linear, 1 query, AUC", "ch3c_ks_lin1_eps10": "LDP ε=10: K-S p-value",
+    "ch3c_ldp_nn_noadm": "LDP ε=500: neural, 8 queries", "ch3c_ldp_nn_adm": "LDP ε=500: neural, 8 queries, ADM",
+    "ch3c_prune_min90": "Fig. 9: 90 % pruned, lowest mean AUC",
+    "ch3c_prune_linear_8q_adm_f99": "Fig. 9: 99 % pruned, linear, 8 queries, ADM",
+    "ch3c_prune_neural_1q_f99": "Fig. 9: 99 % pruned, neural, 1 query",
+    "ch3c_prune_aware_neural_1q_f99": "Fig. 9: 99 % pruned, neural, 1 query, attacker who knows the mask",
+    "ch3c_ndcg_linear_eps1": "Table 8: linear NDCG@10, ε=1",
+    "ch3c_ndcg_linear_inf": "Table 8: linear NDCG@10, no noise",
+    "ch3c_ndcg_neural_eps1": "Table 8: neural NDCG@10, ε=1",
+    "ch3c_ndcg_neural_inf": "Table 8: neural NDCG@10, no noise",
+    "ch3c_total_s": "notebook run time (s)"}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1095,7 +1095,7 @@ RECORD_LABELS = {
 REFERENCE_REPOSITORY = "github.com/dzungvpham/raifle"
 
 
-#: Chapter 3b's settings that differ between the quick and the paper scale, ``name -> (quick, paper)``:
+#: Chapter 3c's settings that differ between the quick and the paper scale, ``name -> (quick, paper)``:
 #: the notebook reads each with :func:`scaled` and :func:`reference_settings_table` states both.
 #: ``synthetic_queries``: queries of the synthetic data set (real data is used whole);
 #: ``fig5_queries``: queries per user in Figure 5; ``num_users``: users per Figure 5 cell;
@@ -1142,7 +1142,7 @@ def _check_scale_settings(settings: dict) -> None:
 def reference_settings_table(data, rankers: dict, *, click_models, lr: float, epsilons, delta: float,
                              sensitivity: float, clients_per_round: int,
                              settings: dict | None = None) -> tuple[list, list]:
-    """Chapter 3b's settings as ``(header, rows)`` for :func:`fedlab.plots.md_table`: one row per
+    """Chapter 3c's settings as ``(header, rows)`` for :func:`fedlab.plots.md_table`: one row per
     setting that matters for RAIFLE's result on federated OLTR (FPDGD), and one per departure from the
     paper or its code, with four columns: the paper (Pham, Kulkarni & Houmansadr; section cited), its
     authors' reference code (:data:`REFERENCE_REPOSITORY`, the commit cited, with where it changed
