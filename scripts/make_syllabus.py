@@ -37,7 +37,10 @@ CHAPTERS = {
     "01d_membership_defenses": ("Defend against membership inference with client-level DP (DP-FedAvg) and keep "
                                 "utility with fine-tuning and Centaur.", ("00_fl_primer", "01c_membership_inference")),
     "02_pac_identifiability": ("Recover a user's private vector exactly from its messages (London's Theorems "
-                               "1-3) and price the attack in ε.", ("00_fl_primer",)),
+                               "1-3) and check each bound against what the attack needs.", ("00_fl_primer",)),
+    "02b_pac_defenses": ("Price that attack in ε when clipped noise makes each message a Gaussian mechanism, and "
+                         "test the cheap defenses (a zero-probe check, secure aggregation).",
+                         ("02_pac_identifiability",)),
     "03a_raifle_recsys": ("Infer a user's interactions from federated recommendation updates (RAIFLE).",
                           ("00_fl_primer", "01a_gradient_leakage")),
     "03c_raifle_oltr": ("The same attack against federated online learning to rank, with active data "
@@ -57,7 +60,7 @@ CHAPTERS = {
                    "04_model_reconstruction", "04b_reconstruction_heuristic")),
     "06b_flower_secagg": ("Run Flower's secure aggregation (SecAgg+): what it hides, what the sum still gives "
                           "away, and what a server that lies gets.",
-                          ("01a_gradient_leakage", "02_pac_identifiability", "06_flower")),
+                          ("01a_gradient_leakage", "02b_pac_defenses", "06_flower")),
     "07_matrix": ("Every attack against every defense in one table, under each attacker's threat model.",
                   ("01a_gradient_leakage", "01c_membership_inference", "02_pac_identifiability", "03a_raifle_recsys",
                    "03c_raifle_oltr", "04_model_reconstruction", "06b_flower_secagg")),
@@ -70,7 +73,7 @@ RECORDS = {"07_matrix": ("matrix", "paper")}
 LECTURES = [
     ("Federated learning, and what one update gives away", ("00_fl_primer", "01a_gradient_leakage")),
     ("Membership inference and client-level DP", ("01c_membership_inference", "01d_membership_defenses")),
-    ("Exact recovery with guarantees", ("02_pac_identifiability",)),
+    ("Exact recovery with guarantees, and what defends against it", ("02_pac_identifiability", "02b_pac_defenses")),
     ("Interactions from recommendation and ranking updates", ("03a_raifle_recsys", "03c_raifle_oltr")),
     ("Models from eavesdropping; d-privacy", ("04_model_reconstruction", "04b_reconstruction_heuristic",
                                               "05_dprivacy_ifca", "05b_dprivacy_experiments")),

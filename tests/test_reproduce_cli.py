@@ -232,6 +232,10 @@ def test_a_number_without_its_letter_names_the_chapter_without_a_letter():
                        "4b": "04b_reconstruction_heuristic", "04b": "04b_reconstruction_heuristic",
                        "ch4b": "04b_reconstruction_heuristic"}.items():   # chapter 4 and its Algorithm 3 half
         assert [c.stem for c in rp.resolve_chapters(name, real)] == [want], name
+    for name, want in {"2": "02_pac_identifiability", "02": "02_pac_identifiability", "ch2": "02_pac_identifiability",
+                       "2b": "02b_pac_defenses", "02b": "02b_pac_defenses",
+                       "ch2b": "02b_pac_defenses"}.items():   # chapter 2 and its defenses half
+        assert [c.stem for c in rp.resolve_chapters(name, real)] == [want], name
 
 
 def test_the_real_book_takes_the_short_names():
@@ -239,6 +243,7 @@ def test_the_real_book_takes_the_short_names():
     expect = {"1a": "01a_gradient_leakage", "01c": "01c_membership_inference", "2": "02_pac_identifiability",
               "3a": "03a_raifle_recsys", "ch3c": "03c_raifle_oltr", "4": "04_model_reconstruction",
               "4b": "04b_reconstruction_heuristic",
+              "2b": "02b_pac_defenses",
               "05": "05_dprivacy_ifca", "6": "06_flower", "0": "00_fl_primer",
               "1d": "01d_membership_defenses", "01d": "01d_membership_defenses", "ch1d": "01d_membership_defenses",
               "1c": "01c_membership_inference", "ch1c": "01c_membership_inference",

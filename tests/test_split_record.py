@@ -116,3 +116,15 @@ def test_the_stored_records_of_4_and_4b_are_one_run_split_by_key():
     assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "04_model_reconstruction"
     assert "ch4-err-d1" in a["values"] and "ch4-mse-dec" in a["values"]
     assert "ch4-t1-dec1" in b["values"] and "ch4-t1-last5" in b["values"] and "ch4-obs7-oracle" in b["values"]
+
+
+def test_the_stored_records_of_2_and_2b_are_one_run_split_by_key():
+    a = records.load("02_pac_identifiability", "paper", ROOT / "chapters" / "records")
+    b = records.load("02b_pac_defenses", "paper", ROOT / "chapters" / "records")
+    assert a is not None and b is not None
+    assert not set(a["values"]) & set(b["values"])
+    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
+        assert a[field] == b[field], field
+    assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "02_pac_identifiability"
+    assert "ch2_thm1_fail" in a["values"] and "slack2_total_e1" in a["values"] and "prop_err_hat" in a["values"]
+    assert "dp_eps2" in b["values"] and "sa_exposed_10" in b["values"] and "err_evaded" in b["values"]

@@ -25,7 +25,7 @@ and chapter 6's :func:`fedsgd_clients`.
   inconsistency), the consistency round (:mod:`fedlab.flower.secagg`) and dropouts, summarised;
 * :func:`item_federation`, :func:`item_sums_check`, :func:`item_sums_markdown`: chapter 2's recommender as a
   Flower federation, and the per-item sums its SecAgg+ aggregate still reveals
-  (:func:`fedlab.flower.attacks.item_sums_from_aggregate`) beside chapter 2's own count
+  (:func:`fedlab.flower.attacks.item_sums_from_aggregate`) beside chapter 2b's own count
   (:func:`fedlab.experiments.chapter2.secagg_experiment`).
 
 This module reads transcripts and never imports ``flwr``; the notebooks run the federations with
@@ -630,7 +630,7 @@ def item_federation(seed: int, *, cohort_size: int = 10, num_users: int | None =
 
 def item_sums_check(fed: ItemFederation, sums: "fa.ItemSums", *, seed: int = 0) -> dict:
     """The server's per-item sums (``sums``, from :func:`fedlab.flower.attacks.item_sums_from_aggregate` on
-    the federation's round) against chapter 2's: the clients' exact updates
+    the federation's round) against chapter 2b's: the clients' exact updates
     (:func:`~fedlab.fl.recsys.ratings.protocol1_client_update`, ``R = 1``, ``B = N``), their per-item sums
     and contributor counts (:func:`~fedlab.attacks.identifiability.secure_aggregate_items`) and
     :func:`fedlab.experiments.chapter2.secagg_experiment` on the same cohort (one cohort of ``m``; its
@@ -680,9 +680,9 @@ def item_sums_check(fed: ItemFederation, sums: "fa.ItemSums", *, seed: int = 0) 
 
 
 def item_sums_markdown(check: Mapping) -> MarkdownText:
-    """:func:`item_sums_check` as a Markdown table: chapter 2's exact per-item sums beside the server's."""
+    """:func:`item_sums_check` as a Markdown table: chapter 2b's exact per-item sums beside the server's."""
     r = check
-    table = md_table(["per-item sums of one cohort", "chapter 2 (exact sums)", "Flower's SecAgg+ aggregate"],
+    table = md_table(["per-item sums of one cohort", "chapter 2b (exact sums)", "Flower's SecAgg+ aggregate"],
                      [["items some member trained on", str(r["touched"]), f"{r['readable']} above the rounding bound"],
                       ["items with one contributor", str(r["single"]), f"{r['single_readable']} above the rounding bound"],
                       ["members whose $\\mathbf u_c$ a sum reveals", f"{r['exposed_exact']:.2f}",

@@ -45,8 +45,8 @@ RULES = {
                   "holds at every stored seed; **not reproduced** otherwise"),
 }
 
-#: the failure probability δ at which chapter 2 checks London's Theorems 1-3 (the notebook's ``DELTA``;
-#: ``tests/test_claims.py`` checks that the two agree). A setting of the chapter, not a paper's number.
+#: the failure probability δ at which chapter 2 checks London's Theorems 1-3 (the ``DELTA`` of notebooks 02 and 02b;
+#: ``tests/test_claims.py`` checks that they agree). A setting of the chapter, not a paper's number.
 CHAPTER2_DELTA = 0.05
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
@@ -361,6 +361,16 @@ CLAIMS: list[Claim] = [
           "direction", "ch2-paper-vs-ours", direction=("<=", CHAPTER2_DELTA), digits=4),
     Claim("02_pac_identifiability", "Proposition 1: error(û) ≤ ε + η for every user (max slack ≤ 0)",
           "ch2_prop1_slack", "direction", "ch2-paper-vs-ours", direction=("<=", 0.0), digits=4),
+    # 02b: London 2020's footnote 5 and Sec. 6 (defenses), the book's analysis: statements, no numbers
+    Claim("02b_pac_defenses", "with clipping, Eq. (3) does not stop the attack: its price in ε_DP (Protocol 2, z = 1) "
+          "is more than 10 times the floor no attack can beat (ratio)", "dp_ratio", "direction", "ch2b-dp",
+          direction=(">", 10.0), digits=1, source="(London 2020, footnote 5)"),
+    Claim("02b_pac_defenses", "refusing all-zero item vectors does not stop a probe of norm 1e-6 (mean sign error "
+          "below 0.05)", "err_evaded", "direction", "ch2b-defenses", direction=("<", 0.05), digits=4,
+          source="(London 2020, Sec. 6)", limits=UNIT),
+    Claim("02b_pac_defenses", "secure aggregation over cohorts of 10 still exposes most members' private vectors "
+          "after one honest round (share exposed)", "sa_exposed_10", "direction", "ch2b-defenses",
+          direction=(">", 0.9), source="(London 2020, Sec. 6)", limits=UNIT),
     # 03a: RAIFLE Table 3 (MovieLens-100K)
     Claim("03a_raifle_recsys", "FCF without the user embedding: a coin flip (AUC)", "ch3a_auc_fcf", "interval",
           "ch3a-table3", paper=_p("chapter3a.PAPER_TABLE3", ("FCF", False, False), 0),
@@ -437,7 +447,7 @@ CLAIMS: list[Claim] = [
     Claim("06b_flower_secagg", "a server that chooses the model, η and Q reads as many imprinted digits through SecAgg+ "
           "as without it (fraction recovered)", "ch6_imp_chosen", "direction", "ch6b-imprint",
           direction=(">=", "ch6_imp_plain"), source="(Fowl et al. 2022)", limits=UNIT),
-    Claim("06b_flower_secagg", "secure aggregation does not hide chapter 2's per-item sums: share of the cohort whose "
+    Claim("06b_flower_secagg", "secure aggregation does not hide chapter 2b's per-item sums: share of the cohort whose "
           "private vector is exposed", "ch6_items_exposed", "direction", "ch6b-items", direction=(">", 0.0),
           source="(London 2020, Sec. 6)", limits=UNIT),
     Claim("06b_flower_secagg", "a server that lies about a dropout collects at least t shares of the target's mask key "

@@ -18,7 +18,7 @@
   :func:`secagg_error_bound` (how far the decoded average may sit from the exact one) and
   :func:`imprint_from_aggregate`, chapter 1a's imprint attack (Fowl et al. 2022) read off the aggregate
   by a malicious server (:func:`fedlab.attacks.imprint.recover_from_imprint`), and
-  :func:`item_sums_from_aggregate`, chapter 2's per-item sums (London 2020, Sec. 6) read off the aggregate
+  :func:`item_sums_from_aggregate`, chapter 2b's per-item sums (London 2020, Sec. 6) read off the aggregate
   by an honest-but-curious server.
 
 * a malicious server inside SecAgg+ (:class:`fedlab.flower.secagg.SecAggWorkflow`'s ``attack``, run with

@@ -193,8 +193,8 @@ def gaussian_composed_epsilon(noise_multiplier: float, num_compositions: int, de
     release is already ``(0, delta)``-DP). It is what ``dp_accounting``'s privacy-loss-distribution
     accountant returns for ``SelfComposedDpEvent(GaussianDpEvent(z), T)``: ``tests/test_ldp.py``
     checks the two against each other, and against the Renyi accountant's upper bound. (The PLD
-    accountant itself needs memory growing like ``T / z^2`` and fails at the ``T`` an attack of
-    Chapter 2 needs; this closed form does not.) Raises ``ValueError`` for ``noise_multiplier`` not
+    accountant itself needs memory growing like ``T / z^2`` and fails at the ``T`` of the attacks
+    Chapter 2b prices; this closed form does not.) Raises ``ValueError`` for ``noise_multiplier`` not
     positive and finite, ``num_compositions < 1`` or ``delta`` outside (0, 1)."""
     if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
         raise ValueError(f"noise_multiplier must be positive and finite, got {noise_multiplier}")
