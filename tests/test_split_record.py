@@ -116,3 +116,15 @@ def test_the_stored_records_of_4_and_4b_are_one_run_split_by_key():
     assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "04_model_reconstruction"
     assert "ch4-err-d1" in a["values"] and "ch4-mse-dec" in a["values"]
     assert "ch4-t1-dec1" in b["values"] and "ch4-t1-last5" in b["values"] and "ch4-obs7-oracle" in b["values"]
+
+
+def test_the_stored_records_of_3a_and_3b_are_one_run_split_by_key():
+    a = records.load("03a_raifle_recsys", "paper", ROOT / "chapters" / "records")
+    b = records.load("03b_raifle_recsys_defenses", "paper", ROOT / "chapters" / "records")
+    assert a is not None and b is not None
+    assert not set(a["values"]) & set(b["values"])
+    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
+        assert a[field] == b[field], field
+    assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "03a_raifle_recsys"
+    assert "ch3a_auc_fncf_emb" in a["values"] and "ch3a_draws_auc_fncf_emb" in a["values"]
+    assert "ch3a_ldp_eps500" in b["values"] and "ch3a_prune90" in b["values"] and "ch3a_item_norm" in b["values"]
