@@ -41,10 +41,12 @@ CHAPTERS = {
     "02b_pac_defenses": ("Price that attack in ε when clipped noise makes each message a Gaussian mechanism, and "
                          "test the cheap defenses (a zero-probe check, secure aggregation).",
                          ("02_pac_identifiability",)),
-    "03a_raifle_recsys": ("Infer a user's interactions from federated recommendation updates (RAIFLE).",
-                          ("00_fl_primer", "01a_gradient_leakage")),
+    "03a_raifle_recsys": ("Infer a user's interactions from federated recommendation updates (RAIFLE, the paper's "
+                          "Table 3), and FCF's in closed form.", ("00_fl_primer", "01a_gradient_leakage")),
+    "03b_raifle_recsys_defenses": ("Defend federated recommendation against RAIFLE with local DP and gradient "
+                                   "pruning, judged by an attacker who knows the defense.", ("03a_raifle_recsys",)),
     "03c_raifle_oltr": ("The same attack against federated online learning to rank, with active data "
-                        "manipulation and LDP.", ("03a_raifle_recsys",)),
+                        "manipulation and LDP.", ("03a_raifle_recsys", "03b_raifle_recsys_defenses")),
     "04_model_reconstruction": ("Reconstruct a least-squares client's local model exactly by eavesdropping on FedAvg "
                                 "rounds, and see what noise and mini-batches cost the attack.", ("00_fl_primer",)),
     "04b_reconstruction_heuristic": ("Run the paper's heuristic for any model (Algorithm 3) on LEAF and Adult, and "
@@ -74,7 +76,8 @@ LECTURES = [
     ("Federated learning, and what one update gives away", ("00_fl_primer", "01a_gradient_leakage")),
     ("Membership inference and client-level DP", ("01c_membership_inference", "01d_membership_defenses")),
     ("Exact recovery with guarantees, and what defends against it", ("02_pac_identifiability", "02b_pac_defenses")),
-    ("Interactions from recommendation and ranking updates", ("03a_raifle_recsys", "03c_raifle_oltr")),
+    ("Interactions from recommendation and ranking updates", ("03a_raifle_recsys", "03b_raifle_recsys_defenses",
+                                                              "03c_raifle_oltr")),
     ("Models from eavesdropping; d-privacy", ("04_model_reconstruction", "04b_reconstruction_heuristic",
                                               "05_dprivacy_ifca", "05b_dprivacy_experiments")),
     ("A real federation, and the whole picture", ("06_flower", "06b_flower_secagg", "07_matrix")),

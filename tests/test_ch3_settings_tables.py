@@ -328,14 +328,28 @@ def _notebook_code(stem):
     return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
 
 
-@pytest.mark.parametrize("stem,module", [("03a_raifle_recsys", chapter3a), ("03c_raifle_oltr", chapter3c)])
-def test_notebook_reads_every_scale_setting_from_the_module(stem, module):
-    """The tables' columns are the notebook's settings only if the notebook runs with them: every
-    SCALE_SETTINGS entry is read by ``ex.scaled`` and no scale-dependent number is typed with fedlab.pick."""
-    code = _notebook_code(stem)
+@pytest.mark.parametrize("stems,module", [(("03a_raifle_recsys", "03b_raifle_recsys_defenses"), chapter3a),
+                                          (("03c_raifle_oltr",), chapter3c)])
+def test_notebook_reads_every_scale_setting_from_the_module(stems, module):
+    """The tables' columns are the notebooks' settings only if the notebooks run with them: every
+    SCALE_SETTINGS entry is read by ``ex.scaled`` (chapter 3a's table also gives the settings of chapter 3b's
+    defense sweeps, so the two pages together) and no scale-dependent number is typed with fedlab.pick; the table
+    is on the first page."""
+    codes = [_notebook_code(stem) for stem in stems]
     for name in module.SCALE_SETTINGS:
-        assert f'ex.scaled("{name}")' in code, name
-    assert "fedlab.pick(" not in code and "ex.reference_settings_table(" in code
+        assert any(f'ex.scaled("{name}")' in code for code in codes), name
+    assert all("fedlab.pick(" not in code for code in codes) and "ex.reference_settings_table(" in codes[0]
+
+
+def test_3a_and_3b_run_with_the_ldp_constants_the_table_shows():
+    """Chapter 3a's settings table and chapter 3b's sweeps read RAIFLE's LDP settings from the module's constants,
+    so the table shows the values the sweeps run with."""
+    for stem in ("03a_raifle_recsys", "03b_raifle_recsys_defenses"):
+        code = _notebook_code(stem)
+        assert "ex.LDP_EPSILONS" in code and "ex.LDP_DELTA" in code and "ex.LDP_SENSITIVITY" in code, stem
+        assert "500.0]" not in code and '"fcf": 100.0' not in code, stem
+    assert chapter3a.LDP_EPSILONS == (1.0, 10.0, 20.0, 100.0, 500.0) and chapter3a.LDP_DELTA == 1e-8
+    assert chapter3a.LDP_SENSITIVITY == {"fcf": 100.0, "fncf_items": 0.005, "fncf_params": 0.7}   # RAIFLE Sec. 4.1.1
 
 
 def test_scaled_picks_by_scale(monkeypatch):

@@ -244,6 +244,8 @@ def test_the_real_book_takes_the_short_names():
               "3a": "03a_raifle_recsys", "ch3c": "03c_raifle_oltr", "4": "04_model_reconstruction",
               "4b": "04b_reconstruction_heuristic",
               "2b": "02b_pac_defenses",
+              "03a": "03a_raifle_recsys", "ch3a": "03a_raifle_recsys", "3b": "03b_raifle_recsys_defenses",
+              "03b": "03b_raifle_recsys_defenses", "ch3b": "03b_raifle_recsys_defenses",   # 3a's defenses half
               "05": "05_dprivacy_ifca", "6": "06_flower", "0": "00_fl_primer",
               "1d": "01d_membership_defenses", "01d": "01d_membership_defenses", "ch1d": "01d_membership_defenses",
               "1c": "01c_membership_inference", "ch1c": "01c_membership_inference",

@@ -128,3 +128,15 @@ def test_the_stored_records_of_2_and_2b_are_one_run_split_by_key():
     assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "02_pac_identifiability"
     assert "ch2_thm1_fail" in a["values"] and "slack2_total_e1" in a["values"] and "prop_err_hat" in a["values"]
     assert "dp_eps2" in b["values"] and "sa_exposed_10" in b["values"] and "err_evaded" in b["values"]
+
+
+def test_the_stored_records_of_3a_and_3b_are_one_run_split_by_key():
+    a = records.load("03a_raifle_recsys", "paper", ROOT / "chapters" / "records")
+    b = records.load("03b_raifle_recsys_defenses", "paper", ROOT / "chapters" / "records")
+    assert a is not None and b is not None
+    assert not set(a["values"]) & set(b["values"])
+    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
+        assert a[field] == b[field], field
+    assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "03a_raifle_recsys"
+    assert "ch3a_auc_fncf_emb" in a["values"] and "ch3a_draws_auc_fncf_emb" in a["values"]
+    assert "ch3a_ldp_eps500" in b["values"] and "ch3a_prune90" in b["values"] and "ch3a_item_norm" in b["values"]

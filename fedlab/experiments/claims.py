@@ -383,6 +383,19 @@ CLAIMS: list[Claim] = [
     Claim("03a_raifle_recsys", "FNCF with the embedding estimate (AUC)", "ch3a_auc_fncf_emb", "interval",
           "ch3a-table3", paper=_p("chapter3a.PAPER_TABLE3", ("FNCF", True, False), 0),
           direction=(">", "ch3a_auc_fncf"), source="(RAIFLE, Table 3)", limits=UNIT),
+    # 03b: RAIFLE's defenses on MovieLens-100K, LDP (Fig. 8) and gradient pruning (App. C.4, Fig. 10): statements
+    Claim("03b_raifle_recsys_defenses", "under LDP, FNCF with the embedding estimate leaks more at ε = 500 than at "
+          "ε = 1 (mean AUC)", "ch3a_ldp_eps500", "direction", "ch3b-ldp", direction=(">", "ch3a_ldp_eps1"),
+          source="(RAIFLE, Fig. 8)", limits=UNIT),
+    Claim("03b_raifle_recsys_defenses", "pruning 90 % of the FNCF update leaves RAIFLE far above chance (mean AUC, "
+          "embedding estimated; above 0.7)", "ch3a_prune90", "direction", "ch3b-pruning", direction=(">", 0.7),
+          source="(RAIFLE, Fig. 10)", limits=UNIT),
+    Claim("03b_raifle_recsys_defenses", "... and pruning 99 % cuts it (mean AUC)", "ch3a_prune99", "direction",
+          "ch3b-pruning", direction=("<", "ch3a_prune90"), source="(RAIFLE, Fig. 10)", limits=UNIT),
+    Claim("03b_raifle_recsys_defenses", "half of FCF's update pruned: an attacker who matches only the kept entries "
+          "beats the paper's attacker on the same users (mean AUC)", "ch3a_fcf_prune50_aware", "direction",
+          "ch3b-pruning", direction=(">", "ch3a_fcf_prune50_same"), source="(the book's attacker; RAIFLE, App. C.4)",
+          limits=UNIT),
     # 03c: RAIFLE Fig. 5 (MSLR-WEB10K), as the paper's text states it
     Claim("03c_raifle_oltr", "one query per user: AUC (linear ranker)", "ch3c_fig5_single", "interval",
           "ch3c-fig5", paper=_p("chapter3c.PAPER_FIG5", ("linear", 1, False)), source="(RAIFLE, Fig. 5)", limits=UNIT),

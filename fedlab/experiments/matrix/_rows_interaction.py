@@ -121,7 +121,7 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
                                    clip_norm=knows, max_iter=iters, num_restarts=2, seed=seed)
             if "mask" in public and knows is None:
                 # the attacker who knows a sparsifying defense (pruning, top-k; a user defense that publishes its
-                # mask) matches only the coordinates that were sent (Chapter 3a's mask-aware RAIFLE): that is the
+                # mask) matches only the coordinates that were sent (Chapter 3b's mask-aware RAIFLE): that is the
                 # cell, RAIFLE as the paper runs it stays as "<column>@naive", with the loss reached and at the truth
                 sent = public["mask"].reshape(case.fcf.shape) & case.mask[..., None]
                 aware = ch3a.attack_case(case, "fcf", estimate_embedding=True, fcf=views, coord_mask=sent,
