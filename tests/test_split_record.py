@@ -116,3 +116,17 @@ def test_the_stored_records_of_4_and_4b_are_one_run_split_by_key():
     assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "04_model_reconstruction"
     assert "ch4-err-d1" in a["values"] and "ch4-mse-dec" in a["values"]
     assert "ch4-t1-dec1" in b["values"] and "ch4-t1-last5" in b["values"] and "ch4-obs7-oracle" in b["values"]
+
+
+def test_the_stored_records_of_3c_and_3d_are_one_run_split_by_key():
+    a = records.load("03c_raifle_oltr", "paper", ROOT / "chapters" / "records")
+    d = records.load("03d_raifle_oltr_defenses", "paper", ROOT / "chapters" / "records")
+    assert a is not None and d is not None
+    assert not set(a["values"]) & set(d["values"])
+    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
+        assert a[field] == d[field], field
+    assert a["split_from"] == d["split_from"] and a["split_from"]["chapter"] == "03c_raifle_oltr"
+    assert "ch3c_fig5_single" in a["values"] and "ch3c_sa_err" in a["values"] and "ch3c_pir_tpr" in a["values"]
+    assert "ch3c_ldp_nn_adm" in d["values"] and "ch3c_prune_min90" in d["values"] and "ch3c_flag_n" in d["values"]
+    assert "ch3c_ks_neural_16q_adm_eps500" in d["values"]     # Tables 4-5 beyond 8 queries: paper scale only
+    assert not any(k.startswith("ch3c_budget_") for k in a["values"])   # glued since the record was made
