@@ -247,7 +247,8 @@ def describe(record: dict | None, *, stem: str | None = None) -> str:
             + (f" It is the part of that run's record which this chapter glues: the chapter was split out of "
                f"{split['chapter']} on {split.get('split', '?')}, so the seconds are the whole unsplit chapter's."
                if (split := record.get("split_from")) else "")
-            + (f" The page was renumbered from {ren['from']} on {ren.get('date', '?')} ({ren.get('what', '')})."
+            + (f" The record was made when its chapter was named {ren['from']}; renumbered on {ren.get('date', '?')} "
+               f"({ren.get('what', '')})."
                if (ren := record.get("renamed")) else "")
             + "".join(f" Rows {', '.join(r.get('rows', []))} were run again at commit {r.get('commit', '?')} "
                       f"({r.get('date', '?')}) at the same seeds." for r in record.get("reruns") or []))

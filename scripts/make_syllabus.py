@@ -45,8 +45,11 @@ CHAPTERS = {
                           "Table 3), and FCF's in closed form.", ("00_fl_primer", "01a_gradient_leakage")),
     "03b_raifle_recsys_defenses": ("Defend federated recommendation against RAIFLE with local DP and gradient "
                                    "pruning, judged by an attacker who knows the defense.", ("03a_raifle_recsys",)),
-    "03c_raifle_oltr": ("The same attack against federated online learning to rank, with active data "
-                        "manipulation and LDP.", ("03a_raifle_recsys", "03b_raifle_recsys_defenses")),
+    "03c_raifle_oltr": ("The same attack against federated online learning to rank: active data manipulation, "
+                        "and through secure aggregation and PIR.", ("03a_raifle_recsys",)),
+    "03d_raifle_oltr_defenses": ("What local DP, gradient pruning and a client's data validation cost RAIFLE and the "
+                                 "ranker in federated online learning to rank.", ("03b_raifle_recsys_defenses",
+                                                                                  "03c_raifle_oltr")),
     "04_model_reconstruction": ("Reconstruct a least-squares client's local model exactly by eavesdropping on FedAvg "
                                 "rounds, and see what noise and mini-batches cost the attack.", ("00_fl_primer",)),
     "04b_reconstruction_heuristic": ("Run the paper's heuristic for any model (Algorithm 3) on LEAF and Adult, and "
@@ -77,7 +80,7 @@ LECTURES = [
     ("Membership inference and client-level DP", ("01c_membership_inference", "01d_membership_defenses")),
     ("Exact recovery with guarantees, and what defends against it", ("02_pac_identifiability", "02b_pac_defenses")),
     ("Interactions from recommendation and ranking updates", ("03a_raifle_recsys", "03b_raifle_recsys_defenses",
-                                                              "03c_raifle_oltr")),
+                                                              "03c_raifle_oltr", "03d_raifle_oltr_defenses")),
     ("Models from eavesdropping; d-privacy", ("04_model_reconstruction", "04b_reconstruction_heuristic",
                                               "05_dprivacy_ifca", "05b_dprivacy_experiments")),
     ("A real federation, and the whole picture", ("06_flower", "06b_flower_secagg", "07_matrix")),

@@ -329,11 +329,11 @@ def _notebook_code(stem):
 
 
 @pytest.mark.parametrize("stems,module", [(("03a_raifle_recsys", "03b_raifle_recsys_defenses"), chapter3a),
-                                          (("03c_raifle_oltr",), chapter3c)])
+                                          (("03c_raifle_oltr", "03d_raifle_oltr_defenses"), chapter3c)])
 def test_notebook_reads_every_scale_setting_from_the_module(stems, module):
     """The tables' columns are the notebooks' settings only if the notebooks run with them: every
-    SCALE_SETTINGS entry is read by ``ex.scaled`` (chapter 3a's table also gives the settings of chapter 3b's
-    defense sweeps, so the two pages together) and no scale-dependent number is typed with fedlab.pick; the table
+    SCALE_SETTINGS entry is read by ``ex.scaled`` (the tables of 3a and 3c also give the settings of the
+    defense sweeps of 3b and 3d, so each pair of pages together) and no scale-dependent number is typed with fedlab.pick; the table
     is on the first page."""
     codes = [_notebook_code(stem) for stem in stems]
     for name in module.SCALE_SETTINGS:

@@ -1,4 +1,4 @@
-"""Chapter 3c's experiment helpers (fedlab.experiments.chapter3c). Its settings (RAIFLE Sec. 4.1 and its
+"""The experiment helpers of chapters 3c and 3d (fedlab.experiments.chapter3c). Its settings (RAIFLE Sec. 4.1 and its
 reference code): ranker initialisation, the user's own query order, the reference's first-layer weight
 blocks, and the sweeps built on them (the settings comparison, gradient pruning of App. C.4). Then the
 figures' and tables' helpers, built from hand-made results, and the grids run on tiny cases."""
@@ -343,6 +343,36 @@ def test_grids_run_every_ranker(data):
         ex.fig5_grid(data, {}, [1], ["navigational"], 2, lr=1.0, max_iter=2)
     with pytest.raises(ValueError, match="cases"):
         ex.flag_rounds([])
+
+
+def test_the_case_builders_give_the_users_the_sweeps_attack(data):
+    """Chapter 3d checks the data validation on chapter 3c's users, rebuilt without the attack: fig5_cases,
+    noisy_adm_cases and sa_bypass_case give the very cases fig5_grid, noisy_adm_grid and sa_bypass_experiment
+    attack (same lists, features, clicks and updates)."""
+    rankers = {"linear": (), "tiny": (3,)}
+    fields = ("theta0", "X", "mask", "I", "update", "group", "order")
+
+    def same(a, b):
+        return all(torch.equal(getattr(a, f), getattr(b, f)) for f in fields)
+
+    _, swept = ex.fig5_grid(data, rankers, [1, 2], ["navigational", "informational"], 3, lr=0.1, max_iter=2, seed=4)
+    built = ex.fig5_cases(data, rankers, [1, 2], ["navigational", "informational"], 3, lr=0.1, seed=4)
+    assert list(built) == list(swept) and all(same(built[k], swept[k]) for k in swept)
+    _, swept = ex.noisy_adm_grid(data, rankers, [0.0, 0.1], 3, 2, lr=0.1, max_iter=2, seed=4)
+    built = ex.noisy_adm_cases(data, rankers, [0.0, 0.1], 3, 2, lr=0.1, seed=4)
+    assert list(built) == list(swept) and all(same(built[k], swept[k]) for k in swept)
+    D = torch.arange(data.num_features) < data.num_features // 2
+    run = ex.sa_bypass_experiment(data, (), 4, D, lr=0.1, max_iter=2, generator=torch.Generator().manual_seed(5),
+                                  seed=4)
+    assert same(ex.sa_bypass_case(data, (), 4, D, lr=0.1, generator=torch.Generator().manual_seed(5), seed=4),
+                run["case"])
+    assert ex.flag_rounds([run["case"]]).all()          # every user of the bypass has zeroed features
+
+
+def test_the_two_pages_tables_of_record_labels_split_the_chapters_numbers():
+    assert not set(ex.RECORD_LABELS) & set(ex.DEFENSE_RECORD_LABELS)
+    assert {"ch3c_fig5_single", "ch3c_sa_err", "ch3c_total_s"} <= set(ex.RECORD_LABELS)
+    assert {"ch3c_ldp_nn_adm", "ch3c_prune_min90", "ch3c_ndcg_linear_inf", "ch3d_total_s"} <= set(ex.DEFENSE_RECORD_LABELS)
 
 
 def test_pir_and_utility_grids(data):

@@ -238,6 +238,15 @@ def test_a_number_without_its_letter_names_the_chapter_without_a_letter():
         assert [c.stem for c in rp.resolve_chapters(name, real)] == [want], name
 
 
+
+def test_the_real_book_names_chapter_3c_and_its_defenses_half():
+    real = rp.list_chapters(ROOT)
+    for name, want in {"3c": "03c_raifle_oltr", "03c": "03c_raifle_oltr", "ch3c": "03c_raifle_oltr",
+                       "3d": "03d_raifle_oltr_defenses", "03d": "03d_raifle_oltr_defenses",
+                       "ch3d": "03d_raifle_oltr_defenses"}.items():   # RAIFLE on OLTR and its defenses
+        assert [c.stem for c in rp.resolve_chapters(name, real)] == [want], name
+
+
 def test_the_real_book_takes_the_short_names():
     chapters = rp.list_chapters(ROOT)
     expect = {"1a": "01a_gradient_leakage", "01c": "01c_membership_inference", "2": "02_pac_identifiability",

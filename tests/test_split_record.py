@@ -140,3 +140,17 @@ def test_the_stored_records_of_3a_and_3b_are_one_run_split_by_key():
     assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "03a_raifle_recsys"
     assert "ch3a_auc_fncf_emb" in a["values"] and "ch3a_draws_auc_fncf_emb" in a["values"]
     assert "ch3a_ldp_eps500" in b["values"] and "ch3a_prune90" in b["values"] and "ch3a_item_norm" in b["values"]
+
+
+def test_the_stored_records_of_3c_and_3d_are_one_run_split_by_key():
+    a = records.load("03c_raifle_oltr", "paper", ROOT / "chapters" / "records")
+    d = records.load("03d_raifle_oltr_defenses", "paper", ROOT / "chapters" / "records")
+    assert a is not None and d is not None
+    assert not set(a["values"]) & set(d["values"])
+    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
+        assert a[field] == d[field], field
+    assert a["split_from"] == d["split_from"] and a["split_from"]["chapter"] == "03c_raifle_oltr"
+    assert "ch3c_fig5_single" in a["values"] and "ch3c_sa_err" in a["values"] and "ch3c_pir_tpr" in a["values"]
+    assert "ch3c_ldp_nn_adm" in d["values"] and "ch3c_prune_min90" in d["values"] and "ch3c_flag_n" in d["values"]
+    assert "ch3c_ks_neural_16q_adm_eps500" in d["values"]     # Tables 4-5 beyond 8 queries: paper scale only
+    assert not any(k.startswith("ch3c_budget_") for k in a["values"])   # glued since the record was made

@@ -1,7 +1,11 @@
-"""Chapter 3c's experiments: the sweeps of RAIFLE Section 4 (Pham, Kulkarni & Houmansadr) against
-federated online learning to rank, as the chapter runs them (Figs. 5-7 and 11, Tables 4-5 and 8, the
-secure aggregation and PIR bypasses end to end), with the chapter's "paper vs ours" tables and
-figures. The attack itself is :mod:`fedlab.attacks.interaction_inference.oltr`.
+"""The experiments of chapters 3c and 3d: the sweeps of RAIFLE Section 4 (Pham, Kulkarni & Houmansadr) against
+federated online learning to rank, as the chapters run them, with their "paper vs ours" tables and figures.
+Chapter 3c (``chapters/03c_raifle_oltr.ipynb``) runs the attack: Figs. 5 and 11, the settings tables, the
+secure aggregation and PIR bypasses end to end; chapter 3d (``chapters/03d_raifle_oltr_defenses.ipynb``) the
+defenses: local DP (Figs. 6-7, Tables 4-5 and 8), gradient pruning (Fig. 9) and the client's data validation
+(Sec. 5.1), the last on chapter 3c's users rebuilt from the same seeds (:func:`fig5_cases`,
+:func:`noisy_adm_cases`, :func:`sa_bypass_case`). The attack itself is
+:mod:`fedlab.attacks.interaction_inference.oltr`.
 
 Functions whose name ends in ``_grid`` run one sweep for every ranker of ``rankers``, a dict
 ``{name: hidden layer sizes}`` (the chapter's ``{"linear": (), "neural": (16, 8)}``), in that order,
@@ -25,14 +29,33 @@ from ..privacy.ldp import gaussian_sigma, ldp_clip_norm, ldp_gaussian
 from .tables import scale_cells, scale_pairs, settings_header
 
 __all__ = ["noise_replacement_grid", "SETTINGS", "SETTING_LABELS", "settings_grid", "update_drift", "order_mismatch", "settings_table",
-           "settings_values", "adm_query_sweep", "noisy_adm_sweep", "sa_bypass_experiment", "ldp_sweep",
-           "click_model_rows", "fig5_grid", "fig5_plot", "fig5_mean", "fig5_summary", "PAPER_FIG5", "FIG5_NAMES",
-           "fig5_table", "adm_gain", "noisy_adm_grid", "noisy_adm_plot", "PAPER_FIG11", "noisy_name", "noisy_values",
+           "settings_values", "adm_query_cases", "adm_query_sweep", "noisy_adm_sweep", "sa_bypass_case",
+           "sa_bypass_experiment", "ldp_sweep", "click_model_rows", "fig5_cases", "fig5_grid", "fig5_plot", "fig5_mean", "fig5_summary", "PAPER_FIG5", "FIG5_NAMES",
+           "fig5_table", "adm_gain", "noisy_adm_cases", "noisy_adm_grid", "noisy_adm_plot", "PAPER_FIG11", "noisy_name", "noisy_values",
            "noisy_table", "pir_experiment", "pir_grid", "ldp_grid", "ldp_grids", "ldp_plot", "PAPER_KS", "PAPER_KS_NAV", "ks_pvalues", "ks_values",
            "ks_table", "ks_queries_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "table8_rise", "prune_grid", "prune_plot",
            "PAPER_FIG9", "prune_values", "prune_table", "flag_rounds", "ldp_boxplot", "RECORD_LABELS",
+           "DEFENSE_RECORD_LABELS",
            "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table", "REFERENCE_BUDGET",
            "budget_check", "budget_table"]
+
+
+def _query_cases(data, hidden, Q: int, click_models: list, num_users: int, *, lr: float, seed: int) -> list:
+    """``[((click_model, adm), case)]`` that :func:`adm_query_sweep` attacks at ``Q`` queries, in its batch order
+    (the position is the case's ``group``)."""
+    cfgs = [(c, a) for c in click_models for a in ([False] if Q == 1 else [False, True])]
+    return [((c, a), make_oltr_case(data, num_users, Q, hidden, click_model=c, adm=a, lr=lr, group=g,
+                                    seed=seed + 1000 * Q + 10 * click_models.index(c) + len(hidden)))
+            for g, (c, a) in enumerate(cfgs)]
+
+
+def adm_query_cases(data, hidden, queries, click_models, num_users: int, *, lr: float, seed: int = 0) -> dict:
+    """The users :func:`adm_query_sweep` simulates, not attacked: ``{(Q, click_model, adm): OltrCase}``, each the
+    case the sweep attacks for the same arguments (same seeds: the same lists, clicks and updates). Chapter 3d
+    checks the client's data validation (RAIFLE Sec. 5.1) on them."""
+    click_models = list(click_models)
+    return {(Q, *cfg): case for Q in queries
+            for cfg, case in _query_cases(data, hidden, Q, click_models, num_users, lr=lr, seed=seed)}
 
 
 def adm_query_sweep(data, hidden, queries, click_models, num_users: int, *, lr: float, max_iter: int,
@@ -49,14 +72,11 @@ def adm_query_sweep(data, hidden, queries, click_models, num_users: int, *, lr: 
     click_models = list(click_models)
     auc_out, cases_out = {}, {}
     for Q in queries:
-        cfgs = [(c, a) for c in click_models for a in ([False] if Q == 1 else [False, True])]
-        cases = [make_oltr_case(data, num_users, Q, hidden, click_model=c, adm=a, lr=lr, group=g,
-                                seed=seed + 1000 * Q + 10 * click_models.index(c) + len(hidden))
-                 for g, (c, a) in enumerate(cfgs)]
-        case = cat_cases(cases)
+        built = _query_cases(data, hidden, Q, click_models, num_users, lr=lr, seed=seed)
+        case = cat_cases([one for _, one in built])
         auc = attack_oltr(case, max_iter=max_iter, seed=seed)
-        for g, (c, a) in enumerate(cfgs):
-            auc_out[(Q, c, a)], cases_out[(Q, c, a)] = auc[case.group == g], cases[g]
+        for g, ((c, a), one) in enumerate(built):
+            auc_out[(Q, c, a)], cases_out[(Q, c, a)] = auc[case.group == g], one
     return auc_out, cases_out
 
 
@@ -66,12 +86,31 @@ def noisy_adm_sweep(data, hidden, noise_stds, num_users: int, num_queries: int, 
     """RAIFLE App. C.5 (Fig. 11): the same users attacked without ADM (key ``None``) and with ADM
     whose unallocated features are filled with server-known noise of each std in ``noise_stds``
     (0 = exact zeros). Returns ``(auc, cases)`` keyed by the std: [num_users] AUC tensors, cases."""
-    keys = [None] + list(noise_stds)
-    cases = [make_oltr_case(data, num_users, num_queries, hidden, click_model=click_model, adm=s is not None,
-                            noise_std=s or 0.0, lr=lr, group=g, seed=seed + 50) for g, s in enumerate(keys)]
-    case = cat_cases(cases)
+    cases = _noisy_cases(data, hidden, noise_stds, num_users, num_queries, click_model=click_model, lr=lr, seed=seed)
+    case = cat_cases(list(cases.values()))
     auc = attack_oltr(case, max_iter=max_iter, seed=seed)
-    return {s: auc[case.group == g] for g, s in enumerate(keys)}, dict(zip(keys, cases))
+    return {s: auc[case.group == g] for g, s in enumerate(cases)}, cases
+
+
+def _noisy_cases(data, hidden, noise_stds, num_users: int, num_queries: int, *, click_model: str, lr: float,
+                 seed: int) -> dict:
+    """``{std: OltrCase}`` that :func:`noisy_adm_sweep` attacks (``None`` first: no ADM), in its batch order."""
+    keys = [None] + list(noise_stds)
+    return {s: make_oltr_case(data, num_users, num_queries, hidden, click_model=click_model, adm=s is not None,
+                              noise_std=s or 0.0, lr=lr, group=g, seed=seed + 50) for g, s in enumerate(keys)}
+
+
+def sa_bypass_case(data, hidden, group_size: int, D: torch.Tensor, *, lr: float, generator: torch.Generator,
+                   seed: int = 0):
+    """The group :func:`sa_bypass_experiment` simulates, before secure aggregation: ``group_size`` users (user 0
+    the target) train one query from one global ranker drawn from ``generator`` on the features the server
+    manipulated (:func:`~fedlab.attacks.interaction_inference.oltr.sa_bypass_features`: the target keeps only the
+    features in ``D``, a [num_features] bool mask, every other user only the rest). Returns the
+    :class:`~fedlab.attacks.interaction_inference.oltr.OltrCase`; ``generator`` has drawn the ranker and nothing
+    else, so a fresh generator of the experiment's seed gives the experiment's group."""
+    theta = init_rankers(1, data.num_features, hidden, generator=generator)[0]
+    return make_oltr_case(data, group_size, 1, hidden, lr=lr, theta0=theta, seed=seed + 7,
+                          manipulate=lambda X, m: sa_bypass_features(X, 0, D))
 
 
 def sa_bypass_experiment(data, hidden, group_size: int, D: torch.Tensor, *, lr: float, max_iter: int,
@@ -83,11 +122,9 @@ def sa_bypass_experiment(data, hidden, group_size: int, D: torch.Tensor, *, lr: 
 
     Returns ``{"err": max abs error of the recovered coordinates, "auc": the target's AUC,
     "num_recovered", "num_params", "case", "masked": what the users sent}``. ``generator`` draws the
-    global ranker and the masks.
+    global ranker and the masks; the group is :func:`sa_bypass_case`'s.
     """
-    theta = init_rankers(1, data.num_features, hidden, generator=generator)[0]
-    case = make_oltr_case(data, group_size, 1, hidden, lr=lr, theta0=theta, seed=seed + 7,
-                          manipulate=lambda X, m: sa_bypass_features(X, 0, D))
+    case = sa_bypass_case(data, hidden, group_size, D, lr=lr, generator=generator, seed=seed)
     masked = sa.mask_updates(case.update.double(), generator=generator)
     recovered = sa_recover(sa.unmask_sum(masked), D, hidden).float()
     coords = first_layer_mask(D, hidden)
@@ -190,6 +227,13 @@ def fig5_grid(data, rankers: dict, queries, click_models, num_users: int, *, lr:
         auc_out.update({(model, *k): v for k, v in auc.items()})
         cases_out.update({(model, *k): v for k, v in cases.items()})
     return auc_out, cases_out
+
+
+def fig5_cases(data, rankers: dict, queries, click_models, num_users: int, *, lr: float, seed: int = 0) -> dict:
+    """The users of :func:`fig5_grid`, not attacked: ``{(ranker, Q, click_model, adm): OltrCase}``, the cases
+    ``fig5_grid`` returns for the same arguments (:func:`adm_query_cases` per ranker)."""
+    return {(model, *k): v for model, hidden in _rankers(rankers).items()
+            for k, v in adm_query_cases(data, hidden, queries, click_models, num_users, lr=lr, seed=seed).items()}
 
 
 def fig5_plot(fig5: dict, rankers, queries, click_models):
@@ -480,6 +524,15 @@ def noisy_adm_grid(data, rankers: dict, noise_stds, num_users: int, num_queries:
         noisy.update({(model, s): a.mean().item() for s, a in auc.items()})
         noisy_cases.update({(model, s): c for s, c in cases.items()})
     return noisy, noisy_cases
+
+
+def noisy_adm_cases(data, rankers: dict, noise_stds, num_users: int, num_queries: int, *, lr: float,
+                    click_model: str = "informational", seed: int = 0) -> dict:
+    """The users of :func:`noisy_adm_grid`, not attacked: ``{(ranker, std): OltrCase}`` (std ``None``: the same
+    users without ADM), the cases ``noisy_adm_grid`` returns for the same arguments."""
+    return {(model, s): c for model, hidden in _rankers(rankers).items()
+            for s, c in _noisy_cases(data, hidden, noise_stds, num_users, num_queries, click_model=click_model,
+                                     lr=lr, seed=seed).items()}
 
 
 def noisy_adm_plot(noisy: dict, rankers, noise_stds, num_queries: int):
@@ -1059,7 +1112,7 @@ def ldp_boxplot(ldp_auc: dict, rankers, num_queries: int, eps: float):
     return ax
 
 
-#: the chapter's headline numbers: glued name -> label, for the table of this build against the record
+#: chapter 3c's headline numbers (the attack): glued name -> label, for the table of this build against the record
 RECORD_LABELS = {
     "ch3c_users": "users per cell (Fig. 5)",
     "ch3c_fig5_single": "Fig. 5: 1 query, AUC (lower of the two rankers)",
@@ -1072,6 +1125,9 @@ RECORD_LABELS = {
     "ch3c_noisy_nn": "Fig. 11: neural, ADM noise 0.1",
     "ch3c_sa_err": "SA bypass: max abs error of the recovered update",
     "ch3c_pir_tpr_ldp": "PIR bypass under LDP ε=100: true-positive rate",
+    "ch3c_total_s": "notebook run time (s)"}
+#: chapter 3d's headline numbers (the defenses): glued name -> label, for its table of this build against the record
+DEFENSE_RECORD_LABELS = {
     "ch3c_ldp_lin1_eps10": "LDP ε=10: linear, 1 query, AUC", "ch3c_ks_lin1_eps10": "LDP ε=10: K-S p-value",
     "ch3c_ldp_nn_noadm": "LDP ε=500: neural, 8 queries", "ch3c_ldp_nn_adm": "LDP ε=500: neural, 8 queries, ADM",
     "ch3c_prune_min90": "Fig. 9: 90 % pruned, lowest mean AUC",
@@ -1082,7 +1138,7 @@ RECORD_LABELS = {
     "ch3c_ndcg_linear_inf": "Table 8: linear NDCG@10, no noise",
     "ch3c_ndcg_neural_eps1": "Table 8: neural NDCG@10, ε=1",
     "ch3c_ndcg_neural_inf": "Table 8: neural NDCG@10, no noise",
-    "ch3c_total_s": "notebook run time (s)"}
+    "ch3d_total_s": "notebook run time (s)"}
 
 
 # ---------------------------------------------------------------------------------------------------

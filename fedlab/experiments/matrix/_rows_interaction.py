@@ -146,7 +146,7 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
     :func:`fedlab.experiments.chapter3c.sa_bypass_experiment`, one query, 4 groups of 4). Under DP-FedAvg
     the curious server sees the clipped update before its noise, an outsider (``outsider``) the noisy
     release. Under pruning and top-k (and a user defense that publishes its mask) the cell is the attacker who
-    compares only the sent coordinates (:func:`_oltr_aware`), with ``@naive``, ``@loss`` and ``@loss_truth``
+    compares only the sent coordinates (:func:`_oltr_aware`, chapter 3d's mask-aware attack), with ``@naive``, ``@loss`` and ``@loss_truth``
     beside it. Every column's users start from the same points (user ids ``0..U-1`` in each column), so a cell
     does not depend on the columns run with it. Metric: mean AUC over users of the inferred clicks."""
     U, Q, group = _size(tiny, tiny_value=8, quick=32, paper=64), 8, 4
