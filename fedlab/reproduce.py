@@ -224,7 +224,7 @@ def resolve_chapters(name: str, chapters: list[Chapter]) -> list[Chapter]:
     path: ``chapters/02_pac_identifiability.ipynb``); a chapter number with its letter, padded or not, with
     or without ``ch`` (``1a``, ``01a``, ``ch3c``, ``4``, ``04``: see :func:`chapter_aliases`); or a
     unique prefix of a stem (``03a_rai``). A number without its letter where the chapter has several
-    (``1`` for 01a, 01c and 01d) is ambiguous.
+    (``1`` for 01a, 01b, 01c and 01d) is ambiguous.
 
     Except: where one chapter of that number has no letter, the bare number names it (``6`` is 06_flower,
     beside 06b_flower_secagg).

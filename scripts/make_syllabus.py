@@ -32,6 +32,8 @@ CHAPTERS = {
     "00_fl_primer": ("Run FedSGD, FedAvg and selective sharing, and see what the server receives.", ()),
     "01a_gradient_leakage": ("Reconstruct a client's inputs and labels from one update (DLG, iDLG, Inverting "
                              "Gradients) and see when it stops working.", ("00_fl_primer",)),
+    "01b_gradient_defenses": ("Judge noise and pruning by the attacker who knows them, and see why secure aggregation "
+                              "does not stop a malicious server (the imprint module).", ("01a_gradient_leakage",)),
     "01c_membership_inference": ("Infer membership from the models a federation exchanges: passive over many "
                                  "rounds, LiRA, white-box, and the active gradient-ascent attack.", ("00_fl_primer",)),
     "01d_membership_defenses": ("Defend against membership inference with client-level DP (DP-FedAvg) and keep "
@@ -65,10 +67,10 @@ CHAPTERS = {
                    "04_model_reconstruction", "04b_reconstruction_heuristic")),
     "06b_flower_secagg": ("Run Flower's secure aggregation (SecAgg+): what it hides, what the sum still gives "
                           "away, and what a server that lies gets.",
-                          ("01a_gradient_leakage", "02b_pac_defenses", "06_flower")),
+                          ("01b_gradient_defenses", "02b_pac_defenses", "06_flower")),
     "07_matrix": ("Every attack against every defense in one table, under each attacker's threat model.",
-                  ("01a_gradient_leakage", "01c_membership_inference", "02_pac_identifiability", "03a_raifle_recsys",
-                   "03c_raifle_oltr", "04_model_reconstruction", "06b_flower_secagg")),
+                  ("01a_gradient_leakage", "01b_gradient_defenses", "01c_membership_inference", "02_pac_identifiability",
+                   "03a_raifle_recsys", "03c_raifle_oltr", "04_model_reconstruction", "06b_flower_secagg")),
 }
 
 #: the stored record of each chapter, as (record stem, scale); default (stem, "paper")
@@ -76,7 +78,8 @@ RECORDS = {"07_matrix": ("matrix", "paper")}
 
 #: a suggested split into lectures of LECTURE_MINUTES minutes: (title, chapters)
 LECTURES = [
-    ("Federated learning, and what one update gives away", ("00_fl_primer", "01a_gradient_leakage")),
+    ("Federated learning, and what one update gives away", ("00_fl_primer", "01a_gradient_leakage",
+                                                            "01b_gradient_defenses")),
     ("Membership inference and client-level DP", ("01c_membership_inference", "01d_membership_defenses")),
     ("Exact recovery with guarantees, and what defends against it", ("02_pac_identifiability", "02b_pac_defenses")),
     ("Interactions from recommendation and ranking updates", ("03a_raifle_recsys", "03b_raifle_recsys_defenses",

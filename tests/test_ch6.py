@@ -98,7 +98,7 @@ def test_least_squares_clients_are_chapter_4s():
         ex.least_squares_clients(0, num_clients=0)
 
 
-def test_imprint_clients_is_chapter_1a_setting():
+def test_imprint_clients_is_chapter_1b_setting():
     clients, model_fn, X = ex.imprint_clients(0, num_clients=2, batch_size=3, num_bins=16)
     assert X.shape == (6, 64) and torch.equal(clients[1][0], X[3:]) and float(X.max()) <= 1.0
     m = model_fn()

@@ -203,7 +203,7 @@ def test_secagg_training_follows_fedavg_over_rounds():
 
 
 def test_imprint_through_the_secagg_aggregate():
-    """Chapter 1a's imprint attack on one FedSGD round of 4 clients x 8 digits: without SecAgg+ Flower's round
+    """Chapter 1b's imprint attack on one FedSGD round of 4 clients x 8 digits: without SecAgg+ Flower's round
     gives imprint_attack's recovery; under SecAgg+ with Flower's defaults at lr 0.1 the rounding buries it
     (0 digits, seeds 0-3); with lr 1000 and Q = 2^29 the server recovers the same digits as without."""
     from fedlab.attacks import imprint as imp

@@ -257,13 +257,14 @@ def test_the_real_book_takes_the_short_names():
               "03b": "03b_raifle_recsys_defenses", "ch3b": "03b_raifle_recsys_defenses",   # 3a's defenses half
               "05": "05_dprivacy_ifca", "6": "06_flower", "0": "00_fl_primer",
               "1d": "01d_membership_defenses", "01d": "01d_membership_defenses", "ch1d": "01d_membership_defenses",
+              "1b": "01b_gradient_defenses", "01b": "01b_gradient_defenses", "ch1b": "01b_gradient_defenses",
               "1c": "01c_membership_inference", "ch1c": "01c_membership_inference",
               "5": "05_dprivacy_ifca", "ch5": "05_dprivacy_ifca", "5b": "05b_dprivacy_experiments",
               "05b": "05b_dprivacy_experiments", "ch5b": "05b_dprivacy_experiments"}
     for name, stem in expect.items():
         assert [c.stem for c in rp.resolve_chapters(name, chapters)] == [stem], name
-    with pytest.raises(ValueError, match=r"'1' is ambiguous \(01a_gradient_leakage, 01c_membership_inference, "
-                                         r"01d_membership_defenses\)"):
+    with pytest.raises(ValueError, match=r"'1' is ambiguous \(01a_gradient_leakage, 01b_gradient_defenses, "
+                                         r"01c_membership_inference, 01d_membership_defenses\)"):
         rp.resolve_chapters("1", chapters)
 
 

@@ -18,7 +18,7 @@ and chapter 6's :func:`fedsgd_clients`.
   same attack on :func:`fedlab.fl.fedavg`'s run (:class:`fedlab.attacks.model_reconstruction.Eavesdropper`);
 * :func:`secagg_stages`, :func:`secagg_markdown`, :func:`masked_uniformity`: what a Flower server receives
   under SecAgg+, stage by stage;
-* :func:`imprint_clients`, :func:`imprint_rows`, :func:`imprint_markdown`: chapter 1a's imprint attack by a
+* :func:`imprint_clients`, :func:`imprint_rows`, :func:`imprint_markdown`: chapter 1b's imprint attack by a
   malicious server through SecAgg+'s aggregate (:func:`fedlab.flower.attacks.imprint_from_aggregate`);
 * :func:`secagg_outcome`, :func:`exposed_model`, :func:`survivor_average`, :func:`malicious_markdown`: a
   malicious server inside SecAgg+ (:mod:`fedlab.flower.attacks`' false dropout, split view and model
@@ -482,7 +482,7 @@ def masked_uniformity(transcript: Transcript, reference: Transcript, round: int 
 
 
 def imprint_clients(seed: int, *, num_clients: int = 4, batch_size: int = 8, num_bins: int = 256):
-    """Chapter 1a's imprint setting (``imprint_demo``) as a federation: ``num_clients`` clients with
+    """Chapter 1b's imprint setting (``chapter1a.imprint_demo``) as a federation: ``num_clients`` clients with
     ``batch_size`` scikit-learn digits each, drawn without replacement (numpy generator ``seed``),
     flattened to ``[batch_size, 64]`` with their labels; and the malicious server's model: the imprint
     module (:func:`fedlab.attacks.imprint.imprint_model`, ``num_bins`` bins, a random unit measurement
@@ -534,12 +534,12 @@ def imprint_rows(runs: Mapping[str, Transcript], X: torch.Tensor, *, tol: float 
 
 
 def imprint_markdown(rows: Mapping[str, dict], expected: float) -> MarkdownText:
-    """:func:`imprint_rows` as a Markdown table, with the expected rate ``(k / (k + 1))^n`` of chapter 1a."""
+    """:func:`imprint_rows` as a Markdown table, with the expected rate ``(k / (k + 1))^n`` of chapter 1b."""
     cells = [[label, "none" if r["quantization_range"] is None else f"$2^{{{int(np.log2(r['quantization_range']))}}}$",
               f"{r['lr']:g}", f"{r['rate']:.3f}", f"{r['median_error']:.1e}"] for label, r in rows.items()]
     table = md_table(["run", "SecAgg+ quantization $Q$", "learning rate sent", "digits recovered",
                       "median relative error"], cells, align="lrrrr")
-    return MarkdownText(f"{table}\n\nChapter 1a's expected rate for this many digits and bins: {expected:.3f}.")
+    return MarkdownText(f"{table}\n\nChapter 1b's expected rate for this many digits and bins: {expected:.3f}.")
 
 
 # ------------------------------------------------------------------------------------------------

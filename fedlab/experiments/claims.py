@@ -322,6 +322,20 @@ CLAIMS: list[Claim] = [
     Claim("01a_gradient_leakage", "9 local steps at η = 0.1: the attacker who simulates them beats the one who "
           "treats the update as one gradient (success rate)", "unroll_rate_1", "direction", "ch1a-batch-steps",
           direction=(">", "unroll_one_1"), source="(Geiping et al., Sec. 5)", limits=UNIT),
+    # 01b: Zhu et al. 2019 (Sec. 5) judged by the attacker who knows the defense, Fowl et al. 2022: statements, no
+    # numbers (Zhu et al. show images per noise level and pruned fraction)
+    Claim("01b_gradient_defenses", "Gaussian noise of σ = 0.1 on the gradient stops DLG (mean PSNR in dB, below the "
+          "20 dB bar)", "psnr_sigma_hi", "direction", "ch1b-cheap-defenses", direction=("<", 20.0), digits=1,
+          source="(Zhu et al. 2019, Sec. 5)"),
+    Claim("01b_gradient_defenses", "... at the price of an update that is mostly noise (relative error of the sent "
+          "update)", "cost_sigma_hi", "direction", "ch1b-cheap-defenses", direction=(">", 1.0), digits=2,
+          source="(Zhu et al. 2019, Sec. 5)"),
+    Claim("01b_gradient_defenses", "with 90 % of the gradient pruned, DLG that matches only the sent coordinates beats "
+          "Zhu et al.'s DLG (mean PSNR in dB)", "psnr_p90_aware", "direction", "ch1b-cheap-defenses",
+          direction=(">", "psnr_p90"), digits=1, source="(Zhu et al. 2019, Sec. 5; the attacker who knows the defense)"),
+    Claim("01b_gradient_defenses", "secure aggregation does not stop a malicious server: share of 32 digits read exactly "
+          "off the sum of four clients' gradients (imprint module, 256 bins)", "imp_rate", "direction", "ch1b-imprint",
+          direction=(">=", 0.5), source="(Fowl et al. 2022)", limits=UNIT),
     # 01c: Nasr et al. 2019 (via the lecture)
     Claim("01c_membership_inference", "passive server, loss of the last round: membership AUC", "mia_auc_last",
           "interval", "ch1c-passive", paper=_p("chapter1c.LECTURE_WINDOW_AUC", 1),

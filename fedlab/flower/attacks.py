@@ -16,7 +16,7 @@
   :func:`~fedlab.attacks.model_reconstruction.reconstruct_heuristic` (Algorithm 3, chapter 4b);
 * under Flower's SecAgg+ (``secagg=True`` runs), where no reply carries a model:
   :func:`secagg_error_bound` (how far the decoded average may sit from the exact one) and
-  :func:`imprint_from_aggregate`, chapter 1a's imprint attack (Fowl et al. 2022) read off the aggregate
+  :func:`imprint_from_aggregate`, chapter 1b's imprint attack (Fowl et al. 2022) read off the aggregate
   by a malicious server (:func:`fedlab.attacks.imprint.recover_from_imprint`), and
   :func:`item_sums_from_aggregate`, chapter 2b's per-item sums (London 2020, Sec. 6) read off the aggregate
   by an honest-but-curious server.
@@ -348,7 +348,7 @@ class ImprintFromAggregate:
 def imprint_from_aggregate(transcript: Transcript, *, weight_name: str = "imprint.weight",
                            bias_name: str = "imprint.bias", round: int = 1, X_true: torch.Tensor | None = None,
                            tol: float = 1e-4) -> ImprintFromAggregate:
-    """Chapter 1a's imprint attack (Fowl et al. 2022, Sec. 3) on what a server learns under secure
+    """Chapter 1b's imprint attack (Fowl et al. 2022, Sec. 3) on what a server learns under secure
     aggregation: the change of the global model in ``round``, ``w_{round-1} - w_round``, which is ``lr`` times
     the weighted sum of the clients' gradients when they run FedSGD on the imprinted model
     (:func:`fedlab.attacks.imprint.imprint_model`) the server sent. The rows of the imprint layer

@@ -120,7 +120,7 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("ig", "Inverting Gradients (colour crops)", "01a_gradient_leakage", "mean PSNR (dB)", True,
            "honest-but-curious server inverts each client's gradient (cosine distance + TV prior)", _ig_row,
            "PSNR of each crop's mean-colour image", secagg_group=2),
-    Attack("imprint", "Imprint (Robbing the Fed)", "01a_gradient_leakage", "share of digits recovered", True,
+    Attack("imprint", "Imprint (Robbing the Fed)", "01b_gradient_defenses", "share of digits recovered", True,
            "malicious server sends an imprinted model and reads inputs from the gradient", _imprint_row,
            "share of digits the pool's mean digit matches", not_applicable=_IMPRINT_NA, secagg_group=4,
            observer="malicious server", value_range=UNIT),
