@@ -257,9 +257,6 @@ OVER_TEN: dict[str, int] = {
     "fedlab.fl.oltr.federated_oltr": 15,
     "fedlab.fl.personalization.centaur": 11,
     "fedlab.fl.protocols.selective_sgd": 11,
-    "fedlab.flower.apps.run": 19,
-    "fedlab.flower.apps.server_app": 18,
-    "fedlab.flower.deploy.write_app": 19,
     "fedlab.reproduce.reproduce": 11,
 }
 
