@@ -253,7 +253,6 @@ OVER_TEN: dict[str, int] = {
     "fedlab.experiments.chapter3b.utility_grid": 11,
     "fedlab.experiments.chapter4.adult_experiment": 11,
     "fedlab.experiments.chapter4.leaf_table1": 11,
-    "fedlab.fl.ifca.ifca": 16,
     "fedlab.fl.oltr.federated_oltr": 15,
     "fedlab.fl.personalization.centaur": 11,
     "fedlab.fl.protocols.selective_sgd": 11,
