@@ -254,7 +254,6 @@ OVER_TEN: dict[str, int] = {
     "fedlab.experiments.chapter4.adult_experiment": 11,
     "fedlab.experiments.chapter4.leaf_table1": 11,
     "fedlab.fl.oltr.federated_oltr": 15,
-    "fedlab.fl.protocols.selective_sgd": 11,
     "fedlab.reproduce.reproduce": 11,
 }
 

@@ -127,8 +127,8 @@ def test_selective_sgd_runs_are_selective_sgd(digits, trace):
     net, w0, _, test, clients = digits
     cfgs = [dict(criterion=c, upload_fraction=u, threshold=1e-3) for c in ("largest", "random") for u in (1.0, 0.1)]
     local = fl.LocalTraining(lr=0.1, batch_size=10)
-    want = [fl.selective_sgd(net, clients["iid"], num_rounds=2, local=local, params=w0, seed=4, eval_data=test, **c)
-            for c in cfgs]
+    want = [fl.selective_sgd(net, clients["iid"], num_rounds=2, sharing=fl.Sharing(**c), local=local, params=w0, seed=4,
+                             eval_data=test) for c in cfgs]
     got = stacked.selective_sgd_runs(net, clients["iid"], cfgs, num_rounds=2, local=local, params=w0, seed=4,
                                      eval_data=test)
     for a, b in zip(want, got):
