@@ -251,7 +251,6 @@ OVER_TEN: dict[str, int] = {
     "fedlab.experiments.chapter3b.pir_experiment": 13,
     "fedlab.experiments.chapter3b.utility_grid": 11,
     "fedlab.fl.oltr.federated_oltr": 15,
-    "fedlab.reproduce.reproduce": 11,
 }
 
 
