@@ -302,7 +302,7 @@ def optimum_status(reached: float, truth: float) -> str:
     (plus 1e-3) above the truth's loss (the optimiser failed: what the attack recovered is a lower bound on what
     leaks), ``"below"`` when it ended under the truth's loss (the objective has better answers than the truth, so
     no optimiser finds the truth through it), else ``"reached"``. The one rule of the book's optimum checks
-    (Chapter 3a's pruning sweep, the matrix's mask-aware cells). Raises ``ValueError`` for a loss that is negative
+    (Chapter 3b's pruning sweep, the matrix's mask-aware cells). Raises ``ValueError`` for a loss that is negative
     or not finite."""
     for name, v in (("reached", reached), ("truth", truth)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:

@@ -228,7 +228,7 @@ def compare_rows(current: dict, recorded: dict | None, labels: dict, digits: int
 
 def describe(record: dict | None, *, stem: str | None = None) -> str:
     """One sentence on a stored record (seeds, seconds per seed, machine, date, commit, failing seeds, the
-    rows of a matrix record run again since, ``reruns``, and the chapter a split record came from, ``split_from``),
+    rows of a matrix record run again since, ``reruns``, the chapter a split record came from, ``split_from``, and the page's old name, ``renamed``),
     or how to make one when there is none."""
     if record is None:
         cmd = f"python -m fedlab reproduce {stem or '<chapter>'} --scale paper --seeds 0,1,2"
@@ -247,5 +247,8 @@ def describe(record: dict | None, *, stem: str | None = None) -> str:
             + (f" It is the part of that run's record which this chapter glues: the chapter was split out of "
                f"{split['chapter']} on {split.get('split', '?')}, so the seconds are the whole unsplit chapter's."
                if (split := record.get("split_from")) else "")
+            + (f" The record was made when its chapter was named {ren['from']}; renumbered on {ren.get('date', '?')} "
+               f"({ren.get('what', '')})."
+               if (ren := record.get("renamed")) else "")
             + "".join(f" Rows {', '.join(r.get('rows', []))} were run again at commit {r.get('commit', '?')} "
                       f"({r.get('date', '?')}) at the same seeds." for r in record.get("reruns") or []))

@@ -31,7 +31,7 @@ A run never replaces a stored record with fewer seeds: if ``<stem>.<scale>.json`
 seeds that would be lost (:func:`check_stored_seeds`); ``--seeds`` with every stored seed, another
 ``--out`` or ``--force`` go on. Seeds of two runs are never merged into one record (a record holds one
 commit's values at every seed); the matrix's rows can be (``reproduce matrix --rows``, :func:`merge_matrix_rows`:
-a row is re-run at every stored seed, and the record's ``reruns`` names its commit). A chapter is named by its stem, its number (``1a``, ``01a``, ``ch3b``, ``4``) or a unique
+a row is re-run at every stored seed, and the record's ``reruns`` names its commit). A chapter is named by its stem, its number (``1a``, ``01a``, ``ch3c``, ``4``) or a unique
 prefix of its stem (:func:`resolve_chapters`); an unknown name gets a "did you mean".
 
 ``python -m fedlab reproduce matrix`` is the one name that is not a notebook: it runs the attack x defense
@@ -46,7 +46,7 @@ Usage::
     python -m fedlab reproduce --list
     python -m fedlab reproduce matrix --seeds 0-2
     python -m fedlab reproduce 02 --scale quick --seeds 1,2 --out /tmp/rec
-    python -m fedlab reproduce 3b --scale paper --seeds 0-4 --jobs 2
+    python -m fedlab reproduce 3c --scale paper --seeds 0-4 --jobs 2
     python -m fedlab reproduce all --scale paper --seeds 0,1,2 --jobs 2
 """
 from __future__ import annotations
@@ -203,7 +203,7 @@ def _stem_number(stem: str) -> tuple[int, str] | None:
 
 def chapter_aliases(stem: str) -> list[str]:
     """The short names that :func:`resolve_chapters` takes for the notebook ``stem``: for
-    ``03b_raifle_oltr`` ``["03b", "3b", "ch3b", "ch03b"]``, for ``04_model_reconstruction`` ``["04", "4",
+    ``03c_raifle_oltr`` ``["03c", "3c", "ch3c", "ch03c"]``, for ``04_model_reconstruction`` ``["04", "4",
     "ch4", "ch04"]`` (matching ignores case, and ``chapter``/``chap`` may stand for ``ch``, with an
     optional ``-``, ``_``, ``.`` or space after it). Empty for a stem without a chapter number."""
     number = _stem_number(stem)
@@ -222,9 +222,9 @@ def _alias_key(name: str) -> tuple[int, str] | None:
 def resolve_chapters(name: str, chapters: list[Chapter]) -> list[Chapter]:
     """The chapters that ``name`` names: ``all``; a notebook stem (``02_pac_identifiability``, also as a
     path: ``chapters/02_pac_identifiability.ipynb``); a chapter number with its letter, padded or not, with
-    or without ``ch`` (``1a``, ``01a``, ``ch3b``, ``4``, ``04``: see :func:`chapter_aliases`); or a
+    or without ``ch`` (``1a``, ``01a``, ``ch3c``, ``4``, ``04``: see :func:`chapter_aliases`); or a
     unique prefix of a stem (``03a_rai``). A number without its letter where the chapter has several
-    (``1`` for 01a, 01b and 01c) is ambiguous.
+    (``1`` for 01a, 01b, 01c and 01d) is ambiguous.
 
     Except: where one chapter of that number has no letter, the bare number names it (``6`` is 06_flower,
     beside 06b_flower_secagg).
@@ -482,7 +482,7 @@ def _client_class():
         The cause of the hang seen in ``reproduce`` (kernel idle, nbclient in ``run_notebook``, and the
         cell taking exactly its time limit to "finish": 1200 s a cell at paper scale) is a lost wake-up of
         the shell socket. nbclient mimics an Output widget by sending a ``comm_msg`` on the shell channel
-        for every output the widget captures (chapters 1b and 5 have one); jupyter_client sends it through
+        for every output the widget captures (chapters 1c and 5 have one); jupyter_client sends it through
         a *blocking shadow* of the asyncio socket, which bypasses pyzmq's bookkeeping of the socket's
         edge-triggered file descriptor. When the cell's reply arrives just before such a send, the send
         consumes the descriptor's wake-up and the asyncio poll waiting for the reply sleeps until its
@@ -1519,14 +1519,14 @@ its record goes to <chapter>.<scale>.failed.json rather than replace a stored
 record without failures.
 
 CHAPTER is a notebook name (02_pac_identifiability), its number (2, 02, 1a,
-01a, ch3b), 'all' for every chapter, or 'matrix' for the attack x defense
+01a, ch3c), 'all' for every chapter, or 'matrix' for the attack x defense
 matrix."""
 
 HELP_EXAMPLES = """\
 examples:
   python -m fedlab reproduce --list
   python -m fedlab reproduce 02 --seeds 0-4
-  python -m fedlab reproduce 03b --scale paper --seeds 0-4 --jobs 2
+  python -m fedlab reproduce 03c --scale paper --seeds 0-4 --jobs 2
   python -m fedlab reproduce all --seeds 0,1,2 --out /tmp/records
   python -m fedlab reproduce matrix --seeds 0-2
   python -m fedlab reproduce matrix --scale paper --seeds 0-9 --rows rs,oltr"""
@@ -1538,7 +1538,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("reproduce", help="run chapters at several seeds and store their numbers",
                        description=HELP_DESCRIPTION, epilog=HELP_EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("chapter", nargs="?", help="a notebook name or number (02_pac_identifiability, 2, 3b, ch1a), "
+    r.add_argument("chapter", nargs="?", help="a notebook name or number (02_pac_identifiability, 2, 3c, ch1a), "
                                               "'all', or 'matrix' (the attack x defense matrix)")
     r.add_argument("--list", action="store_true",
                    help="list the chapters and their stored records (seeds, seconds per seed) and exit")
@@ -1601,7 +1601,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{c.stem:32s} {c.title}{_stored_times(c.stem, out_dir)}")
             return 0
         if not args.chapter:
-            print("error: give a CHAPTER (a stem, its number such as 02 or 3b, 'all' or 'matrix') or --list",
+            print("error: give a CHAPTER (a stem, its number such as 02 or 3c, 'all' or 'matrix') or --list",
                   file=sys.stderr)
             return 2
         if args.jobs < 1:

@@ -32,16 +32,26 @@ CHAPTERS = {
     "00_fl_primer": ("Run FedSGD, FedAvg and selective sharing, and see what the server receives.", ()),
     "01a_gradient_leakage": ("Reconstruct a client's inputs and labels from one update (DLG, iDLG, Inverting "
                              "Gradients) and see when it stops working.", ("00_fl_primer",)),
-    "01b_membership_inference": ("Infer membership from the models a federation exchanges: passive over many "
+    "01b_gradient_defenses": ("Judge noise and pruning by the attacker who knows them, and see why secure aggregation "
+                              "does not stop a malicious server (the imprint module).", ("01a_gradient_leakage",)),
+    "01c_membership_inference": ("Infer membership from the models a federation exchanges: passive over many "
                                  "rounds, LiRA, white-box, and the active gradient-ascent attack.", ("00_fl_primer",)),
-    "01c_membership_defenses": ("Defend against membership inference with client-level DP (DP-FedAvg) and keep "
-                                "utility with fine-tuning and Centaur.", ("00_fl_primer", "01b_membership_inference")),
+    "01d_membership_defenses": ("Defend against membership inference with client-level DP (DP-FedAvg) and keep "
+                                "utility with fine-tuning and Centaur.", ("00_fl_primer", "01c_membership_inference")),
     "02_pac_identifiability": ("Recover a user's private vector exactly from its messages (London's Theorems "
-                               "1-3) and price the attack in ε.", ("00_fl_primer",)),
-    "03a_raifle_recsys": ("Infer a user's interactions from federated recommendation updates (RAIFLE).",
-                          ("00_fl_primer", "01a_gradient_leakage")),
-    "03b_raifle_oltr": ("The same attack against federated online learning to rank, with active data "
-                        "manipulation and LDP.", ("03a_raifle_recsys",)),
+                               "1-3) and check each bound against what the attack needs.", ("00_fl_primer",)),
+    "02b_pac_defenses": ("Price that attack in ε when clipped noise makes each message a Gaussian mechanism, and "
+                         "test the cheap defenses (a zero-probe check, secure aggregation).",
+                         ("02_pac_identifiability",)),
+    "03a_raifle_recsys": ("Infer a user's interactions from federated recommendation updates (RAIFLE, the paper's "
+                          "Table 3), and FCF's in closed form.", ("00_fl_primer", "01a_gradient_leakage")),
+    "03b_raifle_recsys_defenses": ("Defend federated recommendation against RAIFLE with local DP and gradient "
+                                   "pruning, judged by an attacker who knows the defense.", ("03a_raifle_recsys",)),
+    "03c_raifle_oltr": ("The same attack against federated online learning to rank: active data manipulation, "
+                        "and through secure aggregation and PIR.", ("03a_raifle_recsys",)),
+    "03d_raifle_oltr_defenses": ("What local DP, gradient pruning and a client's data validation cost RAIFLE and the "
+                                 "ranker in federated online learning to rank.", ("03b_raifle_recsys_defenses",
+                                                                                  "03c_raifle_oltr")),
     "04_model_reconstruction": ("Reconstruct a least-squares client's local model exactly by eavesdropping on FedAvg "
                                 "rounds, and see what noise and mini-batches cost the attack.", ("00_fl_primer",)),
     "04b_reconstruction_heuristic": ("Run the paper's heuristic for any model (Algorithm 3) on LEAF and Adult, and "
@@ -53,14 +63,14 @@ CHAPTERS = {
                                  "(the paper's Table 2) and DLG on the sanitised update.",
                                  ("01a_gradient_leakage", "05_dprivacy_ifca")),
     "06_flower": ("Run the earlier attacks on a real Flower federation, and see what its DP wrappers protect.",
-                  ("00_fl_primer", "01a_gradient_leakage", "01b_membership_inference", "01c_membership_defenses",
+                  ("00_fl_primer", "01a_gradient_leakage", "01c_membership_inference", "01d_membership_defenses",
                    "04_model_reconstruction", "04b_reconstruction_heuristic")),
     "06b_flower_secagg": ("Run Flower's secure aggregation (SecAgg+): what it hides, what the sum still gives "
                           "away, and what a server that lies gets.",
-                          ("01a_gradient_leakage", "02_pac_identifiability", "06_flower")),
+                          ("01b_gradient_defenses", "02b_pac_defenses", "06_flower")),
     "07_matrix": ("Every attack against every defense in one table, under each attacker's threat model.",
-                  ("01a_gradient_leakage", "01b_membership_inference", "02_pac_identifiability", "03a_raifle_recsys",
-                   "03b_raifle_oltr", "04_model_reconstruction", "06b_flower_secagg")),
+                  ("01a_gradient_leakage", "01b_gradient_defenses", "01c_membership_inference", "02_pac_identifiability",
+                   "03a_raifle_recsys", "03c_raifle_oltr", "04_model_reconstruction", "06b_flower_secagg")),
 }
 
 #: the stored record of each chapter, as (record stem, scale); default (stem, "paper")
@@ -68,10 +78,12 @@ RECORDS = {"07_matrix": ("matrix", "paper")}
 
 #: a suggested split into lectures of LECTURE_MINUTES minutes: (title, chapters)
 LECTURES = [
-    ("Federated learning, and what one update gives away", ("00_fl_primer", "01a_gradient_leakage")),
-    ("Membership inference and client-level DP", ("01b_membership_inference", "01c_membership_defenses")),
-    ("Exact recovery with guarantees", ("02_pac_identifiability",)),
-    ("Interactions from recommendation and ranking updates", ("03a_raifle_recsys", "03b_raifle_oltr")),
+    ("Federated learning, and what one update gives away", ("00_fl_primer", "01a_gradient_leakage",
+                                                            "01b_gradient_defenses")),
+    ("Membership inference and client-level DP", ("01c_membership_inference", "01d_membership_defenses")),
+    ("Exact recovery with guarantees, and what defends against it", ("02_pac_identifiability", "02b_pac_defenses")),
+    ("Interactions from recommendation and ranking updates", ("03a_raifle_recsys", "03b_raifle_recsys_defenses",
+                                                              "03c_raifle_oltr", "03d_raifle_oltr_defenses")),
     ("Models from eavesdropping; d-privacy", ("04_model_reconstruction", "04b_reconstruction_heuristic",
                                               "05_dprivacy_ifca", "05b_dprivacy_experiments")),
     ("A real federation, and the whole picture", ("06_flower", "06b_flower_secagg", "07_matrix")),
@@ -104,7 +116,7 @@ def reading_minutes(words: int) -> int:
 
 def run_time(stem: str, root: Path = ROOT) -> str:
     """``"12 min (n = 5)"``: the stored record's mean minutes per seed and its seeds (``"2 min (n = 3,
-    quick scale)"`` for a record at another scale than paper; ``"5 min (n = 5, unsplit 01b)"`` for a record
+    quick scale)"`` for a record at another scale than paper; ``"5 min (n = 5, unsplit 01c)"`` for a record
     split out of another chapter's, whose seconds are the whole unsplit chapter's), or ``"no record"``."""
     from fedlab import records
 

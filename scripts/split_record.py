@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Split a stored record by key when its chapter is split into several notebooks (issue 39 item 3: chapter 1b
-into 01b_membership_inference and 01c_membership_defenses).
+"""Split a stored record by key when its chapter is split into several notebooks (issue 39 item 3: chapter 1c
+into 01c_membership_inference and 01d_membership_defenses).
 
-    python scripts/split_record.py chapters/records/01b_membership_inference.paper.json \\
-        --keys-from /tmp/quick 01b_membership_inference 01c_membership_defenses [--out chapters/records]
+    python scripts/split_record.py chapters/records/01c_membership_inference.paper.json \\
+        --keys-from /tmp/quick 01c_membership_inference 01d_membership_defenses [--out chapters/records]
 
 Each new notebook's keys are those of its record in ``--keys-from`` (``<stem>.<scale>.json`` of any scale, run
 with ``python -m fedlab reproduce <stem> --scale quick --out DIR``, after checking that the split changed no

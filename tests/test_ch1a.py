@@ -97,7 +97,7 @@ def test_small_attack_grids_run_and_plot(lenet_setup):
 
 
 def test_the_attacker_who_knows_the_pruning_mask_beats_the_naive_one(lenet_setup):
-    """Chapter 1a section 7 (and its key takeaway): DLG that matches only the coordinates a pruned update sends
+    """Chapter 1b section 1 (and its key takeaway): DLG that matches only the coordinates a pruned update sends
     beats Zhu et al.'s DLG, which asks for the withheld zeros too, at 70 % and 90 % pruning (the page's setting:
     four digits, 2 calls of L-BFGS(20), seed 0); its reported loss is the masked one, 0 at the truth and above
     0 where it stopped; a mask-aware setting runs in its own stacked call, so the naive results do not depend on

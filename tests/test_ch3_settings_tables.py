@@ -1,4 +1,4 @@
-"""The settings tables of chapters 3a and 3b (paper / reference code / ours): every row complete, and the
+"""The settings tables of chapters 3a and 3c (paper / reference code / ours): every row complete, and the
 "ours" column computed from the notebook's constants and the library's defaults, never typed by hand."""
 import inspect
 
@@ -11,7 +11,7 @@ from fedlab.attacks.interaction_inference import recsys as attack_recsys
 from fedlab.attacks.interaction_inference.recsys import make_recsys_case
 from fedlab.data.letor import synthetic_letor
 from fedlab.data.movielens import UserItems
-from fedlab.experiments import chapter3a, chapter3b
+from fedlab.experiments import chapter3a, chapter3c
 from fedlab.fl import oltr as fl_oltr
 from fedlab.privacy import ldp
 
@@ -75,7 +75,7 @@ SETTINGS_3B = {"synthetic_queries": (300, 1000), "fig5_queries": ([1, 8, 16], [1
 
 
 def _table3b(data, **kw):
-    """Chapter 3b's table; ``queries``, ``num_users``, ``max_iter`` in ``kw`` set the quick-scale value of
+    """Chapter 3c's table; ``queries``, ``num_users``, ``max_iter`` in ``kw`` set the quick-scale value of
     ``fig5_queries``, ``num_users``, ``max_iter``."""
     settings = dict(kw.pop("settings", SETTINGS_3B))
     for arg, name in (("queries", "fig5_queries"), ("num_users", "num_users"), ("max_iter", "max_iter")):
@@ -85,7 +85,7 @@ def _table3b(data, **kw):
                 clients_per_round=100, settings=settings)
     args.update(kw)
     rankers = args.pop("rankers", {"linear": (), "neural": (16, 8)})
-    return chapter3b.reference_settings_table(data, rankers, **args)
+    return chapter3c.reference_settings_table(data, rankers, **args)
 
 
 def _check_complete(table):
@@ -181,7 +181,7 @@ def test_3a_bad_input():
         _table3a(table3_users=8, num_users_total=5)
 
 
-def test_3b_ours_follows_the_constants(letor):
+def test_3c_ours_follows_the_constants(letor):
     base = _ours(_table3b(letor))
     # synthetic data is drawn with the scale's number of queries
     assert base["data"].startswith(f"synthetic (MQ2007-shaped): 300 queries, {letor.num_features} features, 3 relevance grades")
@@ -211,7 +211,7 @@ def test_3b_ours_follows_the_constants(letor):
     assert "perfect click 0, 0.5, 1" in other["click model"] and "at Q = 4:" in other["ADM"]
 
 
-def test_3b_ours_reads_library_defaults(letor, monkeypatch):
+def test_3c_ours_reads_library_defaults(letor, monkeypatch):
     base = _ours(_table3b(letor))
     assert base["starts"].startswith(f"{inspect.signature(attack_recsys.raifle).parameters['num_restarts'].default} per user")
     assert "top 10" in base["displayed list"] and "random order" in base["local training"]
@@ -226,7 +226,7 @@ def test_3b_ours_reads_library_defaults(letor, monkeypatch):
     assert patched["local training"].endswith("in display order")
 
 
-def test_3b_bad_input(letor):
+def test_3c_bad_input(letor):
     with pytest.raises(ValueError, match="click model"):
         _table3b(letor, click_models=["bored"])
     with pytest.raises(ValueError, match="fig5_queries"):
@@ -265,13 +265,13 @@ def test_default_settings_are_the_modules_and_follow_a_change(monkeypatch, letor
 
     kw = dict(click_models=["navigational", "informational"], lr=0.1, epsilons=EPS, delta=1e-8, sensitivity=0.5,
               clients_per_round=100)
-    base3b = chapter3b.reference_settings_table(letor, {"linear": ()}, **kw)
-    it_q, it_p = chapter3b.SCALE_SETTINGS["max_iter"]
+    base3b = chapter3c.reference_settings_table(letor, {"linear": ()}, **kw)
+    it_q, it_p = chapter3c.SCALE_SETTINGS["max_iter"]
     assert _ours(base3b)["budget"].startswith(f"{it_q} loss evaluations")
     assert _ours(base3b, "paper")["budget"].startswith(f"{it_p} loss evaluations")
-    monkeypatch.setitem(chapter3b.SCALE_SETTINGS, "max_iter", (31, it_p))
-    monkeypatch.setitem(chapter3b.SCALE_SETTINGS, "num_rounds", (chapter3b.SCALE_SETTINGS["num_rounds"][0], 999))
-    changed = chapter3b.reference_settings_table(letor, {"linear": ()}, **kw)
+    monkeypatch.setitem(chapter3c.SCALE_SETTINGS, "max_iter", (31, it_p))
+    monkeypatch.setitem(chapter3c.SCALE_SETTINGS, "num_rounds", (chapter3c.SCALE_SETTINGS["num_rounds"][0], 999))
+    changed = chapter3c.reference_settings_table(letor, {"linear": ()}, **kw)
     assert _ours(changed)["budget"].startswith("31 loss evaluations")
     assert _ours(changed, "paper")["federated training (Table 8)"].startswith("999 rounds")
     assert _ours(changed, "paper")["budget"] == _ours(base3b, "paper")["budget"]
@@ -308,7 +308,7 @@ DEPARTURES_3B = [
 ]
 
 
-@pytest.mark.parametrize("chapter", ["3a", "3b"])
+@pytest.mark.parametrize("chapter", ["3a", "3c"])
 def test_every_departure_has_its_row(chapter, letor):
     table, departures = (_table3a(), DEPARTURES_3A) if chapter == "3a" else (_table3b(letor), DEPARTURES_3B)
     rows = {r[0]: r for r in table[1]}
@@ -328,25 +328,39 @@ def _notebook_code(stem):
     return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
 
 
-@pytest.mark.parametrize("stem,module", [("03a_raifle_recsys", chapter3a), ("03b_raifle_oltr", chapter3b)])
-def test_notebook_reads_every_scale_setting_from_the_module(stem, module):
-    """The tables' columns are the notebook's settings only if the notebook runs with them: every
-    SCALE_SETTINGS entry is read by ``ex.scaled`` and no scale-dependent number is typed with fedlab.pick."""
-    code = _notebook_code(stem)
+@pytest.mark.parametrize("stems,module", [(("03a_raifle_recsys", "03b_raifle_recsys_defenses"), chapter3a),
+                                          (("03c_raifle_oltr", "03d_raifle_oltr_defenses"), chapter3c)])
+def test_notebook_reads_every_scale_setting_from_the_module(stems, module):
+    """The tables' columns are the notebooks' settings only if the notebooks run with them: every
+    SCALE_SETTINGS entry is read by ``ex.scaled`` (the tables of 3a and 3c also give the settings of the
+    defense sweeps of 3b and 3d, so each pair of pages together) and no scale-dependent number is typed with fedlab.pick; the table
+    is on the first page."""
+    codes = [_notebook_code(stem) for stem in stems]
     for name in module.SCALE_SETTINGS:
-        assert f'ex.scaled("{name}")' in code, name
-    assert "fedlab.pick(" not in code and "ex.reference_settings_table(" in code
+        assert any(f'ex.scaled("{name}")' in code for code in codes), name
+    assert all("fedlab.pick(" not in code for code in codes) and "ex.reference_settings_table(" in codes[0]
+
+
+def test_3a_and_3b_run_with_the_ldp_constants_the_table_shows():
+    """Chapter 3a's settings table and chapter 3b's sweeps read RAIFLE's LDP settings from the module's constants,
+    so the table shows the values the sweeps run with."""
+    for stem in ("03a_raifle_recsys", "03b_raifle_recsys_defenses"):
+        code = _notebook_code(stem)
+        assert "ex.LDP_EPSILONS" in code and "ex.LDP_DELTA" in code and "ex.LDP_SENSITIVITY" in code, stem
+        assert "500.0]" not in code and '"fcf": 100.0' not in code, stem
+    assert chapter3a.LDP_EPSILONS == (1.0, 10.0, 20.0, 100.0, 500.0) and chapter3a.LDP_DELTA == 1e-8
+    assert chapter3a.LDP_SENSITIVITY == {"fcf": 100.0, "fncf_items": 0.005, "fncf_params": 0.7}   # RAIFLE Sec. 4.1.1
 
 
 def test_scaled_picks_by_scale(monkeypatch):
     monkeypatch.setenv("FEDLAB_SCALE", "quick")
     assert chapter3a.scaled("fcf_max_iter") == chapter3a.SCALE_SETTINGS["fcf_max_iter"][0]
-    q = chapter3b.scaled("fig5_queries")
-    assert q == chapter3b.SCALE_SETTINGS["fig5_queries"][0] and q is not chapter3b.SCALE_SETTINGS["fig5_queries"][0]
+    q = chapter3c.scaled("fig5_queries")
+    assert q == chapter3c.SCALE_SETTINGS["fig5_queries"][0] and q is not chapter3c.SCALE_SETTINGS["fig5_queries"][0]
     monkeypatch.setenv("FEDLAB_SCALE", "paper")
     assert chapter3a.scaled("table3_users") is None
-    assert chapter3b.scaled("num_rounds") == chapter3b.SCALE_SETTINGS["num_rounds"][1]
-    for module in (chapter3a, chapter3b):
+    assert chapter3c.scaled("num_rounds") == chapter3c.SCALE_SETTINGS["num_rounds"][1]
+    for module in (chapter3a, chapter3c):
         with pytest.raises(ValueError, match="name"):
             module.scaled("fcf_iters")
 
@@ -361,20 +375,20 @@ class _Run:
 
 def test_table8_rise():
     ndcg = {("linear", 1.0): 0.30, ("linear", None): 0.50, ("neural", 1.0): 0.40, ("neural", None): 0.45}
-    run = _Run({"ch3b_ndcg_linear_inf": [0.8, 0.9, 0.7], "ch3b_ndcg_linear_eps1": [0.3, 0.3, 0.3]})
-    (header, rows), values = chapter3b.table8_rise(ndcg, ["linear", "neural"], run)
+    run = _Run({"ch3c_ndcg_linear_inf": [0.8, 0.9, 0.7], "ch3c_ndcg_linear_eps1": [0.3, 0.3, 0.3]})
+    (header, rows), values = chapter3c.table8_rise(ndcg, ["linear", "neural"], run)
     plots.md_table(header, rows)
     lin, nn = rows
-    assert lin[1] == pytest.approx(chapter3b.PAPER_T8["linear"][-1] - chapter3b.PAPER_T8["linear"][0])
-    assert lin[2] == pytest.approx(0.2) and values["ch3b_t8_rise_linear"] == pytest.approx(0.2)
+    assert lin[1] == pytest.approx(chapter3c.PAPER_T8["linear"][-1] - chapter3c.PAPER_T8["linear"][0])
+    assert lin[2] == pytest.approx(0.2) and values["ch3c_t8_rise_linear"] == pytest.approx(0.2)
     # rises 0.5, 0.6, 0.4: mean 0.5, t interval half-width 4.303 * 0.1 / sqrt(3) = 0.248
     assert lin[3] == "0.500 ± 0.248 (n = 3)" and lin[4] == "0.400 to 0.600"
-    assert values["ch3b_t8_rise_linear_paper"] == lin[3]
+    assert values["ch3c_t8_rise_linear_paper"] == lin[3]
     assert nn[2] == pytest.approx(0.05) and nn[3] == "no record yet"
     with pytest.raises(ValueError, match="ndcg"):
-        chapter3b.table8_rise({("linear", 1.0): 0.3}, ["linear"], run)
+        chapter3c.table8_rise({("linear", 1.0): 0.3}, ["linear"], run)
     with pytest.raises(ValueError, match="seeds"):
-        chapter3b.table8_rise(ndcg, ["linear"], _Run({"ch3b_ndcg_linear_inf": [0.8], "ch3b_ndcg_linear_eps1": []}))
+        chapter3c.table8_rise(ndcg, ["linear"], _Run({"ch3c_ndcg_linear_inf": [0.8], "ch3c_ndcg_linear_eps1": []}))
 
 
 def _perturbed(value):
@@ -406,7 +420,7 @@ def test_every_scale_setting_reaches_its_column(letor):
         assert _ours(changed) != _ours(base), name
         assert _ours(changed, "paper") == _ours(base, "paper"), name
     assert NOT_IN_TABLE_3A <= set(chapter3a.SCALE_SETTINGS) and set(SETTINGS_3A) == set(chapter3a.SCALE_SETTINGS)
-    assert set(SETTINGS_3B) == set(chapter3b.SCALE_SETTINGS)
+    assert set(SETTINGS_3B) == set(chapter3c.SCALE_SETTINGS)
 
 
 def test_3a_defense_sweeps_state_their_own_budget():

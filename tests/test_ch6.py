@@ -10,7 +10,7 @@ from fedlab.attacks import membership as mia
 from fedlab.experiments import chapter6 as ex
 
 
-def test_membership_federation_is_chapter_1b_setting():
+def test_membership_federation_is_chapter_1c_setting():
     fed = ex.membership_federation(0, num_clients=4, n_per_client=5)
     assert fed.clients.X.shape == (4, 5, 64) and fed.cand_X.shape == (4, 10, 64) and fed.cand_y.shape == (4, 10)
     assert fed.is_member.tolist() == [1] * 5 + [0] * 5
@@ -60,16 +60,16 @@ def test_grey_psnr():
 
 
 def test_compare_markdown_quotes_only_names_the_records_hold():
-    for stem, table in (("01a_gradient_leakage", ex.COMPARE_1A), ("01b_membership_inference", ex.COMPARE_1B)):
+    for stem, table in (("01a_gradient_leakage", ex.COMPARE_1A), ("01c_membership_inference", ex.COMPARE_1B)):
         rec = records.load(stem)
         if rec is None:
             pytest.skip(f"no stored record of {stem}")
         assert set(table) <= set(rec["values"]), (stem, set(table) - set(rec["values"]))
-    defenses = records.load("01c_membership_defenses")   # chapter 1b split in two: its attacks' keys stay in 01b
+    defenses = records.load("01d_membership_defenses")   # chapter 1c split in two: its attacks' keys stay in 01c
     assert defenses is None or not set(ex.COMPARE_1B) & set(defenses["values"])
     ours = {"idlg_acc": 1.0, "dlg_label_acc": 0.875, "dlg_success": 0.75, "dlg_median_psnr": 50.0, "mia_auc": 0.7}
-    text = ex.compare_markdown(ours, lambda n, d: f"1a:{n}:{d}", lambda n, d: f"1b:{n}:{d}", settings={"1a": "fewer digits"})
-    assert "| 1a | iDLG label accuracy | 1.000 | 1a:idlg_acc:3 |" in text and "1b:auc_last:3" in text
+    text = ex.compare_markdown(ours, lambda n, d: f"1a:{n}:{d}", lambda n, d: f"1c:{n}:{d}", settings={"1a": "fewer digits"})
+    assert "| 1a | iDLG label accuracy | 1.000 | 1a:idlg_acc:3 |" in text and "1c:auc_last:3" in text
     assert "| DLG median PSNR (dB) | 50.0 | 1a:dlg_median_psnr:1 |" in text
     assert text.endswith("**1a:** fewer digits")
 
@@ -98,7 +98,7 @@ def test_least_squares_clients_are_chapter_4s():
         ex.least_squares_clients(0, num_clients=0)
 
 
-def test_imprint_clients_is_chapter_1a_setting():
+def test_imprint_clients_is_chapter_1b_setting():
     clients, model_fn, X = ex.imprint_clients(0, num_clients=2, batch_size=3, num_bins=16)
     assert X.shape == (6, 64) and torch.equal(clients[1][0], X[3:]) and float(X.max()) <= 1.0
     m = model_fn()
@@ -122,7 +122,7 @@ def _flower():
     return flower
 
 
-def test_reply_membership_on_a_transcript_equals_chapter_1b_on_fedavg():
+def test_reply_membership_on_a_transcript_equals_chapter_1c_on_fedavg():
     flower = _flower()
     fed = ex.membership_federation(1, num_clients=4, n_per_client=20)
     mlp = lambda: models.mlp(64, (32,), 10, seed=1)  # noqa: E731

@@ -161,14 +161,14 @@ def test_a_missing_record_is_named(tmp_path):
 
 
 def test_paper_ranges_are_read_from_the_constants_text(monkeypatch):
-    from fedlab.experiments import chapter3b
+    from fedlab.experiments import chapter3c
 
-    monkeypatch.setattr(chapter3b, "PAPER_FIG5", {"a": "0.6-0.75", "b": "≳ 0.9", "c": "≈ 0.5", "d": "about half"})
-    assert cl.Paper("chapter3b.PAPER_FIG5", ("a",)).range() == (0.6, 0.75)
-    assert cl.Paper("chapter3b.PAPER_FIG5", ("b",)).range() == (0.9, math.inf)
-    assert cl.Paper("chapter3b.PAPER_FIG5", ("c",)).range() == (0.5, 0.5)
+    monkeypatch.setattr(chapter3c, "PAPER_FIG5", {"a": "0.6-0.75", "b": "≳ 0.9", "c": "≈ 0.5", "d": "about half"})
+    assert cl.Paper("chapter3c.PAPER_FIG5", ("a",)).range() == (0.6, 0.75)
+    assert cl.Paper("chapter3c.PAPER_FIG5", ("b",)).range() == (0.9, math.inf)
+    assert cl.Paper("chapter3c.PAPER_FIG5", ("c",)).range() == (0.5, 0.5)
     with pytest.raises(ValueError, match="cannot read"):
-        cl.Paper("chapter3b.PAPER_FIG5", ("d",)).range()
+        cl.Paper("chapter3c.PAPER_FIG5", ("d",)).range()
     with pytest.raises(ValueError, match="module.NAME"):
         cl.Paper("PAPER_FIG5").range()
     rel = cl.Paper("chapter5.PAPER_TABLE2", (10,), relative_to=(0,)).range()[0]
@@ -177,22 +177,24 @@ def test_paper_ranges_are_read_from_the_constants_text(monkeypatch):
 
 
 def test_chapter2_delta_is_the_notebooks():
-    nb = nbformat.read(ROOT / "chapters" / "02_pac_identifiability.ipynb", as_version=4)
-    found = {float(m) for c in nb.cells if c.cell_type == "code" for m in re.findall(r"^DELTA = ([0-9.e-]+)", c.source, re.M)}
-    assert found == {cl.CHAPTER2_DELTA}
+    for stem in ("02_pac_identifiability", "02b_pac_defenses"):      # 2b rebuilds chapter 2's setting
+        nb = nbformat.read(ROOT / "chapters" / f"{stem}.ipynb", as_version=4)
+        found = {float(m) for c in nb.cells if c.cell_type == "code"
+                 for m in re.findall(r"^DELTA = ([0-9.e-]+)", c.source, re.M)}
+        assert found == {cl.CHAPTER2_DELTA}, stem
 
 
 @pytest.mark.parametrize("stem, phrase, key, word", [
-    ("01b_membership_inference", "**Not reproduced.** The white-box score", "wb_diff", "not reproduced"),
+    ("01c_membership_inference", "**Not reproduced.** The white-box score", "wb_diff", "not reproduced"),
     ("04b_reconstruction_heuristic", "**Verdict: the paper's Table 1 is not reproduced.**", "ch4-t1-last1",
      "not reproduced"),
     ("05b_dprivacy_experiments", "reproduced in direction; our drop is steeper", "ch5_rel10", "in direction only"),
-    ("01b_membership_inference", "reproduced with a learned attack", "act_server_g2_ld", "reproduced"),
-    ("01c_membership_defenses", "heterogeneous, is **not** established here", "ce_minus_ft2", "not reproduced"),
-    ("01c_membership_defenses", "This part reproduces (asserted below)", "snr_gain", "reproduced"),
-    ("01c_membership_defenses", "*Clients agree more on the representation update.* **Not reproduced.**", "agree_ce",
+    ("01c_membership_inference", "reproduced with a learned attack", "act_server_g2_ld", "reproduced"),
+    ("01d_membership_defenses", "heterogeneous, is **not** established here", "ce_minus_ft2", "not reproduced"),
+    ("01d_membership_defenses", "This part reproduces (asserted below)", "snr_gain", "reproduced"),
+    ("01d_membership_defenses", "*Clients agree more on the representation update.* **Not reproduced.**", "agree_ce",
      "not reproduced"),
-    ("01c_membership_defenses", "Centaur beats local-only training at every budget from $\\varepsilon = 1$ up",
+    ("01d_membership_defenses", "Centaur beats local-only training at every budget from $\\varepsilon = 1$ up",
      "pe_ce_minus_lo_1", "reproduced"),
 ])
 def test_the_page_agrees_with_the_chapters_words(recs, stem, phrase, key, word):

@@ -174,3 +174,51 @@ def test_stored_gpu_table3_agrees_with_the_cpu_record():
     seed0 = cpu["seeds"].index(0)
     for name, v in runs.items():
         assert abs(v["auc"] - cpu["values"][f"ch3a_auc_{name}"][seed0]) <= 0.002, (name, v["auc"])
+
+
+@pytest.mark.slow
+def test_device_check_script_runs_on_the_cpu(tmp_path):
+    """scripts/device_check.py (the GPU check of every loop that takes a device) runs here with --devices cpu:
+    every case runs and equals the CPU run exactly."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "c.json"
+    r = subprocess.run([sys.executable, str(root / "scripts" / "device_check.py"), "--devices", "cpu", "--out", str(out)],
+                       capture_output=True, text=True, env={**__import__("os").environ, "FEDLAB_PROGRESS": "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert got["failed"] == 0 and len(got["checks"]) >= 8
+    assert all(v["cpu"]["ok"] and v["cpu"]["max_abs_diff"] == 0.0 for v in got["checks"].values())
+
+
+def test_stored_gpu_device_check_passed():
+    """The H200 run of scripts/device_check.py (chapters/records/device/): every case ran on cuda and cuda:0,
+    returned finite outputs on the CPU, and agreed with the CPU run within the script's tolerance."""
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    got = json.loads((root / "chapters" / "records" / "device" / "device_check_nvidia-h200.json").read_text())
+    assert got["failed"] == 0 and got["gpu"] == "NVIDIA H200"
+    assert {"fedavg", "ifca", "dlg", "inverting_gradients", "raifle_fcf", "raifle_fncf", "raifle_oltr"} <= set(got["checks"])
+    for name, row in got["checks"].items():
+        for dev in ("cuda", "cuda:0"):
+            assert row[dev]["ok"] and row[dev]["max_abs_diff"] <= got["tol"], (name, dev)
+            assert row[dev]["output_devices"] == ["cpu"], (name, dev)
+
+
+def test_stored_gpu_table3_seed_1_agrees_with_the_cpu_record():
+    """A second seed of chapter 3a's Table 3 on the H200 (all 943 users of seed 1) gives the CPU record's seed-1
+    AUCs to within 0.002 as well."""
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    gpu = json.loads((root / "chapters" / "records" / "device" / "03a_table3_nvidia-h200.json").read_text())["seed_1"]
+    cpu = json.loads((root / "chapters" / "records" / "03a_raifle_recsys.paper.json").read_text())
+    runs = {k: v for k, v in gpu["runs"].items() if k != "total_seconds"}
+    assert gpu["users"] == 943 and gpu["seed"] == 1 and len(runs) == 6
+    seed1 = cpu["seeds"].index(1)
+    for name, v in runs.items():
+        assert abs(v["auc"] - cpu["values"][f"ch3a_auc_{name}"][seed1]) <= 0.002, (name, v["auc"])

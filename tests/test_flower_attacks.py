@@ -1,4 +1,4 @@
-"""Chapter 1a's and 1b's attacks on what a Flower server recorded (fedlab.flower.attacks), run on
+"""Chapter 1a's and 1c's attacks on what a Flower server recorded (fedlab.flower.attacks), run on
 transcripts of the Flower apps (in-process engine: the same ServerApp, ClientApp and Recorder)."""
 import numpy as np
 import pytest
@@ -56,7 +56,7 @@ def test_idlg_and_dlg_reconstruct_the_clients_images_from_the_transcript():
 
 
 def test_membership_inference_on_the_models_a_client_returned():
-    """Chapter 1b's passive attack on client 0's returned models: its own 30 training records against 30
+    """Chapter 1c's passive attack on client 0's returned models: its own 30 training records against 30
     outsiders. At seeds 0-9 the AUC was 0.71-0.85 on client 0's models and 0.41-0.67 on client 1's
     (which never trained on them locally), client 0's above client 1's at every seed."""
     parts = demo_clients(3, seed=0)
@@ -203,7 +203,7 @@ def test_secagg_training_follows_fedavg_over_rounds():
 
 
 def test_imprint_through_the_secagg_aggregate():
-    """Chapter 1a's imprint attack on one FedSGD round of 4 clients x 8 digits: without SecAgg+ Flower's round
+    """Chapter 1b's imprint attack on one FedSGD round of 4 clients x 8 digits: without SecAgg+ Flower's round
     gives imprint_attack's recovery; under SecAgg+ with Flower's defaults at lr 0.1 the rounding buries it
     (0 digits, seeds 0-3); with lr 1000 and Q = 2^29 the server recovers the same digits as without."""
     from fedlab.attacks import imprint as imp

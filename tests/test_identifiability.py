@@ -288,7 +288,7 @@ def test_one_nonzero_item_does_not_defeat_the_zero_probe_check():
     blocked = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=5, batch_size=5, lr=1.0,
                                    probe=probe, client=pac.guarded_client_update, num_items=d.num_items)
     assert not blocked.final.any()
-    # lifting every rated item just above atol passes (exercise ch2-ex-tiny)
+    # lifting every rated item just above atol passes (exercise ch2b-ex-tiny)
     atol = 1e-3
     lifted = 2 * atol * torch.nn.functional.normalize(torch.randn(d.num_items, 4, dtype=F64,
                                                                   generator=torch.Generator().manual_seed(0)), dim=1)

@@ -72,7 +72,7 @@ def test_bad_parameters(args, match):
         ldp.ldp_gaussian(torch.ones(2, 3, 4), 1.0, 1e-8, 1.0, mask=torch.ones(3, 3, dtype=torch.bool))
 
 
-# ------------------------------------------------------------------ composition (Chapter 2's DP link)
+# ------------------------------------------------------------------ composition (Chapter 2b's DP link)
 @pytest.mark.slow
 @pytest.mark.parametrize("z,T", [(1.0, 1), (1.0, 10), (4.0, 1000), (0.8, 3)])
 def test_composed_epsilon_equals_dp_accountings_pld(z, T):

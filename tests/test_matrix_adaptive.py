@@ -63,7 +63,7 @@ def test_the_matrix_cell_is_the_adaptive_attack_and_keeps_the_naive_one():
 @pytest.mark.parametrize("row", ["rs", "oltr", "oltr_adm"])
 def test_raifle_cells_under_pruning_are_the_mask_aware_attack_with_the_naive_one_and_its_optimum(row):
     """RAIFLE's rows under pruning and top-k: the cell is the attacker who matches only the coordinates that were
-    sent (Chapter 3a's and 3b's mask-aware RAIFLE), the paper's attacker kept as ``@naive``, with the median loss
+    sent (Chapter 3b's and 3c's mask-aware RAIFLE), the paper's attacker kept as ``@naive``, with the median loss
     the attack reached and the loss at the true interactions. The columns without a mask keep one attacker."""
     out = mx.run_row(row, 0, ["none", "prune90", "topk1", "clip"], tiny=True)
     extra = {c + s for c in ("prune90", "topk1") for s in (mx.NAIVE_SUFFIX, mx.LOSS_SUFFIX, mx.LOSS_TRUTH_SUFFIX)}

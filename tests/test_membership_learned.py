@@ -1,5 +1,5 @@
 """Nasr et al.'s learned membership attack across targets (``mia.learned_loo_scores``) and its use in
-chapter 1b's active-attack sweep."""
+chapter 1c's active-attack sweep."""
 import numpy as np
 import pytest
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fedlab.attacks.interaction_inference import oltr as ro
-from fedlab.experiments import chapter3b as ex
+from fedlab.experiments import chapter3c as ex
 from fedlab.data import ChecksumError, OfflineError, sha256sum
 from fedlab.data.letor import load_letor, normalize_per_query, read_svmlight, synthetic_letor
 from fedlab.fl import oltr
@@ -331,7 +331,7 @@ def test_raifle_single_query_recovers_clicks(data):
 
 @pytest.mark.slow
 def test_adm_helps_linear_ranker_with_mslr_sized_features():
-    """Exercise ch3b-ex-blocks: with MSLR's 136 features (5 grades) each of 16 queries keeps 8-9
+    """Exercise ch3c-ex-blocks: with MSLR's 136 features (5 grades) each of 16 queries keeps 8-9
     features under ADM, and ADM lifts the linear attack (RAIFLE Fig. 5, linear, 16 queries): near
     the ceiling at the paper's eta = 0.1, by more than 0.05 at eta = 1, where the queries couple more."""
     d = synthetic_letor(120, 136, num_grades=5, grade_quantiles=(0.52, 0.84, 0.97, 0.99), seed=1)
@@ -358,7 +358,7 @@ def test_experiment_helpers_keep_users_fixed(data):
 # ------------------------------------------------------------------------- the attacker who knows the pruning
 
 def test_mask_aware_attack_beats_the_papers_on_a_pruned_update(data):
-    """Chapter 3b's pruning section (RAIFLE App. C.4, Fig. 9): with 99 % of a network's update pruned (8 of 872
+    """Chapter 3c's pruning section (RAIFLE App. C.4, Fig. 9): with 99 % of a network's update pruned (8 of 872
     coordinates sent), RAIFLE that compares only the sent coordinates (``knows_mask=True``) reads one query's
     clicks better than the paper's attack, which asks its simulation for the withheld zeros too (seed 0, 6 users:
     0.93 against 0.99 when we ran it). An ignored mask (the paper's attack twice) fails the first assert."""

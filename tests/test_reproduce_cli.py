@@ -20,7 +20,7 @@ def _book(tmp_path: Path) -> Path:
     """A book whose stems are shaped like the real one's (numbers with and without letters, one without a
     number); its notebooks are never run here."""
     (tmp_path / "chapters").mkdir()
-    stems = ["00_intro", "01a_alpha_leakage", "01b_beta", "03b_gamma_oltr", "04_delta", "appendix"]
+    stems = ["00_intro", "01a_alpha_leakage", "01c_beta", "03c_gamma_oltr", "04_delta", "appendix"]
     for stem in stems:
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(f"# {stem}"),
                                              nbformat.v4.new_code_cell("x = 1")])
@@ -185,7 +185,7 @@ def test_the_refusal_from_the_command_line_as_a_user_runs_it(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # chapter aliases and "did you mean"
 def test_chapter_aliases():
-    assert rp.chapter_aliases("03b_raifle_oltr") == ["03b", "3b", "ch3b", "ch03b"]
+    assert rp.chapter_aliases("03c_raifle_oltr") == ["03c", "3c", "ch3c", "ch03c"]
     assert rp.chapter_aliases("04_model_reconstruction") == ["04", "4", "ch4", "ch04"]
     assert rp.chapter_aliases("appendix") == []
 
@@ -201,17 +201,17 @@ def test_short_names_resolve_to_the_notebook(tmp_path):
         assert stem(name) == ["01a_alpha_leakage"], name
     for name in ("4", "04", "004", "ch4", "ch04"):
         assert stem(name) == ["04_delta"], name
-    assert stem("0") == ["00_intro"] and stem("3b") == ["03b_gamma_oltr"] and stem("app") == ["appendix"]
+    assert stem("0") == ["00_intro"] and stem("3c") == ["03c_gamma_oltr"] and stem("app") == ["appendix"]
     assert len(stem("all")) == 6 and len(stem("ALL")) == 6
-    with pytest.raises(ValueError, match=r"'1' is ambiguous \(01a_alpha_leakage, 01b_beta\).*1a, 1b"):
+    with pytest.raises(ValueError, match=r"'1' is ambiguous \(01a_alpha_leakage, 01c_beta\).*1a, 1c"):
         stem("1")
 
 
 def test_a_number_without_its_letter_names_the_chapter_without_a_letter():
     """06_flower beside 06b_flower_secagg: "6" is 06_flower and "6b" the other; where every chapter of a number has
-    a letter (01a, 01b) the bare number stays ambiguous."""
+    a letter (01a, 01c) the bare number stays ambiguous."""
     chapters = [rp.Chapter(s, Path(f"{s}.ipynb"), s) for s in
-                ("01a_alpha", "01b_beta", "06_flower", "06b_flower_secagg", "07_matrix")]
+                ("01a_alpha", "01c_beta", "06_flower", "06b_flower_secagg", "07_matrix")]
 
     def stem(name):
         return [c.stem for c in rp.resolve_chapters(name, chapters)]
@@ -220,7 +220,7 @@ def test_a_number_without_its_letter_names_the_chapter_without_a_letter():
         assert stem(name) == ["06_flower"], name
     for name in ("6b", "06b", "ch6b", "ch06b"):
         assert stem(name) == ["06b_flower_secagg"], name
-    with pytest.raises(ValueError, match=r"'1' is ambiguous \(01a_alpha, 01b_beta\)"):
+    with pytest.raises(ValueError, match=r"'1' is ambiguous \(01a_alpha, 01c_beta\)"):
         stem("1")
     with pytest.raises(ValueError, match="matches no notebook"):
         stem("6c")
@@ -232,22 +232,39 @@ def test_a_number_without_its_letter_names_the_chapter_without_a_letter():
                        "4b": "04b_reconstruction_heuristic", "04b": "04b_reconstruction_heuristic",
                        "ch4b": "04b_reconstruction_heuristic"}.items():   # chapter 4 and its Algorithm 3 half
         assert [c.stem for c in rp.resolve_chapters(name, real)] == [want], name
+    for name, want in {"2": "02_pac_identifiability", "02": "02_pac_identifiability", "ch2": "02_pac_identifiability",
+                       "2b": "02b_pac_defenses", "02b": "02b_pac_defenses",
+                       "ch2b": "02b_pac_defenses"}.items():   # chapter 2 and its defenses half
+        assert [c.stem for c in rp.resolve_chapters(name, real)] == [want], name
+
+
+
+def test_the_real_book_names_chapter_3c_and_its_defenses_half():
+    real = rp.list_chapters(ROOT)
+    for name, want in {"3c": "03c_raifle_oltr", "03c": "03c_raifle_oltr", "ch3c": "03c_raifle_oltr",
+                       "3d": "03d_raifle_oltr_defenses", "03d": "03d_raifle_oltr_defenses",
+                       "ch3d": "03d_raifle_oltr_defenses"}.items():   # RAIFLE on OLTR and its defenses
+        assert [c.stem for c in rp.resolve_chapters(name, real)] == [want], name
 
 
 def test_the_real_book_takes_the_short_names():
     chapters = rp.list_chapters(ROOT)
-    expect = {"1a": "01a_gradient_leakage", "01b": "01b_membership_inference", "2": "02_pac_identifiability",
-              "3a": "03a_raifle_recsys", "ch3b": "03b_raifle_oltr", "4": "04_model_reconstruction",
+    expect = {"1a": "01a_gradient_leakage", "01c": "01c_membership_inference", "2": "02_pac_identifiability",
+              "3a": "03a_raifle_recsys", "ch3c": "03c_raifle_oltr", "4": "04_model_reconstruction",
               "4b": "04b_reconstruction_heuristic",
+              "2b": "02b_pac_defenses",
+              "03a": "03a_raifle_recsys", "ch3a": "03a_raifle_recsys", "3b": "03b_raifle_recsys_defenses",
+              "03b": "03b_raifle_recsys_defenses", "ch3b": "03b_raifle_recsys_defenses",   # 3a's defenses half
               "05": "05_dprivacy_ifca", "6": "06_flower", "0": "00_fl_primer",
-              "1c": "01c_membership_defenses", "01c": "01c_membership_defenses", "ch1c": "01c_membership_defenses",
-              "1b": "01b_membership_inference", "ch1b": "01b_membership_inference",
+              "1d": "01d_membership_defenses", "01d": "01d_membership_defenses", "ch1d": "01d_membership_defenses",
+              "1b": "01b_gradient_defenses", "01b": "01b_gradient_defenses", "ch1b": "01b_gradient_defenses",
+              "1c": "01c_membership_inference", "ch1c": "01c_membership_inference",
               "5": "05_dprivacy_ifca", "ch5": "05_dprivacy_ifca", "5b": "05b_dprivacy_experiments",
               "05b": "05b_dprivacy_experiments", "ch5b": "05b_dprivacy_experiments"}
     for name, stem in expect.items():
         assert [c.stem for c in rp.resolve_chapters(name, chapters)] == [stem], name
-    with pytest.raises(ValueError, match=r"'1' is ambiguous \(01a_gradient_leakage, 01b_membership_inference, "
-                                         r"01c_membership_defenses\)"):
+    with pytest.raises(ValueError, match=r"'1' is ambiguous \(01a_gradient_leakage, 01b_gradient_defenses, "
+                                         r"01c_membership_inference, 01d_membership_defenses\)"):
         rp.resolve_chapters("1", chapters)
 
 
@@ -260,12 +277,12 @@ def test_an_unknown_name_gets_did_you_mean_and_the_valid_names(tmp_path):
         return str(info.value)
 
     msg = error("gamma_otlr")
-    assert "matches no notebook" in msg and "did you mean 03b_gamma_oltr?" in msg, msg
+    assert "matches no notebook" in msg and "did you mean 03c_gamma_oltr?" in msg, msg
     assert "Valid names: 00_intro (0), 01a_alpha_leakage (1a)" in msg and "04_delta (4), appendix" in msg, msg
     assert "'all'" in msg and "'matrix'" in msg
     assert "did you mean 01a_alpha_leakage?" in error("alpah")          # a word of a stem
-    assert "did you mean 01a_alpha_leakage or 01b_beta?" in error("1c")  # a number without that letter
-    assert "did you mean 03b_gamma_oltr?" in error("ch3a")
+    assert "did you mean 01a_alpha_leakage or 01c_beta?" in error("1d")  # a number without that letter
+    assert "did you mean 03c_gamma_oltr?" in error("ch3a")
     assert "did you mean matrix" in error("matirx")
     msg = error("9")                                                    # nothing close: no guess, the names
     assert "did you mean" not in msg and "Valid names" in msg, msg
@@ -288,8 +305,8 @@ def test_help_is_plain_text_with_examples(capsys):
     for raw in ("``", ":func:", ":mod:", "glue"):          # reStructuredText and the book's internal words
         assert raw not in out, raw
     assert "chapters/records/<chapter>.<scale>.json" in out and "--out" in out and "--list" in out
-    assert "python -m fedlab reproduce 03b --scale paper --seeds 0-4 --jobs 2" in out
-    assert "--force" in out and "fewer seeds" in out and "3b" in out
+    assert "python -m fedlab reproduce 03c --scale paper --seeds 0-4 --jobs 2" in out
+    assert "--force" in out and "fewer seeds" in out and "3c" in out
     # the examples keep their lines (a reflowing formatter would run them together)
     assert "\n  python -m fedlab reproduce --list\n" in out
 

@@ -1,5 +1,5 @@
-"""scripts/split_record.py: a stored record split by key when its chapter is split into notebooks (chapter 1b into
-01b_membership_inference and 01c_membership_defenses), and the two stored parts it wrote."""
+"""scripts/split_record.py: a stored record split by key when its chapter is split into notebooks (chapter 1c into
+01c_membership_inference and 01d_membership_defenses), and the two stored parts it wrote."""
 import json
 import sys
 from pathlib import Path
@@ -95,9 +95,9 @@ def test_the_part_that_replaces_the_unsplit_record_is_written_last(tmp_path, mon
     assert order == ["01y_part.paper.json", "01x_whole.paper.json"]
 
 
-def test_the_stored_records_of_1b_and_1c_are_one_run_split_by_key():
-    b = records.load("01b_membership_inference", "paper", ROOT / "chapters" / "records")
-    c = records.load("01c_membership_defenses", "paper", ROOT / "chapters" / "records")
+def test_the_stored_records_of_1c_and_1d_are_one_run_split_by_key():
+    b = records.load("01c_membership_inference", "paper", ROOT / "chapters" / "records")
+    c = records.load("01d_membership_defenses", "paper", ROOT / "chapters" / "records")
     assert b is not None and c is not None
     assert not set(b["values"]) & set(c["values"])
     for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
@@ -116,3 +116,53 @@ def test_the_stored_records_of_4_and_4b_are_one_run_split_by_key():
     assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "04_model_reconstruction"
     assert "ch4-err-d1" in a["values"] and "ch4-mse-dec" in a["values"]
     assert "ch4-t1-dec1" in b["values"] and "ch4-t1-last5" in b["values"] and "ch4-obs7-oracle" in b["values"]
+
+
+def test_the_stored_records_of_1a_and_1b_are_one_run_split_by_key():
+    a = records.load("01a_gradient_leakage", "paper", ROOT / "chapters" / "records")
+    b = records.load("01b_gradient_defenses", "paper", ROOT / "chapters" / "records")
+    assert a is not None and b is not None
+    assert not set(a["values"]) & set(b["values"])
+    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
+        assert a[field] == b[field], field
+    assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "01a_gradient_leakage"
+    assert "idlg_acc" in a["values"] and "rate_k9" in a["values"] and "rule_ig" in a["values"]
+    assert "psnr_p90_aware" in b["values"] and "imp_rate" in b["values"] and "rule_imp" in b["values"]
+
+
+def test_the_stored_records_of_2_and_2b_are_one_run_split_by_key():
+    a = records.load("02_pac_identifiability", "paper", ROOT / "chapters" / "records")
+    b = records.load("02b_pac_defenses", "paper", ROOT / "chapters" / "records")
+    assert a is not None and b is not None
+    assert not set(a["values"]) & set(b["values"])
+    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
+        assert a[field] == b[field], field
+    assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "02_pac_identifiability"
+    assert "ch2_thm1_fail" in a["values"] and "slack2_total_e1" in a["values"] and "prop_err_hat" in a["values"]
+    assert "dp_eps2" in b["values"] and "sa_exposed_10" in b["values"] and "err_evaded" in b["values"]
+
+
+def test_the_stored_records_of_3a_and_3b_are_one_run_split_by_key():
+    a = records.load("03a_raifle_recsys", "paper", ROOT / "chapters" / "records")
+    b = records.load("03b_raifle_recsys_defenses", "paper", ROOT / "chapters" / "records")
+    assert a is not None and b is not None
+    assert not set(a["values"]) & set(b["values"])
+    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
+        assert a[field] == b[field], field
+    assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "03a_raifle_recsys"
+    assert "ch3a_auc_fncf_emb" in a["values"] and "ch3a_draws_auc_fncf_emb" in a["values"]
+    assert "ch3a_ldp_eps500" in b["values"] and "ch3a_prune90" in b["values"] and "ch3a_item_norm" in b["values"]
+
+
+def test_the_stored_records_of_3c_and_3d_are_one_run_split_by_key():
+    a = records.load("03c_raifle_oltr", "paper", ROOT / "chapters" / "records")
+    d = records.load("03d_raifle_oltr_defenses", "paper", ROOT / "chapters" / "records")
+    assert a is not None and d is not None
+    assert not set(a["values"]) & set(d["values"])
+    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
+        assert a[field] == d[field], field
+    assert a["split_from"] == d["split_from"] and a["split_from"]["chapter"] == "03c_raifle_oltr"
+    assert "ch3c_fig5_single" in a["values"] and "ch3c_sa_err" in a["values"] and "ch3c_pir_tpr" in a["values"]
+    assert "ch3c_ldp_nn_adm" in d["values"] and "ch3c_prune_min90" in d["values"] and "ch3c_flag_n" in d["values"]
+    assert "ch3c_ks_neural_16q_adm_eps500" in d["values"]     # Tables 4-5 beyond 8 queries: paper scale only
+    assert not any(k.startswith("ch3c_budget_") for k in a["values"])   # glued since the record was made

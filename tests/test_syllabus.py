@@ -52,9 +52,12 @@ def test_reading_time_counts_the_markdown_words(tmp_path):
 def test_run_time_comes_from_the_record():
     from fedlab import records
 
-    rec = records.load("02_pac_identifiability", "paper", ROOT / "chapters" / "records")
+    rec = records.load("00_fl_primer", "paper", ROOT / "chapters" / "records")
     minutes = sum(rec["seconds"]) / len(rec["seconds"]) / 60
-    assert ms.run_time("02_pac_identifiability") == f"{minutes:.0f} min (n = {len(rec['seconds'])})"
+    assert ms.run_time("00_fl_primer") == f"{minutes:.0f} min (n = {len(rec['seconds'])})"
+    part = records.load("02b_pac_defenses", "paper", ROOT / "chapters" / "records")   # a part of a split record
+    minutes = sum(part["seconds"]) / len(part["seconds"]) / 60
+    assert ms.run_time("02b_pac_defenses") == f"{minutes:.0f} min (n = {len(part['seconds'])}, unsplit 02)"
     mx = records.load("matrix", "paper", ROOT / "chapters" / "records")     # the matrix: its own record's name
     assert ms.run_time("07_matrix") == f"{sum(mx['seconds']) / len(mx['seconds']) / 60:.0f} min (n = {len(mx['seconds'])})"
 

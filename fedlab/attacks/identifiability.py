@@ -895,7 +895,7 @@ def detect_zero_probe(item_vectors: torch.Tensor, items: torch.Tensor, atol: flo
 
     A check on *all* rated items would be defeated by one non-zero item vector among the zeros, for
     any ``atol``; with *any*, the server has to lift every rated item above ``atol`` (the tiny probe
-    of exercise ch2-ex-tiny). An honestly trained catalog has no zero item vector, so honest rounds
+    of exercise ch2b-ex-tiny). An honestly trained catalog has no zero item vector, so honest rounds
     pass. ``item_vectors [I, k]`` or ``[C, I, k]``, ``items [C, N]``; returns bool ``[C]``.
     Raises ``ValueError`` for ``atol < 0``."""
     if not atol >= 0:

@@ -1,16 +1,17 @@
-"""Chapter 1a's experiments (what a gradient gives away): embedding-row leakage of a text model (Melis
-et al. 2019, Sec. 5.1), Deep Leakage from Gradients (Zhu et al. 2019, Alg. 1) and its figures, the iDLG
-label rule (Zhao et al. 2020, Sec. 3.2) against DLG's labels, Inverting Gradients (Geiping et al. 2020,
-Sec. 4) against DLG on a ReLU network, DLG's success against batch size and local steps (Wei et al.
-2020, Table 6a, as quoted by Xu & Neglia 2022, Sec. 1), the noise and pruning defenses of Zhu et
-al. (2019, Sec. 5) with their cost, every PSNR beside two reconstructions that use no gradient (a flat
-grey image and the true image's mean colour), and the imprint module of Robbing the Fed (Fowl et al.
-2022, Sec. 3) against secure aggregation.
+"""The experiments of chapters 1a and 1b. Chapter 1a (what a gradient gives away): embedding-row leakage of a
+text model (Melis et al. 2019, Sec. 5.1), Deep Leakage from Gradients (Zhu et al. 2019, Alg. 1) and its
+figures, the iDLG label rule (Zhao et al. 2020, Sec. 3.2) against DLG's labels, Inverting Gradients (Geiping
+et al. 2020, Sec. 4) against DLG on a ReLU network, DLG's success against batch size and local steps (Wei et
+al. 2020, Table 6a, as quoted by Xu & Neglia 2022, Sec. 1), every PSNR beside two reconstructions that use no
+gradient (a flat grey image and the true image's mean colour), and the widget's noise grid. Chapter 1b
+(``chapters/01b_gradient_defenses.ipynb``, defenses against gradient leakage): the noise and pruning defenses
+of Zhu et al. (2019, Sec. 5) with their cost and the attacker who knows the pruning mask, and the imprint
+module of Robbing the Fed (Fowl et al. 2022, Sec. 3) against secure aggregation.
 
 The attacks themselves live in :mod:`fedlab.attacks.embedding_leakage` and
-:mod:`fedlab.attacks.gradient_inversion`; this module runs them in the chapter's fixed order (so a page
+:mod:`fedlab.attacks.gradient_inversion`; this module runs them in the chapters' fixed order (so a page
 that calls it draws exactly the random numbers it drew when the loops stood in its cells) and draws
-the chapter's tables and figures.
+the chapters' tables and figures.
 """
 from __future__ import annotations
 
@@ -208,7 +209,7 @@ def psnr_summary(psnr, x_true: torch.Tensor) -> dict:
 
 
 def success(psnr, x_true: torch.Tensor, success_db: float) -> np.ndarray:
-    """The chapter's one success rule, for every attack (DLG, Inverting Gradients, the imprint module): a
+    """Chapter 1a's one success rule, for every attack (DLG, Inverting Gradients; chapter 1b's imprint module): a
     reconstruction succeeds when its PSNR is at least ``success_db`` **and** above the PSNR of the true
     image's own mean colour (:func:`fedlab.attacks.gradient_inversion.psnr_baselines`), so that a smooth
     image is not counted as recovered by its average. On the digits the mean colour scores far below 20
@@ -604,7 +605,7 @@ def wei_table(rate_b: Mapping[int, float], rate_k: Mapping[int, float], run, *, 
                                   f"{run.stored(names[k], 2, value_range=(0, 1))}", *extra[k]] for k in WEI_RATES])
 
 
-# --- 6.-7. noise and pruning (Zhu et al. 2019, Sec. 5) ---------------------------------------------
+# --- 1a Sec. 6, 1b Sec. 1: noise and pruning (Zhu et al. 2019, Sec. 5) ------------------------------
 
 def noise_grid(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, sigmas: Sequence[float],
                batch_sizes: Sequence[int], max_iter: int, steps: int | None = None, seed: int = 0) -> dict:
@@ -748,7 +749,7 @@ def plot_defenses(psnr_sigma: Mapping, cost_sigma: Mapping, psnr_prune: Mapping,
     return fig
 
 
-# --- 8. a malicious server against secure aggregation (Fowl et al. 2022) -----------------------------
+# --- 1b Sec. 2: a malicious server against secure aggregation (Fowl et al. 2022) ----------------------
 
 def imprint_demo(X: torch.Tensor, *, num_clients: int, batch_size: int, num_bins: int, seed: int = 0) -> dict:
     """Robbing the Fed (Fowl et al. 2022, Sec. 3) under secure aggregation: ``num_clients`` clients each

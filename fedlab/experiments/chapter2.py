@@ -1,7 +1,8 @@
-"""Chapter 2's experiments: London (2020), "PAC identifiability in federated personalization" --
-Theorem 1 (exact recovery by Protocol 2, Sec. 4), Theorems 2 and 3 (noisy messages, Eq. 3; SGD
-without replacement, Protocol 3, App. A.4) measured against their bounds, and the defenses of
-Sec. 6 (refusing all-zero item vectors, secure aggregation).
+"""The experiments of Chapters 2 and 2b: London (2020), "PAC identifiability in federated personalization".
+Chapter 2: Theorem 1 (exact recovery by Protocol 2, Sec. 4), Theorems 2 and 3 (noisy messages, Eq. 3; SGD
+without replacement, Protocol 3, App. A.4) measured against their bounds, and the bounds' slack; chapter 2b:
+Eq. (3) with clipping as a Gaussian mechanism (the attack's price in epsilon, footnote 5) and the defenses of
+Sec. 6 (refusing all-zero item vectors, secure aggregation, the labels one honest message leaks).
 
 The attack and the bounds are :mod:`fedlab.attacks.identifiability`; the federated recommender is
 :mod:`fedlab.fl.recsys.ratings`. The functions here run the chapter's sweeps in the order the chapter

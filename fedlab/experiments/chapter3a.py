@@ -1,9 +1,9 @@
-"""Chapter 3a's experiments: one honest round of federated recommendation (RAIFLE Section 4.1) for a set
-of users, one Table 3 configuration of the attack run on all of them in batches, and the chapter's
-sweeps and tables (Table 3, App. A on a linear model, LDP with Table 6, pruning). The attacks
-themselves are :func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf` and :func:`fedlab.attacks.interaction_inference.recsys.raifle_fncf`;
+"""Chapters 3a's and 3b's experiments: one honest round of federated recommendation (RAIFLE Section 4.1) for
+a set of users, one Table 3 configuration of the attack run on all of them in batches, and the sweeps and tables
+of chapter 3a (Table 3, App. A on a linear model) and of chapter 3b, its defenses (LDP with Table 6, pruning).
+The attacks themselves are :func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf` and :func:`fedlab.attacks.interaction_inference.recsys.raifle_fncf`;
 the honest round they attack is :func:`fedlab.attacks.interaction_inference.recsys.make_recsys_case` (beside
-chapter 3b's :class:`~fedlab.attacks.interaction_inference.oltr.OltrCase`).
+chapter 3c's :class:`~fedlab.attacks.interaction_inference.oltr.OltrCase`).
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ __all__ = ["attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
            "table3_emb_table", "table3_loss_table",
            "REFERENCE_ATTACK", "table3_reference", "table3_reference_table", "table3_reference_values",
            "FNCF_CONFIGS", "network_draw_seeds", "network_draws_case", "fncf_network_draws", "network_draws_summary",
-           "network_draws_table", "network_draws_values", "table3_boxplot", "linear_case", "loop_vs_batch", "PAPER_TABLE6", "PAPER_TABLE7", "ldp_sigma_rows",
+           "network_draws_table", "network_draws_values", "table3_boxplot", "linear_case", "loop_vs_batch", "PAPER_TABLE6", "PAPER_TABLE7",
+           "LDP_EPSILONS", "LDP_DELTA", "LDP_SENSITIVITY", "ldp_sigma_rows",
            "ldp_updates", "ldp_attack_sweep", "clip_knowledge_rows", "ks_values", "table6_table", "table7_values", "table7_draws", "table7_draws_values", "table7_table",
            "prune_sweep", "prune_curves", "prune_plot", "prune_aware_values", "defense_boxplots", "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table"]
 
@@ -500,6 +501,13 @@ PAPER_TABLE6 = {"FCF": [8.12e-01, 9.99e-01, 9.18e-01, 9.74e-01, 9.96e-01],
                 "FNCF emb": [5.99e-01, 2.94e-01, 9.47e-04, 1.69e-45, 2.53e-170],
                 "FNCF emb model": [4.36e-01, 5.43e-01, 6.41e-03, 2.62e-36, 5.06e-158],
                 "FNCF model": [8.99e-01, 5.43e-01, 1.85e-03, 2.74e-47, 3.27e-187]}
+
+#: RAIFLE Sec. 4.1.1's local-DP settings, which chapter 3b's sweeps run with and chapter 3a's settings table
+#: shows: the epsilon of one release, delta, and the sensitivity Delta_2 of each of a user's three releases
+#: (FCF's items, FNCF's items, FNCF's network; the users clip to Delta_2 / 2, :func:`ldp_updates`)
+LDP_EPSILONS = (1.0, 10.0, 20.0, 100.0, 500.0)
+LDP_DELTA = 1e-8
+LDP_SENSITIVITY = {"fcf": 100.0, "fncf_items": 0.005, "fncf_params": 0.7}
 
 #: RAIFLE Table 7 (MovieLens-100K, no defense): K-S p-values between pairs of variants' AUCs
 PAPER_TABLE7 = [("FNCF emb", "FNCF", 7.89e-94), ("FNCF emb", "FNCF model", 5.96e-93),

@@ -3,29 +3,29 @@ the chapters' federations and attacks run on what a Flower server recorded (Beut
 :mod:`fedlab.flower`). Chapter 6b uses the secure-aggregation helpers below, from :func:`secagg_stages` on,
 and chapter 6's :func:`fedsgd_clients`.
 
-* :func:`membership_federation`: chapter 1b's federation (10 clients with 20 scikit-learn digits each)
+* :func:`membership_federation`: chapter 1c's federation (10 clients with 20 scikit-learn digits each)
   with each client's candidate records (its own 20 members and 20 outsiders);
-* :func:`reply_membership`: chapter 1b's passive attack (:func:`fedlab.flower.attacks.membership_auc`)
+* :func:`reply_membership`: chapter 1c's passive attack (:func:`fedlab.flower.attacks.membership_auc`)
   on every client's returned models, beside a permutation floor (:func:`permutation_floor`) and the
   same attack on the *released global models* (what another participant sees);
 * :func:`fedsgd_clients` / :func:`fedsgd_attack`: chapter 1a's FedSGD victims (one digit per client,
   the sigmoid LeNet) and DLG / iDLG (:func:`fedlab.flower.attacks.invert_gradients`) on the transcript,
   with the PSNR of a flat grey image as the floor a reconstruction has to beat;
 * tables of a transcript's messages, of the DP wrappers' effect and of this chapter beside the stored
-  records of chapters 1a and 1b;
+  records of chapters 1a and 1c;
 * :func:`least_squares_clients`, :func:`eavesdrop_least_squares`, :func:`eavesdrop_logistic`: the
   eavesdropper of chapters 4 and 4b (:func:`fedlab.flower.attacks.reconstruct_local_models`) on a Flower transcript beside the
   same attack on :func:`fedlab.fl.fedavg`'s run (:class:`fedlab.attacks.model_reconstruction.Eavesdropper`);
 * :func:`secagg_stages`, :func:`secagg_markdown`, :func:`masked_uniformity`: what a Flower server receives
   under SecAgg+, stage by stage;
-* :func:`imprint_clients`, :func:`imprint_rows`, :func:`imprint_markdown`: chapter 1a's imprint attack by a
+* :func:`imprint_clients`, :func:`imprint_rows`, :func:`imprint_markdown`: chapter 1b's imprint attack by a
   malicious server through SecAgg+'s aggregate (:func:`fedlab.flower.attacks.imprint_from_aggregate`);
 * :func:`secagg_outcome`, :func:`exposed_model`, :func:`survivor_average`, :func:`malicious_markdown`: a
   malicious server inside SecAgg+ (:mod:`fedlab.flower.attacks`' false dropout, split view and model
   inconsistency), the consistency round (:mod:`fedlab.flower.secagg`) and dropouts, summarised;
 * :func:`item_federation`, :func:`item_sums_check`, :func:`item_sums_markdown`: chapter 2's recommender as a
   Flower federation, and the per-item sums its SecAgg+ aggregate still reveals
-  (:func:`fedlab.flower.attacks.item_sums_from_aggregate`) beside chapter 2's own count
+  (:func:`fedlab.flower.attacks.item_sums_from_aggregate`) beside chapter 2b's own count
   (:func:`fedlab.experiments.chapter2.secagg_experiment`).
 
 This module reads transcripts and never imports ``flwr``; the notebooks run the federations with
@@ -69,13 +69,13 @@ COMPARE_1A = {"idlg_acc": ("idlg_acc", "iDLG label accuracy", 3),
               "dlg_label_acc": ("dlg_label_acc", "DLG label accuracy", 3),
               "dlg_success": ("dlg_success", "DLG success (PSNR ≥ 20 dB)", 3),
               "dlg_median_psnr": ("dlg_median_psnr", "DLG median PSNR (dB)", 1)}
-#: values of chapter 1b's stored record quoted beside ours
+#: values of chapter 1c's stored record quoted beside ours
 COMPARE_1B = {"auc_last": ("mia_auc", "passive MIA AUC, last returned model (mean over clients)", 3)}
 
 
 @dataclass
 class MembershipFederation:
-    """Chapter 1b's federation: ``clients`` (:class:`fedlab.fl.ClientData`, ``K`` clients of ``n``
+    """Chapter 1c's federation: ``clients`` (:class:`fedlab.fl.ClientData`, ``K`` clients of ``n``
     digits), the candidates of each client ``cand_X`` ``[K, 2n, 64]`` / ``cand_y`` ``[K, 2n]`` (its
     ``n`` members first, then ``n`` outsiders), ``is_member`` ``[2n]`` and the ``test`` set."""
 
@@ -87,7 +87,7 @@ class MembershipFederation:
 
 
 def membership_federation(seed: int, *, num_clients: int = 10, n_per_client: int = 20) -> MembershipFederation:
-    """Chapter 1b's setting (its first cells): scikit-learn digits split in half (train / held out),
+    """Chapter 1c's setting (its first cells): scikit-learn digits split in half (train / held out),
     the held-out half split into a pool of outsiders and a test set, ``num_clients`` IID clients of
     ``n_per_client`` training digits, and for every client its members and as many outsiders.
 
@@ -215,7 +215,7 @@ def permutation_floor(scores: torch.Tensor, is_member, *, num_permutations: int 
 
 def reply_membership(model_fn: Callable, transcript: Transcript, fed: MembershipFederation, *,
                      window: int = 1, num_permutations: int = 200, seed: int = 0) -> dict:
-    """Chapter 1b's passive attack on a transcript, for every client on its own candidates.
+    """Chapter 1c's passive attack on a transcript, for every client on its own candidates.
 
     Returns ``{"auc": [K] (each client's AUC from its returned models, mean of the last ``window``),
     "mia_auc": their mean, "floor": the 95 % permutation floor of that mean, "global_auc": the mean
@@ -328,15 +328,15 @@ def defense_markdown(rows: Mapping[str, dict]) -> MarkdownText:
                      for d, r in rows.items()], align="lrrrrrrr")
 
 
-def compare_markdown(ours: Mapping[str, float], paper_1a: Callable[[str], str], paper_1b: Callable[[str], str],
+def compare_markdown(ours: Mapping[str, float], paper_1a: Callable[[str], str], paper_1c: Callable[[str], str],
                      *, settings: Mapping[str, str]) -> MarkdownText:
     """This build's numbers on Flower transcripts beside the stored paper-scale records of chapters 1a
-    and 1b (``paper_1a`` / ``paper_1b``: :meth:`fedlab.records.Run.stored` of those chapters, called with
+    and 1c (``paper_1a`` / ``paper_1c``: :meth:`fedlab.records.Run.stored` of those chapters, called with
     the record's name and the number of decimals), only for
     the names those records hold (:data:`COMPARE_1A`, :data:`COMPARE_1B`). ``settings``: the chapter
     name -> one line on how our setting differs."""
     cells = [[chapter, label, f"{ours[our_name]:.{digits}f}", paper(rec_name, digits)]
-             for chapter, table, paper in (("1a", COMPARE_1A, paper_1a), ("1b", COMPARE_1B, paper_1b))
+             for chapter, table, paper in (("1a", COMPARE_1A, paper_1a), ("1c", COMPARE_1B, paper_1c))
              for rec_name, (our_name, label, digits) in table.items()]
     table = md_table(["chapter", "value", "this build, on the Flower transcript", "stored record of the chapter"],
                      cells, align="llrr")
@@ -482,7 +482,7 @@ def masked_uniformity(transcript: Transcript, reference: Transcript, round: int 
 
 
 def imprint_clients(seed: int, *, num_clients: int = 4, batch_size: int = 8, num_bins: int = 256):
-    """Chapter 1a's imprint setting (``imprint_demo``) as a federation: ``num_clients`` clients with
+    """Chapter 1b's imprint setting (``chapter1a.imprint_demo``) as a federation: ``num_clients`` clients with
     ``batch_size`` scikit-learn digits each, drawn without replacement (numpy generator ``seed``),
     flattened to ``[batch_size, 64]`` with their labels; and the malicious server's model: the imprint
     module (:func:`fedlab.attacks.imprint.imprint_model`, ``num_bins`` bins, a random unit measurement
@@ -534,12 +534,12 @@ def imprint_rows(runs: Mapping[str, Transcript], X: torch.Tensor, *, tol: float 
 
 
 def imprint_markdown(rows: Mapping[str, dict], expected: float) -> MarkdownText:
-    """:func:`imprint_rows` as a Markdown table, with the expected rate ``(k / (k + 1))^n`` of chapter 1a."""
+    """:func:`imprint_rows` as a Markdown table, with the expected rate ``(k / (k + 1))^n`` of chapter 1b."""
     cells = [[label, "none" if r["quantization_range"] is None else f"$2^{{{int(np.log2(r['quantization_range']))}}}$",
               f"{r['lr']:g}", f"{r['rate']:.3f}", f"{r['median_error']:.1e}"] for label, r in rows.items()]
     table = md_table(["run", "SecAgg+ quantization $Q$", "learning rate sent", "digits recovered",
                       "median relative error"], cells, align="lrrrr")
-    return MarkdownText(f"{table}\n\nChapter 1a's expected rate for this many digits and bins: {expected:.3f}.")
+    return MarkdownText(f"{table}\n\nChapter 1b's expected rate for this many digits and bins: {expected:.3f}.")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -630,7 +630,7 @@ def item_federation(seed: int, *, cohort_size: int = 10, num_users: int | None =
 
 def item_sums_check(fed: ItemFederation, sums: "fa.ItemSums", *, seed: int = 0) -> dict:
     """The server's per-item sums (``sums``, from :func:`fedlab.flower.attacks.item_sums_from_aggregate` on
-    the federation's round) against chapter 2's: the clients' exact updates
+    the federation's round) against chapter 2b's: the clients' exact updates
     (:func:`~fedlab.fl.recsys.ratings.protocol1_client_update`, ``R = 1``, ``B = N``), their per-item sums
     and contributor counts (:func:`~fedlab.attacks.identifiability.secure_aggregate_items`) and
     :func:`fedlab.experiments.chapter2.secagg_experiment` on the same cohort (one cohort of ``m``; its
@@ -680,9 +680,9 @@ def item_sums_check(fed: ItemFederation, sums: "fa.ItemSums", *, seed: int = 0) 
 
 
 def item_sums_markdown(check: Mapping) -> MarkdownText:
-    """:func:`item_sums_check` as a Markdown table: chapter 2's exact per-item sums beside the server's."""
+    """:func:`item_sums_check` as a Markdown table: chapter 2b's exact per-item sums beside the server's."""
     r = check
-    table = md_table(["per-item sums of one cohort", "chapter 2 (exact sums)", "Flower's SecAgg+ aggregate"],
+    table = md_table(["per-item sums of one cohort", "chapter 2b (exact sums)", "Flower's SecAgg+ aggregate"],
                      [["items some member trained on", str(r["touched"]), f"{r['readable']} above the rounding bound"],
                       ["items with one contributor", str(r["single"]), f"{r['single_readable']} above the rounding bound"],
                       ["members whose $\\mathbf u_c$ a sum reveals", f"{r['exposed_exact']:.2f}",

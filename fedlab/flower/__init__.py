@@ -8,9 +8,9 @@ what a real Flower server receives.
   Flower's SecAgg+ (:class:`~fedlab.flower.apps.SecAgg`), and the simulation's :class:`~fedlab.flower.apps.Engine`;
 * :mod:`fedlab.flower.transcript` (no ``flwr`` needed): the transcript format and
   :func:`load_transcript`;
-* :mod:`fedlab.flower.attacks` (no ``flwr`` needed): chapter 1a's DLG / iDLG, chapter 1b's passive
-  membership inference and chapter 4's local-model reconstruction on a transcript, and chapter 1a's
-  imprint attack and chapter 2's per-item sums on the aggregate of a SecAgg+ run, and the malicious
+* :mod:`fedlab.flower.attacks` (no ``flwr`` needed): chapter 1a's DLG / iDLG, chapter 1c's passive
+  membership inference and chapter 4's local-model reconstruction on a transcript, and chapter 1b's
+  imprint attack and chapter 2b's per-item sums on the aggregate of a SecAgg+ run, and the malicious
   server inside SecAgg+ (false dropout, split view, model inconsistency);
 * :mod:`fedlab.flower.secagg` (needs ``flwr`` and ``cryptography``): fedlab's SecAgg+ workflow (dropouts in
   any stage up to ``n - t``, a malicious server's hooks, a log of every stage) and Bonawitz et al.'s

@@ -7,7 +7,7 @@
 * :func:`invert_gradients` runs DLG (Zhu et al. 2019) or iDLG (Zhao et al. 2020: the label from the sign
   of the last layer's weight gradient) with :func:`fedlab.attacks.gradient_inversion.dlg` on them, one
   stacked attack over the clients of the round (chapter 1a);
-* :func:`membership_signals` / :func:`membership_auc`: the passive membership inference of chapter 1b
+* :func:`membership_signals` / :func:`membership_auc`: the passive membership inference of chapter 1c
   (per-example loss under the models a client returned, :mod:`fedlab.attacks.membership`);
 * :func:`eavesdropped_pairs` / :func:`reconstruct_local_models`: chapter 4's eavesdropper (Xu & Neglia
   2021) on one client's link, read off the transcript: the (global model sent, model returned) pairs of
@@ -16,9 +16,9 @@
   :func:`~fedlab.attacks.model_reconstruction.reconstruct_heuristic` (Algorithm 3, chapter 4b);
 * under Flower's SecAgg+ (runs with ``aggregation=SecAgg()``), where no reply carries a model:
   :func:`secagg_error_bound` (how far the decoded average may sit from the exact one) and
-  :func:`imprint_from_aggregate`, chapter 1a's imprint attack (Fowl et al. 2022) read off the aggregate
+  :func:`imprint_from_aggregate`, chapter 1b's imprint attack (Fowl et al. 2022) read off the aggregate
   by a malicious server (:func:`fedlab.attacks.imprint.recover_from_imprint`), and
-  :func:`item_sums_from_aggregate`, chapter 2's per-item sums (London 2020, Sec. 6) read off the aggregate
+  :func:`item_sums_from_aggregate`, chapter 2b's per-item sums (London 2020, Sec. 6) read off the aggregate
   by an honest-but-curious server.
 
 * a malicious server inside SecAgg+ (:class:`fedlab.flower.secagg.SecAggWorkflow`'s ``attack``, run with
@@ -160,7 +160,7 @@ def invert_gradients(model_fn: Callable[[], nn.Module], transcript: Transcript, 
 
 def membership_signals(model_fn: Callable[[], nn.Module], transcript: Transcript, partition: int,
                        X: torch.Tensor, y: torch.Tensor, *, rounds=None, signal: str = "loss") -> torch.Tensor:
-    """Chapter 1b's passive signal of candidate records ``(X, y)`` under the models that client
+    """Chapter 1c's passive signal of candidate records ``(X, y)`` under the models that client
     ``partition`` returned (:func:`fedlab.attacks.membership.snapshot_signals`): ``[T, n]``, one row per
     round the client took part in (of ``rounds`` when given).
 
@@ -348,7 +348,7 @@ class ImprintFromAggregate:
 def imprint_from_aggregate(transcript: Transcript, *, weight_name: str = "imprint.weight",
                            bias_name: str = "imprint.bias", round: int = 1, X_true: torch.Tensor | None = None,
                            tol: float = 1e-4) -> ImprintFromAggregate:
-    """Chapter 1a's imprint attack (Fowl et al. 2022, Sec. 3) on what a server learns under secure
+    """Chapter 1b's imprint attack (Fowl et al. 2022, Sec. 3) on what a server learns under secure
     aggregation: the change of the global model in ``round``, ``w_{round-1} - w_round``, which is ``lr`` times
     the weighted sum of the clients' gradients when they run FedSGD on the imprinted model
     (:func:`fedlab.attacks.imprint.imprint_model`) the server sent. The rows of the imprint layer

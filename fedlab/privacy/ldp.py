@@ -9,7 +9,7 @@ privacy-loss-distribution accountant is exact for one Gaussian release -- and th
 ``epsilon <= 1``. The default noise is floating-point-safe: ``ldp_gaussian(..., safe=True)`` uses the
 discrete Gaussian of :mod:`fedlab.privacy.discrete_gaussian` on a public grid (Canonne, Kamath &
 Steinke 2020). RAIFLE's float mechanism, :func:`fedlab.privacy.defenses.gaussian_noise` added in
-floating point, is ``safe=False`` (not private on its float output; Chapters 3a and 3b pass it to
+floating point, is ``safe=False`` (not private on its float output; Chapters 3b, 3c and 3d pass it to
 reproduce the paper's setting); pruning per
 user is :func:`fedlab.privacy.defenses.prune_rows` and clipping :func:`fedlab.privacy.clipping.clip_rows`.
 """
@@ -124,7 +124,7 @@ def ldp_gaussian(update: torch.Tensor, epsilon: float, delta: float, sensitivity
     more noise than the float mechanism (its Renyi accounting is looser than the analytic Gaussian's,
     and rounding inflates the sensitivity by ``grid sqrt(n) / sensitivity``). Its noise is drawn from
     a numpy generator seeded from ``generator``.
-    ``safe=False``: the float mechanism, RAIFLE's (Chapters 3a and 3b pass it): continuous Gaussian
+    ``safe=False``: the float mechanism, RAIFLE's (Chapters 3b, 3c and 3d pass it): continuous Gaussian
     noise added in floating point. Its guarantee holds for the real-valued mechanism only: on its
     float32 output :func:`fedlab.attacks.floating_point.distinguishing_event_probabilities` finds an
     event of probability about 0.19 under one input and 0 under a neighbouring one at
@@ -193,8 +193,8 @@ def gaussian_composed_epsilon(noise_multiplier: float, num_compositions: int, de
     release is already ``(0, delta)``-DP). It is what ``dp_accounting``'s privacy-loss-distribution
     accountant returns for ``SelfComposedDpEvent(GaussianDpEvent(z), T)``: ``tests/test_ldp.py``
     checks the two against each other, and against the Renyi accountant's upper bound. (The PLD
-    accountant itself needs memory growing like ``T / z^2`` and fails at the ``T`` an attack of
-    Chapter 2 needs; this closed form does not.) Raises ``ValueError`` for ``noise_multiplier`` not
+    accountant itself needs memory growing like ``T / z^2`` and fails at the ``T`` of the attacks
+    Chapter 2b prices; this closed form does not.) Raises ``ValueError`` for ``noise_multiplier`` not
     positive and finite, ``num_compositions < 1`` or ``delta`` outside (0, 1)."""
     if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
         raise ValueError(f"noise_multiplier must be positive and finite, got {noise_multiplier}")

@@ -49,7 +49,7 @@ from . import secure_aggregation as sa
 __all__ = ["Defense", "DEFENSES", "USER_CONTRACT", "USER_PUBLIC", "DP_SETTING", "LDP_DELTA", "apply", "apply_public",
            "dp_noise_multiplier", "median_norm"]
 
-#: the DP-FedAvg deployment the ``dp*`` columns are calibrated for (Chapter 1b's demonstration setting)
+#: the DP-FedAvg deployment the ``dp*`` columns are calibrated for (Chapter 1c's demonstration setting)
 DP_SETTING = {"num_clients": 1000, "sampling_prob": 0.1, "num_rounds": 100, "delta": 1e-5}
 #: delta of the local (eps, delta)-DP Gaussian mechanism of the ``ldp*`` columns
 LDP_DELTA = 1e-5

@@ -17,7 +17,7 @@ batched over users:
 * :func:`pir_fingerprint`, :func:`pir_detect` -- bypassing PIR (Sec. 3.4.3);
 * :func:`dead_features`, :func:`flag_dead_features` -- the data-validation countermeasure of Sec. 5.1.
 
-The sweeps of Sec. 4 as chapter 3b runs them live in :mod:`fedlab.experiments.chapter3b`.
+The sweeps of Sec. 4 as chapter 3c runs them live in :mod:`fedlab.experiments.chapter3c`.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 * :mod:`fedlab.experiments.matrix.rows` -- the rows (:data:`~fedlab.experiments.matrix.rows.ATTACKS`), the threat
   model of every cell (its docstring), :func:`~fedlab.experiments.matrix.rows.run_row`,
   :func:`~fedlab.experiments.matrix.rows.run_matrix`; each row's code is in a private module per chapter
-  (``_rows_gradient`` 1a, ``_rows_membership`` 1b, ``_rows_interaction`` 2-3b, ``_rows_reconstruction`` 4,
+  (``_rows_gradient`` 1a, ``_rows_membership`` 1c, ``_rows_interaction`` 2-3c, ``_rows_reconstruction`` 4,
   ``_rows_secagg`` 6);
 * :mod:`fedlab.experiments.matrix.layout` -- what a row is (:class:`~fedlab.experiments.matrix.layout.Attack`), its
   observers, the names of a record's cells;

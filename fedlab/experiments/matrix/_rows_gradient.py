@@ -1,5 +1,5 @@
-"""The matrix's rows of Chapter 1a: DLG with the iDLG label, Inverting Gradients, and the imprint (Robbing the
-Fed) attack of a malicious server. Each row is ``run(seed, columns, tiny) -> {column key: value, "baseline": value}``
+"""The matrix's rows of Chapters 1a and 1b: DLG with the iDLG label and Inverting Gradients (1a), and the imprint
+(Robbing the Fed) attack of a malicious server (1b). Each row is ``run(seed, columns, tiny) -> {column key: value, "baseline": value}``
 (:class:`fedlab.experiments.matrix.Attack`); the defenses come from :func:`fedlab.privacy.apply`."""
 from __future__ import annotations
 
@@ -173,17 +173,17 @@ def _ig_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
 
 
 # ----------------------------------------------------------------------------------------------------
-# row 3: imprint (Chapter 1a)
+# row 3: imprint (Chapter 1b)
 IMPRINT_TOL = 0.05
 
 
 def _imprint_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
-    """Robbing the Fed (Fowl et al. 2022): the malicious server sends the imprinted model of Chapter 1a
+    """Robbing the Fed (Fowl et al. 2022): the malicious server sends the imprinted model of Chapter 1b
     (``imprint_model`` on a linear digit classifier, 64 bins, the server's Gaussian model of ``h(x)``);
     4 clients with 8 digits each compute their real gradient; the server reads inputs from the imprint
     layer's gradient of each client (of the 4-client sum under secure aggregation) with
     ``recover_from_imprint``. Metric: share of the 32 digits recovered within relative error 0.05
-    (Chapter 1a asks 1e-4, exact, which no noise defense allows by construction)."""
+    (Chapter 1b asks 1e-4, exact, which no noise defense allows by construction)."""
     num_clients, batch, bins = 4, 8, _size(tiny, tiny_value=64, quick=64, paper=256)
     pool = load_digits().X.double()
     n = num_clients * batch

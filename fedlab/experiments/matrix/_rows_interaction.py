@@ -1,4 +1,4 @@
-"""The matrix's rows of Chapters 2, 3a and 3b: what a user's item or ranker update reveals of its preferences and
+"""The matrix's rows of Chapters 2, 3a and 3c: what a user's item or ranker update reveals of its preferences and
 interactions (PAC identifiability, London 2020; RAIFLE against FCF and against FPDGD, with and without ADM)."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ...attacks.interaction_inference.recsys import make_recsys_case
 from ...data.letor import synthetic_letor
 from ...data.movielens import sample_user_items, synthetic_movielens
 from .. import chapter3a as ch3a
-from .. import chapter3b as ch3b
+from .. import chapter3c as ch3c
 from .layout import LOSS_SUFFIX, LOSS_TRUTH_SUFFIX, NAIVE_SUFFIX, _defense, _gens, _size
 
 
@@ -121,7 +121,7 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
                                    clip_norm=knows, max_iter=iters, num_restarts=2, seed=seed)
             if "mask" in public and knows is None:
                 # the attacker who knows a sparsifying defense (pruning, top-k; a user defense that publishes its
-                # mask) matches only the coordinates that were sent (Chapter 3a's mask-aware RAIFLE): that is the
+                # mask) matches only the coordinates that were sent (Chapter 3b's mask-aware RAIFLE): that is the
                 # cell, RAIFLE as the paper runs it stays as "<column>@naive", with the loss reached and at the truth
                 sent = public["mask"].reshape(case.fcf.shape) & case.mask[..., None]
                 aware = ch3a.attack_case(case, "fcf", estimate_embedding=True, fcf=views, coord_mask=sent,
@@ -135,18 +135,18 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
 
 
 # ----------------------------------------------------------------------------------------------------
-# rows 7-8: RAIFLE against federated online learning to rank, without and with ADM (Chapter 3b)
+# rows 7-8: RAIFLE against federated online learning to rank, without and with ADM (Chapter 3c)
 def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: bool, outsider: bool = False) -> dict:
-    """RAIFLE against FPDGD (Chapter 3b): synthetic LETOR (the offline default, 300 queries at quick
+    """RAIFLE against FPDGD (Chapter 3c): synthetic LETOR (the offline default, 300 queries at quick
     scale), the linear ranker, 32 users (quick) with 8 queries each, informational clicks, lr 0.1,
     35 L-BFGS evaluations (:func:`fedlab.attacks.interaction_inference.oltr.attack_oltr`); with ``adm``
     the server first fingerprints the features (ADM, RAIFLE Sec. 3.3). The users' clipping is reproduced
     when a column clips. Secure aggregation: groups of 4 users; without ADM the server attacks each
     group's first user with the group's sum; with ADM it runs RAIFLE's bypass (Sec. 3.4.2,
-    :func:`fedlab.experiments.chapter3b.sa_bypass_experiment`, one query, 4 groups of 4). Under DP-FedAvg
+    :func:`fedlab.experiments.chapter3c.sa_bypass_experiment`, one query, 4 groups of 4). Under DP-FedAvg
     the curious server sees the clipped update before its noise, an outsider (``outsider``) the noisy
     release. Under pruning and top-k (and a user defense that publishes its mask) the cell is the attacker who
-    compares only the sent coordinates (:func:`_oltr_aware`), with ``@naive``, ``@loss`` and ``@loss_truth``
+    compares only the sent coordinates (:func:`_oltr_aware`, chapter 3d's mask-aware attack), with ``@naive``, ``@loss`` and ``@loss_truth``
     beside it. Every column's users start from the same points (user ids ``0..U-1`` in each column), so a cell
     does not depend on the columns run with it. Metric: mean AUC over users of the inferred clicks."""
     U, Q, group = _size(tiny, tiny_value=8, quick=32, paper=64), 8, 4
@@ -181,7 +181,7 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
     if "secagg" in columns:
         if adm:
             D = torch.arange(data.num_features) < data.num_features // 2
-            runs = [ch3b.sa_bypass_experiment(data, (), group, D, lr=0.1, max_iter=iters, seed=seed + 100 * t,
+            runs = [ch3c.sa_bypass_experiment(data, (), group, D, lr=0.1, max_iter=iters, seed=seed + 100 * t,
                                               generator=torch.Generator().manual_seed(1000 * seed + t))
                     for t in range(U // group)]
             out["secagg"] = float(np.mean([r["auc"] for r in runs]))

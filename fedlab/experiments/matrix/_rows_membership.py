@@ -1,4 +1,4 @@
-"""The matrix's rows of Chapter 1b: membership inference by the passive server (its FedAvg run under each
+"""The matrix's rows of Chapter 1c: membership inference by the passive server (its FedAvg run under each
 column also gives the column's utility) and by the active server (isolation and gradient ascent)."""
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from .layout import _defense, _gens, _size
 
 
 # ----------------------------------------------------------------------------------------------------
-# row 4: passive membership inference by the server (Chapter 1b)
+# row 4: passive membership inference by the server (Chapter 1c)
 def _mia_federation(seed: int, K: int, n: int):
-    """Chapter 1b's federation: ``K`` clients of ``n`` digits each, every client's candidates (its ``n``
+    """Chapter 1c's federation: ``K`` clients of ``n`` digits each, every client's candidates (its ``n``
     members, then ``n`` non-members from held-out digits), the membership labels, the 64-64-10 MLP and a
     test set (held-out digits that are no client's and no candidate's).
     Returns ``(clients, cand_X [K, 2n, 64], cand_y [K, 2n], is_member [2n], net, test)``."""
@@ -37,7 +37,7 @@ def _mia_federation(seed: int, K: int, n: int):
 
 
 def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: bool = False) -> dict:
-    """The passive server of Chapter 1b (Nasr et al. 2019 setting): 10 clients with 20 digits each train
+    """The passive server of Chapter 1c (Nasr et al. 2019 setting): 10 clients with 20 digits each train
     an MLP with FedAvg (all clients every round, 2 local epochs, B = 10, lr 0.3); the server scores each
     client's 20 members against 20 non-members by their loss under the models it observed, averaged over
     the last 10 rounds (:func:`fedlab.attacks.membership.attack_auc`, mean over clients). Every client
@@ -95,7 +95,7 @@ def _mia_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider:
     return out
 
 
-#: Chapter 1b's honest FedAvg rounds of the membership rows, (quick, paper)
+#: Chapter 1c's honest FedAvg rounds of the membership rows, (quick, paper)
 _MIA_ROUNDS = (30, 100)
 
 
@@ -104,7 +104,7 @@ def _mia_rounds() -> int:
 
 
 def _mia_active_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
-    """The isolating server of Chapter 1b with Nasr et al.'s gradient ascent (gamma = 2): after Chapter 1b's
+    """The isolating server of Chapter 1c with Nasr et al.'s gradient ascent (gamma = 2): after Chapter 1c's
     30 honest FedAvg rounds (10 clients x 20 digits, MLP), the server runs 5 attack rounds against each
     of the 10 clients in turn (:func:`fedlab.attacks.membership.active_attack_rounds`, ``isolate=True``),
     and scores the target's candidates by their mean loss under the models the target returned. The

@@ -13,7 +13,7 @@ from .layout import _size
 
 # ----------------------------------------------------------------------------------------------------
 # the malicious server inside SecAgg+, through Flower's SecAgg+ (fedlab.flower)
-#: the row's key; its cells run :func:`fedlab.flower.run` with ``secagg=True``
+#: the row's key; its cells run :func:`fedlab.flower.run` with ``aggregation=flower.SecAgg(...)``
 SECAGG_ROW = "secagg_lie"
 #: the malicious server's attacks inside SecAgg+ (:mod:`fedlab.flower.attacks`), in the order the row runs them
 SECAGG_ATTACKS = ("false_dropout", "split_view", "inconsistent_model")

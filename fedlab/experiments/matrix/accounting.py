@@ -147,7 +147,7 @@ def safe_ldp_epsilon(epsilon: float, releases: int) -> float:
 def deployment_epsilons() -> dict:
     """``{dp column: epsilon}``: what the privacy-loss-distribution accountant (:func:`central_epsilon`) charges
     the deployment :data:`DP_SETTING` that each ``dp*`` column's ``z`` was calibrated for (by the RDP
-    accountant, as in Chapter 1c: the column's label; PLD is tighter, so at most the label)."""
+    accountant, as in Chapter 1d: the column's label; PLD is tighter, so at most the label)."""
     s = DP_SETTING
     return {d.key: central_epsilon(dp_noise_multiplier(d.param), s["sampling_prob"], s["num_rounds"], s["delta"])
             for d in DEFENSES if d.kind == "dp"}

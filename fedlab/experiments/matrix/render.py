@@ -167,7 +167,7 @@ UTILITY_ROW = "mia"
 def utility_table(record: Mapping):
     """Page 07's utility table (Markdown): for every column of :data:`DEFENSES`, the test accuracy of the global
     model that the passive membership row (:data:`UTILITY_ROW`: 10 clients, the 64-64-10 MLP, FedAvg for
-    Chapter 1b's rounds) trains under that column, from the record's ``"mia|acc_<column>"`` (mean and
+    Chapter 1c's rounds) trains under that column, from the record's ``"mia|acc_<column>"`` (mean and
     :func:`cell_interval` over its seeds). A column the record does not hold yet reads "not in the stored record
     yet"; the consistency round (kind ``consistency``) changes no sum, so its utility is secure aggregation's.
     Raises ``ValueError`` for a record without the matrix layout or without the undefended accuracy."""

@@ -19,7 +19,7 @@ it with :func:`fedlab.experiments.matrix.render.render_html`.
   ``N(0, (z C)^2)`` to their sum (:func:`fedlab.privacy.dp_fedavg.dp_aggregate`) with ``z`` calibrated by
   :func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon` for client-level ``(eps, 1e-5)`` over a
   deployment of ``K = 1000`` clients, sampling rate ``q = 0.1``, ``T = 100`` rounds (the setting of
-  Chapter 1b). What the attacker sees depends on where it stands (its row's :attr:`Attack.observer`, one
+  Chapter 1c). What the attacker sees depends on where it stands (its row's :attr:`Attack.observer`, one
   per row): the honest-but-curious server that aggregates sees each client's *clipped
   update before the noise* (it adds the noise itself), so its cell is the clip-only view under the
   noisy training; the eavesdropper on a client's link sees the same clipped message (McMahan et al.'s
@@ -120,15 +120,15 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("ig", "Inverting Gradients (colour crops)", "01a_gradient_leakage", "mean PSNR (dB)", True,
            "honest-but-curious server inverts each client's gradient (cosine distance + TV prior)", _ig_row,
            "PSNR of each crop's mean-colour image", secagg_group=2),
-    Attack("imprint", "Imprint (Robbing the Fed)", "01a_gradient_leakage", "share of digits recovered", True,
+    Attack("imprint", "Imprint (Robbing the Fed)", "01b_gradient_defenses", "share of digits recovered", True,
            "malicious server sends an imprinted model and reads inputs from the gradient", _imprint_row,
            "share of digits the pool's mean digit matches", not_applicable=_IMPRINT_NA, secagg_group=4,
            observer="malicious server", value_range=UNIT),
-    Attack("mia", "Membership inference, passive server", "01b_membership_inference", "AUC", True,
+    Attack("mia", "Membership inference, passive server", "01c_membership_inference", "AUC", True,
            "honest-but-curious server scores members by their loss under the models it observes", _mia_row,
            "chance AUC", secagg_group=10, releases=lambda: (_mia_rounds(), 1.0), value_range=UNIT),
     Attack("mia_active", "Membership inference, active server (isolation + gradient ascent)",
-           "01b_membership_inference", "AUC", True,
+           "01c_membership_inference", "AUC", True,
            "malicious server isolates the target and ascends the loss of the candidates before sending the model",
            _mia_active_row, "chance AUC", not_applicable=_MALICIOUS_NA, secagg_group=10,
            releases=lambda: (pick(quick=5, paper=10), 1.0), observer="malicious server", value_range=UNIT),
@@ -141,14 +141,14 @@ ATTACKS: tuple[Attack, ...] = (
            "chance AUC", secagg_group=4, value_range=UNIT,
            cell_notes={"secagg": "an upper bound: the server attacks the group's sum restricted to the target's own "
                                  "item set, which it is given (an attacker without it would search the group's union)"}),
-    Attack("oltr", "RAIFLE, online learning to rank", "03b_raifle_oltr", "AUC", True,
+    Attack("oltr", "RAIFLE, online learning to rank", "03c_raifle_oltr", "AUC", True,
            "curious server infers a user's clicks from its ranker update", _oltr_plain, "chance AUC",
            secagg_group=4, value_range=UNIT),
-    Attack("oltr_adm", "RAIFLE, online learning to rank + ADM", "03b_raifle_oltr", "AUC", True,
+    Attack("oltr_adm", "RAIFLE, online learning to rank + ADM", "03c_raifle_oltr", "AUC", True,
            "active server manipulates the documents' features (ADM) before inferring the clicks", _oltr_adm,
            "chance AUC", not_applicable=_MALICIOUS_NA, secagg_group=4, observer="malicious server",
            value_range=UNIT,
-           cell_notes={"secagg": "a different experiment: RAIFLE's bypass (Chapter 3b's sa_bypass_experiment), one "
+           cell_notes={"secagg": "a different experiment: RAIFLE's bypass (Chapter 3c's sa_bypass_experiment), one "
                                  "query per user, groups of 4, a fresh ranker per group, not the row's 8-query case"}),
     Attack("mr", "Local-model reconstruction (eavesdropper)", "04_model_reconstruction", "relative error", False,
            "eavesdropper on client 0's link decodes its local optimum from (sent, returned) model pairs", _mr_row,

@@ -1,6 +1,6 @@
-"""Chapter 1b's defenses, now chapter 1c's page (issue 16, item 6): delta of client-level DP checked against 1/K, the
+"""Chapter 1c's defenses, now chapter 1d's page (issue 16, item 6): delta of client-level DP checked against 1/K, the
 chapter's delta below 1/K at every K it uses (both scales), and the budget sweep of local-only
-training, DP-FedAvg + fine-tuning and Centaur (fedlab.experiments.chapter1b)."""
+training, DP-FedAvg + fine-tuning and Centaur (fedlab.experiments.chapter1c)."""
 import json
 import math
 import re
@@ -12,11 +12,11 @@ import torch
 
 import fedlab
 from fedlab import fl, models
-from fedlab.experiments import chapter1b as ch1b
+from fedlab.experiments import chapter1c as ch1c
 from fedlab.privacy import dp_fedavg as dpf
 
 torch.set_num_threads(1)
-NOTEBOOK = Path(__file__).resolve().parents[1] / "chapters" / "01c_membership_defenses.ipynb"   # the defenses' page
+NOTEBOOK = Path(__file__).resolve().parents[1] / "chapters" / "01d_membership_defenses.ipynb"   # the defenses' page
 
 
 # ------------------------------------------------------------------ delta against 1/K
@@ -65,7 +65,7 @@ def test_smaller_delta_needs_more_noise():
 
 def test_dp_grid_rejects_delta_not_below_one_over_K_before_training():
     with pytest.raises(ValueError, match="1/num_clients"):
-        ch1b.dp_grid(None, {}, None, None, None, n_per_client=2, client_counts=[10, 2000], epsilons=[1.0],
+        ch1c.dp_grid(None, {}, None, None, None, n_per_client=2, client_counts=[10, 2000], epsilons=[1.0],
                      num_rounds=3, delta=1e-3, clip_norm=1.0, window=1)
 
 
@@ -105,13 +105,13 @@ def _net():
 def test_personalization_sweep_runs_a_subset_of_methods():
     net, w0 = _net()
     args = {k: v for k, v in SMALL.items()}
-    full, diag = ch1b.personalization_sweep(net, w0, [5], noise_multiplier=1.0, **args)
-    part, diag_p = ch1b.personalization_sweep(net, w0, [5], noise_multiplier=1.0, methods=["Centaur"], **args)
-    assert set(full) == set(ch1b.PERSONALIZATION_METHODS) and set(part) == {"Centaur"}
+    full, diag = ch1c.personalization_sweep(net, w0, [5], noise_multiplier=1.0, **args)
+    part, diag_p = ch1c.personalization_sweep(net, w0, [5], noise_multiplier=1.0, methods=["Centaur"], **args)
+    assert set(full) == set(ch1c.PERSONALIZATION_METHODS) and set(part) == {"Centaur"}
     assert part["Centaur"][5] == full["Centaur"][5]           # same seed, same run
     assert diag_p[5][0] == [] and len(diag_p[5][1]) == 2
     with pytest.raises(ValueError, match="methods"):
-        ch1b.personalization_sweep(net, w0, [5], noise_multiplier=1.0, methods=["FedAvg"], **args)
+        ch1c.personalization_sweep(net, w0, [5], noise_multiplier=1.0, methods=["FedAvg"], **args)
 
 
 def test_personalization_eps_sweep_calibrates_each_budget_and_reuses_known_runs():
@@ -119,24 +119,24 @@ def test_personalization_eps_sweep_calibrates_each_budget_and_reuses_known_runs(
     K, T, q = SMALL["num_clients"], SMALL["num_rounds"], SMALL["sampling_prob"]
     delta = dpf.delta_for(K)
     sweep_args = {k: v for k, v in SMALL.items() if k not in ("num_clients", "num_rounds", "sampling_prob")}
-    out = ch1b.personalization_eps_sweep(net, w0, [0.5, 4.0], classes_per_client=5, num_clients=K, num_rounds=T,
+    out = ch1c.personalization_eps_sweep(net, w0, [0.5, 4.0], classes_per_client=5, num_clients=K, num_rounds=T,
                                          sampling_prob=q, delta=delta, **sweep_args)
     util, z = out["util"], out["z"]
     assert list(util["Centaur"]) == [0.5, 4.0] and z[0.5] > z[4.0] > 0
-    # the chapter's float accountant (ch1b.CHAPTER_MECHANISM), not fedlab's safe default
-    assert ch1b.CHAPTER_MECHANISM == "float" and z[0.5] == dpf.noise_multiplier_for_epsilon(0.5, q, T, delta, safe=False)
-    cost = ch1b.safe_noise_cost(0.5, q, T, delta, num_clients=K)
+    # the chapter's float accountant (ch1c.CHAPTER_MECHANISM), not fedlab's safe default
+    assert ch1c.CHAPTER_MECHANISM == "float" and z[0.5] == dpf.noise_multiplier_for_epsilon(0.5, q, T, delta, safe=False)
+    cost = ch1c.safe_noise_cost(0.5, q, T, delta, num_clients=K)
     assert cost["float"] == z[0.5] and cost["safe"] == dpf.noise_multiplier_for_epsilon(0.5, q, T, delta, num_clients=K)
     assert cost["ratio"] > 1                      # no amplification by sampling in the safe accountant
     assert util["local-only"][0.5] == util["local-only"][4.0]       # no budget spent: one run
     # each budget is the heterogeneity sweep at that noise multiplier
-    one, _ = ch1b.personalization_sweep(net, w0, [5], num_clients=K, num_rounds=T, sampling_prob=q,
+    one, _ = ch1c.personalization_sweep(net, w0, [5], num_clients=K, num_rounds=T, sampling_prob=q,
                                         noise_multiplier=z[4.0], **sweep_args)
-    for m in ch1b.PERSONALIZATION_METHODS:
+    for m in ch1c.PERSONALIZATION_METHODS:
         assert util[m][4.0] == pytest.approx(one[m][5])
     # a known budget is copied, not rerun
     known = {1.0: {"local-only": 0.11, "DP-FedAvg + fine-tuning": 0.22, "Centaur": 0.33}}
-    out2 = ch1b.personalization_eps_sweep(net, w0, [1.0, 4.0], classes_per_client=5, num_clients=K, num_rounds=T,
+    out2 = ch1c.personalization_eps_sweep(net, w0, [1.0, 4.0], classes_per_client=5, num_clients=K, num_rounds=T,
                                           sampling_prob=q, delta=delta, known=known, **sweep_args)
     assert out2["util"]["Centaur"][1.0] == 0.33 and out2["util"]["local-only"] == {1.0: 0.11, 4.0: 0.11}
     assert out2["util"]["Centaur"][4.0] == pytest.approx(util["Centaur"][4.0])
@@ -145,28 +145,28 @@ def test_personalization_eps_sweep_calibrates_each_budget_and_reuses_known_runs(
 def test_personalization_eps_sweep_validation():
     kw = dict(classes_per_client=2, num_clients=100, num_rounds=2, sampling_prob=0.5)
     with pytest.raises(ValueError, match="epsilons"):
-        ch1b.personalization_eps_sweep(None, {}, [], delta=1e-4, **kw)
+        ch1c.personalization_eps_sweep(None, {}, [], delta=1e-4, **kw)
     with pytest.raises(ValueError, match="epsilons"):
-        ch1b.personalization_eps_sweep(None, {}, [1.0, math.inf], delta=1e-4, **kw)
+        ch1c.personalization_eps_sweep(None, {}, [1.0, math.inf], delta=1e-4, **kw)
     with pytest.raises(ValueError, match="1/num_clients"):
-        ch1b.personalization_eps_sweep(None, {}, [1.0], delta=1e-2, **kw)
+        ch1c.personalization_eps_sweep(None, {}, [1.0], delta=1e-2, **kw)
     with pytest.raises(ValueError, match="known"):
-        ch1b.personalization_eps_sweep(None, {}, [1.0], delta=1e-4, known={1.0: {"Centaur": 0.5}}, **kw)
+        ch1c.personalization_eps_sweep(None, {}, [1.0], delta=1e-4, known={1.0: {"Centaur": 0.5}}, **kw)
 
 
 def test_personalization_eps_values_and_table():
     util = {"local-only": {0.5: 0.40, 2.0: 0.40}, "DP-FedAvg + fine-tuning": {0.5: 0.45, 2.0: 0.60},
             "Centaur": {0.5: 0.50, 2.0: 0.55}}
-    v = ch1b.personalization_eps_values(util)
+    v = ch1c.personalization_eps_values(util)
     assert v["pe_ce_0p5"] == 0.50 and v["pe_lo_2"] == 0.40 and v["pe_ft_2"] == 0.60
     assert v["pe_ce_minus_lo_0p5"] == pytest.approx(0.10) and v["pe_ce_minus_ft_2"] == pytest.approx(-0.05)
     assert v["pe_min_ce_minus_lo"] == pytest.approx(0.10) and v["pe_min_ce_minus_lo_ge1"] == pytest.approx(0.15)
-    table = ch1b.personalization_eps_table(util, lambda name: f"paper:{name}").data
+    table = ch1c.personalization_eps_table(util, lambda name: f"paper:{name}").data
     assert "| 0.5 | 0.400 | 0.450 | 0.500 | paper:pe_ce_minus_lo_0p5 | paper:pe_ce_minus_ft_0p5 |" in table
     with pytest.raises(ValueError, match="methods"):
-        ch1b.personalization_eps_values({"Centaur": {0.5: 0.5}})
+        ch1c.personalization_eps_values({"Centaur": {0.5: 0.5}})
     with pytest.raises(ValueError, match="budgets"):
-        ch1b.personalization_eps_values({**util, "Centaur": {0.5: 0.5}})
+        ch1c.personalization_eps_values({**util, "Centaur": {0.5: 0.5}})
 
 
 # ------------------------------------------------------------------ full-batch local steps (Centaur Phase 1, fine-tuning)
@@ -216,7 +216,7 @@ def test_dp_grid_reports_chance_floors_of_its_auc():
     from fedlab.data import Dataset
     train, nonmem, test = Dataset(X[:30], y[:30]), Dataset(X[30:45], y[30:45]), Dataset(X[45:], y[45:])
     net = models.mlp(5, [8], 2, seed=0)
-    grid = ch1b.dp_grid(net, models.get_params(net), train, nonmem, test, n_per_client=10, client_counts=[2],
+    grid = ch1c.dp_grid(net, models.get_params(net), train, nonmem, test, n_per_client=10, client_counts=[2],
                         epsilons=[1.0, float("inf")], num_rounds=3, delta=1e-3, clip_norm=1.0, window=2, seed=0,
                         local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=5))
     for cell in grid.values():
@@ -228,7 +228,7 @@ def test_dp_grid_reports_chance_floors_of_its_auc():
 
 
 def test_the_chapters_dp_runs_use_the_float_mechanism_they_are_accounted_for(monkeypatch):
-    """1b accounts its DP-FedAvg and Centaur runs with the float accountant (ch1b.CHAPTER_MECHANISM), so the runs
+    """1c accounts its DP-FedAvg and Centaur runs with the float accountant (ch1c.CHAPTER_MECHANISM), so the runs
     must add the float Gaussian: a run that fell back on fedlab's safe default would be accounted wrongly."""
     def safe_noise_called(*args, **kwargs):
         raise AssertionError("the chapter's DP run used the safe mechanism while its epsilon is the float one's")
@@ -236,16 +236,16 @@ def test_the_chapters_dp_runs_use_the_float_mechanism_they_are_accounted_for(mon
     monkeypatch.setattr(dpf, "discrete_noise", safe_noise_called)
     net, w0 = _net()
     args = {k: v for k, v in SMALL.items() if k != "sampling_prob"}
-    accs, _ = ch1b.personalization_sweep(net, w0, [5], sampling_prob=SMALL["sampling_prob"], noise_multiplier=1.0,
+    accs, _ = ch1c.personalization_sweep(net, w0, [5], sampling_prob=SMALL["sampling_prob"], noise_multiplier=1.0,
                                          methods=["DP-FedAvg + fine-tuning", "Centaur"], **args)
     assert set(accs) == {"DP-FedAvg + fine-tuning", "Centaur"} and all(5 in v for v in accs.values())
 
 
-# ------------------------------------------------------------------ the DP grid's attack (chapter 1c's first figure)
+# ------------------------------------------------------------------ the DP grid's attack (chapter 1d's first figure)
 @pytest.mark.slow           # 3.4 s on one core
 def test_dp_grid_attacks_the_last_window_of_released_models():
     """The attack of dp_grid reads the *last* ``window`` models DP-FedAvg released (a slice taken from the front,
-    the first rounds' models, passed every assert of chapter 1c's page): recomputed from the same run."""
+    the first rounds' models, passed every assert of chapter 1d's page): recomputed from the same run."""
     from fedlab import data
     from fedlab.attacks import membership as mia
     from fedlab.fl.dp_fedavg import dp_fedavg_runs
@@ -257,7 +257,7 @@ def test_dp_grid_attacks_the_last_window_of_released_models():
     net = models.mlp(64, (16,), 10, seed=0)
     w0 = models.get_params(net)
     K, n, rounds, window, local = 4, 10, 6, 2, fl.LocalTraining(lr=0.3, local_epochs=2, batch_size=10)
-    grid = ch1b.dp_grid(net, w0, train, nonmembers, test, n_per_client=n, client_counts=[K], epsilons=[math.inf],
+    grid = ch1c.dp_grid(net, w0, train, nonmembers, test, n_per_client=n, client_counts=[K], epsilons=[math.inf],
                         num_rounds=rounds, delta=1e-3, clip_norm=1.0, window=window, seed=0, local=local)
     parts = [p[:n] for p in data.partition_iid(len(train), K, seed=0)]
     clients = fl.stack_clients(data.client_datasets(train, parts))

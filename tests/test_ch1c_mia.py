@@ -1,4 +1,4 @@
-"""Chapter 1b's membership attacks, second edition (issue 16 items 1-5): Nasr et al.'s isolating server,
+"""Chapter 1c's membership attacks, second edition (issue 16 items 1-5): Nasr et al.'s isolating server,
 thresholds chosen on data disjoint from the evaluation, the permutation chance floor of an AUC, the
 per-round AUC, and the chapter helpers built on them."""
 import numpy as np
@@ -8,7 +8,7 @@ from torch.func import functional_call, grad
 
 from fedlab import fl, metrics, models
 from fedlab.attacks import membership as mia
-from fedlab.experiments import chapter1b as ch1b
+from fedlab.experiments import chapter1c as ch1c
 
 torch.set_num_threads(1)
 
@@ -179,34 +179,34 @@ def _signals(K=3, T=12, n=8, seed=0):
 
 def test_passive_curves_and_values():
     sig, is_member = _signals()
-    c = ch1b.passive_curves(sig, is_member, width=5, lags=(5, 10, 20))
+    c = ch1c.passive_curves(sig, is_member, width=5, lags=(5, 10, 20))
     assert set(c["lag_auc"]) == {5, 10}                       # 20 > T rounds is left out
     assert c["lag_auc"][5] == pytest.approx(mia.attack_auc(sig["loss"], is_member, 5))
     assert c["lag_auc"][10] == pytest.approx(mia.attack_auc(sig["loss"][:, :7], is_member, 5))
     assert c["first_window_auc"] == pytest.approx(mia.attack_auc(sig["loss"][:, :5], is_member, 5))
     assert np.allclose(c["round_auc"]["grad_norm"], mia.round_auc(sig["grad_norm"], is_member))
     assert c["gn_member"].shape == (12,) and (c["gn_member"][-1] < c["gn_nonmember"][-1])
-    v = ch1b.passive_curve_values(c)
+    v = ch1c.passive_curve_values(c)
     assert v["gn_ratio_last"] < v["gn_ratio_first"] and v["lag_auc_5"] == c["lag_auc"][5]
     assert v["lag_auc_first"] == c["first_window_auc"]
     assert v["auc_peak"] == max(c["round_auc"]["loss"]) and 1 <= v["peak_round"] <= 12
     with pytest.raises(ValueError, match="width"):
-        ch1b.passive_curves(sig, is_member, width=13)
-    fig, axes = ch1b.plot_passive_curves(c, 0.55)
+        ch1c.passive_curves(sig, is_member, width=13)
+    fig, axes = ch1c.plot_passive_curves(c, 0.55)
     assert len(axes) == 2 and any(abs(l.get_ydata()[0] - 0.55) < 1e-12 for l in axes[0].lines)
 
 
 def test_white_black_box_pairs_clients():
     sig, is_member = _signals()
-    wb = ch1b.white_black_box(sig, is_member)
+    wb = ch1c.white_black_box(sig, is_member)
     assert wb["black-box (outputs)"][1] == pytest.approx(mia.attack_auc(sig["loss"][1], is_member, 1))
-    v = ch1b.white_black_box_values(wb)
+    v = ch1c.white_black_box_values(wb)
     d = wb["white-box (gradients)"] - wb["black-box (outputs)"]
     assert v["wb_diff"] == pytest.approx(d.mean()) and v["wb_diff_lo"] <= v["wb_diff"] <= v["wb_diff_hi"]
-    table = ch1b.white_black_box_table(wb, 0.55, lambda n: f"paper:{n}").data
+    table = ch1c.white_black_box_table(wb, 0.55, lambda n: f"paper:{n}").data
     assert "| black-box (outputs) | loss | 0.676 |" in table and "paper:wb_diff" in table and "0.550" in table
     with pytest.raises(ValueError, match="grad_norm"):
-        ch1b.white_black_box({"loss": sig["loss"]}, is_member)
+        ch1c.white_black_box({"loss": sig["loss"]}, is_member)
 
 
 def _active_setup(K: int, n: int):
@@ -224,7 +224,7 @@ def _active_setup(K: int, n: int):
 def test_active_attack_sweep_runs_every_variant_and_target():
     K, n = 3, 6
     clients, cand_X, cand_y, is_member, net, variants = _active_setup(K, n)
-    out = ch1b.active_attack_sweep(net, clients, models.get_params(net), cand_X, cand_y, is_member, targets=[0, 1, 2],
+    out = ch1c.active_attack_sweep(net, clients, models.get_params(net), cand_X, cand_y, is_member, targets=[0, 1, 2],
                                    variants=variants, num_rounds=2, ascent_lrs=[1.0], seed=0,
                                    local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None))
     assert set(out["auc"]) == {(v, g) for v in variants for g in (0.0, 1.0)}
@@ -243,7 +243,7 @@ def test_active_attack_sweep_learns_on_the_received_and_the_returned_losses():
     clients, cand_X, cand_y, is_member, net, variants = _active_setup(K, n)
     w0 = models.get_params(net)
     kw = dict(lr=0.5, local_epochs=1, batch_size=None, seed=0)
-    out = ch1b.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, targets=range(K), variants=variants,
+    out = ch1c.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, targets=range(K), variants=variants,
                                    num_rounds=R, ascent_lrs=[1.0], seed=0,
                                    local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None))
     for name, v in variants.items():
@@ -263,7 +263,7 @@ def test_active_attack_sweep_loss_drop_is_received_minus_returned():
     clients, cand_X, cand_y, is_member, net, variants = _active_setup(K, n)
     w0 = models.get_params(net)
     kw = dict(lr=0.5, local_epochs=1, batch_size=None, seed=0)
-    out = ch1b.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, targets=range(K), variants=variants,
+    out = ch1c.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, targets=range(K), variants=variants,
                                    num_rounds=R, ascent_lrs=[1.0], seed=0,
                                    local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None))
     runs = [dict(X_target=cand_X[k], y_target=cand_y[k], target=k, ascent_lr=1.0, attacker="server", isolate=True)
@@ -280,10 +280,10 @@ def test_active_attack_sweep_loss_drop_is_received_minus_returned():
 def test_ddg_calibration_and_error_ratio():
     from fedlab.privacy import distributed_dg as ddg
     kw = dict(clip_norm=1.0, grid=2.0 ** -6, dim=500, delta=1e-5)
-    share, eps = ch1b.ddg_calibration(1.0, 8, **kw)
+    share, eps = ch1c.ddg_calibration(1.0, 8, **kw)
     assert eps[8] <= 1.0 < eps[4] < eps[1] and share == ddg.ddg_local_sigma2(1.0, 8, **kw)
     u = torch.randn(8, 500, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     out = ddg.distributed_discrete_gaussian_sum(u, clip_norm=1.0, grid=2.0 ** -6, local_sigma2=share, rng=1)
-    assert abs(ch1b.ddg_error_ratio(out, u, 1.0) - 1) < 0.2                       # 500 draws: std known to ~3 %
+    assert abs(ch1c.ddg_error_ratio(out, u, 1.0) - 1) < 0.2                       # 500 draws: std known to ~3 %
     half = ddg.distributed_discrete_gaussian_sum(u, clip_norm=1.0, grid=2.0 ** -6, local_sigma2=share // 4, rng=1)
-    assert abs(ch1b.ddg_error_ratio(half, u, 1.0) - 1) < 0.2                      # the ratio reads the sum's own share
+    assert abs(ch1c.ddg_error_ratio(half, u, 1.0) - 1) < 0.2                      # the ratio reads the sum's own share

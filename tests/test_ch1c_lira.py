@@ -1,7 +1,7 @@
 """LiRA (Carlini et al., S&P 2022) adapted to FedAvg (issue 36 item 1), the ascent step chosen on held-out
 targets (item 1: "every gamma reported, gamma chosen on held-out targets") and the loss drop of the
 ascent (item 3): fedlab.attacks.membership.logit_confidence / balanced_inclusion / lira_scores and the
-chapter 1b helpers built on them."""
+chapter 1c helpers built on them."""
 import numpy as np
 import pytest
 import torch
@@ -9,7 +9,7 @@ from scipy.stats import norm
 
 from fedlab import fl, metrics, models
 from fedlab.attacks import membership as mia
-from fedlab.experiments import chapter1b as ch1b
+from fedlab.experiments import chapter1c as ch1c
 
 torch.set_num_threads(1)
 
@@ -151,7 +151,7 @@ def test_shadow_federations_are_the_librarys_fedavg():
     pool_X, pool_y = X.reshape(-1, 5), y.reshape(-1)
     I = mia.balanced_inclusion(S, 2 * K * n, seed=1)
     kw = dict(local=fl.LocalTraining(lr=0.3, local_epochs=1, batch_size=2))
-    shadows, owner = ch1b.lira_shadow_models(net, w0, pool_X, pool_y, I, num_clients=K, num_rounds=R, seed=7, **kw)
+    shadows, owner = ch1c.lira_shadow_models(net, w0, pool_X, pool_y, I, num_clients=K, num_rounds=R, seed=7, **kw)
     assert shadows["0.weight"].shape == (S, K, 6, 5) and owner.shape == I.shape
     assert torch.equal(owner >= 0, I)
     for s in range(S):
@@ -168,9 +168,9 @@ def test_shadow_federations_are_the_librarys_fedavg():
         last = fl.clients_update(net, glob, data, generator=torch.Generator().manual_seed(7 + 1 + s), **kw)
         assert all(torch.allclose(shadows[k][s], last[k], atol=1e-6) for k in last)
     with pytest.raises(ValueError, match="multiple of num_clients"):
-        ch1b.lira_shadow_models(net, w0, pool_X, pool_y, I, num_clients=3, num_rounds=R, **kw)
+        ch1c.lira_shadow_models(net, w0, pool_X, pool_y, I, num_clients=3, num_rounds=R, **kw)
     with pytest.raises(ValueError, match="shadow_in must be bool"):
-        ch1b.lira_shadow_models(net, w0, pool_X, pool_y, I.int(), num_clients=K, num_rounds=R, **kw)
+        ch1c.lira_shadow_models(net, w0, pool_X, pool_y, I.int(), num_clients=K, num_rounds=R, **kw)
 
 
 def test_lira_attack_reads_in_from_the_owner_and_out_from_the_targets_client():
@@ -181,8 +181,8 @@ def test_lira_attack_reads_in_from_the_owner_and_out_from_the_targets_client():
     kw = dict(local=fl.LocalTraining(lr=0.3, local_epochs=1, batch_size=2))
     target = fl.clients_update(net, w0, fl.ClientData(X[:, :n], y[:, :n], torch.full((K,), n)), **kw)
     is_member = np.r_[np.ones(n), np.zeros(n)]
-    out = ch1b.lira_attack(net, target, X, y, is_member, params=w0, num_shadows=S, num_rounds=R, seed=5, **kw)
-    shadows, owner = ch1b.lira_shadow_models(net, w0, X.reshape(-1, 5), y.reshape(-1), out["shadow_in"], num_clients=K,
+    out = ch1c.lira_attack(net, target, X, y, is_member, params=w0, num_shadows=S, num_rounds=R, seed=5, **kw)
+    shadows, owner = ch1c.lira_shadow_models(net, w0, X.reshape(-1, 5), y.reshape(-1), out["shadow_in"], num_clients=K,
                                              num_rounds=R, seed=5, **kw)
     for s in range(S):
         for i in range(2 * K * n):
@@ -198,11 +198,11 @@ def test_lira_attack_reads_in_from_the_owner_and_out_from_the_targets_client():
     assert out["scores"]["LiRA, fixed variance"].shape == (K, 2 * n) and out["shadow_records"] == K * n
     for bad, match in ((dict(num_shadows=2), "num_shadows"), (dict(num_shadows=5), "num_shadows")):
         with pytest.raises(ValueError, match=match):
-            ch1b.lira_attack(net, target, X, y, is_member, params=w0, num_rounds=R, **{**kw, **bad})
+            ch1c.lira_attack(net, target, X, y, is_member, params=w0, num_rounds=R, **{**kw, **bad})
     with pytest.raises(ValueError, match="even number r"):
-        ch1b.lira_attack(net, target, X[:, :7], y[:, :7], is_member[:7], params=w0, num_shadows=4, num_rounds=R, **kw)
+        ch1c.lira_attack(net, target, X[:, :7], y[:, :7], is_member[:7], params=w0, num_shadows=4, num_rounds=R, **kw)
     with pytest.raises(ValueError, match="is_member"):
-        ch1b.lira_attack(net, target, X, y, is_member[:4], params=w0, num_shadows=4, num_rounds=R, **kw)
+        ch1c.lira_attack(net, target, X, y, is_member[:4], params=w0, num_shadows=4, num_rounds=R, **kw)
 
 
 @pytest.mark.slow
@@ -217,7 +217,7 @@ def test_lira_finds_memorised_records():
     glob = fl.fedavg(net, data, num_rounds=2, params=w0, seed=1, **kw).params
     target = fl.clients_update(net, glob, data, **kw)
     is_member = np.r_[np.ones(n), np.zeros(n)]
-    out = ch1b.lira_attack(net, target, X, y, is_member, params=w0, num_shadows=8, num_rounds=3, seed=4, **kw)
+    out = ch1c.lira_attack(net, target, X, y, is_member, params=w0, num_shadows=8, num_rounds=3, seed=4, **kw)
     assert np.mean(out["auc"]["LiRA, fixed variance"]) > 0.8, out["auc"]
 
 
@@ -228,28 +228,28 @@ def test_passive_attack_scores_values_and_table():
     loss = torch.tensor(rng.random((K, T, r)) + 0.3 * (1 - is_member))
     signals = {"loss": loss, "grad_norm": loss * 2}
     lira = {"scores": {"LiRA, fixed variance": -loss[:, -1].numpy() + 0.1, "LiRA, per-record variance": rng.random((K, r))}}
-    cmp_ = ch1b.passive_attack_scores(signals, is_member, lira)
-    assert set(cmp_["auc"]) == set(ch1b.PASSIVE_ATTACKS)
+    cmp_ = ch1c.passive_attack_scores(signals, is_member, lira)
+    assert set(cmp_["auc"]) == set(ch1c.PASSIVE_ATTACKS)
     last = [metrics.roc_auc(is_member, -loss[k, -1].numpy()) for k in range(K)]
     assert cmp_["auc"]["mean loss, last round"] == pytest.approx(last)
     assert cmp_["auc"]["LiRA, fixed variance"] == pytest.approx(last)       # a shifted score ranks alike
-    v = ch1b.passive_attack_values(cmp_)
+    v = ch1c.passive_attack_values(cmp_)
     assert v["pa_lira_minus_loss"] == pytest.approx(0.0)
     assert v["pa_loss_all_auc_lo"] <= v["pa_loss_all_auc"] <= v["pa_loss_all_auc_hi"]
     assert {"pa_learned_tpr0p1", "pa_learned_tpr1", "pa_lira_rec_tpr1", "pa_lira_rec_minus_loss_hi"} <= set(v)
     for name, ci in cmp_["tpr_ci"].items():                                 # a bootstrap interval around each TPR
         assert all(lo <= t <= hi for (lo, hi), t in zip(ci, cmp_["tpr"][name])), name
     assert v["pa_lira_fixed_tpr1_lo"] <= v["pa_lira_fixed_tpr1"] <= v["pa_lira_fixed_tpr1_hi"]
-    table = ch1b.passive_attack_table(cmp_, lambda name: f"paper:{name}").data
+    table = ch1c.passive_attack_table(cmp_, lambda name: f"paper:{name}").data
     assert "| LiRA, fixed variance |" in table and "paper:pa_lira_rec_tpr0p1" in table
     lo, hi = cmp_["tpr_ci"]["mean loss, last round"][1]
     assert f"{cmp_['tpr']['mean loss, last round'][1]:.3f} [{lo:.3f}, {hi:.3f}]" in table
     with pytest.raises(ValueError, match="n_boot"):
-        ch1b.passive_attack_scores(signals, is_member, lira, n_boot=0)
+        ch1c.passive_attack_scores(signals, is_member, lira, n_boot=0)
     with pytest.raises(ValueError, match="LiRA, per-record variance"):
-        ch1b.passive_attack_scores(signals, is_member, {"scores": {"LiRA, fixed variance": lira["scores"]["LiRA, fixed variance"]}})
+        ch1c.passive_attack_scores(signals, is_member, {"scores": {"LiRA, fixed variance": lira["scores"]["LiRA, fixed variance"]}})
     with pytest.raises(ValueError, match="grad_norm"):
-        ch1b.passive_attack_scores({"loss": loss}, is_member, lira)
+        ch1c.passive_attack_scores({"loss": loss}, is_member, lira)
 
 
 # ------------------------------------------------------------------ gamma chosen on held-out targets
@@ -260,27 +260,27 @@ def test_heldout_gamma_chooses_on_one_half_and_scores_the_other():
     auc = {("server", 0.0): passive, ("server", 0.5): np.r_[0.6, 0.6, 0.6, 0.7, 0.7, 0.7],
            ("server", 5.0): np.r_[0.8, 0.8, 0.8, 0.5, 0.5, 0.5]}
     sweep = {"auc": auc, "auc_learned": auc}
-    r = ch1b.heldout_gamma(sweep)["server"]
+    r = ch1c.heldout_gamma(sweep)["server"]
     assert r["gammas"] == (5.0, 0.5)
     # the first half is scored at gamma 0.5 (chosen on the second), the second half at gamma 5
     assert r["gain"] == pytest.approx([0, 0, 0, -0.1, -0.1, -0.1])
     # the best row of the table would have claimed +0.05 (gamma 5 mean 0.65): cross-fitting does not
-    v = ch1b.heldout_gamma_values(sweep)
+    v = ch1c.heldout_gamma_values(sweep)
     assert v["hg_server_auc"] == pytest.approx(-0.05) and v["hg_server_lauc_gamma_a"] == 5.0
     assert v["hg_max"] == pytest.approx(-0.05)
-    table = ch1b.heldout_gamma_table(sweep, lambda name: f"paper:{name}").data
+    table = ch1c.heldout_gamma_table(sweep, lambda name: f"paper:{name}").data
     assert "| server | mean loss | 5 / 0.5 |" in table and "paper:hg_server_lauc" in table
     with pytest.raises(ValueError, match="stat"):
-        ch1b.heldout_gamma(sweep, "accuracy")
+        ch1c.heldout_gamma(sweep, "accuracy")
     with pytest.raises(ValueError, match="four targets"):
-        ch1b.heldout_gamma({"auc": {k: v[:3] for k, v in auc.items()}})
+        ch1c.heldout_gamma({"auc": {k: v[:3] for k, v in auc.items()}})
     with pytest.raises(ValueError, match="passive cell"):
-        ch1b.heldout_gamma({"auc": {("server", 0.0): passive}})
+        ch1c.heldout_gamma({"auc": {("server", 0.0): passive}})
 
 
 def test_ascent_drop_values_names():
     d = {"auc": np.r_[0.3, 0.4], "member": np.r_[1.0, 2.0], "nonmember": np.r_[3.0, 5.0]}
-    v = ch1b.ascent_drop_values({"drop": {("server, isolating", 2.0): d, ("server", 0.0): d}})
+    v = ch1c.ascent_drop_values({"drop": {("server, isolating", 2.0): d, ("server", 0.0): d}})
     assert v == {"drop_server_isolating_g2_auc": pytest.approx(0.35), "drop_server_isolating_g2_mem": 1.5,
                  "drop_server_isolating_g2_non": 4.0, "drop_server_p_auc": pytest.approx(0.35), "drop_server_p_mem": 1.5,
                  "drop_server_p_non": 4.0}

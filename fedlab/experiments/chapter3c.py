@@ -1,7 +1,11 @@
-"""Chapter 3b's experiments: the sweeps of RAIFLE Section 4 (Pham, Kulkarni & Houmansadr) against
-federated online learning to rank, as the chapter runs them (Figs. 5-7 and 11, Tables 4-5 and 8, the
-secure aggregation and PIR bypasses end to end), with the chapter's "paper vs ours" tables and
-figures. The attack itself is :mod:`fedlab.attacks.interaction_inference.oltr`.
+"""The experiments of chapters 3c and 3d: the sweeps of RAIFLE Section 4 (Pham, Kulkarni & Houmansadr) against
+federated online learning to rank, as the chapters run them, with their "paper vs ours" tables and figures.
+Chapter 3c (``chapters/03c_raifle_oltr.ipynb``) runs the attack: Figs. 5 and 11, the settings tables, the
+secure aggregation and PIR bypasses end to end; chapter 3d (``chapters/03d_raifle_oltr_defenses.ipynb``) the
+defenses: local DP (Figs. 6-7, Tables 4-5 and 8), gradient pruning (Fig. 9) and the client's data validation
+(Sec. 5.1), the last on chapter 3c's users rebuilt from the same seeds (:func:`fig5_cases`,
+:func:`noisy_adm_cases`, :func:`sa_bypass_case`). The attack itself is
+:mod:`fedlab.attacks.interaction_inference.oltr`.
 
 Functions whose name ends in ``_grid`` run one sweep for every ranker of ``rankers``, a dict
 ``{name: hidden layer sizes}`` (the chapter's ``{"linear": (), "neural": (16, 8)}``), in that order,
@@ -25,14 +29,33 @@ from ..privacy.ldp import gaussian_sigma, ldp_clip_norm, ldp_gaussian
 from .tables import scale_cells, scale_pairs, settings_header
 
 __all__ = ["noise_replacement_grid", "SETTINGS", "SETTING_LABELS", "settings_grid", "update_drift", "order_mismatch", "settings_table",
-           "settings_values", "adm_query_sweep", "noisy_adm_sweep", "sa_bypass_experiment", "ldp_sweep",
-           "click_model_rows", "fig5_grid", "fig5_plot", "fig5_mean", "fig5_summary", "PAPER_FIG5", "FIG5_NAMES",
-           "fig5_table", "adm_gain", "noisy_adm_grid", "noisy_adm_plot", "PAPER_FIG11", "noisy_name", "noisy_values",
+           "settings_values", "adm_query_cases", "adm_query_sweep", "noisy_adm_sweep", "sa_bypass_case",
+           "sa_bypass_experiment", "ldp_sweep", "click_model_rows", "fig5_cases", "fig5_grid", "fig5_plot", "fig5_mean", "fig5_summary", "PAPER_FIG5", "FIG5_NAMES",
+           "fig5_table", "adm_gain", "noisy_adm_cases", "noisy_adm_grid", "noisy_adm_plot", "PAPER_FIG11", "noisy_name", "noisy_values",
            "noisy_table", "pir_experiment", "pir_grid", "ldp_grid", "ldp_grids", "ldp_plot", "PAPER_KS", "PAPER_KS_NAV", "ks_pvalues", "ks_values",
            "ks_table", "ks_queries_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "table8_rise", "prune_grid", "prune_plot",
            "PAPER_FIG9", "prune_values", "prune_table", "flag_rounds", "ldp_boxplot", "RECORD_LABELS",
+           "DEFENSE_RECORD_LABELS",
            "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table", "REFERENCE_BUDGET",
            "budget_check", "budget_table"]
+
+
+def _query_cases(data, hidden, Q: int, click_models: list, num_users: int, *, lr: float, seed: int) -> list:
+    """``[((click_model, adm), case)]`` that :func:`adm_query_sweep` attacks at ``Q`` queries, in its batch order
+    (the position is the case's ``group``)."""
+    cfgs = [(c, a) for c in click_models for a in ([False] if Q == 1 else [False, True])]
+    return [((c, a), make_oltr_case(data, num_users, Q, hidden, click_model=c, adm=a, lr=lr, group=g,
+                                    seed=seed + 1000 * Q + 10 * click_models.index(c) + len(hidden)))
+            for g, (c, a) in enumerate(cfgs)]
+
+
+def adm_query_cases(data, hidden, queries, click_models, num_users: int, *, lr: float, seed: int = 0) -> dict:
+    """The users :func:`adm_query_sweep` simulates, not attacked: ``{(Q, click_model, adm): OltrCase}``, each the
+    case the sweep attacks for the same arguments (same seeds: the same lists, clicks and updates). Chapter 3d
+    checks the client's data validation (RAIFLE Sec. 5.1) on them."""
+    click_models = list(click_models)
+    return {(Q, *cfg): case for Q in queries
+            for cfg, case in _query_cases(data, hidden, Q, click_models, num_users, lr=lr, seed=seed)}
 
 
 def adm_query_sweep(data, hidden, queries, click_models, num_users: int, *, lr: float, max_iter: int,
@@ -49,14 +72,11 @@ def adm_query_sweep(data, hidden, queries, click_models, num_users: int, *, lr: 
     click_models = list(click_models)
     auc_out, cases_out = {}, {}
     for Q in queries:
-        cfgs = [(c, a) for c in click_models for a in ([False] if Q == 1 else [False, True])]
-        cases = [make_oltr_case(data, num_users, Q, hidden, click_model=c, adm=a, lr=lr, group=g,
-                                seed=seed + 1000 * Q + 10 * click_models.index(c) + len(hidden))
-                 for g, (c, a) in enumerate(cfgs)]
-        case = cat_cases(cases)
+        built = _query_cases(data, hidden, Q, click_models, num_users, lr=lr, seed=seed)
+        case = cat_cases([one for _, one in built])
         auc = attack_oltr(case, max_iter=max_iter, seed=seed)
-        for g, (c, a) in enumerate(cfgs):
-            auc_out[(Q, c, a)], cases_out[(Q, c, a)] = auc[case.group == g], cases[g]
+        for g, ((c, a), one) in enumerate(built):
+            auc_out[(Q, c, a)], cases_out[(Q, c, a)] = auc[case.group == g], one
     return auc_out, cases_out
 
 
@@ -66,12 +86,31 @@ def noisy_adm_sweep(data, hidden, noise_stds, num_users: int, num_queries: int, 
     """RAIFLE App. C.5 (Fig. 11): the same users attacked without ADM (key ``None``) and with ADM
     whose unallocated features are filled with server-known noise of each std in ``noise_stds``
     (0 = exact zeros). Returns ``(auc, cases)`` keyed by the std: [num_users] AUC tensors, cases."""
-    keys = [None] + list(noise_stds)
-    cases = [make_oltr_case(data, num_users, num_queries, hidden, click_model=click_model, adm=s is not None,
-                            noise_std=s or 0.0, lr=lr, group=g, seed=seed + 50) for g, s in enumerate(keys)]
-    case = cat_cases(cases)
+    cases = _noisy_cases(data, hidden, noise_stds, num_users, num_queries, click_model=click_model, lr=lr, seed=seed)
+    case = cat_cases(list(cases.values()))
     auc = attack_oltr(case, max_iter=max_iter, seed=seed)
-    return {s: auc[case.group == g] for g, s in enumerate(keys)}, dict(zip(keys, cases))
+    return {s: auc[case.group == g] for g, s in enumerate(cases)}, cases
+
+
+def _noisy_cases(data, hidden, noise_stds, num_users: int, num_queries: int, *, click_model: str, lr: float,
+                 seed: int) -> dict:
+    """``{std: OltrCase}`` that :func:`noisy_adm_sweep` attacks (``None`` first: no ADM), in its batch order."""
+    keys = [None] + list(noise_stds)
+    return {s: make_oltr_case(data, num_users, num_queries, hidden, click_model=click_model, adm=s is not None,
+                              noise_std=s or 0.0, lr=lr, group=g, seed=seed + 50) for g, s in enumerate(keys)}
+
+
+def sa_bypass_case(data, hidden, group_size: int, D: torch.Tensor, *, lr: float, generator: torch.Generator,
+                   seed: int = 0):
+    """The group :func:`sa_bypass_experiment` simulates, before secure aggregation: ``group_size`` users (user 0
+    the target) train one query from one global ranker drawn from ``generator`` on the features the server
+    manipulated (:func:`~fedlab.attacks.interaction_inference.oltr.sa_bypass_features`: the target keeps only the
+    features in ``D``, a [num_features] bool mask, every other user only the rest). Returns the
+    :class:`~fedlab.attacks.interaction_inference.oltr.OltrCase`; ``generator`` has drawn the ranker and nothing
+    else, so a fresh generator of the experiment's seed gives the experiment's group."""
+    theta = init_rankers(1, data.num_features, hidden, generator=generator)[0]
+    return make_oltr_case(data, group_size, 1, hidden, lr=lr, theta0=theta, seed=seed + 7,
+                          manipulate=lambda X, m: sa_bypass_features(X, 0, D))
 
 
 def sa_bypass_experiment(data, hidden, group_size: int, D: torch.Tensor, *, lr: float, max_iter: int,
@@ -83,11 +122,9 @@ def sa_bypass_experiment(data, hidden, group_size: int, D: torch.Tensor, *, lr: 
 
     Returns ``{"err": max abs error of the recovered coordinates, "auc": the target's AUC,
     "num_recovered", "num_params", "case", "masked": what the users sent}``. ``generator`` draws the
-    global ranker and the masks.
+    global ranker and the masks; the group is :func:`sa_bypass_case`'s.
     """
-    theta = init_rankers(1, data.num_features, hidden, generator=generator)[0]
-    case = make_oltr_case(data, group_size, 1, hidden, lr=lr, theta0=theta, seed=seed + 7,
-                          manipulate=lambda X, m: sa_bypass_features(X, 0, D))
+    case = sa_bypass_case(data, hidden, group_size, D, lr=lr, generator=generator, seed=seed)
     masked = sa.mask_updates(case.update.double(), generator=generator)
     recovered = sa_recover(sa.unmask_sum(masked), D, hidden).float()
     coords = first_layer_mask(D, hidden)
@@ -192,6 +229,13 @@ def fig5_grid(data, rankers: dict, queries, click_models, num_users: int, *, lr:
     return auc_out, cases_out
 
 
+def fig5_cases(data, rankers: dict, queries, click_models, num_users: int, *, lr: float, seed: int = 0) -> dict:
+    """The users of :func:`fig5_grid`, not attacked: ``{(ranker, Q, click_model, adm): OltrCase}``, the cases
+    ``fig5_grid`` returns for the same arguments (:func:`adm_query_cases` per ranker)."""
+    return {(model, *k): v for model, hidden in _rankers(rankers).items()
+            for k, v in adm_query_cases(data, hidden, queries, click_models, num_users, lr=lr, seed=seed).items()}
+
+
 def fig5_plot(fig5: dict, rankers, queries, click_models):
     """RAIFLE Fig. 5: mean AUC against queries per user, one panel per ranker, with and without ADM
     for each click model; error bars span one standard deviation over users, as in the paper.
@@ -237,9 +281,9 @@ PAPER_FIG5 = {("linear", 1, False): "≳ 0.9", ("neural", 1, False): "≳ 0.9",
               ("neural", 16, False): "≈ 0.5", ("neural", 16, True): "0.6-0.75"}
 
 #: the glued name of each row of :data:`PAPER_FIG5` (its paper-scale column comes from the record)
-FIG5_NAMES = {("linear", 1, False): "ch3b_fig5_single", ("neural", 1, False): "ch3b_fig5_single",
-              ("linear", 16, False): "ch3b_fig5_lin16", ("linear", 16, True): "ch3b_fig5_lin16_adm",
-              ("neural", 16, False): "ch3b_fig5_nn16", ("neural", 16, True): "ch3b_fig5_nn16_adm"}
+FIG5_NAMES = {("linear", 1, False): "ch3c_fig5_single", ("neural", 1, False): "ch3c_fig5_single",
+              ("linear", 16, False): "ch3c_fig5_lin16", ("linear", 16, True): "ch3c_fig5_lin16_adm",
+              ("neural", 16, False): "ch3c_fig5_nn16", ("neural", 16, True): "ch3c_fig5_nn16_adm"}
 
 
 def fig5_table(fig5: dict, click_models, run) -> tuple[list, list]:
@@ -452,14 +496,14 @@ def settings_table(grid: dict, cases: dict, rankers, num_queries: int) -> tuple[
 
 
 def settings_values(grid: dict, cases: dict, rankers) -> dict:
-    """The glued numbers of :func:`settings_grid` (unrounded): ``ch3b_set_<key>_<ranker>[_adm]`` the
-    mean AUCs and, for the network (last of ``rankers``) with ADM, ``ch3b_drift_<key>`` and
-    ``ch3b_mismatch_<key>``, the medians of :func:`update_drift` and :func:`order_mismatch`."""
+    """The glued numbers of :func:`settings_grid` (unrounded): ``ch3c_set_<key>_<ranker>[_adm]`` the
+    mean AUCs and, for the network (last of ``rankers``) with ADM, ``ch3c_drift_<key>`` and
+    ``ch3c_mismatch_<key>``, the medians of :func:`update_drift` and :func:`order_mismatch`."""
     rankers = list(rankers)
-    out = {f"ch3b_set_{k}_{m}{'_adm' if a else ''}": v.mean().item() for (k, m, a), v in grid.items()}
+    out = {f"ch3c_set_{k}_{m}{'_adm' if a else ''}": v.mean().item() for (k, m, a), v in grid.items()}
     for k in dict.fromkeys(k[0] for k in grid):
-        out[f"ch3b_drift_{k}"] = update_drift(cases[(k, rankers[-1], True)]).median().item()
-        out[f"ch3b_mismatch_{k}"] = order_mismatch(cases[(k, rankers[-1], True)]).median().item()
+        out[f"ch3c_drift_{k}"] = update_drift(cases[(k, rankers[-1], True)]).median().item()
+        out[f"ch3c_mismatch_{k}"] = order_mismatch(cases[(k, rankers[-1], True)]).median().item()
     return out
 
 
@@ -480,6 +524,15 @@ def noisy_adm_grid(data, rankers: dict, noise_stds, num_users: int, num_queries:
         noisy.update({(model, s): a.mean().item() for s, a in auc.items()})
         noisy_cases.update({(model, s): c for s, c in cases.items()})
     return noisy, noisy_cases
+
+
+def noisy_adm_cases(data, rankers: dict, noise_stds, num_users: int, num_queries: int, *, lr: float,
+                    click_model: str = "informational", seed: int = 0) -> dict:
+    """The users of :func:`noisy_adm_grid`, not attacked: ``{(ranker, std): OltrCase}`` (std ``None``: the same
+    users without ADM), the cases ``noisy_adm_grid`` returns for the same arguments."""
+    return {(model, s): c for model, hidden in _rankers(rankers).items()
+            for s, c in _noisy_cases(data, hidden, noise_stds, num_users, num_queries, click_model=click_model,
+                                     lr=lr, seed=seed).items()}
 
 
 def noisy_adm_plot(noisy: dict, rankers, noise_stds, num_queries: int):
@@ -504,14 +557,14 @@ PAPER_FIG11 = {1e-4: "≈ as std 0", 1e-3: "≈ as std 0", 1e-2: "linear near 1;
 
 
 def noisy_name(model: str, std: float) -> str:
-    """The glued name of ranker ``model`` at ADM noise ``std``: ``ch3b_noisy_linear_std0p01``, ..."""
-    return f"ch3b_noisy_{model}_std{std:g}".replace(".", "p")
+    """The glued name of ranker ``model`` at ADM noise ``std``: ``ch3c_noisy_linear_std0p01``, ..."""
+    return f"ch3c_noisy_{model}_std{std:g}".replace(".", "p")
 
 
 def noisy_values(noisy: dict, noise_stds) -> dict:
     """The glued numbers of Fig. 11 (unrounded): :func:`noisy_name` for every ranker and std;
-    ``ch3b_noisy_<lin|nn>`` at std 0.1, ``..z`` at std 0 (exact zeros), ``..0`` without ADM; and
-    ``ch3b_noisy_worst_drop``, the largest fall of noisy ADM below exact-zero ADM. ``noisy`` from
+    ``ch3c_noisy_<lin|nn>`` at std 0.1, ``..z`` at std 0 (exact zeros), ``..0`` without ADM; and
+    ``ch3c_noisy_worst_drop``, the largest fall of noisy ADM below exact-zero ADM. ``noisy`` from
     :func:`noisy_adm_grid` with the rankers ``"linear"`` and ``"neural"``; ``noise_stds`` must start
     with 0 and contain 0.1. Raises ``ValueError`` otherwise."""
     noise_stds = list(noise_stds)
@@ -520,10 +573,10 @@ def noisy_values(noisy: dict, noise_stds) -> dict:
     models = list(dict.fromkeys(m for m, _ in noisy))
     out = {noisy_name(m, s): noisy[(m, s)] for s in noise_stds for m in models}
     for short, m in [("lin", "linear"), ("nn", "neural")]:
-        out[f"ch3b_noisy_{short}"] = noisy[(m, 0.1)]
-        out[f"ch3b_noisy_{short}z"] = noisy[(m, 0.0)]
-        out[f"ch3b_noisy_{short}0"] = noisy[(m, None)]
-    out["ch3b_noisy_worst_drop"] = max(noisy[(m, 0.0)] - noisy[(m, s)] for m in models for s in noise_stds[1:])
+        out[f"ch3c_noisy_{short}"] = noisy[(m, 0.1)]
+        out[f"ch3c_noisy_{short}z"] = noisy[(m, 0.0)]
+        out[f"ch3c_noisy_{short}0"] = noisy[(m, None)]
+    out["ch3c_noisy_worst_drop"] = max(noisy[(m, 0.0)] - noisy[(m, s)] for m in models for s in noise_stds[1:])
     return out
 
 
@@ -758,7 +811,7 @@ def _paper_ks(click_model: str) -> dict:
 
 def _ks_name(model: str, Q: int, adm: bool, eps: float, click_model: str = "informational") -> str:
     nav = "_nav" if click_model == "navigational" else ""
-    return f"ch3b_ks_{model}_{Q}q{'_adm' if adm else ''}{nav}_eps{eps:g}"
+    return f"ch3c_ks_{model}_{Q}q{'_adm' if adm else ''}{nav}_eps{eps:g}"
 
 
 def ks_pvalues(ldp_auc: dict, random_auc: dict, epsilons, *, click_model: str = "informational") -> dict:
@@ -773,7 +826,7 @@ def ks_pvalues(ldp_auc: dict, random_auc: dict, epsilons, *, click_model: str = 
 
 
 def ks_values(ks: dict, epsilons, *, click_model: str = "informational") -> dict:
-    """The glued p-values of Tables 4-5, ``ch3b_ks_<ranker>_<Q>q[_adm]_eps<epsilon>`` (``_nav``
+    """The glued p-values of Tables 4-5, ``ch3c_ks_<ranker>_<Q>q[_adm]_eps<epsilon>`` (``_nav``
     appended for navigational clicks) -> the p-value as text with two significant digits
     (``"1.4e-03"``)."""
     _paper_ks(click_model)
@@ -844,20 +897,20 @@ PAPER_T8 = {"linear": [0.228, 0.260, 0.280, 0.298, 0.301, 0.315],
 
 
 def _t8_name(model: str, eps) -> str:
-    return f"ch3b_t8_{model}_eps{eps:g}" if eps else f"ch3b_t8_{model}_inf"
+    return f"ch3c_t8_{model}_eps{eps:g}" if eps else f"ch3c_t8_{model}_inf"
 
 
 def table8_values(ndcg: dict, rankers, epsilons) -> dict:
-    """The glued numbers of Table 8 (unrounded): ``ch3b_t8_<ranker>_eps<epsilon>`` (``_inf`` for no
-    noise) for every ranker and epsilon, and ``ch3b_ndcg_<ranker>_eps1`` / ``_inf`` that the text
+    """The glued numbers of Table 8 (unrounded): ``ch3c_t8_<ranker>_eps<epsilon>`` (``_inf`` for no
+    noise) for every ranker and epsilon, and ``ch3c_ndcg_<ranker>_eps1`` / ``_inf`` that the text
     quotes. Raises ``ValueError`` unless ``epsilons`` holds 1.0 and ``None``."""
     epsilons = list(epsilons)
     if 1.0 not in epsilons or None not in epsilons:
         raise ValueError(f"epsilons must contain 1.0 and None, got {epsilons}")
     out = {_t8_name(m, e): ndcg[(m, e)] for m in rankers for e in epsilons}
     for m in rankers:
-        out[f"ch3b_ndcg_{m}_eps1"] = ndcg[(m, 1.0)]
-        out[f"ch3b_ndcg_{m}_inf"] = ndcg[(m, None)]
+        out[f"ch3c_ndcg_{m}_eps1"] = ndcg[(m, 1.0)]
+        out[f"ch3c_ndcg_{m}_inf"] = ndcg[(m, None)]
     return out
 
 
@@ -878,10 +931,10 @@ def table8_rise(ndcg: dict, rankers, run) -> tuple[tuple[list, list], dict]:
     """How much NDCG@10 the ranker gains from epsilon = 1 to no noise (RAIFLE App. C.6, Table 8), as
     ``((header, rows), values)``. One row per ranker: the paper's rise (:data:`PAPER_T8`, last column
     minus first), this build's (``ndcg`` of :func:`utility_grid`, one run), and the stored paper-scale
-    record's, seed by seed from ``ch3b_ndcg_<ranker>_inf`` and ``_eps1`` (``run.per_seed``): the mean
+    record's, seed by seed from ``ch3c_ndcg_<ranker>_inf`` and ``_eps1`` (``run.per_seed``): the mean
     with the half-width of its 95 % t interval (:func:`fedlab.metrics.t_interval`) and the range over
-    seeds ("no record yet" without them). ``values``: ``ch3b_t8_rise_<ranker>`` (this build, unrounded)
-    and ``ch3b_t8_rise_<ranker>_paper`` (the record's cell, a string) for :func:`fedlab.book.glue_many`.
+    seeds ("no record yet" without them). ``values``: ``ch3c_t8_rise_<ranker>`` (this build, unrounded)
+    and ``ch3c_t8_rise_<ranker>_paper`` (the record's cell, a string) for :func:`fedlab.book.glue_many`.
     Raises ``ValueError`` for a ranker without both ``(ranker, 1.0)`` and ``(ranker, None)`` in ``ndcg``,
     or a record whose two values have different numbers of seeds."""
     from ..metrics import t_interval
@@ -891,9 +944,9 @@ def table8_rise(ndcg: dict, rankers, run) -> tuple[tuple[list, list], dict]:
         if (m, 1.0) not in ndcg or (m, None) not in ndcg:
             raise ValueError(f"ndcg must hold ({m!r}, 1.0) and ({m!r}, None)")
         ours = float(ndcg[(m, None)] - ndcg[(m, 1.0)])
-        hi, lo = run.per_seed(f"ch3b_ndcg_{m}_inf"), run.per_seed(f"ch3b_ndcg_{m}_eps1")
+        hi, lo = run.per_seed(f"ch3c_ndcg_{m}_inf"), run.per_seed(f"ch3c_ndcg_{m}_eps1")
         if len(hi) != len(lo):
-            raise ValueError(f"the record holds {len(hi)} seeds of ch3b_ndcg_{m}_inf and {len(lo)} of _eps1")
+            raise ValueError(f"the record holds {len(hi)} seeds of ch3c_ndcg_{m}_inf and {len(lo)} of _eps1")
         rises = [a - b for a, b in zip(hi, lo)]
         if not rises:
             record, spread = "no record yet", "no record yet"
@@ -904,8 +957,8 @@ def table8_rise(ndcg: dict, rankers, run) -> tuple[tuple[list, list], dict]:
             spread = f"{min(rises):.3f} to {max(rises):.3f}"
         paper = PAPER_T8[m][-1] - PAPER_T8[m][0] if m in PAPER_T8 else float("nan")
         rows.append([m, paper, ours, record, spread])
-        values[f"ch3b_t8_rise_{m}"] = ours
-        values[f"ch3b_t8_rise_{m}_paper"] = record
+        values[f"ch3c_t8_rise_{m}"] = ours
+        values[f"ch3c_t8_rise_{m}_paper"] = record
     header = ["ranker", "paper (Table 8, mean of 10 runs)", "ours, this build (one run)",
               "ours, paper-scale record (mean ± 95 % CI)", "record: range over seeds"]
     return (header, rows), values
@@ -1002,16 +1055,16 @@ PAPER_FIG9 = {0.9: "pruning must exceed 90 % before the AUC nears 0.5", 0.99: "c
 
 def prune_values(prune_auc: dict, configs, *, aware: dict | None = None, loss: dict | None = None) -> dict:
     """The glued numbers of :func:`prune_grid` (unrounded): the paper's attack's mean AUCs
-    ``ch3b_prune_<ranker>_<Q>q[_adm]_f<percent>``; with ``aware`` the mask-aware attacker's
-    ``ch3b_prune_aware_<...>``; with ``loss`` the median matching losses ``ch3b_prune_loss_<attacker>[_truth]_<...>``
+    ``ch3c_prune_<ranker>_<Q>q[_adm]_f<percent>``; with ``aware`` the mask-aware attacker's
+    ``ch3c_prune_aware_<...>``; with ``loss`` the median matching losses ``ch3c_prune_loss_<attacker>[_truth]_<...>``
     (``attacker`` ``naive`` or ``aware``; reached, or at the true clicks)."""
     keep = set(configs)
     name = lambda m, Q, a, f: f"{m}_{Q}q{'_adm' if a else ''}_f{100 * f:g}"
-    out = {f"ch3b_prune_{name(*k)}": v.mean().item() for k, v in prune_auc.items() if k[1:3] in keep}
-    out.update({f"ch3b_prune_aware_{name(*k)}": v.mean().item() for k, v in (aware or {}).items() if k[1:3] in keep})
+    out = {f"ch3c_prune_{name(*k)}": v.mean().item() for k, v in prune_auc.items() if k[1:3] in keep}
+    out.update({f"ch3c_prune_aware_{name(*k)}": v.mean().item() for k, v in (aware or {}).items() if k[1:3] in keep})
     for k, d in (loss or {}).items():
         if k[1:3] in keep:
-            out.update({f"ch3b_prune_loss_{which}_{name(*k)}": d[which].median().item() for which in d})
+            out.update({f"ch3c_prune_loss_{which}_{name(*k)}": d[which].median().item() for which in d})
     return out
 
 
@@ -1059,30 +1112,33 @@ def ldp_boxplot(ldp_auc: dict, rankers, num_queries: int, eps: float):
     return ax
 
 
-#: the chapter's headline numbers: glued name -> label, for the table of this build against the record
+#: chapter 3c's headline numbers (the attack): glued name -> label, for the table of this build against the record
 RECORD_LABELS = {
-    "ch3b_users": "users per cell (Fig. 5)",
-    "ch3b_fig5_single": "Fig. 5: 1 query, AUC (lower of the two rankers)",
-    "ch3b_fig5_lin16": "Fig. 5: linear, 16 queries", "ch3b_fig5_lin16_adm": "Fig. 5: linear, 16 queries, ADM",
-    "ch3b_fig5_nn16": "Fig. 5: neural, 16 queries", "ch3b_fig5_nn16_adm": "Fig. 5: neural, 16 queries, ADM",
-    "ch3b_set_before_neural_adm": "16 queries, neural, ADM: a first choice (η = 1, fan-in, display order)",
-    "ch3b_set_paper_neural_adm": "16 queries, neural, ADM: the paper's setting",
-    "ch3b_set_weight_blocks_neural_adm": "16 queries, neural, ADM: + the reference's weight blocks",
-    "ch3b_noisy_nn0": "Fig. 11: neural, 16 queries, no ADM", "ch3b_noisy_nnz": "Fig. 11: neural, exact-zero ADM",
-    "ch3b_noisy_nn": "Fig. 11: neural, ADM noise 0.1",
-    "ch3b_sa_err": "SA bypass: max abs error of the recovered update",
-    "ch3b_pir_tpr_ldp": "PIR bypass under LDP ε=100: true-positive rate",
-    "ch3b_ldp_lin1_eps10": "LDP ε=10: linear, 1 query, AUC", "ch3b_ks_lin1_eps10": "LDP ε=10: K-S p-value",
-    "ch3b_ldp_nn_noadm": "LDP ε=500: neural, 8 queries", "ch3b_ldp_nn_adm": "LDP ε=500: neural, 8 queries, ADM",
-    "ch3b_prune_min90": "Fig. 9: 90 % pruned, lowest mean AUC",
-    "ch3b_prune_linear_8q_adm_f99": "Fig. 9: 99 % pruned, linear, 8 queries, ADM",
-    "ch3b_prune_neural_1q_f99": "Fig. 9: 99 % pruned, neural, 1 query",
-    "ch3b_prune_aware_neural_1q_f99": "Fig. 9: 99 % pruned, neural, 1 query, attacker who knows the mask",
-    "ch3b_ndcg_linear_eps1": "Table 8: linear NDCG@10, ε=1",
-    "ch3b_ndcg_linear_inf": "Table 8: linear NDCG@10, no noise",
-    "ch3b_ndcg_neural_eps1": "Table 8: neural NDCG@10, ε=1",
-    "ch3b_ndcg_neural_inf": "Table 8: neural NDCG@10, no noise",
-    "ch3b_total_s": "notebook run time (s)"}
+    "ch3c_users": "users per cell (Fig. 5)",
+    "ch3c_fig5_single": "Fig. 5: 1 query, AUC (lower of the two rankers)",
+    "ch3c_fig5_lin16": "Fig. 5: linear, 16 queries", "ch3c_fig5_lin16_adm": "Fig. 5: linear, 16 queries, ADM",
+    "ch3c_fig5_nn16": "Fig. 5: neural, 16 queries", "ch3c_fig5_nn16_adm": "Fig. 5: neural, 16 queries, ADM",
+    "ch3c_set_before_neural_adm": "16 queries, neural, ADM: a first choice (η = 1, fan-in, display order)",
+    "ch3c_set_paper_neural_adm": "16 queries, neural, ADM: the paper's setting",
+    "ch3c_set_weight_blocks_neural_adm": "16 queries, neural, ADM: + the reference's weight blocks",
+    "ch3c_noisy_nn0": "Fig. 11: neural, 16 queries, no ADM", "ch3c_noisy_nnz": "Fig. 11: neural, exact-zero ADM",
+    "ch3c_noisy_nn": "Fig. 11: neural, ADM noise 0.1",
+    "ch3c_sa_err": "SA bypass: max abs error of the recovered update",
+    "ch3c_pir_tpr_ldp": "PIR bypass under LDP ε=100: true-positive rate",
+    "ch3c_total_s": "notebook run time (s)"}
+#: chapter 3d's headline numbers (the defenses): glued name -> label, for its table of this build against the record
+DEFENSE_RECORD_LABELS = {
+    "ch3c_ldp_lin1_eps10": "LDP ε=10: linear, 1 query, AUC", "ch3c_ks_lin1_eps10": "LDP ε=10: K-S p-value",
+    "ch3c_ldp_nn_noadm": "LDP ε=500: neural, 8 queries", "ch3c_ldp_nn_adm": "LDP ε=500: neural, 8 queries, ADM",
+    "ch3c_prune_min90": "Fig. 9: 90 % pruned, lowest mean AUC",
+    "ch3c_prune_linear_8q_adm_f99": "Fig. 9: 99 % pruned, linear, 8 queries, ADM",
+    "ch3c_prune_neural_1q_f99": "Fig. 9: 99 % pruned, neural, 1 query",
+    "ch3c_prune_aware_neural_1q_f99": "Fig. 9: 99 % pruned, neural, 1 query, attacker who knows the mask",
+    "ch3c_ndcg_linear_eps1": "Table 8: linear NDCG@10, ε=1",
+    "ch3c_ndcg_linear_inf": "Table 8: linear NDCG@10, no noise",
+    "ch3c_ndcg_neural_eps1": "Table 8: neural NDCG@10, ε=1",
+    "ch3c_ndcg_neural_inf": "Table 8: neural NDCG@10, no noise",
+    "ch3d_total_s": "notebook run time (s)"}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1095,7 +1151,7 @@ RECORD_LABELS = {
 REFERENCE_REPOSITORY = "github.com/dzungvpham/raifle"
 
 
-#: Chapter 3b's settings that differ between the quick and the paper scale, ``name -> (quick, paper)``:
+#: Chapter 3c's settings that differ between the quick and the paper scale, ``name -> (quick, paper)``:
 #: the notebook reads each with :func:`scaled` and :func:`reference_settings_table` states both.
 #: ``synthetic_queries``: queries of the synthetic data set (real data is used whole);
 #: ``fig5_queries``: queries per user in Figure 5; ``num_users``: users per Figure 5 cell;
@@ -1142,7 +1198,7 @@ def _check_scale_settings(settings: dict) -> None:
 def reference_settings_table(data, rankers: dict, *, click_models, lr: float, epsilons, delta: float,
                              sensitivity: float, clients_per_round: int,
                              settings: dict | None = None) -> tuple[list, list]:
-    """Chapter 3b's settings as ``(header, rows)`` for :func:`fedlab.plots.md_table`: one row per
+    """Chapter 3c's settings as ``(header, rows)`` for :func:`fedlab.plots.md_table`: one row per
     setting that matters for RAIFLE's result on federated OLTR (FPDGD), and one per departure from the
     paper or its code, with four columns: the paper (Pham, Kulkarni & Houmansadr; section cited), its
     authors' reference code (:data:`REFERENCE_REPOSITORY`, the commit cited, with where it changed

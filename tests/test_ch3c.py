@@ -1,4 +1,4 @@
-"""Chapter 3b's experiment helpers (fedlab.experiments.chapter3b). Its settings (RAIFLE Sec. 4.1 and its
+"""The experiment helpers of chapters 3c and 3d (fedlab.experiments.chapter3c). Its settings (RAIFLE Sec. 4.1 and its
 reference code): ranker initialisation, the user's own query order, the reference's first-layer weight
 blocks, and the sweeps built on them (the settings comparison, gradient pruning of App. C.4). Then the
 figures' and tables' helpers, built from hand-made results, and the grids run on tiny cases."""
@@ -10,7 +10,7 @@ import torch
 from fedlab import records
 from fedlab.attacks.interaction_inference import oltr as ro
 from fedlab.data.letor import synthetic_letor
-from fedlab.experiments import chapter3b as ex
+from fedlab.experiments import chapter3c as ex
 from fedlab.fl import oltr
 from fedlab.fl.oltr import click_probabilities
 from fedlab.privacy.defenses import prune_rows
@@ -121,8 +121,8 @@ def test_settings_grid_table_and_values(data):
     assert len(rows) == len(settings) + 1 and all(len(r) == len(headers) for r in rows)
     assert rows[0][0] == ex.SETTING_LABELS["before"] and rows[0][-1] == 0.0   # display order: no mismatch
     vals = ex.settings_values(auc, cases, ["linear", "neural"])
-    assert vals["ch3b_set_before_linear"] == auc[("before", "linear", False)].mean().item()
-    assert {"ch3b_drift_paper", "ch3b_mismatch_weight_blocks"} <= set(vals)
+    assert vals["ch3c_set_before_linear"] == auc[("before", "linear", False)].mean().item()
+    assert {"ch3c_drift_paper", "ch3c_mismatch_weight_blocks"} <= set(vals)
     with pytest.raises(ValueError, match="settings"):
         ex.settings_grid(data, {"linear": ()}, {"x": {"momentum": 0.9}}, 2, ["navigational"], 2, max_iter=2)
 
@@ -184,9 +184,9 @@ def test_prune_grid_at_zero_is_the_plain_attack(data):
     one = loss[("linear", 1, False, 0.5)]
     assert float(one["aware_truth"].max()) == 0.0 and float(one["naive_truth"].min()) > 0   # one query: exact update
     vals = ex.prune_values(auc, [(1, False), (2, True)], aware=aware, loss=loss)
-    assert vals["ch3b_prune_linear_2q_adm_f50"] == auc[("linear", 2, True, 0.5)].mean().item()
-    assert vals["ch3b_prune_aware_linear_2q_adm_f50"] == aware[("linear", 2, True, 0.5)].mean().item()
-    assert vals["ch3b_prune_loss_naive_truth_linear_1q_f50"] == one["naive_truth"].median().item()
+    assert vals["ch3c_prune_linear_2q_adm_f50"] == auc[("linear", 2, True, 0.5)].mean().item()
+    assert vals["ch3c_prune_aware_linear_2q_adm_f50"] == aware[("linear", 2, True, 0.5)].mean().item()
+    assert vals["ch3c_prune_loss_naive_truth_linear_1q_f50"] == one["naive_truth"].median().item()
     headers, rows = ex.prune_table(auc, ["linear"], [0.0, 0.5], [(1, False), (2, True)], aware=aware)
     assert rows[1][0] == "50 %" and all(len(r) == len(headers) == 6 for r in rows)
     assert rows[1][2] == round(aware[("linear", 1, False, 0.5)].mean().item(), 3) and headers[2] == "linear, 1 q, knows the mask"
@@ -211,7 +211,7 @@ def test_ks_rows_for_navigational_clicks(tmp_path):
     ks_nav = ex.ks_pvalues(auc, rnd, eps, click_model="navigational")
     assert set(ks_nav) == {k for k in ex.PAPER_KS_NAV if k[1] in (1, 8)} and ex.PAPER_KS_NAV[("linear", 1, False)][0] == 2.46e-01
     vals = ex.ks_values(ks_nav, eps, click_model="navigational")
-    assert "ch3b_ks_neural_8q_adm_nav_eps500" in vals and len(vals) == 5 * 6
+    assert "ch3c_ks_neural_8q_adm_nav_eps500" in vals and len(vals) == 5 * 6
     ks = ex.ks_pvalues(auc, rnd, eps)
     headers, rows = ex.ks_table(ks, eps, records.Run("03_test", folder=tmp_path), ks_nav=ks_nav)
     assert len(rows) == 3 * 12 and rows[-1][0] == "neural, nav, 8 q, ADM"
@@ -284,8 +284,8 @@ def test_noisy_values_and_table(run):
     noisy = {(m, s): 0.9 - (s or 0) for m in ("linear", "neural") for s in stds}
     noisy.update({("linear", None): 0.7, ("neural", None): 0.6})
     vals = ex.noisy_values(noisy, stds)
-    assert vals["ch3b_noisy_neural_std0p01"] == pytest.approx(0.89) and vals["ch3b_noisy_nn0"] == 0.6
-    assert vals["ch3b_noisy_linz"] == 0.9 and vals["ch3b_noisy_worst_drop"] == pytest.approx(0.1)
+    assert vals["ch3c_noisy_neural_std0p01"] == pytest.approx(0.89) and vals["ch3c_noisy_nn0"] == 0.6
+    assert vals["ch3c_noisy_linz"] == 0.9 and vals["ch3c_noisy_worst_drop"] == pytest.approx(0.1)
     headers, rows = ex.noisy_table(noisy, RANKERS, stds, run)
     assert rows[0][0] == "0 (exact zeros)" and rows[1][1] == ex.PAPER_FIG11[1e-2] and len(rows[0]) == len(headers)
     with pytest.raises(ValueError, match="noise_stds"):
@@ -300,7 +300,7 @@ def test_ks_and_table8(run):
     ks = ex.ks_pvalues(auc, rnd, eps)                                   # only the rows that were run
     assert set(ks) == {k for k in ex.PAPER_KS if k[1] in (1, 8)} and all(p == [1.0] * 5 for p in ks.values())
     vals = ex.ks_values(ks, eps)
-    assert vals["ch3b_ks_neural_8q_adm_eps500"] == "1.0e+00" and len(vals) == 5 * 6
+    assert vals["ch3c_ks_neural_8q_adm_eps500"] == "1.0e+00" and len(vals) == 5 * 6
     headers, rows = ex.ks_table(ks, eps, run)
     assert len(rows) == 3 * 6 and all(len(r) == len(headers) for r in rows)
     headers, rows = ex.ks_table(ks, eps, run, queries=(1, 4, 8, 12, 16))
@@ -314,8 +314,8 @@ def test_ks_and_table8(run):
     eps_u = eps + [None]
     ndcg = {(m, e): 0.5 + (e or 1000) / 10000 for m in RANKERS for e in eps_u}
     vals = ex.table8_values(ndcg, RANKERS, eps_u)
-    assert vals["ch3b_t8_linear_inf"] == vals["ch3b_ndcg_linear_inf"] == 0.6
-    assert vals["ch3b_t8_neural_eps1"] == vals["ch3b_ndcg_neural_eps1"] and len(vals) == 2 * 6 + 4
+    assert vals["ch3c_t8_linear_inf"] == vals["ch3c_ndcg_linear_inf"] == 0.6
+    assert vals["ch3c_t8_neural_eps1"] == vals["ch3c_ndcg_neural_eps1"] and len(vals) == 2 * 6 + 4
     headers, rows = ex.table8_table(ndcg, RANKERS, eps_u, run)
     assert headers[-1] == "ε=∞" and rows[1][:3] == ["linear", "ours", 0.5] and rows[1][-1] == 0.6
     assert all(len(r) == len(headers) for r in rows)
@@ -345,6 +345,36 @@ def test_grids_run_every_ranker(data):
         ex.flag_rounds([])
 
 
+def test_the_case_builders_give_the_users_the_sweeps_attack(data):
+    """Chapter 3d checks the data validation on chapter 3c's users, rebuilt without the attack: fig5_cases,
+    noisy_adm_cases and sa_bypass_case give the very cases fig5_grid, noisy_adm_grid and sa_bypass_experiment
+    attack (same lists, features, clicks and updates)."""
+    rankers = {"linear": (), "tiny": (3,)}
+    fields = ("theta0", "X", "mask", "I", "update", "group", "order")
+
+    def same(a, b):
+        return all(torch.equal(getattr(a, f), getattr(b, f)) for f in fields)
+
+    _, swept = ex.fig5_grid(data, rankers, [1, 2], ["navigational", "informational"], 3, lr=0.1, max_iter=2, seed=4)
+    built = ex.fig5_cases(data, rankers, [1, 2], ["navigational", "informational"], 3, lr=0.1, seed=4)
+    assert list(built) == list(swept) and all(same(built[k], swept[k]) for k in swept)
+    _, swept = ex.noisy_adm_grid(data, rankers, [0.0, 0.1], 3, 2, lr=0.1, max_iter=2, seed=4)
+    built = ex.noisy_adm_cases(data, rankers, [0.0, 0.1], 3, 2, lr=0.1, seed=4)
+    assert list(built) == list(swept) and all(same(built[k], swept[k]) for k in swept)
+    D = torch.arange(data.num_features) < data.num_features // 2
+    run = ex.sa_bypass_experiment(data, (), 4, D, lr=0.1, max_iter=2, generator=torch.Generator().manual_seed(5),
+                                  seed=4)
+    assert same(ex.sa_bypass_case(data, (), 4, D, lr=0.1, generator=torch.Generator().manual_seed(5), seed=4),
+                run["case"])
+    assert ex.flag_rounds([run["case"]]).all()          # every user of the bypass has zeroed features
+
+
+def test_the_two_pages_tables_of_record_labels_split_the_chapters_numbers():
+    assert not set(ex.RECORD_LABELS) & set(ex.DEFENSE_RECORD_LABELS)
+    assert {"ch3c_fig5_single", "ch3c_sa_err", "ch3c_total_s"} <= set(ex.RECORD_LABELS)
+    assert {"ch3c_ldp_nn_adm", "ch3c_prune_min90", "ch3c_ndcg_linear_inf", "ch3d_total_s"} <= set(ex.DEFENSE_RECORD_LABELS)
+
+
 def test_pir_and_utility_grids(data):
     pir = ex.pir_grid(data, {"linear": ()}, 6, epsilons=[None], lr=1.0, seed=0)
     assert pir == {("linear", None): (1.0, 0.0, 1.0)}                    # exact without noise (Sec. 3.4.3)
@@ -359,4 +389,4 @@ def test_ldp_boxplot_refuses_unswept_eps():
     assert ex.ldp_boxplot(auc, RANKERS, 8, 1.0) is not None
     with pytest.raises(ValueError, match="eps"):
         ex.ldp_boxplot(auc, RANKERS, 8, 10.0)
-    assert set(ex.RECORD_LABELS) >= {"ch3b_fig5_single", "ch3b_total_s"}
+    assert set(ex.RECORD_LABELS) >= {"ch3c_fig5_single", "ch3c_total_s"}

@@ -1,7 +1,7 @@
-"""The experiments of chapters 1b and 1c: membership inference against FedAvg (Nasr et al. 2019, Sections
-IV-V, as taught in Shokri's CS5562 lecture; chapter 1b), client-level DP-FedAvg (McMahan et al. 2018, Alg. 1)
+"""The experiments of chapters 1c and 1d: membership inference against FedAvg (Nasr et al. 2019, Sections
+IV-V, as taught in Shokri's CS5562 lecture; chapter 1c), client-level DP-FedAvg (McMahan et al. 2018, Alg. 1)
 against that attack, and the personalised alternatives (local-only training, DP-FedAvg followed by
-fine-tuning, Centaur of Shen et al. 2023, Alg. 1-2; chapter 1c, ``chapters/01c_membership_defenses.ipynb``).
+fine-tuning, Centaur of Shen et al. 2023, Alg. 1-2; chapter 1d, ``chapters/01d_membership_defenses.ipynb``).
 
 The attacks are :mod:`fedlab.attacks.membership`; DP-FedAvg and Centaur are :mod:`fedlab.fl.dp_fedavg`
 and :mod:`fedlab.fl.personalization`. The functions here run the chapter's sweeps in the order the
@@ -72,7 +72,7 @@ def safe_noise_cost(epsilon: float, sampling_prob: float, num_rounds: int, delta
     zf = dpf.noise_multiplier_for_epsilon(epsilon, sampling_prob, num_rounds, delta, num_clients=num_clients, safe=False)
     zs = dpf.noise_multiplier_for_epsilon(epsilon, sampling_prob, num_rounds, delta, num_clients=num_clients, safe=True)
     return {"float": zf, "safe": zs, "ratio": zs / zf}
-# chapter 1b's main numbers (the attacks), name -> label, for the over-seeds summary figure (plots.record_errorbars)
+# chapter 1c's main numbers (the attacks), name -> label, for the over-seeds summary figure (plots.record_errorbars)
 SUMMARY_LABELS = {
     "mia_auc_last": "MIA AUC, last round",
     "mia_auc_avg10": "MIA AUC, last 10 rounds",
@@ -90,7 +90,7 @@ SUMMARY_LABELS = {
     "act_participant_g5_auc": "participant, ascent γ = 5 (AUC)",
     "act_floor": "active attacks, chance floor (AUC)",
 }
-# chapter 1c's main numbers (the defenses), name -> label, for its over-seeds summary figure
+# chapter 1d's main numbers (the defenses), name -> label, for its over-seeds summary figure
 DEFENSE_SUMMARY_LABELS = {
     "dp_auc_small": "DP-FedAvg, ε = 0.5, 10 clients: MIA AUC",
     "dp_acc_small": "DP-FedAvg, ε = 0.5, 10 clients: test accuracy",
