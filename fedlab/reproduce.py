@@ -80,7 +80,7 @@ from .config import progress_enabled
 # run that stops on a bad argument start in a fraction of a second
 
 __all__ = ["Chapter", "list_chapters", "resolve_chapters", "collect_glued", "non_finite_glues", "summarize",
-           "t_interval", "run_notebook", "reproduce", "reproduce_matrix", "merge_matrix_rows", "main", "atomic_write_text", "write_record",
+           "t_interval", "run_notebook", "Console", "reproduce", "reproduce_matrix", "merge_matrix_rows", "main", "atomic_write_text", "write_record",
            "check_out", "check_seeds", "check_timeout", "check_stored_seeds", "seeds_lost", "format_seeds",
            "chapter_aliases", "MATRIX", "MATRIX_NOTEBOOK", "RECORD_PAGES", "RunInterrupted"]
 
@@ -1151,11 +1151,30 @@ def _run_seeds(chapter: Chapter, scale: str, seeds: list[int], jobs: int, timeou
     return runs
 
 
+@dataclass(frozen=True, eq=False)
+class Console:
+    """What :func:`reproduce` prints while it runs, and where: ``show_progress`` (a progress bar of the code cells;
+    the command line's ``--no-progress`` and ``FEDLAB_PROGRESS=0`` turn it off) and ``stderr`` (the stream of the
+    bar and of the messages: failures, retries, the records written; ``None``: ``sys.stderr`` at the time of the
+    call). Compares by identity (it holds a stream). Raises ``ValueError`` naming the field for a
+    ``show_progress`` that is not a bool or a ``stderr`` without ``write``."""
+
+    show_progress: bool = True
+    stderr: object = None
+
+    def __post_init__(self):
+        if not isinstance(self.show_progress, bool):
+            raise ValueError(f"Console.show_progress must be True or False, got {self.show_progress!r}")
+        if self.stderr is not None and not callable(getattr(self.stderr, "write", None)):
+            raise ValueError(f"Console.stderr must be a text stream (with write) or None, got {self.stderr!r}")
+
+
 def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: int = 1, out: str | Path,
-              root: Path, timeout: int | None = DEFAULT_CELL_TIMEOUT, show_progress: bool = True, command: str = "",
-              stderr=None, force: bool = False) -> tuple[list[Path], list[dict]]:
+              root: Path, timeout: int | None = DEFAULT_CELL_TIMEOUT, console: Console = Console(),
+              command: str = "", force: bool = False) -> tuple[list[Path], list[dict]]:
     """Run every chapter at every seed (``jobs`` seeds at a time, each in its own process) and write
     one record per chapter. Returns the written paths and the failures (empty when all ran clean).
+    ``console`` (a :class:`Console`): the progress bar and the stream the messages go to.
 
     ``out`` is checked before the first seed runs (:func:`check_out`). SIGINT or SIGTERM stops the whole
     run: the kernels are stopped, the record of the chapter being run is not written (a stored one is
@@ -1164,7 +1183,9 @@ def reproduce(chapters: list[Chapter], *, scale: str, seeds: list[int], jobs: in
     holds a seed that ``seeds`` leaves out (:func:`check_stored_seeds`; ``force`` replaces it anyway)."""
     from tqdm.auto import tqdm
 
-    stderr = stderr or sys.stderr
+    if not isinstance(console, Console):
+        raise ValueError(f"console must be a fedlab.reproduce.Console, got {type(console).__name__}: {console!r}")
+    stderr, show_progress = console.stderr or sys.stderr, console.show_progress
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     seeds = check_seeds(seeds)
@@ -1614,7 +1635,7 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + exc.signum
     try:
         _, failures = reproduce(selected, scale=args.scale, seeds=args.seeds, jobs=args.jobs, out=out, root=root,
-                                timeout=args.timeout, show_progress=show,
+                                timeout=args.timeout, console=Console(show_progress=show),
                                 command="python -m fedlab " + " ".join(argv), force=args.force)
     except RunInterrupted as exc:
         return 128 + exc.signum      # reproduce said on stderr what was kept

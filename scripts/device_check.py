@@ -55,7 +55,7 @@ def cases():
     from fedlab.attacks.interaction_inference import oltr as ro
     from fedlab.attacks.interaction_inference import recsys as rf
     from fedlab.data.letor import synthetic_letor
-    from fedlab.fl.ifca import ifca
+    from fedlab.fl.ifca import Hypotheses, Validation, ifca
 
     ev = D.Dataset(torch.randn(9, 5, generator=torch.Generator().manual_seed(5)), torch.arange(9) % 3)
     net = models.mlp(5, (4,), 3, seed=1)
@@ -80,9 +80,9 @@ def cases():
         "fedavg": lambda dev: fl.fedavg(net, _clients(), num_rounds=3, client_fraction=0.67,
                                         local=fl.LocalTraining(lr=0.3, batch_size=2), eval_data=ev, seed=4,
                                         device=dev).params,
-        "ifca": lambda dev: ifca(models.mlp(5, (), 3, seed=1), _clients((5, 6, 4, 7)), num_clusters=2, num_rounds=3,
-                                 clients_per_round=3, local=fl.LocalTraining(batch_size=3), seed=2,
-                                 val_clients=_clients((4, 4)), device=dev).hypotheses,
+        "ifca": lambda dev: ifca(models.mlp(5, (), 3, seed=1), _clients((5, 6, 4, 7)), hypotheses=Hypotheses(2),
+                                 num_rounds=3, clients_per_round=3, local=fl.LocalTraining(batch_size=3), seed=2,
+                                 validation=Validation(_clients((4, 4))), device=dev).hypotheses,
         "dlg": lambda dev: gi.dlg(inv, params, obs, knows=knows, budget=gi.AttackBudget(max_iter=6, lr=1.0),
                                   device=dev).x,
         "dlg_fixed_step": lambda dev: gi.dlg(inv, params, obs, knows=knows,

@@ -238,7 +238,6 @@ OVER_TEN: dict[str, int] = {
     "fedlab.attacks.interaction_inference.recsys.raifle_fncf": 16,
     "fedlab.attacks.membership.active_attack_rounds": 17,
     "fedlab.attacks.membership.active_attack_runs": 11,
-    "fedlab.attacks.model_reconstruction.ols_error_curve": 11,
     "fedlab.experiments.chapter1a.dlg_restarts": 11,
     "fedlab.experiments.chapter1a.dlg_vs_inverting_gradients": 11,
     "fedlab.experiments.chapter1c.active_attack_sweep": 12,
@@ -251,16 +250,7 @@ OVER_TEN: dict[str, int] = {
     "fedlab.experiments.chapter3c.ldp_sweep": 14,
     "fedlab.experiments.chapter3c.pir_experiment": 13,
     "fedlab.experiments.chapter3c.utility_grid": 11,
-    "fedlab.experiments.chapter4.adult_experiment": 11,
-    "fedlab.experiments.chapter4.leaf_table1": 11,
-    "fedlab.fl.ifca.ifca": 16,
     "fedlab.fl.oltr.federated_oltr": 15,
-    "fedlab.fl.personalization.centaur": 11,
-    "fedlab.fl.protocols.selective_sgd": 11,
-    "fedlab.flower.apps.run": 19,
-    "fedlab.flower.apps.server_app": 18,
-    "fedlab.flower.deploy.write_app": 19,
-    "fedlab.reproduce.reproduce": 11,
 }
 
 

@@ -91,7 +91,7 @@ def test_leaf_table1_small_run_reports_oracle_distances_and_flatness():
 
     leaf = make_leaf_synthetic((60, 40, 50), seed=3)
     t1 = ex4.leaf_table1(leaf, local_steps=(1, 2), seeds=[0, 1], num_rounds=30, batch_size=32, lr=0.05,
-                         client_fraction=2 / 3, hidden=16, fit_max_iter=20, decode_max_iter=20)
+                         client_fraction=2 / 3, attack=mr.HeuristicSettings(hidden=16, fit_max_iter=20, decode_max_iter=20))
     assert t1["last"].shape == t1["decoded"].shape == t1["flatness"].shape == (2, 2, 3)
     assert ((0 <= t1["last"]) & (t1["last"] <= 1)).all() and t1["oracle"].shape == (3,)
     # every client was seen, the attacks used the same number of (most recent) observations
@@ -112,7 +112,7 @@ def test_round_sweep_runs_table1_at_each_length_and_names_values_by_position():
     from fedlab.data.leaf import make_leaf_synthetic
 
     leaf = make_leaf_synthetic((60, 40, 50), seed=3)
-    kw = dict(batch_size=32, lr=0.05, hidden=8, fit_max_iter=5, decode_max_iter=5)
+    kw = dict(batch_size=32, lr=0.05, attack=mr.HeuristicSettings(hidden=8, fit_max_iter=5, decode_max_iter=5))
     sweep = ex4.leaf_round_sweep(leaf, (10, 14), seeds=[0], **kw)
     assert list(sweep) == [10, 14] and all(t["last"].shape == (1, 1, 3) for t in sweep.values())
     assert sweep[14]["num_obs"] == 14 and sweep[10]["num_obs"] == 10          # every round observed
@@ -194,7 +194,7 @@ def test_adult_experiment_values_and_count_variants():
     train = ex4.adult_phd_clients("train", num_other_clients=3)
     test = ex4.adult_phd_clients("test", num_other_clients=3)
     f = ex4.adult_experiment(train, test, targets=(0, 3), batch_sizes=(16, 64), seeds=[0, 1], num_rounds=4,
-                             hidden=8, fit_max_iter=5, decode_max_iter=5)
+                             attack=mr.HeuristicSettings(hidden=8, fit_max_iter=5, decode_max_iter=5))
     assert f["test_decoded"].shape == f["mapping_loss"].shape == (2, 2, 2) and f["moved"].shape == (2, 2)
     # the majority baseline: always the target's majority train label, scored on its test records
     y_tr, y_te = train[3].y.float(), test[3].y
@@ -259,7 +259,7 @@ def test_positive_control_finds_the_optimum_and_a_broken_decoder_fails_it(monkey
     from fedlab.data.leaf import make_leaf_synthetic
 
     leaf = make_leaf_synthetic(seed=0)
-    pc = ex4.positive_control(leaf, fit_max_iter=250, decode_max_iter=250)     # the quick notebook's setting
+    pc = ex4.positive_control(leaf, attack=mr.HeuristicSettings(fit_max_iter=250, decode_max_iter=250))   # the quick page's
     assert np.median(pc["dist_decoded"]) < 0.5 < np.median(pc["dist_last"]), pc
     assert np.median(pc["heldout_loss"]) < 0.2 and pc["oracle"].mean() > pc["last"].mean()
     assert np.median(pc["residual"]) < 0.03, pc["residual"]     # it finds a zero of the fitted map
@@ -267,7 +267,7 @@ def test_positive_control_finds_the_optimum_and_a_broken_decoder_fails_it(monkey
     broken = lambda ti, to, **kw: mr.HeuristicResult(to[:, -1], torch.zeros(len(to)), torch.zeros(1, len(to)),  # noqa: E731
                                                      torch.zeros(len(to)))
     monkeypatch.setattr(ex4, "reconstruct_heuristic", broken)
-    bad = ex4.positive_control(leaf, fit_max_iter=250, decode_max_iter=250)
+    bad = ex4.positive_control(leaf, attack=mr.HeuristicSettings(fit_max_iter=250, decode_max_iter=250))
     assert not np.median(bad["dist_decoded"]) < 0.5
 
 

@@ -127,7 +127,7 @@ def test_reply_membership_on_a_transcript_equals_chapter_1c_on_fedavg():
     fed = ex.membership_federation(1, num_clients=4, n_per_client=20)
     mlp = lambda: models.mlp(64, (32,), 10, seed=1)  # noqa: E731
     args = dict(num_rounds=5, local=fl.LocalTraining(lr=0.3, local_epochs=5, batch_size=10), seed=1)
-    res = flower.run(mlp, fed.clients, engine="local", **args)
+    res = flower.run(mlp, fed.clients, engine=flower.Engine("local"), **args)
     rec = mia.SnapshotRecorder()
     ref = fl.fedavg(mlp(), fed.clients, callback=rec, **args)
     assert ex.max_abs_difference(res.params, ref.params) <= 1e-6
@@ -153,15 +153,15 @@ def test_fedsgd_attack_and_the_dp_wrappers():
     flower = _flower()
     victims, lenet = ex.fedsgd_clients(0, 3)
     assert len(victims) == 3 and victims[0][0].shape == (1, 1, 8, 8)
-    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=None), seed=0, engine="local")
+    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=None), seed=0, engine=flower.Engine("local"))
     base = flower.run(lenet, victims, **args).transcript
     a = ex.fedsgd_attack(lenet, base, victims, max_iter=30, seed=0)
     assert a["idlg_acc"] == 1.0 and a["idlg_psnr"].shape == (3,) and a["x_idlg"].shape == (3, 1, 8, 8)
     assert np.all(a["grey_psnr"] < 10) and np.all(a["norms"] > 0.1)
-    srv = flower.run(lenet, victims, dp="server", clipping_norm=0.05, noise_multiplier=1.0, **args).transcript
+    srv = flower.run(lenet, victims, aggregation=flower.FixedClippingDP("server", noise_multiplier=1.0, clipping_norm=0.05), **args).transcript
     s = ex.fedsgd_attack(lenet, srv, victims, max_iter=30, seed=0)
     assert np.array_equal(s["idlg_psnr"], a["idlg_psnr"]) and np.array_equal(s["norms"], a["norms"])
-    cli = flower.run(lenet, victims, dp="client", clipping_norm=0.05, noise_multiplier=1.0, **args).transcript
+    cli = flower.run(lenet, victims, aggregation=flower.FixedClippingDP("client", noise_multiplier=1.0, clipping_norm=0.05), **args).transcript
     assert np.allclose(list(ex.update_norms(cli).values()), 0.05, rtol=1e-3)   # every reply clipped to C
     c = ex.fedsgd_attack(lenet, cli, victims, max_iter=30, seed=0)
     assert c["idlg_acc"] == 1.0
@@ -176,7 +176,7 @@ def test_chapter_6b_picks_its_target_from_chapter_6s_idlg():
     from fedlab.flower import attacks as fa
 
     victims, lenet = ex.fedsgd_clients(1, 3)
-    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None), seed=1, engine="local")
+    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None), seed=1, engine=flower.Engine("local"))
     base = flower.run(lenet, victims, **args).transcript
     a = ex.fedsgd_attack(lenet, base, victims, max_iter=20, seed=1)
     alone = fa.invert_gradients(lenet, base, input_shape=(1, 8, 8), num_classes=10, max_iter=20,
@@ -197,7 +197,7 @@ def test_eavesdrop_logistic_compares_the_two_runs():
                                                             loss_fn=mr.logistic_loss))
     model = lambda: mr.linear_model(leaf[0].X.shape[1], bias=True, dtype=torch.float32, seed=0)  # noqa: E731
     pairs = [(c.X.float(), c.y) for c in leaf]
-    T = flower.run(model, pairs, engine="local", **args).transcript
+    T = flower.run(model, pairs, engine=flower.Engine("local"), **args).transcript
     _, spy = mr.run_eavesdropped_fedavg(model(), pairs, **args)
     out = ex.eavesdrop_logistic(T, spy, leaf, weight_decay=0.01, fit_max_iter=60, decode_max_iter=60, hidden=64)
     assert out["num_obs"] == 12 and out["decoded"].shape == (3,) and out["pairs_diff"] < 1e-6
@@ -249,17 +249,17 @@ def test_secagg_outcome_summarises_completed_refused_and_impossible_rounds():
     from fedlab.flower import attacks as fa
 
     victims, lenet = ex.fedsgd_clients(0, 4)
-    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None), seed=0, engine="local", secagg=True)
-    lie = ex.secagg_outcome(lambda: flower.run(lenet, victims, secagg_attack=fa.FalseDropout(1), **args))
+    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None), seed=0, engine=flower.Engine("local"))
+    lie = ex.secagg_outcome(lambda: flower.run(lenet, victims, aggregation=flower.SecAgg(attack=fa.FalseDropout(1)), **args))
     assert lie["completed"] and lie["exposed"] == [1] and lie["key_shares"] >= 2 and lie["messages"] == 16
     assert ex.exposed_model(lie, 1).keys() == lie["run"].params.keys()
     with pytest.raises(ValueError, match="not exposed"):
         ex.exposed_model(lie, 0)
-    refused = ex.secagg_outcome(lambda: flower.run(lenet, victims, secagg_attack=fa.FalseDropout(1), consistency=True,
-                                                   secagg_settings={"reconstruction_threshold": 0.75}, **args))
+    refused = ex.secagg_outcome(lambda: flower.run(lenet, victims, aggregation=flower.SecAgg(
+        attack=fa.FalseDropout(1), consistency=True, reconstruction_threshold=0.75), **args))
     assert not refused["completed"] and refused["stage"] == "unmask" and refused["key_shares"] == 0
-    impossible = ex.secagg_outcome(lambda: flower.run(lenet, victims, secagg_attack=fa.SplitView(1), consistency=True,
-                                                      secagg_settings={"reconstruction_threshold": 0.75}, **args))
+    impossible = ex.secagg_outcome(lambda: flower.run(lenet, victims, aggregation=flower.SecAgg(
+        attack=fa.SplitView(1), consistency=True, reconstruction_threshold=0.75), **args))
     assert impossible["stage"] == "none" and "n >= 2t" in impossible["reason"]
     table = ex.malicious_markdown({"(a)": {ex.MALICIOUS_COLUMNS[0]: lie, ex.MALICIOUS_COLUMNS[2]: refused}},
                                   {"(a)": "note"})

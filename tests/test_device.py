@@ -92,8 +92,10 @@ def test_ifca_threads_its_device():
 
     net = models.mlp(5, (), 3, seed=1)
     clients, val = _clients((5, 6, 4, 7)), _clients((4, 4))
-    run = lambda **kw: ifca(net, clients, num_clusters=2, num_rounds=3, clients_per_round=3,  # noqa: E731
-                            local=fl.LocalTraining(batch_size=3), seed=2, val_clients=val, **kw)
+    from fedlab.fl.ifca import Hypotheses, Validation
+
+    run = lambda **kw: ifca(net, clients, hypotheses=Hypotheses(2), num_rounds=3, clients_per_round=3,  # noqa: E731
+                            local=fl.LocalTraining(batch_size=3), seed=2, validation=Validation(val), **kw)
     a, b = run(), _under_meta_default(lambda: run(device="cpu"))
     assert _same(a.hypotheses, b.hypotheses) and _same(a.final, b.final) and a.history == b.history
 

@@ -148,12 +148,20 @@ def test_centaur_shares_only_representation_and_learns():
     net = models.mlp(64, (4,), 10, seed=0); p = models.get_params(net)
     recs = []
     out = pers.centaur(net, tr, num_rounds=3, dp=DPSettings(noise_multiplier=0.0, clip_norm=None, sampling_prob=0.5),
-                       head_epochs=3, local=fl.LocalTraining(lr=0.2, batch_size=5), params=p, callback=recs.append)
+                       heads=pers.PersonalHeads(head_epochs=3), local=fl.LocalTraining(lr=0.2, batch_size=5), params=p,
+                       callback=recs.append)
     assert set(recs[0].updates) == {"0.weight", "0.bias"}           # heads never leave the client
     assert out["2.weight"].shape == (60, 10, 4)
     assert torch.allclose(out["0.weight"][0], out["0.weight"][1])  # one shared representation
     with pytest.raises(ValueError, match="classes_per_client"):
         pers.make_representation_task(5, 2, 2, classes_per_client=11)
+    with pytest.raises(ValueError, match="PersonalHeads.head_epochs"):
+        pers.PersonalHeads(head_epochs=0)
+    with pytest.raises(ValueError, match="PersonalHeads.head_names"):
+        pers.PersonalHeads(head_names="2.weight")
+    with pytest.raises(ValueError, match="heads must be"):
+        pers.centaur(net, tr, num_rounds=1, dp=DPSettings(noise_multiplier=0.0, clip_norm=None, sampling_prob=0.5),
+                     heads=3)
 
 
 def test_partial_update_freezes_other_parameters():

@@ -167,12 +167,19 @@ def test_selective_sgd_upload_masks():
         fl.select_upload(delta, 0.0)
     with pytest.raises(ValueError, match="criterion"):
         fl.select_upload(delta, 0.5, "smallest")
+    with pytest.raises(ValueError, match="Sharing.upload_fraction"):
+        fl.Sharing(upload_fraction=1.5)
+    with pytest.raises(ValueError, match="Sharing.criterion"):
+        fl.Sharing(criterion="smallest")
+    with pytest.raises(ValueError, match="Sharing.download_fraction"):
+        fl.Sharing(download_fraction=0.0)
 
 
 def test_selective_sgd_full_upload_single_client_equals_sgd():
     clients = _toy_clients(sizes=(8,))
     net = _net()
-    a = fl.selective_sgd(net, clients, num_rounds=1, upload_fraction=1.0, local=fl.LocalTraining(lr=0.1, batch_size=None))
+    a = fl.selective_sgd(net, clients, num_rounds=1, sharing=fl.Sharing(upload_fraction=1.0),
+                         local=fl.LocalTraining(lr=0.1, batch_size=None))
     b = fl.fedsgd(net, clients, num_rounds=1, lr=0.1)
     for name in a.params:
         assert torch.allclose(a.params[name], b.params[name], atol=1e-6)

@@ -55,7 +55,7 @@ def test_local_engine_gives_fedavg_with_client_sampling(local):
     kw = dict(num_rounds=3, local=local, seed=7, client_fraction=0.5)
     sent = []
     ref = fedavg(_model_fn(), clients, callback=sent.append, **kw)
-    res = flower.run(_model_fn, clients, engine="local", **kw)
+    res = flower.run(_model_fn, clients, engine=flower.Engine("local"), **kw)
     assert _maxdiff(ref.params, res.params) <= TOL
     for t, rec in enumerate(sent, start=1):
         assert [r.partition_id for r in res.transcript.train_replies(t)] == rec.selected.tolist()
@@ -64,7 +64,7 @@ def test_local_engine_gives_fedavg_with_client_sampling(local):
 def test_client_app_reuses_a_model_only_when_that_changes_nothing():
     """The ClientApp builds a seeded, buffer-free model once; a model_fn that draws from torch's global stream
     (or a model with buffers) is still called for every message, and both runs give the same models."""
-    clients, kw = _clients(3), dict(num_rounds=2, local=LocalTraining(lr=0.1, batch_size=8), seed=7, engine="local")
+    clients, kw = _clients(3), dict(num_rounds=2, local=LocalTraining(lr=0.1, batch_size=8), seed=7, engine=flower.Engine("local"))
     calls = {"seeded": 0, "unseeded": 0, "buffers": 0}
 
     def seeded():
@@ -103,8 +103,8 @@ def test_client_side_clipping_clips_what_the_server_receives():
     """DifferentialPrivacyClientSideFixedClipping + fixedclipping_mod: every recorded update has norm <= C;
     with noise 0 the next global model is the weighted average of the recorded (clipped) replies."""
     C = 0.05
-    res = flower.run(_model_fn, _clients(3), engine="local", num_rounds=2, local=LocalTraining(lr=0.1, batch_size=16), seed=1,
-                     dp="client", clipping_norm=C, noise_multiplier=0.0)
+    res = flower.run(_model_fn, _clients(3), engine=flower.Engine("local"), num_rounds=2, local=LocalTraining(lr=0.1, batch_size=16), seed=1,
+                     aggregation=flower.FixedClippingDP("client", noise_multiplier=0.0, clipping_norm=C))
     T = res.transcript
     norms = [_delta_norm(r.params, T.globals[r.round - 1]) for r in T.train_replies()]
     assert max(norms) <= C * (1 + 1e-5) and min(norms) > 0.9 * C, norms   # clipped (unclipped ones are ~0.27)
@@ -117,8 +117,8 @@ def test_server_side_clipping_records_raw_updates_and_adds_the_documented_noise(
     clips them, averages and adds N(0, (z C / m)^2) per coordinate (Flower's compute_stdv)."""
     C, m = 0.05, 3
     clients = _clients(m)
-    quiet = flower.run(_model_fn, clients, engine="local", num_rounds=1, local=LocalTraining(lr=0.1, batch_size=16), seed=1,
-                       dp="server", clipping_norm=C, noise_multiplier=0.0)
+    quiet = flower.run(_model_fn, clients, engine=flower.Engine("local"), num_rounds=1, local=LocalTraining(lr=0.1, batch_size=16), seed=1,
+                       aggregation=flower.FixedClippingDP("server", noise_multiplier=0.0, clipping_norm=C))
     T = quiet.transcript
     replies = T.train_replies(1)
     g0 = T.globals[0]
@@ -129,8 +129,8 @@ def test_server_side_clipping_records_raw_updates_and_adds_the_documented_noise(
         clipped.append(type(r)(**{**r.__dict__, "params": {k: g0[k] + scale * (r.params[k] - g0[k]) for k in g0}}))
     assert _maxdiff(_weighted(clipped), T.globals[1]) <= TOL
     z = 2.0
-    noisy = flower.run(_model_fn, clients, engine="local", num_rounds=1, local=LocalTraining(lr=0.1, batch_size=16), seed=1,
-                       dp="server", clipping_norm=C, noise_multiplier=z)
+    noisy = flower.run(_model_fn, clients, engine=flower.Engine("local"), num_rounds=1, local=LocalTraining(lr=0.1, batch_size=16), seed=1,
+                       aggregation=flower.FixedClippingDP("server", noise_multiplier=z, clipping_norm=C))
     noise = flatten_params(noisy.params) - flatten_params(T.globals[1])
     assert abs(float(noise.std()) / (z * C / m) - 1) < 0.1, (float(noise.std()), z * C / m)   # d = 1210 draws
 
@@ -176,20 +176,32 @@ def test_index_json_is_the_text_json_dumps_gives(tmp_path):
 
 
 def test_apps_validate_their_arguments(tmp_path):
-    with pytest.raises(ValueError, match="dp"):
-        flower.server_app(_model_fn, tmp_path, num_clients=2, num_rounds=1, local=LocalTraining(lr=0.1), dp="local")
+    with pytest.raises(ValueError, match="aggregation"):
+        flower.server_app(_model_fn, tmp_path, num_clients=2, num_rounds=1, local=LocalTraining(lr=0.1), aggregation="local")
+    with pytest.raises(ValueError, match="FixedClippingDP.mode"):
+        flower.FixedClippingDP("local")
+    with pytest.raises(ValueError, match="FixedClippingDP.clipping_norm"):
+        flower.FixedClippingDP("server", clipping_norm=0.0)
+    with pytest.raises(ValueError, match="timeouts"):
+        flower.server_app(_model_fn, tmp_path, num_clients=2, num_rounds=1, timeouts=300.0)
+    with pytest.raises(ValueError, match="Timeouts.node_timeout"):
+        flower.Timeouts(node_timeout=0)
     with pytest.raises(ValueError, match="lr"):
         flower.server_app(_model_fn, tmp_path, num_clients=2, num_rounds=1, local=LocalTraining(lr=0.0))
     with pytest.raises(ValueError, match="num_clients"):
         flower.server_app(_model_fn, tmp_path, num_clients=0, num_rounds=1, local=LocalTraining(lr=0.1))
     with pytest.raises(ValueError, match="load_partition"):
         flower.client_app(_model_fn, None)
-    with pytest.raises(ValueError, match="engine"):
-        flower.run(_model_fn, _clients(2), num_rounds=1, engine="spark")
+    with pytest.raises(ValueError, match="Engine.name"):
+        flower.run(_model_fn, _clients(2), num_rounds=1, engine=flower.Engine("spark"))
+    with pytest.raises(ValueError, match="engine must be a fedlab.flower.Engine"):
+        flower.run(_model_fn, _clients(2), num_rounds=1, engine="local")
+    with pytest.raises(ValueError, match="Engine.num_cpus"):
+        flower.Engine("ray", num_cpus=0)
 
 
 def test_evaluate_replies_are_recorded_and_a_failing_node_is_named():
-    res = flower.run(_model_fn, _clients(2), engine="local", num_rounds=2, local=LocalTraining(lr=0.1, batch_size=16), seed=0,
+    res = flower.run(_model_fn, _clients(2), engine=flower.Engine("local"), num_rounds=2, local=LocalTraining(lr=0.1, batch_size=16), seed=0,
                      evaluate_clients=True)
     ev = [r for r in res.transcript.replies if r.kind == "evaluate"]
     assert [(r.round, r.partition_id) for r in sorted(ev, key=lambda r: (r.round, r.partition_id))] == \
@@ -272,7 +284,7 @@ def test_simulation_engine_gives_fedavg_and_records_every_reply(capsys, one_ray_
     kw = dict(num_rounds=2, local=LocalTraining(lr=0.1, local_epochs=2, batch_size=16), seed=5)
     sent = []
     ref = fedavg(_model_fn(), clients, callback=sent.append, **kw)
-    res = flower.run(_model_fn, clients, engine="ray", num_cpus=2, **kw)   # two workers: contexts move between them
+    res = flower.run(_model_fn, clients, engine=flower.Engine("ray", num_cpus=2), **kw)   # two workers: contexts move between them
     diff = _maxdiff(ref.params, res.params)
     with capsys.disabled():
         print(f"\n[flower] Ray engine vs fedlab.fl.fedavg: max |difference| = {diff:.3g} "
@@ -301,8 +313,8 @@ def test_secagg_runs_with_the_ray_engine(one_ray_runtime):
 
     victims, lenet = ex.fedsgd_clients(1, 3)
     args = dict(num_rounds=1, local=LocalTraining(lr=0.1, local_epochs=1, batch_size=None), seed=1)
-    T = flower.run(lenet, victims, engine="ray", secagg=True, num_cpus=2, **args).transcript   # state in the contexts
-    plain = flower.run(lenet, victims, engine="local", **args).transcript
+    T = flower.run(lenet, victims, engine=flower.Engine("ray", num_cpus=2), aggregation=flower.SecAgg(), **args).transcript   # state in the contexts
+    plain = flower.run(lenet, victims, engine=flower.Engine("local"), **args).transcript
     assert sorted(r.kind for r in T.replies) == sorted(["secagg-keys", "secagg-shares", "secagg-masked", "secagg-unmask"] * 3)
     assert T.train_replies() == [] and T.num_rounds == 1
     assert ex.max_abs_difference(T.globals[1], plain.globals[1]) <= fa.secagg_error_bound(T)

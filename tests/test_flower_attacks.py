@@ -22,7 +22,7 @@ def _fedsgd_images(seed=0, num_clients=4):
     def model_fn():
         return dlg_init_(lenet(1, 10, 8, seed=seed), seed=seed)   # chapter 1a's sigmoid LeNet
 
-    res = flower.run(model_fn, clients, engine="local", num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None),
+    res = flower.run(model_fn, clients, engine=flower.Engine("local"), num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None),
                      seed=seed)
     return clients, model_fn, res.transcript
 
@@ -66,7 +66,7 @@ def test_membership_inference_on_the_models_a_client_returned():
     def model_fn():
         return mlp(64, [64], 10, seed=0)
 
-    res = flower.run(model_fn, train, engine="local", num_rounds=3, local=fl.LocalTraining(lr=0.5, local_epochs=10, batch_size=10), seed=0)
+    res = flower.run(model_fn, train, engine=flower.Engine("local"), num_rounds=3, local=fl.LocalTraining(lr=0.5, local_epochs=10, batch_size=10), seed=0)
     X = torch.cat([train[0].X, outsiders.X[:30]])
     y = torch.cat([train[0].y, outsiders.y[:30]])
     is_member = np.r_[np.ones(30), np.zeros(30)]
@@ -88,7 +88,7 @@ def _least_squares_run(seed=0, num_rounds=40):
     clients = ex.least_squares_clients(seed)
     args = dict(num_rounds=num_rounds, client_fraction=0.6, seed=seed,
                 local=fl.LocalTraining(lr=0.01, local_epochs=3, batch_size=None, loss_fn=mr.squared_loss))
-    res = flower.run(lambda: mr.linear_model(10, seed=seed), clients, engine="local", **args)
+    res = flower.run(lambda: mr.linear_model(10, seed=seed), clients, engine=flower.Engine("local"), **args)
     _, spy = mr.run_eavesdropped_fedavg(mr.linear_model(10, seed=seed), clients, **args)
     return clients, res.transcript, spy
 
@@ -152,9 +152,9 @@ def test_secagg_transcript_holds_no_model_and_the_aggregate_is_fedavgs():
     from fedlab.experiments import chapter6 as ex
 
     victims, lenet = ex.fedsgd_clients(0, 4)
-    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=None), seed=0, engine="local")
+    args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=None), seed=0, engine=flower.Engine("local"))
     plain = flower.run(lenet, victims, **args).transcript
-    T = flower.run(lenet, victims, secagg=True, **args).transcript
+    T = flower.run(lenet, victims, aggregation=flower.SecAgg(), **args).transcript
     assert T.meta["secagg"] and T.meta["secagg_settings"]["max_weight"] == 1.0
     kinds = [r.kind for r in T.replies]
     assert kinds == [k for k in ("secagg-keys", "secagg-shares", "secagg-masked", "secagg-unmask") for _ in range(4)]
@@ -194,7 +194,7 @@ def test_secagg_training_follows_fedavg_over_rounds():
     clients = [(fed.clients.X[k, :12 + 2 * k], fed.clients.y[k, :12 + 2 * k]) for k in range(5)]   # 12, 14, ..., 20
     mlp = lambda: models.mlp(64, (32,), 10, seed=0)  # noqa: E731
     args = dict(num_rounds=3, local=fl.LocalTraining(lr=0.3, local_epochs=2, batch_size=10), seed=0, client_fraction=0.8)
-    T = flower.run(mlp, clients, engine="local", secagg=True, **args).transcript
+    T = flower.run(mlp, clients, engine=flower.Engine("local"), aggregation=flower.SecAgg(), **args).transcript
     ref = fl.fedavg(mlp(), clients, **args)
     assert ex.max_abs_difference(T.final_params, ref.params) < 1e-4
     assert all(len([r for r in T.replies if r.kind == "secagg-masked" and r.round == t]) == 4 for t in (1, 2, 3))
@@ -211,11 +211,11 @@ def test_imprint_through_the_secagg_aggregate():
 
     clients, model_fn, X = ex.imprint_clients(0)
     assert len(clients) == 4 and X.shape == (32, 64) and clients[0][0].dtype == torch.float64
-    args = dict(num_rounds=1, seed=0, engine="local")
+    args = dict(num_rounds=1, seed=0, engine=flower.Engine("local"))
     step = lambda lr: fl.LocalTraining(lr=lr, batch_size=None)   # noqa: E731  (one full-batch step)
     runs = {"plain": flower.run(model_fn, clients, local=step(0.1), **args).transcript}
     for name, lr, q in [("default", 0.1, 2 ** 22), ("chosen", 1000.0, 2 ** 29)]:
-        runs[name] = flower.run(model_fn, clients, local=step(lr), secagg=True, secagg_settings={"quantization_range": q},
+        runs[name] = flower.run(model_fn, clients, local=step(lr), aggregation=flower.SecAgg(quantization_range=q),
                                 **args).transcript
     rows = ex.imprint_rows(runs, X)
     direct = imp.imprint_attack([x for x, _ in clients], [y for _, y in clients], model=model_fn(),
@@ -235,17 +235,21 @@ def test_secagg_arguments_are_checked():
     from fedlab.flower import apps
 
     victims, lenet = ex.fedsgd_clients(0, 4)
-    run = lambda **kw: flower.run(lenet, victims, num_rounds=1, engine="local", **kw)  # noqa: E731
-    with pytest.raises(ValueError, match="secagg cannot be combined"):
-        run(secagg=True, dp="server")
-    with pytest.raises(ValueError, match="secagg_settings given without"):
-        run(secagg_settings={"clipping_range": 1.0})
+    run = lambda **kw: flower.run(lenet, victims, num_rounds=1, engine=flower.Engine("local"), **kw)  # noqa: E731
+    with pytest.raises(ValueError, match="SecAgg\\+ cannot be combined with evaluate_clients"):
+        run(aggregation=flower.SecAgg(), evaluate_clients=True)
+    with pytest.raises(ValueError, match="aggregation must be None"):
+        run(aggregation={"clipping_range": 1.0})
     with pytest.raises(ValueError, match="at least 2 clients"):
-        run(secagg=True, client_fraction=0.25)
-    with pytest.raises(ValueError, match="unknown SecAgg"):
-        run(secagg=True, secagg_settings={"shares": 3})
+        run(aggregation=flower.SecAgg(), client_fraction=0.25)
+    with pytest.raises(TypeError, match="shares"):
+        flower.SecAgg(shares=3)
+    with pytest.raises(ValueError, match="SecAgg.clipping_range"):
+        flower.SecAgg(clipping_range=0.0)
+    with pytest.raises(ValueError, match="SecAgg.client_mods"):
+        flower.SecAgg(client_mods=[3])
     with pytest.raises(ValueError, match="wraps around"):
-        run(secagg=True, secagg_settings={"quantization_range": 2 ** 30})
+        run(aggregation=flower.SecAgg(quantization_range=2 ** 30))
     with pytest.raises(ValueError, match="modulus_range"):
         apps.secagg_config([5], modulus_range=3 * 2 ** 20)
     with pytest.raises(ValueError, match="max_weight"):
@@ -266,9 +270,9 @@ def test_item_sums_from_the_aggregate_are_chapter_2s_per_item_sums():
 
     fed = ex.item_federation(1, cohort_size=4, num_users=40, num_rounds=5)
     m, N, I = 4, fed.data.num_rated, fed.data.num_items
-    args = dict(num_rounds=1, local=fl.LocalTraining(lr=fed.lr, batch_size=None, loss_fn=fed.loss_fn), seed=1, engine="local")
+    args = dict(num_rounds=1, local=fl.LocalTraining(lr=fed.lr, batch_size=None, loss_fn=fed.loss_fn), seed=1, engine=flower.Engine("local"))
     plain = flower.run(fed.model_fn, fed.clients, **args).transcript
-    T = flower.run(fed.model_fn, fed.clients, secagg=True, secagg_settings={"clipping_range": fed.clipping_range},
+    T = flower.run(fed.model_fn, fed.clients, aggregation=flower.SecAgg(clipping_range=fed.clipping_range),
                    **args).transcript
     U, items, y = fed.honest.user_vectors[fed.users], fed.data.items[fed.users], fed.data.y[fed.users]
     _, deltas = rec.protocol1_client_update(U, fed.honest.item_vectors, items, y, local_steps=1, batch_size=N,

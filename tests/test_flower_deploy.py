@@ -97,7 +97,8 @@ def test_deployment_mode_superlink_and_two_supernodes(tmp_path, capsys):
     kw = dict(num_rounds=2, local=LocalTraining(lr=0.1, local_epochs=1, batch_size=16), seed=4)
     root = tmp_path / "transcripts"
     # the app's own settings say 3 rounds and lr 0.5; the run config of each `flwr run` overrides them
-    app = deploy.write_app(tmp_path / "app", root, num_clients=2, model_seed=3, hidden=16, examples_per_client=60,
+    app = deploy.write_app(tmp_path / "app", root, num_clients=2,
+                           demo=deploy.DemoApp(model_seed=3, hidden=16, examples_per_client=60),
                            **{**kw, "num_rounds": 3, "local": dataclasses.replace(kw["local"], lr=0.5)})
     def timed_run(run_config):
         t0 = time.perf_counter()

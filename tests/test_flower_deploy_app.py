@@ -16,6 +16,7 @@ else:                                                    # Flower depends on tom
 
 from fedlab.fl import LocalTraining  # noqa: E402
 from fedlab.fl import fedavg  # noqa: E402
+from fedlab import flower  # noqa: E402
 from fedlab.flower import deploy  # noqa: E402
 from fedlab.flower.apps import LocalGrid, _task_identity  # noqa: E402
 from fedlab.flower.transcript import load_transcript  # noqa: E402
@@ -30,7 +31,8 @@ def _run(server, client, run_id, run_config, num_nodes=2):
 
 
 def test_each_run_reads_its_run_config_and_writes_its_own_transcript(tmp_path):
-    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=2, num_rounds=3, local=LocalTraining(lr=0.5, batch_size=16), seed=4, model_seed=3, examples_per_client=30)
+    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=2, num_rounds=3, local=LocalTraining(lr=0.5, batch_size=16), seed=4,
+                           demo=deploy.DemoApp(model_seed=3, examples_per_client=30))
     config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert config["num-rounds"] == 3 and config["transcript-root"] == str((tmp_path / "tr").resolve())
     server, client = deploy.demo_server_app(), deploy.demo_client_app()
@@ -57,6 +59,10 @@ def test_bad_run_configs_are_named(tmp_path):
         deploy.write_app(tmp_path / "app2", tmp_path / "tr", num_clients=2, num_rounds=1, local=LocalTraining(batch_size=0))
     with pytest.raises(ValueError, match="already holds"):
         deploy.write_app(app, tmp_path / "tr", num_clients=2, num_rounds=1)
+    with pytest.raises(ValueError, match="DemoApp.examples_per_client"):
+        deploy.DemoApp(examples_per_client=0)
+    with pytest.raises(ValueError, match="demo must be"):
+        deploy.write_app(tmp_path / "app3", tmp_path / "tr", num_clients=2, num_rounds=1, demo={"hidden": 8})
     assert not (tmp_path / "tr").exists()                  # writing and checking an app creates no transcript
 
 
@@ -85,7 +91,9 @@ def test_secagg_with_the_consistency_round_from_the_run_and_node_configs(tmp_pat
 
     keys = deploy.write_consistency_keys(tmp_path / "keys", 3)
     assert oct(keys["signing"][0].stat().st_mode & 0o777) == "0o600"
-    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=3, num_rounds=1, local=LocalTraining(lr=0.1, batch_size=16), seed=4, model_seed=3, examples_per_client=30, secagg=True, consistency=True)
+    app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=3, num_rounds=1, local=LocalTraining(lr=0.1, batch_size=16), seed=4,
+                           demo=deploy.DemoApp(model_seed=3, examples_per_client=30),
+                           aggregation=flower.SecAgg(consistency=True))
     config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert (config["secagg"], config["consistency"]) == (True, True)
     _secagg_run(app, config, [_key_config(keys, k) for k in range(3)])
@@ -108,7 +116,7 @@ def test_nodes_refuse_a_wrong_key_and_a_secagg_run_without_the_consistency_round
 
     keys = deploy.write_consistency_keys(tmp_path / "keys", 2)
     app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=2, num_rounds=1, local=LocalTraining(batch_size=16),
-                           examples_per_client=20, secagg=True, consistency=True)
+                           demo=deploy.DemoApp(examples_per_client=20), aggregation=flower.SecAgg(consistency=True))
     config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     with pytest.raises(ValueError, match="is not partition 0's key: its public key is partition 1's"):
         ConsistencyKeys.for_node(keys["verification"], keys["signing"][1], partition=0)
@@ -126,8 +134,13 @@ def test_nodes_refuse_a_wrong_key_and_a_secagg_run_without_the_consistency_round
     with pytest.raises(ValueError, match="consistency=true needs secagg=true"):
         deploy.run_settings({**config, "secagg": False})
     with pytest.raises(ValueError, match="secagg-threshold"):
-        deploy.write_app(tmp_path / "app8", tmp_path / "tr", num_clients=8, num_rounds=1, secagg=True,
-                         consistency=True, secagg_threshold=0.5)      # t = 4 of 8: the nodes would refuse it
+        deploy.write_app(tmp_path / "app8", tmp_path / "tr", num_clients=8, num_rounds=1,   # t = 4 of 8: the nodes
+                         aggregation=flower.SecAgg(reconstruction_threshold=0.5, consistency=True))   # would refuse it
+    with pytest.raises(ValueError, match="carries only SecAgg's"):
+        deploy.write_app(tmp_path / "app9", tmp_path / "tr", num_clients=2, num_rounds=1,
+                         aggregation=flower.SecAgg(clipping_range=1.0))
+    with pytest.raises(ValueError, match="secagg=true cannot be combined with dp"):
+        deploy.run_settings({**config, "dp": "server"})
     with pytest.raises(ValueError, match="num_nodes"):
         deploy.write_consistency_keys(tmp_path / "k1", 1)
 
@@ -139,7 +152,7 @@ def test_secagg_only_nodes_refuse_a_plain_run(tmp_path):
     node's own config lifts it."""
     keys = deploy.write_consistency_keys(tmp_path / "keys", 2)
     app = deploy.write_app(tmp_path / "app", tmp_path / "tr", num_clients=2, num_rounds=1, local=LocalTraining(batch_size=16),
-                           examples_per_client=20, secagg=True, consistency=True)
+                           demo=deploy.DemoApp(examples_per_client=20), aggregation=flower.SecAgg(consistency=True))
     config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     plain = {**config, "secagg": False, "consistency": False}
     with pytest.raises(RuntimeError, match="requires SecAgg\\+"):

@@ -47,8 +47,8 @@ def test_run_stops_before_any_round_when_ray_cannot_start(monkeypatch, tmp_path)
     monkeypatch.setattr(ray, "shutdown", lambda: None)
     monkeypatch.setattr(ray, "init", lambda **kw: (_ for _ in ()).throw(RuntimeError("boom")))
     clients = [(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))] * 2
-    with pytest.warns(RuntimeWarning), pytest.raises(flower.RayStartError, match="engine='local' runs the same"):
-        flower.run(lambda: models.mlp(3, (2,), 2, seed=0), clients, num_rounds=1, engine="ray",
+    with pytest.warns(RuntimeWarning), pytest.raises(flower.RayStartError, match="Engine\\('local'\\) runs the same"):
+        flower.run(lambda: models.mlp(3, (2,), 2, seed=0), clients, num_rounds=1, engine=flower.Engine("ray"),
                    transcript_dir=tmp_path / "t")
 
 
@@ -70,11 +70,11 @@ def test_flower_deprecations_reach_the_user_and_fedlab_itself_calls_none(tmp_pat
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         warnings.simplefilter("error", DeprecationWarning)
-        flower.run(model_fn, clients, num_rounds=1, engine="local", transcript_dir=tmp_path / "a")
+        flower.run(model_fn, clients, num_rounds=1, engine=flower.Engine("local"), transcript_dir=tmp_path / "a")
 
     def old_loss(*args, **kwargs):
         warn_deprecated_feature("an old thing")
         return cross_entropy(*args, **kwargs)
 
     with pytest.warns(FutureWarning, match=r"Flower says: DEPRECATED FEATURE: an old thing.*calls no deprecated"):
-        flower.run(model_fn, clients, num_rounds=1, engine="local", local=LocalTraining(loss_fn=old_loss), transcript_dir=tmp_path / "b")
+        flower.run(model_fn, clients, num_rounds=1, engine=flower.Engine("local"), local=LocalTraining(loss_fn=old_loss), transcript_dir=tmp_path / "b")

@@ -15,7 +15,7 @@ from fedlab.flower import attacks as fa  # noqa: E402
 from fedlab.flower import secagg as sa  # noqa: E402
 
 TARGET = 3
-ARGS = dict(num_rounds=1, local=LocalTraining(lr=0.1, local_epochs=1, batch_size=None), seed=0, engine="local")
+ARGS = dict(num_rounds=1, local=LocalTraining(lr=0.1, local_epochs=1, batch_size=None), seed=0, engine=flower.Engine("local"))
 STRICT = {"reconstruction_threshold": 0.6}       # t = 5 of 8: above half, as the consistency round requires
 
 
@@ -29,7 +29,7 @@ def fed():
 
 def _run(fed, **kw):
     victims, lenet, _, _ = fed
-    return flower.run(lenet, victims, secagg=True, **ARGS, **kw)
+    return flower.run(lenet, victims, aggregation=flower.SecAgg(**kw), **ARGS)
 
 
 def _aborted(fed, **kw):
@@ -59,7 +59,7 @@ def test_honest_secagg_exposes_no_model(fed):
 @pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_false_dropout_recovers_the_targets_model_and_image(fed):
     victims, lenet, plain, models = fed
-    res = _run(fed, secagg_attack=fa.FalseDropout(TARGET))
+    res = _run(fed, attack=fa.FalseDropout(TARGET))
     log = res.secagg_log
     assert log.exposed_partitions() == [TARGET]
     assert log.key_shares_of_survivors() >= log.rounds[0]["threshold"]
@@ -86,10 +86,10 @@ def test_false_dropout_recovers_the_targets_model_and_image(fed):
 
 def test_naive_client_check_refuses_the_lie_but_not_the_split_view(fed):
     naive = [sa.disjoint_lists_mod]
-    err = _aborted(fed, secagg_attack=fa.FalseDropout(TARGET), secagg_client_mods=naive)
+    err = _aborted(fed, attack=fa.FalseDropout(TARGET), client_mods=naive)
     assert "listed both active and dropped" in str(err) and "1 of 8 clients answered" in str(err)
     assert err.log.exposed_partitions() == [] and err.log.key_shares_of_survivors() == 0
-    res = _run(fed, secagg_attack=fa.SplitView(TARGET), secagg_client_mods=naive)   # each view consistent
+    res = _run(fed, attack=fa.SplitView(TARGET), client_mods=naive)   # each view consistent
     assert res.secagg_log.exposed_partitions() == [TARGET] and res.secagg_log.refusals() == {}
     w = res.secagg_log.rounds[0]["exposed"][_node(res.secagg_log, TARGET)]
     assert _max_err(w, fed[3][TARGET], res.transcript.param_names) <= 2 * 8.0 / 2 ** 22
@@ -98,7 +98,7 @@ def test_naive_client_check_refuses_the_lie_but_not_the_split_view(fed):
 def test_model_inconsistency_isolates_the_target_in_an_honest_sum(fed):
     victims, lenet, plain, models = fed
     decoy = fa.zero_decoy(lenet)
-    res = _run(fed, secagg_attack=fa.InconsistentModel(TARGET, decoy))
+    res = _run(fed, attack=fa.InconsistentModel(TARGET, decoy))
     assert res.secagg_log.exposed_partitions() == [] and res.secagg_log.key_shares_of_survivors() == 0
     silent = fa.silenced_parameters(lenet, decoy, torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,)))
     assert silent == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]   # all but the output layer
@@ -120,7 +120,7 @@ def test_model_inconsistency_isolates_the_target_in_an_honest_sum(fed):
 
 
 def test_consistency_round_keeps_the_honest_aggregate_and_costs_one_exchange(fed):
-    res = _run(fed, secagg_settings=STRICT, consistency=True)
+    res = _run(fed, **STRICT, consistency=True)
     log = res.secagg_log
     assert log.rounds[0]["threshold"] == 5 and log.exposed_partitions() == [] and log.refusals() == {}
     assert _max_err(res.params, fed[2].params, res.transcript.param_names) <= fa.secagg_error_bound(res.transcript)
@@ -131,16 +131,16 @@ def test_consistency_round_keeps_the_honest_aggregate_and_costs_one_exchange(fed
 def test_consistency_round_refuses_all_three_attacks_before_any_share(fed):
     lenet = fed[1]
     # (a) every lied-to client refuses; the server gets no share of a survivor's key and unmasks nobody
-    err = _aborted(fed, secagg_attack=fa.FalseDropout(TARGET), secagg_settings=STRICT, consistency=True)
+    err = _aborted(fed, attack=fa.FalseDropout(TARGET), **STRICT, consistency=True)
     assert len(err.log.refusals(1, "unmask")) == 7 and "contradicts the signed survivor set" in str(err)
     assert err.log.key_shares_of_survivors() == 0 and err.log.exposed_partitions() == []
     # (b) the split view needs n >= 2t: at t = 4 the clients refuse the setup, at t = 5 it cannot be mounted
-    err = _aborted(fed, secagg_attack=fa.SplitView(TARGET), consistency=True)
+    err = _aborted(fed, attack=fa.SplitView(TARGET), consistency=True)
     assert len(err.log.refusals(1, "setup")) == 8 and sum(err.log.rounds[0]["shares"]["seed"].values()) == 0
     with pytest.raises(ValueError, match="n >= 2t"):
-        _run(fed, secagg_attack=fa.SplitView(TARGET), secagg_settings=STRICT, consistency=True)
+        _run(fed, attack=fa.SplitView(TARGET), **STRICT, consistency=True)
     # (c) every client sees a survivor that received another model, and refuses before the unmask stage
-    err = _aborted(fed, secagg_attack=fa.InconsistentModel(TARGET, fa.zero_decoy(lenet)), secagg_settings=STRICT,
+    err = _aborted(fed, attack=fa.InconsistentModel(TARGET, fa.zero_decoy(lenet)), **STRICT,
                    consistency=True)
     assert len(err.log.refusals(1, sa.CONSISTENCY_STAGE)) == 8 and "unmask" not in err.log.rounds[0]["stages"]
     assert "did not receive the model" in str(err)
@@ -155,11 +155,11 @@ def _survivor_average(models, sizes, parts, names):
 def test_dropouts_up_to_n_minus_t_in_any_stage(fed, stage):
     victims, lenet, plain, models = fed
     consistency = stage == sa.CONSISTENCY_STAGE
-    settings = STRICT if consistency else None
+    settings = STRICT if consistency else {}
     t = 5 if consistency else 4
     dropped = [1, 4, 6, 7][:8 - t]
-    res = _run(fed, secagg_settings=settings, consistency=consistency,
-               secagg_client_mods=[sa.drop_out_mod(stage, dropped)])
+    res = _run(fed, **settings, consistency=consistency,
+               client_mods=[sa.drop_out_mod(stage, dropped)])
     log = res.secagg_log
     assert sorted(log.refusals(1, stage)) == dropped
     names = res.transcript.param_names
@@ -170,8 +170,8 @@ def test_dropouts_up_to_n_minus_t_in_any_stage(fed, stage):
     assert _max_err(res.params, expected, names) <= fa.secagg_error_bound(res.transcript)
     assert log.exposed_partitions() == []
     # one more dropout and the round stops, naming how many answered
-    err = _aborted(fed, secagg_settings=settings, consistency=consistency,
-                   secagg_client_mods=[sa.drop_out_mod(stage, [*dropped, 2])])
+    err = _aborted(fed, **settings, consistency=consistency,
+                   client_mods=[sa.drop_out_mod(stage, [*dropped, 2])])
     assert f"{t - 1} of" in str(err) and f"t={t}" in str(err), str(err)
 
 
@@ -183,8 +183,8 @@ def test_dropouts_in_two_rounds_and_bad_arguments(fed, caplog):
 
     victims, lenet, _, _ = fed
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 5, 6, 7
-    res = flower.run(lenet, victims, secagg=True, **{**ARGS, "num_rounds": 2},
-                     secagg_client_mods=[sa.drop_out_mod("collect_masked_vectors", [0, 5])])
+    res = flower.run(lenet, victims, aggregation=flower.SecAgg(client_mods=[sa.drop_out_mod("collect_masked_vectors", [0, 5])]),
+                     **{**ARGS, "num_rounds": 2})
     assert len(res.secagg_log.rounds) == 2 and res.transcript.num_rounds == 2
     assert any("Restart from the setup stage" in r.getMessage() for r in caplog.records if r.name == "flwr")
     assert (TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id) == (5, 6, 7)
@@ -193,9 +193,9 @@ def test_dropouts_in_two_rounds_and_bad_arguments(fed, caplog):
     with pytest.raises(ValueError, match="target"):
         fa.FalseDropout(-1)
     with pytest.raises(ValueError, match="target"):
-        _run(fed, secagg_attack=fa.FalseDropout(99))
-    with pytest.raises(ValueError, match="without secagg=True"):
-        flower.run(lenet, victims, consistency=True, **ARGS)
+        _run(fed, attack=fa.FalseDropout(99))
+    with pytest.raises(ValueError, match="SecAgg.consistency"):
+        flower.SecAgg(consistency="yes")
 
 
 def test_flowers_own_unmask_stage_halts_on_an_early_dropout(fed, monkeypatch):
@@ -210,6 +210,6 @@ def test_flowers_own_unmask_stage_halts_on_an_early_dropout(fed, monkeypatch):
 
     monkeypatch.setattr(sa.SecAggWorkflow, "_unmask", flowers_unmask)
     with pytest.raises(RuntimeError, match="halted"):
-        _run(fed, secagg_client_mods=[sa.drop_out_mod("setup", [1])])
+        _run(fed, client_mods=[sa.drop_out_mod("setup", [1])])
     monkeypatch.undo()
-    assert list(_run(fed, secagg_client_mods=[sa.drop_out_mod("setup", [1])]).secagg_log.refusals(1, "setup")) == [1]
+    assert list(_run(fed, client_mods=[sa.drop_out_mod("setup", [1])]).secagg_log.refusals(1, "setup")) == [1]

@@ -137,7 +137,7 @@ def test_a_flower_run_records_each_nodes_model_as_that_rounds_global(tmp_path):
 
     g = torch.Generator().manual_seed(0)
     clients = [(torch.randn(12, 4, generator=g), torch.randint(0, 3, (12,), generator=g)) for _ in range(3)]
-    res = flower.run(lambda: models.mlp(4, (5,), 3, seed=0), clients, engine="local", num_rounds=2, local=LocalTraining(lr=0.1, batch_size=6),
+    res = flower.run(lambda: models.mlp(4, (5,), 3, seed=0), clients, engine=flower.Engine("local"), num_rounds=2, local=LocalTraining(lr=0.1, batch_size=6),
                      seed=0, evaluate_clients=True)
     T = res.transcript
     for t in (1, 2):

@@ -50,8 +50,8 @@ def test_one_round_with_one_cluster_is_unweighted_fedavg(synthetic):
     tr, _, _ = synthetic
     model = _linear()
     init = torch.tensor([[1.0, -1.0]])
-    res = I.ifca(model, tr, num_clusters=1, num_rounds=1, clients_per_round=5, local=LocalTraining(lr=0.1, batch_size=None, loss_fn=I.squared_error),
-                 init=init, seed=3)
+    res = I.ifca(model, tr, hypotheses=I.Hypotheses(1, init=init), num_rounds=1, clients_per_round=5,
+                 local=LocalTraining(lr=0.1, batch_size=None, loss_fn=I.squared_error), seed=3)
     sel = res.rounds[0].selected
     manual = []
     for c in sel:   # full-batch GD step on the MSE: theta - lr * 2 X^T (X theta - y) / n
@@ -64,11 +64,12 @@ def test_ifca_recovers_both_optima_where_fedavg_cannot(synthetic):
     tr, _, va = synthetic
     model = _linear()
     init = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
-    common = dict(num_rounds=30, clients_per_round=10, local=LocalTraining(lr=0.3, batch_size=10, loss_fn=I.squared_error), val_clients=va, seed=0)
-    res = I.ifca(model, tr, num_clusters=2, init=init, **common)
+    common = dict(num_rounds=30, clients_per_round=10, local=LocalTraining(lr=0.3, batch_size=10, loss_fn=I.squared_error),
+                  validation=I.Validation(va), seed=0)
+    res = I.ifca(model, tr, hypotheses=I.Hypotheses(2, init=init), **common)
     dist = torch.cdist(res.hypotheses, clustered.THETA_STAR)
     assert float(dist.min(0).values.max()) < 0.3, res.hypotheses
-    avg = I.ifca(model, tr, num_clusters=1, init=init[:1], **common)
+    avg = I.ifca(model, tr, hypotheses=I.Hypotheses(1, init=init[:1]), **common)
     assert float(torch.cdist(avg.hypotheses, clustered.THETA_STAR).min()) > 3.0
     assert res.history["val_rmse"][res.best_round] < 0.7 < avg.history["val_rmse"][avg.best_round]
 
@@ -77,7 +78,7 @@ def test_private_ifca_accounts_n_over_nu_per_participation(synthetic):
     tr, _, _ = synthetic
     model = _linear()
     nu = 5.0
-    res = I.private_ifca(model, tr, num_clusters=2, nu=nu, num_rounds=12, clients_per_round=7,
+    res = I.private_ifca(model, tr, hypotheses=I.Hypotheses(2), privacy=I.DPrivacy(nu), num_rounds=12, clients_per_round=7,
                          local=LocalTraining(loss_fn=I.squared_error), seed=1)
     acct = res.accountant
     for rd in res.rounds:
@@ -96,7 +97,7 @@ def test_private_ifca_releases_lie_on_the_public_grid(synthetic):
     # coordinate of every released vector is a multiple of public_grid(n), in every round, whatever
     # the client's update norm. The plain float32 release (safe=False) fails this.
     tr, _, _ = synthetic
-    res = I.private_ifca(_linear(), tr, num_clusters=2, nu=5.0, num_rounds=8, clients_per_round=7,
+    res = I.private_ifca(_linear(), tr, hypotheses=I.Hypotheses(2), privacy=I.DPrivacy(5.0), num_rounds=8, clients_per_round=7,
                          local=LocalTraining(loss_fn=I.squared_error), seed=3)
     lam = dp.public_grid(2)
     released = torch.cat([rd.released for rd in res.rounds]).double()
@@ -107,8 +108,8 @@ def test_private_ifca_releases_lie_on_the_public_grid(synthetic):
 
 def test_budget_refusal_caps_every_client(synthetic):
     tr, _, _ = synthetic
-    res = I.private_ifca(_linear(), tr, num_clusters=2, nu=5.0, num_rounds=30, clients_per_round=10,
-                         local=LocalTraining(loss_fn=I.squared_error), seed=2, budget=1.0)
+    res = I.private_ifca(_linear(), tr, hypotheses=I.Hypotheses(2), privacy=I.DPrivacy(5.0, budget=1.0), num_rounds=30,
+                         clients_per_round=10, local=LocalTraining(loss_fn=I.squared_error), seed=2)
     assert res.accountant.spent.max() <= 1.0 + 1e-9
     assert res.accountant.participations.max() == 2          # floor(1.0 / 0.4)
     assert sum(len(r.refused) for r in res.rounds) > 0
@@ -172,15 +173,15 @@ def test_kmeans_clusters_rejects_bad_input(released, hyps):
 
 def test_noise_does_not_change_the_client_schedule(synthetic):
     tr, _, _ = synthetic
-    common = dict(num_clusters=2, num_rounds=8, clients_per_round=7, local=LocalTraining(loss_fn=I.squared_error), seed=4)
-    plain = I.ifca(_linear(), tr, **common)
-    noisy = [I.private_ifca(_linear(), tr, nu=nu, **common) for nu in (0.1, 5.0)]
-    plain_km = I.ifca(_linear(), tr, clustering="kmeans", **common)
+    common = dict(num_rounds=8, clients_per_round=7, local=LocalTraining(loss_fn=I.squared_error), seed=4)
+    plain = I.ifca(_linear(), tr, hypotheses=I.Hypotheses(2), **common)
+    noisy = [I.private_ifca(_linear(), tr, hypotheses=I.Hypotheses(2), privacy=I.DPrivacy(nu), **common) for nu in (0.1, 5.0)]
+    plain_km = I.ifca(_linear(), tr, hypotheses=I.Hypotheses(2, clustering="kmeans"), **common)
     for r in [*noisy, plain_km]:
         assert [rd.selected.tolist() for rd in r.rounds] == [rd.selected.tolist() for rd in plain.rounds]
     # and the noise differs between noise levels only through nu, not through the schedule
     assert not torch.equal(noisy[0].rounds[0].released, noisy[1].rounds[0].released)
-    other = I.ifca(_linear(), tr, **{**common, "seed": 5})
+    other = I.ifca(_linear(), tr, hypotheses=I.Hypotheses(2), **{**common, "seed": 5})
     assert [rd.selected.tolist() for rd in other.rounds] != [rd.selected.tolist() for rd in plain.rounds]
 
 
@@ -188,8 +189,9 @@ def test_noise_does_not_change_the_client_schedule(synthetic):
 def test_private_ifca_converges_to_the_optima_for_small_noise(synthetic, nu):
     tr, _, va = synthetic
     init = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
-    res = I.private_ifca(_linear(), tr, num_clusters=2, nu=nu, init=init, num_rounds=60, clients_per_round=10,
-                         local=LocalTraining(lr=0.3, batch_size=10, loss_fn=I.squared_error), val_clients=va, seed=0)
+    res = I.private_ifca(_linear(), tr, hypotheses=I.Hypotheses(2, init=init), privacy=I.DPrivacy(nu), num_rounds=60,
+                         clients_per_round=10, local=LocalTraining(lr=0.3, batch_size=10, loss_fn=I.squared_error),
+                         validation=I.Validation(va), seed=0)
     # each optimum to its nearest hypothesis: at the best validation round (8 seeds: at most 0.24) and at the end
     best = torch.cdist(res.hypotheses, clustered.THETA_STAR).min(0).values
     final = torch.cdist(res.final, clustered.THETA_STAR).min(0).values
@@ -203,13 +205,14 @@ def test_a_zero_update_sends_nothing(synthetic):
     tr, _, _ = synthetic
     init = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
     flat = lambda out, y: 0.0 * out[:, 0]   # noqa: E731  a loss with zero gradient: every update is zero
-    res = I.private_ifca(_linear(), tr, num_clusters=2, nu=5.0, num_rounds=3, clients_per_round=7, init=init,
-                         local=LocalTraining(loss_fn=flat), seed=0)
+    res = I.private_ifca(_linear(), tr, hypotheses=I.Hypotheses(2, init=init), privacy=I.DPrivacy(5.0), num_rounds=3,
+                         clients_per_round=7, local=LocalTraining(loss_fn=flat), seed=0)
     for rd in res.rounds:
         assert len(rd.idle) == 7 and len(rd.selected) == 0 and rd.released.shape == (0, 2)
     assert res.accountant.spent.sum() == 0 and torch.equal(res.final, init)
     # without noise a zero update is released as it is
-    plain = I.ifca(_linear(), tr, num_clusters=2, num_rounds=1, clients_per_round=7, init=init, local=LocalTraining(loss_fn=flat), seed=0)
+    plain = I.ifca(_linear(), tr, hypotheses=I.Hypotheses(2, init=init), num_rounds=1, clients_per_round=7,
+                   local=LocalTraining(loss_fn=flat), seed=0)
     assert len(plain.rounds[0].selected) == 7 and len(plain.rounds[0].idle) == 0
 
 
@@ -275,17 +278,24 @@ def test_cms_loader_reads_the_csv_format(tmp_path, monkeypatch):
         clustered.load_cms_inpatient(bad)
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(num_clusters=0), dict(num_clusters=2, nu=0.0), dict(num_clusters=2, nu=-1.0),
-    dict(num_clusters=2, clients_per_round=0), dict(num_clusters=2, clients_per_round=999),
-    dict(num_clusters=2, clustering="dbscan"), dict(num_clusters=2, init=torch.zeros(2, 3)),
-    dict(num_clusters=3, init=torch.zeros(2, 2)),
+@pytest.mark.parametrize("kwargs, match", [
+    (lambda: dict(hypotheses=I.Hypotheses(0)), "Hypotheses.num_clusters"),
+    (lambda: dict(privacy=I.DPrivacy(0.0)), "DPrivacy.nu"), (lambda: dict(privacy=I.DPrivacy(-1.0)), "DPrivacy.nu"),
+    (lambda: dict(privacy=I.DPrivacy(5.0, budget=0.0)), "DPrivacy.budget"),
+    (lambda: dict(clients_per_round=0), "clients_per_round"), (lambda: dict(clients_per_round=999), "clients_per_round"),
+    (lambda: dict(hypotheses=I.Hypotheses(2, clustering="dbscan")), "Hypotheses.clustering"),
+    (lambda: dict(hypotheses=I.Hypotheses(2, init=torch.zeros(2, 3))), "hypotheses must have shape"),
+    (lambda: dict(hypotheses=I.Hypotheses(3, init=torch.zeros(2, 2))), "Hypotheses.init"),
+    (lambda: dict(hypotheses=I.Hypotheses(2, init_std=0.0)), "Hypotheses.init_std"),
+    (lambda: dict(validation=I.Validation(None, patience=0)), "Validation.patience"),
+    (lambda: dict(hypotheses=2), "hypotheses must be a fedlab.fl.ifca.Hypotheses"),
+    (lambda: dict(privacy=5.0), "privacy must be a fedlab.fl.ifca.DPrivacy"),
 ])
-def test_bad_arguments_raise(synthetic, kwargs):
+def test_bad_arguments_raise(synthetic, kwargs, match):
     tr, _, _ = synthetic
-    base = dict(num_rounds=1, clients_per_round=3, local=LocalTraining(loss_fn=I.squared_error))
-    base.update(kwargs)
-    with pytest.raises(ValueError):
+    base = dict(hypotheses=I.Hypotheses(2), num_rounds=1, clients_per_round=3, local=LocalTraining(loss_fn=I.squared_error))
+    with pytest.raises(ValueError, match=match):
+        base.update(kwargs())
         I.ifca(_linear(), tr, **base)
 
 
@@ -302,11 +312,14 @@ def test_flat_stack_roundtrip():
 def test_a_run_whose_local_training_blows_up_stops_and_keeps_its_best_finite_hypotheses(synthetic):
     tr, _, va = synthetic
     # a step far above 1/L makes gradient descent on the MSE diverge to inf/NaN within a few rounds
-    res = I.ifca(_linear(), tr, num_clusters=2, num_rounds=200, clients_per_round=10, local=LocalTraining(lr=50.0, batch_size=None, loss_fn=I.squared_error), init=torch.tensor([[1.0, 1.0], [-1.0, 1.0]]), val_clients=va, seed=0)
+    res = I.ifca(_linear(), tr, hypotheses=I.Hypotheses(2, init=torch.tensor([[1.0, 1.0], [-1.0, 1.0]])), num_rounds=200,
+                 clients_per_round=10, local=LocalTraining(lr=50.0, batch_size=None, loss_fn=I.squared_error),
+                 validation=I.Validation(va), seed=0)
     assert res.diverged is not None and res.stopped_early and len(res.rounds) == res.diverged < 200
     assert torch.isfinite(res.hypotheses).all() and res.best_round < res.diverged
     assert len(res.rounds[-1].selected) == 0                  # nothing was released in that round
-    ok = I.ifca(_linear(), tr, num_clusters=2, num_rounds=3, clients_per_round=10, local=LocalTraining(lr=0.1, loss_fn=I.squared_error), seed=0)
+    ok = I.ifca(_linear(), tr, hypotheses=I.Hypotheses(2), num_rounds=3, clients_per_round=10,
+                local=LocalTraining(lr=0.1, loss_fn=I.squared_error), seed=0)
     assert ok.diverged is None
 
 
@@ -334,15 +347,15 @@ def test_dense_fast_path_equals_the_vmap_path(synthetic, monkeypatch, case):
 
     if case.startswith("linear"):
         train, _, val = synthetic
-        model, kw = nn.Linear(2, 1, bias=False), dict(clients_per_round=7, num_clusters=2)
+        model, kw, k, init = nn.Linear(2, 1, bias=False), dict(clients_per_round=7), 2, None
     else:
         train, val = ex5.diabetes_split(0)
         model = ex5.hospital_net(0)
-        kw = dict(clients_per_round=10, num_clusters=3, init=ex5.model_hypotheses(ex5.hospital_net, 3))
-    kw.update(num_rounds=12, local=LocalTraining(lr=0.1, batch_size=10, loss_fn=models.squared_error), val_clients=val,
-              seed=4)
+        kw, k, init = dict(clients_per_round=10), 3, ex5.model_hypotheses(ex5.hospital_net, 3)
+    kw.update(num_rounds=12, local=LocalTraining(lr=0.1, batch_size=10, loss_fn=models.squared_error),
+              validation=I.Validation(val), seed=4, hypotheses=I.Hypotheses(k, init=init))
     if case.endswith("private"):
-        kw.update(nu=3.0, clustering="kmeans")
+        kw.update(privacy=I.DPrivacy(3.0), hypotheses=I.Hypotheses(k, init=init, clustering="kmeans"))
     fast = I.ifca(model, train, **kw)
     monkeypatch.setattr(I, "linear_fast_path", lambda *a: False)
     monkeypatch.setattr(I, "mlp_fast_path", lambda *a: False)

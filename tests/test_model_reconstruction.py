@@ -160,13 +160,19 @@ def test_hard_instance_zero_pattern_and_indistinguishability():
 def test_observation6_lower_bound_and_ols_rate():
     X, y = _client(m=80, d=3, seed=3)
     lr = mr.max_lr(X, 4.0)
-    r = mr.ols_error_curve(X, y, [10, 40, 160], lr=lr, sigma=1.0, local_steps=2, trials=200, seed=0)
+    r = mr.ols_error_curve(X, y, [10, 40, 160], lr=lr, noise=mr.NoiseModel(sigma=1.0, local_steps=2), trials=200, seed=0)
     lb = mr.obs6_lower_bound(3, r["n_obs"], lr=lr, sigma=1.0, local_steps=2)
     assert (r["mse"] > lb).all()
     slope = np.polyfit(np.log(r["n_obs"]), np.log(r["mse"]), 1)[0]
     assert -1.5 < slope < -0.7, slope        # the error shrinks like 1 / n_c
     with pytest.raises(ValueError, match="exactly one"):
         mr.ols_error_curve(X, y, [10], lr=lr)
+    with pytest.raises(ValueError, match="NoiseModel.sigma"):
+        mr.NoiseModel(sigma=-1.0)
+    with pytest.raises(ValueError, match="NoiseModel.local_steps"):
+        mr.NoiseModel(sigma=1.0, local_steps=0)
+    with pytest.raises(ValueError, match="HeuristicSettings.hidden"):
+        mr.HeuristicSettings(hidden=0)
     with pytest.raises(ValueError, match="n_obs"):
         mr.obs6_lower_bound(3, [0], lr=lr, sigma=1.0, local_steps=1)
 
@@ -185,7 +191,7 @@ def test_observation6_bound_is_nearly_tight_for_isotropic_H_and_fails_beyond():
         exact = mr.obs6_known_map_risk(X, [n], lr=lr, sigma=1.0, local_steps=S)
         lower = mr.obs6_lower_bound(d, [n], lr=lr, sigma=1.0, local_steps=S)
         assert exact[0] / lower[0] == pytest.approx(185 / (d * (1 - 2.0 ** -S) ** 2), rel=1e-9)
-        mse = mr.ols_error_curve(X, y, [n], lr=lr, sigma=1.0, local_steps=S, trials=3, seed=0)["mse"]
+        mse = mr.ols_error_curve(X, y, [n], lr=lr, noise=mr.NoiseModel(sigma=1.0, local_steps=S), trials=3, seed=0)["mse"]
         assert lo < mse[0] / lower[0] < hi, (d, mse[0] / lower[0])
         assert 1.0 < mse[0] / exact[0] < 1.2, (d, mse[0] / exact[0])
 
@@ -193,7 +199,7 @@ def test_observation6_bound_is_nearly_tight_for_isotropic_H_and_fails_beyond():
 def test_ols_attains_the_known_map_risk_on_a_random_design():
     X, y = _client(m=200, d=6, seed=11)
     lr = mr.max_lr(X, 4.0)
-    r = mr.ols_error_curve(X, y, [300], lr=lr, sigma=1.0, local_steps=2, trials=300, seed=0)
+    r = mr.ols_error_curve(X, y, [300], lr=lr, noise=mr.NoiseModel(sigma=1.0, local_steps=2), trials=300, seed=0)
     exact = mr.obs6_known_map_risk(X, [300], lr=lr, sigma=1.0, local_steps=2)
     assert 0.95 < r["mse"][0] / exact[0] < 1.15, r["mse"][0] / exact[0]
     with pytest.raises(ValueError, match="singular"):

@@ -309,6 +309,10 @@ def test_seeds_timeout_and_out_are_checked_before_any_seed_runs(tmp_path, capsys
     assert res.returncode == 2 and "more than 1000 seeds" in res.stderr and "Traceback" not in res.stderr
     with pytest.raises(ValueError, match="timeout"):
         rp.reproduce([], scale="quick", seeds=[0], out=tmp_path / "r", root=root, timeout=-1)
+    with pytest.raises(ValueError, match="Console.show_progress"):
+        rp.Console(show_progress="no")
+    with pytest.raises(ValueError, match="console must be"):
+        rp.reproduce([], scale="quick", seeds=[0], out=tmp_path / "r", root=root, console=False)
 
 
 def test_a_glued_nan_or_inf_is_found():

@@ -133,7 +133,7 @@ def test_the_command_refuses_fewer_seeds_before_any_seed_runs(tmp_path, capsys, 
     # the library call refuses as well, before a seed runs
     chapters = rp.resolve_chapters("01a", rp.list_chapters(root))
     with pytest.raises(ValueError, match="lose seeds 0,2-4"):
-        rp.reproduce(chapters, scale="quick", seeds=[1], out=out, root=root, show_progress=False)
+        rp.reproduce(chapters, scale="quick", seeds=[1], out=out, root=root, console=rp.Console(show_progress=False))
     assert stored.read_bytes() == before
     # with --force, or with every stored seed, the run goes on (here to the stub, which writes the record)
     ran = []

@@ -100,7 +100,7 @@ def test_dp_fedavg_and_centaur_forward_safe_to_the_server_step(monkeypatch, kw, 
     fdp.dp_fedavg(net, train, num_rounds=2, dp=dp, params=w0)
     assert seen == [want, want]
     seen.clear()
-    pers.centaur(net, train, num_rounds=2, dp=dp, params=w0, head_epochs=1, final_head_epochs=1)
+    pers.centaur(net, train, num_rounds=2, dp=dp, params=w0, heads=pers.PersonalHeads(head_epochs=1, final_head_epochs=1))
     assert seen == [want, want]
 
 

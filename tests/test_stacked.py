@@ -127,8 +127,8 @@ def test_selective_sgd_runs_are_selective_sgd(digits, trace):
     net, w0, _, test, clients = digits
     cfgs = [dict(criterion=c, upload_fraction=u, threshold=1e-3) for c in ("largest", "random") for u in (1.0, 0.1)]
     local = fl.LocalTraining(lr=0.1, batch_size=10)
-    want = [fl.selective_sgd(net, clients["iid"], num_rounds=2, local=local, params=w0, seed=4, eval_data=test, **c)
-            for c in cfgs]
+    want = [fl.selective_sgd(net, clients["iid"], num_rounds=2, sharing=fl.Sharing(**c), local=local, params=w0, seed=4,
+                             eval_data=test) for c in cfgs]
     got = stacked.selective_sgd_runs(net, clients["iid"], cfgs, num_rounds=2, local=local, params=w0, seed=4,
                                      eval_data=test)
     for a, b in zip(want, got):
@@ -255,11 +255,13 @@ def test_personalisation_runs_are_the_old_loops(trace):
     for tr, z, g, r in zip(tasks, zs, got, recs):
         ref_recs = []
         assert _eq(_centaur_reference(net, tr, num_rounds=3, noise_multiplier=z, callback=ref_recs.append, **args), g)
-        single = {k: v for k, v in args.items() if k not in ("lr", "batch_size", "sampling_prob", "clip_norm", "server_lr")}
+        single = {k: v for k, v in args.items() if k not in ("lr", "batch_size", "sampling_prob", "clip_norm", "server_lr",
+                                                             "head_epochs", "final_head_epochs")}
+        heads = pers.PersonalHeads(head_epochs=args["head_epochs"], final_head_epochs=args["final_head_epochs"])
         local = fl.LocalTraining(lr=args["lr"], batch_size=args["batch_size"])
         dp = DPSettings(noise_multiplier=z, clip_norm=args["clip_norm"], sampling_prob=args["sampling_prob"],
                         server_lr=args["server_lr"])
-        assert _eq(pers.centaur(net, tr, num_rounds=3, dp=dp, local=local, **single), g)
+        assert _eq(pers.centaur(net, tr, num_rounds=3, dp=dp, local=local, heads=heads, **single), g)
         assert all(_eq(a.new_params, b.new_params) for a, b in zip(r, ref_recs))
     heads = pers.head_names_of(w0)
     ft = pers.finetune_runs(net, [dict(params=w0, train=tr, num_epochs=3, lr=0.2, seed=0) for tr in tasks])

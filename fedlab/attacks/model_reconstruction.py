@@ -410,21 +410,52 @@ def minibatch_local_sgd(theta_in: torch.Tensor, X: torch.Tensor, y: torch.Tensor
     return theta
 
 
+@dataclass(frozen=True)
+class NoiseModel:
+    """The stochastic local update of Xu & Neglia (2021), proof of Observation 5 (Eq. 11): ``local_steps``
+    gradient steps, each with Gaussian noise of total standard deviation ``sigma`` added to the gradient
+    (:func:`noisy_local_gd`); it stands in for mini-batch SGD's noise in Observations 5 and 6.
+
+    ``sigma``
+        ``sigma >= 0``, the noise's standard deviation (over all ``d`` coordinates).
+    ``local_steps``
+        The number of noisy steps per round (``E * ceil(m / b)`` for ``E`` epochs of batch ``b``), a positive
+        integer (default 1).
+
+    Raises ``ValueError`` naming the field for a ``sigma`` that is negative or not finite, or ``local_steps``
+    that is not a positive integer.
+    """
+
+    sigma: float
+    local_steps: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float)) or not math.isfinite(self.sigma) \
+                or self.sigma < 0:
+            raise ValueError(f"NoiseModel.sigma must be a finite number >= 0, got {self.sigma!r}")
+        if isinstance(self.local_steps, bool) or int(self.local_steps) != self.local_steps or self.local_steps < 1:
+            raise ValueError(f"NoiseModel.local_steps must be a positive integer, got {self.local_steps!r}")
+
+
 def ols_error_curve(X: torch.Tensor, y: torch.Tensor, n_obs: Sequence[int], *, lr: float,
-                    trials: int = 20, spread: float = 1.0, sigma: float | None = None,
-                    local_steps: int = 1, batch_size: int | None = None, local_epochs: int = 1,
-                    seed: int = 0) -> dict:
+                    trials: int = 20, spread: float = 1.0, noise: NoiseModel | None = None,
+                    batch_size: int | None = None, local_epochs: int = 1, seed: int = 0) -> dict:
     """Squared error ``||hat theta - theta_c*||^2`` of the OLS decoder (Obs. 5, Eq. 14) against the
     number of observed rounds ``n_c``, averaged over ``trials`` independent eavesdroppers.
 
     Server models are drawn as ``theta_c* + spread * N(0, I)`` (one per round). The client update is
-    either the noise model of Obs. 5 (``sigma`` given: :func:`noisy_local_gd` with ``local_steps`` steps)
-    or real mini-batch SGD (``batch_size`` given: :func:`minibatch_local_sgd`).
+    either the noise model of Obs. 5 (``noise``, a :class:`NoiseModel`: :func:`noisy_local_gd` with its
+    ``sigma`` and ``local_steps``) or real mini-batch SGD (``batch_size`` given, ``local_epochs`` epochs:
+    :func:`minibatch_local_sgd`).
 
-    Returns ``{"n_obs", "mse" [len(n_obs)], "rate" [len(n_obs)] (Eq. 16 without constant)}``.
+    Returns ``{"n_obs", "mse" [len(n_obs)], "rate" [len(n_obs)] (Eq. 16 without constant)}``. Raises
+    ``ValueError`` unless exactly one of ``noise`` and ``batch_size`` is given, or for an ``n_obs`` below ``d + 1``.
     """
-    if (sigma is None) == (batch_size is None):
-        raise ValueError("give exactly one of sigma (Obs. 5 noise model) and batch_size (mini-batch SGD)")
+    if (noise is None) == (batch_size is None):
+        raise ValueError("give exactly one of noise (Obs. 5 noise model, a NoiseModel) and batch_size (mini-batch SGD)")
+    if noise is not None and not isinstance(noise, NoiseModel):
+        raise ValueError(f"noise must be a fedlab.attacks.model_reconstruction.NoiseModel, got {type(noise).__name__}")
+    sigma, local_steps = (None, 1) if noise is None else (noise.sigma, noise.local_steps)
     d = X.shape[1]
     n_obs = [int(n) for n in n_obs]
     if min(n_obs) < d + 1:
@@ -699,6 +730,33 @@ def minimise_mapping(G: MappingNet, init: torch.Tensor, *, max_iter: int = 1000,
     return (z * G.in_scale + G.centre)[:, 0, :].double()
 
 
+@dataclass(frozen=True)
+class HeuristicSettings:
+    """Algorithm 3's network and budgets (Xu & Neglia 2021, Sec. 4: a mapping ``G`` with one hidden ReLU
+    layer of 1000 units, fitted with Adam, then the decoder's Adam steps), as the chapter's experiments pass
+    them to :func:`reconstruct_heuristic`.
+
+    ``hidden``
+        The hidden units of :class:`MappingNet` (the paper's 1000).
+    ``fit_max_iter``
+        Adam steps fitting ``G`` to the observed updates.
+    ``decode_max_iter``
+        Adam steps decoding ``hat theta`` (the root of ``G``).
+
+    Raises ``ValueError`` naming the field for a value that is not a positive integer.
+    """
+
+    hidden: int = 1000
+    fit_max_iter: int = 1000
+    decode_max_iter: int = 1000
+
+    def __post_init__(self):
+        for key in ("hidden", "fit_max_iter", "decode_max_iter"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or int(value) != value or value < 1:
+                raise ValueError(f"HeuristicSettings.{key} must be a positive integer, got {value!r}")
+
+
 @dataclass
 class HeuristicResult:
     """Output of :func:`reconstruct_heuristic`: decoded models ``theta`` ``[P, d]`` (or ``[d]``),
@@ -831,7 +889,7 @@ def trajectory_flatness(theta_in: torch.Tensor) -> torch.Tensor:
     return s[..., 0] ** 2 / (s ** 2).sum(-1).clamp_min(1e-300)
 
 
-__all__ += ["logistic_local_optimum", "linearly_separable", "trajectory_flatness"]
+__all__ += ["logistic_local_optimum", "linearly_separable", "trajectory_flatness", "NoiseModel", "HeuristicSettings"]
 
 
 def heldout_mapping_loss(theta_in: torch.Tensor, theta_out: torch.Tensor, *, holdout: float = 0.2,

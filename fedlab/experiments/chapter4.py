@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from .._checks import positive_int
-from ..attacks.model_reconstruction import (binary_accuracy, hard_instance_clients, local_optimum,
+from ..attacks.model_reconstruction import (HeuristicSettings, NoiseModel, binary_accuracy, hard_instance_clients,
+                                            local_optimum,
                                             obs6_known_map_risk, obs6_lower_bound, ols_error_curve,
                                             reconstruct_heuristic, run_eavesdropped_fedavg, solve_affine,
                                             squared_loss)
@@ -102,6 +103,13 @@ def _logistic_fedavg(clients, *, num_rounds, local_steps, batch_size, lr, seed, 
     return flatten_params(res.params).double(), obs
 
 
+def _heuristic(attack) -> HeuristicSettings:
+    if not isinstance(attack, HeuristicSettings):
+        raise ValueError(f"attack must be a fedlab.attacks.model_reconstruction.HeuristicSettings, got "
+                         f"{type(attack).__name__}: {attack!r}")
+    return attack
+
+
 def _attack_batch(runs, *, hidden, fit_max_iter, decode_max_iter, seed):
     """Algorithm 3 on many eavesdropped transcripts at once. ``runs``: list of ``(theta_in [n_p, d],
     theta_out [n_p, d])``. With client sampling the clients are seen a different number of times; all
@@ -124,8 +132,7 @@ def _majority_share(y: torch.Tensor) -> float:
 
 def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequence[int] = range(10),
                 num_rounds: int = 100, batch_size: int = 256, lr: float = 0.01, client_fraction: float = 1.0,
-                weight_decay: float = 0.01, hidden: int = 1000, fit_max_iter: int = 1000,
-                decode_max_iter: int = 1000) -> dict:
+                weight_decay: float = 0.01, attack: HeuristicSettings = HeuristicSettings()) -> dict:
     """Xu & Neglia (2021), Table 1: train accuracy on each client's data of the last model it
     returned (``theta_tilde_c``) and of the model decoded by Algorithm 3 (``hat theta_c*``), beside
     the target itself (the *oracle*, the true local optimum ``theta_c*``).
@@ -137,7 +144,9 @@ def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequ
     then have no unregularised optimum); ``theta_c*`` is its exact minimiser
     (:func:`~fedlab.attacks.model_reconstruction.logistic_local_optimum`). One FedAvg run per seed
     (model initialisation, client sampling, batches); all ``len(local_steps) * len(seeds) * K``
-    attacks are trained as one batch (see :func:`_attack_batch` for unequal observation counts).
+    attacks are trained as one batch (see :func:`_attack_batch` for unequal observation counts), with
+    ``attack`` (:class:`~fedlab.attacks.model_reconstruction.HeuristicSettings`: Algorithm 3's hidden units
+    and Adam steps; the paper's 1000 each by default).
 
     Returns ``{"local_steps": [L], "last", "decoded": [L, S, K] accuracies in [0, 1], "oracle": [K],
     "dist_last", "dist_decoded": [L, S, K] relative distances ||theta - theta_c*|| / ||theta_c*||,
@@ -147,9 +156,12 @@ def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequ
     "residual": [L, S, K] (the fitted map's size at the decoded model relative to the RMS observed update,
     :class:`~fedlab.attacks.model_reconstruction.HeuristicResult`), "majority": [K] (train accuracy of
     always predicting the client's majority label), "num_obs": int, "separable": [K] bool}``.
-    Raises ``ValueError`` for ``weight_decay <= 0`` or a client observed fewer than 2 times."""
+    Raises ``ValueError`` for ``weight_decay <= 0``, a client observed fewer than 2 times or an ``attack`` that is
+    not a ``HeuristicSettings``."""
     from ..attacks.model_reconstruction import (heldout_mapping_loss, linearly_separable, logistic_local_optimum,
                                                 trajectory_flatness)
+
+    attack = _heuristic(attack)
 
     K, L, S = len(clients), len(local_steps), len(seeds)
     stars = torch.stack([logistic_local_optimum(c.X, c.y, weight_decay=weight_decay) for c in clients])
@@ -160,11 +172,11 @@ def leaf_table1(clients, *, local_steps: Sequence[int] = (1, 5, 10), seeds: Sequ
                                       lr=lr, seed=int(s), client_fraction=client_fraction,
                                       weight_decay=weight_decay)
             runs += [(o[0], o[1]) for o in obs]
-    res, tin, last_theta = _attack_batch(runs, hidden=hidden, fit_max_iter=fit_max_iter,
-                                         decode_max_iter=decode_max_iter, seed=0)
+    res, tin, last_theta = _attack_batch(runs, hidden=attack.hidden, fit_max_iter=attack.fit_max_iter,
+                                         decode_max_iter=attack.decode_max_iter, seed=0)
     n = tin.shape[1]
-    heldout = heldout_mapping_loss(tin, torch.stack([to[-n:] for _, to in runs]).double(), hidden=hidden,
-                                   max_iter=fit_max_iter, seed=1)
+    heldout = heldout_mapping_loss(tin, torch.stack([to[-n:] for _, to in runs]).double(), hidden=attack.hidden,
+                                   max_iter=attack.fit_max_iter, seed=1)
     shape = (L, S, K)
     star = stars.repeat(L * S, 1)                                      # [P, d], client index fastest
     rel = lambda th: ((th - star).norm(dim=1) / star.norm(dim=1)).reshape(shape).numpy()  # noqa: E731
@@ -193,12 +205,13 @@ def adult_movement(train_clients, *, lr: float, num_rounds: int, batch_size: int
 
 def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0, 1, 2, 3, 4, 5),
                      batch_sizes: Sequence[int] = (16, 64, 256), seeds: Sequence[int] = range(3),
-                     num_rounds: int = 100, lr: float = 0.1, weight_decay: float = 0.01, hidden: int = 1000,
-                     fit_max_iter: int = 1000, decode_max_iter: int = 1000) -> dict:
+                     num_rounds: int = 100, lr: float = 0.1, weight_decay: float = 0.01,
+                     attack: HeuristicSettings = HeuristicSettings()) -> dict:
     """Xu & Neglia (2021), Figure 1b-c on the Adult split: FedAvg with every client in every round,
     one local SGD step of ``batch_size`` with step ``lr`` on the local objective ``mean loss +
     weight_decay/2 ||theta||^2``; for each batch size and seed, attack the ``targets`` with Algorithm 3
-    (all ``B * S * T`` attacks in one batch) and report the relative mapping loss and accuracies on
+    (``attack``, a :class:`~fedlab.attacks.model_reconstruction.HeuristicSettings`; all ``B * S * T`` attacks in
+    one batch) and report the relative mapping loss and accuracies on
     each target's own test and train records of the decoded model, the last returned model and the
     final global model. Clients 0-2 of :func:`adult_phd_clients` are the non-iid PhD clients, the
     others an iid control.
@@ -210,7 +223,9 @@ def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0
     local optimum, Observation 7's best attribute-inference model), "test_oracle": [T] (the same local optimum on
     the target's held-out test records), "moved": [B, S] (``||theta_T -
     theta_0||`` of the global model),
-    "init_norm": [S] (||theta_0||)}``. Raises ``ValueError`` for a target outside the clients."""
+    "init_norm": [S] (||theta_0||)}``. Raises ``ValueError`` for a target outside the clients or an ``attack``
+    that is not a ``HeuristicSettings``."""
+    attack = _heuristic(attack)
     K = len(train_clients)
     bad = [t for t in targets if not 0 <= int(t) < K]
     if bad or len(test_clients) != K:
@@ -226,8 +241,8 @@ def adult_experiment(train_clients, test_clients, *, targets: Sequence[int] = (0
             runs += [(obs[t][0], obs[t][1]) for t in targets]
             glob.append(g)
             moved[i, j], init[j] = float((g - obs[0][0][0]).norm()), float(obs[0][0][0].norm())
-    res, _, last = _attack_batch(runs, hidden=hidden, fit_max_iter=fit_max_iter,
-                                 decode_max_iter=decode_max_iter, seed=0)
+    res, _, last = _attack_batch(runs, hidden=attack.hidden, fit_max_iter=attack.fit_max_iter,
+                                 decode_max_iter=attack.decode_max_iter, seed=0)
     out = {k: np.zeros(shape) for k in ("mapping_loss", "test_decoded", "test_last", "test_global",
                                         "train_decoded", "train_last", "train_global")}
     for p in range(len(runs)):
@@ -329,7 +344,8 @@ def obs56_curves(X: torch.Tensor, y: torch.Tensor, n_obs: Sequence[int], *, lr: 
     """
     if len(n_obs) < 2:
         raise ValueError(f"n_obs needs at least two entries to fit a slope, got {list(n_obs)}")
-    curve = ols_error_curve(X, y, n_obs, lr=lr, sigma=sigma, local_steps=local_steps, trials=trials, seed=seed)
+    curve = ols_error_curve(X, y, n_obs, lr=lr, noise=NoiseModel(sigma, local_steps=local_steps), trials=trials,
+                            seed=seed)
     lower = obs6_lower_bound(X.shape[1], n_obs, lr=lr, sigma=sigma, local_steps=local_steps)
     upper = curve["rate"] * curve["mse"][0] / curve["rate"][0]
     slope = float(np.polyfit(np.log(n_obs), np.log(curve["mse"]), 1)[0])
@@ -358,13 +374,13 @@ def plot_obs56(curves: dict, ax=None):
 # --------------------------------------------------------------------------------------------------
 # Table 1: the page's numbers and table
 def positive_control(clients, *, num_obs: int = 100, spread: float = 1.0, local_steps: int = 5, lr: float = 0.5,
-                     weight_decay: float = 0.01, hidden: int = 1000, fit_max_iter: int = 1000,
-                     decode_max_iter: int = 1000, seed: int = 0) -> dict:
+                     weight_decay: float = 0.01, attack: HeuristicSettings = HeuristicSettings(), seed: int = 0) -> dict:
     """Algorithm 3 (Xu & Neglia 2021, Sec. 3.2) where it should succeed: for every client, server models
     drawn around its local optimum
     (:func:`~fedlab.attacks.model_reconstruction.logistic_positive_control`), all clients attacked in one
-    batch. A decoder that fails here is broken; one that succeeds here but not on FedAvg's transcripts
-    fails because of what FedAvg lets it observe.
+    batch, with ``attack`` (:class:`~fedlab.attacks.model_reconstruction.HeuristicSettings`). A decoder that
+    fails here is broken; one that succeeds here but not on FedAvg's transcripts fails because of what FedAvg
+    lets it observe.
 
     Returns ``{"decoded", "last", "oracle": [K] train accuracies, "dist_decoded", "dist_last": [K]
     relative distances to theta_c*, "mapping_loss", "heldout_loss", "residual": [K]}`` (``residual``: the
@@ -374,14 +390,16 @@ def positive_control(clients, *, num_obs: int = 100, spread: float = 1.0, local_
     obs = [logistic_positive_control(c.X, c.y, num_obs=num_obs, spread=spread, local_steps=local_steps, lr=lr,
                                      weight_decay=weight_decay, seed=seed + k) for k, c in enumerate(clients)]
     tin, tout, star = (torch.stack([o[i] for o in obs]) for i in range(3))
-    res = reconstruct_heuristic(tin, tout, hidden=hidden, fit_max_iter=fit_max_iter,
-                                decode_max_iter=decode_max_iter, seed=seed)
+    attack = _heuristic(attack)
+    res = reconstruct_heuristic(tin, tout, hidden=attack.hidden, fit_max_iter=attack.fit_max_iter,
+                                decode_max_iter=attack.decode_max_iter, seed=seed)
     acc = lambda th: np.array([float(binary_accuracy(th[k], c.X, c.y)) for k, c in enumerate(clients)])  # noqa: E731
     rel = lambda th: ((th - star).norm(dim=1) / star.norm(dim=1)).numpy()  # noqa: E731
     return {"decoded": acc(res.theta), "last": acc(tout[:, -1]), "oracle": acc(star),
             "dist_decoded": rel(res.theta), "dist_last": rel(tout[:, -1]),
             "mapping_loss": res.mapping_loss.numpy(), "residual": res.residual.numpy(),
-            "heldout_loss": heldout_mapping_loss(tin, tout, hidden=hidden, max_iter=fit_max_iter, seed=seed + 1).numpy()}
+            "heldout_loss": heldout_mapping_loss(tin, tout, hidden=attack.hidden, max_iter=attack.fit_max_iter,
+                                                 seed=seed + 1).numpy()}
 
 
 #: Xu & Neglia (2021), Table 1: mean train accuracy (%) over 10 runs, clients c = 0..4, then the mean

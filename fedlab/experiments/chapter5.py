@@ -62,11 +62,12 @@ def dist_to_optima(theta: torch.Tensor, optima: torch.Tensor) -> np.ndarray:
     return torch.cdist(theta, optima).min(0).values.numpy()
 
 
-def private_ifca_runs(model, clients, seeds: Sequence[int], *, nu: float, num_clusters: int = 2,
+def private_ifca_runs(model, clients, seeds: Sequence[int], *, privacy: IF.DPrivacy, num_clusters: int = 2,
                       **kwargs) -> dict:
-    """Galli et al. (2022), Algorithm 1 (:func:`fedlab.fl.ifca.private_ifca`) once per seed ``s`` of
-    ``seeds``, each started from ``num_clusters`` hypotheses drawn N(0, 1) from
-    ``torch.Generator().manual_seed(s)`` and run with ``seed=s``; ``kwargs`` go to ``private_ifca``.
+    """Galli et al. (2022), Algorithm 1 (:func:`fedlab.fl.ifca.private_ifca` with ``privacy``, a
+    :class:`fedlab.fl.ifca.DPrivacy`) once per seed ``s`` of ``seeds``, each started from ``num_clusters``
+    hypotheses drawn N(0, 1) from ``torch.Generator().manual_seed(s)`` and run with ``seed=s``; ``kwargs`` go to
+    ``private_ifca`` (``num_rounds``, ``clients_per_round``, ``local``, ``validation``...).
     Returns ``{s: IFCAResult}``. Raises ``ValueError`` for an empty ``seeds``."""
     seeds = list(seeds)
     if not seeds:
@@ -75,7 +76,8 @@ def private_ifca_runs(model, clients, seeds: Sequence[int], *, nu: float, num_cl
     out = {}
     for s in seeds:
         init_s = torch.randn(num_clusters, n, generator=torch.Generator().manual_seed(s))
-        out[s] = IF.private_ifca(model, clients, num_clusters=num_clusters, nu=nu, init=init_s, seed=s, **kwargs)
+        out[s] = IF.private_ifca(model, clients, hypotheses=IF.Hypotheses(num_clusters, init=init_s), privacy=privacy,
+                                 seed=s, **kwargs)
     return out
 
 
@@ -382,11 +384,12 @@ def ifca_grid(make_model: Callable[[int], nn.Module], train_clients, val_clients
     grid = {}
     for k, nu in settings:
         for s in seeds:
-            grid[(k, nu, s)] = IF.ifca(model, train_clients, num_clusters=k,
-                                       init=model_hypotheses(make_model, k, seed=100 * s), num_rounds=num_rounds,
-                                       clients_per_round=clients_per_round, local=local, nu=nu or None,
-                                       clustering="kmeans" if nu else "argmin", val_clients=val_clients,
-                                       patience=patience, seed=s)
+            hypotheses = IF.Hypotheses(k, init=model_hypotheses(make_model, k, seed=100 * s),
+                                       clustering="kmeans" if nu else "argmin")
+            grid[(k, nu, s)] = IF.ifca(model, train_clients, hypotheses=hypotheses, num_rounds=num_rounds,
+                                       clients_per_round=clients_per_round, local=local,
+                                       privacy=IF.DPrivacy(nu) if nu else None,
+                                       validation=IF.Validation(val_clients, patience=patience), seed=s)
     return grid
 
 

@@ -433,7 +433,7 @@ _STAGE_TEXT = {"secagg-keys": "two public keys", "secagg-shares": "key shares en
 
 
 def secagg_stages(transcript: Transcript, round: int = 1) -> list[dict]:
-    """One row per SecAgg+ stage of ``round`` in a transcript of a ``secagg=True`` run (in protocol order):
+    """One row per SecAgg+ stage of ``round`` in a transcript of a SecAgg+ run (``aggregation=flower.SecAgg()``) (in protocol order):
     ``{"kind", "replies", "bytes" (mean per reply), "models" (replies that carry float model parameters),
     "metrics" (names of the values each reply carries in the clear)}``. Raises ``ValueError`` when the round
     holds no SecAgg+ reply."""
@@ -699,7 +699,7 @@ MALICIOUS_COLUMNS = ("Flower's SecAgg+", "+ naive check (active âˆ© dropped = âˆ
 
 
 def secagg_outcome(run_fn: Callable) -> dict:
-    """Run ``run_fn() -> fedlab.flower.FlowerRun`` (a ``secagg=True`` run) and summarise what the server got.
+    """Run ``run_fn() -> fedlab.flower.FlowerRun`` (a SecAgg+ run, ``aggregation=flower.SecAgg(...)``) and summarise what the server got.
 
     Returns ``{"completed", "exposed" (partitions whose model the server unmasked alone), "key_shares" (shares
     of a survivor's mask key received), "seed_shares", "refused" (clients that answered a stage with an

@@ -8,7 +8,7 @@ each defined once in its module:
   :func:`stack_clients`, :func:`batch_plan`, :func:`client_update`, :func:`clients_update` (every client in
   one ``vmap``), :func:`cross_entropy`, :func:`evaluate`);
 * :mod:`fedlab.fl.protocols`: the server's side and the protocols (:func:`weighted_average`, :func:`fedavg`,
-  :func:`fedsgd`, :func:`train_centralized`, :func:`train_standalone`, :func:`selective_sgd`,
+  :func:`fedsgd`, :func:`train_centralized`, :func:`train_standalone`, :func:`selective_sgd` (its :class:`Sharing`),
   :func:`select_upload`, :class:`FLResult`, :class:`RoundRecord`, :func:`eval_fn`);
 * :mod:`fedlab.fl.rounds`: the one round loop (:func:`run_rounds`) and its :class:`History`.
 
@@ -18,12 +18,12 @@ The other modules are imported by name: :mod:`fedlab.fl.stacked` (several runs a
 """
 from .local import (ClientData, LocalTraining, batch_plan, client_update, clients_update, cross_entropy, evaluate,
                     stack_clients)
-from .protocols import (FLResult, RoundRecord, eval_fn, fedavg, fedsgd, select_upload, selective_sgd,
+from .protocols import (FLResult, RoundRecord, Sharing, eval_fn, fedavg, fedsgd, select_upload, selective_sgd,
                         train_centralized, train_standalone, weighted_average)
 from .rounds import History, run_rounds
 
 __all__ = [
     "ClientData", "LocalTraining", "stack_clients", "batch_plan", "client_update", "clients_update",
     "weighted_average", "FLResult", "History", "run_rounds", "eval_fn", "RoundRecord", "fedavg", "fedsgd", "train_centralized",
-    "train_standalone", "selective_sgd", "select_upload", "cross_entropy", "evaluate",
+    "train_standalone", "selective_sgd", "Sharing", "select_upload", "cross_entropy", "evaluate",
 ]

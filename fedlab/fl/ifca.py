@@ -17,7 +17,7 @@ Parameters travel as flat vectors ``theta`` (``[n]``; ``[k, n]`` for the hypothe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -34,7 +34,7 @@ from ._linear import dense_clients_update, dense_squared_losses, linear_fast_pat
 from .rounds import History, run_rounds
 
 __all__ = ["squared_error", "hypothesis_losses", "evaluate_hypotheses", "kmeans_clusters",
-           "IFCARound", "IFCAResult", "ifca", "private_ifca", "stack_to_flat", "flat_to_stack",
+           "IFCARound", "IFCAResult", "Hypotheses", "DPrivacy", "Validation", "ifca", "private_ifca", "stack_to_flat", "flat_to_stack",
            "server_view", "early_stop_round"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -211,34 +211,135 @@ def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
     return np.random.default_rng(seed), np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
 
 
-def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clients_per_round: int,
-         local: LocalTraining = LocalTraining(), nu: float | None = None,
-         clustering: str = "argmin", init: torch.Tensor | None = None, init_std: float = 1.0,
-         val_clients=None, patience: int | None = None,
-         budget: float | None = None, refuse_past_budget: bool = True, seed: int = 0,
-         device=None) -> IFCAResult:
-    """IFCA (Ghosh et al. 2020) and, with ``nu`` and ``clustering="kmeans"``, Galli et al. Algorithm 1.
+@dataclass(frozen=True, eq=False)
+class Hypotheses:
+    """IFCA's ``k`` hypotheses (Ghosh et al. 2020, Alg. 2; Galli et al. 2022, Alg. 1): how many, where they
+    start, and how the server groups the models it receives.
+
+    ``num_clusters``
+        ``k >= 1``, the number of hypotheses (``k = 1`` with no noise is FedAvg with unweighted averaging).
+    ``init``
+        Initial hypotheses ``[k, n]``; ``None``: ``N(0, init_std^2)`` per coordinate (Galli et al.'s Sec. 4.1
+        choice), drawn from the run's generator.
+    ``init_std``
+        The standard deviation of that default draw (> 0).
+    ``clustering``
+        ``"argmin"``: by the clients' own choices, as in IFCA; ``"kmeans"``: k-means initialised at the
+        hypotheses, as the server of Galli et al.'s Algorithm 1 does (it no longer sees the choices).
+
+    Compares by identity (``init`` is a tensor). Raises ``ValueError`` naming the field for a ``num_clusters``
+    that is not a positive integer, an ``init`` that is not ``[num_clusters, n]``, an ``init_std`` that is not
+    finite and positive, or an unknown ``clustering``.
+    """
+
+    num_clusters: int
+    init: torch.Tensor | None = None
+    init_std: float = 1.0
+    clustering: str = "argmin"
+
+    def __post_init__(self):
+        k = self.num_clusters
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"Hypotheses.num_clusters (k) must be an integer >= 1, got {k!r}")
+        if self.clustering not in ("argmin", "kmeans"):
+            raise ValueError(f"Hypotheses.clustering must be 'argmin' or 'kmeans', got {self.clustering!r}")
+        if not (isinstance(self.init_std, (int, float)) and not isinstance(self.init_std, bool)
+                and np.isfinite(self.init_std) and self.init_std > 0):
+            raise ValueError(f"Hypotheses.init_std must be finite and > 0, got {self.init_std!r}")
+        if self.init is not None:
+            shape = tuple(torch.as_tensor(self.init).shape)
+            if len(shape) != 2 or shape[0] != k:
+                raise ValueError(f"Hypotheses.init must have shape [num_clusters={k}, n], got {shape}")
+
+
+@dataclass(frozen=True)
+class DPrivacy:
+    """The clients' d-privacy in private IFCA (Galli et al. 2022, Alg. 1-2): every released model goes through
+    SanitizeUpdate, the Euclidean Laplace mechanism with noise multiplier ``nu``, and each client's
+    :class:`~fedlab.privacy.dprivacy.PrivacyAccountant` keeps its spending (Sec. 3.3).
+
+    ``nu``
+        ``nu > 0``: the noise's scale relative to the update (a release costs ``n / nu``, ``n`` the parameters).
+    ``budget``
+        The total a client may spend; ``None``: no limit.
+    ``refuse_past_budget``
+        A client whose next release would pass ``budget`` refuses to take part (``False``: it takes part and the
+        accountant records the excess).
+
+    Raises ``ValueError`` naming the field for a ``nu`` or ``budget`` that is not finite and positive.
+    """
+
+    nu: float
+    budget: float | None = None
+    refuse_past_budget: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.nu, bool) or not isinstance(self.nu, (int, float)) or not (np.isfinite(self.nu)
+                                                                                    and self.nu > 0):
+            raise ValueError(f"DPrivacy.nu (noise multiplier) must be finite and > 0, got {self.nu!r}")
+        if self.budget is not None and (isinstance(self.budget, bool) or not np.isfinite(self.budget)
+                                        or not self.budget > 0):
+            raise ValueError(f"DPrivacy.budget must be finite and > 0 or None, got {self.budget!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class Validation:
+    """Held-out clients that pick IFCA's best round (Galli et al. 2022, Sec. 4.1: early stopping on the
+    validation loss): every round each of ``val_clients`` picks its best hypothesis and the run keeps the
+    hypotheses of the round with the lowest validation loss; with ``patience`` it stops after ``patience``
+    rounds without a lower one (the paper's 6 rounds).
+
+    ``val_clients``
+        A :class:`~fedlab.fl.ClientData` or a list of per-client data sets.
+    ``patience``
+        A positive integer, or ``None``: run every round.
+
+    Compares by identity (it holds data). Raises ``ValueError`` naming the field for a ``patience`` below 1.
+    """
+
+    val_clients: object
+    patience: int | None = None
+
+    def __post_init__(self):
+        if self.patience is not None and (isinstance(self.patience, bool) or int(self.patience) != self.patience
+                                          or self.patience < 1):
+            raise ValueError(f"Validation.patience must be an integer >= 1 or None, got {self.patience!r}")
+
+
+def _of_type(name: str, value, kind, optional: bool = True):
+    if (optional and value is None) or isinstance(value, kind):
+        return value
+    raise ValueError(f"{name} must be a fedlab.fl.ifca.{kind.__name__}{' or None' if optional else ''}, "
+                     f"got {type(value).__name__}: {value!r}")
+
+
+def ifca(model: nn.Module, clients, *, hypotheses: Hypotheses, num_rounds: int, clients_per_round: int,
+         local: LocalTraining = LocalTraining(), privacy: DPrivacy | None = None,
+         validation: Validation | None = None, seed: int = 0, device=None) -> IFCAResult:
+    """IFCA (Ghosh et al. 2020) and, with ``privacy`` and ``Hypotheses(clustering="kmeans")``, Galli et al.
+    Algorithm 1.
 
     Each round ``t``: sample ``U = clients_per_round`` clients; each computes ``F_c(theta_j)`` for all
     ``k`` hypotheses, picks ``j = argmin``, runs LocalUpdate (``local``, a :class:`~fedlab.fl.LocalTraining`:
     ``local_epochs`` E, step ``lr`` s, batch ``batch_size`` B_s; its ``loss_fn`` is also ``F_c``) from
-    ``theta_j``; with ``nu`` it releases SanitizeUpdate(theta_{j,c}; nu) and
+    ``theta_j``; with ``privacy`` (a :class:`DPrivacy`) it releases SanitizeUpdate(theta_{j,c}; nu) and
     pays ``n / nu`` plus the snapping's floating-point slack (at most
     :data:`~fedlab.privacy.dprivacy.DEFAULT_FP_SLACK`; the release snaps to the secret-independent
     :func:`~fedlab.privacy.dprivacy.public_grid`) to its
     :class:`~fedlab.privacy.dprivacy.PrivacyAccountant` (or refuses, past
-    ``budget``; a client whose update is exactly zero sends nothing, see :class:`IFCARound`). The server groups the released vectors (``"argmin"``: by the clients' own choices, as
+    ``budget``; a client whose update is exactly zero sends nothing, see :class:`IFCARound`). The server groups
+    the released vectors as ``hypotheses.clustering`` says (``"argmin"``: by the clients' own choices, as
     in IFCA; ``"kmeans"``: k-means initialised at the hypotheses, as in Algorithm 1) and sets each
     ``theta_j`` to the mean of its group (an empty group keeps its hypothesis).
 
     Parameters
     ----------
     clients : ClientData or list of per-client data sets (``K`` clients)
-    num_clusters : int >= 1
-        ``k``, the number of hypotheses.
-    init : tensor, optional
-        Initial hypotheses ``[k, n]``; default ``N(0, init_std^2)`` per coordinate (the paper's Sec. 4.1 choice).
-    val_clients : ClientData, optional
+    hypotheses : Hypotheses
+        ``k`` (``num_clusters``), the start (``init``, ``init_std``) and the server's ``clustering``.
+    privacy : DPrivacy, optional
+        The clients' SanitizeUpdate (``nu``) and budget; ``None``: the models travel in the clear.
+    validation : Validation, optional
         Held-out clients; when given, evaluated every round (each picks its best hypothesis) and, with
         ``patience``, training stops after ``patience`` rounds without a lower validation loss; the
         returned ``hypotheses`` are those of the best round.
@@ -256,19 +357,19 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
     Raises
     ------
     ValueError
-        On ``num_clusters < 1``, ``clients_per_round`` outside ``[1, K]``, ``nu <= 0``, an unknown
-        ``clustering`` or an ``init`` of the wrong shape.
+        On settings objects of another type, ``clients_per_round`` outside ``[1, K]`` or an ``init`` whose
+        columns are not the model's parameters (the objects check their own fields).
     """
     local = _local(local)
     loss_fn = local.loss_fn
-    if int(num_clusters) != num_clusters or num_clusters < 1:
-        raise ValueError(f"num_clusters (k) must be an integer >= 1, got {num_clusters}")
-    if nu is not None and not nu > 0:
-        raise ValueError(f"nu (noise multiplier) must be > 0, or None for no noise; got {nu}")
-    if clustering not in ("argmin", "kmeans"):
-        raise ValueError(f"clustering must be 'argmin' or 'kmeans', got {clustering!r}")
-    if patience is not None and patience < 1:
-        raise ValueError(f"patience must be >= 1 or None, got {patience}")
+    hypotheses = _of_type("hypotheses", hypotheses, Hypotheses, optional=False)
+    privacy = _of_type("privacy", privacy, DPrivacy)
+    validation = _of_type("validation", validation, Validation)
+    num_clusters, init, init_std = hypotheses.num_clusters, hypotheses.init, hypotheses.init_std
+    clustering = hypotheses.clustering
+    nu = None if privacy is None else privacy.nu
+    val_clients = None if validation is None else validation.val_clients
+    patience = None if validation is None else validation.patience
     dev = _device(device)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
     val = None if val_clients is None else (
@@ -289,7 +390,7 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
         hyps = _check_hyps(init, like).clone()
         if hyps.shape[0] != k:
             raise ValueError(f"init must have num_clusters={k} rows, got {hyps.shape[0]}")
-    acct = PrivacyAccountant(K, budget, refuse_past_budget) if nu is not None else None
+    acct = PrivacyAccountant(K, privacy.budget, privacy.refuse_past_budget) if privacy is not None else None
     # nn.Linear(d, 1) or a small ReLU net with one output on the CPU: the same local updates without vmap's
     # per-step cost (fedlab.fl._linear)
     update = (dense_clients_update if dev.type == "cpu" and (linear_fast_path(model, loss_fn)
@@ -382,10 +483,13 @@ def ifca(model: nn.Module, clients, *, num_clusters: int, num_rounds: int, clien
     return res
 
 
-def private_ifca(model: nn.Module, clients, *, num_clusters: int, nu: float, **kwargs) -> IFCAResult:
-    """Galli et al., Algorithm 1: IFCA with SanitizeUpdate on every released model (noise multiplier
-    ``nu``) and server-side k-means. Keyword arguments as in :func:`ifca`."""
-    return ifca(model, clients, num_clusters=num_clusters, nu=nu, clustering="kmeans", **kwargs)
+def private_ifca(model: nn.Module, clients, *, hypotheses: Hypotheses, privacy: DPrivacy, **kwargs) -> IFCAResult:
+    """Galli et al., Algorithm 1: IFCA with SanitizeUpdate on every released model (``privacy``, a
+    :class:`DPrivacy`) and server-side k-means (``hypotheses`` with its ``clustering`` set to ``"kmeans"``).
+    Keyword arguments as in :func:`ifca`."""
+    hypotheses = _of_type("hypotheses", hypotheses, Hypotheses, optional=False)
+    return ifca(model, clients, hypotheses=replace(hypotheses, clustering="kmeans"),
+                privacy=_of_type("privacy", privacy, DPrivacy, optional=False), **kwargs)
 
 
 def server_view(model: nn.Module, hypotheses: torch.Tensor, clients, *, nu: float | None,

@@ -20,13 +20,14 @@ client-agreement metric (:func:`client_agreement`).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from .._checks import run_spec
+from .._checks import positive_int, run_spec
 from .local import ClientData, LocalTraining, _local, cross_entropy
 from .protocols import train_standalone
 from .stacked import SGDJob, batch_plan, clients_update_runs, sgd_jobs
@@ -34,7 +35,7 @@ from .dp_fedavg import _DP_FIELDS, DPRoundRecord, DPSettings, _dp_settings, _spe
 from .rounds import run_rounds
 
 __all__ = ["make_representation_task", "head_names_of", "partial_clients_update", "partial_clients_update_runs",
-           "evaluate_clients", "local_only", "local_only_runs", "finetune", "finetune_runs", "centaur", "centaur_runs",
+           "evaluate_clients", "local_only", "local_only_runs", "finetune", "finetune_runs", "PersonalHeads", "centaur", "centaur_runs",
            "per_layer_snr", "client_agreement"]
 
 
@@ -185,20 +186,52 @@ def finetune_runs(model: nn.Module, runs: Sequence[dict], *, trainable: Sequence
     return partial_clients_update_runs(model, specs, trainable)
 
 
-def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, dp: DPSettings, head_epochs: int = 5,
-            local: LocalTraining = LocalTraining(), final_head_epochs: int | None = None, params: dict | None = None,
-            head_names: Sequence[str] | None = None, seed: int = 0,
-            callback: Callable[[DPRoundRecord], None] | None = None) -> dict:
+@dataclass(frozen=True)
+class PersonalHeads:
+    """The clients' private heads in Centaur (Shen et al. 2023, Alg. 2, Phase 1 and the final fit) and FedRep
+    (Collins et al. 2021, Alg. 1): which parameters stay on the client and how long each client fits its head.
+
+    ``head_epochs``
+        Phase 1: epochs of full-batch gradient descent on the head with the representation fixed (approximating
+        the argmin), a positive integer (default 5).
+    ``final_head_epochs``
+        The same at the end, on the final representation (free of privacy cost); ``None``: ``head_epochs``.
+    ``head_names``
+        The head's parameter names; ``None``: the last layer (:func:`head_names_of`).
+
+    Raises ``ValueError`` naming the field for an epoch count that is not a positive integer or ``head_names``
+    that is a string or empty.
+    """
+
+    head_epochs: int = 5
+    final_head_epochs: int | None = None
+    head_names: Sequence[str] | None = None
+
+    def __post_init__(self):
+        positive_int("PersonalHeads.head_epochs", self.head_epochs)
+        if self.final_head_epochs is not None:
+            positive_int("PersonalHeads.final_head_epochs", self.final_head_epochs)
+        if self.head_names is not None:
+            if isinstance(self.head_names, str) or not len(self.head_names):
+                raise ValueError(f"PersonalHeads.head_names must be a non-empty sequence of parameter names, "
+                                 f"got {self.head_names!r}")
+            object.__setattr__(self, "head_names", tuple(self.head_names))
+
+
+def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, dp: DPSettings,
+            local: LocalTraining = LocalTraining(), heads: PersonalHeads = PersonalHeads(), params: dict | None = None,
+            seed: int = 0, callback: Callable[[DPRoundRecord], None] | None = None) -> dict:
     """Centaur (Shen et al. 2023, Alg. 1 server / Alg. 2 client): DP-FedRep that shares only the
     representation, with the server's mechanism ``dp`` (:class:`~fedlab.fl.dp_fedavg.DPSettings`: clip bound,
     noise multiplier, Poisson sampling, server step) on the representation's updates. ``noise_multiplier = 0`` and
     ``clip_norm = None`` give FedRep (Collins et al. 2021). Client heads persist across rounds (each client
     keeps ``w_i``).
 
-    Phase 1 is ``head_epochs`` of full-batch gradient descent on the head (approximating the argmin),
-    Phase 2 is ``local`` (a :class:`~fedlab.fl.LocalTraining`: ``local_epochs`` epochs of mini-batch SGD of
-    batch ``batch_size`` and step ``lr``, the step of both phases) on the representation.
-    At the end every client fits its head on the final representation (``final_head_epochs``,
+    Phase 1 is ``heads.head_epochs`` of full-batch gradient descent on the head (``heads``, a
+    :class:`PersonalHeads`: which parameters, how many epochs), Phase 2 is ``local`` (a
+    :class:`~fedlab.fl.LocalTraining`: ``local_epochs`` epochs of mini-batch SGD of batch ``batch_size`` and step
+    ``lr``, the step of both phases) on the representation.
+    At the end every client fits its head on the final representation (``heads.final_head_epochs``,
     default ``head_epochs``; free of privacy cost). ``local`` takes neither ``local_steps`` nor
     ``weight_decay`` nor another loss than cross-entropy (``ValueError``).
 
@@ -210,9 +243,12 @@ def centaur(model: nn.Module, train: ClientData, *, num_rounds: int, dp: DPSetti
     if local.local_steps is not None or local.weight_decay != 0 or local.loss_fn is not cross_entropy:
         raise ValueError(f"local: centaur trains local_epochs epochs of cross-entropy without weight decay, got "
                          f"local_steps={local.local_steps}, weight_decay={local.weight_decay}, loss_fn={local.loss_fn}")
+    if not isinstance(heads, PersonalHeads):
+        raise ValueError(f"heads must be a fedlab.fl.personalization.PersonalHeads, got {type(heads).__name__}: {heads!r}")
     run = dict(train=train, dp=_dp_settings(dp),
-               head_epochs=head_epochs, rep_epochs=local.local_epochs, lr=local.lr, batch_size=local.batch_size,
-               final_head_epochs=final_head_epochs, params=params, head_names=head_names, seed=seed, callback=callback)
+               head_epochs=heads.head_epochs, rep_epochs=local.local_epochs, lr=local.lr, batch_size=local.batch_size,
+               final_head_epochs=heads.final_head_epochs, params=params,
+               head_names=None if heads.head_names is None else list(heads.head_names), seed=seed, callback=callback)
     return centaur_runs(model, [run], num_rounds=num_rounds)[0]
 
 

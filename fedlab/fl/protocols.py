@@ -23,7 +23,7 @@ from .local import (ClientData, LocalTraining, LossFn, _local, _model_on, _on, c
 from .rounds import History, run_rounds
 
 __all__ = ["weighted_average", "FLResult", "eval_fn", "RoundRecord", "fedavg", "fedsgd", "train_centralized",
-           "train_standalone", "selective_sgd", "select_upload"]
+           "train_standalone", "selective_sgd", "select_upload", "Sharing"]
 
 
 def weighted_average(stacked: dict, weights: torch.Tensor) -> dict:
@@ -239,24 +239,59 @@ def select_upload(delta: torch.Tensor, upload_fraction: float, criterion: str = 
     return mask
 
 
-def selective_sgd(model: nn.Module, clients, *, num_rounds: int, upload_fraction: float = 0.1,
-                  criterion: str = "largest", threshold: float = 0.0, download_fraction: float = 1.0,
+@dataclass(frozen=True)
+class Sharing:
+    """What a participant of distributed selective SGD shares (Shokri & Shmatikov 2015, Sec. 4, "Distributed
+    selective SGD"; the paper's defaults).
+
+    ``upload_fraction``
+        ``theta_u`` in (0, 1]: the fraction of its parameter change a participant uploads (default 0.1).
+    ``criterion``
+        ``"largest"``: the coordinates of largest absolute change; ``"random"``: a random subset (:func:`select_upload`).
+    ``threshold``
+        ``tau >= 0``: only changes larger than ``tau`` in absolute value are eligible (0: all).
+    ``download_fraction``
+        ``theta_d`` in (0, 1]: the fraction of the global parameters a participant downloads before training
+        (default 1: all).
+
+    Raises ``ValueError`` naming the field for a fraction outside (0, 1], an unknown ``criterion`` or a negative
+    ``threshold``.
+    """
+
+    upload_fraction: float = 0.1
+    criterion: str = "largest"
+    threshold: float = 0.0
+    download_fraction: float = 1.0
+
+    def __post_init__(self):
+        try:
+            select_upload(torch.zeros(1), self.upload_fraction, self.criterion, self.threshold)
+        except ValueError as err:
+            raise ValueError(f"Sharing.{err}") from None
+        if isinstance(self.download_fraction, bool) or not 0.0 < self.download_fraction <= 1.0:
+            raise ValueError(f"Sharing.download_fraction must be in (0, 1], got {self.download_fraction}")
+
+
+def selective_sgd(model: nn.Module, clients, *, num_rounds: int, sharing: Sharing = Sharing(),
                   local: LocalTraining = LocalTraining(batch_size=32), params: dict | None = None, seed: int = 0,
                   eval_data=None) -> FLResult:
     """Distributed selective SGD (Shokri & Shmatikov 2015; CS5562 lecture, "De-centralized learning").
 
-    Participants take turns (round robin). A participant downloads a ``download_fraction`` (theta_d)
+    Participants take turns (round robin). A participant downloads a ``sharing.download_fraction`` (theta_d)
     of the global parameters into its local model, trains on its own data (``local``, a
     :class:`LocalTraining`; default one epoch of batch 32, step 0.1), and uploads only the selected
-    coordinates (:func:`select_upload`, fraction ``upload_fraction`` = theta_u) of its change, which the
-    server adds to the global parameters. A progress bar shows the turns unless ``FEDLAB_PROGRESS=0``.
+    coordinates (:func:`select_upload` with ``sharing``'s ``criterion`` and ``threshold``, fraction
+    ``sharing.upload_fraction`` = theta_u) of its change, which the server adds to the global parameters.
+    ``sharing`` is a :class:`Sharing`. A progress bar shows the turns unless ``FEDLAB_PROGRESS=0``.
 
     Returns an :class:`FLResult` whose ``history`` is logged once per full turn of all participants.
+    Raises ``ValueError`` for a ``sharing`` that is not a :class:`Sharing`.
     """
     local = _local(local)
-    if not 0.0 < download_fraction <= 1.0:
-        raise ValueError(f"download_fraction must be in (0, 1], got {download_fraction}")
-    select_upload(torch.zeros(1), upload_fraction, criterion, threshold)  # validates the arguments
+    if not isinstance(sharing, Sharing):
+        raise ValueError(f"sharing must be a fedlab.fl.Sharing, got {type(sharing).__name__}: {sharing!r}")
+    upload_fraction, criterion = sharing.upload_fraction, sharing.criterion
+    threshold, download_fraction = sharing.threshold, sharing.download_fraction
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
     gen = torch.Generator().manual_seed(seed)
     w0 = {k: v.detach().clone() for k, v in (params or dict(model.named_parameters())).items()}

@@ -4,7 +4,8 @@ what a real Flower server receives.
 * :mod:`fedlab.flower.apps` (needs the ``flower`` extra, ``flwr[simulation]``): :func:`client_app`,
   :func:`server_app`, the :class:`Recorder` strategy wrapper and :func:`run` (a simulation: the client apps in
   Ray workers, :class:`~fedlab.flower.apps.RayGrid`, or in this process, :class:`~fedlab.flower.apps.LocalGrid`), with
-  Flower's central-DP wrappers (``dp=``) or Flower's SecAgg+ (``secagg=True``);
+  the server's ``aggregation``: Flower's central-DP wrappers (:class:`~fedlab.flower.apps.FixedClippingDP`) or
+  Flower's SecAgg+ (:class:`~fedlab.flower.apps.SecAgg`), and the simulation's :class:`~fedlab.flower.apps.Engine`;
 * :mod:`fedlab.flower.transcript` (no ``flwr`` needed): the transcript format and
   :func:`load_transcript`;
 * :mod:`fedlab.flower.attacks` (no ``flwr`` needed): chapter 1a's DLG / iDLG, chapter 1c's passive
@@ -26,7 +27,7 @@ from .transcript import Reply, Transcript, TranscriptWriter, load_transcript
 
 _APPS = ("fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "run", "RayStartError", "FlowerRun",
          "LocalGrid", "RayGrid",
-         "quiet_flower", "DP_MODES", "SECAGG_DEFAULTS", "secagg_config")
+         "quiet_flower", "DP_MODES", "SECAGG_DEFAULTS", "secagg_config", "FixedClippingDP", "SecAgg", "Engine", "Timeouts")
 
 __all__ = ["Reply", "Transcript", "TranscriptWriter", "load_transcript", *_APPS]
 

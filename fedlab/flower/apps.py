@@ -21,7 +21,7 @@ The protocol (McMahan et al. 2017, Algorithm 1, as :func:`fedlab.fl.fedavg` runs
    and :class:`Recorder`, the outermost strategy, writes every reply it receives to the transcript
    (:mod:`fedlab.flower.transcript`) before anything else touches it.
 
-With ``secagg=True`` (:func:`server_app`, :func:`client_app`, :func:`run`) steps 3-4 run through Flower's
+With ``aggregation=SecAgg()`` (:func:`server_app`, :func:`run`; :func:`client_app`'s ``secagg=True``) steps 3-4 run through Flower's
 SecAgg+ instead (Bell et al. 2020; Bonawitz et al. 2017): ``flwr.server.workflow.SecAggPlusWorkflow`` on
 the server, ``flwr.client.mod.secaggplus_mod`` on the clients. Each round then takes four message
 exchanges (public keys, encrypted key shares, masked models, unmasking shares); every client sends its
@@ -87,12 +87,13 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
                       f"(flwr[simulation]>=1.41,<2); the import failed with: {err}") from err
 
 __all__ = ["fedavg_schedule", "client_app", "server_app", "Recorder", "ScheduledFedAvg", "LocalGrid", "run",
+           "FixedClippingDP", "SecAgg", "Engine", "Timeouts",
            "RayStartError", "RayGrid", "FlowerRun", "quiet_flower", "DP_MODES", "ENGINES", "SECAGG_DEFAULTS", "secagg_config", "SecAggSchedule",
            "SecAggRecordingGrid", "RecordingGrid", "SECAGG_KINDS", "CONSISTENCY_KIND"]
 
-#: values of the ``dp`` argument: no DP, Flower's client-side or server-side fixed clipping wrapper
+#: the server's DP modes: none, Flower's client-side or server-side fixed clipping wrapper (:class:`FixedClippingDP`'s ``mode``)
 DP_MODES = (None, "client", "server")
-#: values of :func:`run`'s ``engine``: the client apps in Ray workers (:class:`RayGrid`), or in-process (:class:`LocalGrid`)
+#: values of :class:`Engine`'s ``name``: the client apps in Ray workers (:class:`RayGrid`), or in-process (:class:`LocalGrid`)
 ENGINES = ("ray", "local")
 LoadPartition = Callable[[int, int], object]
 #: SecAgg+ settings (``flwr.server.workflow.SecAggPlusWorkflow``'s arguments); ``num_shares=1.0`` shares every
@@ -100,6 +101,161 @@ LoadPartition = Callable[[int, int], object]
 #: (the server learns every ``n_k`` in the query); the rest are Flower's defaults
 SECAGG_DEFAULTS = {"num_shares": 1.0, "reconstruction_threshold": 0.5, "max_weight": None, "clipping_range": 8.0,
                    "quantization_range": 2 ** 22, "modulus_range": 2 ** 32}
+
+
+# --------------------------------------------------------------------------------------------
+# settings objects: how the server aggregates, where the simulation runs, how long the server waits
+# --------------------------------------------------------------------------------------------
+def _finite(name: str, value, low: float, *, closed: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value) or not (value >= low if closed else value > low):
+        raise ValueError(f"{name} must be a finite number {'>=' if closed else '>'} {low}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class FixedClippingDP:
+    """Flower's central differential privacy around FedAvg: DP-FedAvg with fixed clipping (McMahan et al.
+    2018, Alg. 1; Flower's ``DifferentialPrivacyClientSideFixedClipping`` and
+    ``DifferentialPrivacyServerSideFixedClipping``), one of the server's ``aggregation`` settings of
+    :func:`server_app`, :func:`run` and :func:`fedlab.flower.deploy.write_app`.
+
+    ``mode``
+        ``"client"``: every client clips its update (the ClientApp's ``fixedclipping_mod``), the server adds
+        the noise; ``"server"``: the server clips the updates it receives and adds the noise.
+    ``noise_multiplier``
+        ``z >= 0``: the noise std on the average is ``z C / m`` (``m`` clients a round).
+    ``clipping_norm``
+        ``C > 0``, the L2 bound on each client's update (Flower's name for ``clip_norm``).
+
+    Raises ``ValueError`` naming the field for a ``mode`` not in ``("client", "server")``, a negative or
+    non-finite ``noise_multiplier`` or a ``clipping_norm`` that is not finite and positive.
+    """
+
+    mode: str
+    noise_multiplier: float = 1.0
+    clipping_norm: float = 1.0
+
+    def __post_init__(self):
+        if self.mode not in ("client", "server"):
+            raise ValueError(f"FixedClippingDP.mode must be 'client' or 'server', got {self.mode!r}")
+        _finite("FixedClippingDP.noise_multiplier", self.noise_multiplier, 0.0, closed=True)
+        _finite("FixedClippingDP.clipping_norm", self.clipping_norm, 0.0, closed=False)
+
+
+@dataclass(frozen=True, eq=False)
+class SecAgg:
+    """Flower's SecAgg+ (Bell et al. 2020, Sec. 3, on Bonawitz et al. 2017's protocol) as the server's
+    ``aggregation`` (:func:`server_app`, :func:`run`, :func:`fedlab.flower.deploy.write_app`): every round
+    is the workflow's four stages and the server learns only the weighted sum of the clients' models.
+
+    ``num_shares``, ``reconstruction_threshold``, ``max_weight``, ``clipping_range``, ``quantization_range``,
+    ``modulus_range``
+        ``flwr.server.workflow.SecAggPlusWorkflow``'s arguments, defaults :data:`SECAGG_DEFAULTS`
+        (``num_shares=1.0`` shares every key with all the round's clients; ``max_weight=None``: the largest
+        client's number of examples; the rest are Flower's defaults; see :func:`secagg_config`).
+    ``consistency``
+        Add Bonawitz et al.'s consistency round (CCS 2017, Sec. 6): :func:`run` gives every client a signing
+        key (:class:`fedlab.flower.secagg.ConsistencyKeys`); the clients then refuse a threshold ``t`` that
+        is not above half of the registered clients.
+    ``attack``
+        A malicious server's hooks (:class:`fedlab.flower.attacks.FalseDropout`, ``SplitView``,
+        ``InconsistentModel``); ``None``: honest.
+    ``client_mods``
+        Flower mods :func:`run` places first on the clients (:func:`client_app`'s ``secagg_mods``: for example
+        :func:`fedlab.flower.secagg.disjoint_lists_mod`, :func:`fedlab.flower.secagg.drop_out_mod`).
+    ``log``
+        A :class:`fedlab.flower.secagg.SecAggLog` filled with what each stage sent and received (:func:`run`
+        makes one when ``None`` and returns it as ``FlowerRun.secagg_log``).
+
+    Compares by identity (it may hold a log and an attack). Raises ``ValueError`` naming the field for a bad
+    setting (:func:`secagg_config`), a ``consistency`` that is not a bool or ``client_mods`` that are not
+    callables.
+    """
+
+    num_shares: float = SECAGG_DEFAULTS["num_shares"]
+    reconstruction_threshold: float = SECAGG_DEFAULTS["reconstruction_threshold"]
+    max_weight: float | None = SECAGG_DEFAULTS["max_weight"]
+    clipping_range: float = SECAGG_DEFAULTS["clipping_range"]
+    quantization_range: int = SECAGG_DEFAULTS["quantization_range"]
+    modulus_range: int = SECAGG_DEFAULTS["modulus_range"]
+    consistency: bool = False
+    attack: object = None
+    client_mods: tuple = ()
+    log: object = None
+
+    def __post_init__(self):
+        try:
+            secagg_config(None, **{**self.settings, "max_weight": self.max_weight or 1.0})
+        except ValueError as err:
+            raise ValueError(f"SecAgg.{err}") from None
+        if not isinstance(self.consistency, bool):
+            raise ValueError(f"SecAgg.consistency must be True or False, got {self.consistency!r}")
+        mods = tuple(self.client_mods or ())
+        if not all(callable(m) for m in mods):
+            raise ValueError(f"SecAgg.client_mods must be Flower mods (callables), got {self.client_mods!r}")
+        object.__setattr__(self, "client_mods", mods)
+
+    @property
+    def settings(self) -> dict:
+        """The six ``SecAggPlusWorkflow`` settings as :func:`secagg_config` takes them."""
+        return {k: getattr(self, k) for k in SECAGG_DEFAULTS}
+
+
+def _aggregation(aggregation):
+    if aggregation is None or isinstance(aggregation, (FixedClippingDP, SecAgg)):
+        return aggregation
+    raise ValueError(f"aggregation must be None (FedAvg), a fedlab.flower.FixedClippingDP or a fedlab.flower.SecAgg, "
+                     f"got {type(aggregation).__name__}: {aggregation!r}")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Where :func:`run` simulates the clients.
+
+    ``name``
+        ``"ray"``: each round's messages go to the ``ClientApp`` in ``num_cpus`` Ray worker processes in parallel
+        (:class:`RayGrid`); ``"local"``: the same apps over a :class:`LocalGrid` in this process (:data:`ENGINES`).
+    ``num_cpus``
+        Ray's CPUs and workers (a positive integer).
+    ``verbose``
+        Flower's INFO log and Ray's worker output (default: warnings only).
+
+    Raises ``ValueError`` naming the field for a ``name`` not in :data:`ENGINES` or ``num_cpus < 1``.
+    """
+
+    name: str = "ray"
+    num_cpus: int = 1
+    verbose: bool = False
+
+    def __post_init__(self):
+        if self.name not in ENGINES:
+            raise ValueError(f"Engine.name must be one of {ENGINES}, got {self.name!r}")
+        _check_int("Engine.num_cpus", self.num_cpus, 1)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long :func:`server_app` waits, in seconds.
+
+    ``node_timeout``
+        For the ``num_clients`` nodes to connect, and again for them to answer the first query (Ray starts its
+        workers on the first message: 10 virtual nodes on a loaded 2-core machine took over 60 s, the former
+        default, three times in a row).
+    ``round_timeout``
+        For the replies of a round.
+
+    Raises ``ValueError`` naming the field for a value that is not finite and positive.
+    """
+
+    node_timeout: float = 300.0
+    round_timeout: float = 600.0
+
+    def __post_init__(self):
+        _finite("Timeouts.node_timeout", self.node_timeout, 0.0, closed=False)
+        _finite("Timeouts.round_timeout", self.round_timeout, 0.0, closed=False)
+
+
 #: transcript kinds of the four SecAgg+ stages, in protocol order (what each reply carries: public keys,
 #: encrypted key shares for other clients, the masked model, key shares for unmasking)
 SECAGG_KINDS = {Stage.SETUP: "secagg-keys", Stage.SHARE_KEYS: "secagg-shares",
@@ -639,11 +795,8 @@ def _wait_for_nodes(grid: Grid, num_clients: int, timeout: float) -> list[int]:
 
 def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients: int, num_rounds: int,
                local: LocalTraining = LocalTraining(), client_fraction: float = 1.0, seed: int = 0,
-               dp: str | None = None,
-               noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
-               secagg: bool = False, secagg_settings: dict | None = None, secagg_attack=None,
-               consistency: bool = False, secagg_log=None,
-               node_timeout: float = 300.0, round_timeout: float = 600.0) -> ServerApp:
+               aggregation: FixedClippingDP | SecAgg | None = None, evaluate_clients: bool = False,
+               timeouts: Timeouts = Timeouts()) -> ServerApp:
     """A Flower ``ServerApp`` running FedAvg with fedlab's schedule, recording a transcript.
 
     Parameters
@@ -658,43 +811,35 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
         As in :func:`fedlab.fl.fedavg`: ``local`` is the clients' :class:`fedlab.fl.LocalTraining` (its step,
         epochs, batch size, steps and weight decay go to the clients in each round's ``ConfigRecord``; its loss
         is the ClientApp's, :func:`client_app`'s ``loss_fn``).
-    dp : None, "client" or "server"
-        Wrap FedAvg in Flower's ``DifferentialPrivacyClientSideFixedClipping`` (the ClientApp must be
-        built with ``dp_client_clipping=True``) or ``DifferentialPrivacyServerSideFixedClipping``,
-        with ``noise_multiplier`` and ``clipping_norm`` (noise std ``z C / m`` on the average).
+    aggregation : None, FixedClippingDP or SecAgg
+        ``None``: Flower's ``FedAvg``. A :class:`FixedClippingDP`: FedAvg wrapped in Flower's
+        ``DifferentialPrivacyClientSideFixedClipping`` (``mode="client"``; the ClientApp must be built with
+        ``dp_client_clipping=True``) or ``DifferentialPrivacyServerSideFixedClipping`` (``mode="server"``), with
+        its ``noise_multiplier`` and ``clipping_norm`` (noise std ``z C / m`` on the average). A :class:`SecAgg`:
+        Flower's SecAgg+ (``SecAggPlusWorkflow``; the ClientApp must be built with ``secagg=True``, and with
+        ``consistency_keys`` when ``consistency``): each round is the workflow's four stages,
+        :class:`SecAggSchedule` samples the clients and receives the decoded weighted average,
+        :class:`SecAggRecordingGrid` records what the server receives in each stage; the workflow is
+        :class:`fedlab.flower.secagg.SecAggWorkflow` (Flower's, with dropouts in any stage up to ``n - t``),
+        with the object's ``attack`` hooks, filling its ``log``. A SecAgg+ round needs at least 2 clients.
     evaluate_clients : bool
         Also send each round's global model to every node for evaluation (replies are recorded).
-    secagg : bool
-        Aggregate with Flower's SecAgg+ (``SecAggPlusWorkflow``; the ClientApp must be built with
-        ``secagg=True``): each round is the workflow's four stages, :class:`SecAggSchedule` samples the
-        clients and receives the decoded weighted average, :class:`SecAggRecordingGrid` records what the
-        server receives in each stage. ``secagg_settings``: overrides of :data:`SECAGG_DEFAULTS` (see
-        :func:`secagg_config`). A round needs at least 2 clients. The workflow is
-        :class:`fedlab.flower.secagg.SecAggWorkflow` (Flower's, with dropouts in any stage up to ``n - t``).
-    secagg_attack : optional
-        A malicious server's hooks (:class:`fedlab.flower.attacks.FalseDropout`, ``SplitView``,
-        ``InconsistentModel``); ``None``: honest.
-    consistency : bool
-        Add Bonawitz et al.'s consistency round (the ClientApp needs ``consistency_keys``); the clients then
-        refuse a threshold ``t`` that is not above half of the registered clients.
-    secagg_log : fedlab.flower.secagg.SecAggLog, optional
-        Filled with what each SecAgg+ stage sent and received.
-
-    node_timeout : float
-        Seconds for the ``num_clients`` nodes to connect, and again for them to answer the first query (Ray
-        starts its workers on the first message: 10 virtual nodes on a loaded 2-core machine took over 60 s,
-        the former default, three times in a row).
+    timeouts : Timeouts
+        How long the server waits for the nodes and for each round.
 
     Raises
     ------
     ValueError
-        For a ``dp`` not in :data:`DP_MODES`, a ``local`` that is not a LocalTraining, a bad count, ``secagg`` combined
-        with ``dp`` or ``evaluate_clients``, or bad ``secagg_settings``.
+        For an ``aggregation`` of another type, a ``local`` that is not a LocalTraining, a bad count, SecAgg+
+        combined with ``evaluate_clients``, or SecAgg+ settings whose masked sum would wrap around.
     RuntimeError
         (in the running ServerApp) When a SecAgg+ round halts without an aggregate.
     """
-    if dp not in DP_MODES:
-        raise ValueError(f"dp must be one of {DP_MODES}, got {dp!r}")
+    aggregation = _aggregation(aggregation)
+    if not isinstance(timeouts, Timeouts):
+        raise ValueError(f"timeouts must be a fedlab.flower.Timeouts, got {type(timeouts).__name__}: {timeouts!r}")
+    secagg = isinstance(aggregation, SecAgg)
+    dp = aggregation.mode if isinstance(aggregation, FixedClippingDP) else None
     num_clients = _check_int("num_clients", num_clients, 1)
     num_rounds = _check_int("num_rounds", num_rounds, 1)
     local = _local(local)
@@ -704,22 +849,20 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
     local_steps = _check_int("local_steps", local.local_steps, 1, allow_none=True)
     if not 0.0 < client_fraction <= 1.0:
         raise ValueError(f"client_fraction must be in (0, 1], got {client_fraction}")
-    if dp is not None and not (noise_multiplier >= 0 and clipping_norm > 0):
-        raise ValueError(f"noise_multiplier must be >= 0 and clipping_norm > 0, got {noise_multiplier}, {clipping_norm}")
-    if secagg and (dp is not None or evaluate_clients):
-        raise ValueError(f"secagg cannot be combined with dp ({dp!r}) or evaluate_clients ({evaluate_clients})")
+    if secagg and evaluate_clients:
+        raise ValueError(f"SecAgg+ cannot be combined with evaluate_clients ({evaluate_clients})")
     if secagg:
-        checked = secagg_config(None, **{**(secagg_settings or {}),
-                                         "max_weight": (secagg_settings or {}).get("max_weight") or 1.0})
+        checked = secagg_config(None, **{**aggregation.settings, "max_weight": aggregation.max_weight or 1.0})
         m = max(int(round(client_fraction * num_clients)), 1)
         if m * checked["quantization_range"] >= checked["modulus_range"]:    # the masked sum would wrap around
-            raise ValueError(f"secagg_settings: {m} clients a round x quantization_range {checked['quantization_range']} "
+            raise ValueError(f"SecAgg: {m} clients a round x quantization_range {checked['quantization_range']} "
                              f"must stay below modulus_range {checked['modulus_range']}, or the sum wraps around")
-    elif secagg_settings or secagg_attack is not None or consistency:
-        raise ValueError("secagg_settings given without secagg=True (secagg_settings, secagg_attack and consistency need it)")
     if secagg and max(int(round(client_fraction * num_clients)), 1) < 2:
-        raise ValueError(f"secagg needs at least 2 clients a round, got num_clients={num_clients}, "
+        raise ValueError(f"SecAgg+ needs at least 2 clients a round, got num_clients={num_clients}, "
                          f"client_fraction={client_fraction}")
+    noise_multiplier = aggregation.noise_multiplier if dp else None
+    clipping_norm = aggregation.clipping_norm if dp else None
+    node_timeout, round_timeout = timeouts.node_timeout, timeouts.round_timeout
     transcript_dir = Path(transcript_dir)
     meta = dict(num_clients=num_clients, num_rounds=num_rounds, lr=float(lr), local_epochs=local_epochs,
                 batch_size=batch_size, local_steps=local_steps, weight_decay=float(weight_decay),
@@ -752,9 +895,10 @@ def server_app(model_fn: Callable[[], nn.Module], transcript_dir, *, num_clients
         m = len(schedule[0])
         if secagg:
             _run_secagg(grid, context, init, schedule, node_of, train_config, sizes,
-                        secagg_config(sizes, **(secagg_settings or {})), transcript_dir,
+                        secagg_config(sizes, **aggregation.settings), transcript_dir,
                         {**meta, "sizes": sizes, "node_of_partition": {str(k): v for k, v in node_of.items()}},
-                        round_timeout, attack=secagg_attack, consistency=consistency, log=secagg_log)
+                        round_timeout, attack=aggregation.attack, consistency=aggregation.consistency,
+                        log=aggregation.log)
             return
         strategy: Strategy = ScheduledFedAvg(schedule, node_of, train_config, min_train_nodes=m,
                                              fraction_evaluate=1.0 if evaluate_clients else 0.0,
@@ -936,7 +1080,7 @@ class RayGrid(LocalGrid):
         if not self._actors:
             raise RuntimeError(f"no Ray worker for the ClientApp started within {start_timeout} s (the runtime's "
                                f"free CPUs: {ray.available_resources().get('CPU', 0)}); free one, or run with "
-                               f"engine='local'")
+                               f"engine=Engine('local')")
         if late:
             warnings.warn(f"{len(late)} of {len(actors)} Ray workers did not start within {start_timeout} s; the "
                           f"ClientApp runs in {len(self._actors)}", RuntimeWarning, stacklevel=2)
@@ -1002,7 +1146,7 @@ def _task_identity():
 
 
 class RayStartError(RuntimeError):
-    """Ray's runtime did not start (twice): raised by :func:`run` with ``engine="ray"`` before any round."""
+    """Ray's runtime did not start (twice): raised by :func:`run` with ``Engine("ray")`` before any round."""
 
 
 def _start_ray(init_args: dict, *, attempts: int = 2) -> None:
@@ -1037,7 +1181,7 @@ def _start_ray(init_args: dict, *, attempts: int = 2) -> None:
                 pass
             if attempt + 1 < attempts:
                 warnings.warn(f"Ray failed to start ({errors[-1]}); trying once more", RuntimeWarning, stacklevel=3)
-    raise RayStartError(f"Ray failed to start {attempts} times ({'; '.join(errors)}); engine='local' runs the same "
+    raise RayStartError(f"Ray failed to start {attempts} times ({'; '.join(errors)}); Engine('local') runs the same "
                         f"ServerApp and ClientApp without Ray")
 
 
@@ -1105,26 +1249,24 @@ class FlowerRun:
 
 
 def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, local: LocalTraining = LocalTraining(),
-        client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
-        noise_multiplier: float = 1.0, clipping_norm: float = 1.0, evaluate_clients: bool = False,
-        secagg: bool = False, secagg_settings: dict | None = None, secagg_attack=None, consistency: bool = False,
-        secagg_client_mods=(), transcript_dir=None, engine: str = "ray", num_cpus: int = 1,
-        verbose: bool = False) -> FlowerRun:
+        client_fraction: float = 1.0, seed: int = 0, aggregation: FixedClippingDP | SecAgg | None = None,
+        evaluate_clients: bool = False, transcript_dir=None, engine: Engine = Engine()) -> FlowerRun:
     """Run FedAvg as a Flower ``ServerApp`` and ``ClientApp`` simulated on this machine, one node per client.
 
     Same arguments as :func:`fedlab.fl.fedavg` (``clients``: a :class:`fedlab.fl.ClientData` or a list
     of per-client data sets; partition ``k`` is client ``k``; ``local``: the clients' :class:`fedlab.fl.LocalTraining`,
-    the same object ``fedavg`` takes, its ``loss_fn`` the ClientApp's), plus the ``dp`` wrapper and the ``secagg``
-    option of :func:`server_app` and ``transcript_dir`` (default: a new temporary directory). Under SecAgg+:
-    ``secagg_attack`` and ``consistency`` (:func:`server_app`; ``consistency=True`` gives every client a signing
-    key, :class:`fedlab.flower.secagg.ConsistencyKeys`) and ``secagg_client_mods`` (:func:`client_app`'s
-    ``secagg_mods``); the returned ``secagg_log`` is the :class:`fedlab.flower.secagg.SecAggLog`. A SecAgg+ round
-    that stops raises :class:`fedlab.flower.secagg.SecAggAborted` (its ``log`` says which clients refused).
-    ``engine="ray"`` delivers each round's messages to the ``ClientApp`` in ``num_cpus`` Ray worker processes in
-    parallel (:class:`RayGrid`); ``engine="local"`` runs the same apps over a :class:`LocalGrid` in this process.
+    the same object ``fedavg`` takes, its ``loss_fn`` the ClientApp's), plus the server's ``aggregation`` and
+    ``evaluate_clients`` of :func:`server_app` and ``transcript_dir`` (default: a new temporary directory). Under
+    SecAgg+ (``aggregation=SecAgg(...)``): ``consistency=True`` gives every client a signing key
+    (:class:`fedlab.flower.secagg.ConsistencyKeys`), its ``client_mods`` go to :func:`client_app`'s
+    ``secagg_mods``, and the returned ``secagg_log`` is its ``log`` (a new :class:`fedlab.flower.secagg.SecAggLog`
+    when ``None``). A SecAgg+ round that stops raises :class:`fedlab.flower.secagg.SecAggAborted` (its ``log`` says
+    which clients refused). ``engine`` (an :class:`Engine`): ``Engine("ray", num_cpus=...)`` delivers each round's
+    messages to the ``ClientApp`` in ``num_cpus`` Ray worker processes in parallel (:class:`RayGrid`);
+    ``Engine("local")`` runs the same apps over a :class:`LocalGrid` in this process.
 
     Both engines drive Flower's ``ServerApp`` with a Flower ``Grid``, through public APIs only. Until
-    2026-11-28 ``engine="ray"`` called ``flwr.simulation.run_simulation``, which Flower 1.42 deprecates in
+    2026-11-28 the Ray engine called ``flwr.simulation.run_simulation``, which Flower 1.42 deprecates in
     favour of ``flwr run`` (apps in processes of their own, which cannot receive this call's in-memory
     ``model_fn``, data, attack hooks or signing keys; :mod:`fedlab.flower.deploy` runs the apps that way). A
     deprecation Flower logs during the run reaches the caller as a ``FutureWarning`` (:data:`DEPRECATION_NOTE`).
@@ -1133,42 +1275,47 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, local: L
     -------
     FlowerRun
         Its ``params`` equal ``fedlab.fl.fedavg(model_fn(), clients, ...).params`` up to float rounding
-        when ``dp`` is None (with weight decay too: fedlab's vmapped update once decayed a smaller
+        when ``aggregation`` is None (with weight decay too: fedlab's vmapped update once decayed a smaller
         client on its zero-weight padding steps, 3.7e-3 off at ``weight_decay=0.1``; fixed).
 
     Raises
     ------
     ValueError
-        For bad arguments (see :func:`server_app`), an ``engine`` not in :data:`ENGINES` or ``num_cpus < 1``.
+        For bad arguments (see :func:`server_app`) or an ``engine`` that is not an :class:`Engine`.
     RayStartError
-        (``engine="ray"``) When Ray's runtime fails to start twice (a first failure is retried with a warning).
+        (``Engine("ray")``) When Ray's runtime fails to start twice (a first failure is retried with a warning).
     """
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    num_cpus = _check_int("num_cpus", num_cpus, 1)
+    if not isinstance(engine, Engine):
+        raise ValueError(f"engine must be a fedlab.flower.Engine (Engine('ray', num_cpus=1) or Engine('local')), "
+                         f"got {type(engine).__name__}: {engine!r}")
+    num_cpus, verbose = engine.num_cpus, engine.verbose
+    aggregation = _aggregation(aggregation)
     local = _local(local)
     data = clients if isinstance(clients, ClientData) else stack_clients(clients)
     log = keys = None
+    secagg = isinstance(aggregation, SecAgg)
     if secagg:
+        from dataclasses import replace
+
         from .secagg import ConsistencyKeys, SecAggLog
 
-        log = SecAggLog()
-        keys = ConsistencyKeys(range(data.num_clients)) if consistency else None
+        if aggregation.log is None:
+            aggregation = replace(aggregation, log=SecAggLog())
+        log = aggregation.log
+        keys = ConsistencyKeys(range(data.num_clients)) if aggregation.consistency else None
     if transcript_dir is None:
         transcript_dir = Path(tempfile.mkdtemp(prefix="fedlab-flower-")) / "transcript"
     sapp = server_app(model_fn, transcript_dir, num_clients=data.num_clients, num_rounds=num_rounds, local=local,
-                      client_fraction=client_fraction, seed=seed, dp=dp,
-                      noise_multiplier=noise_multiplier, clipping_norm=clipping_norm,
-                      evaluate_clients=evaluate_clients, secagg=secagg, secagg_settings=secagg_settings,
-                      secagg_attack=secagg_attack, consistency=consistency, secagg_log=log)
+                      client_fraction=client_fraction, seed=seed, aggregation=aggregation,
+                      evaluate_clients=evaluate_clients)
     capp = client_app(model_fn, lambda pid, num: data.client(pid), loss_fn=local.loss_fn,
-                      dp_client_clipping=(dp == "client"), secagg=secagg, consistency_keys=keys,
-                      secagg_mods=secagg_client_mods)
+                      dp_client_clipping=isinstance(aggregation, FixedClippingDP) and aggregation.mode == "client",
+                      secagg=secagg, consistency_keys=keys, secagg_mods=aggregation.client_mods if secagg else ())
     ray_init = {"num_cpus": num_cpus, "num_gpus": 0, "include_dashboard": False, "log_to_driver": bool(verbose),
                 "logging_level": "INFO" if verbose else "ERROR"}
     t0 = time.perf_counter()
     with quiet_flower(logging.INFO if verbose else logging.WARNING), _deprecations_as_warnings(DEPRECATION_NOTE):
-        if engine == "local":
+        if engine.name == "local":
             with _task_identity():
                 sapp(LocalGrid(capp, data.num_clients), Context(run_id=0, node_id=0, node_config={},
                                                                 state=RecordDict(), run_config={}))

@@ -14,7 +14,7 @@
   every round the client took part in, and the local optimum decoded from them with
   :func:`fedlab.attacks.model_reconstruction.solve_affine` (Observations 1 and 5) or
   :func:`~fedlab.attacks.model_reconstruction.reconstruct_heuristic` (Algorithm 3, chapter 4b);
-* under Flower's SecAgg+ (``secagg=True`` runs), where no reply carries a model:
+* under Flower's SecAgg+ (runs with ``aggregation=SecAgg()``), where no reply carries a model:
   :func:`secagg_error_bound` (how far the decoded average may sit from the exact one) and
   :func:`imprint_from_aggregate`, chapter 1b's imprint attack (Fowl et al. 2022) read off the aggregate
   by a malicious server (:func:`fedlab.attacks.imprint.recover_from_imprint`), and
@@ -22,7 +22,7 @@
   by an honest-but-curious server.
 
 * a malicious server inside SecAgg+ (:class:`fedlab.flower.secagg.SecAggWorkflow`'s ``attack``, run with
-  ``flower.run(..., secagg=True, secagg_attack=...)``): :class:`FalseDropout` (tell the other clients in the
+  ``flower.run(..., aggregation=flower.SecAgg(attack=...))``): :class:`FalseDropout` (tell the other clients in the
   unmask stage that the target dropped out while keeping it among the survivors: the server receives shares
   of both the target's self-mask seed and its mask key and unmasks its model alone; Bonawitz et al. 2017,
   Sec. 6, is why their protocol has a consistency round), :class:`SplitView` (the same lie against clients
@@ -410,7 +410,7 @@ def item_sums_from_aggregate(transcript: Transcript, *, name: str = "item_vector
 
     A client's update of an item's row is non-zero only if it trained on that item, so the non-zero rows
     say which items the cohort touched, and a row touched by one client only is that client's own update.
-    Under Flower's SecAgg+ (a ``secagg=True`` transcript, clients taken from its ``secagg-masked`` replies)
+    Under Flower's SecAgg+ (a SecAgg+ transcript, clients taken from its ``secagg-masked`` replies)
     each coordinate of the sums is off by at most ``bound = m *`` :func:`secagg_error_bound`; a row with a
     coordinate above ``bound`` is certainly touched (``readable``), a touched row whose change is smaller is
     lost in the rounding. Without SecAgg+ the clients are the round's train replies and ``bound`` is ``m`` times

@@ -10,7 +10,7 @@ and SuperNodes (``flower-superlink``, ``flower-supernode``, ``flwr run``; Flower
   (their whole process groups) when the block ends, also on an error.
 * :func:`flwr_run` submits an app to such a federation and waits for it (``flwr run APP CONNECTION
   --stream``).
-* SecAgg+ (``write_app(..., secagg=True)``) with Bonawitz et al.'s consistency round (CCS 2017, Sec. 6;
+* SecAgg+ (``write_app(..., aggregation=SecAgg())``) with Bonawitz et al.'s consistency round (CCS 2017, Sec. 6;
   ``consistency=True``): :func:`write_consistency_keys` makes the federation's Ed25519 keys. Who holds what:
   SuperNode ``k`` holds its own signing key (``signing-key-k.pem``, private, given by path in its
   ``--node-config "signing-key=..."``) and the registry of everybody's verification keys
@@ -47,7 +47,7 @@ from ..fl import LocalTraining, cross_entropy
 from ..fl.local import _local
 from ..models import mlp
 
-__all__ = ["demo_clients", "demo_model", "write_app", "run_settings", "demo_server_app", "demo_client_app",
+__all__ = ["demo_clients", "demo_model", "DemoApp", "write_app", "run_settings", "demo_server_app", "demo_client_app",
            "RUN_CONFIG", "Federation", "local_federation", "flwr_run", "write_tls_certificates",
            "write_supernode_keys", "write_consistency_keys", "node_consistency_keys", "node_requires_secagg"]
 
@@ -75,6 +75,40 @@ def demo_clients(num_clients: int, *, seed: int = 0, examples_per_client: int | 
 def demo_model(*, seed: int = 0, hidden: int = 16) -> torch.nn.Module:
     """The demonstration task's model: ``mlp(64, [hidden], 10, seed=seed)``."""
     return mlp(64, [hidden], 10, seed=seed)
+
+
+@dataclass(frozen=True)
+class DemoApp:
+    """The demonstration app that :func:`write_app` generates, apart from its FedAvg settings: the project's
+    ``name`` (``[project] name`` of its ``pyproject.toml``), the model (:func:`demo_model` with ``model_seed`` and
+    ``hidden`` units) and the data (:func:`demo_clients` with ``data_seed`` and ``examples_per_client``, ``None``:
+    every example of the partition). The digits task stands in for a real deployment's task (McMahan et al.
+    2017's FedAvg on IID partitions, Sec. 3).
+
+    Raises ``ValueError`` naming the field for an empty ``name``, a ``hidden`` or ``examples_per_client`` that is
+    not a positive integer (``examples_per_client`` may be ``None``) or a seed that is not an integer.
+    """
+
+    name: str = "fedlab-flower-demo"
+    model_seed: int = 0
+    hidden: int = 16
+    data_seed: int = 0
+    examples_per_client: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"DemoApp.name must be a non-empty string, got {self.name!r}")
+        for key in ("model_seed", "data_seed"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"DemoApp.{key} must be an integer, got {value!r}")
+        for key in ("hidden", "examples_per_client"):
+            value = getattr(self, key)
+            if key == "examples_per_client" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"DemoApp.{key} must be an integer >= 1{' or None' if key != 'hidden' else ''}, "
+                                 f"got {value!r}")
 
 
 _PYPROJECT = """\
@@ -132,11 +166,12 @@ RUN_CONFIG = {"num-clients": int, "num-rounds": int, "lr": float, "local-epochs"
 
 def run_settings(run_config: dict) -> dict:
     """The settings of a generated app from Flower's run config (:data:`RUN_CONFIG`'s keys): ``{"server":
-    server_app keyword arguments without transcript_dir, "task": {model_seed, hidden, data_seed,
+    server_app keyword arguments without transcript_dir (``aggregation``: ``None``, a
+    :class:`fedlab.flower.FixedClippingDP` or a :class:`fedlab.flower.SecAgg`; ``timeouts``), "task": {model_seed, hidden, data_seed,
     examples_per_client}, "transcript_root": str}``.
 
     Raises ``ValueError`` naming the key for a missing key, an unknown key or a value of the wrong type,
-    ``consistency`` without ``secagg``, a ``secagg-threshold`` outside (0, 1], or one that gives
+    ``consistency`` without ``secagg``, ``secagg`` with ``dp``, a ``secagg-threshold`` outside (0, 1], or one that gives
     ``2 t <= num-clients`` with ``consistency`` (Flower's ``t = max(round(secagg-threshold m), 2)`` of the
     ``m`` clients a round; every node would refuse it, see :func:`fedlab.flower.secagg.consistency_mod`)."""
     missing = sorted(set(RUN_CONFIG) - set(run_config))
@@ -164,14 +199,22 @@ def run_settings(run_config: dict) -> dict:
             raise ValueError(f"run config: secagg-threshold={cfg['secagg-threshold']} gives t={t} of {m} clients a "
                              f"round, not above half of num-clients={cfg['num-clients']}: the nodes' consistency "
                              "round would refuse it (raise secagg-threshold)")
+    from .apps import FixedClippingDP, SecAgg, Timeouts
+
     local = LocalTraining(lr=cfg["lr"], local_epochs=cfg["local-epochs"], batch_size=cfg["batch-size"] or None,
                           local_steps=cfg["local-steps"] or None, weight_decay=cfg["weight-decay"])
+    if cfg["secagg"]:
+        if cfg["dp"] != "none":
+            raise ValueError(f"run config: secagg=true cannot be combined with dp={cfg['dp']!r}")
+        aggregation = SecAgg(reconstruction_threshold=cfg["secagg-threshold"], consistency=cfg["consistency"])
+    elif cfg["dp"] != "none":
+        aggregation = FixedClippingDP(cfg["dp"], noise_multiplier=cfg["noise-multiplier"],
+                                      clipping_norm=cfg["clipping-norm"])
+    else:
+        aggregation = None
     server = dict(num_clients=cfg["num-clients"], num_rounds=cfg["num-rounds"], local=local,
-                  client_fraction=cfg["client-fraction"], seed=cfg["seed"],
-                  dp=None if cfg["dp"] == "none" else cfg["dp"], noise_multiplier=cfg["noise-multiplier"],
-                  clipping_norm=cfg["clipping-norm"], node_timeout=cfg["node-timeout"], secagg=cfg["secagg"],
-                  consistency=cfg["consistency"],
-                  secagg_settings={"reconstruction_threshold": cfg["secagg-threshold"]} if cfg["secagg"] else None)
+                  client_fraction=cfg["client-fraction"], seed=cfg["seed"], aggregation=aggregation,
+                  timeouts=Timeouts(node_timeout=cfg["node-timeout"]))
     task = dict(model_seed=cfg["model-seed"], hidden=cfg["hidden"], data_seed=cfg["data-seed"],
                 examples_per_client=cfg["examples-per-client"] or None)
     return {"server": server, "task": task, "transcript_root": cfg["transcript-root"]}
@@ -262,13 +305,14 @@ def demo_client_app():
     (an error reply)."""
     from flwr.clientapp import ClientApp
 
-    from .apps import client_app
+    from .apps import SecAgg, client_app
 
     apps: dict = {}
 
     def inner(context):
         s = run_settings(dict(context.run_config))
-        secagg = s["server"]["secagg"]
+        aggregation = s["server"]["aggregation"]
+        secagg = isinstance(aggregation, SecAgg)
         if not secagg and node_requires_secagg(context.node_config):
             raise ValueError("this node requires SecAgg+ (its --node-config holds a signing key or says "
                              "require-secagg=true), but the run asks for plain FedAvg (secagg=false): no model "
@@ -277,11 +321,12 @@ def demo_client_app():
         key = json.dumps([dict(context.run_config), node if secagg else None], sort_keys=True)
         if key not in apps:
             keys = node_consistency_keys(context.node_config) if secagg else None
-            if s["server"]["consistency"] and keys is None:
+            if secagg and aggregation.consistency and keys is None:
                 raise ValueError("the run asks for the consistency round, but this node's --node-config names no "
                                  "signing-key and verification-keys (fedlab.flower.deploy.write_consistency_keys)")
             model_fn, load_partition = _task_fns(s["task"])
-            apps[key] = client_app(model_fn, load_partition, dp_client_clipping=s["server"]["dp"] == "client",
+            apps[key] = client_app(model_fn, load_partition,
+                                   dp_client_clipping=getattr(aggregation, "mode", None) == "client",
                                    secagg=secagg, consistency_keys=keys)
         return apps[key]
 
@@ -307,32 +352,32 @@ def _toml_value(value) -> str:
 
 
 def write_app(path, transcript_root, *, num_clients: int, num_rounds: int, local: LocalTraining = LocalTraining(),
-              client_fraction: float = 1.0, seed: int = 0, dp: str | None = None,
-              noise_multiplier: float = 1.0, clipping_norm: float = 1.0, model_seed: int = 0, hidden: int = 16,
-              data_seed: int = 0, examples_per_client: int | None = None, node_timeout: float = 120.0,
-              secagg: bool = False, consistency: bool = False, secagg_threshold: float = 0.5,
-              name: str = "fedlab-flower-demo") -> Path:
+              client_fraction: float = 1.0, seed: int = 0, aggregation=None, demo: DemoApp = DemoApp(),
+              node_timeout: float = 120.0) -> Path:
     """Write a Flower App project to ``path`` (created; must not hold a ``pyproject.toml``).
 
     The ServerApp is :func:`fedlab.flower.apps.server_app` with the given FedAvg settings (same meaning as in
     :func:`fedlab.fl.fedavg`; ``local``: the clients' :class:`fedlab.fl.LocalTraining`, with the demonstration
-    task's cross-entropy loss: a run config cannot carry another loss function); the ClientApp trains on
-    :func:`demo_clients` partition ``partition-id``. The
+    task's cross-entropy loss: a run config cannot carry another loss function) and ``aggregation``
+    (:func:`fedlab.flower.apps.server_app`'s: ``None``, a :class:`fedlab.flower.FixedClippingDP` or a
+    :class:`fedlab.flower.SecAgg`); the ClientApp trains on :func:`demo_clients` partition ``partition-id``,
+    the model and data of ``demo`` (:class:`DemoApp`). The
     settings are written as the app's run config (``[tool.flwr.app.config]``, keys :data:`RUN_CONFIG`), so
     ``flwr run APP CONNECTION --run-config "num-rounds=5"`` changes them for one run. Each run writes its
     transcript to ``<transcript_root>/run-<run id>`` (``transcript_root`` made absolute; a path on the
     SuperLink's machine). Returns ``path``.
 
-    ``secagg=True`` aggregates with SecAgg+ (:func:`fedlab.flower.apps.server_app`'s ``secagg``, with
-    ``reconstruction_threshold=secagg_threshold``); ``consistency=True`` adds Bonawitz et al.'s consistency
-    round, for which every SuperNode needs its signing key and the registry in its node config
-    (:func:`write_consistency_keys`, :func:`local_federation`'s ``consistency_keys``).
+    ``aggregation=SecAgg(...)`` aggregates with SecAgg+; a run config carries only its
+    ``reconstruction_threshold`` (``secagg-threshold``) and ``consistency`` (Bonawitz et al.'s consistency
+    round, for which every SuperNode needs its signing key and the registry in its node config:
+    :func:`write_consistency_keys`, :func:`local_federation`'s ``consistency_keys``); its other fields must keep
+    their defaults.
 
     Raises
     ------
     ValueError
         If ``path`` already holds a Flower App, or a setting is invalid (checked by building the apps
-        here, as the SuperLink will).
+        here, as the SuperLink will), or ``aggregation`` holds SecAgg+ settings a run config cannot carry.
     """
     path = Path(path)
     if (path / "pyproject.toml").exists():
@@ -341,19 +386,35 @@ def write_app(path, transcript_root, *, num_clients: int, num_rounds: int, local
     if local.loss_fn is not cross_entropy:
         raise ValueError(f"local: a generated app trains with cross-entropy (a run config cannot carry a loss "
                          f"function), got loss_fn={local.loss_fn!r}")
+    if not isinstance(demo, DemoApp):
+        raise ValueError(f"demo must be a fedlab.flower.deploy.DemoApp, got {type(demo).__name__}: {demo!r}")
+    from .apps import FixedClippingDP, SecAgg, _aggregation
+
+    aggregation = _aggregation(aggregation)
+    dp = aggregation if isinstance(aggregation, FixedClippingDP) else FixedClippingDP("server")   # unused without dp
+    secagg = isinstance(aggregation, SecAgg)
+    if secagg:
+        default = SecAgg()
+        carried = ("reconstruction_threshold", "consistency")
+        other = [k for k in ("num_shares", "max_weight", "clipping_range", "quantization_range", "modulus_range",
+                             "attack", "client_mods", "log") if getattr(aggregation, k) != getattr(default, k)]
+        if other:
+            raise ValueError(f"aggregation: a generated app's run config carries only SecAgg's {carried}, "
+                             f"got other settings {other}")
     lr, local_epochs, batch_size = local.lr, local.local_epochs, local.batch_size
     local_steps, weight_decay = local.local_steps, local.weight_decay
-    for key, value in (("batch_size", batch_size), ("local_steps", local_steps),
-                       ("examples_per_client", examples_per_client)):
+    for key, value in (("batch_size", batch_size), ("local_steps", local_steps)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{key} must be an integer >= 1 or None, got {value!r}")
     config = {"num-clients": num_clients, "num-rounds": num_rounds, "lr": lr, "local-epochs": local_epochs,
               "batch-size": batch_size or 0, "local-steps": local_steps or 0, "weight-decay": weight_decay,
-              "client-fraction": client_fraction, "seed": seed, "dp": dp or "none",
-              "noise-multiplier": noise_multiplier, "clipping-norm": clipping_norm, "node-timeout": node_timeout,
-              "transcript-root": str(Path(transcript_root).resolve()), "model-seed": model_seed, "hidden": hidden,
-              "data-seed": data_seed, "examples-per-client": examples_per_client or 0, "secagg": secagg,
-              "consistency": consistency, "secagg-threshold": secagg_threshold}
+              "client-fraction": client_fraction, "seed": seed,
+              "dp": aggregation.mode if isinstance(aggregation, FixedClippingDP) else "none",
+              "noise-multiplier": dp.noise_multiplier, "clipping-norm": dp.clipping_norm, "node-timeout": node_timeout,
+              "transcript-root": str(Path(transcript_root).resolve()), "model-seed": demo.model_seed,
+              "hidden": demo.hidden, "data-seed": demo.data_seed, "examples-per-client": demo.examples_per_client or 0,
+              "secagg": secagg, "consistency": aggregation.consistency if secagg else False,
+              "secagg-threshold": aggregation.reconstruction_threshold if secagg else 0.5}
     config = {k: (float(v) if RUN_CONFIG[k] is float and isinstance(v, int) and not isinstance(v, bool) else v)
               for k, v in config.items()}
     s = run_settings(config)          # types, then the FedAvg settings, checked now rather than on the SuperLink
@@ -361,7 +422,7 @@ def write_app(path, transcript_root, *, num_clients: int, num_rounds: int, local
 
     server_app(_task_fns(s["task"])[0], Path(s["transcript_root"]) / "run-0", **s["server"])   # writes nothing
     path.mkdir(parents=True, exist_ok=True)
-    (path / "pyproject.toml").write_text(_PYPROJECT.format(name=name, module=APP_MODULE)
+    (path / "pyproject.toml").write_text(_PYPROJECT.format(name=demo.name, module=APP_MODULE)
                                          + "".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
     (path / f"{APP_MODULE}.py").write_text(_MODULE)
     return path

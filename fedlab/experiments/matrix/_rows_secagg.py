@@ -13,7 +13,7 @@ from .layout import _size
 
 # ----------------------------------------------------------------------------------------------------
 # the malicious server inside SecAgg+, through Flower's SecAgg+ (fedlab.flower)
-#: the row's key; its cells run :func:`fedlab.flower.run` with ``secagg=True``
+#: the row's key; its cells run :func:`fedlab.flower.run` with ``aggregation=flower.SecAgg(...)``
 SECAGG_ROW = "secagg_lie"
 #: the malicious server's attacks inside SecAgg+ (:mod:`fedlab.flower.attacks`), in the order the row runs them
 SECAGG_ATTACKS = ("false_dropout", "split_view", "inconsistent_model")
@@ -32,7 +32,7 @@ def _secagg_lie_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
     """The malicious server inside secure aggregation (Chapter 6b; Bonawitz et al. 2017, Sec. 6-7): one FedSGD
     round of Chapter 6b's federation (:func:`fedlab.experiments.chapter6.fedsgd_clients`: 8 clients, one digit
     each, the sigmoid LeNet, lr 0.1) through **Flower's SecAgg+** (:func:`fedlab.flower.run` with
-    ``secagg=True``, in-process engine), the target client ``seed % 8``. The server mounts each attack of
+    ``aggregation=flower.SecAgg()``, in-process engine), the target client ``seed % 8``. The server mounts each attack of
     :data:`SECAGG_ATTACKS` (:class:`fedlab.flower.attacks.FalseDropout`, :class:`~fedlab.flower.attacks.SplitView`,
     :class:`~fedlab.flower.attacks.InconsistentModel` with the zero decoy) against stock SecAgg+ (column
     ``secagg``, Flower's default settings) and against SecAgg+ with the consistency round (column
@@ -60,7 +60,8 @@ def _secagg_lie_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
     iters = _size(tiny, tiny_value=40, quick=100, paper=300)
     target = int(seed) % _SA_CLIENTS
     victims, lenet = ch6.fedsgd_clients(seed, _SA_CLIENTS)
-    args = dict(num_rounds=1, local=LocalTraining(lr=_SA_LR, batch_size=None), seed=seed, engine="local")   # one step
+    args = dict(num_rounds=1, local=LocalTraining(lr=_SA_LR, batch_size=None), seed=seed,   # one step
+                engine=flower.Engine("local"))
     x_true = victims[target][0]
     plain = flower.run(lenet, victims, **args)
     w0 = plain.transcript.globals[0]
@@ -78,7 +79,7 @@ def _secagg_lie_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
                      budget=gi.AttackBudget(max_iter=iters, lr=1.0), stacked=True, seed=seed)
         return float(gi.matched_psnr(res.x[0], x_true)[0])
 
-    honest = ch6.secagg_outcome(lambda: flower.run(lenet, victims, secagg=True, **args))
+    honest = ch6.secagg_outcome(lambda: flower.run(lenet, victims, aggregation=flower.SecAgg(), **args))
     if not honest["completed"] or honest["exposed"]:
         raise RuntimeError(f"the honest SecAgg+ round did not complete with nothing exposed: {honest['reason']}")
     base = invert(honest["run"].params)
@@ -91,12 +92,12 @@ def _secagg_lie_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
                "inconsistent_model": lambda: fa.InconsistentModel(target, decoy)}
     for c in [c for c in columns if c != "none"]:
         consistency = c == "secagg_cr"
-        settings = dict(SECAGG_CONSISTENT_SETTINGS) if consistency else None
+        settings = dict(SECAGG_CONSISTENT_SETTINGS) if consistency else {}
         got, exposed = {}, 0
         for name in SECAGG_ATTACKS:
             o = ch6.secagg_outcome(lambda name=name: flower.run(
-                lenet, victims, secagg=True, secagg_attack=attacks[name](), consistency=consistency,
-                secagg_settings=settings, **args))
+                lenet, victims, aggregation=flower.SecAgg(**settings, consistency=consistency, attack=attacks[name]()),
+                **args))
             if target in o["exposed"]:
                 got[name], exposed = invert(ch6.exposed_model(o, target)), exposed + 1
             elif name == "inconsistent_model" and o["completed"]:

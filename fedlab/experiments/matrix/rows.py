@@ -50,7 +50,7 @@ it with :func:`fedlab.experiments.matrix.render.render_html`.
 * ``secagg`` -- secure aggregation (:func:`fedlab.privacy.secure_aggregation.secure_sum`): the attacker
   sees only the sum over a group of clients (its size is given per row); in the row of the malicious server
   inside SecAgg+ (:data:`SECAGG_ROW`, its own row group) the cell runs Flower's SecAgg+ itself
-  (:func:`fedlab.flower.run` with ``secagg=True``), and ``secagg_cr`` is SecAgg+ with the consistency round;
+  (:func:`fedlab.flower.run` with ``aggregation=flower.SecAgg()``), and ``secagg_cr`` is SecAgg+ with the consistency round;
 * ``dpriv0.5`` / ``dpriv5`` -- d-privacy (Galli et al. 2022, Algorithm 2,
   :func:`fedlab.privacy.dprivacy.sanitize_update`): Euclidean Laplace noise with ``E ||rho|| = nu ||update||``
   (``nu = 5`` is Chapter 5's setting).
