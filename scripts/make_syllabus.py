@@ -115,7 +115,8 @@ def reading_minutes(words: int) -> int:
 
 
 def run_time(stem: str, root: Path = ROOT) -> str:
-    """``"12 min (n = 5)"``: the stored record's mean minutes per seed and its seeds (``"2 min (n = 3,
+    """``"12 min (n = 5)"``: the stored record's mean minutes per seed (seconds, ``"20 s (n = 5)"``, below
+    90 s) and its seeds (``"2 min (n = 3,
     quick scale)"`` for a record at another scale than paper; ``"5 min (n = 5, unsplit 01c)"`` for a record
     split out of another chapter's, whose seconds are the whole unsplit chapter's), or ``"no record"``."""
     from fedlab import records
@@ -128,7 +129,9 @@ def run_time(stem: str, root: Path = ROOT) -> str:
     other = "" if scale == "paper" else f", {scale} scale"
     if rec.get("split_from"):     # a chapter split out of another: its record's seconds are the unsplit chapter's
         other += f", unsplit {short(rec['split_from']['chapter'])}"
-    return f"{sum(secs) / len(secs) / 60:.0f} min (n = {len(secs)}{other})"
+    mean = sum(secs) / len(secs)
+    when = f"{mean:.0f} s" if mean < 90 else f"{mean / 60:.0f} min"       # "0 min" would hide a real run
+    return f"{when} (n = {len(secs)}{other})"
 
 
 def prerequisites(stem: str) -> tuple[str, ...]:

@@ -55,6 +55,9 @@ def test_run_time_comes_from_the_record():
     rec = records.load("00_fl_primer", "paper", ROOT / "chapters" / "records")
     minutes = sum(rec["seconds"]) / len(rec["seconds"]) / 60
     assert ms.run_time("00_fl_primer") == f"{minutes:.0f} min (n = {len(rec['seconds'])})"
+    fast = records.load("01c_membership_inference", "paper", ROOT / "chapters" / "records")   # under 90 s a seed
+    secs = sum(fast["seconds"]) / len(fast["seconds"])
+    assert secs < 90 and ms.run_time("01c_membership_inference") == f"{secs:.0f} s (n = {len(fast['seconds'])})"
     part = records.load("04b_reconstruction_heuristic", "paper", ROOT / "chapters" / "records")   # a part of a split record
     minutes = sum(part["seconds"]) / len(part["seconds"]) / 60
     assert ms.run_time("04b_reconstruction_heuristic") == f"{minutes:.0f} min (n = {len(part['seconds'])}, unsplit 04)"

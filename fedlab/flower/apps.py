@@ -149,11 +149,12 @@ class SecAgg:
     ``aggregation`` (:func:`server_app`, :func:`run`, :func:`fedlab.flower.deploy.write_app`): every round
     is the workflow's four stages and the server learns only the weighted sum of the clients' models.
 
-    ``num_shares``, ``reconstruction_threshold``, ``max_weight``, ``clipping_range``, ``quantization_range``,
-    ``modulus_range``
-        ``flwr.server.workflow.SecAggPlusWorkflow``'s arguments, defaults :data:`SECAGG_DEFAULTS`
-        (``num_shares=1.0`` shares every key with all the round's clients; ``max_weight=None``: the largest
-        client's number of examples; the rest are Flower's defaults; see :func:`secagg_config`).
+    ``num_shares``, ``reconstruction_threshold``, ``max_weight``, ``clipping_range``, ``quantization_range``
+    and ``modulus_range`` are ``flwr.server.workflow.SecAggPlusWorkflow``'s arguments, defaults
+    :data:`SECAGG_DEFAULTS` (``num_shares=1.0`` shares every key with all the round's clients;
+    ``max_weight=None``: the largest client's number of examples; the rest are Flower's defaults; see
+    :func:`secagg_config`). The other fields:
+
     ``consistency``
         Add Bonawitz et al.'s consistency round (CCS 2017, Sec. 6): :func:`run` gives every client a signing
         key (:class:`fedlab.flower.secagg.ConsistencyKeys`); the clients then refuse a threshold ``t`` that
