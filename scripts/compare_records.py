@@ -6,7 +6,7 @@ refactor): every glued value of every chapter at every seed must agree.
 
 Prints each difference (chapter, name, seed, before, after) and exits 1 if there is one, or if a
 chapter, seed or name is missing on one side. Names that quote a stored record or a run time
-(ending in `_paper`, `_note`) and wall-clock timings (ending in `_s`, `_ms`) are skipped.
+(ending in `_paper`, `_note`) and wall-clock timings (ending in `_s`, `_ms`, `_seconds`) are skipped.
 """
 import argparse
 import json
@@ -14,7 +14,7 @@ import math
 import sys
 from pathlib import Path
 
-SKIP = ("_paper", "_note", "_s", "_ms")   # quoting a record, or wall-clock timings
+SKIP = ("_paper", "_note", "_s", "_ms", "_seconds")   # quoting a record, or wall-clock timings
 
 
 def main() -> int:
