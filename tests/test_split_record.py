@@ -107,18 +107,6 @@ def test_the_stored_records_of_4_and_4b_are_one_run_split_by_key():
     assert "ch4-t1-dec1" in b["values"] and "ch4-t1-last5" in b["values"] and "ch4-obs7-oracle" in b["values"]
 
 
-def test_the_stored_records_of_1a_and_1b_are_one_run_split_by_key():
-    a = records.load("01a_gradient_leakage", "paper", ROOT / "chapters" / "records")
-    b = records.load("01b_gradient_defenses", "paper", ROOT / "chapters" / "records")
-    assert a is not None and b is not None
-    assert not set(a["values"]) & set(b["values"])
-    for field in ("seeds", "seconds", "commit", "command", "date", "machine", "torch"):
-        assert a[field] == b[field], field
-    assert a["split_from"] == b["split_from"] and a["split_from"]["chapter"] == "01a_gradient_leakage"
-    assert "idlg_acc" in a["values"] and "rate_k9" in a["values"] and "rule_ig" in a["values"]
-    assert "psnr_p90_aware" in b["values"] and "imp_rate" in b["values"] and "rule_imp" in b["values"]
-
-
 def test_the_stored_records_of_3a_and_3b_are_one_run_split_by_key():
     a = records.load("03a_raifle_recsys", "paper", ROOT / "chapters" / "records")
     b = records.load("03b_raifle_recsys_defenses", "paper", ROOT / "chapters" / "records")
