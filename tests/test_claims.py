@@ -135,6 +135,17 @@ def test_interval_rule_edges():
         cl.verdict(c, {"seeds": [0], "values": {"v": [0.5], "w": [0.0]}, "failures": []})
 
 
+def test_a_constant_is_shown_without_an_interval():
+    """A value equal at every seed (a failure rate of 0, a share of 1) is shown as such, not as "1.000 [1.000,
+    1.000]" (issue 39: no interval on constants); a value that moves keeps its interval."""
+    c = cl.Claim("x", "t", "v", "direction", "lab", direction=("<=", 0.05), digits=4)
+    rec = {"seeds": [0, 1, 2], "values": {"v": [0.0, 0.0, 0.0]}, "failures": []}
+    v = cl.verdict(c, rec)
+    assert v.ours == "0.0000 at every seed (n = 3)" and "[" not in v.ours and v.word == "reproduced"
+    rec["values"]["v"] = [0.0, 0.0, 0.01]
+    assert cl.verdict(c, rec).ours.startswith("0.0033 [") and "(n = 3)" in cl.verdict(c, rec).ours
+
+
 def test_bad_records_and_claims_raise_clear_errors():
     c = cl.CLAIMS[0]
     with pytest.raises(ValueError, match="no stored record"):

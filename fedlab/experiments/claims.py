@@ -213,7 +213,11 @@ def verdict(claim: Claim, record: dict | None) -> Verdict:
         raise ValueError(f"claim {claim.chapter}/{claim.key}: no stored record for {claim.chapter}")
     mean, low, high, n = _interval(claim, record)
     d = claim.digits
-    ours = f"{mean:.{d}f} [{low:.{d}f}, {high:.{d}f}]" if n > 1 else f"{mean:.{d}f}"
+    constant = n > 1 and len(set(_clean(record, claim.key, claim).values())) == 1
+    if constant:                 # no interval on a constant (issue 39): the same value at every seed
+        ours = f"{mean:.{d}f} at every seed"
+    else:
+        ours = f"{mean:.{d}f} [{low:.{d}f}, {high:.{d}f}]" if n > 1 else f"{mean:.{d}f}"
     if claim.direction is not None and isinstance(claim.direction[1], str):   # beside the value it is compared with
         others = list(_clean(record, claim.direction[1], claim).values())
         ours += f" vs {sum(others) / len(others):.{d}f}"
