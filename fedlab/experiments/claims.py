@@ -214,7 +214,7 @@ def verdict(claim: Claim, record: dict | None) -> Verdict:
     mean, low, high, n = _interval(claim, record)
     d = claim.digits
     constant = n > 1 and len(set(_clean(record, claim.key, claim).values())) == 1
-    if constant:                 # no interval on a constant (issue 39): the same value at every seed
+    if constant:                 # no interval on a constant: the same value at every seed
         ours = f"{mean:.{d}f} at every seed"
     else:
         ours = f"{mean:.{d}f} [{low:.{d}f}, {high:.{d}f}]" if n > 1 else f"{mean:.{d}f}"
