@@ -229,10 +229,6 @@ def _long_signatures(root, limit: int = 10) -> dict[str, int]:
 #: the attacks' budgets) replace long parameter lists. The list may only shrink: a new function over 10, or one of
 #: these that grows, fails until it takes a settings object instead.
 OVER_TEN: dict[str, int] = {
-    "fedlab.attacks.identifiability.attack_error_curve": 14,
-    "fedlab.attacks.identifiability.protocol2_attack": 18,
-    "fedlab.attacks.identifiability.protocol3_attack": 13,
-    "fedlab.attacks.identifiability.theorem2_num_interactions": 11,
     "fedlab.attacks.interaction_inference.oltr.make_oltr_case": 17,
     "fedlab.attacks.interaction_inference.recsys.raifle": 15,
     "fedlab.attacks.interaction_inference.recsys.raifle_fncf": 16,
@@ -243,7 +239,6 @@ OVER_TEN: dict[str, int] = {
     "fedlab.experiments.chapter1c.active_attack_sweep": 12,
     "fedlab.experiments.chapter1c.dp_grid": 14,
     "fedlab.experiments.chapter1c.personalization_sweep": 20,
-    "fedlab.experiments.chapter2.secagg_experiment": 11,
     "fedlab.experiments.chapter3a.attack_case": 11,
     "fedlab.experiments.chapter3c.ldp_grid": 14,
     "fedlab.experiments.chapter3c.ldp_grids": 13,

@@ -72,14 +72,14 @@ def test_chapter2_argument_validation():
     with pytest.raises(ValueError, match="num_interactions"):
         ch2.probe_defense(None, None, num_interactions=0, batch_size=1, lr=0.1, loss="log", num_items=10)
     with pytest.raises(ValueError, match="cohorts"):
-        ch2.secagg_experiment(None, None, [0, 2], batch_size=1, lr=0.1, loss="log", num_items=10)
+        ch2.secagg_experiment(None, None, [0, 2], client=pac.Client(1, 0.1, "log"), num_items=10)
 
 
 def test_secagg_experiment_and_label_leak_on_a_small_population():
     data = rec.make_synthetic(40, 60, 4, 20, torch.linspace(0.05, 0.45, 40), seed=1)
     honest = rec.train_protocol1(data, num_rounds=5, clients_per_round=20, local_steps=2, batch_size=5, lr=0.3,
                                  loss="log", init_scale=0.3, seed=1)
-    sa = ch2.secagg_experiment(honest, data, [1, 4, 40], batch_size=5, lr=0.3, loss="log", num_items=60, repeats=3,
+    sa = ch2.secagg_experiment(honest, data, [1, 4, 40], client=pac.Client(5, 0.3, "log"), num_items=60, repeats=3,
                                seed=0)
     assert sa[1]["exposed"].shape == (120,) and bool((sa[1]["exposed"] == 1).all())   # no cohort: all exposed
     assert sa[40]["exposed"].shape == (3,) and float(sa[40]["exposed"].mean()) < float(sa[4]["exposed"].mean())
@@ -94,10 +94,10 @@ def test_secagg_experiment_and_label_leak_on_a_small_population():
     assert leak["revealed"] == 0.25 and leak["all_or_nothing"] == 1.0                  # B = 5 of N = 20
     assert leak["accuracy"] == pytest.approx(leak["clients_right"])
     with pytest.raises(ValueError, match="repeats"):
-        ch2.secagg_experiment(honest, data, [2], batch_size=5, lr=0.3, loss="log", num_items=60, repeats=0)
+        ch2.secagg_experiment(honest, data, [2], client=pac.Client(5, 0.3, "log"), num_items=60, repeats=0)
     for bad in (0.0, 1.0, 1.5):
         with pytest.raises(ValueError, match="dominance"):
-            ch2.secagg_experiment(honest, data, [2], batch_size=5, lr=0.3, loss="log", num_items=60, dominance=bad)
+            ch2.secagg_experiment(honest, data, [2], client=pac.Client(5, 0.3, "log"), num_items=60, dominance=bad)
 
 
 def _secagg_routes_by_loops(honest, data, m, *, batch_size, lr, loss, num_items, seed, dominance, tol=1e-9):
@@ -150,7 +150,8 @@ def test_secagg_routes_match_a_loop_oracle(dominance):
     honest = rec.train_protocol1(data, num_rounds=60, clients_per_round=50, local_steps=5, batch_size=5, lr=0.3,
                                  loss="log", init_scale=0.3, seed=3)   # trained: most |l'| are negligible
     kw = dict(batch_size=5, lr=0.3, loss="log", num_items=40, seed=4, dominance=dominance)
-    sa = ch2.secagg_experiment(honest, data, [20], **kw)[20]
+    sa = ch2.secagg_experiment(honest, data, [20], client=pac.Client(5, 0.3, "log"), num_items=40, seed=4,
+                               dominance=dominance)[20]
     routes, shares = _secagg_routes_by_loops(honest, data, 20, **kw)
     assert torch.allclose(sa["exposed_alone"], routes[0]) and torch.allclose(sa["exposed_dominated"], routes[1])
     assert torch.allclose(sa["exposed_other"], routes[2])

@@ -112,7 +112,7 @@ def test_to_dense_places_deltas_on_their_items():
 @pytest.mark.parametrize("loss", rec.LOSSES)
 def test_estimate_is_positive_multiple_of_user_vector(loss):
     d = _data(num_users=50, p=0.2)
-    res = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=40, batch_size=5, lr=0.3, loss=loss,
+    res = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=40, client=pac.Client(5, 0.3, loss),
                                generator=torch.Generator().manual_seed(0))
     u, u_hat = d.user_vectors, res.final
     scale = (u_hat * u).sum(1) / (u * u).sum(1)
@@ -126,7 +126,7 @@ def test_estimate_is_positive_multiple_of_user_vector(loss):
 def test_multiplier_sign_flips_for_users_who_like_most_items():
     d = _data(num_users=30, p=0.2)
     y_pos = -d.y                                                     # p_c = 0.8
-    res = pac.protocol2_attack(d.user_vectors, d.items, y_pos, num_interactions=40, batch_size=5, lr=1.0,
+    res = pac.protocol2_attack(d.user_vectors, d.items, y_pos, num_interactions=40, client=pac.Client(5, 1.0),
                                generator=torch.Generator().manual_seed(0))
     assert pac.sign_error(res.final, d.user_vectors, d.item_vectors).min() == 1.0    # every sign wrong
     fixed = pac.sign_rule(res.final, "positive")
@@ -136,8 +136,8 @@ def test_multiplier_sign_flips_for_users_who_like_most_items():
 def test_attack_and_restore_leave_local_model_unchanged():
     d = _data(num_users=10)
     V_real = torch.randn(d.num_items, 4, dtype=F64, generator=torch.Generator().manual_seed(2))
-    res = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=5, batch_size=4, lr=0.5,
-                               restore_items=V_real, num_items=d.num_items)
+    res = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=5, client=pac.Client(4, 0.5),
+                               server=pac.Server(restore_items=V_real), num_items=d.num_items)
     assert torch.equal(res.user_vectors, d.user_vectors)
     u0, deltas = rec.protocol1_client_update(d.user_vectors, V_real, d.items, d.y, local_steps=0, batch_size=4, lr=0.5)
     assert torch.equal(u0, d.user_vectors) and not deltas.any()
@@ -151,7 +151,7 @@ def test_theorem1_failure_rate_matches_exact_probability_and_bound():
     p, B, N, trials = 0.3, 2, 20, 3000
     d = rec.make_synthetic(trials, 60, 3, N, p, seed=4)
     T_grid = [1, 3, 6, 12, 24]
-    res = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=24, batch_size=B, lr=1.0,
+    res = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=24, client=pac.Client(B, 1.0),
                                record_at=T_grid, generator=torch.Generator().manual_seed(5))
     fail = (pac.sign_error(res.estimates, d.user_vectors, d.item_vectors) > 0).to(F64).mean(1).numpy()
     exact = pac.theorem1_exact_failure(T_grid, p, B, N)
@@ -176,8 +176,8 @@ def test_theorem1_bound_closed_form():
 
 def test_protocol3_noise_free_estimate_is_exact():
     d = _data(num_users=20, p=0.3)
-    res = pac.protocol3_attack(d.user_vectors, d.items, d.y, num_interactions=2, batch_size=5, lr=0.7,
-                               loss="hinge", generator=torch.Generator().manual_seed(0))
+    res = pac.protocol3_attack(d.user_vectors, d.items, d.y, num_interactions=2,
+                               client=pac.Client(5, 0.7, "hinge"), generator=torch.Generator().manual_seed(0))
     assert torch.allclose(res.touched, torch.full((20,), 20.0, dtype=F64))
     assert torch.allclose(res.final, (1 - 2 * 0.3) * d.user_vectors)
     assert torch.equal(res.user_vectors, d.user_vectors)             # one epoch never moves u
@@ -211,10 +211,10 @@ def test_theorem2_noisy_attack_meets_epsilon_at_the_bound():
     trials, eps, delta, sigma, B, lr = 200, 0.1, 0.05, 0.1, 5, 1.0
     U, items, y = d.user_vectors.expand(trials, -1), d.items.expand(trials, -1), d.y.expand(trials, -1)
     tau = float(pac.tau_c(eps, d.user_vectors, d.item_vectors)[0])
-    T2 = math.ceil(pac.theorem2_num_interactions(0.2, B, delta, 0.3, sigma, pac.max_item_norm(d.item_vectors),
-                                                 150, lr, "hinge", tau))
-    res = pac.protocol2_attack(U, items, y, num_interactions=T2, batch_size=B, lr=lr, loss="hinge",
-                               sigma=sigma, record_at=[1, T2], generator=torch.Generator().manual_seed(1))
+    client = pac.Client(batch_size=B, lr=lr, loss="hinge", sigma=sigma)
+    T2 = math.ceil(pac.theorem2_num_interactions(0.2, client, delta, 0.3, pac.max_item_norm(d.item_vectors), 150,
+                                                 tau))
+    res = pac.protocol2_attack(U, items, y, num_interactions=T2, client=client, record_at=[1, T2], generator=torch.Generator().manual_seed(1))
     err = pac.sign_error(res.estimates, U, d.item_vectors)
     assert (err[-1] > eps).to(F64).mean() <= delta
     assert err[0].mean() > err[-1].mean()                           # the noise does hurt a single message
@@ -227,7 +227,7 @@ def test_theorem3_noisy_attack_meets_epsilon_at_the_bound():
     T3 = math.ceil(pac.theorem3_num_interactions(0.2, 20, delta, sigma, pac.max_item_norm(d.item_vectors), 150,
                                                  1.0, "hinge", tau))
     rec_T, err = pac.attack_error_curve(d.user_vectors, d.items, d.y, d.item_vectors, num_trials=trials,
-                                        num_interactions=T3, batch_size=10, lr=1.0, loss="hinge", sigma=sigma,
+                                        num_interactions=T3, client=pac.Client(10, 1.0, "hinge", sigma=sigma),
                                         record_at=[1, T3], protocol=3, seed=2)
     assert err.shape == (2, 1, trials)
     assert (err[-1] > eps).to(F64).mean() <= delta
@@ -235,11 +235,13 @@ def test_theorem3_noisy_attack_meets_epsilon_at_the_bound():
 
 
 def test_bounds_scale_as_stated():
-    kw = dict(item_norm_bound=2.0, num_items=100, lr=1.0, loss="log", tau=0.1)
-    T_a, t1, t2 = pac.theorem2_num_interactions(0.2, 5, 0.05, 0.3, 0.2, return_terms=True, **kw)
+    kw = dict(item_norm_bound=2.0, num_items=100, tau=0.1)
+    T_a, t1, t2 = pac.theorem2_num_interactions(0.2, pac.Client(5, 1.0, "log", sigma=0.2), 0.05, 0.3,
+                                                return_terms=True, **kw)
     assert T_a == max(t1, t2)
-    assert pac.theorem2_num_interactions(0.2, 5, 0.05, 0.3, 0.4, return_terms=True, **kw)[2] == pytest.approx(4 * t2)
-    t3 = pac.theorem3_num_interactions(0.2, 20, 0.05, 0.2, **kw)
+    assert pac.theorem2_num_interactions(0.2, pac.Client(5, 1.0, "log", sigma=0.4), 0.05, 0.3, return_terms=True,
+                                         **kw)[2] == pytest.approx(4 * t2)
+    t3 = pac.theorem3_num_interactions(0.2, 20, 0.05, 0.2, lr=1.0, loss="log", **kw)
     assert t3 == pytest.approx(2 * 0.04 * 4 * math.log(2 * 100 / 0.05) / (20 * (0.6 * 0.5 * 0.1) ** 2))
 
 
@@ -258,9 +260,9 @@ def test_proposition1_holds_and_is_tight_when_errors_align():
 
 def test_secure_aggregation_sums_cohorts():
     d = _data(num_users=8)
-    kw = dict(num_interactions=3, batch_size=4, lr=1.0)
+    kw = dict(num_interactions=3, client=pac.Client(4, 1.0))
     single = pac.protocol2_attack(d.user_vectors, d.items, d.y, generator=torch.Generator().manual_seed(0), **kw)
-    pooled = pac.protocol2_attack(d.user_vectors, d.items, d.y, cohort_size=4,
+    pooled = pac.protocol2_attack(d.user_vectors, d.items, d.y, server=pac.Server(cohort_size=4),
                                   generator=torch.Generator().manual_seed(0), **kw)
     assert pooled.final.shape == (2, 4)
     assert torch.allclose(pooled.final, single.final.view(2, 4, 4).sum(1))
@@ -268,11 +270,11 @@ def test_secure_aggregation_sums_cohorts():
 
 def test_zero_vector_defense_refuses_the_probe_but_not_a_tiny_one():
     d = _data(num_users=20)
-    kw = dict(num_interactions=30, batch_size=5, lr=1.0, client=pac.guarded_client_update)
+    kw = dict(num_interactions=30, client=pac.Client(5, 1.0), update=pac.guarded_client_update)
     blocked = pac.protocol2_attack(d.user_vectors, d.items, d.y, generator=torch.Generator().manual_seed(0), **kw)
     assert not blocked.final.any() and (pac.sign_error(blocked.final, d.user_vectors, d.item_vectors) == 1).all()
     tiny = 1e-6 * torch.randn(d.num_items, 4, dtype=F64, generator=torch.Generator().manual_seed(1))
-    evaded = pac.protocol2_attack(d.user_vectors, d.items, d.y, probe=tiny, num_items=d.num_items,
+    evaded = pac.protocol2_attack(d.user_vectors, d.items, d.y, server=pac.Server(probe=tiny), num_items=d.num_items,
                                   generator=torch.Generator().manual_seed(0), **kw)
     assert pac.sign_error(evaded.final, d.user_vectors, d.item_vectors).max() < 0.02
     assert pac.detect_zero_probe(torch.zeros(5, 4), torch.tensor([[0, 1]])).all()
@@ -285,8 +287,9 @@ def test_one_nonzero_item_does_not_defeat_the_zero_probe_check():
     probe[d.items[:, 0]] = 1.0                       # every client's first rated item is non-zero
     for atol in [0.0, 1e-3, 0.5]:
         assert pac.detect_zero_probe(probe, d.items, atol).all()
-    blocked = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=5, batch_size=5, lr=1.0,
-                                   probe=probe, client=pac.guarded_client_update, num_items=d.num_items)
+    blocked = pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=5, client=pac.Client(5, 1.0),
+                                   server=pac.Server(probe=probe), update=pac.guarded_client_update,
+                                   num_items=d.num_items)
     assert not blocked.final.any()
     # lifting every rated item just above atol passes (exercise ch2b-ex-tiny)
     atol = 1e-3
@@ -319,18 +322,18 @@ def test_bad_arguments_raise_value_errors_naming_them():
         rec.protocol1_client_update(d.user_vectors, torch.zeros(d.num_items, 4, dtype=F64), d.items, d.y, local_steps=1,
                           batch_size=21, lr=0.1)
     with pytest.raises(ValueError, match="batch_size"):
-        pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=2, batch_size=21, lr=0.1)
+        pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=2, client=pac.Client(21, 0.1))
     with pytest.raises(ValueError, match="sigma"):
         rec.noisy_message(torch.ones(2, 3, 4), -0.1)
     with pytest.raises(ValueError, match="sigma"):
-        pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=2, batch_size=2, lr=0.1, sigma=-1.0)
+        pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=2, client=pac.Client(2, 0.1, sigma=-1.0))
     with pytest.raises(ValueError, match="item_vectors"):
         rec.protocol1_client_update(d.user_vectors, torch.zeros(d.num_items, 5, dtype=F64), d.items, d.y, local_steps=1,
                           batch_size=2, lr=0.1)
     with pytest.raises(ValueError, match="k"):
         pac.sign_error(torch.zeros(4, 3), d.user_vectors, d.item_vectors)
     with pytest.raises(ValueError, match="beta"):
-        pac.theorem2_num_interactions(0.3, 5, 0.05, 0.5, 0.1, 1.0, 10, 1.0, "log", 0.1)
+        pac.theorem2_num_interactions(0.3, pac.Client(5, 1.0, "log", sigma=0.1), 0.05, 0.5, 1.0, 10, 0.1)
     with pytest.raises(ValueError, match="epsilon"):
         pac.tau_c(1.5, d.user_vectors, d.item_vectors)
     with pytest.raises(ValueError, match="batch_size"):
@@ -413,7 +416,7 @@ def test_event_E1_of_the_real_attack_matches_its_exact_probability():
     d = rec.make_synthetic(1, 60, 3, N, p, seed=1)
     U = d.user_vectors.expand(trials, -1)
     res = pac.protocol2_attack(U, d.items.expand(trials, -1), d.y.expand(trials, -1), num_interactions=T,
-                               batch_size=B, lr=1.0, generator=torch.Generator().manual_seed(3))
+                               client=pac.Client(B, 1.0), generator=torch.Generator().manual_seed(3))
     m = (res.final * U).sum(1) / (U * U).sum(1)
     exact = pac.label_mean_tail([T], p, B, N, beta)[0]
     assert 0.05 < exact < 0.5
@@ -430,7 +433,7 @@ def test_attack_law_matches_the_simulated_attack(protocol):
                         lr=1.0, loss="hinge", protocol=protocol, num_draws=40000, seed=0)
     T_grid = [2, 8]
     T, err = pac.attack_error_curve(d.user_vectors, d.items, d.y, d.item_vectors, num_trials=trials,
-                                    num_interactions=8, batch_size=B, lr=1.0, loss="hinge", sigma=sigma,
+                                    num_interactions=8, client=pac.Client(B, 1.0, "hinge", sigma=sigma),
                                     record_at=T_grid, protocol=protocol, seed=5)
     for j, t in enumerate(T_grid):
         want = law.fail(t, "error", epsilon=eps)
@@ -441,7 +444,7 @@ def test_attack_law_matches_the_simulated_attack(protocol):
         U, tau = d.user_vectors.expand(trials, -1), law.tau(0.1)
         T_half = law.needed("E2", 0.5, tau=tau)                 # where E fails about half the time
         res = pac.protocol3_attack(U, d.items.expand(trials, -1), d.y.expand(trials, -1), num_interactions=T_half,
-                                   batch_size=B, lr=1.0, loss="hinge", sigma=sigma,
+                                   client=pac.Client(B, 1.0, "hinge", sigma=sigma),
                                    generator=torch.Generator().manual_seed(6))
         noise = res.final - law.multiplier * U
         got = float(((noise @ d.item_vectors.T).abs().max(1).values >= law.multiplier * tau).double().mean())
@@ -475,15 +478,15 @@ def test_attack_law_events_are_nested_and_validate():
 
 
 def test_theorem2_optimal_beta_minimises_the_bound():
-    kw = dict(pref_rate=0.2, batch_size=5, delta=0.05, sigma=0.2, item_norm_bound=2.0, num_items=100, lr=1.0,
-              loss="hinge", tau=0.1)
+    kw = dict(pref_rate=0.2, client=pac.Client(5, 1.0, "hinge", sigma=0.2), delta=0.05, item_norm_bound=2.0,
+              num_items=100, tau=0.1)
     b = pac.theorem2_optimal_beta(**kw)
     T, t1, t2 = pac.theorem2_num_interactions(beta=b, return_terms=True, **kw)
     assert t1 == pytest.approx(t2)
     grid = np.linspace(0.001, 0.599, 500)
     assert T <= min(pac.theorem2_num_interactions(beta=float(g), **kw) for g in grid) + 1e-9
     with pytest.raises(ValueError, match="sigma"):
-        pac.theorem2_optimal_beta(**{**kw, "sigma": 0.0})
+        pac.theorem2_optimal_beta(**{**kw, "client": pac.Client(5, 1.0, "hinge", sigma=0.0)})
 
 
 # ------------------------------------------------------------------ secure aggregation per item, label leakage
@@ -536,7 +539,7 @@ def test_bounds_for_a_majority_of_likes_mirror_the_minority_case():
     """Issue 17.5: p_c > 1/2 is p_c' = 1 - p_c under y -> -y (sign rule leaning 'positive')."""
     assert pac.theorem1_num_interactions(0.8, 5, 0.05) == pytest.approx(pac.theorem1_num_interactions(0.2, 5, 0.05))
     assert pac.theorem1_failure_bound([10], 0.7, 5)[0] == pytest.approx(pac.theorem1_failure_bound([10], 0.3, 5)[0])
-    kw = dict(batch_size=5, delta=0.05, sigma=0.2, item_norm_bound=2.0, num_items=100, lr=1.0, loss="hinge", tau=0.1)
+    kw = dict(client=pac.Client(5, 1.0, "hinge", sigma=0.2), delta=0.05, item_norm_bound=2.0, num_items=100, tau=0.1)
     assert pac.theorem2_num_interactions(0.9, beta=0.3, **kw) == pytest.approx(pac.theorem2_num_interactions(0.1, beta=0.3, **kw))
     for bad in (0.5, 0.0, 1.0):
         with pytest.raises(ValueError, match="pref_rate"):
@@ -544,8 +547,8 @@ def test_bounds_for_a_majority_of_likes_mirror_the_minority_case():
     d = rec.make_synthetic(30, 80, 4, 20, 0.2, seed=2)
     U, Y = -d.user_vectors, -d.y                                       # the mirror image: each user likes 80 %
     res = pac.protocol2_attack(U, d.items, Y, num_interactions=int(
-        math.ceil(pac.theorem1_num_interactions(0.8, 5, 0.05))), batch_size=5, lr=1.0, leaning="positive",
-        generator=torch.Generator().manual_seed(0))
+        math.ceil(pac.theorem1_num_interactions(0.8, 5, 0.05))), client=pac.Client(5, 1.0),
+        server=pac.Server(leaning="positive"), generator=torch.Generator().manual_seed(0))
     assert float((pac.sign_error(res.final, U, d.item_vectors) == 0).double().mean()) >= 0.95
 
 
@@ -561,10 +564,11 @@ def test_a_loss_with_zero_slope_at_zero_defeats_the_zero_probe():
                                          local_steps=1, batch_size=5, lr=1.0, loss="squared_perceptron")
     assert msg.abs().max() == 0
     with pytest.raises(ValueError, match="Assumption 2"):
-        pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=3, batch_size=5, lr=1.0,
-                             loss="squared_perceptron")
+        pac.protocol2_attack(d.user_vectors, d.items, d.y, num_interactions=3,
+                             client=pac.Client(5, 1.0, "squared_perceptron"))
     with pytest.raises(ValueError, match="Assumption 2"):
-        pac.theorem2_num_interactions(0.2, 5, 0.05, 0.3, 0.2, 2.0, 100, 1.0, "squared_perceptron", 0.1)
+        pac.theorem2_num_interactions(0.2, pac.Client(5, 1.0, "squared_perceptron", sigma=0.2), 0.05, 0.3, 2.0, 100,
+                                      0.1)
     assert "squared_perceptron" not in rec.LOSSES
 
 
@@ -592,8 +596,8 @@ def test_clipped_attack_follows_the_law_at_the_clipped_sigma_and_not_at_sigma():
     clip, sigma, T, trials = 1.0, 1.0, 40, 2000
     assert law.user_norm > 2 * clip                                  # clipping is active for this user
     _, err = pac.attack_error_curve(data.user_vectors, data.items, data.y, data.item_vectors, num_trials=trials,
-                                    num_interactions=T, batch_size=5, lr=1.0, loss="hinge", sigma=sigma,
-                                    clip_norm=clip, seed=1)
+                                    num_interactions=T,
+                                    client=pac.Client(5, 1.0, "hinge", sigma=sigma, clip_norm=clip), seed=1)
     sim = float((err[-1] > 0.1).double().mean())
     right = law.with_sigma(pac.clipped_sigma(sigma, clip, law.user_norm, lr=1.0, loss="hinge")).fail(T, "error",
                                                                                                    epsilon=0.1)

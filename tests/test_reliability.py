@@ -346,12 +346,12 @@ def test_theorem_helpers_refuse_negative_interactions_or_batch_size(call):
 def test_theorem2_and_3_refuse_non_positive_counts():
     from fedlab.attacks import identifiability as idn
 
-    kw = dict(delta=0.1, sigma=1.0, item_norm_bound=1.0, num_items=10, lr=0.1, loss="log", tau=0.1)
+    kw = dict(delta=0.1, item_norm_bound=1.0, num_items=10, tau=0.1)
     with pytest.raises(ValueError, match="batch_size"):
-        idn.theorem2_num_interactions(0.3, 0, beta=0.1, **kw)
+        idn.theorem2_num_interactions(0.3, idn.Client(batch_size=0, lr=0.1, sigma=1.0), beta=0.1, **kw)
     with pytest.raises(ValueError, match="num_rated"):
-        idn.theorem3_num_interactions(0.3, -1, **kw)
-    assert idn.theorem2_num_interactions(0.3, 5, beta=0.1, **kw) > 0
+        idn.theorem3_num_interactions(0.3, -1, sigma=1.0, lr=0.1, loss="log", **kw)
+    assert idn.theorem2_num_interactions(0.3, idn.Client(batch_size=5, lr=0.1, sigma=1.0), beta=0.1, **kw) > 0
 
 
 def test_letor_and_movielens_subsets_take_boolean_masks():

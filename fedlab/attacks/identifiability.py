@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -24,7 +24,7 @@ import torch
 from fedlab.fl.recsys.ratings import (DTYPE, protocol1_client_update, protocol3_client_update, loss_derivative_at_zero,
                                       noisy_message, touched_items)
 
-__all__ = ["PACAttackResult", "protocol2_attack", "protocol3_attack", "estimate_user_vectors", "sign_rule",
+__all__ = ["Client", "Server", "PACAttackResult", "protocol2_attack", "protocol3_attack", "estimate_user_vectors", "sign_rule",
            "sign_error", "tau_c", "max_item_norm", "theorem1_num_interactions", "theorem1_failure_bound",
            "theorem1_exact_failure", "likes_pmf", "label_mean_tail", "theorem2_num_interactions",
            "theorem2_optimal_beta", "theorem3_num_interactions", "AttackLaw",
@@ -70,6 +70,73 @@ def _check_count(name, value, low: int = 1):
     if v.dtype == bool or not np.all(np.isfinite(v.astype(float))) or not np.all(v == np.round(v)) \
             or not np.all(v >= low):
         raise ValueError(f"{name} must be a whole number >= {low}, got {value}")
+
+
+# ----------------------------------------------------------------------------------------------
+# settings of the attack
+
+@dataclass(frozen=True, eq=False)
+class Client:
+    """What a client of London 2020 does with the global model it receives: CLIENTUPDATE of Protocol 1
+    (Sec. 3) and the noise of Eq. (3) on the message it sends back.
+
+    Fields: ``batch_size`` (``B``, the ratings per local step; for Protocol 3 it must divide ``N``),
+    ``lr`` (the step ``alpha``), ``loss`` (``"log"``, ``"hinge"``, ... of Assumption 2), ``local_steps``
+    (``R``, 1 in Protocol 2), ``sigma`` (Eq. (3)'s noise std, a float or a ``[C]`` tensor: one level per
+    client) and ``clip_norm`` (each item's delta clipped to this L2 norm before the noise, the paper's
+    footnote 5; ``None``: no clipping). Defaults: the paper's noise-free ``R = 1`` client with the
+    logistic loss. Compares by identity (``sigma`` may be a tensor).
+
+    Raises ``ValueError`` naming the field: ``Client.batch_size must be >= 1``, ``lr`` not > 0,
+    ``local_steps < 0``, ``sigma < 0``, ``clip_norm`` not > 0.
+    """
+
+    batch_size: int
+    lr: float
+    loss: str = "log"
+    local_steps: int = 1
+    sigma: float | torch.Tensor = 0.0
+    clip_norm: float | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.batch_size, (int, np.integer)) or isinstance(self.batch_size, bool) \
+                or self.batch_size < 1:
+            raise ValueError(f"Client.batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if not self.lr > 0:
+            raise ValueError(f"Client.lr must be > 0, got {self.lr}")
+        if not isinstance(self.local_steps, (int, np.integer)) or isinstance(self.local_steps, bool) \
+                or self.local_steps < 0:
+            raise ValueError(f"Client.local_steps must be an integer >= 0, got {self.local_steps!r}")
+        if not bool((torch.as_tensor(self.sigma) >= 0).all()):
+            raise ValueError(f"Client.sigma must be >= 0, got {self.sigma}")
+        if self.clip_norm is not None and not self.clip_norm > 0:
+            raise ValueError(f"Client.clip_norm must be > 0 or None, got {self.clip_norm}")
+
+
+@dataclass(frozen=True, eq=False)
+class Server:
+    """What the server of London 2020's Protocol 2 (Sec. 4.1) sends, sees and assumes.
+
+    Fields: ``probe`` (the fake global model ``[num_items, k]`` sent at every interaction; ``None``: all
+    zero, the paper's probe), ``restore_items`` (the real item vectors pushed back with ``R = 0`` after
+    the attack; ``None``: none), ``cohort_size`` (``m``: the server sees only the sum of the messages of
+    consecutive groups of ``m`` clients, secure aggregation; 1 in the paper) and ``leaning`` (what the
+    server assumes of the user for :func:`sign_rule`: ``"negative"``, Assumption 1, or ``"positive"``).
+    Compares by identity (the probes are tensors).
+
+    Raises ``ValueError`` naming the field: ``Server.cohort_size`` below 1, an unknown ``leaning``.
+    """
+
+    probe: torch.Tensor | None = None
+    restore_items: torch.Tensor | None = None
+    cohort_size: int = 1
+    leaning: str = "negative"
+
+    def __post_init__(self):
+        if not isinstance(self.cohort_size, (int, np.integer)) or self.cohort_size < 1:
+            raise ValueError(f"Server.cohort_size must be an integer >= 1, got {self.cohort_size!r}")
+        if self.leaning not in ("negative", "positive"):
+            raise ValueError(f"Server.leaning must be 'negative' or 'positive', got {self.leaning!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -166,99 +233,107 @@ def _run_attack(step: Callable, user_vectors, *, num_interactions, sigma, record
 
 
 def protocol2_attack(user_vectors: torch.Tensor, items: torch.Tensor, y: torch.Tensor, *,
-                     num_interactions: int, batch_size: int, lr: float, loss: str = "log",
-                     num_items: int | None = None, sigma: float = 0.0, probe: torch.Tensor | None = None,
-                     record_at: Sequence[int] | None = None, leaning: str = "negative", cohort_size: int = 1,
-                     restore_items: torch.Tensor | None = None, client: Callable = protocol1_client_update,
-                     local_steps: int = 1, clip_norm: float | None = None,
+                     num_interactions: int, client: Client, server: Server = Server(), num_items: int | None = None,
+                     record_at: Sequence[int] | None = None, update: Callable = protocol1_client_update,
                      generator: torch.Generator | None = None) -> PACAttackResult:
     """Protocol 2 of London 2020 (Sec. 4.1), the attack behind Theorems 1 and 2, for ``C`` clients.
 
-    For ``t = 1..T`` the server asks each client to run CLIENTUPDATE with ``R = 1`` on a fake global
-    model (``probe``, default all-zero ``[num_items, k]``); the client (``client``, by default the honest
-    :func:`~fedlab.fl.recsys.ratings.protocol1_client_update`) returns its item deltas, corrupted by Eq. (3) when
-    ``sigma > 0`` (each item's delta clipped to L2 norm ``clip_norm`` first when given: the clipped
-    Gaussian mechanism of the paper's footnote 5). The server sums the messages and applies :func:`estimate_user_vectors` and
-    :func:`sign_rule`. Optionally the real model ``restore_items`` is pushed back with ``R = 0``.
+    For ``t = 1..T`` the server asks each client to run CLIENTUPDATE (``update``, by default the honest
+    :func:`~fedlab.fl.recsys.ratings.protocol1_client_update`, with the settings of ``client``: ``B``,
+    ``lr``, the loss, ``R = client.local_steps``) on a fake global model (``server.probe``, default
+    all-zero ``[num_items, k]``); the client returns its item deltas, corrupted by Eq. (3) when
+    ``client.sigma > 0`` (each item's delta clipped to L2 norm ``client.clip_norm`` first when given:
+    the clipped Gaussian mechanism of the paper's footnote 5). The server sums the messages and applies
+    :func:`estimate_user_vectors` and :func:`sign_rule` (``server.leaning``). Optionally the real model
+    ``server.restore_items`` is pushed back with ``R = 0``.
 
-    With ``cohort_size = m > 1`` the server only sees the *sum* of the messages of consecutive groups of
-    ``m`` clients (secure aggregation); estimates are then per group ``[C/m, k]``. ``local_steps`` (``R``)
-    is 1 in the paper; other values let one study honest-looking rounds (``probe`` = the real model).
+    With ``server.cohort_size = m > 1`` the server only sees the *sum* of the messages of consecutive
+    groups of ``m`` clients (secure aggregation); estimates are then per group ``[C/m, k]``.
+    ``client.local_steps`` (``R``) is 1 in the paper; other values let one study honest-looking rounds
+    (``server.probe`` = the real model).
 
     Shapes: ``user_vectors [C, k]``, ``items, y [C, N]``; ``num_items`` defaults to ``items.max() + 1``.
     Returns a :class:`PACAttackResult` with estimates at each ``T`` in ``record_at`` (default ``[T]``).
 
-    Raises ``ValueError`` naming the argument for ``batch_size > N``, ``sigma < 0``, mismatched ``k``,
-    bad ``record_at`` / ``cohort_size`` / ``num_interactions``.
+    Raises ``ValueError`` naming the argument for ``batch_size > N``, mismatched ``k``, bad
+    ``record_at`` / ``cohort_size`` / ``num_interactions`` (and :class:`Client` / :class:`Server` for
+    their fields).
     """
     C, k = user_vectors.shape
     I = int(items.max()) + 1 if num_items is None else int(num_items)
-    if probe is None:
-        probe = torch.zeros(I, k, dtype=DTYPE)
+    probe = torch.zeros(I, k, dtype=DTYPE) if server.probe is None else server.probe
     if probe.shape[-1] != k:
-        raise ValueError(f"probe must have k={k} columns like user_vectors, got {tuple(probe.shape)}")
+        raise ValueError(f"server.probe must have k={k} columns like user_vectors, got {tuple(probe.shape)}")
+    B, lr, loss = client.batch_size, client.lr, client.loss
 
     def step(u):
-        return client(u, probe, items, y, local_steps=local_steps, batch_size=batch_size, lr=lr, loss=loss,
+        return update(u, probe, items, y, local_steps=client.local_steps, batch_size=B, lr=lr, loss=loss,
                       generator=generator)
 
     restore = None
-    if restore_items is not None:
+    if server.restore_items is not None:
         def restore(u):
-            return client(u, restore_items, items, y, local_steps=0, batch_size=batch_size, lr=lr, loss=loss)[0]
+            return update(u, server.restore_items, items, y, local_steps=0, batch_size=B, lr=lr, loss=loss)[0]
     # validate shapes and batch_size once, before the loop
-    client(user_vectors, probe, items, y, local_steps=0, batch_size=batch_size, lr=lr, loss=loss)
-    record, sums, u, touched = _run_attack(step, user_vectors, num_interactions=num_interactions, sigma=sigma,
-                                           record_at=record_at, cohort_size=cohort_size, generator=generator,
-                                           restore=restore, clip_norm=clip_norm)
+    update(user_vectors, probe, items, y, local_steps=0, batch_size=B, lr=lr, loss=loss)
+    record, sums, u, touched = _run_attack(step, user_vectors, num_interactions=num_interactions, sigma=client.sigma,
+                                           record_at=record_at, cohort_size=server.cohort_size, generator=generator,
+                                           restore=restore, clip_norm=client.clip_norm)
     est = torch.stack([sign_rule(estimate_user_vectors(s, lr=lr, loss=loss, num_interactions=t,
-                                                       batch_size=batch_size), leaning)
+                                                       batch_size=B), server.leaning)
                        for t, s in zip(record, sums)])
     return PACAttackResult(record, est, u, touched)
 
 
 def protocol3_attack(user_vectors: torch.Tensor, items: torch.Tensor, y: torch.Tensor, *,
-                     num_interactions: int, batch_size: int, lr: float, loss: str = "log",
-                     num_items: int | None = None, sigma: float = 0.0, record_at: Sequence[int] | None = None,
-                     leaning: str = "negative", clip_norm: float | None = None,
+                     num_interactions: int, client: Client, server: Server = Server(), num_items: int | None = None,
+                     record_at: Sequence[int] | None = None,
                      generator: torch.Generator | None = None) -> PACAttackResult:
     """The attack of London 2020, App. A.4 (Theorem 3) against Protocol 3 (SGD without replacement).
 
     As Protocol 2 with ``E = 1`` epoch instead of ``R = 1`` step; the estimate divides by
     ``lr * l'(0) * T * N`` where the server reads ``N`` off the number of items whose message is
     non-zero (averaged over interactions). Noise-free, ``u_hat = (1 - 2 p_c) u_c`` exactly.
-    ``clip_norm`` clips each item's delta before the noise, as in :func:`protocol2_attack`.
-    Shapes and errors as :func:`protocol2_attack`; ``batch_size`` must divide ``N``.
+    ``client.clip_norm`` clips each item's delta before the noise, as in :func:`protocol2_attack`;
+    ``server`` is used for its ``leaning`` only (the zero probe, one client at a time, nothing restored).
+    Shapes and errors as :func:`protocol2_attack`; ``client.batch_size`` must divide ``N``. Raises
+    ``ValueError`` naming ``client.local_steps`` (not 1: Protocol 3 runs one epoch) or ``server.probe``,
+    ``server.restore_items``, ``server.cohort_size`` (not the defaults).
     """
+    if client.local_steps != 1:
+        raise ValueError(f"client.local_steps must be 1 for Protocol 3 (one epoch), got {client.local_steps}")
+    if server.probe is not None or server.restore_items is not None or server.cohort_size != 1:
+        raise ValueError("server.probe, server.restore_items and server.cohort_size must keep their defaults "
+                         "for Protocol 3's attack (the zero probe, one client at a time)")
     C, k = user_vectors.shape
     I = int(items.max()) + 1 if num_items is None else int(num_items)
     probe = torch.zeros(I, k, dtype=DTYPE)
+    B, lr, loss = client.batch_size, client.lr, client.loss
 
     def step(u):
-        return protocol3_client_update(u, probe, items, y, local_epochs=1, batch_size=batch_size, lr=lr, loss=loss,
-                                    generator=generator)
+        return protocol3_client_update(u, probe, items, y, local_epochs=1, batch_size=B, lr=lr, loss=loss,
+                                       generator=generator)
 
-    protocol3_client_update(user_vectors, probe, items, y, local_epochs=0, batch_size=batch_size, lr=lr, loss=loss)
-    record, sums, u, touched = _run_attack(step, user_vectors, num_interactions=num_interactions, sigma=sigma,
+    protocol3_client_update(user_vectors, probe, items, y, local_epochs=0, batch_size=B, lr=lr, loss=loss)
+    record, sums, u, touched = _run_attack(step, user_vectors, num_interactions=num_interactions, sigma=client.sigma,
                                            record_at=record_at, cohort_size=1, generator=generator, restore=None,
-                                           clip_norm=clip_norm)
+                                           clip_norm=client.clip_norm)
     est = torch.stack([sign_rule(estimate_user_vectors(s, lr=lr, loss=loss, num_interactions=t,
-                                                       batch_size=touched), leaning)
+                                                       batch_size=touched), server.leaning)
                        for t, s in zip(record, sums)])
     return PACAttackResult(record, est, u, touched)
 
 
 def attack_error_curve(user_vectors: torch.Tensor, items: torch.Tensor, y: torch.Tensor,
-                       item_vectors: torch.Tensor, *, num_trials: int, num_interactions: int, batch_size: int,
-                       lr: float, loss: str = "log", sigma=0.0, record_at: Sequence[int] | None = None,
-                       protocol: int = 2, clip_norm: float | None = None, seed: int = 0):
+                       item_vectors: torch.Tensor, *, num_trials: int, num_interactions: int, client: Client,
+                       record_at: Sequence[int] | None = None, protocol: int = 2, seed: int = 0):
     """Run the attack on ``num_trials`` independent copies of each of ``C`` clients in one batch and
     measure Definition 1's error after each ``T`` in ``record_at``.
 
     ``user_vectors [C, k]``, ``items, y [C, N]``, ``item_vectors [I, k]`` (the catalog on which the error is
-    measured); ``sigma`` a float or ``[C]`` (one noise level per client); ``protocol`` 2 (Protocol 2,
-    ``R = 1``) or 3 (Protocol 3, ``E = 1``); ``clip_norm`` clips each item's delta before the noise.
-    Returns ``(record, errors)`` with ``errors [J, C, num_trials]``.
+    measured); ``client`` a :class:`Client` whose ``sigma`` is a float or ``[C]`` (one noise level per
+    client); ``protocol`` 2 (Protocol 2, ``R = 1``) or 3 (Protocol 3, ``E = 1``); ``client.clip_norm``
+    clips each item's delta before the noise. Returns ``(record, errors)`` with ``errors [J, C, num_trials]``.
     """
     if int(num_trials) < 1:
         raise ValueError(f"num_trials must be >= 1, got {num_trials}")
@@ -266,12 +341,12 @@ def attack_error_curve(user_vectors: torch.Tensor, items: torch.Tensor, y: torch
         raise ValueError(f"protocol must be 2 or 3, got {protocol}")
     C = user_vectors.shape[0]
     rep = lambda t: t.repeat_interleave(int(num_trials), dim=0)  # noqa: E731
-    sig = torch.as_tensor(sigma, dtype=DTYPE)
+    sig = torch.as_tensor(client.sigma, dtype=DTYPE)
     sig = rep(sig) if sig.ndim == 1 else sig
     U = rep(user_vectors.to(DTYPE))
     attack = protocol2_attack if protocol == 2 else protocol3_attack
-    res = attack(U, rep(items), rep(y), num_interactions=num_interactions, batch_size=batch_size, lr=lr, loss=loss,
-                 num_items=item_vectors.shape[0], sigma=sig, record_at=record_at, clip_norm=clip_norm,
+    res = attack(U, rep(items), rep(y), num_interactions=num_interactions, client=replace(client, sigma=sig),
+                 num_items=item_vectors.shape[0], record_at=record_at,
                  generator=torch.Generator().manual_seed(int(seed)))
     err = sign_error(res.estimates, U, item_vectors)
     return res.num_interactions, err.view(len(res.num_interactions), C, int(num_trials))
@@ -504,28 +579,38 @@ def theorem1_exact_failure(num_interactions: Sequence[int], pref_rate: float, ba
     return label_mean_tail(num_interactions, p, batch_size, num_rated, 0.0)
 
 
-def theorem2_num_interactions(pref_rate: float, batch_size: int, delta: float, beta: float, sigma: float,
-                              item_norm_bound: float, num_items: int, lr: float, loss: str, tau: float,
-                              return_terms: bool = False):
+def _theorem2_client(client: Client) -> Client:
+    """``client`` when Theorem 2 applies to it: ``R = 1``, no clipping, one noise level (a float)."""
+    if client.local_steps != 1:
+        raise ValueError(f"client.local_steps must be 1 for Theorem 2 (Protocol 2), got {client.local_steps}")
+    if client.clip_norm is not None:
+        raise ValueError("client.clip_norm must be None for Theorem 2 (for clipped messages pass "
+                         "clipped_sigma(...) as client.sigma)")
+    if torch.as_tensor(client.sigma).ndim:
+        raise ValueError(f"client.sigma must be one float for Theorem 2, got {client.sigma}")
+    return client
+
+
+def theorem2_num_interactions(pref_rate: float, client: Client, delta: float, beta: float, item_norm_bound: float,
+                              num_items: int, tau: float, return_terms: bool = False):
     """Theorem 2 (London 2020, noisy messages of Eq. 3): identification to error ``eps`` with probability
     ``>= 1 - delta`` after ``T >= max{ 2 ln(2/delta) / (B (1 - 2p - beta)^2),
     2 sigma^2 M^2 ln(4 I / delta) / (B (lr beta l'(0) tau_c(eps))^2) }`` interactions.
 
-    ``beta`` must lie in ``(0, 1 - 2 p_c)``; ``tau = tau_c(eps)`` from :func:`tau_c`. With
-    ``return_terms`` returns ``(T, label_term, noise_term)``. Raises ``ValueError`` naming the argument.
+    ``client`` gives ``B``, ``lr``, the loss and ``sigma`` (a :class:`Client` with ``local_steps = 1`` and
+    no ``clip_norm``); ``beta`` must lie in ``(0, 1 - 2 p_c)``; ``tau = tau_c(eps)`` from :func:`tau_c`.
+    With ``return_terms`` returns ``(T, label_term, noise_term)``. Raises ``ValueError`` naming the argument.
     """
     p = float(_mirror_pref_rate(pref_rate))
-    _check_count("batch_size", batch_size)
+    client = _theorem2_client(client)
+    batch_size, sigma, lr, loss = client.batch_size, float(client.sigma), client.lr, client.loss
     _check_count("num_items", num_items)
     if not item_norm_bound >= 0:
         raise ValueError(f"item_norm_bound must be >= 0, got {item_norm_bound}")
     _check_open_unit("delta", delta)
     if not 0 < beta < 1 - 2 * p:
         raise ValueError(f"beta must lie in (0, 1 - 2 p_c) = (0, {1 - 2 * p:.3g}), got {beta}")
-    if not sigma >= 0:
-        raise ValueError(f"sigma must be >= 0, got {sigma}")
     _check_positive("tau", tau)
-    _check_positive("lr", lr)
     t1 = 2 * math.log(2 / delta) / (batch_size * (1 - 2 * p - beta) ** 2)
     t2 = 2 * sigma ** 2 * item_norm_bound ** 2 * math.log(4 * num_items / delta) / (
         batch_size * (lr * beta * _lprime0(loss) * tau) ** 2)
@@ -552,19 +637,21 @@ def theorem3_num_interactions(pref_rate: float, num_rated: int, delta: float, si
         num_rated * (lr * (1 - 2 * p) * _lprime0(loss) * tau) ** 2)
 
 
-def theorem2_optimal_beta(pref_rate: float, batch_size: int, delta: float, sigma: float, item_norm_bound: float,
-                          num_items: int, lr: float, loss: str, tau: float) -> float:
-    """The ``beta`` in ``(0, 1 - 2 p_c)`` that minimises Theorem 2's ``T`` (London 2020, Sec. 4.2).
+def theorem2_optimal_beta(pref_rate: float, client: Client, delta: float, item_norm_bound: float,
+                          num_items: int, tau: float) -> float:
+    """The ``beta`` in ``(0, 1 - 2 p_c)`` that minimises Theorem 2's ``T`` (London 2020, Sec. 4.2), for the
+    ``client`` of :func:`theorem2_num_interactions`.
 
     The first term ``c1 / (a - beta)^2`` grows and the second ``c2 / beta^2`` falls with ``beta``
     (``a = 1 - 2 p_c``), so the maximum is smallest where they are equal:
     ``beta* = a sqrt(c2) / (sqrt(c1) + sqrt(c2))``. Raises ``ValueError`` naming the argument
-    (``sigma`` must be > 0: without noise the best ``beta`` tends to 0 and Theorem 1 applies)."""
+    (``client.sigma`` must be > 0: without noise the best ``beta`` tends to 0 and Theorem 1 applies)."""
     p = float(_mirror_pref_rate(pref_rate))
+    client = _theorem2_client(client)
+    batch_size, sigma, lr, loss = client.batch_size, float(client.sigma), client.lr, client.loss
     _check_open_unit("delta", delta)
-    _check_positive("sigma", sigma)
+    _check_positive("client.sigma", sigma)
     _check_positive("tau", tau)
-    _check_positive("lr", lr)
     c1 = 2 * math.log(2 / delta) / batch_size
     c2 = 2 * sigma ** 2 * item_norm_bound ** 2 * math.log(4 * num_items / delta) / (
         batch_size * (lr * _lprime0(loss) * tau) ** 2)
@@ -655,12 +742,11 @@ class AttackLaw:
         if self.protocol == 3:
             return theorem3_num_interactions(self.pref_rate, self.num_rated, delta, self.sigma, self.item_norm_bound,
                                              self.num_items, self.lr, self.loss, tau)
+        client = Client(batch_size=self.batch_size, lr=self.lr, loss=self.loss, sigma=self.sigma)
         if beta is None:
-            beta = theorem2_optimal_beta(self.pref_rate, self.batch_size, delta, self.sigma, self.item_norm_bound,
-                                         self.num_items, self.lr, self.loss, tau)
-        return theorem2_num_interactions(self.pref_rate, self.batch_size, delta, beta, self.sigma,
-                                         self.item_norm_bound, self.num_items, self.lr, self.loss, tau,
-                                         return_terms=return_terms)
+            beta = theorem2_optimal_beta(self.pref_rate, client, delta, self.item_norm_bound, self.num_items, tau)
+        return theorem2_num_interactions(self.pref_rate, client, delta, beta, self.item_norm_bound, self.num_items,
+                                         tau, return_terms=return_terms)
 
     def noise_scale(self, num_interactions) -> np.ndarray:
         """``s_T = sigma / (|lr l'(0)| sqrt(T n))``: the std of term (b) per coordinate."""

@@ -12,6 +12,7 @@ build its tables; the page glues what they return.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -75,7 +76,7 @@ def theorem1_sweep(pop, pref_rates: Sequence[float], batch_sizes: Sequence[int],
         T1 = {p: math.ceil(pac.theorem1_num_interactions(p, B, delta)) for p in pref_rates}
         t_max = 2 * max(T1.values())
         T, err = pac.attack_error_curve(pop.user_vectors, pop.items, pop.y, pop.item_vectors, num_trials=num_trials,
-                                        num_interactions=t_max, batch_size=B, lr=lr, loss=loss,
+                                        num_interactions=t_max, client=pac.Client(batch_size=B, lr=lr, loss=loss),
                                         record_at=_grid(t_max, T1.values()), seed=seed + B)
         out[B] = {"T": np.array(T), "success": (err == 0).double().mean(-1).numpy(), "T1": T1}
     return out
@@ -167,9 +168,9 @@ def noisy_error_curves(target, sigmas: Sequence[float], T_bound: Mapping[float, 
     t_max = math.ceil(1.25 * max(T_bound.values()))
     return pac.attack_error_curve(target.user_vectors.repeat(reps, 1), target.items.repeat(reps, 1),
                                   target.y.repeat(reps, 1), target.item_vectors, num_trials=num_trials,
-                                  num_interactions=t_max, batch_size=batch_size, lr=lr, loss=loss,
-                                  sigma=torch.tensor(sigmas), record_at=_grid(t_max, T_bound.values()),
-                                  protocol=protocol, seed=seed)
+                                  num_interactions=t_max,
+                                  client=pac.Client(batch_size=batch_size, lr=lr, loss=loss, sigma=torch.tensor(sigmas)),
+                                  record_at=_grid(t_max, T_bound.values()), protocol=protocol, seed=seed)
 
 
 def noisy_panels(T, err: torch.Tensor, sigmas: Sequence[float], T_bound: Mapping[float, int], title: str, *,
@@ -312,8 +313,8 @@ def bound_checks(law2: "pac.AttackLaw", law3: "pac.AttackLaw", *, epsilon: float
     T1 = math.ceil(pac.theorem1_num_interactions(thm1_pref_rate, 1, delta))
     out = {"thm1": (T1, float(pac.theorem1_exact_failure([T1], thm1_pref_rate, 1, thm1_num_rated)[0]), delta)}
     tau2, tau3 = law2.tau(epsilon), law3.tau(epsilon)
-    beta = pac.theorem2_optimal_beta(law2.pref_rate, law2.batch_size, delta, law2.sigma, law2.item_norm_bound,
-                                     law2.num_items, law2.lr, law2.loss, tau2)
+    client2 = pac.Client(batch_size=law2.batch_size, lr=law2.lr, loss=law2.loss, sigma=law2.sigma)
+    beta = pac.theorem2_optimal_beta(law2.pref_rate, client2, delta, law2.item_norm_bound, law2.num_items, tau2)
     T2, t1, t2 = (math.ceil(x) for x in law2.bound(epsilon, delta, beta=beta, return_terms=True))
     out["thm2_E1"] = (t1, law2.fail(t1, "E1", beta=beta), delta / 2)
     out["thm2_E2"] = (t2, law2.fail(t2, "E2", beta=beta, tau=tau2), delta / 2)
@@ -511,14 +512,15 @@ def attack_error_panel(pref_rate: float = 0.2, sigma: float = 0.1, batch_size: i
         raise ValueError(f"pref_rate must be in (0, 1/2) (Assumption 1), got {p}")
     user = rec.make_synthetic(1, 200, 4, 20, p, seed=user_seed)
     grid = sorted(set(np.geomspace(1, T, 25).round().astype(int).tolist()))
+    client = pac.Client(batch_size=B, lr=1.0, loss="hinge", sigma=sigma)
     Ts, err = pac.attack_error_curve(user.user_vectors, user.items, user.y, user.item_vectors,
-                                     num_trials=num_trials, num_interactions=T, batch_size=B, lr=1.0,
-                                     loss="hinge", sigma=sigma, record_at=grid, seed=seed)
+                                     num_trials=num_trials, num_interactions=T, client=client, record_at=grid,
+                                     seed=seed)
     eps = 0.0 if sigma == 0 else eps          # Theorem 1 promises error 0, not error <= eps
     tau_u = float(pac.tau_c(eps, user.user_vectors, user.item_vectors)[0])
     bound = (pac.theorem1_num_interactions(p, B, delta) if sigma == 0 else
-             pac.theorem2_num_interactions(p, B, delta, 0.5 * (1 - 2 * p), sigma,
-                                           pac.max_item_norm(user.item_vectors), 200, 1.0, "hinge", tau_u))
+             pac.theorem2_num_interactions(p, client, delta, 0.5 * (1 - 2 * p), pac.max_item_norm(user.item_vectors),
+                                           200, tau_u))
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 3.8))
     ax.plot(Ts, err[:, 0].mean(-1).numpy(), label="mean error")
@@ -555,15 +557,17 @@ def probe_defense(honest, data, *, num_interactions: int, batch_size: int, lr: f
     Raises ``ValueError`` for ``num_interactions < 1``.
     """
     num_interactions = positive_int("num_interactions", num_interactions)
-    kw = dict(num_interactions=num_interactions, batch_size=batch_size, lr=lr, loss=loss, num_items=num_items)
+    client = pac.Client(batch_size=batch_size, lr=lr, loss=loss)
+    kw = dict(num_interactions=num_interactions, client=client, num_items=num_items)
     u, V = honest.user_vectors, honest.item_vectors
-    blocked = pac.protocol2_attack(u, data.items, data.y, client=pac.guarded_client_update,
+    blocked = pac.protocol2_attack(u, data.items, data.y, update=pac.guarded_client_update,
                                    generator=torch.Generator().manual_seed(seed), **kw)
     tiny = 1e-6 * torch.randn(num_items, u.shape[1], dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-    evaded = pac.protocol2_attack(u, data.items, data.y, client=pac.guarded_client_update, probe=tiny,
+    evaded = pac.protocol2_attack(u, data.items, data.y, update=pac.guarded_client_update, server=pac.Server(probe=tiny),
                                   generator=torch.Generator().manual_seed(seed), **kw)
-    one_round = {R: pac.protocol2_attack(u, data.items, data.y, probe=V, local_steps=R,
-                                         generator=torch.Generator().manual_seed(seed), **{**kw, "num_interactions": 1})
+    one_round = {R: pac.protocol2_attack(u, data.items, data.y, num_interactions=1, client=replace(client, local_steps=R),
+                                         server=pac.Server(probe=V), num_items=num_items,
+                                         generator=torch.Generator().manual_seed(seed))
                  for R in [1, 5]}
     abs_cos = {R: float(torch.nn.functional.cosine_similarity(r.final, u, dim=1).abs().median())
                for R, r in one_round.items()}
@@ -572,10 +576,11 @@ def probe_defense(honest, data, *, num_interactions: int, batch_size: int, lr: f
     return defense, abs_cos
 
 
-def secagg_experiment(honest, data, cohorts: Sequence[int], *, batch_size: int, lr: float, loss: str,
-                      num_items: int, repeats: int = 1, seed: int = 0, dominance: float = 0.99,
-                      tol: float = 1e-9) -> dict:
-    """One honest round of Protocol 1 (the real item vectors, ``R = 1``) through secure aggregation
+def secagg_experiment(honest, data, cohorts: Sequence[int], *, client: pac.Client, num_items: int, repeats: int = 1,
+                      seed: int = 0, dominance: float = 0.99, tol: float = 1e-9) -> dict:
+    """One honest round of Protocol 1 (the real item vectors, ``R = client.local_steps``, 1 in the paper;
+    the client's ``B``, ``lr`` and loss from ``client``, a :class:`~fedlab.attacks.identifiability.Client`
+    without Eq. (3) noise) through secure aggregation
     (London 2020, Sec. 6; Bonawitz et al. 2017), which reveals per cohort of ``m`` clients the
     per-item sum of their deltas (:func:`~fedlab.attacks.identifiability.secure_aggregate_items`).
     Each client's deltas are multiples of its ``u_c``, so an item trained on by one member only
@@ -605,6 +610,9 @@ def secagg_experiment(honest, data, cohorts: Sequence[int], *, batch_size: int, 
     """
     if any(int(m) != m or m < 1 for m in cohorts):
         raise ValueError(f"cohorts must be positive integers, got {list(cohorts)}")
+    if client.clip_norm is not None or bool((torch.as_tensor(client.sigma) != 0).any()):
+        raise ValueError("client.sigma and client.clip_norm must keep their defaults (no Eq. 3 noise, no clipping): "
+                         "the round is honest and exact")
     repeats = positive_int("repeats", repeats)
     dominance = in_range("dominance", dominance, 0.0, 1.0)
     tol = in_range("tol", tol, 0.0, 1.0)
@@ -617,8 +625,9 @@ def secagg_experiment(honest, data, cohorts: Sequence[int], *, batch_size: int, 
         for _ in range(repeats):
             perm = torch.randperm(u.shape[0], generator=g)
             up, items = u[perm], data.items[perm]
-            _, deltas = rec.protocol1_client_update(up, V, items, data.y[perm], local_steps=1,
-                                                    batch_size=batch_size, lr=lr, loss=loss, generator=g)
+            _, deltas = rec.protocol1_client_update(up, V, items, data.y[perm], local_steps=client.local_steps,
+                                                    batch_size=client.batch_size, lr=client.lr, loss=client.loss,
+                                                    generator=g)
             sums = pac.secure_aggregate_items(deltas, items, num_items, int(m))               # [G, I, k]
             exp = pac.exposed_members(sums, up, tol=tol)                                     # [G, m]
             touched = rec.touched_items(deltas)                                             # [C, N]

@@ -658,8 +658,8 @@ def item_sums_check(fed: ItemFederation, sums: "fa.ItemSums", *, seed: int = 0) 
     counts = pac.secure_aggregate_items(touched[..., None].double(), items, I, m)[0, :, 0]        # [I]
     sub_data = rec.RecData(fed.data.item_vectors, fed.data.user_vectors[fed.users], fed.data.labels[fed.users], items, y)
     sub_honest = rec.RecResult(fed.honest.item_vectors, U, {})
-    sa = ch2.secagg_experiment(sub_honest, sub_data, [m], batch_size=N, lr=c["lr"], loss=c["loss"], num_items=I,
-                               seed=seed)[m]
+    sa = ch2.secagg_experiment(sub_honest, sub_data, [m], client=pac.Client(batch_size=N, lr=c["lr"], loss=c["loss"]),
+                               num_items=I, seed=seed)[m]
     ones = (counts == 1) & sums.readable                                                          # [I]
     owner = torch.zeros(I, dtype=torch.long)                                                      # the single contributor
     for j in range(m):

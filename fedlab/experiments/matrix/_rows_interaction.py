@@ -50,7 +50,7 @@ def _pac_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
         gen, rng = _gens(seed, 9)
         fixed = {}
 
-        def client(u, probe, its, y, *, local_steps, batch_size, lr, loss, generator=None, d=d, gen=gen, rng=rng,
+        def update(u, probe, its, y, *, local_steps, batch_size, lr, loss, generator=None, d=d, gen=gen, rng=rng,
                    fixed=fixed):
             u2, deltas = rec.protocol1_client_update(u, probe, its, y, local_steps=local_steps, batch_size=batch_size,
                                                      lr=lr, loss=loss, generator=generator)
@@ -61,8 +61,9 @@ def _pac_row(seed: int, columns: Sequence[str], tiny: bool = False) -> dict:
             return u2, reg.apply(flat, d, clip_norm=fixed["C"], generator=gen, rng=rng).reshape(deltas.shape)
 
         group = cohort if d.kind == "secagg" else 1
-        res = pac.protocol2_attack(data.user_vectors, data.items, data.y, num_interactions=T, batch_size=batch,
-                                   lr=lr, loss="log", num_items=items, cohort_size=group, client=client,
+        res = pac.protocol2_attack(data.user_vectors, data.items, data.y, num_interactions=T,
+                                   client=pac.Client(batch_size=batch, lr=lr, loss="log"),
+                                   server=pac.Server(cohort_size=group), num_items=items, update=update,
                                    generator=torch.Generator().manual_seed(seed))
         err = pac.sign_error(res.final, data.user_vectors[::group], data.item_vectors)
         out[c] = float(1.0 - err.mean())
