@@ -232,8 +232,6 @@ OVER_TEN: dict[str, int] = {
     "fedlab.attacks.interaction_inference.oltr.make_oltr_case": 17,
     "fedlab.attacks.interaction_inference.recsys.raifle": 15,
     "fedlab.attacks.interaction_inference.recsys.raifle_fncf": 16,
-    "fedlab.attacks.membership.active_attack_rounds": 17,
-    "fedlab.attacks.membership.active_attack_runs": 11,
     "fedlab.experiments.chapter1a.dlg_restarts": 11,
     "fedlab.experiments.chapter1a.dlg_vs_inverting_gradients": 11,
     "fedlab.experiments.chapter1c.active_attack_sweep": 12,

@@ -31,10 +31,12 @@ def _cands(seed=1):
 def _run(clients, **kw):
     net = models.mlp(5, (7,), 3, seed=0)
     Xc, yc = _cands()
-    args = dict(target=0, num_rounds=4, ascent_lr=0.0, lr=0.5, local_epochs=1, batch_size=None, seed=3,
-                return_trace=True)
-    args.update(kw)
-    return net, mia.active_attack_rounds(net, clients, models.get_params(net), Xc, yc, **args)
+    attack = dict(target=0, ascent_lr=0.0)
+    args = dict(num_rounds=4, seed=3, return_trace=True)
+    for k, v in kw.items():
+        (args if k in args else attack)[k] = v
+    return net, mia.active_attack_rounds(net, clients, models.get_params(net), Xc, yc, attack=mia.ActiveAttack(**attack),
+                                         local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None), **args)
 
 
 def test_isolated_target_receives_only_its_own_updates():
@@ -230,8 +232,9 @@ def test_active_attack_sweep_runs_every_variant_and_target():
     assert set(out["auc"]) == {(v, g) for v in variants for g in (0.0, 1.0)}
     assert all(a.shape == (3,) for a in out["auc"].values()) and 0.5 < out["floor"] < 1
     # the passive server's AUC for target 1 is the one active_attack_rounds gives
-    S = mia.active_attack_rounds(net, clients, models.get_params(net), cand_X[1], cand_y[1], target=1, num_rounds=2,
-                                 ascent_lr=0.0, lr=0.5, local_epochs=1, batch_size=None, seed=0)
+    S = mia.active_attack_rounds(net, clients, models.get_params(net), cand_X[1], cand_y[1],
+                                 attack=mia.ActiveAttack(target=1, ascent_lr=0.0), num_rounds=2,
+                                 local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None), seed=0)
     assert out["auc"][("server", 0.0)][1] == pytest.approx(metrics.roc_auc(is_member, mia.membership_score(S, 2)))
 
 
@@ -242,7 +245,7 @@ def test_active_attack_sweep_learns_on_the_received_and_the_returned_losses():
     K, n, R = 3, 6, 2
     clients, cand_X, cand_y, is_member, net, variants = _active_setup(K, n)
     w0 = models.get_params(net)
-    kw = dict(lr=0.5, local_epochs=1, batch_size=None, seed=0)
+    kw = dict(local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None), seed=0)
     out = ch1c.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, targets=range(K), variants=variants,
                                    num_rounds=R, ascent_lrs=[1.0], seed=0,
                                    local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None))
@@ -262,7 +265,7 @@ def test_active_attack_sweep_loss_drop_is_received_minus_returned():
     K, n, R = 3, 6, 2
     clients, cand_X, cand_y, is_member, net, variants = _active_setup(K, n)
     w0 = models.get_params(net)
-    kw = dict(lr=0.5, local_epochs=1, batch_size=None, seed=0)
+    kw = dict(local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None), seed=0)
     out = ch1c.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, targets=range(K), variants=variants,
                                    num_rounds=R, ascent_lrs=[1.0], seed=0,
                                    local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None))

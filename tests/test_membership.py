@@ -140,14 +140,22 @@ def test_recorder_and_client_signals():
 def test_active_attack_passive_equals_plain_fedavg_and_validates():
     net = _net(); cd = _federation(); p = models.get_params(net)
     Xc, yc = cd.X[0], cd.y[0]
-    S = mia.active_attack_rounds(net, cd, p, Xc, yc, target=0, num_rounds=2, ascent_lr=0.0,
-                                 batch_size=4, lr=0.1, seed=3)
+    S = mia.active_attack_rounds(net, cd, p, Xc, yc, attack=mia.ActiveAttack(target=0, ascent_lr=0.0), num_rounds=2,
+                                 local=fl.LocalTraining(batch_size=4, lr=0.1), seed=3)
     assert S.shape == (2, 8)
     with pytest.raises(ValueError, match="attacker_index"):
-        mia.active_attack_rounds(net, cd, p, Xc, yc, target=0, num_rounds=1, ascent_lr=1.0,
-                                 attacker="participant", attacker_index=0)
+        mia.ActiveAttack(target=0, ascent_lr=1.0, attacker="participant", attacker_index=0)
+    with pytest.raises(ValueError, match="attacker_index"):
+        mia.active_attack_runs(net, cd, p, [dict(X_target=Xc, y_target=yc, target=0, ascent_lr=1.0,
+                                                 attacker="participant", attacker_index=cd.num_clients)], num_rounds=1)
+    with pytest.raises(ValueError, match="local"):
+        mia.active_attack_rounds(net, cd, p, Xc, yc, attack=mia.ActiveAttack(target=0, ascent_lr=0.0), num_rounds=1,
+                                 local=fl.LocalTraining(local_steps=2))
     with pytest.raises(ValueError, match="attacker"):
-        mia.active_attack_rounds(net, cd, p, Xc, yc, target=0, num_rounds=1, ascent_lr=1.0, attacker="x")
+        mia.ActiveAttack(target=0, ascent_lr=1.0, attacker="x")
+    with pytest.raises(ValueError, match="target"):
+        mia.active_attack_rounds(net, cd, p, Xc, yc, attack=mia.ActiveAttack(target=cd.num_clients, ascent_lr=0.0),
+                                 num_rounds=1)
 
 
 def test_active_step_raises_the_loss_drop_of_members():

@@ -321,12 +321,13 @@ def test_active_attack_runs_are_the_old_loop(digits, trace):
             dict(target=3, ascent_lr=0.0, isolate=True), dict(target=4, ascent_lr=3.0, attacker="participant",
                                                               attacker_index=5)]
     got = mia.active_attack_runs(net, cd, w0, [dict(r, X_target=Xc[r["target"]], y_target=yc[r["target"]]) for r in runs],
-                                 num_rounds=3, lr=0.3, local_epochs=2, batch_size=10, seed=7)
+                                 num_rounds=3, local=fl.LocalTraining(lr=0.3, local_epochs=2, batch_size=10), seed=7)
     for r, g in zip(runs, got):
         ref = _active_reference(net, cd, w0, Xc[r["target"]], yc[r["target"]], num_rounds=3, lr=0.3, local_epochs=2,
                                 batch_size=10, seed=7, **r)
-        alone = mia.active_attack_rounds(net, cd, w0, Xc[r["target"]], yc[r["target"]], num_rounds=3, lr=0.3,
-                                         local_epochs=2, batch_size=10, seed=7, **r)
+        alone = mia.active_attack_rounds(net, cd, w0, Xc[r["target"]], yc[r["target"]], attack=mia.ActiveAttack(**r),
+                                         num_rounds=3, local=fl.LocalTraining(lr=0.3, local_epochs=2, batch_size=10),
+                                         seed=7)
         assert torch.equal(ref, g) and torch.equal(alone, g)
     with pytest.raises(ValueError, match="runs"):
         mia.active_attack_runs(net, cd, w0, [], num_rounds=1)

@@ -17,6 +17,7 @@ A membership *score* is ``[n]``, higher meaning "more likely a member".
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import numpy as np
@@ -32,7 +33,7 @@ from ..privacy.defenses import global_norm
 __all__ = [
     "last_layer_names", "per_example_loss", "per_example_grad_norm", "stack_snapshots",
     "snapshot_signals", "SnapshotRecorder", "membership_score", "attack_auc", "attack_tpr_at_fpr", "attack_accuracy",
-    "client_signals", "attack_model_auc", "gradient_ascent", "active_attack_rounds", "active_attack_runs", "round_auc",
+    "client_signals", "attack_model_auc", "gradient_ascent", "ActiveAttack", "active_attack_rounds", "active_attack_runs", "round_auc",
     "heldout_accuracy", "leave_one_out_accuracy", "learned_loo_scores",
     "logit_confidence", "balanced_inclusion", "lira_scores",
 ]
@@ -350,17 +351,63 @@ def gradient_ascent(model: nn.Module, params: dict, X: torch.Tensor, y: torch.Te
     return p
 
 
-def active_attack_rounds(model: nn.Module, clients: fl.ClientData, params: dict, X_target: torch.Tensor,
-                         y_target: torch.Tensor, *, target: int, num_rounds: int, ascent_lr: float,
-                         attacker: str = "server", isolate: bool = False, attacker_index: int | None = None,
-                         lr: float = 0.1, local_epochs: int = 1, batch_size: int | None = 10,
-                         seed: int = 0, loss_fn=fl.cross_entropy, return_trace: bool = False):
-    """Run ``num_rounds`` FedAvg rounds (all clients, McMahan et al. 2017) during which an attacker
-    observes the model and, when ``ascent_lr > 0``, mounts the gradient-ascent attack of Nasr et al.
-    (2019, Sec. V-B) on the candidate records ``(X_target, y_target)`` (members of client ``target``
-    and non-members, mixed; the attacker does not know which is which).
+@dataclass(frozen=True)
+class ActiveAttack:
+    """Who attacks whom in the membership attack of Nasr, Shokri & Houmansadr (2019, Sec. V-B), and how.
 
-    ``attacker="server"`` (global attacker) observes the model the target returns each round.
+    Fields:
+
+    ``target``
+        the client (an index) whose training set the candidate records are tested against.
+    ``ascent_lr``
+        the step of the gradient-ascent attack on the candidates (:func:`gradient_ascent`, one step per
+        round); 0 is the passive attacker on the same schedule.
+    ``attacker``
+        ``"server"`` (the global attacker, which observes the model the target returns) or
+        ``"participant"`` (a local attacker, client ``attacker_index``, which observes the next global model).
+    ``isolate``
+        the server's *isolating* variant: the target is cut off from the other participants (server only).
+    ``attacker_index``
+        the participant that attacks (``attacker="participant"`` only), a client other than ``target``.
+
+    Defaults: the paper's global (server) attacker without isolation. Raises ``ValueError`` naming the field:
+    ``ActiveAttack.target`` not an index >= 0, ``ascent_lr`` not >= 0, an unknown ``attacker``, ``isolate``
+    with a participant, a participant without an ``attacker_index`` (or with ``attacker_index == target``).
+    The bounds that depend on the federation (an index below the number of clients, two clients to isolate)
+    are checked by :func:`active_attack_runs`.
+    """
+
+    target: int
+    ascent_lr: float
+    attacker: str = "server"
+    isolate: bool = False
+    attacker_index: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.target, bool) or int(self.target) != self.target or self.target < 0:
+            raise ValueError(f"ActiveAttack.target must be a client index >= 0, got {self.target!r}")
+        if not self.ascent_lr >= 0:
+            raise ValueError(f"ActiveAttack.ascent_lr must be >= 0, got {self.ascent_lr}")
+        if self.attacker not in ("server", "participant"):
+            raise ValueError(f"ActiveAttack.attacker must be 'server' or 'participant', got {self.attacker!r}")
+        if self.attacker == "participant":
+            if self.attacker_index is None or self.attacker_index < 0 or self.attacker_index == self.target:
+                raise ValueError("ActiveAttack.attacker_index must be a client index different from target, got "
+                                 f"{self.attacker_index!r}")
+            if self.isolate:
+                raise ValueError("ActiveAttack.isolate: only the server (attacker='server') can isolate a participant")
+
+
+def active_attack_rounds(model: nn.Module, clients: fl.ClientData, params: dict, X_target: torch.Tensor,
+                         y_target: torch.Tensor, *, attack: ActiveAttack, num_rounds: int,
+                         local: fl.LocalTraining = fl.LocalTraining(), seed: int = 0, return_trace: bool = False):
+    """Run ``num_rounds`` FedAvg rounds (all clients, McMahan et al. 2017; each client trains as ``local``
+    says, FedAvg's defaults ``E = 1``, ``B = 10``, step 0.1) during which an attacker observes the model
+    and, when ``attack.ascent_lr > 0``, mounts the gradient-ascent attack of Nasr et al. (2019, Sec. V-B)
+    on the candidate records ``(X_target, y_target)`` (members of client ``attack.target`` and
+    non-members, mixed; the attacker does not know which is which).
+
+    ``attack.attacker="server"`` (global attacker) observes the model the target returns each round.
 
     * ``isolate=False``: the global model goes to every client; when ``ascent_lr > 0`` the server
       first applies :func:`gradient_ascent` on the candidates to it (every client, the target
@@ -372,9 +419,9 @@ def active_attack_rounds(model: nn.Module, clients: fl.ClientData, params: dict,
       The other clients go on with FedAvg among themselves (the target's returns are left out of
       their aggregate).
 
-    ``attacker="participant"`` (local attacker, client ``attacker_index``): it trains honestly, adds
-    the ascent step to what it uploads, and observes the next global model. ``ascent_lr = 0`` gives
-    the passive attacker on exactly the same schedule (the same batches: ``seed``).
+    ``attack.attacker="participant"`` (local attacker, client ``attack.attacker_index``): it trains
+    honestly, adds the ascent step to what it uploads, and observes the next global model.
+    ``ascent_lr = 0`` gives the passive attacker on exactly the same schedule (the same batches: ``seed``).
 
     The rounds run on :func:`fedlab.fl.rounds.run_rounds` (one run of :func:`active_attack_runs`).
     Returns the loss signal ``[num_rounds, n_candidates]`` that the attacker observed each round; with
@@ -382,14 +429,15 @@ def active_attack_rounds(model: nn.Module, clients: fl.ClientData, params: dict,
     ``num_rounds`` parameter dicts: the model the target received, the model it returned, and the other
     clients' next global model (the FedAvg aggregate of the round).
 
-    Raises ``ValueError`` for an unknown ``attacker``, a ``target`` or ``attacker_index`` that is not
-    a client (or ``attacker_index == target``), ``isolate`` with a participant attacker, fewer than two
-    clients with ``isolate``, or ``num_rounds`` not a positive integer.
+    Raises ``ValueError`` for a ``target`` or ``attacker_index`` that is not a client, fewer than two
+    clients with ``isolate``, ``num_rounds`` not a positive integer, a ``local`` with ``local_steps`` or
+    ``weight_decay`` (as :func:`active_attack_runs`), and as :class:`ActiveAttack` for its fields.
     """
-    run = dict(X_target=X_target, y_target=y_target, target=target, ascent_lr=ascent_lr, attacker=attacker,
-               isolate=isolate, attacker_index=attacker_index)
-    return active_attack_runs(model, clients, params, [run], num_rounds=num_rounds, lr=lr, local_epochs=local_epochs,
-                              batch_size=batch_size, seed=seed, loss_fn=loss_fn, return_trace=return_trace)[0]
+    if not isinstance(attack, ActiveAttack):
+        raise ValueError(f"attack must be an ActiveAttack, got {attack!r}")
+    run = dict(X_target=X_target, y_target=y_target, **asdict(attack))
+    return active_attack_runs(model, clients, params, [run], num_rounds=num_rounds, local=local, seed=seed,
+                              return_trace=return_trace)[0]
 
 
 _ACTIVE_RUN = {"X_target": None, "y_target": None, "target": None, "ascent_lr": None, "attacker": "server",
@@ -398,37 +446,37 @@ _ACTIVE_RUN = {"X_target": None, "y_target": None, "target": None, "ascent_lr": 
 
 def _check_active_run(run: dict, K: int) -> dict:
     r = run_spec(run, _ACTIVE_RUN, ("X_target", "y_target", "target", "ascent_lr"), "the arguments")
-    attacker, target, attacker_index = r["attacker"], r["target"], r["attacker_index"]
-    if attacker not in ("server", "participant"):
-        raise ValueError(f"attacker must be 'server' or 'participant', got {attacker!r}")
-    if not 0 <= target < K:
-        raise ValueError(f"target must be a client index in 0..{K - 1}, got {target}")
-    if attacker == "participant":
-        if attacker_index is None or not 0 <= attacker_index < K or attacker_index == target:
-            raise ValueError("attacker_index must be a client index different from target")
-        if r["isolate"]:
-            raise ValueError("isolate: only the server (attacker='server') can isolate a participant")
+    ActiveAttack(**{k: r[k] for k in ("target", "ascent_lr", "attacker", "isolate", "attacker_index")})
+    if not r["target"] < K:
+        raise ValueError(f"target must be a client index in 0..{K - 1}, got {r['target']}")
+    if r["attacker"] == "participant" and not r["attacker_index"] < K:
+        raise ValueError(f"attacker_index must be a client index in 0..{K - 1}, got {r['attacker_index']}")
     if r["isolate"] and K < 2:
         raise ValueError("isolate needs at least two clients (the target and the rest of the federation)")
     return r
 
 
 def active_attack_runs(model: nn.Module, clients: fl.ClientData, params: dict, runs: Sequence[dict], *,
-                       num_rounds: int, lr: float = 0.1, local_epochs: int = 1, batch_size: int | None = 10,
-                       seed: int = 0, loss_fn=fl.cross_entropy, return_trace: bool = False) -> list:
+                       num_rounds: int, local: fl.LocalTraining = fl.LocalTraining(), seed: int = 0,
+                       return_trace: bool = False) -> list:
     """Several :func:`active_attack_rounds` at once, on the same federation (``clients``, ``params``,
-    ``num_rounds``, the clients' ``lr``, ``local_epochs``, ``batch_size`` and the ``seed``): each run is a
-    mapping of that function's other arguments, ``X_target``, ``y_target``, ``target``, ``ascent_lr`` and
-    optionally ``attacker``, ``isolate``, ``attacker_index``. Every run has its own generator seeded with
-    ``seed``, as a call of :func:`active_attack_rounds` has; the local training of all runs' clients goes
-    through one vmapped step (:func:`fedlab.fl.stacked.sgd_jobs`). Returns what
+    ``num_rounds``, the clients' training ``local`` and the ``seed``): each run is a mapping of the
+    candidates ``X_target``, ``y_target`` and the fields of an :class:`ActiveAttack`, ``target``,
+    ``ascent_lr`` and optionally ``attacker``, ``isolate``, ``attacker_index``. Every run has its own
+    generator seeded with ``seed``, as a call of :func:`active_attack_rounds` has; the local training of all
+    runs' clients goes through one vmapped step (:func:`fedlab.fl.stacked.sgd_jobs`). Returns what
     :func:`active_attack_rounds` returns for each run, bit for bit, in order. Raises ``ValueError`` as
-    that function does, and for no runs."""
+    that function does, for no runs, and naming ``local`` for ``local_steps`` or ``weight_decay`` (these
+    rounds train ``local_epochs`` epochs of plain SGD)."""
     from ..fl.stacked import PlanCache, SGDJob, sgd_jobs
 
     K = clients.num_clients
     if not runs:
         raise ValueError("runs must hold at least one run")
+    if local.local_steps is not None or local.weight_decay != 0:
+        raise ValueError(f"local: these rounds train local_epochs epochs of plain SGD, got "
+                         f"local_steps={local.local_steps}, weight_decay={local.weight_decay}")
+    lr, local_epochs, batch_size, loss_fn = local.lr, local.local_epochs, local.batch_size, local.loss_fn
     runs = [_check_active_run(dict(r), K) for r in runs]
     if int(num_rounds) != num_rounds or num_rounds < 1:
         raise ValueError(f"num_rounds must be a positive integer, got {num_rounds}")

@@ -586,10 +586,8 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
             runs.append(dict(X_target=cand_X[k], y_target=cand_y[k], target=k, ascent_lr=gamma, **kw, **extra))
     # mia.active_attack_rounds for every (variant, gamma, target), all runs' clients trained in one vmap
     local = _local(local)
-    lkw = {} if local.loss_fn is cross_entropy else {"loss_fn": local.loss_fn}
-    traces = iter(mia.active_attack_runs(model, clients, params, runs, num_rounds=num_rounds, seed=seed,
-                                         return_trace=True, lr=local.lr, local_epochs=local.local_epochs,
-                                         batch_size=local.batch_size, **lkw))
+    traces = iter(mia.active_attack_runs(model, clients, params, runs, num_rounds=num_rounds, local=local, seed=seed,
+                                         return_trace=True))
     out = {"auc": {}, "accuracy": {}, "auc_learned": {}, "tpr": {}, "fpr": tuple(LOW_FPR), "drop": {}}
     labels = np.tile(np.asarray(is_member), len(targets))
     mem = np.asarray(is_member) > 0.5
@@ -598,7 +596,8 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
         for k in targets:
             tr = next(traces)
             with torch.no_grad():
-                sent = torch.stack([mia.per_example_loss(model, rec, cand_X[k], cand_y[k], **lkw) for rec in tr["received"]])
+                sent = torch.stack([mia.per_example_loss(model, rec, cand_X[k], cand_y[k], local.loss_fn)
+                                    for rec in tr["received"]])
             scores.append(mia.membership_score(tr["signals"], num_rounds).numpy())
             feats.append(torch.cat([sent, tr["signals"]]).T.numpy())       # [2n, 2R]: sent and observed losses
             drops.append((sent - tr["signals"]).mean(0).numpy())           # [2n]: received minus returned loss

@@ -120,9 +120,10 @@ def _mia_active_row(seed: int, columns: Sequence[str], tiny: bool = False) -> di
     clients, cand_X, cand_y, is_member, net, _ = _mia_federation(seed, K, n)
     honest = fl.fedavg(net, clients, num_rounds=honest_rounds, params=models.get_params(net), seed=seed,
                        local=fl.LocalTraining(**fl_args))
-    traces = [mia.active_attack_rounds(net, clients, honest.params, cand_X[k], cand_y[k], target=k, num_rounds=rounds,
-                                       ascent_lr=gamma, attacker="server", isolate=True, seed=seed + 1,
-                                       return_trace=True, **fl_args) for k in range(K)]
+    traces = [mia.active_attack_rounds(net, clients, honest.params, cand_X[k], cand_y[k],
+                                       attack=mia.ActiveAttack(target=k, ascent_lr=gamma, attacker="server", isolate=True),
+                                       num_rounds=rounds, local=fl.LocalTraining(**fl_args), seed=seed + 1,
+                                       return_trace=True) for k in range(K)]
     like = honest.params
     received = torch.stack([models.flatten_params(p) for tr in traces for p in tr["received"]])    # [K * rounds, n]
     returned = torch.stack([models.flatten_params(p) for tr in traces for p in tr["returned"]])
