@@ -114,7 +114,7 @@ GLOSSARY = {
         "criterion": None, "criteria": None}),       # 'iter' inside 'criterion': selection rules, not budgets
     "steps": (r"steps", {
         "local_steps": None,                          # a client's SGD steps
-        "steps": "fedlab/", "dlg_steps": "fedlab/experiments/chapter1a.py",   # calls of L-BFGS (DLG's reference loop)
+        "steps": "fedlab/",                           # calls of L-BFGS (DLG's reference loop)
         "ascent_steps": "fedlab/attacks/membership.py"}),
     "restarts": (r"restart", {"num_restarts": None, "restart": "fedlab/experiments/chapter1a.py"}),   # a result
     "rounds": (r"round", {
@@ -232,8 +232,6 @@ OVER_TEN: dict[str, int] = {
     "fedlab.attacks.interaction_inference.oltr.make_oltr_case": 17,
     "fedlab.attacks.interaction_inference.recsys.raifle": 15,
     "fedlab.attacks.interaction_inference.recsys.raifle_fncf": 16,
-    "fedlab.experiments.chapter1a.dlg_restarts": 11,
-    "fedlab.experiments.chapter1a.dlg_vs_inverting_gradients": 11,
     "fedlab.experiments.chapter1c.active_attack_sweep": 12,
     "fedlab.experiments.chapter1c.dp_grid": 14,
     "fedlab.experiments.chapter1c.personalization_sweep": 20,

@@ -166,10 +166,15 @@ def test_tables_quote_paper_ours_and_record():
 
 def test_dlg_vs_ig_rejects_bad_arguments(lenet_setup):
     net, w, X, y = lenet_setup
-    with pytest.raises(ValueError, match="max_iter"):
-        ch1a.dlg_vs_inverting_gradients(net, w, X[:1], y[:1], weight_key="x", max_iter=1)
+    last = [k for k in w if k.endswith("weight")][-1]
+    with pytest.raises(ValueError, match="num_restarts"):           # DLG starts once
+        ch1a.dlg_vs_inverting_gradients(net, w, X[:1], y[:1], weight_key=last,
+                                        dlg_budget=gi.AttackBudget(max_iter=2, lr=1.0, num_restarts=2),
+                                        ig_budget=gi.IG_BUDGET)
     with pytest.raises(ValueError, match="weight_key"):
-        ch1a.dlg_vs_inverting_gradients(net, w, X[:1], y[:1], weight_key="no.such.weight", max_iter=4)
+        ch1a.dlg_vs_inverting_gradients(net, w, X[:1], y[:1], weight_key="no.such.weight",
+                                        dlg_budget=gi.AttackBudget(max_iter=2, lr=1.0),
+                                        ig_budget=gi.AttackBudget(max_iter=4, lr=0.1))
 
 
 def test_dlg_vs_ig_and_the_dlg_figures_on_tiny_runs(lenet_setup):
@@ -177,7 +182,9 @@ def test_dlg_vs_ig_and_the_dlg_figures_on_tiny_runs(lenet_setup):
     relu = models.lenet(1, 10, 8, activation="relu", seed=0)
     w_relu = models.get_params(relu)
     fc = [k for k, v in w_relu.items() if v.ndim == 2][-1]
-    res = ch1a.dlg_vs_inverting_gradients(relu, w_relu, X[:2], y[:2], weight_key=fc, max_iter=4, seed=0)
+    res = ch1a.dlg_vs_inverting_gradients(relu, w_relu, X[:2], y[:2], weight_key=fc,
+                                          dlg_budget=gi.AttackBudget(max_iter=2, lr=1.0),
+                                          ig_budget=gi.AttackBudget(max_iter=4, lr=0.1), seed=0)
     assert res["labels"].shape == (2, 1) and (res["labels"][:, 0] == y[:2]).all()   # the iDLG rule
     assert res["dlg_x"].shape == res["ig_x"].shape == X[:2].shape and res["psnr_ig"].shape == (2,)
     ch1a.plot_dlg_vs_ig(X[:2], res)
@@ -232,7 +239,7 @@ def test_dlg_final_loss_and_restarts_keep_the_least_loss(lenet_setup):
     psnr0 = np.array([gi.matched_psnr(first.x[i], X4[i:i + 1])[0] for i in range(3)])
     assert first.final_loss.shape == (3,) and (first.final_loss >= 0).all()
     res = ch1a.dlg_restarts(net, w, X4, y[:3], psnr0=psnr0, loss0=first.final_loss, evaluations0=first.evaluations,
-                            num_restarts=2, steps=1, seed=7)
+                            budget=gi.AttackBudget(max_iter=20, lr=1.0, num_restarts=2, steps=1), seed=7)
     assert res["psnr"].shape == res["loss"].shape == res["evaluations"].shape == (3, 3)
     assert np.array_equal(res["loss"][0], first.final_loss) and np.array_equal(res["psnr"][0], psnr0)
     reps = {k: v.repeat(2, *([1] * (v.ndim - 1))) for k, v in grads.items()}   # restart r of image i: row 3 (r-1) + i
@@ -246,14 +253,18 @@ def test_dlg_final_loss_and_restarts_keep_the_least_loss(lenet_setup):
     assert np.array_equal(res["psnr_best"], res["psnr"][res["best"], np.arange(3)])
     assert np.array_equal(res["loss_best"], res["loss"].min(0))
     assert (res["loss_truth"] < 1e-10).all() and (res["loss_best"] > 100 * res["loss_truth"]).all()
-    none = ch1a.dlg_restarts(net, w, X4[:0], y[:0], psnr0=[], loss0=[], evaluations0=[], num_restarts=2, steps=1)
+    none = ch1a.dlg_restarts(net, w, X4[:0], y[:0], psnr0=[], loss0=[], evaluations0=[],
+                             budget=gi.AttackBudget(max_iter=20, lr=1.0, num_restarts=2, steps=1))
     assert none["psnr"].shape == (3, 0) and none["psnr_best"].shape == (0,)
     with pytest.raises(ValueError, match="restarts"):
         ch1a.dlg_restarts(net, w, X4, y[:3], psnr0=psnr0, loss0=first.final_loss, evaluations0=first.evaluations,
-                          num_restarts=0, steps=1)
+                          budget=gi.AttackBudget(max_iter=20, lr=1.0, num_restarts=0, steps=1))
+    with pytest.raises(ValueError, match="steps"):
+        ch1a.dlg_restarts(net, w, X4, y[:3], psnr0=psnr0, loss0=first.final_loss, evaluations0=first.evaluations,
+                          budget=gi.AttackBudget(max_iter=20, lr=1.0, num_restarts=2))
     with pytest.raises(ValueError, match="one entry per image"):
         ch1a.dlg_restarts(net, w, X4, y[:3], psnr0=psnr0[:2], loss0=first.final_loss, evaluations0=first.evaluations,
-                          num_restarts=1, steps=1)
+                          budget=gi.AttackBudget(max_iter=20, lr=1.0, num_restarts=1, steps=1))
 
 
 def test_dlg_final_loss_is_small_where_the_attack_succeeds_and_not_where_it_stalls(lenet_setup):
@@ -327,8 +338,9 @@ def test_layer_figure_and_correlation_on_a_tiny_run(digits_net):
         ch1a.plot_layer_distances(run, ["c1", "c2", "c3", "fc"], attack=5)
     res = ch1a.dlg_vs_inverting_gradients(models.lenet(1, 10, 8, activation="relu", seed=0),
                                           models.get_params(models.lenet(1, 10, 8, activation="relu", seed=0)),
-                                          ds.X[:2], ds.y[:2], weight_key="7.weight", max_iter=4, dlg_steps=1,
-                                          num_restarts=2)
+                                          ds.X[:2], ds.y[:2], weight_key="7.weight",
+                                          dlg_budget=gi.AttackBudget(max_iter=20, lr=1.0, steps=1),
+                                          ig_budget=gi.AttackBudget(max_iter=4, lr=0.1, num_restarts=2))
     assert res["ig_evaluations"] == 5 and (res["dlg_evaluations"] <= 20).all() and res["ig_x"].shape == (2, 1, 8, 8)
 
 

@@ -16,6 +16,7 @@ the chapters' tables and figures.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -29,7 +30,7 @@ from ..attacks import gradient_inversion as gi
 from ..attacks import imprint as imp
 from ..privacy.dprivacy import clopper_pearson
 
-__all__ = ["UPDATE_SETTINGS", "ZHAO_LABEL_ACC", "WEI_RATES", "word_set_recovery", "recovery_table",
+__all__ = ["UPDATE_SETTINGS", "ZHAO_LABEL_ACC", "WEI_RATES", "IG_PRIOR", "word_set_recovery", "recovery_table",
            "order_and_counts", "plot_dlg_snapshots", "plot_dlg_psnr", "label_table",
            "dlg_vs_inverting_gradients", "plot_dlg_vs_ig", "success_by_batch_size", "success_by_local_steps",
            "unrolled_local_steps", "unrolled_table", "unrolled_paragraph", "plot_wei_sweeps", "wei_table", "noise_grid",
@@ -253,9 +254,12 @@ def imprint_psnr(demo: Mapping) -> np.ndarray:
 
 
 def dlg_restarts(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, psnr0, loss0, evaluations0,
-                 num_restarts: int, steps: int, max_iter: int = 20, seed: int = 0) -> dict:
+                 budget: gi.AttackBudget, seed: int = 0) -> dict:
     """DLG (Zhu et al. 2019, Alg. 1, the reference loop of :func:`fedlab.attacks.gradient_inversion.dlg`)
-    restarted from ``num_restarts`` further random starts on the images ``X [n, C, H, W]``, ``y [n]`` (e.g. the
+    restarted from ``num_restarts = budget.num_restarts`` further random starts, each run with ``budget``'s
+    ``max_iter``, ``lr``, ``history_size`` and ``steps`` (Zhu et al.'s loop:
+    ``gi.AttackBudget(max_iter=gi.DLG_REFERENCE_MAX_ITER, lr=1.0, num_restarts=R, steps=S)``), on the images
+    ``X [n, C, H, W]``, ``y [n]`` (e.g. the
     ones a first run failed on), keeping per image the run whose matching loss is smallest (the attacker
     cannot see the PSNR). Run ``0`` is the first run, given by its ``psnr0``, ``loss0`` (its
     ``final_loss``) and ``evaluations0``, each ``[n]``; the ``num_restarts * n`` further attacks run as one
@@ -265,8 +269,11 @@ def dlg_restarts(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, psnr0
 
     Returns ``{"psnr", "loss", "evaluations": [num_restarts + 1, n] arrays, "best": [n] run index of least
     loss, "psnr_best", "loss_best": [n], "loss_truth": [n]}``; with ``n = 0`` every array is empty and no
-    attack runs. Raises ``ValueError`` for ``num_restarts < 1``, ``steps < 1``, or inputs of different lengths."""
-    num_restarts, steps = positive_int("num_restarts", num_restarts), positive_int("steps", steps)
+    attack runs. Raises ``ValueError`` for a ``budget`` that is not an :class:`~fedlab.attacks.AttackBudget` with
+    ``steps`` (the reference loop), or inputs of different lengths."""
+    if not isinstance(budget, gi.AttackBudget) or budget.steps is None:
+        raise ValueError(f"budget must be an AttackBudget with steps (DLG's reference loop), got {budget!r}")
+    num_restarts = budget.num_restarts
     n = len(X)
     first = [np.asarray(a, dtype=float).ravel() for a in (psnr0, loss0, evaluations0)]
     if len(y) != n or any(len(a) != n for a in first):
@@ -281,7 +288,7 @@ def dlg_restarts(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, psnr0
             truth[i] = float(gi.gradient_distance(dummy, {k: v[i] for k, v in g.items()}))
         reps = {k: v.repeat(num_restarts, *([1] * (v.ndim - 1))) for k, v in g.items()}   # row (r - 1) * n + i
         run = gi.dlg(model, params, reps, knows=gi.Knowledge(input_shape=tuple(X.shape[1:]), num_classes=10),
-                     budget=gi.AttackBudget(max_iter=max_iter, lr=1.0, steps=steps), stacked=True, seed=seed)
+                     budget=replace(budget, num_restarts=1), stacked=True, seed=seed)
         p = np.array([gi.matched_psnr(run.x[j], X[j % n:j % n + 1])[0] for j in range(num_restarts * n)])
         psnr += list(p.reshape(num_restarts, n))
         loss += list(np.asarray(run.final_loss, dtype=float).reshape(num_restarts, n))
@@ -366,43 +373,41 @@ def label_table(ours: Mapping[str, float], n_eval: Mapping[str, int], run):
                            for m in paper])
 
 
+#: Inverting Gradients' prior in :func:`dlg_vs_inverting_gradients` by default: TV weight 0.1 and a Gaussian start
+#: ``0.5 + 0.25 N(0, 1)`` (Geiping et al. 2020, Sec. 4; the chapter passes the data's per-channel statistics).
+IG_PRIOR = gi.ImagePrior(tv_weight=0.1, init_mean=0.5, init_std=0.25)
+
+
 def dlg_vs_inverting_gradients(model, params: dict, X: torch.Tensor, y: torch.Tensor, *, weight_key: str,
-                               max_iter: int, dlg_steps: int | None = None, num_restarts: int = 1, init_mean=0.5,
-                               init_std=0.25, seed: int = 0) -> dict:
+                               dlg_budget: gi.AttackBudget, ig_budget: gi.AttackBudget,
+                               prior: gi.ImagePrior = IG_PRIOR, seed: int = 0) -> dict:
     """DLG (Zhu et al. 2019) against Inverting Gradients (Geiping et al. 2020, Sec. 4) on the same
     one-image gradients, both given the label found by the iDLG rule (Zhao et al. 2020) from the
     weight gradient ``weight_key`` of the last linear layer, so that only the objective differs.
 
-    ``X [n, C, H, W]``, ``y [n]``. DLG runs the reference loop, ``dlg_steps`` calls of L-BFGS with 20
-    iterations (at most ``20 * dlg_steps`` evaluations), or, when ``dlg_steps`` is ``None``,
-    ``max_iter // 2`` iterations of one L-BFGS run; IG runs ``max_iter`` signed-Adam steps (lr 0.1, TV
-    weight 0.1) from ``num_restarts`` Gaussian starts ``init_mean + init_std * N(0, 1)`` per image and keeps
-    the start of least gradient loss; all attacks of each method in one stacked call.
+    ``X [n, C, H, W]``, ``y [n]``. DLG runs with ``dlg_budget`` (with ``steps``: the reference loop,
+    ``steps`` calls of L-BFGS with ``max_iter`` iterations each, at most ``steps * max_iter`` evaluations;
+    without: one L-BFGS run of ``max_iter`` iterations); IG runs ``ig_budget.max_iter`` signed-Adam steps
+    (step ``ig_budget.lr``, Geiping et al.'s 0.1) from ``ig_budget.num_restarts`` starts of ``prior``
+    (:data:`IG_PRIOR` by default: TV weight 0.1, Gaussian ``init_mean + init_std * N(0, 1)``) per image and
+    keeps the start of least gradient loss; all attacks of each method in one stacked call.
 
     Returns ``{"labels": [n, 1], "dlg_x": [n, C, H, W], "ig_x": [n, C, H, W], "psnr_dlg": array [n],
     "psnr_ig": array [n], "dlg_evaluations": array [n], "ig_evaluations": int (per restart)}``.
-    Raises ``ValueError`` if ``max_iter < 2`` or ``weight_key`` is not a parameter of ``params``.
+    Raises ``ValueError`` if ``weight_key`` is not a parameter of ``params``, and as
+    :func:`~fedlab.attacks.gradient_inversion.dlg` and :func:`~fedlab.attacks.gradient_inversion.inverting_gradients`
+    for their budgets (DLG starts once; IG has no ``steps``).
     """
-    if positive_int("max_iter", max_iter) < 2:
-        raise ValueError(f"max_iter must be >= 2 (DLG runs max_iter // 2), got {max_iter}")
     if weight_key not in params:
         raise ValueError(f"weight_key {weight_key!r} is not a parameter of params")
     n, shape = len(X), tuple(X.shape[1:])
     g = gi.per_example_gradients(model, params, X, y)
     labels = torch.tensor([[gi.idlg_label(g[weight_key][i])] for i in range(n)])
-    if dlg_steps is None:
-        dlg_run = gi.dlg(model, params, g, knows=gi.Knowledge(input_shape=shape, num_classes=10, labels=labels),
-                         budget=gi.AttackBudget(max_iter=max_iter // 2, lr=1.0), stacked=True, seed=seed)
-        dlg_evals = np.full(n, dlg_run.evaluations)
-    else:
-        dlg_run = gi.dlg(model, params, g, knows=gi.Knowledge(input_shape=shape, num_classes=10, labels=labels),
-                         budget=gi.AttackBudget(max_iter=gi.DLG_REFERENCE_MAX_ITER, lr=1.0, steps=dlg_steps),
-                         stacked=True, seed=seed)
-        dlg_evals = np.asarray(dlg_run.evaluations)
+    dlg_run = gi.dlg(model, params, g, knows=gi.Knowledge(input_shape=shape, num_classes=10, labels=labels),
+                     budget=dlg_budget, stacked=True, seed=seed)
+    dlg_evals = np.full(n, dlg_run.evaluations) if dlg_budget.steps is None else np.asarray(dlg_run.evaluations)
     ig = gi.inverting_gradients(model, params, g, knows=gi.Knowledge(input_shape=shape, labels=labels),
-                                budget=gi.AttackBudget(max_iter=max_iter, lr=0.1, num_restarts=num_restarts),
-                                prior=gi.ImagePrior(tv_weight=0.1, init_mean=init_mean, init_std=init_std),
-                                stacked=True, seed=seed)
+                                budget=ig_budget, prior=prior, stacked=True, seed=seed)
     psnr_dlg = np.array([gi.matched_psnr(dlg_run.x[i], X[i:i + 1])[0] for i in range(n)])
     psnr_ig = np.array([gi.matched_psnr(ig.x[i], X[i:i + 1])[0] for i in range(n)])
     return {"labels": labels, "dlg_x": dlg_run.x[:, 0], "ig_x": ig.x[:, 0], "psnr_dlg": psnr_dlg, "psnr_ig": psnr_ig,
