@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from fedlab import fl
 from fedlab.experiments import chapter1c as ch1c
+from fedlab.fl.dp_fedavg import DPSettings
 
 torch.set_num_threads(1)
 
@@ -81,23 +83,36 @@ def test_active_attack_names_values_and_table():
 
 def test_chapter1c_argument_validation():
     X = torch.zeros(4, 6, 64)
+    server = {"server": {"attacker": "server"}}
     with pytest.raises(ValueError, match="targets"):
-        ch1c.active_attack_sweep(None, None, {}, X, X[..., 0], np.ones(6), targets=[0, 4], variants={},
-                                 num_rounds=1, ascent_lrs=[1.0])
+        ch1c.active_attack_sweep(None, None, {}, X, X[..., 0], np.ones(6), num_rounds=1,
+                                 attacks=ch1c.ActiveGrid(variants=server, ascent_lrs=[1.0], targets=[0, 4]))
     with pytest.raises(ValueError, match="targets"):
-        ch1c.active_attack_sweep(None, None, {}, X, X[..., 0], np.ones(6), targets=[0], variants={},
-                                 num_rounds=1, ascent_lrs=[1.0])
+        ch1c.ActiveGrid(variants=server, ascent_lrs=[1.0], targets=[0])
     with pytest.raises(ValueError, match="ascent_lrs"):
-        ch1c.active_attack_sweep(None, None, {}, X, X[..., 0], np.ones(6), targets=[0, 1], variants={},
-                                 num_rounds=1, ascent_lrs=[0.0])
+        ch1c.ActiveGrid(variants=server, ascent_lrs=[0.0], targets=[0, 1])
+    with pytest.raises(ValueError, match="variants"):
+        ch1c.ActiveGrid(variants={}, ascent_lrs=[1.0], targets=[0, 1])
+    with pytest.raises(ValueError, match="attacker"):
+        ch1c.ActiveGrid(variants={"x": {"attacker": "client"}}, ascent_lrs=[1.0], targets=[0, 1])
+    with pytest.raises(ValueError, match="attacks"):
+        ch1c.active_attack_sweep(None, None, {}, X, X[..., 0], np.ones(6), num_rounds=1, attacks=server)
+    cells = ch1c.DPGrid(client_counts=[2], epsilons=[1.0], delta=1e-3, clip_norm=1.0, n_per_client=2)
     with pytest.raises(ValueError, match="window"):
-        ch1c.dp_grid(None, {}, None, None, None, n_per_client=2, client_counts=[2], epsilons=[1.0], num_rounds=3,
-                     delta=1e-3, clip_norm=1.0, window=5)
+        ch1c.dp_grid(None, {}, None, None, None, cells=cells, num_rounds=3, window=5)
     with pytest.raises(ValueError, match="n_per_client"):
-        ch1c.dp_grid(None, {}, None, None, None, n_per_client=0, client_counts=[2], epsilons=[1.0], num_rounds=3,
-                     delta=1e-3, clip_norm=1.0)
+        ch1c.DPGrid(client_counts=[2], epsilons=[1.0], delta=1e-3, clip_norm=1.0, n_per_client=0)
+    with pytest.raises(ValueError, match="clip_norm"):
+        ch1c.DPGrid(client_counts=[2], epsilons=[1.0], delta=1e-3, clip_norm=0.0, n_per_client=2)
+    with pytest.raises(ValueError, match="epsilons"):
+        ch1c.DPGrid(client_counts=[2], epsilons=[], delta=1e-3, clip_norm=1.0, n_per_client=2)
     with pytest.raises(ValueError, match="num_clients"):
-        ch1c.personalization_sweep(None, {}, [2], num_clients=0, num_rounds=1, sampling_prob=0.5, noise_multiplier=1.0,
-                                   clip_norm=1.0, server_lr=1.0, lr=0.1, batch_size=5)
+        ch1c.PersonalizationTask(num_clients=0)
+    with pytest.raises(ValueError, match="head_epochs"):
+        ch1c.PersonalizationSchedule(head_epochs=0)
+    with pytest.raises(ValueError, match="local"):
+        ch1c.personalization_sweep(None, {}, [2], task=ch1c.PersonalizationTask(num_clients=4), num_rounds=1,
+                                   dp=DPSettings(noise_multiplier=1.0, clip_norm=1.0, sampling_prob=0.5),
+                                   local=fl.LocalTraining(weight_decay=0.1))
     with pytest.raises(ValueError, match="recs_fa"):
         ch1c.snr_and_agreement([], [object()], {})

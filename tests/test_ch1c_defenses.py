@@ -1,6 +1,7 @@
 """Chapter 1c's defenses, now chapter 1d's page (issue 16, item 6): delta of client-level DP checked against 1/K, the
 chapter's delta below 1/K at every K it uses (both scales), and the budget sweep of local-only
 training, DP-FedAvg + fine-tuning and Centaur (fedlab.experiments.chapter1c)."""
+import dataclasses
 import json
 import math
 import re
@@ -13,6 +14,7 @@ import torch
 import fedlab
 from fedlab import fl, models
 from fedlab.experiments import chapter1c as ch1c
+from fedlab.fl.dp_fedavg import DPSettings
 from fedlab.privacy import dp_fedavg as dpf
 
 torch.set_num_threads(1)
@@ -65,8 +67,7 @@ def test_smaller_delta_needs_more_noise():
 
 def test_dp_grid_rejects_delta_not_below_one_over_K_before_training():
     with pytest.raises(ValueError, match="1/num_clients"):
-        ch1c.dp_grid(None, {}, None, None, None, n_per_client=2, client_counts=[10, 2000], epsilons=[1.0],
-                     num_rounds=3, delta=1e-3, clip_norm=1.0, window=1)
+        ch1c.DPGrid(client_counts=[10, 2000], epsilons=[1.0], delta=1e-3, clip_norm=1.0, n_per_client=2)
 
 
 def _chapter_settings(scale, monkeypatch):
@@ -93,8 +94,11 @@ def test_the_chapters_delta_is_below_one_over_K_for_every_K_it_uses(scale, monke
 
 
 # ------------------------------------------------------------------ budget sweep (Centaur vs the others)
-SMALL = dict(num_clients=24, num_rounds=2, sampling_prob=0.5, clip_norm=0.2, server_lr=3.0, lr=0.2, batch_size=5,
-             local_only_epochs=2, finetune_epochs=2, head_epochs=2, final_head_epochs=2, seed=0)
+SMALL_DP = DPSettings(noise_multiplier=1.0, clip_norm=0.2, sampling_prob=0.5, server_lr=3.0, safe=False)
+SMALL_TRAIN = dict(local=fl.LocalTraining(lr=0.2, batch_size=5), seed=0,
+                   schedule=ch1c.PersonalizationSchedule(local_only_epochs=2, finetune_epochs=2, head_epochs=2,
+                                                     final_head_epochs=2))
+SMALL = dict(task=ch1c.PersonalizationTask(num_clients=24), num_rounds=2, dp=SMALL_DP, **SMALL_TRAIN)
 
 
 def _net():
@@ -105,22 +109,21 @@ def _net():
 def test_personalization_sweep_runs_a_subset_of_methods():
     net, w0 = _net()
     args = {k: v for k, v in SMALL.items()}
-    full, diag = ch1c.personalization_sweep(net, w0, [5], noise_multiplier=1.0, **args)
-    part, diag_p = ch1c.personalization_sweep(net, w0, [5], noise_multiplier=1.0, methods=["Centaur"], **args)
+    full, diag, _ = ch1c.personalization_sweep(net, w0, [5], **args)
+    part, diag_p, _ = ch1c.personalization_sweep(net, w0, [5], methods=["Centaur"], **args)
     assert set(full) == set(ch1c.PERSONALIZATION_METHODS) and set(part) == {"Centaur"}
     assert part["Centaur"][5] == full["Centaur"][5]           # same seed, same run
     assert diag_p[5][0] == [] and len(diag_p[5][1]) == 2
     with pytest.raises(ValueError, match="methods"):
-        ch1c.personalization_sweep(net, w0, [5], noise_multiplier=1.0, methods=["FedAvg"], **args)
+        ch1c.personalization_sweep(net, w0, [5], methods=["FedAvg"], **args)
 
 
 def test_personalization_eps_sweep_calibrates_each_budget_and_reuses_known_runs():
     net, w0 = _net()
-    K, T, q = SMALL["num_clients"], SMALL["num_rounds"], SMALL["sampling_prob"]
+    K, T, q = SMALL["task"].num_clients, SMALL["num_rounds"], SMALL_DP.sampling_prob
     delta = dpf.delta_for(K)
-    sweep_args = {k: v for k, v in SMALL.items() if k not in ("num_clients", "num_rounds", "sampling_prob")}
-    out = ch1c.personalization_eps_sweep(net, w0, [0.5, 4.0], classes_per_client=5, num_clients=K, num_rounds=T,
-                                         sampling_prob=q, delta=delta, **sweep_args)
+    sweep_args = dict(task=SMALL["task"], num_rounds=T, dp=SMALL_DP, **SMALL_TRAIN)
+    out = ch1c.personalization_eps_sweep(net, w0, [0.5, 4.0], classes_per_client=5, delta=delta, **sweep_args)
     util, z = out["util"], out["z"]
     assert list(util["Centaur"]) == [0.5, 4.0] and z[0.5] > z[4.0] > 0
     # the chapter's float accountant (ch1c.CHAPTER_MECHANISM), not fedlab's safe default
@@ -130,20 +133,20 @@ def test_personalization_eps_sweep_calibrates_each_budget_and_reuses_known_runs(
     assert cost["ratio"] > 1                      # no amplification by sampling in the safe accountant
     assert util["local-only"][0.5] == util["local-only"][4.0]       # no budget spent: one run
     # each budget is the heterogeneity sweep at that noise multiplier
-    one, _ = ch1c.personalization_sweep(net, w0, [5], num_clients=K, num_rounds=T, sampling_prob=q,
-                                        noise_multiplier=z[4.0], **sweep_args)
+    one, _, _ = ch1c.personalization_sweep(net, w0, [5], **{**sweep_args,
+                                                           "dp": dataclasses.replace(SMALL_DP, noise_multiplier=z[4.0])})
     for m in ch1c.PERSONALIZATION_METHODS:
         assert util[m][4.0] == pytest.approx(one[m][5])
     # a known budget is copied, not rerun
     known = {1.0: {"local-only": 0.11, "DP-FedAvg + fine-tuning": 0.22, "Centaur": 0.33}}
-    out2 = ch1c.personalization_eps_sweep(net, w0, [1.0, 4.0], classes_per_client=5, num_clients=K, num_rounds=T,
-                                          sampling_prob=q, delta=delta, known=known, **sweep_args)
+    out2 = ch1c.personalization_eps_sweep(net, w0, [1.0, 4.0], classes_per_client=5, delta=delta, known=known,
+                                          **sweep_args)
     assert out2["util"]["Centaur"][1.0] == 0.33 and out2["util"]["local-only"] == {1.0: 0.11, 4.0: 0.11}
     assert out2["util"]["Centaur"][4.0] == pytest.approx(util["Centaur"][4.0])
 
 
 def test_personalization_eps_sweep_validation():
-    kw = dict(classes_per_client=2, num_clients=100, num_rounds=2, sampling_prob=0.5)
+    kw = dict(classes_per_client=2, task=ch1c.PersonalizationTask(num_clients=100), num_rounds=2, dp=SMALL_DP)
     with pytest.raises(ValueError, match="epsilons"):
         ch1c.personalization_eps_sweep(None, {}, [], delta=1e-4, **kw)
     with pytest.raises(ValueError, match="epsilons"):
@@ -152,6 +155,9 @@ def test_personalization_eps_sweep_validation():
         ch1c.personalization_eps_sweep(None, {}, [1.0], delta=1e-2, **kw)
     with pytest.raises(ValueError, match="known"):
         ch1c.personalization_eps_sweep(None, {}, [1.0], delta=1e-4, known={1.0: {"Centaur": 0.5}}, **kw)
+    with pytest.raises(ValueError, match="safe"):
+        ch1c.personalization_eps_sweep(None, {}, [1.0], delta=1e-4,
+                                       **{**kw, "dp": dataclasses.replace(SMALL_DP, safe=True)})
 
 
 def test_personalization_eps_values_and_table():
@@ -216,9 +222,10 @@ def test_dp_grid_reports_chance_floors_of_its_auc():
     from fedlab.data import Dataset
     train, nonmem, test = Dataset(X[:30], y[:30]), Dataset(X[30:45], y[30:45]), Dataset(X[45:], y[45:])
     net = models.mlp(5, [8], 2, seed=0)
-    grid = ch1c.dp_grid(net, models.get_params(net), train, nonmem, test, n_per_client=10, client_counts=[2],
-                        epsilons=[1.0, float("inf")], num_rounds=3, delta=1e-3, clip_norm=1.0, window=2, seed=0,
-                        local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=5))
+    grid = ch1c.dp_grid(net, models.get_params(net), train, nonmem, test,
+                        cells=ch1c.DPGrid(client_counts=[2], epsilons=[1.0, float("inf")], delta=1e-3, clip_norm=1.0,
+                                          n_per_client=10),
+                        num_rounds=3, window=2, seed=0, local=fl.LocalTraining(lr=0.1, local_epochs=1, batch_size=5))
     for cell in grid.values():
         assert 0.5 < cell["floor"] < cell["floor_999"] < 1.0
         assert np.isfinite(cell["auc"])
@@ -235,9 +242,7 @@ def test_the_chapters_dp_runs_use_the_float_mechanism_they_are_accounted_for(mon
 
     monkeypatch.setattr(dpf, "discrete_noise", safe_noise_called)
     net, w0 = _net()
-    args = {k: v for k, v in SMALL.items() if k != "sampling_prob"}
-    accs, _ = ch1c.personalization_sweep(net, w0, [5], sampling_prob=SMALL["sampling_prob"], noise_multiplier=1.0,
-                                         methods=["DP-FedAvg + fine-tuning", "Centaur"], **args)
+    accs, _, _ = ch1c.personalization_sweep(net, w0, [5], methods=["DP-FedAvg + fine-tuning", "Centaur"], **SMALL)
     assert set(accs) == {"DP-FedAvg + fine-tuning", "Centaur"} and all(5 in v for v in accs.values())
 
 
@@ -257,8 +262,9 @@ def test_dp_grid_attacks_the_last_window_of_released_models():
     net = models.mlp(64, (16,), 10, seed=0)
     w0 = models.get_params(net)
     K, n, rounds, window, local = 4, 10, 6, 2, fl.LocalTraining(lr=0.3, local_epochs=2, batch_size=10)
-    grid = ch1c.dp_grid(net, w0, train, nonmembers, test, n_per_client=n, client_counts=[K], epsilons=[math.inf],
-                        num_rounds=rounds, delta=1e-3, clip_norm=1.0, window=window, seed=0, local=local)
+    grid = ch1c.dp_grid(net, w0, train, nonmembers, test,
+                        cells=ch1c.DPGrid(client_counts=[K], epsilons=[math.inf], delta=1e-3, clip_norm=1.0, n_per_client=n),
+                        num_rounds=rounds, window=window, seed=0, local=local)
     parts = [p[:n] for p in data.partition_iid(len(train), K, seed=0)]
     clients = fl.stack_clients(data.client_datasets(train, parts))
     released = []

@@ -226,8 +226,8 @@ def _active_setup(K: int, n: int):
 def test_active_attack_sweep_runs_every_variant_and_target():
     K, n = 3, 6
     clients, cand_X, cand_y, is_member, net, variants = _active_setup(K, n)
-    out = ch1c.active_attack_sweep(net, clients, models.get_params(net), cand_X, cand_y, is_member, targets=[0, 1, 2],
-                                   variants=variants, num_rounds=2, ascent_lrs=[1.0], seed=0,
+    out = ch1c.active_attack_sweep(net, clients, models.get_params(net), cand_X, cand_y, is_member, num_rounds=2,
+                                   attacks=ch1c.ActiveGrid(variants=variants, ascent_lrs=[1.0], targets=[0, 1, 2]), seed=0,
                                    local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None))
     assert set(out["auc"]) == {(v, g) for v in variants for g in (0.0, 1.0)}
     assert all(a.shape == (3,) for a in out["auc"].values()) and 0.5 < out["floor"] < 1
@@ -246,8 +246,8 @@ def test_active_attack_sweep_learns_on_the_received_and_the_returned_losses():
     clients, cand_X, cand_y, is_member, net, variants = _active_setup(K, n)
     w0 = models.get_params(net)
     kw = dict(local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None), seed=0)
-    out = ch1c.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, targets=range(K), variants=variants,
-                                   num_rounds=R, ascent_lrs=[1.0], seed=0,
+    out = ch1c.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, num_rounds=R,
+                                   attacks=ch1c.ActiveGrid(variants=variants, ascent_lrs=[1.0], targets=range(K)), seed=0,
                                    local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None))
     for name, v in variants.items():
         runs = [dict(X_target=cand_X[k], y_target=cand_y[k], target=k, ascent_lr=0.0, **v) for k in range(K)]
@@ -266,8 +266,8 @@ def test_active_attack_sweep_loss_drop_is_received_minus_returned():
     clients, cand_X, cand_y, is_member, net, variants = _active_setup(K, n)
     w0 = models.get_params(net)
     kw = dict(local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None), seed=0)
-    out = ch1c.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, targets=range(K), variants=variants,
-                                   num_rounds=R, ascent_lrs=[1.0], seed=0,
+    out = ch1c.active_attack_sweep(net, clients, w0, cand_X, cand_y, is_member, num_rounds=R,
+                                   attacks=ch1c.ActiveGrid(variants=variants, ascent_lrs=[1.0], targets=range(K)), seed=0,
                                    local=fl.LocalTraining(lr=0.5, local_epochs=1, batch_size=None))
     runs = [dict(X_target=cand_X[k], y_target=cand_y[k], target=k, ascent_lr=1.0, attacker="server", isolate=True)
             for k in range(K)]

@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from fedlab import models
+from fedlab import fl, models
 from fedlab.attacks import membership as mia
 from fedlab.experiments import chapter1c as ch1c
+from fedlab.fl.dp_fedavg import DPSettings
 from fedlab.fl import personalization as pers
 
 torch.set_num_threads(1)
@@ -126,20 +127,23 @@ def test_white_box_evidence_scores_each_factor_and_ranks_the_signals():
 
 
 # ------------------------------------------------------------------ Centaur on iid and label-skewed clients
-SWEEP = dict(num_clients=24, num_rounds=2, sampling_prob=0.5, noise_multiplier=0.5, clip_norm=0.2, server_lr=3.0,
-             lr=0.2, batch_size=5, local_only_epochs=5, finetune_epochs=5, head_epochs=3, final_head_epochs=5, seed=1)
+SWEEP = dict(task=ch1c.PersonalizationTask(num_clients=24), num_rounds=2,
+             dp=DPSettings(noise_multiplier=0.5, clip_norm=0.2, sampling_prob=0.5, server_lr=3.0, safe=False),
+             local=fl.LocalTraining(lr=0.2, batch_size=5),
+             schedule=ch1c.PersonalizationSchedule(local_only_epochs=5, finetune_epochs=5, head_epochs=3, final_head_epochs=5),
+             seed=1)
 
 
 @pytest.fixture(scope="module")
 def kept_sweep():
     net = models.mlp(64, (4,), 10, seed=1)
     w0 = models.get_params(net)
-    return net, w0, ch1c.personalization_sweep(net, w0, [2, 10], return_models=True, **SWEEP)
+    return net, w0, ch1c.personalization_sweep(net, w0, [2, 10], **SWEEP)
 
 
 def test_kept_models_change_no_number_and_give_the_reported_accuracy(kept_sweep):
     net, w0, (util, diag, kept) = kept_sweep
-    plain, _ = ch1c.personalization_sweep(net, w0, [2, 10], **SWEEP)
+    plain, _, _ = ch1c.personalization_sweep(net, w0, [2, 10], methods=list(ch1c.PERSONALIZATION_METHODS), **SWEEP)
     assert plain == util
     for m in util:
         for c in (2, 10):

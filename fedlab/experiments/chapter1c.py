@@ -10,18 +10,19 @@ dictionaries, and build the chapter's "paper vs ours" tables; the page glues wha
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from .._checks import positive_int
+from .._checks import finite_positive, positive_int
 from ..attacks import membership as mia
 from ..data import Dataset, client_datasets, partition_iid
 from ..fl import personalization as pers
 from ..fl import LocalTraining, cross_entropy, stack_clients
 from ..fl.local import _local
-from ..fl.dp_fedavg import dp_fedavg_runs
+from ..fl.dp_fedavg import DPSettings, dp_fedavg_runs
 from ..metrics import auc_permutation_floor, roc_auc, t_interval
 from .tables import mean_interval
 from ..privacy import dp_fedavg as dpf
@@ -29,12 +30,12 @@ from ..privacy import dp_fedavg as dpf
 __all__ = ["LECTURE_WINDOW_AUC", "SUMMARY_LABELS", "DEFENSE_SUMMARY_LABELS", "LECTURE_ACTIVE_ACCURACY", "LECTURE_WHITE_BOX", "window_values", "window_table",
            "passive_curves", "passive_curve_values", "plot_passive_curves", "white_black_box",
            "white_black_box_values", "white_black_box_table",
-           "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "active_attack_sweep",
+           "learned_attack_sweep", "learned_attack_values", "learned_attack_table", "ActiveGrid", "active_attack_sweep",
            "active_attack_name", "active_attack_values", "active_attack_table", "LOW_FPR",
            "active_learned_values", "active_learned_table", "lira_shadow_models", "lira_attack", "PASSIVE_ATTACKS",
            "passive_attack_scores", "passive_attack_values", "passive_attack_table", "heldout_gamma", "heldout_gamma_values", "heldout_gamma_table",
-           "ascent_drop_values", "CHAPTER_MECHANISM", "safe_noise_cost", "ddg_calibration", "ddg_error_ratio", "dp_grid", "plot_dp_grid",
-           "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
+           "ascent_drop_values", "CHAPTER_MECHANISM", "safe_noise_cost", "ddg_calibration", "ddg_error_ratio", "DPGrid", "dp_grid", "plot_dp_grid",
+           "PersonalizationTask", "PersonalizationSchedule", "personalization_sweep", "snr_and_agreement", "plot_snr_agreement", "PERSONALIZATION_METHODS",
            "personalization_eps_sweep", "personalization_eps_values", "personalization_eps_table",
            "EARLY_ROUND", "window_settings", "window_settings_values", "window_settings_table", "white_box_factors",
            "white_box_evidence", "personalized_attack", "personalized_attack_values", "personalized_attack_table"]
@@ -537,19 +538,61 @@ def learned_attack_table(learned: Sequence[dict], paper_accuracy: Mapping, paper
 # active gradient-ascent attack (Nasr et al. 2019, Sec. V-B, Table XI)
 # ---------------------------------------------------------------------------------------------------
 
-def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand_y: torch.Tensor, is_member, *,
-                        targets: Sequence[int], variants: Mapping[str, dict], num_rounds: int,
-                        ascent_lrs: Sequence[float], seed: int = 0, local: LocalTraining = LocalTraining()) -> dict:
-    """Nasr et al. (2019, Sec. V-B) passive and gradient-ascent attacks, for each attacker variant and
-    every target client.
+@dataclass(frozen=True)
+class ActiveGrid:
+    """The attacks of :func:`active_attack_sweep`: Nasr et al. (2019, Sec. V-B, Table XI) passive and
+    gradient-ascent attackers, every variant at every step against every target.
 
-    For every ``name, kw`` of ``variants`` (keyword arguments of
-    :func:`fedlab.attacks.membership.active_attack_rounds`, e.g. ``{"attacker": "server", "isolate": True}``),
-    every ``gamma`` of ``(0, *ascent_lrs)`` and every target ``k``: ``num_rounds`` FedAvg rounds from
-    ``params`` (``seed`` fixes them, the same batches for every variant; a participant attacker is client
-    ``k + 1``), scored on client ``k``'s candidates ``cand_X[k], cand_y[k]`` (``[K, 2n, ...]``, ``[K, 2n]``)
-    by minus the loss averaged over the rounds. ``local``: the clients' :class:`fedlab.fl.LocalTraining`
-    (epochs, batch size, step and loss).
+    ``variants``
+        ``{name: settings}``, each the ``attacker`` (and ``isolate``) of a
+        :class:`fedlab.attacks.membership.ActiveAttack`, e.g. ``{"server": {"attacker": "server"},
+        "server, isolating": {"attacker": "server", "isolate": True}, "participant": {"attacker": "participant"}}``
+        (a participant attacker is client ``target + 1``).
+    ``ascent_lrs``
+        the steps ``gamma > 0`` of the gradient ascent (the passive attack, ``gamma = 0``, always runs too);
+        Nasr et al. give none.
+    ``targets``
+        the client indices attacked, at least two (every target's threshold is chosen on the others).
+
+    Raises ``ValueError`` naming the field for no variants or a variant that is not an attacker's settings, no
+    step or one not ``> 0``, fewer than two targets or a negative one.
+    """
+
+    variants: Mapping[str, Mapping]
+    ascent_lrs: Sequence[float]
+    targets: Sequence[int]
+
+    def __post_init__(self):
+        if not self.variants:
+            raise ValueError("ActiveGrid.variants must name at least one attacker")
+        for name, kw in self.variants.items():
+            if not set(kw) <= {"attacker", "isolate"} or "attacker" not in kw:
+                raise ValueError(f"ActiveGrid.variants[{name!r}] must give 'attacker' (and 'isolate'), got {dict(kw)}")
+            other = {"attacker_index": 1} if kw["attacker"] == "participant" else {}
+            mia.ActiveAttack(target=0, ascent_lr=0.0, **kw, **other)
+        lrs = tuple(float(g) for g in self.ascent_lrs)
+        if not lrs or not all(g > 0 for g in lrs):
+            raise ValueError(f"ActiveGrid.ascent_lrs must be a non-empty list of steps > 0, got {list(lrs)}")
+        targets = tuple(self.targets)
+        if len(targets) < 2 or any(isinstance(k, bool) or int(k) != k or k < 0 for k in targets):
+            raise ValueError(f"ActiveGrid.targets must list at least two client indices, got {list(targets)}")
+        object.__setattr__(self, "variants", {k: dict(v) for k, v in self.variants.items()})
+        object.__setattr__(self, "ascent_lrs", lrs)
+        object.__setattr__(self, "targets", tuple(int(k) for k in targets))
+
+
+def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand_y: torch.Tensor, is_member, *,
+                        attacks: ActiveGrid, num_rounds: int, seed: int = 0, local: LocalTraining = LocalTraining()) -> dict:
+    """Nasr et al. (2019, Sec. V-B) passive and gradient-ascent attacks, for each attacker variant and
+    every target client (``attacks``, an :class:`ActiveGrid`).
+
+    For every ``name, kw`` of ``attacks.variants`` (the attacker's settings of a
+    :class:`fedlab.attacks.membership.ActiveAttack`, e.g. ``{"attacker": "server", "isolate": True}``),
+    every ``gamma`` of ``(0, *attacks.ascent_lrs)`` and every target ``k`` of ``attacks.targets``: ``num_rounds``
+    FedAvg rounds from ``params`` (``seed`` fixes them, the same batches for every variant; a participant
+    attacker is client ``k + 1``), scored on client ``k``'s candidates ``cand_X[k], cand_y[k]``
+    (``[K, 2n, ...]``, ``[K, 2n]``) by minus the loss averaged over the rounds. ``local``: the clients'
+    :class:`fedlab.fl.LocalTraining` (epochs, batch size, step and loss).
 
     Returns ``{"auc": {(name, gamma): [U]}, "accuracy": {(name, gamma): [U]}, "auc_learned": {(name, gamma): [U]},
     "tpr": {(name, gamma): {"mean loss": [..], "learned": [..]}}, "fpr": LOW_FPR, "floor": float,
@@ -564,18 +607,16 @@ def active_attack_sweep(model, clients, params: dict, cand_X: torch.Tensor, cand
     of the model the target received minus the loss of the model observed (for the server: the model the
     target returned), averaged over the attack rounds: per target the AUC of the drop taken as a membership
     score and the members' and non-members' mean drops.
-    Raises ``ValueError`` for fewer than two targets, a target that is not a client, no ``ascent_lrs`` or
-    one that is not ``> 0``.
+    Raises ``ValueError`` for a target that is not a client (and :class:`ActiveGrid` for its fields).
     """
     from ..metrics import auc_permutation_floor, roc_auc, tpr_at_fpr
 
-    targets = list(targets)
+    if not isinstance(attacks, ActiveGrid):
+        raise ValueError(f"attacks must be an ActiveGrid, got {attacks!r}")
+    targets, variants, ascent_lrs = list(attacks.targets), attacks.variants, list(attacks.ascent_lrs)
     num_clients = cand_X.shape[0]
-    if len(targets) < 2 or any(not 0 <= k < num_clients for k in targets):
+    if any(not 0 <= k < num_clients for k in targets):
         raise ValueError(f"targets must list at least two clients in 0..{num_clients - 1}, got {targets}")
-    ascent_lrs = [float(g) for g in ascent_lrs]
-    if not ascent_lrs or not all(g > 0 for g in ascent_lrs):
-        raise ValueError(f"ascent_lrs must be a non-empty list of steps > 0, got {ascent_lrs}")
     num_rounds = positive_int("num_rounds", num_rounds)
     cells = [(name, gamma) for name in variants for gamma in [0.0, *ascent_lrs]]
     runs = []
@@ -1054,33 +1095,78 @@ def ddg_error_ratio(out, updates: torch.Tensor, clip_norm: float) -> float:
 # client-level DP: utility and leakage of the released models (McMahan et al. 2018, Alg. 1)
 # ---------------------------------------------------------------------------------------------------
 
-def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Dataset, *, n_per_client: int,
-            client_counts: Sequence[int], epsilons: Sequence[float], num_rounds: int, delta: float,
-            clip_norm: float, window: int = 5, seed: int = 0, local: LocalTraining = LocalTraining()) -> dict:
-    """DP-FedAvg (McMahan et al. 2018, Alg. 1, every client every round, ``q = 1``) against the
-    passive attack on its *released* models, over a grid of client counts and budgets.
+@dataclass(frozen=True)
+class DPGrid:
+    """The cells of :func:`dp_grid`: DP-FedAvg (McMahan et al. 2018, Alg. 1, every client every round,
+    ``q = 1``) over a grid of federations and budgets.
 
-    For every ``K`` in ``client_counts``: ``K`` iid clients of ``n_per_client`` records of ``train``
-    (:func:`fedlab.data.partition_iid` with ``seed``); for every ``eps`` of ``epsilons`` (``inf`` = no
-    noise) the noise multiplier is calibrated with the RDP accountant at ``delta``, DP-FedAvg runs
-    ``num_rounds`` rounds from ``params``, and the attacker averages each record's loss over the last
-    ``window`` released models (members: every client's records; non-members: all of ``nonmembers``).
-    ``local``: the clients' :class:`fedlab.fl.LocalTraining` (epochs, batch size and step; cross-entropy).
+    ``client_counts``
+        the federations' sizes ``K`` (each of ``K`` iid clients).
+    ``epsilons``
+        the budgets ``eps`` (``inf``: no noise, the updates still clipped), each calibrated with the RDP
+        accountant at ``delta``.
+    ``delta``
+        the ``delta`` of every budget; below ``1/K`` for every ``K`` (:func:`fedlab.privacy.dp_fedavg.check_delta`).
+    ``clip_norm``
+        the L2 bound ``S`` on each client's update.
+    ``n_per_client``
+        the records of each client.
+
+    Raises ``ValueError`` naming the field for no client counts or a count that is not a positive integer, no
+    budgets or one not ``> 0``, a ``delta`` not below ``1/K``, a ``clip_norm`` that is not finite and ``> 0``,
+    or ``n_per_client`` not a positive integer.
+    """
+
+    client_counts: Sequence[int]
+    epsilons: Sequence[float]
+    delta: float
+    clip_norm: float
+    n_per_client: int
+
+    def __post_init__(self):
+        counts = tuple(self.client_counts)
+        if not counts:
+            raise ValueError("DPGrid.client_counts must hold at least one client count")
+        counts = tuple(positive_int("DPGrid.client_counts", K) for K in counts)
+        eps = tuple(float(e) for e in self.epsilons)
+        if not eps or not all(e > 0 for e in eps):
+            raise ValueError(f"DPGrid.epsilons must be a non-empty list of budgets > 0 (inf: no noise), got {list(eps)}")
+        for K in counts:
+            dpf.check_delta(self.delta, K)
+        finite_positive("DPGrid.clip_norm", self.clip_norm)
+        positive_int("DPGrid.n_per_client", self.n_per_client)
+        object.__setattr__(self, "client_counts", counts)
+        object.__setattr__(self, "epsilons", eps)
+
+
+def dp_grid(model, params: dict, train: Dataset, nonmembers: Dataset, test: Dataset, *, cells: DPGrid,
+            num_rounds: int, window: int = 5, seed: int = 0, local: LocalTraining = LocalTraining()) -> dict:
+    """DP-FedAvg (McMahan et al. 2018, Alg. 1, every client every round, ``q = 1``) against the
+    passive attack on its *released* models, over a grid of client counts and budgets (``cells``, a
+    :class:`DPGrid`).
+
+    For every ``K`` in ``cells.client_counts``: ``K`` iid clients of ``cells.n_per_client`` records of ``train``
+    (:func:`fedlab.data.partition_iid` with ``seed``); for every ``eps`` of ``cells.epsilons`` (``inf`` = no
+    noise) the noise multiplier is calibrated with the RDP accountant at ``cells.delta``, DP-FedAvg runs
+    ``num_rounds`` rounds from ``params`` with updates clipped to ``cells.clip_norm``, and the attacker averages
+    each record's loss over the last ``window`` released models (members: every client's records; non-members:
+    all of ``nonmembers``). ``local``: the clients' :class:`fedlab.fl.LocalTraining` (epochs, batch size and
+    step; cross-entropy).
 
     Returns ``{(eps, K): {"z", "accuracy" (on test), "auc", "floor", "floor_999"}}``: ``floor`` and
     ``floor_999`` are the 95th and 99.9th percentiles of the AUC with shuffled membership labels
     (:func:`fedlab.metrics.auc_permutation_floor`, 1000 shuffles). Raises ``ValueError`` for
-    ``n_per_client``, ``num_rounds`` or ``window`` not positive integers, ``window > num_rounds``, or
-    ``delta`` not below ``1/K`` for every ``K`` (:func:`fedlab.privacy.dp_fedavg.check_delta`).
-    The ``eps = inf`` runs add no noise but still clip every update to ``clip_norm``.
+    ``num_rounds`` or ``window`` not positive integers or ``window > num_rounds`` (and :class:`DPGrid` for
+    its fields). The ``eps = inf`` runs add no noise but still clip every update to ``clip_norm``.
     """
-    n = positive_int("n_per_client", n_per_client)
+    if not isinstance(cells, DPGrid):
+        raise ValueError(f"cells must be a DPGrid, got {cells!r}")
+    n, client_counts, epsilons = cells.n_per_client, cells.client_counts, cells.epsilons
+    delta, clip_norm = cells.delta, cells.clip_norm
     num_rounds = positive_int("num_rounds", num_rounds)
     window = positive_int("window", window)
     if window > num_rounds:
         raise ValueError(f"window ({window}) must not exceed num_rounds ({num_rounds})")
-    for K in client_counts:
-        dpf.check_delta(delta, K)
     cells, runs, released, data = [], [], {}, {}
     for K in client_counts:
         parts_K = [p[:n] for p in partition_iid(len(train), K, seed=seed)]
@@ -1139,48 +1225,92 @@ def plot_dp_grid(grid: Mapping, epsilons: Sequence[float], client_counts: Sequen
 PERSONALIZATION_METHODS = {"local-only": "lo", "DP-FedAvg + fine-tuning": "ft", "Centaur": "ce"}
 
 
-def personalization_sweep(model, params: dict, classes_per_client: Sequence[int], *, num_clients: int,
-                          num_rounds: int, sampling_prob: float, noise_multiplier: float, clip_norm: float,
-                          server_lr: float, lr: float, batch_size: int, n_train: int = 10, n_test: int = 20,
-                          local_only_epochs: int = 20, finetune_epochs: int = 30, head_epochs: int = 10,
-                          final_head_epochs: int = 30, seed: int = 0,
-                          methods: Sequence[str] | None = None, return_models: bool = False) -> tuple:
+@dataclass(frozen=True)
+class PersonalizationTask:
+    """The federation of :func:`personalization_sweep`: ``num_clients`` clients of the synthetic task of
+    :func:`fedlab.fl.personalization.make_representation_task` (the setting of Shen et al. 2023, Sec. 5: few
+    records per client, a shared low-dimensional representation), ``n_train`` training and ``n_test`` test
+    records each (defaults 10 and 20).
+
+    Raises ``ValueError`` naming the field for a count that is not a positive integer.
+    """
+
+    num_clients: int
+    n_train: int = 10
+    n_test: int = 20
+
+    def __post_init__(self):
+        for name in ("num_clients", "n_train", "n_test"):
+            object.__setattr__(self, name, positive_int(f"PersonalizationTask.{name}", getattr(self, name)))
+
+
+@dataclass(frozen=True)
+class PersonalizationSchedule:
+    """How long each private option of :func:`personalization_sweep` fits, besides the federated rounds:
+    ``local_only_epochs`` of local-only training (default 20), ``finetune_epochs`` of fine-tuning the head
+    after DP-FedAvg (default 30), and Centaur's (Shen et al. 2023, Alg. 2) ``head_epochs`` of head fitting per
+    round (default 10) and ``final_head_epochs`` for the final heads (default 30).
+
+    Raises ``ValueError`` naming the field for an epoch count that is not a positive integer.
+    """
+
+    local_only_epochs: int = 20
+    finetune_epochs: int = 30
+    head_epochs: int = 10
+    final_head_epochs: int = 30
+
+    def __post_init__(self):
+        for name in ("local_only_epochs", "finetune_epochs", "head_epochs", "final_head_epochs"):
+            object.__setattr__(self, name, positive_int(f"PersonalizationSchedule.{name}", getattr(self, name)))
+
+
+def _personalization_local(local: LocalTraining) -> LocalTraining:
+    local = _local(local)
+    if local.local_steps is not None or local.weight_decay != 0 or local.loss_fn is not cross_entropy:
+        raise ValueError(f"local: the personalisation runs train local_epochs epochs of cross-entropy without weight "
+                         f"decay, got {local}")
+    return local
+
+
+def personalization_sweep(model, params: dict, classes_per_client: Sequence[int], *, task: PersonalizationTask,
+                          num_rounds: int, dp: DPSettings, local: LocalTraining,
+                          schedule: PersonalizationSchedule = PersonalizationSchedule(), seed: int = 0,
+                          methods: Sequence[str] | None = None) -> tuple:
     """Mean client test accuracy of three private options on
-    :func:`fedlab.fl.personalization.make_representation_task` (``num_clients`` clients of ``n_train``
-    records, ``n_test`` test records each), for each heterogeneity level in ``classes_per_client``:
+    :func:`fedlab.fl.personalization.make_representation_task` (``task``, a :class:`PersonalizationTask`:
+    ``num_clients`` clients of ``n_train`` records, ``n_test`` test records each), for each heterogeneity level
+    in ``classes_per_client``:
 
-    * ``"local-only"``: :func:`~fedlab.fl.personalization.local_only`, ``local_only_epochs`` epochs;
-    * ``"DP-FedAvg + fine-tuning"``: DP-FedAvg (McMahan et al. 2018, Alg. 1; one local epoch) then
-      :func:`~fedlab.fl.personalization.finetune` of the head for ``finetune_epochs``;
+    * ``"local-only"``: :func:`~fedlab.fl.personalization.local_only`, ``schedule.local_only_epochs`` epochs;
+    * ``"DP-FedAvg + fine-tuning"``: DP-FedAvg (McMahan et al. 2018, Alg. 1) then
+      :func:`~fedlab.fl.personalization.finetune` of the head for ``schedule.finetune_epochs``;
     * ``"Centaur"`` (Shen et al. 2023, Alg. 1-2): :func:`~fedlab.fl.personalization.centaur` with
-      ``head_epochs`` per round and ``final_head_epochs`` for the final heads.
+      ``schedule.head_epochs`` per round and ``schedule.final_head_epochs`` for the final heads.
 
-    Both federated methods share ``sampling_prob``, ``noise_multiplier``, ``clip_norm``, ``server_lr``,
-    ``lr``, ``batch_size`` (so they spend the same privacy budget); local-only and fine-tuning use
-    ``lr`` too, local-only ``batch_size``. Every run starts from ``params`` with ``seed``.
+    Both federated methods share the server's mechanism ``dp`` (a :class:`~fedlab.fl.dp_fedavg.DPSettings`:
+    ``noise_multiplier``, ``clip_norm``, ``sampling_prob``, ``server_lr``, ``safe``; the chapter's is McMahan et
+    al.'s float Gaussian, ``safe=False``, :data:`CHAPTER_MECHANISM`) and the clients' training ``local`` (a
+    :class:`~fedlab.fl.LocalTraining`: ``lr``, ``batch_size``, ``local_epochs``, 1 in the chapter), so they
+    spend the same privacy budget; local-only and fine-tuning use ``local.lr`` too, local-only
+    ``local.batch_size``. Every run starts from ``params`` with ``seed``.
 
     ``methods`` (default: all three) runs a subset; a method left out has no entry in ``util`` and
     leaves its list in ``diag`` empty.
 
-    Returns ``(util, diag)``: ``util[method][level]`` accuracies and ``diag[level] = (records of
-    DP-FedAvg, records of Centaur)``, one :class:`~fedlab.fl.dp_fedavg.DPRoundRecord` per round. With
-    ``return_models=True``, ``(util, diag, kept)``: ``kept["models"][method][level]`` the stacked
-    personalised models ``{name: [K, ...]}`` and ``kept["tasks"][level]`` the ``(train, test)``
-    :class:`~fedlab.fl.ClientData` they were trained and scored on (for :func:`personalized_attack`);
-    keeping them changes no number.
-    Raises ``ValueError`` for ``num_clients`` or ``num_rounds`` not positive integers, or an unknown
-    or empty ``methods``.
+    Returns ``(util, diag, kept)``: ``util[method][level]`` accuracies, ``diag[level] = (records of
+    DP-FedAvg, records of Centaur)``, one :class:`~fedlab.fl.dp_fedavg.DPRoundRecord` per round, and
+    ``kept["models"][method][level]`` the stacked personalised models ``{name: [K, ...]}`` with
+    ``kept["tasks"][level]`` the ``(train, test)`` :class:`~fedlab.fl.ClientData` they were trained and scored on
+    (for :func:`personalized_attack`). Raises ``ValueError`` for ``num_rounds`` not a positive integer, an
+    unknown or empty ``methods``, or a ``local`` with ``local_steps``, weight decay or another loss than
+    cross-entropy (and the settings objects for their fields).
     """
-    num_clients = positive_int("num_clients", num_clients)
     num_rounds = positive_int("num_rounds", num_rounds)
     methods = list(PERSONALIZATION_METHODS) if methods is None else list(methods)
     if not methods or any(m not in PERSONALIZATION_METHODS for m in methods):
         raise ValueError(f"methods must be a non-empty subset of {list(PERSONALIZATION_METHODS)}, got {methods}")
-    runs = _personalization_runs(model, params, [(cpc, noise_multiplier, methods) for cpc in classes_per_client],
-                                 num_clients=num_clients, num_rounds=num_rounds, sampling_prob=sampling_prob,
-                                 clip_norm=clip_norm, server_lr=server_lr, lr=lr, batch_size=batch_size, n_train=n_train,
-                                 n_test=n_test, local_only_epochs=local_only_epochs, finetune_epochs=finetune_epochs,
-                                 head_epochs=head_epochs, final_head_epochs=final_head_epochs, seed=seed)
+    runs = _personalization_runs(model, params, [(cpc, dp.noise_multiplier, methods) for cpc in classes_per_client],
+                                 task=task, num_rounds=num_rounds, dp=dp, local=local, schedule=schedule, seed=seed)
     util = {m: {} for m in PERSONALIZATION_METHODS if m in methods}
     diag, kept = {}, {"models": {m: {} for m in util}, "tasks": {}}
     for cpc, (acc, recs, run) in zip(classes_per_client, runs):
@@ -1189,27 +1319,35 @@ def personalization_sweep(model, params: dict, classes_per_client: Sequence[int]
             kept["models"][m][cpc] = run["models"][m]
         diag[cpc] = recs
         kept["tasks"][cpc] = run["task"]
-    return (util, diag, kept) if return_models else (util, diag)
+    return util, diag, kept
 
 
 def _personalization_runs(model, params: dict, settings: Sequence[tuple[int, float, Sequence[str]]], *,
-                          num_clients: int, num_rounds: int, sampling_prob: float, clip_norm: float, server_lr: float,
-                          lr: float, batch_size: int, n_train: int = 10, n_test: int = 20, local_only_epochs: int = 20,
-                          finetune_epochs: int = 30, head_epochs: int = 10, final_head_epochs: int = 30,
+                          task: PersonalizationTask, num_rounds: int, dp: DPSettings, local: LocalTraining,
+                          schedule: PersonalizationSchedule = PersonalizationSchedule(),
                           seed: int = 0) -> list[tuple[dict, tuple[list, list]]]:
     """The runs of :func:`personalization_sweep` for every setting ``(classes per client, noise
-    multiplier, methods)``: one task per setting, each method's runs of all settings advanced together
+    multiplier, methods)`` (the noise multiplier of each setting replaces ``dp.noise_multiplier``): one task per
+    setting, each method's runs of all settings advanced together
     (:func:`fedlab.fl.personalization.local_only_runs`, :func:`fedlab.fl.dp_fedavg.dp_fedavg_runs` and
     :func:`~fedlab.fl.personalization.finetune_runs`, :func:`~fedlab.fl.personalization.centaur_runs`;
     the same numbers as one run after another). Returns per setting ``({method: mean client test
     accuracy}, (records of DP-FedAvg, records of Centaur), {"models": {method: stacked personalised
     models}, "task": (train, test)})``."""
-    tasks = [pers.make_representation_task(num_clients, n_train, n_test, classes_per_client=cpc, seed=seed)
+    if not isinstance(task, PersonalizationTask) or not isinstance(schedule, PersonalizationSchedule):
+        raise ValueError(f"task must be a PersonalizationTask and schedule a PersonalizationSchedule, got {task!r}, {schedule!r}")
+    if not isinstance(dp, DPSettings):
+        raise ValueError(f"dp must be a fedlab.fl.dp_fedavg.DPSettings, got {dp!r}")
+    local = _personalization_local(local)
+    lr, batch_size = local.lr, local.batch_size
+    tasks = [pers.make_representation_task(task.num_clients, task.n_train, task.n_test, classes_per_client=cpc,
+                                           seed=seed)
              for cpc, _, _ in settings]
-    out = [({}, ([], []), {"models": {}, "task": task}) for task in tasks]
-    # McMahan et al.'s float Gaussian, accounted with amplification by sampling (see CHAPTER_MECHANISM)
-    dp_args = dict(sampling_prob=sampling_prob, clip_norm=clip_norm, server_lr=server_lr, lr=lr, batch_size=batch_size,
-                   params=params, seed=seed, safe=False)
+    out = [({}, ([], []), {"models": {}, "task": t}) for t in tasks]
+    # both federated methods: the server's mechanism dp (the chapter's: McMahan et al.'s float Gaussian,
+    # accounted with amplification by sampling, see CHAPTER_MECHANISM) and the clients' training local
+    dp_args = dict(sampling_prob=dp.sampling_prob, clip_norm=dp.clip_norm, server_lr=dp.server_lr, lr=lr,
+                   batch_size=batch_size, params=params, seed=seed, safe=dp.safe, grid=dp.grid)
 
     def which(method):
         return [i for i, (_, _, methods) in enumerate(settings) if method in methods]
@@ -1222,20 +1360,23 @@ def _personalization_runs(model, params: dict, settings: Sequence[tuple[int, flo
     idx = which("local-only")
     if idx:
         record("local-only", idx, pers.local_only_runs(model, [
-            dict(train=tasks[i][0], num_epochs=local_only_epochs, lr=lr, batch_size=batch_size, params=params, seed=seed)
+            dict(train=tasks[i][0], num_epochs=schedule.local_only_epochs, lr=lr, batch_size=batch_size, params=params,
+                 seed=seed)
             for i in idx]))
     idx = which("DP-FedAvg + fine-tuning")
     if idx:
-        glob = dp_fedavg_runs(model, [dict(clients=tasks[i][0], local_epochs=1, noise_multiplier=settings[i][1],
-                                           callback=out[i][1][0].append, **dp_args) for i in idx], num_rounds=num_rounds)
+        glob = dp_fedavg_runs(model, [dict(clients=tasks[i][0], local_epochs=local.local_epochs,
+                                           noise_multiplier=settings[i][1], callback=out[i][1][0].append, **dp_args)
+                                      for i in idx], num_rounds=num_rounds)
         record("DP-FedAvg + fine-tuning", idx, pers.finetune_runs(model, [
-            dict(params=g.params, train=tasks[i][0], num_epochs=finetune_epochs, lr=lr, seed=seed)
+            dict(params=g.params, train=tasks[i][0], num_epochs=schedule.finetune_epochs, lr=lr, seed=seed)
             for i, g in zip(idx, glob)]))
     idx = which("Centaur")
     if idx:
         record("Centaur", idx, pers.centaur_runs(model, [
-            dict(train=tasks[i][0], head_epochs=head_epochs, final_head_epochs=final_head_epochs,
-                 noise_multiplier=settings[i][1], callback=out[i][1][1].append, **dp_args) for i in idx],
+            dict(train=tasks[i][0], head_epochs=schedule.head_epochs, final_head_epochs=schedule.final_head_epochs,
+                 rep_epochs=local.local_epochs, noise_multiplier=settings[i][1], callback=out[i][1][1].append,
+                 **dp_args) for i in idx],
             num_rounds=num_rounds))
     return out
 
@@ -1377,28 +1518,34 @@ def plot_snr_agreement(diagnostics: Mapping, layer_names: Sequence[str]):
 # ---------------------------------------------------------------------------------------------------
 
 def personalization_eps_sweep(model, params: dict, epsilons: Sequence[float], *, classes_per_client: int,
-                              num_clients: int, num_rounds: int, sampling_prob: float, delta: float,
+                              task: PersonalizationTask, num_rounds: int, dp: DPSettings, delta: float,
                               known: Mapping[float, Mapping[str, float]] | None = None, **sweep_args) -> dict:
     """Mean client test accuracy of local-only training, DP-FedAvg + fine-tuning and Centaur at one
     heterogeneity level (``classes_per_client``) for every budget of ``epsilons`` (the lecture's
     "across privacy budgets" comparison, Shen et al. 2023, Sec. 5).
 
     For each ``eps`` the noise multiplier is calibrated with the RDP accountant
-    (:func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon` at ``delta``, which must be below
-    ``1 / num_clients``), then :func:`personalization_sweep` runs with ``[classes_per_client]`` and
-    ``sweep_args`` (``clip_norm``, ``server_lr``, ``lr``, ``batch_size``, ``seed``, ...). Local-only
-    training spends no budget: it runs once and its accuracy is entered for every ``eps``.
-    ``known`` (``{eps: {method: accuracy}}``) holds results already measured with the same settings
-    and level (e.g. from :func:`personalization_sweep`); those are copied, not rerun.
+    (:func:`fedlab.privacy.dp_fedavg.noise_multiplier_for_epsilon` for McMahan et al.'s float Gaussian at
+    ``dp.sampling_prob`` and ``delta``, which must be below ``1 / task.num_clients``) and replaces
+    ``dp.noise_multiplier``; then :func:`personalization_sweep` runs with ``[classes_per_client]``, ``task``,
+    ``dp`` and ``sweep_args`` (its ``local``, ``schedule``, ``seed``). Local-only training spends no budget: it runs
+    once and its accuracy is entered for every ``eps``. ``known`` (``{eps: {method: accuracy}}``) holds results
+    already measured with the same settings and level (e.g. from :func:`personalization_sweep`); those are
+    copied, not rerun.
 
     Returns ``{"util": {method: {eps: accuracy}}, "z": {eps: noise multiplier}}``.
     Raises ``ValueError`` for no budgets, a budget that is not ``> 0`` and finite, ``delta`` not in
-    ``(0, 1 / num_clients)``, or a ``known`` entry that lacks a method.
+    ``(0, 1 / task.num_clients)``, ``dp.safe`` (the calibration is the float Gaussian's), or a ``known`` entry
+    that lacks a method.
     """
     epsilons = [float(e) for e in epsilons]
     if not epsilons or any(not (e > 0 and np.isfinite(e)) for e in epsilons):
         raise ValueError(f"epsilons must be a non-empty list of finite budgets > 0, got {epsilons}")
-    num_clients = positive_int("num_clients", num_clients)
+    if not isinstance(task, PersonalizationTask) or not isinstance(dp, DPSettings):
+        raise ValueError(f"task must be a PersonalizationTask and dp a fedlab.fl.dp_fedavg.DPSettings, got {task!r}, {dp!r}")
+    if dp.safe:
+        raise ValueError("dp.safe must be False: the budgets are calibrated for McMahan et al.'s float Gaussian")
+    num_clients, sampling_prob = task.num_clients, dp.sampling_prob
     dpf.check_delta(delta, num_clients)
     known = {float(e): dict(v) for e, v in (known or {}).items()}
     for e, v in known.items():
@@ -1417,8 +1564,8 @@ def personalization_eps_sweep(model, params: dict, epsilons: Sequence[float], *,
             settings.append((classes_per_client, zs[eps], methods))
             todo.append(eps)
     # personalization_sweep([classes_per_client], noise_multiplier=z) for every budget, the runs advanced together
-    ran = dict(zip(todo, _personalization_runs(model, params, settings, num_clients=num_clients, num_rounds=num_rounds,
-                                               sampling_prob=sampling_prob, **sweep_args))) if todo else {}
+    ran = dict(zip(todo, _personalization_runs(model, params, settings, task=task, num_rounds=num_rounds, dp=dp,
+                                               **sweep_args))) if todo else {}
     for eps in epsilons:
         u = known[eps] if eps in known else ran[eps][0]
         if local is None:
