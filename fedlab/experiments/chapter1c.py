@@ -1390,7 +1390,7 @@ def personalized_attack(model, stacked: Mapping[str, torch.Tensor], train, test,
     final model; under Centaur (Shen et al. 2023, Alg. 1-2) that model holds a head fitted on the client's
     records that no DP noise protects, so the attack measures what the shared part's guarantee does not cover.
 
-    ``stacked``: ``{name: [K, ...]}`` (:func:`personalization_sweep` with ``return_models=True``);
+    ``stacked``: ``{name: [K, ...]}`` (the ``kept["models"]`` of :func:`personalization_sweep`);
     ``train``, ``test``: :class:`~fedlab.fl.ClientData` with ``X`` ``[K, n, ...]``, ``y`` ``[K, n]`` and no
     padding. Returns ``{"auc": [K]`` (each client's AUC on its own records), ``"tpr": [TPR at each of
     rates]`` (all clients' records pooled under one threshold, :func:`fedlab.metrics.tpr_at_fpr`),
