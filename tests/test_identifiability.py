@@ -636,3 +636,29 @@ def test_exact_label_law_refuses_what_it_cannot_hold():
     # 10^8 labels (beyond the full pmf's memory): the window holds the law, and E1 at beta just below
     # 1 - 2 p_c = 0.6 fails with probability near 1/2 (the label mean sits at the threshold)
     assert 0.3 < law.fail(2 * 10 ** 7, "E1", beta=0.59999) < 0.7
+
+
+# ------------------------------------------------------------------ the settings objects
+def test_client_and_server_settings_name_the_bad_field():
+    for kw, field in [(dict(batch_size=0, lr=1.0), "Client.batch_size"), (dict(batch_size=2, lr=0.0), "Client.lr"),
+                      (dict(batch_size=2, lr=1.0, local_steps=-1), "Client.local_steps"),
+                      (dict(batch_size=2, lr=1.0, sigma=-0.1), "Client.sigma"),
+                      (dict(batch_size=2, lr=1.0, sigma=torch.tensor([0.1, -0.1])), "Client.sigma"),
+                      (dict(batch_size=2, lr=1.0, clip_norm=0.0), "Client.clip_norm")]:
+        with pytest.raises(ValueError, match=field):
+            pac.Client(**kw)
+    with pytest.raises(ValueError, match="Server.cohort_size"):
+        pac.Server(cohort_size=0)
+    with pytest.raises(ValueError, match="Server.leaning"):
+        pac.Server(leaning="up")
+    d = _data(num_users=4)
+    with pytest.raises(ValueError, match="local_steps"):          # Protocol 3 runs one epoch
+        pac.protocol3_attack(d.user_vectors, d.items, d.y, num_interactions=1, client=pac.Client(5, 1.0, local_steps=2))
+    with pytest.raises(ValueError, match="cohort_size"):
+        pac.protocol3_attack(d.user_vectors, d.items, d.y, num_interactions=1, client=pac.Client(5, 1.0),
+                             server=pac.Server(cohort_size=2))
+    kw = dict(delta=0.05, beta=0.3, item_norm_bound=1.0, num_items=10, tau=0.1)
+    with pytest.raises(ValueError, match="local_steps"):          # Theorem 2 is Protocol 2, R = 1
+        pac.theorem2_num_interactions(0.2, pac.Client(5, 1.0, sigma=0.1, local_steps=2), **kw)
+    with pytest.raises(ValueError, match="clipped_sigma"):
+        pac.theorem2_num_interactions(0.2, pac.Client(5, 1.0, sigma=0.1, clip_norm=1.0), **kw)
