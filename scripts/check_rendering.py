@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Look for what a reader would see broken in the built book (`make book` first): literal TeX that MathJax
 did not typeset (a `$` or `\\(` left in the text), MyST roles or glue keys printed as text (`{glue:text}`,
-`{cite}`, `{ref}`), Python reprs of float32 noise (`0.11999999731779099`) and unresolved references (`??`).
+`{cite}`, `{ref}`), Python reprs of float32 noise (`0.11999999731779099`), unresolved references (`??`), and
+numbers out of the book's format: an interval on a constant (`1.000 ± 0.000`) or a t interval on a p-value.
 Code, preformatted output, scripts and styles are left out: only the prose and tables a reader reads.
 
     python scripts/check_rendering.py [_build/html]      # exit 1 and one line per finding if any
@@ -22,6 +23,9 @@ PATTERNS = {
     "a MyST role printed as text": re.compile(r"\{(glue(:\w+)?|cite(:\w+)?|ref|numref|eq|doc|term)\}`"),
     "a long float repr": re.compile(r"\b\d\.\d{12,}\b"),
     "an unresolved reference": re.compile(r"(?<!\?)\?\?(?!\?)"),
+    # numbers in one sound format: a value equal at every seed has no interval, a p-value is a median and range
+    "an interval on a constant (± 0)": re.compile(r"\d ± 0(?:\.0+)?(?:e[-+]?\d+)?(?![\d.]*[1-9])"),
+    "a t interval on a p-value": re.compile(r"p-values?\b(?:\s*\S+){0,3}?\s+±"),
 }
 
 

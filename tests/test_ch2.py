@@ -13,8 +13,8 @@ from fedlab.fl.recsys import ratings as rec
 torch.set_num_threads(1)
 
 
-def _paper(name, digits=3):
-    return f"paper:{name}"
+def _paper(name, digits=3, *, value_range=None):
+    return f"paper:{name}:{value_range}"
 
 
 def test_theorem1_sweep_and_rows_keep_the_theorems_promise():
@@ -32,7 +32,7 @@ def test_theorem1_sweep_and_rows_keep_the_theorems_promise():
         # t_exact is the first T whose exact failure is at most delta
         assert r.t_exact == 1 or pac.theorem1_exact_failure([r.t_exact - 1], r.p, r.B, 20)[0] > delta
     table = ch2.theorem1_table(rows, _paper)
-    assert table.count("\n") == 1 + len(rows) and "paper:ch2_t1_fail_p01_b1" in table
+    assert table.count("\n") == 1 + len(rows) and "paper:ch2_t1_fail_p01_b1:(0, 1)" in table   # a failure rate: interval cut to [0, 1]
     assert ch2.theorem1_fail_name(0.3, 10) == "ch2_t1_fail_p03_b10"
     with pytest.raises(ValueError, match="delta"):
         ch2.theorem1_sweep(pop, PS, BS, delta=1.0, num_trials=5)
@@ -84,7 +84,9 @@ def test_secagg_experiment_and_label_leak_on_a_small_population():
     assert sa[1]["exposed"].shape == (120,) and bool((sa[1]["exposed"] == 1).all())   # no cohort: all exposed
     assert sa[40]["exposed"].shape == (3,) and float(sa[40]["exposed"].mean()) < float(sa[4]["exposed"].mean())
     rows = ch2.secagg_rows(sa)
-    assert [r[0] for r in rows] == [1, 4, 40] and rows[0][1].startswith("1.000 ± 0.000") and rows[2][5] == 3
+    assert [r[0] for r in rows] == [1, 4, 40] and rows[0][1] == "1.000 (every cohort)" and rows[2][5] == 3
+    lo, hi = (float(x) for x in rows[2][1].split("[")[1].rstrip("]").split(", "))   # a rate: its interval in [0, 1]
+    assert 0.0 <= lo <= float(sa[40]["exposed"].mean()) <= hi <= 1.0
     for m, v in sa.items():        # every exposed member is exposed alone, through a dominated sum, or otherwise
         assert torch.allclose(v["exposed_alone"] + v["exposed_dominated"] + v["exposed_other"], v["exposed"])
         assert bool((v["share"] >= 0).all() and (v["share"] <= 1 + 1e-12).all())

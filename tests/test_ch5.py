@@ -94,6 +94,13 @@ def test_table2_names_values_and_markdown():
         ex5.table2_values(acc, [0, 5], 2)
     md = ex5.table2_markdown(acc, [0, 1], 2)
     assert "| 1 | 0.834 | 1.002 | 0.600 | n/a | 0.750 | n/a |" in md
+    seen = {}
+
+    def paper(name, **kw):
+        seen[name] = kw
+        return name
+    ex5.table2_markdown(acc, [1], 2, paper=paper)
+    assert seen == {"ch5_t2cnn_acc_nu1": {"value_range": (0, 1)}, "ch5_t2cnn_rel_nu1": {}}   # accuracy in [0, 1]
     with pytest.raises(ValueError, match="paper_table"):
         ex5.table2_markdown({**acc, (2, 2): 0.1}, [2], 2)
 

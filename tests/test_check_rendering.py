@@ -11,7 +11,8 @@ CLEAN = """<html><head><script>var s = "$x$ 0.11999999731779099";</script><style
 <p>The bound <span class="math notranslate nohighlight">\\(x^2\\)</span> holds; costs 3 $ nowhere.</p>
 <div class="math notranslate nohighlight">\\[\\sum_i x_i\\]</div>
 <pre>$ make book
-{glue:text}`key` in a code listing</pre><p>value 0.12, p = 1.5e-46, ratio 0.99953</p><br><img src="a.png"></body></html>"""
+{glue:text}`key` in a code listing</pre><p>value 0.12, p = 1.5e-46, ratio 0.99953, 0.160 ± 0.009, 2 ± 0.01, 1.0 ± 0.05,
+p-value median 0.02 (range 0.01-0.2, n = 5), AUC 0.7 ± 0.1</p><br><img src="a.png"></body></html>"""
 
 
 def _page(tmp_path, body: str) -> Path:
@@ -32,6 +33,8 @@ def test_each_defect_is_found(tmp_path):
         "a MyST role printed as text": "<p>see {glue:text}`ch4-slope` here</p>",
         "a long float repr": "<pre>[0.12999999523162842, 0.14]</pre>",
         "an unresolved reference": "<p>see Section ?? above</p>",
+        "an interval on a constant (± 0)": "<table><tr><td>2</td><td>1.000 ± 0.000</td></tr></table>",
+        "a t interval on a p-value": "<table><tr><td>K-S p-value</td><td>8.5e-01</td><td>1.34e-03 ± 3.24e-03</td></tr></table>",
     }
     for what, body in cases.items():
         found = cr.findings(_page(tmp_path, f"<html><body>{body}</body></html>"))

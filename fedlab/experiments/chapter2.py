@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .._checks import in_range, positive_int
+from .._stats import bounded_interval
 from ..attacks import identifiability as pac
 from ..fl.recsys import ratings as rec
 from ..metrics import t_interval
@@ -134,13 +135,14 @@ def theorem1_fail_name(p: float, B: int) -> str:
 
 def theorem1_table(rows: Sequence[Theorem1Row], paper: Callable[..., str]) -> str:
     """The Theorem 1 rows as a Markdown table, with the stored paper-scale record's measured failure
-    (``paper(name, 4)``, e.g. :meth:`fedlab.records.Run.stored`) beside ours (:func:`fedlab.plots.md_table`)."""
+    (``paper(name, 4, value_range=(0, 1))``, e.g. :meth:`fedlab.records.Run.stored`: a failure rate, its
+    interval cut to [0, 1]) beside ours (:func:`fedlab.plots.md_table`)."""
     from ..plots import md_table
 
     header = ["$p_c$", "$B$", "$T$ of Theorem 1", "measured failure at that $T$",
-              "measured failure, paper scale (mean ± 95 % CI, n seeds)", "exact failure",
+              "measured failure, paper scale (mean [95 % CI], n seeds)", "exact failure",
               "smallest $T$ with exact failure $\\le\\delta$", "bound / needed"]
-    return md_table(header, [[f"{p}", f"{B}", f"{t1}", f"{f:.4f}", paper(theorem1_fail_name(p, B), 4), f"{e:.4f}",
+    return md_table(header, [[f"{p}", f"{B}", f"{t1}", f"{f:.4f}", paper(theorem1_fail_name(p, B), 4, value_range=(0, 1)), f"{e:.4f}",
                               f"{te}", f"{r:.1f}"] for p, B, t1, f, e, te, r in rows])
 
 
@@ -672,15 +674,21 @@ def label_leak(honest, data, *, batch_size: int, lr: float, loss: str, seed: int
 
 
 def secagg_rows(sa: Mapping) -> list[list]:
-    """Rows ``[m, mean fraction of members exposed ± 95 % t half-width over cohorts, of which through a
+    """Rows ``[m, mean fraction of members exposed with its 95 % t interval over cohorts, of which through a
     single-contributor sum, of which through a shared sum they dominate, of which otherwise, number of
     cohorts, median number of single-contributor item sums per cohort]`` of a :func:`secagg_experiment`
-    result (the three parts as mean fractions of all members, 3 decimals)."""
+    result (the three parts as mean fractions of all members, 3 decimals). The exposed fraction is a rate:
+    its interval is cut to [0, 1] and written ``'mean [lo, hi]'``; a fraction equal in every cohort has no
+    interval (``'1.000 (every cohort)'``)."""
     rows = []
     for m, v in sa.items():
         mean, _, ci = t_interval(v["exposed"].tolist())
-        hw = float("nan") if ci is None else (ci[1] - ci[0]) / 2
-        rows.append([m, f"{mean:.3f} ± {hw:.3f}"]
+        if ci is None or ci[0] == ci[1]:
+            shown = f"{mean:.3f} (every cohort)" if ci is not None else f"{mean:.3f} (1 cohort)"
+        else:
+            lo, hi = bounded_interval(ci, (0.0, 1.0))
+            shown = f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
+        rows.append([m, shown]
                     + [round(float(v[f"exposed_{part}"].mean()), 3) for part in ("alone", "dominated", "other")]
                     + [len(v["exposed"]), int(v["single"].median())])
     return rows

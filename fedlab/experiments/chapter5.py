@@ -520,16 +520,18 @@ def table2_values(acc: dict, nus: Sequence[float], k: int) -> dict:
 def table2_markdown(acc: dict, nus: Sequence[float], k: int, paper=None, paper_table: dict | None = None) -> str:
     """Galli et al.'s Table 2 (``paper_table``, default :data:`PAPER_TABLE2`) beside ours at ``k``
     hypotheses, as a Markdown table: accuracy and accuracy relative to ``nu = 0``, with the stored
-    paper-scale record ``paper(name)`` (e.g. :meth:`fedlab.records.Run.stored`; ``n/a`` when ``None``).
+    paper-scale record ``paper(name)`` (e.g. :meth:`fedlab.records.Run.stored`; ``n/a`` when ``None``), the
+    accuracy with ``value_range=(0, 1)`` (its interval cut to [0, 1]; the ratio to ``nu = 0`` may pass 1).
     Raises ``ValueError`` for a ``nu`` the paper table lacks."""
     paper_table = PAPER_TABLE2 if paper_table is None else paper_table
     absent = [nu for nu in [0, *nus] if nu not in paper_table]
     if absent:
         raise ValueError(f"paper_table has no entry for nu {absent}")
-    stored = (lambda name: paper(name)) if paper is not None else (lambda name: "n/a")
-    ps = "paper scale (mean ± 95 % CI, n seeds)"
-    rows = [[f"{nu:g}", paper_table[nu], paper_table[nu] / paper_table[0], acc[(k, nu)], stored(table2_name("acc", nu)),
-             acc[(k, nu)] / acc[(k, 0)], stored(table2_name("rel", nu))] for nu in nus]
+    stored = (lambda name, **kw: paper(name, **kw)) if paper is not None else (lambda name, **kw: "n/a")
+    ps = "paper scale (mean and 95 % CI, n seeds)"
+    rows = [[f"{nu:g}", paper_table[nu], paper_table[nu] / paper_table[0], acc[(k, nu)],
+             stored(table2_name("acc", nu), value_range=(0, 1)),   # an accuracy: its interval cut to [0, 1]
+             acc[(k, nu)] / acc[(k, 0)], stored(table2_name("rel", nu))] for nu in nus]   # a ratio: may pass 1
     return markdown_table(["ν", "paper acc. (FEMNIST, Table 2)", "paper acc. / acc. at ν=0", f"ours (digits, k={k})",
                            f"ours, {ps}", "ours / ours at ν=0", f"ours / ours at ν=0, {ps}"], rows)
 
