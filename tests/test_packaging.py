@@ -15,18 +15,74 @@ from fedlab import plots
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: the checks of this file that need a fresh interpreter, run in one (each one interpreter start and torch import,
+#: about 2.5 s of CPU, was one child process apiece): ``(name, kind, code or path, cwd)`` in this order; the first
+#: two run with IPython and myst_nb unimportable (as in a core install), so the first also checks that loading
+#: the digits imported no scikit-learn before anything else ran
+_CHILD_CHECKS_RUNNER = """
+import contextlib, io, json, os, runpy, sys, traceback
+CHECKS, RESULTS = json.loads(sys.argv[1]), {}
+for name, kind, code, cwd, blocked in CHECKS:
+    for mod in ('IPython', 'myst_nb'):
+        if blocked:
+            sys.modules[mod] = None
+        elif sys.modules.get(mod, 0) is None:
+            del sys.modules[mod]
+    out = io.StringIO()
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out):
+            if kind == 'script':
+                sys.argv = [code]
+                runpy.run_path(code, run_name='__main__')
+            else:
+                exec(compile(code, name, 'exec'), {'__name__': '__main__'})
+        RESULTS[name] = {'ok': True, 'stdout': out.getvalue()}
+    except BaseException:
+        RESULTS[name] = {'ok': False, 'stdout': out.getvalue(), 'error': traceback.format_exc()[-2000:]}
+print('RESULTS ' + json.dumps(RESULTS))
+"""
+
+_MD_TABLE_CODE = ("from fedlab import plots; from fedlab.privacy import ldp, dp_fedavg\n"
+                  "from fedlab import data; assert data.load_digits().X.shape == (1797, 64)\n"
+                  "print(plots.md_table(['x'], [[1]]), ldp.gaussian_sigma(10, 1e-5) > 0, 'sklearn' in sys.modules)")
+
+
+def _readme_one_liners(srv: Path) -> list[str]:
+    import re
+    readme = (ROOT / "README.md").read_text()
+    codes = re.findall(r'^python -c "(.+)"$', readme, flags=re.M)
+    return [code.replace("/srv/fedlab", str(srv)) for code in codes]
+
+
+@pytest.fixture(scope="module")
+def child_checks(tmp_path_factory):
+    """``{name: {"ok", "stdout", "error"}}`` of every check in one fresh interpreter (`_CHILD_CHECKS_RUNNER`): a
+    check that raises fails its own test, and the others still run."""
+    import json
+    import os
+
+    tmp = tmp_path_factory.mktemp("readme")
+    checks = [["md_table", "code", "import sys\n" + _MD_TABLE_CODE, str(ROOT), True],
+              ["core_smoke", "script", str(ROOT / "scripts" / "core_smoke.py"), str(ROOT), True]]
+    checks += [[f"readme {i}", "code", code, str(tmp), False] for i, code in enumerate(_readme_one_liners(tmp / "srv"))]
+    out = subprocess.run([sys.executable, "-c", _CHILD_CHECKS_RUNNER, json.dumps(checks)], capture_output=True,
+                         text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "FEDLAB_PROGRESS": "0"})
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULTS ")]
+    assert out.returncode == 0 and line, out.stderr[-3000:]
+    return json.loads(line[-1][len("RESULTS "):])
+
+
 @pytest.mark.slow
-def test_md_table_needs_no_ipython_and_renders_as_markdown():
+def test_md_table_needs_no_ipython_and_renders_as_markdown(child_checks):
     t = plots.md_table(["a", "b"], [[1, 0.5]])
     assert isinstance(t, str) and t._repr_markdown_() == "| a | b |\n|---|---|\n| 1 | 0.500 |"
-    # the same process also loads the digits: without importing scikit-learn (fedlab.data reads its file)
-    code = ("import sys; sys.modules['IPython'] = None; sys.modules['myst_nb'] = None\n"
-            "from fedlab import plots; from fedlab.privacy import ldp, dp_fedavg\n"
-            "from fedlab import data; assert data.load_digits().X.shape == (1797, 64)\n"
-            "print(plots.md_table(['x'], [[1]]), ldp.gaussian_sigma(10, 1e-5) > 0, 'sklearn' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("True False"), out.stdout
+    # a fresh process (child_checks) also loads the digits: without importing scikit-learn (fedlab.data reads its
+    # file) and without IPython
+    res = child_checks["md_table"]
+    assert res["ok"], res["error"]
+    assert res["stdout"].strip().endswith("True False"), res["stdout"]
 
 
 def test_md_table_aligns_columns_and_checks_align():
@@ -98,25 +154,20 @@ def test_ci_runs_the_readme_commands_and_the_fresh_install_check():
     assert "IPython" in smoke and "epsilon_spent" in smoke and "fl.fedavg(" in smoke
 
 
-def test_core_smoke_script_runs_against_this_tree():
+def test_core_smoke_script_runs_against_this_tree(child_checks):
     """The calls the fresh-install check makes (scripts/core_smoke.py) run here too: an API change that breaks
-    them fails ``make test`` and not only CI (stop 53's CI failed on ``fedavg(lr=...)`` in that script)."""
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "core_smoke.py")], capture_output=True,
-                         text=True, cwd=ROOT, env={**__import__("os").environ, "FEDLAB_PROGRESS": "0"})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("core install OK"), out.stdout
+    them fails ``make test`` and not only CI (stop 53's CI failed on ``fedavg(lr=...)`` in that script). It runs
+    in child_checks' fresh interpreter, as ``__main__``, with IPython unimportable as in the core install."""
+    res = child_checks["core_smoke"]
+    assert res["ok"], res["error"]
+    assert res["stdout"].startswith("core install OK"), res["stdout"]
 
 
-def test_readme_python_one_liners_run(tmp_path):
+def test_readme_python_one_liners_run(child_checks, tmp_path):
     """Every ``python -c "..."`` command of the README runs against this tree (its /srv paths moved into a
-    temporary folder): the deployment recipe's ``write_app`` and ``write_consistency_keys`` calls."""
-    import os
-    import re
-    readme = (ROOT / "README.md").read_text()
-    codes = re.findall(r'^python -c "(.+)"$', readme, flags=re.M)
+    temporary folder, run from there): the deployment recipe's ``write_app`` and ``write_consistency_keys`` calls."""
+    codes = _readme_one_liners(tmp_path)
     assert len(codes) >= 2, codes
-    for code in codes:
-        code = code.replace("/srv/fedlab", str(tmp_path / "srv"))
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                             env={**os.environ, "PYTHONPATH": str(ROOT), "FEDLAB_PROGRESS": "0"})
-        assert out.returncode == 0, (code, out.stderr[-2000:])
+    for i, code in enumerate(codes):
+        res = child_checks[f"readme {i}"]
+        assert res["ok"], (code, res["error"])
