@@ -1,47 +1,18 @@
 """Packaging claims of the README: the library works without the notebook stack, the import-name
 clash with SMILELab's FedLab is detected, the pinned ranges are what the code needs."""
 import importlib.metadata
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
+import child_checks as child_checks_
 import fedlab
 from fedlab import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-#: the checks of this file that need a fresh interpreter, run in one (each one interpreter start and torch import,
-#: about 2.5 s of CPU, was one child process apiece): ``(name, kind, code or path, cwd)`` in this order; the first
-#: two run with IPython and myst_nb unimportable (as in a core install), so the first also checks that loading
-#: the digits imported no scikit-learn before anything else ran
-_CHILD_CHECKS_RUNNER = """
-import contextlib, io, json, os, runpy, sys, traceback
-CHECKS, RESULTS = json.loads(sys.argv[1]), {}
-for name, kind, code, cwd, blocked in CHECKS:
-    for mod in ('IPython', 'myst_nb'):
-        if blocked:
-            sys.modules[mod] = None
-        elif sys.modules.get(mod, 0) is None:
-            del sys.modules[mod]
-    out = io.StringIO()
-    try:
-        os.chdir(cwd)
-        with contextlib.redirect_stdout(out):
-            if kind == 'script':
-                sys.argv = [code]
-                runpy.run_path(code, run_name='__main__')
-            else:
-                exec(compile(code, name, 'exec'), {'__name__': '__main__'})
-        RESULTS[name] = {'ok': True, 'stdout': out.getvalue()}
-    except BaseException:
-        RESULTS[name] = {'ok': False, 'stdout': out.getvalue(), 'error': traceback.format_exc()[-2000:]}
-print('RESULTS ' + json.dumps(RESULTS))
-"""
 
 _MD_TABLE_CODE = ("from fedlab import plots; from fedlab.privacy import ldp, dp_fedavg\n"
                   "from fedlab import data; assert data.load_digits().X.shape == (1797, 64)\n"
@@ -57,21 +28,18 @@ def _readme_one_liners(srv: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def child_checks(tmp_path_factory):
-    """``{name: {"ok", "stdout", "error"}}`` of every check in one fresh interpreter (`_CHILD_CHECKS_RUNNER`): a
-    check that raises fails its own test, and the others still run."""
-    import json
-    import os
-
+    """The checks of this file that need a fresh interpreter, in one (tests/child_checks.py; one torch import, not
+    one a check): the md_table snippet first (no scikit-learn imported before it), then scripts/core_smoke.py,
+    both with IPython and myst_nb unimportable as in a core install, then the README's one-liners from a
+    temporary folder. ``{name: {"ok", "stdout", "error"}}``: a check that fails, fails its own test alone."""
     tmp = tmp_path_factory.mktemp("readme")
-    checks = [["md_table", "code", "import sys\n" + _MD_TABLE_CODE, str(ROOT), True],
-              ["core_smoke", "script", str(ROOT / "scripts" / "core_smoke.py"), str(ROOT), True]]
-    checks += [[f"readme {i}", "code", code, str(tmp), False] for i, code in enumerate(_readme_one_liners(tmp / "srv"))]
-    out = subprocess.run([sys.executable, "-c", _CHILD_CHECKS_RUNNER, json.dumps(checks)], capture_output=True,
-                         text=True, cwd=ROOT, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "FEDLAB_PROGRESS": "0"})
-    line = [x for x in out.stdout.splitlines() if x.startswith("RESULTS ")]
-    assert out.returncode == 0 and line, out.stderr[-3000:]
-    return json.loads(line[-1][len("RESULTS "):])
+    checks = [{"name": "md_table", "cwd": str(ROOT), "code": "import sys\n" + _MD_TABLE_CODE,
+               "block_notebook_stack": True},
+              {"name": "core_smoke", "cwd": str(ROOT), "script": str(ROOT / "scripts" / "core_smoke.py"),
+               "block_notebook_stack": True}]
+    checks += [{"name": f"readme {i}", "cwd": str(tmp), "code": code}
+               for i, code in enumerate(_readme_one_liners(tmp / "srv"))]
+    return child_checks_.run(checks, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "FEDLAB_PROGRESS": "0"}, timeout=300)
 
 
 @pytest.mark.slow
