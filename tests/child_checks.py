@@ -36,14 +36,14 @@ sys.stdout.write('RESULTS ' + json.dumps(RESULTS) + chr(10))
 """
 
 
-def run(checks: list[dict], *, cwd, env: dict | None = None, timeout: float = 600) -> dict:
+def run(checks: list[dict], *, cwd, env: dict | None = None, inherit_env: bool = True, timeout: float = 600) -> dict:
     """Run ``checks`` in order in one fresh interpreter started in ``cwd`` with ``env`` added to this process's
-    environment. A check is ``{"name", "cwd", "code"}`` (a snippet) or ``{"name", "cwd", "script", "args"}`` (a
+    environment (``env`` alone where ``inherit_env`` is false). A check is ``{"name", "cwd", "code"}`` (a snippet) or ``{"name", "cwd", "script", "args"}`` (a
     script run as ``__main__`` with ``sys.argv = [script, *args]``), with ``"block_notebook_stack": True`` to run
     it with IPython and myst_nb unimportable. Returns ``{name: {"ok", "stdout", "error"}}``; raises
     ``AssertionError`` with the child's stderr if the child itself died."""
     res = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(checks)], cwd=cwd, capture_output=True,
-                         text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                         text=True, timeout=timeout, env={**(os.environ if inherit_env else {}), **(env or {})})
     line = [x for x in res.stdout.splitlines() if x.startswith("RESULTS ")]
     assert res.returncode == 0 and line, f"the child of {[c['name'] for c in checks]} died: {res.stderr[-3000:]}"
     return json.loads(line[-1][len("RESULTS "):])
