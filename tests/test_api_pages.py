@@ -2,12 +2,12 @@
 documented on exactly one page, every page is in the table of contents and in the index's table, and each page's
 example runs as written from the repository's root."""
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+import child_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "book" / "api").glob("*.md"))
@@ -77,34 +77,45 @@ def _example(page: Path) -> str:
     return blocks[0]
 
 
+def _results(pages) -> dict:
+    """``{page stem: None, or why its example failed}``: each page's example run in a fresh namespace, all in one
+    fresh interpreter (tests/child_checks.py: one torch import, not one per page) started in the repository's
+    root with a bare environment; an example that raises or prints nothing fails, and the next still runs."""
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "FEDLAB_PROGRESS": "0", "PATH": "/usr/bin:/bin",
+           "HOME": str(Path.home())}
+    res = child_checks.run([{"name": p.stem, "cwd": str(ROOT), "code": _example(p)} for p in pages], cwd=ROOT,
+                           env=env, inherit_env=False, timeout=300)
+    return {name: r["error"] if not r["ok"] else None if r["stdout"].strip() else "the example prints nothing"
+            for name, r in res.items()}
+
+
 def _run(pages) -> None:
-    """Run each page's example in a fresh namespace, all in one fresh interpreter (one torch import, not one per
-    page) started in the repository's root; fails naming the page whose example raised or printed nothing."""
-    runner = ("import contextlib, io, sys, traceback\n"
-              "for name, code in EXAMPLES:\n"
-              "    out = io.StringIO()\n"
-              "    try:\n"
-              "        with contextlib.redirect_stdout(out):\n"
-              "            exec(compile(code, name, 'exec'), {'__name__': '__main__'})\n"
-              "    except Exception:\n"
-              "        sys.exit(f'{name}: ' + traceback.format_exc()[-1500:])\n"
-              "    if not out.getvalue().strip():\n"
-              "        sys.exit(f'{name}: the example prints nothing')\n")
-    code = f"EXAMPLES = {[(p.stem, _example(p)) for p in pages]!r}\n" + runner
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "FEDLAB_PROGRESS": "0",
-                              "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
-    assert res.returncode == 0, (res.stderr or res.stdout)[-2500:]
+    """Fails naming the page whose example raised or printed nothing."""
+    for name, error in _results(pages).items():
+        assert error is None, f"{name}: {error}"
+
+
+@pytest.fixture(scope="module")
+def page_results(request):
+    """`_results` of the pages whose tests run (``-m``, ``-k``), in one interpreter: the quick pages, then the slow
+    ones (a matrix row, Flower's SecAgg+)."""
+    ran = {(getattr(i, "originalname", i.name), getattr(getattr(i, "callspec", None), "id", None))
+           for i in request.session.items if getattr(i, "module", None) is request.module}
+    pages = [p for p in PAGES if p.stem not in SLOW] if ("test_the_page_examples_run", None) in ran else []
+    pages += [p for p in PAGES if p.stem in SLOW and ("test_the_slow_page_examples_run", p.stem) in ran]
+    return _results(pages)
 
 
 @pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
-def test_the_page_examples_run():
-    _run([p for p in PAGES if p.stem not in SLOW])
+def test_the_page_examples_run(page_results):
+    for p in PAGES:
+        if p.stem not in SLOW:
+            assert page_results[p.stem] is None, f"{p.stem}: {page_results[p.stem]}"
 
 
 @pytest.mark.parametrize("page", [pytest.param(p, marks=SLOW[p.stem], id=p.stem) for p in PAGES if p.stem in SLOW])
-def test_the_slow_page_examples_run(page):
-    _run([page])
+def test_the_slow_page_examples_run(page, page_results):
+    assert page_results[page.stem] is None, f"{page.stem}: {page_results[page.stem]}"
 
 
 def test_a_failing_example_is_named(tmp_path):

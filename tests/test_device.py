@@ -142,19 +142,34 @@ def test_raifle_threads_its_device():
 
 
 # ------------------------------------------------------------------ the GPU timing script and its stored run
-def test_device_timing_script_runs_on_the_cpu(tmp_path):
+@pytest.fixture(scope="module")
+def device_scripts(request, tmp_path_factory):
+    """scripts/device_check.py, then scripts/device_timing.py (which sets FEDLAB_DEVICE and the thread count for
+    what runs after it), each as ``__main__`` in one fresh interpreter (tests/child_checks.py: one torch import,
+    not two), only those whose tests run: ``({name: {"ok", "stdout", "error"}}, folder of their JSON)``."""
+    import os
+    from pathlib import Path
+
+    import child_checks
+
+    root, out = Path(__file__).resolve().parents[1], tmp_path_factory.mktemp("device")
+    checks = []
+    if child_checks.selected(request, "test_device_check_script_runs_on_the_cpu"):
+        checks.append({"name": "device_check", "cwd": os.getcwd(), "script": str(root / "scripts" / "device_check.py"),
+                       "args": ["--devices", "cpu", "--out", str(out / "c.json")]})
+    if child_checks.selected(request, "test_device_timing_script_runs_on_the_cpu"):
+        checks.append({"name": "device_timing", "cwd": os.getcwd(), "script": str(root / "scripts" / "device_timing.py"),
+                       "args": ["--devices", "cpu", "--users", "2", "--configs", "fcf,fcf_emb", "--threads", "1",
+                                "--out", str(out / "t.json")]})
+    return child_checks.run(checks, cwd=os.getcwd(), env={"FEDLAB_PROGRESS": "0"}), out
+
+
+def test_device_timing_script_runs_on_the_cpu(device_scripts):
     """scripts/device_timing.py (the GPU seconds of the README) runs here on the CPU and writes its JSON."""
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    out = tmp_path / "t.json"
-    r = subprocess.run([sys.executable, str(root / "scripts" / "device_timing.py"), "--devices", "cpu", "--users", "2",
-                        "--configs", "fcf,fcf_emb", "--threads", "1", "--out", str(out)],
-                       capture_output=True, text=True, env={**__import__("os").environ, "FEDLAB_PROGRESS": "0"})
-    assert r.returncode == 0, r.stderr[-2000:]
-    got = json.loads(out.read_text())
+    res, out = device_scripts
+    assert res["device_timing"]["ok"], res["device_timing"]["error"]
+    got = json.loads((out / "t.json").read_text())
     assert got["users"] == 2 and set(got["runs"]["cpu"]) == {"fcf", "fcf_emb", "total_seconds"}
     assert 0.0 <= got["runs"]["cpu"]["fcf_emb"]["auc"] <= 1.0
 
@@ -177,19 +192,13 @@ def test_stored_gpu_table3_agrees_with_the_cpu_record():
 
 
 @pytest.mark.slow
-def test_device_check_script_runs_on_the_cpu(tmp_path):
+def test_device_check_script_runs_on_the_cpu(device_scripts):
     """scripts/device_check.py (the GPU check of every loop that takes a device) runs here with --devices cpu:
     every case runs and equals the CPU run exactly."""
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    out = tmp_path / "c.json"
-    r = subprocess.run([sys.executable, str(root / "scripts" / "device_check.py"), "--devices", "cpu", "--out", str(out)],
-                       capture_output=True, text=True, env={**__import__("os").environ, "FEDLAB_PROGRESS": "0"})
-    assert r.returncode == 0, r.stderr[-2000:]
-    got = json.loads(out.read_text())
+    res, out = device_scripts
+    assert res["device_check"]["ok"], res["device_check"]["error"]
+    got = json.loads((out / "c.json").read_text())
     assert got["failed"] == 0 and len(got["checks"]) >= 8
     assert all(v["cpu"]["ok"] and v["cpu"]["max_abs_diff"] == 0.0 for v in got["checks"].values())
 

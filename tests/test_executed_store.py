@@ -69,10 +69,10 @@ def test_fingerprint_sees_the_library(tmp_path, monkeypatch):
     assert executed_store.fingerprint(tmp_path / "a.ipynb")["sources_sha256"] != fp["sources_sha256"]
 
 
-def _run_nbval(root: Path, nb_path: Path, out: Path) -> subprocess.CompletedProcess:
+def _run_nbval(root: Path, nb_paths: list[Path], out: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "FEDLAB_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           str(nb_path), "--nbval-lax", "--nbval-current-env", "--keep-executed", str(out)],
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           *map(str, nb_paths), "--nbval-lax", "--nbval-current-env", "--keep-executed", str(out)],
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -87,9 +87,13 @@ def test_nbval_run_stores_what_nbclient_would(tmp_path):
     shutil.copy(ROOT / "conftest.py", root / "conftest.py")
     shutil.copy(ROOT / "scripts" / "executed_store.py", root / "scripts" / "executed_store.py")
     nb_path = _notebook(root / "ok.ipynb")
+    bad = _notebook(root / "bad.ipynb", ["x = 1", "raise ValueError('planted')", "print(x)"])
     out = root / "_build" / "executed"
-    run = _run_nbval(root, nb_path, out)
-    assert run.returncode == 0, run.stdout + run.stderr
+    # one nbval run of both notebooks (one pytest start, not two): only bad.ipynb's raising cell fails
+    run = _run_nbval(root, [nb_path, bad], out)
+    failed = [line for line in run.stdout.splitlines() if line.startswith("FAILED")]
+    assert run.returncode == 1 and len(failed) == 1 and failed[0].startswith("FAILED bad.ipynb::Cell 1"), \
+        run.stdout + run.stderr
     spec = importlib.util.spec_from_file_location("copied_store", root / "scripts" / "executed_store.py")
     store = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(store)                 # the copy, whose sources are those of `root`
@@ -125,7 +129,4 @@ def test_nbval_run_stores_what_nbclient_would(tmp_path):
     assert "inside an Output widget" in json.dumps(stored.metadata["widgets"])
     assert stored.metadata["language_info"]["name"] == "python"
 
-    bad = _notebook(root / "bad.ipynb", ["x = 1", "raise ValueError('planted')", "print(x)"])
-    run = _run_nbval(root, bad, out)
-    assert run.returncode != 0
     assert not (out / "bad.ipynb").exists() and store.load(bad, out) is None

@@ -115,12 +115,12 @@ def _spied_row(monkeypatch, a, columns=None):
 
 
 @pytest.fixture(scope="module")
-def tiny_and_calls():
-    """Every row at a tiny size, seed 0 (about 20 s on one core), with the `privacy.apply` calls of each row."""
+def tiny_and_calls(tiny_matrix):
+    """Every row at a tiny size, seed 0 (about 35 s on one core, computed once a test run for every test file that
+    reads these rows: conftest's `tiny_matrix`), with the `privacy.apply` calls of each row."""
     out, calls = {}, {}
-    with pytest.MonkeyPatch.context() as mp:
-        for a in mx.ATTACKS:
-            out[a.key], calls[a.key] = _spied_row(mp, a)
+    for a in mx.ATTACKS:
+        out[a.key], calls[a.key] = tiny_matrix.row(a.key)
     return out, calls
 
 
@@ -467,28 +467,16 @@ def test_matrix_seeds_in_parallel_processes_give_the_values_of_one_after_the_oth
             rp.reproduce_matrix(scale="quick", seeds=[0], out=tmp_path / "bad", root=ROOT, jobs=bad)
 
 
-def _crash_at_seed_0(scale, seed, rows=None, stderr=None):
-    """A worker of test_a_worker_that_dies...: seed 0's process dies at once (as under the OOM killer); the
-    others run no row after a second (so that seed 0's death comes first)."""
-    import os
-    import time
-
-    from fedlab import reproduce as rp
-
-    if seed == 0:
-        os._exit(3)
-    time.sleep(1)
-    return rp._matrix_seed(scale, seed, [], stderr)
-
-
-@pytest.mark.slow   # three spawned workers import fedlab (about 10 s)
+@pytest.mark.slow   # three spawned workers (a second each)
 def test_a_worker_that_dies_fails_its_own_seed_only(tmp_path, monkeypatch):
     """With ``jobs=2`` a worker process that dies (``os._exit``) during seed 0 fails seed 0 alone: the seeds that ran
     beside it or after it are clean. With one shared process pool its death failed all three seeds
     (``BrokenProcessPool`` for seeds 1 and 2, which would have run)."""
+    from matrix_stand_ins import crash_at_seed_0
+
     from fedlab import reproduce as rp
 
-    monkeypatch.setattr(rp, "_matrix_seed", _crash_at_seed_0)   # pickled by name: the spawned workers import it
+    monkeypatch.setattr(rp, "_matrix_seed", crash_at_seed_0)   # pickled by name: the spawned workers import it
     path, failures = rp.reproduce_matrix(scale="quick", seeds=[0, 1, 2], out=tmp_path, root=ROOT, jobs=2,
                                          rows=["imprint"])   # not run: the stand-in runs no row
     assert [f["seed"] for f in failures] == [0] and "BrokenProcessPool" in failures[0]["error"]

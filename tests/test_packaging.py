@@ -1,32 +1,56 @@
 """Packaging claims of the README: the library works without the notebook stack, the import-name
 clash with SMILELab's FedLab is detected, the pinned ranges are what the code needs."""
 import importlib.metadata
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
+import child_checks as child_checks_
 import fedlab
 from fedlab import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+_MD_TABLE_CODE = ("from fedlab import plots; from fedlab.privacy import ldp, dp_fedavg\n"
+                  "from fedlab import data; assert data.load_digits().X.shape == (1797, 64)\n"
+                  "print(plots.md_table(['x'], [[1]]), ldp.gaussian_sigma(10, 1e-5) > 0, 'sklearn' in sys.modules)")
+
+
+def _readme_one_liners(srv: Path) -> list[str]:
+    import re
+    readme = (ROOT / "README.md").read_text()
+    codes = re.findall(r'^python -c "(.+)"$', readme, flags=re.M)
+    return [code.replace("/srv/fedlab", str(srv)) for code in codes]
+
+
+@pytest.fixture(scope="module")
+def child_checks(tmp_path_factory):
+    """The checks of this file that need a fresh interpreter, in one (tests/child_checks.py; one torch import, not
+    one a check): the md_table snippet first (no scikit-learn imported before it), then scripts/core_smoke.py,
+    both with IPython and myst_nb unimportable as in a core install, then the README's one-liners from a
+    temporary folder. ``{name: {"ok", "stdout", "error"}}``: a check that fails, fails its own test alone."""
+    tmp = tmp_path_factory.mktemp("readme")
+    checks = [{"name": "md_table", "cwd": str(ROOT), "code": "import sys\n" + _MD_TABLE_CODE,
+               "block_notebook_stack": True},
+              {"name": "core_smoke", "cwd": str(ROOT), "script": str(ROOT / "scripts" / "core_smoke.py"),
+               "block_notebook_stack": True}]
+    checks += [{"name": f"readme {i}", "cwd": str(tmp), "code": code}
+               for i, code in enumerate(_readme_one_liners(tmp / "srv"))]
+    return child_checks_.run(checks, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "FEDLAB_PROGRESS": "0"}, timeout=300)
+
+
 @pytest.mark.slow
-def test_md_table_needs_no_ipython_and_renders_as_markdown():
+def test_md_table_needs_no_ipython_and_renders_as_markdown(child_checks):
     t = plots.md_table(["a", "b"], [[1, 0.5]])
     assert isinstance(t, str) and t._repr_markdown_() == "| a | b |\n|---|---|\n| 1 | 0.500 |"
-    # the same process also loads the digits: without importing scikit-learn (fedlab.data reads its file)
-    code = ("import sys; sys.modules['IPython'] = None; sys.modules['myst_nb'] = None\n"
-            "from fedlab import plots; from fedlab.privacy import ldp, dp_fedavg\n"
-            "from fedlab import data; assert data.load_digits().X.shape == (1797, 64)\n"
-            "print(plots.md_table(['x'], [[1]]), ldp.gaussian_sigma(10, 1e-5) > 0, 'sklearn' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("True False"), out.stdout
+    # a fresh process (child_checks) also loads the digits: without importing scikit-learn (fedlab.data reads its
+    # file) and without IPython
+    res = child_checks["md_table"]
+    assert res["ok"], res["error"]
+    assert res["stdout"].strip().endswith("True False"), res["stdout"]
 
 
 def test_md_table_aligns_columns_and_checks_align():
@@ -98,25 +122,20 @@ def test_ci_runs_the_readme_commands_and_the_fresh_install_check():
     assert "IPython" in smoke and "epsilon_spent" in smoke and "fl.fedavg(" in smoke
 
 
-def test_core_smoke_script_runs_against_this_tree():
+def test_core_smoke_script_runs_against_this_tree(child_checks):
     """The calls the fresh-install check makes (scripts/core_smoke.py) run here too: an API change that breaks
-    them fails ``make test`` and not only CI (stop 53's CI failed on ``fedavg(lr=...)`` in that script)."""
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "core_smoke.py")], capture_output=True,
-                         text=True, cwd=ROOT, env={**__import__("os").environ, "FEDLAB_PROGRESS": "0"})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("core install OK"), out.stdout
+    them fails ``make test`` and not only CI (stop 53's CI failed on ``fedavg(lr=...)`` in that script). It runs
+    in child_checks' fresh interpreter, as ``__main__``, with IPython unimportable as in the core install."""
+    res = child_checks["core_smoke"]
+    assert res["ok"], res["error"]
+    assert res["stdout"].startswith("core install OK"), res["stdout"]
 
 
-def test_readme_python_one_liners_run(tmp_path):
+def test_readme_python_one_liners_run(child_checks, tmp_path):
     """Every ``python -c "..."`` command of the README runs against this tree (its /srv paths moved into a
-    temporary folder): the deployment recipe's ``write_app`` and ``write_consistency_keys`` calls."""
-    import os
-    import re
-    readme = (ROOT / "README.md").read_text()
-    codes = re.findall(r'^python -c "(.+)"$', readme, flags=re.M)
+    temporary folder, run from there): the deployment recipe's ``write_app`` and ``write_consistency_keys`` calls."""
+    codes = _readme_one_liners(tmp_path)
     assert len(codes) >= 2, codes
-    for code in codes:
-        code = code.replace("/srv/fedlab", str(tmp_path / "srv"))
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                             env={**os.environ, "PYTHONPATH": str(ROOT), "FEDLAB_PROGRESS": "0"})
-        assert out.returncode == 0, (code, out.stderr[-2000:])
+    for i, code in enumerate(codes):
+        res = child_checks[f"readme {i}"]
+        assert res["ok"], (code, res["error"])
