@@ -221,9 +221,32 @@ class Run(dict):
         return describe(self.record, stem=self.stem)
 
 
-def compare_rows(current: dict, recorded: dict | None, labels: dict, digits: int = 3) -> list[list]:
-    """Rows ``[label, this build's value, stored value (mean ± CI, n)]`` for every ``name -> label``."""
-    return [[label, current.get(name, "n/a"), format_summary(recorded, name, digits)] for name, label in labels.items()]
+#: how :func:`compare_rows` writes a stored value of each kind: a rate's interval cut to [0, 1], a p-value or a
+#: heavy-tailed value as a median and range over seeds (never a t interval)
+ROW_KINDS = ("rate", "p", "median")
+
+
+def compare_rows(current: dict, recorded: dict | None, labels: dict, digits: int = 3, *,
+                 kinds: dict | None = None) -> list[list]:
+    """Rows ``[label, this build's value, stored value]`` for every ``name -> label``. The stored value is
+    :func:`format_summary`'s mean and 95 % interval over seeds, unless ``kinds`` (``name -> kind``, a kind of
+    :data:`ROW_KINDS`) says otherwise: ``"rate"`` cuts the interval to [0, 1] (an AUC, an accuracy, a share),
+    ``"p"`` writes a p-value as :func:`format_pvalue`'s median and range, ``"median"`` a heavy-tailed value as
+    :func:`format_median_range`'s. Raises ``ValueError`` naming ``kinds`` for an unknown kind or a name that is
+    not in ``labels``."""
+    kinds = dict(kinds or {})
+    bad = {k: v for k, v in kinds.items() if v not in ROW_KINDS or k not in labels}
+    if bad:
+        raise ValueError(f"kinds must map names of labels to one of {ROW_KINDS}, got {bad}")
+
+    def stored(name):
+        kind = kinds.get(name)
+        if kind == "p":
+            return format_pvalue(recorded, name)
+        if kind == "median":
+            return format_median_range(recorded, name)
+        return format_summary(recorded, name, digits, value_range=(0, 1) if kind == "rate" else None)
+    return [[label, current.get(name, "n/a"), stored(name)] for name, label in labels.items()]
 
 
 def describe(record: dict | None, *, stem: str | None = None) -> str:

@@ -34,6 +34,15 @@ def test_format_and_run(tmp_path):
     assert "reproduce 03_none --scale paper" in records.Run("03_none", folder=tmp_path).describe()
     rows = records.compare_rows({"auc": 0.55}, run.record, {"auc": "AUC", "c": "C"})
     assert rows == [["AUC", 0.55, "0.600 ± 0.248 (n = 3)"], ["C", "n/a", "not in record"]]
+    labels = {"auc": "AUC", "p": "K-S p", "src": "data"}       # a rate's interval in [0, 1]; a p-value never a t interval
+    rows = records.compare_rows({}, run.record, labels, kinds={"auc": "rate", "p": "p"})
+    assert rows[0][2] == "0.600 [0.352, 0.848] (n = 3)" and rows[1][2] == "median 2.0e-03 (range 1.0e-03–3.0e-03, n = 3)"
+    _record(tmp_path, {"auc": [0.9, 0.99, 0.999]})
+    top = records.compare_rows({}, records.load("02_x", "paper", tmp_path), {"auc": "AUC"}, kinds={"auc": "rate"})
+    assert top[0][2].endswith(", 1.000] (n = 3)")           # cut at 1 (the t interval passes it)
+    for bad in ({"auc": "share"}, {"zzz": "rate"}):
+        with pytest.raises(ValueError, match="kinds"):
+            records.compare_rows({}, run.record, labels, kinds=bad)
 
 
 def test_per_seed_and_count_below_skip_failed_seeds(tmp_path):
