@@ -233,9 +233,6 @@ OVER_TEN: dict[str, int] = {
     "fedlab.attacks.identifiability.protocol2_attack": 18,
     "fedlab.attacks.identifiability.protocol3_attack": 13,
     "fedlab.attacks.identifiability.theorem2_num_interactions": 11,
-    "fedlab.attacks.interaction_inference.oltr.make_oltr_case": 17,
-    "fedlab.attacks.interaction_inference.recsys.raifle": 15,
-    "fedlab.attacks.interaction_inference.recsys.raifle_fncf": 16,
     "fedlab.attacks.membership.active_attack_rounds": 17,
     "fedlab.attacks.membership.active_attack_runs": 11,
     "fedlab.experiments.chapter1a.dlg_restarts": 11,
@@ -244,13 +241,6 @@ OVER_TEN: dict[str, int] = {
     "fedlab.experiments.chapter1c.dp_grid": 14,
     "fedlab.experiments.chapter1c.personalization_sweep": 20,
     "fedlab.experiments.chapter2.secagg_experiment": 11,
-    "fedlab.experiments.chapter3a.attack_case": 11,
-    "fedlab.experiments.chapter3c.ldp_grid": 14,
-    "fedlab.experiments.chapter3c.ldp_grids": 13,
-    "fedlab.experiments.chapter3c.ldp_sweep": 14,
-    "fedlab.experiments.chapter3c.pir_experiment": 13,
-    "fedlab.experiments.chapter3c.utility_grid": 11,
-    "fedlab.fl.oltr.federated_oltr": 15,
 }
 
 
