@@ -53,6 +53,7 @@ def cases():
     """``name -> fn(device) -> result`` for every loop that takes a ``device``."""
     from fedlab.attacks import gradient_inversion as gi
     from fedlab.attacks.interaction_inference import oltr as ro
+    from fedlab.fl import oltr as fl_oltr
     from fedlab.attacks.interaction_inference import recsys as rf
     from fedlab.data.letor import synthetic_letor
     from fedlab.fl.ifca import Hypotheses, Validation, ifca
@@ -75,7 +76,7 @@ def cases():
     fmodel, theta = fncf_init(8, seed=3)
     fupd, fdT, _ = fncf_updates(fmodel, theta, Xn, En, In, maskn, lr=1.0, local_steps=1)
     letor = synthetic_letor(40, 6, min_docs=6, seed=1)
-    ocase = ro.make_oltr_case(letor, 3, 2, seed=1)
+    ocase = ro.make_oltr_case(letor, 3, 2, users=fl_oltr.OltrUsers(click_model="navigational"), seed=1)
     return {
         "fedavg": lambda dev: fl.fedavg(net, _clients(), num_rounds=3, client_fraction=0.67,
                                         local=fl.LocalTraining(lr=0.3, batch_size=2), eval_data=ev, seed=4,
@@ -90,10 +91,13 @@ def cases():
         "inverting_gradients": lambda dev: gi.inverting_gradients(
             inv, params, obs, knows=gi.Knowledge(input_shape=(6,), labels=y),
             budget=gi.AttackBudget(max_iter=6, lr=0.1, num_restarts=2), device=dev).x,
-        "raifle_fcf": lambda dev: rf.raifle_fcf(Xr, upd, mask, max_iter=8, num_restarts=2, device=dev).scores,
-        "raifle_fncf": lambda dev: rf.raifle_fncf(fmodel, theta, Xn, fupd, fdT, maskn, use_model_params=True,
-                                                  max_iter=8, num_restarts=2, seed=7, device=dev).scores,
-        "raifle_oltr": lambda dev: ro.raifle_oltr(ocase, max_iter=8, device=dev).scores,
+        "raifle_fcf": lambda dev: rf.raifle_fcf(Xr, upd, mask, budget=rf.RaifleBudget(max_iter=8, num_restarts=2),
+                                                device=dev).scores,
+        "raifle_fncf": lambda dev: rf.raifle_fncf(fmodel, theta, Xn, fupd, fdT, maskn,
+                                                  variant=rf.RaifleVariant(use_model_params=True),
+                                                  budget=rf.RaifleBudget(max_iter=8, num_restarts=2), seed=7,
+                                                  device=dev).scores,
+        "raifle_oltr": lambda dev: ro.raifle_oltr(ocase, budget=rf.RaifleBudget(max_iter=8), device=dev).scores,
     }
 
 

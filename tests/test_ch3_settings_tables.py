@@ -126,9 +126,9 @@ def test_3a_ours_follows_the_case():
 def test_3a_ours_follows_the_budget_and_ldp_constants():
     base = _ours(_table3a())
     b = chapter3a.attack_budget(("FCF", False, False), fcf_max_iter=100, fncf_max_iter=150, num_restarts=2)
-    assert "FCF 100 with the embedding" in base["budget"] and f"{b['max_iter']} without" in base["budget"]
+    assert "FCF 100 with the embedding" in base["budget"] and f"{b.max_iter} without" in base["budget"]
     assert "FNCF 150" in base["budget"] and "evaluations" in base["budget"]
-    assert "2 per user" in base["starts"] and f"without the embedding: {b['num_restarts']}" in base["starts"]
+    assert "2 per user" in base["starts"] and f"without the embedding: {b.num_restarts}" in base["starts"]
     more = _ours(_table3a(fcf_max_iter=300, fncf_max_iter=40, num_restarts=4))
     assert "FCF 300 with the embedding" in more["budget"] and "60 without" in more["budget"]
     assert "FNCF 40" in more["budget"] and "4 per user" in more["starts"]
@@ -145,15 +145,15 @@ def test_3a_ours_follows_the_budget_and_ldp_constants():
 
 def test_3a_ours_reads_library_defaults(monkeypatch):
     base = _ours(_table3a())
-    sig = inspect.signature(attack_recsys.raifle).parameters
-    assert f"history {sig['history_size'].default}," in base["optimiser and line search"]
-    assert ("antithetic" in base["starts"]) == sig["antithetic"].default
+    budget = inspect.signature(attack_recsys.raifle).parameters["budget"].default
+    assert f"history {budget.history_size}," in base["optimiser and line search"]
+    assert ("antithetic" in base["starts"]) == budget.antithetic
     monkeypatch.setattr(attack_recsys, "FNCF_CONTINUATION", (0.5, 0.05))
     real = attack_recsys.raifle
 
-    def raifle(loss_fn, num_users, num_items, *, history_size=7, emb_init_std=0.5, antithetic=False, tol=1e-5,
-               **kw):
-        return real(loss_fn, num_users, num_items, history_size=history_size, **kw)
+    def raifle(loss_fn, num_users, num_items, *,
+               budget=attack_recsys.RaifleBudget(history_size=7, emb_init_std=0.5, antithetic=False, tol=1e-5), **kw):
+        return real(loss_fn, num_users, num_items, budget=budget, **kw)
 
     monkeypatch.setattr(attack_recsys, "raifle", raifle)
     patched = _ours(_table3a())
@@ -213,12 +213,14 @@ def test_3c_ours_follows_the_constants(letor):
 
 def test_3c_ours_reads_library_defaults(letor, monkeypatch):
     base = _ours(_table3b(letor))
-    assert base["starts"].startswith(f"{inspect.signature(attack_recsys.raifle).parameters['num_restarts'].default} per user")
+    budget = inspect.signature(attack_recsys.raifle).parameters["budget"].default
+    assert base["starts"].startswith(f"{budget.num_restarts} per user")
     assert "top 10" in base["displayed list"] and "random order" in base["local training"]
     real = attack_oltr.make_oltr_case
 
-    def make_oltr_case(data, num_users, num_queries, hidden=(), *, k=5, init="fan_in", shuffle_queries=False, **kw):
-        return real(data, num_users, num_queries, hidden, k=k, init=init, shuffle_queries=shuffle_queries, **kw)
+    def make_oltr_case(data, num_users, num_queries, hidden=(), *,
+                       users=fl_oltr.OltrUsers(k=5, init="fan_in", shuffle_queries=False), **kw):
+        return real(data, num_users, num_queries, hidden, users=users, **kw)
 
     monkeypatch.setattr(attack_oltr, "make_oltr_case", make_oltr_case)
     patched = _ours(_table3b(letor))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedlab import records
-from fedlab.attacks.interaction_inference.recsys import make_recsys_case
+from fedlab.attacks.interaction_inference.recsys import RaifleBudget, RaifleVariant, make_recsys_case
 from fedlab.experiments import chapter3a as ch3a
 from fedlab.privacy.ldp import classical_gaussian_sigma, gaussian_sigma
 
@@ -72,7 +72,8 @@ def test_prune_sweep_at_zero_is_the_honest_attack(case):
     kw = {"fcf_max_iter": 6, "fncf_max_iter": 3, "num_restarts": 1, "seed": 0}
     out = ch3a.prune_sweep(case, [0.0, 0.5], **kw)
     assert set(out) == {0.0, 0.5} and set(out[0.0]) == {"FCF emb", "FNCF emb"}
-    honest = ch3a.attack_case(case, "fcf", estimate_embedding=True, max_iter=6, num_restarts=1, seed=0)["auc"]
+    honest = ch3a.attack_case(case, "fcf", variant=RaifleVariant(estimate_embedding=True),
+                              budget=RaifleBudget(max_iter=6, num_restarts=1), seed=0)["auc"]
     assert torch.equal(out[0.0]["FCF emb"], honest)
     with pytest.raises(ValueError, match="fractions"):
         ch3a.prune_sweep(case, [1.0], **kw)
@@ -322,15 +323,16 @@ def test_table3_reference_runs_the_codes_settings(case):
     the numbers: the budget of 60 evaluations lets the continuation run)."""
     ref = ch3a.table3_reference(case, max_iter=60, seed=3)
     assert list(ref) == ch3a.TABLE3_CONFIGS
+    budget = RaifleBudget(max_iter=60, num_restarts=5, antithetic=False)
     for (alg, est, ump), r in ref.items():
-        extra = {"squared": True} if alg == "FCF" else {"use_model_params": ump, "continuation": None}
-        want = ch3a.attack_case(case, alg.lower(), estimate_embedding=est, max_iter=60, seed=3, num_restarts=5,
-                                antithetic=False, **extra)
+        variant = (RaifleVariant(estimate_embedding=est, squared=True) if alg == "FCF"
+                   else RaifleVariant(estimate_embedding=est, use_model_params=ump, continuation=None))
+        want = ch3a.attack_case(case, alg.lower(), variant=variant, budget=budget, seed=3)
         assert torch.equal(r["auc"], want["auc"]) and torch.equal(r["loss"], want["loss"]), (alg, est, ump)
     # the settings matter: our Table 3 settings give other losses on FNCF emb (continuation) and FCF emb (loss)
     for c, kw in [(("FNCF", True, False), {}), (("FCF", True, False), {})]:
-        ours = ch3a.attack_case(case, c[0].lower(), estimate_embedding=True, max_iter=60, seed=3, num_restarts=5,
-                                antithetic=False)
+        ours = ch3a.attack_case(case, c[0].lower(), variant=RaifleVariant(estimate_embedding=True), budget=budget,
+                                seed=3)
         assert not torch.equal(ours["loss"], ref[c]["loss"]), c
     with pytest.raises(ValueError, match="max_iter"):
         ch3a.table3_reference(case, max_iter=0)
@@ -369,7 +371,9 @@ def test_prune_sweep_attacker_who_knows_the_mask(case):
         assert aware[0.7][n]["loss_truth"].max() < 0.01 < 0.1 < naive[0.7][n]["loss_truth"].min(), n
     assert set(ch3a.prune_sweep(case, [0.7], fcf_max_iter=2, fncf_max_iter=2, num_restarts=1)[0.7]) == {"FCF emb", "FNCF emb"}
     with pytest.raises(ValueError, match="coord_mask"):
-        ch3a.attack_case(case, "fcf", estimate_embedding=True, coord_mask=torch.ones(2, 3, 4, dtype=torch.bool), max_iter=1)
+        ch3a.attack_case(case, "fcf", coord_mask=torch.ones(2, 3, 4, dtype=torch.bool), budget=RaifleBudget(max_iter=1))
+    with pytest.raises(ValueError, match="use_model_params=False for FCF"):
+        ch3a.attack_case(case, "fcf", variant=RaifleVariant(use_model_params=True))
 
 
 def test_prune_curves_and_values_put_both_attackers_on_the_same_users(case):

@@ -12,7 +12,9 @@ from fedlab.attacks.interaction_inference import oltr as ro
 from fedlab.data.letor import synthetic_letor
 from fedlab.experiments import chapter3c as ex
 from fedlab.fl import oltr
-from fedlab.fl.oltr import click_probabilities
+from fedlab.fl.oltr import OltrUsers, click_probabilities
+from fedlab.attacks.interaction_inference.recsys import RaifleBudget
+from fedlab.privacy.ldp import LdpGaussian
 from fedlab.privacy.defenses import prune_rows
 
 torch.set_num_threads(1)
@@ -39,9 +41,9 @@ def test_init_rankers_uniform_and_fan_in_share_their_draws():
 
 
 def test_users_train_in_an_order_the_server_does_not_know(data):
-    kw = dict(click_model="informational", lr=1.0, seed=4)
-    shuffled = ro.make_oltr_case(data, 5, 4, (), **kw)
-    ordered = ro.make_oltr_case(data, 5, 4, (), shuffle_queries=False, **kw)
+    shuffled = ro.make_oltr_case(data, 5, 4, (), users=OltrUsers(click_model="informational", lr=1.0), seed=4)
+    ordered = ro.make_oltr_case(data, 5, 4, (), users=OltrUsers(click_model="informational", lr=1.0,
+                                                                shuffle_queries=False), seed=4)
     # the same users, lists and clicks; only the order of training differs
     assert torch.equal(shuffled.X, ordered.X) and torch.equal(shuffled.I, ordered.I)
     assert torch.equal(ordered.order, torch.arange(4).expand(5, -1))
@@ -53,7 +55,7 @@ def test_users_train_in_an_order_the_server_does_not_know(data):
     # the loss floor the server faces without the order, and the drift of the ranker within the round
     assert ex.order_mismatch([ordered]).abs().max() < 1e-5
     assert ex.order_mismatch([shuffled]).min() > 1e-3
-    one = ro.make_oltr_case(data, 3, 1, (), lr=1.0, seed=1)
+    one = ro.make_oltr_case(data, 3, 1, (), users=OltrUsers(click_model="navigational", lr=1.0), seed=1)
     assert ex.update_drift([one]).abs().max() < 1e-5                     # one query: a single gradient step
     assert ex.update_drift([ordered]).min() > 0
     with pytest.raises(ValueError, match="order"):
@@ -69,7 +71,7 @@ def test_the_known_order_oracle_has_a_zero_loss_at_the_true_clicks(data):
     oracle's loss and returns one score per displayed document and one AUC per user."""
     from fedlab.fl.oltr import local_update
 
-    case = ro.make_oltr_case(data, 3, 3, (4,), lr=1.0, seed=2)
+    case = ro.make_oltr_case(data, 3, 3, (4,), users=OltrUsers(click_model="navigational", lr=1.0), seed=2)
     told = ro.in_order(case.order, case.X, case.I, case.mask)
     at_truth = ro.oltr_matching_loss(local_update(case.theta0, *told, case.hidden, lr=case.lr), case.update)
     assert float(at_truth.max()) < 1e-10, at_truth
@@ -77,8 +79,8 @@ def test_the_known_order_oracle_has_a_zero_loss_at_the_true_clicks(data):
     display = ro.oltr_matching_loss(local_update(case.theta0, case.X, case.I, case.mask, case.hidden, lr=case.lr),
                                     case.update)
     assert bool(shuffled.any()) and bool((display[shuffled] > 1e-6).all()), (case.order, display)
-    res = ro.raifle_oltr(case, known_order=True, max_iter=40, seed=0)
-    auc = ro.attack_oltr(case, known_order=True, max_iter=40, seed=0)
+    res = ro.raifle_oltr(case, known_order=True, budget=RaifleBudget(max_iter=40), seed=0)
+    auc = ro.attack_oltr(case, known_order=True, budget=RaifleBudget(max_iter=40), seed=0)
     assert res.scores.shape == (3, 3 * case.X.shape[2]) and auc.shape == (3,)
     assert bool(torch.isfinite(res.loss).all()) and bool((res.loss >= 0).all())
 
@@ -96,7 +98,8 @@ def test_adm_weight_blocks_isolate_queries(data):
     ref = ro.adm_weight_blocks(theta, torch.tensor([4, 2, 3]), F, H)     # the reference's span 2
     assert torch.equal(ref[0, :F * 4].reshape(F, 4)[:, 0], torch.tensor([1.0, 1, 1, 1, 0, 0, 0, 0]))
     # zeroed weights stay zero in training on ADM features (their gradient is zero)
-    case = ro.make_oltr_case(data, 3, 4, (8, 4), adm=True, adm_weights=True, lr=1.0, seed=0)
+    case = ro.make_oltr_case(data, 3, 4, (8, 4), users=OltrUsers(click_model="navigational", lr=1.0),
+                             adm=ro.Adm(weights=True), seed=0)
     zero = case.theta0 == 0
     assert zero.any() and case.update[zero].abs().max() == 0
     with pytest.raises(ValueError, match="hidden"):
@@ -105,8 +108,8 @@ def test_adm_weight_blocks_isolate_queries(data):
         ro.adm_weight_blocks(theta, torch.tensor([5, 1, 1]), F, H)
     with pytest.raises(ValueError, match="span"):
         ro.adm_weight_blocks(theta, torch.tensor([2, 1, 1]), F, H, span=0)
-    with pytest.raises(ValueError, match="adm_weights"):
-        ro.make_oltr_case(data, 2, 2, (), adm=True, adm_weights=True)
+    with pytest.raises(ValueError, match="Adm.weights"):
+        ro.make_oltr_case(data, 2, 2, (), adm=ro.Adm(weights=True))
 
 
 def test_settings_grid_table_and_values(data):
@@ -135,51 +138,53 @@ def test_settings_batched_together_give_each_setting_its_own_result(data):
     for name, kw in settings.items():
         kw = dict(kw)
         known = kw.pop("known_order", False)
-        alone = ro.cat_cases([ro.make_oltr_case(data, 2, 2, (), click_model="navigational", adm=a, group=g,
-                                                seed=1 + 2000 + 0, **kw) for g, a in enumerate([False, True])])
-        ref = ro.attack_oltr(alone, known_order=known, max_iter=6, seed=1)
+        alone = ro.cat_cases([ro.make_oltr_case(data, 2, 2, (), users=OltrUsers(click_model="navigational", **kw), adm=a,
+                                                group=g, seed=1 + 2000 + 0) for g, a in enumerate([False, True])])
+        ref = ro.attack_oltr(alone, known_order=known, budget=RaifleBudget(max_iter=6), seed=1)
         assert torch.equal(auc[(name, "linear", False)], ref[:2]) and torch.equal(auc[(name, "linear", True)], ref[2:])
     # a per-user known_order: told users as with True, the others as with False, to float32 round-off (bit for
     # bit on most CPUs; on an AVX-512 AMD EPYC the batch of 4 rows and the batches of 2 differ in the last bit)
     case = cases[("paper", "linear", True)][0]
     both = ro.cat_cases([case, case])
-    mixed = ro.raifle_oltr(both, known_order=torch.tensor([True, True, False, False]), max_iter=6, seed=1,
+    mixed = ro.raifle_oltr(both, known_order=torch.tensor([True, True, False, False]), budget=RaifleBudget(max_iter=6), seed=1,
                            user_ids=torch.tensor([0, 1, 0, 1]))
-    told = ro.raifle_oltr(case, known_order=True, max_iter=6, seed=1)
-    blind = ro.raifle_oltr(case, known_order=False, max_iter=6, seed=1)
+    told = ro.raifle_oltr(case, known_order=True, budget=RaifleBudget(max_iter=6), seed=1)
+    blind = ro.raifle_oltr(case, known_order=False, budget=RaifleBudget(max_iter=6), seed=1)
     close = dict(rtol=0.0, atol=1e-5 * float(told.scores.abs().max()))     # measured there: 3.9e-6 of 4.1
     assert torch.allclose(mixed.scores[:2], told.scores, **close) and torch.allclose(mixed.scores[2:], blind.scores, **close)
     assert not torch.allclose(told.scores[0], told.scores[1], **close)         # rows swapped would fail
     with pytest.raises(ValueError, match="known_order"):
-        ro.raifle_oltr(case, known_order=torch.tensor([True]), max_iter=2)
+        ro.raifle_oltr(case, known_order=torch.tensor([True]), budget=RaifleBudget(max_iter=2))
 
 
 def test_ldp_grids_give_each_click_model_its_own_ldp_grid(data):
-    kw = dict(delta=1e-8, sensitivity=0.5, lr=0.1, max_iter=5, random_draws=2, seed=3)
-    both = ex.ldp_grids(data, {"linear": ()}, [1.0, 100.0], [(1, [False]), (2, [False, True])], 2, **kw,
+    kw = dict(ldp=ex.LdpSweep(epsilons=[1.0, 100.0], delta=1e-8, sensitivity=0.5, random_draws=2), lr=0.1,
+              max_iter=5, seed=3)
+    both = ex.ldp_grids(data, {"linear": ()}, [(1, [False]), (2, [False, True])], 2, **kw,
                         click_models={"informational": torch.Generator().manual_seed(1),
                                       "navigational": torch.Generator().manual_seed(2)})
     for click, s in (("informational", 1), ("navigational", 2)):
-        alone = ex.ldp_grid(data, {"linear": ()}, [1.0, 100.0], [(1, [False]), (2, [False, True])], 2, **kw,
+        alone = ex.ldp_grid(data, {"linear": ()}, [(1, [False]), (2, [False, True])], 2, **kw,
                             click_model=click, rand_generator=torch.Generator().manual_seed(s))
         for got, ref in zip(both[click], alone):
             assert list(got) == list(ref) and all(torch.equal(got[k], ref[k]) for k in ref), click
     with pytest.raises(ValueError, match="click_models"):
-        ex.ldp_grids(data, {"linear": ()}, [1.0], [(1, [False])], 2, click_models={}, **kw)
+        ex.ldp_grids(data, {"linear": ()}, [(1, [False])], 2, click_models={}, **kw)
 
 
 def test_prune_grid_at_zero_is_the_plain_attack(data):
     auc, aware, loss = ex.prune_grid(data, {"linear": ()}, [0.0, 0.5], [(1, False), (2, True)], 3, lr=0.1, max_iter=5,
                                      seed=0)
     assert set(auc) == set(aware) == set(loss) == {("linear", Q, a, f) for Q, a in [(1, False), (2, True)] for f in (0.0, 0.5)}
-    base = ro.make_oltr_case(data, 3, 2, (), click_model="informational", adm=True, lr=0.1, seed=0 + 500 + 2)
-    assert torch.allclose(auc[("linear", 2, True, 0.0)], ro.attack_oltr(base, max_iter=5, seed=0))
+    base = ro.make_oltr_case(data, 3, 2, (), users=OltrUsers(click_model="informational", lr=0.1), adm=True,
+                             seed=0 + 500 + 2)
+    assert torch.allclose(auc[("linear", 2, True, 0.0)], ro.attack_oltr(base, budget=RaifleBudget(max_iter=5), seed=0))
     # the paper's attack is bit for bit the single-attacker grid; the mask-aware one is attack_oltr(knows_mask=True)
     # on the same users from the same starts (user ids 0..F U - 1 in both halves of the batch)
     case = ro.cat_cases([base] * 2)
     pruned = torch.cat([prune_rows(base.update, f) for f in (0.0, 0.5)])
     for knows, grid in ((False, auc), (True, aware)):
-        ref = ro.attack_oltr(case, pruned, max_iter=5, seed=0, knows_mask=knows)
+        ref = ro.attack_oltr(case, pruned, budget=RaifleBudget(max_iter=5), seed=0, knows_mask=knows)
         assert torch.equal(torch.cat([grid[("linear", 2, True, f)] for f in (0.0, 0.5)]), ref), knows
     one = loss[("linear", 1, False, 0.5)]
     assert float(one["aware_truth"].max()) == 0.0 and float(one["naive_truth"].min()) > 0   # one query: exact update
@@ -223,13 +228,13 @@ def test_budget_check_runs_each_budget_from_the_same_starts_and_reports_the_trut
     """The check at the reference code's budget (issue 37): every budget starts from the same points, so a larger
     budget never ends at a higher loss; the loss at the true clicks does not depend on the budget; the batch
     never uses more evaluations than its budget; the table has one row per budget."""
-    case = ro.make_oltr_case(data, 3, 4, (4,), click_model="informational", adm=True, lr=0.1, seed=2)
+    case = ro.make_oltr_case(data, 3, 4, (4,), users=OltrUsers(click_model="informational", lr=0.1), adm=True, seed=2)
     check = ex.budget_check(case, [3, 40], seed=1)
     small, large = check[3], check[40]
     assert small["evaluations"] <= 3 and 3 < large["evaluations"] <= 40
     assert torch.all(large["loss"] <= small["loss"] + 1e-12), (small["loss"], large["loss"])
     for b in (3, 40):      # each budget is the chapter's attack at that budget, from the attack's own starts
-        assert torch.equal(check[b]["loss"], ro.raifle_oltr(case, max_iter=b, seed=1).loss)
+        assert torch.equal(check[b]["loss"], ro.raifle_oltr(case, budget=RaifleBudget(max_iter=b), seed=1).loss)
     assert torch.equal(small["loss_truth"], large["loss_truth"]) and torch.all(small["loss_truth"] >= 0)
     assert small["auc"].shape == (3,) and torch.isfinite(large["auc"]).all()
     head, rows = ex.budget_table(check)
@@ -237,8 +242,8 @@ def test_budget_check_runs_each_budget_from_the_same_starts_and_reports_the_trut
     assert ex.REFERENCE_BUDGET == 1250        # torch.optim.LBFGS(max_iter=1000): max_eval = 1000 * 5 // 4
     # told the order the users trained in, the server's simulation is their training: the truth fits exactly
     # (a truth laid out in the wrong order of queries and documents does not)
-    shuffled = ro.make_oltr_case(data, 3, 4, (4,), click_model="informational", adm=True, lr=0.1, seed=2,
-                                 shuffle_queries=True)
+    shuffled = ro.make_oltr_case(data, 3, 4, (4,), users=OltrUsers(click_model="informational", lr=0.1,
+                                                                   shuffle_queries=True), adm=True, seed=2)
     told = ex.budget_check(shuffled, [1], known_order=True)[1]["loss_truth"]
     assert float(told.max()) < 1e-10, told
     assert float(ex.budget_check(shuffled, [1])[1]["loss_truth"].max()) > 1e-6    # in display order it does not
@@ -334,10 +339,12 @@ def test_grids_run_every_ranker(data):
     flags = ex.flag_rounds([noisy_cases[("linear", None)], noisy_cases[("linear", 0.0)]])
     assert flags.tolist() == [False, False, True, True]                   # exact-zero ADM leaves dead features
     _, nav_cases = ex.noisy_adm_grid(data, {"linear": ()}, [0.0], 2, 2, lr=1.0, max_iter=2, click_model="navigational")
-    nav = ex.make_oltr_case(data, 2, 2, (), click_model="navigational", adm=False, lr=1.0, group=0, seed=50)
+    nav = ex.make_oltr_case(data, 2, 2, (), users=OltrUsers(click_model="navigational", lr=1.0), adm=False, group=0,
+                            seed=50)
     assert torch.equal(nav_cases[("linear", None)].I, nav.I)             # the click model reaches the users
-    ldp_auc, rnd = ex.ldp_grid(data, {"linear": ()}, [1.0], [(1, [False])], 2, delta=1e-8, sensitivity=0.5, lr=1.0,
-                                 max_iter=2, random_draws=2, rand_generator=torch.Generator().manual_seed(0))
+    ldp_auc, rnd = ex.ldp_grid(data, {"linear": ()}, [(1, [False])], 2,
+                               ldp=ex.LdpSweep(epsilons=[1.0], delta=1e-8, sensitivity=0.5, random_draws=2), lr=1.0,
+                               max_iter=2, rand_generator=torch.Generator().manual_seed(0))
     assert set(ldp_auc) == {("linear", 1, False, 1.0)} and rnd[("linear", 1, False)].shape == (4,)
     with pytest.raises(ValueError, match="rankers"):
         ex.fig5_grid(data, {}, [1], ["navigational"], 2, lr=1.0, max_iter=2)
@@ -379,9 +386,17 @@ def test_pir_and_utility_grids(data):
     pir = ex.pir_grid(data, {"linear": ()}, 6, epsilons=[None], lr=1.0, seed=0)
     assert pir == {("linear", None): (1.0, 0.0, 1.0)}                    # exact without noise (Sec. 3.4.3)
     train, test = data.split(0.2, seed=0)
-    ndcg = ex.utility_grid(train, test, {"linear": ()}, [None], num_rounds=2, clients_per_round=4, lr=1.0,
-                             delta=1e-8, sensitivity=0.5)
-    assert set(ndcg) == {("linear", None)} and 0.0 <= ndcg[("linear", None)] <= 1.0
+    ndcg = ex.utility_grid(train, test, {"linear": ()}, [None, 10.0], num_rounds=2, clients_per_round=4,
+                           users=OltrUsers(lr=1.0), delta=1e-8, sensitivity=0.5)
+    assert set(ndcg) == {("linear", None), ("linear", 10.0)} and all(0.0 <= v <= 1.0 for v in ndcg.values())
+    # utility_grid is federated_oltr per (ranker, epsilon), with the LDP mechanism as one settings object
+    ref = oltr.federated_oltr(train, test, (), users=OltrUsers(lr=1.0), num_rounds=2, clients_per_round=4,
+                              ldp=LdpGaussian(10.0, 1e-8, 0.5), eval_every=2)
+    assert ndcg[("linear", 10.0)] == ref.ndcg[-1]
+    with pytest.raises(ValueError, match="clip_norm"):
+        oltr.federated_oltr(train, test, (), ldp=LdpGaussian(10.0), clip_norm=1.0, num_rounds=1)
+    with pytest.raises(ValueError, match="ldp must be"):
+        oltr.federated_oltr(train, test, (), ldp=10.0, num_rounds=1)
 
 
 def test_ldp_boxplot_refuses_unswept_eps():

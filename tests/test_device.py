@@ -122,21 +122,22 @@ def test_gradient_inversion_threads_its_device():
 
 def test_raifle_threads_its_device():
     from fedlab.attacks.interaction_inference import oltr as ro
+    from fedlab.fl.oltr import OltrUsers
     from fedlab.attacks.interaction_inference import recsys as rf
 
     g = torch.Generator().manual_seed(0)
     U, m, d = 3, 5, 4
     X, upd = torch.randn(U, m, d, generator=g), 0.1 * torch.randn(U, m, d, generator=g)
     mask = torch.ones(U, m, dtype=torch.bool)
-    fcf = lambda **kw: rf.raifle_fcf(X, upd, mask, max_iter=8, num_restarts=2, **kw)  # noqa: E731
+    fcf = lambda **kw: rf.raifle_fcf(X, upd, mask, budget=rf.RaifleBudget(max_iter=8, num_restarts=2), **kw)  # noqa: E731
     a, b = fcf(), _under_meta_default(lambda: fcf(device="cpu"))
     assert _same(a.scores, b.scores) and _same(a.user_emb, b.user_emb) and _same(a.loss, b.loss)
 
     from fedlab.data.letor import synthetic_letor
 
     data = synthetic_letor(40, 6, min_docs=6, seed=1)
-    case = ro.make_oltr_case(data, 3, 2, seed=1)
-    oltr = lambda **kw: ro.raifle_oltr(case, max_iter=8, **kw)  # noqa: E731
+    case = ro.make_oltr_case(data, 3, 2, users=OltrUsers(click_model="navigational"), seed=1)
+    oltr = lambda **kw: ro.raifle_oltr(case, budget=rf.RaifleBudget(max_iter=8), **kw)  # noqa: E731
     a, b = oltr(), _under_meta_default(lambda: oltr(device="cpu"))
     assert _same(a.scores, b.scores) and _same(a.loss, b.loss)
 

@@ -157,3 +157,12 @@ def test_analytic_sigma_is_dp_accountings_answer_remembered():
     assert ldp.gaussian_sigma(20.0, DELTA, 0.5) == float(direct)
     with pytest.raises(ValueError, match="epsilon"):
         ldp.analytic_gaussian_sigma(float("nan"), DELTA, 0.5)
+
+
+def test_ldp_gaussian_settings_have_raifles_defaults_and_name_the_bad_field():
+    s = ldp.LdpGaussian(10.0)
+    assert (s.epsilon, s.delta, s.sensitivity) == (10.0, 1e-8, 0.5)      # RAIFLE Sec. 4.1.1, OLTR's Delta_2
+    for field, bad in (("epsilon", 0.0), ("epsilon", math.inf), ("delta", 0.0), ("delta", 1.0),
+                       ("sensitivity", -1.0), ("sensitivity", True)):
+        with pytest.raises(ValueError, match=f"LdpGaussian.{field}"):
+            ldp.LdpGaussian(**{"epsilon": 1.0, field: bad})

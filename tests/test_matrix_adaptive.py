@@ -214,18 +214,19 @@ def test_the_aware_fcf_attack_shares_the_naive_starts_and_matches_the_sent_coord
     calls = []
 
     def spy(case, algorithm, **kw):
-        calls.append(kw)
+        calls.append((case, kw))
         n = len(case)
         return {"auc": torch.full((n,), 0.7 if kw.get("coord_mask") is None else 0.9, dtype=torch.float64),
                 "loss": torch.ones(n), "loss_truth": torch.zeros(n), "emb_error": None, "evaluations": 1}
 
     monkeypatch.setattr(ch3a, "attack_case", spy)
     out = mx.run_row("rs", 0, ["prune90"], tiny=True)
-    naive, aware = calls
-    assert naive.get("coord_mask") is None and torch.equal(aware["fcf"], naive["fcf"])
+    (naive_case, naive), (aware_case, aware) = calls
+    assert naive.get("coord_mask") is None and torch.equal(aware_case.fcf, naive_case.fcf)
     assert aware.get("user_ids") is naive.get("user_ids") is None and aware["seed"] == naive["seed"]
+    assert aware["budget"] == naive["budget"] and aware["variant"] == naive["variant"]
     sent = aware["coord_mask"]
-    assert sent.dtype == torch.bool and torch.equal(sent, naive["fcf"] != 0)   # padding is 0 in the view too
+    assert sent.dtype == torch.bool and torch.equal(sent, naive_case.fcf != 0)   # padding is 0 in the view too
     assert out["prune90"] == 0.9 and out["prune90" + mx.NAIVE_SUFFIX] == 0.7
 
 

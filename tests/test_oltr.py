@@ -9,6 +9,10 @@ from fedlab.experiments import chapter3c as ex
 from fedlab.data import ChecksumError, OfflineError, sha256sum
 from fedlab.data.letor import load_letor, normalize_per_query, read_svmlight, synthetic_letor
 from fedlab.fl import oltr
+from fedlab.attacks.interaction_inference.recsys import RaifleBudget
+
+#: the click model the tests of the attacked round were written with (the paper's Table 4 uses informational)
+NAV = oltr.OltrUsers(click_model="navigational")
 from oracles import pdgd_gradient_pairs
 from fedlab.privacy import secure_aggregation as sa
 from fedlab.privacy.defenses import prune_rows
@@ -276,8 +280,8 @@ def test_adm_fingerprint_blocks_and_gradient_support():
 
 
 def test_dead_feature_detector(data):
-    honest = ro.make_oltr_case(data, 4, 4, seed=0)
-    adm = ro.make_oltr_case(data, 4, 4, adm=True, seed=0)
+    honest = ro.make_oltr_case(data, 4, 4, users=NAV, seed=0)
+    adm = ro.make_oltr_case(data, 4, 4, users=NAV, adm=True, seed=0)
     assert not ro.flag_dead_features(honest.X, honest.mask).any()
     assert ro.flag_dead_features(adm.X, adm.mask).all()
     dead = ro.dead_features(adm.X, adm.mask)
@@ -302,7 +306,7 @@ def test_sa_bypass_recovers_target(data):
     D = torch.arange(46) < 23
     g = torch.Generator().manual_seed(0)
     theta = oltr.init_rankers(1, 46, generator=g)[0]
-    case = ro.make_oltr_case(data, 5, 2, theta0=theta, manipulate=lambda X, m: ro.sa_bypass_features(X, 0, D),
+    case = ro.make_oltr_case(data, 5, 2, users=NAV, theta0=theta, manipulate=lambda X, m: ro.sa_bypass_features(X, 0, D),
                              seed=3)
     agg = sa.secure_sum(case.update.double(), generator=g)
     rec = ro.sa_recover(agg, D)
@@ -317,15 +321,15 @@ def test_pir_detection_without_noise_never_false_alarms(data, hidden):
     """Sec. 3.4.3: a moved fingerprint row implies the item was trained on. For the linear ranker the
     converse holds too; a network at U(-1, 1) initialisation can miss a user whose fingerprinted
     document reaches no live ReLU path (user 14 here)."""
-    r = ex.pir_experiment(data, 20, hidden, seed=0)
+    r = ex.pir_experiment(data, 20, hidden, users=NAV, seed=0)
     assert not (r["detected"] & ~r["included"]).any()
     if not hidden:
         assert torch.equal(r["detected"], r["included"])
 
 
 def test_raifle_single_query_recovers_clicks(data):
-    case = ro.make_oltr_case(data, 4, 1, seed=0)
-    auc = ro.attack_oltr(case, max_iter=50, seed=0)
+    case = ro.make_oltr_case(data, 4, 1, users=NAV, seed=0)
+    auc = ro.attack_oltr(case, budget=RaifleBudget(max_iter=50), seed=0)
     assert auc.mean() > 0.95, auc
 
 
@@ -335,8 +339,9 @@ def test_adm_helps_linear_ranker_with_mslr_sized_features():
     features under ADM, and ADM lifts the linear attack (RAIFLE Fig. 5, linear, 16 queries): near
     the ceiling at the paper's eta = 0.1, by more than 0.05 at eta = 1, where the queries couple more."""
     d = synthetic_letor(120, 136, num_grades=5, grade_quantiles=(0.52, 0.84, 0.97, 0.99), seed=1)
-    auc = {(lr, adm): ro.attack_oltr(ro.make_oltr_case(d, 6, 16, click_model="informational", adm=adm, lr=lr, seed=5),
-                                     max_iter=30).mean().item() for lr in (0.1, 1.0) for adm in (False, True)}
+    auc = {(lr, adm): ro.attack_oltr(ro.make_oltr_case(d, 6, 16, users=oltr.OltrUsers(lr=lr), adm=adm, seed=5),
+                                     budget=RaifleBudget(max_iter=30)).mean().item()
+           for lr in (0.1, 1.0) for adm in (False, True)}
     assert auc[(0.1, True)] > auc[(0.1, False)] and auc[(0.1, True)] > 0.99, auc
     assert auc[(1.0, True)] > auc[(1.0, False)] + 0.05 and auc[(1.0, True)] > 0.9, auc
 
@@ -350,9 +355,11 @@ def test_experiment_helpers_keep_users_fixed(data):
     auc, cases = ex.adm_query_sweep(data, (), [1, 2], ["navigational"], 2, lr=1.0, max_iter=3)
     assert set(auc) == {(1, "navigational", False), (2, "navigational", False), (2, "navigational", True)}
     assert torch.equal(cases[(2, "navigational", False)].I, cases[(2, "navigational", True)].I)
-    with pytest.raises(ValueError, match="random_draws"):
-        ex.ldp_sweep(data, (), [1.0], [(1, [False])], 2, delta=1e-8, sensitivity=0.5, lr=1.0, max_iter=2,
-                     random_draws=0, rand_generator=torch.Generator())
+    with pytest.raises(ValueError, match="LdpSweep.random_draws"):
+        ex.LdpSweep(epsilons=[1.0], random_draws=0)
+    with pytest.raises(ValueError, match="ldp must be an LdpSweep"):
+        ex.ldp_sweep(data, (), [(1, [False])], 2, ldp={"epsilons": [1.0]}, lr=1.0, max_iter=2,
+                     rand_generator=torch.Generator())
 
 
 # ------------------------------------------------------------------------- the attacker who knows the pruning
@@ -362,19 +369,19 @@ def test_mask_aware_attack_beats_the_papers_on_a_pruned_update(data):
     coordinates sent), RAIFLE that compares only the sent coordinates (``knows_mask=True``) reads one query's
     clicks better than the paper's attack, which asks its simulation for the withheld zeros too (seed 0, 6 users:
     0.93 against 0.99 when we ran it). An ignored mask (the paper's attack twice) fails the first assert."""
-    case = ro.make_oltr_case(data, 6, 1, (16, 8), click_model="informational", lr=0.1, seed=0)
+    case = ro.make_oltr_case(data, 6, 1, (16, 8), users=oltr.OltrUsers(click_model="informational", lr=0.1), seed=0)
     pruned = prune_rows(case.update, 0.99)
-    naive = ro.attack_oltr(case, pruned, max_iter=25, seed=0)
-    aware = ro.attack_oltr(case, pruned, max_iter=25, seed=0, knows_mask=True)
+    naive = ro.attack_oltr(case, pruned, budget=RaifleBudget(max_iter=25), seed=0)
+    aware = ro.attack_oltr(case, pruned, budget=RaifleBudget(max_iter=25), seed=0, knows_mask=True)
     assert aware.mean() > naive.mean() + 0.03 and aware.mean() > 0.97, (naive, aware)
     # the masked loss is 0 at the true clicks (one query: no order to miss), the paper's loss is not
     truth = (case.I.reshape(6, -1).float(), None)
-    res = ro.raifle_oltr(case, pruned, mask=pruned != 0, max_iter=25, seed=0, truth=truth)
+    res = ro.raifle_oltr(case, pruned, mask=pruned != 0, budget=RaifleBudget(max_iter=25), seed=0, truth=truth)
     assert float(res.loss_truth.max()) < 1e-10 and float(res.loss.median()) < 1e-4, res
-    assert float(ro.raifle_oltr(case, pruned, max_iter=2, seed=0, truth=truth).loss_truth.min()) > 0.1
+    assert float(ro.raifle_oltr(case, pruned, budget=RaifleBudget(max_iter=2), seed=0, truth=truth).loss_truth.min()) > 0.1
     # a [U] tensor: the users marked True as with True, the others bit for bit as with False (one batch, both)
     told = torch.tensor([True, False] * 3)
-    both = ro.attack_oltr(case, pruned, max_iter=25, seed=0, knows_mask=told)
+    both = ro.attack_oltr(case, pruned, budget=RaifleBudget(max_iter=25), seed=0, knows_mask=told)
     assert torch.equal(both[~told], naive[~told]) and torch.equal(both[told], aware[told])
 
 
@@ -384,7 +391,8 @@ def test_mask_default_is_the_papers_loss_bit_for_bit(data):
     from fedlab.attacks.interaction_inference.recsys import raifle
     from fedlab.fl.oltr import local_update
 
-    case = ro.make_oltr_case(data, 4, 2, (), click_model="informational", adm=True, lr=0.1, seed=1)
+    case = ro.make_oltr_case(data, 4, 2, (), users=oltr.OltrUsers(click_model="informational", lr=0.1), adm=True,
+                             seed=1)
     pruned = prune_rows(case.update, 0.7)
     U, Q, n, _ = case.X.shape
 
@@ -393,12 +401,12 @@ def test_mask_default_is_the_papers_loss_bit_for_bit(data):
         tgt = pruned[rows]
         return ((pred - tgt) ** 2).sum(1) / ((tgt ** 2).sum(1) + 1e-20)
 
-    ref = raifle(old_loss, U, Q * n, max_iter=10, seed=0, device="cpu")
-    for res in (ro.raifle_oltr(case, pruned, max_iter=10, seed=0, device="cpu"),
-                ro.raifle_oltr(case, pruned, mask=None, max_iter=10, seed=0, device="cpu")):
+    ref = raifle(old_loss, U, Q * n, budget=RaifleBudget(max_iter=10), seed=0, device="cpu")
+    for res in (ro.raifle_oltr(case, pruned, budget=RaifleBudget(max_iter=10), seed=0, device="cpu"),
+                ro.raifle_oltr(case, pruned, mask=None, budget=RaifleBudget(max_iter=10), seed=0, device="cpu")):
         assert torch.equal(res.scores, ref.scores) and torch.equal(res.loss, ref.loss)
-    assert torch.equal(ro.attack_oltr(case, pruned, max_iter=10, seed=0, knows_mask=False, device="cpu"),
-                       ro.attack_oltr(case, pruned, max_iter=10, seed=0, device="cpu"))
+    assert torch.equal(ro.attack_oltr(case, pruned, budget=RaifleBudget(max_iter=10), seed=0, knows_mask=False, device="cpu"),
+                       ro.attack_oltr(case, pruned, budget=RaifleBudget(max_iter=10), seed=0, device="cpu"))
     # an all-True mask weighs every coordinate by 1: the same loss, bit for bit
     pred = torch.randn(3, 7)
     tgt = torch.randn(3, 7)
@@ -406,17 +414,52 @@ def test_mask_default_is_the_papers_loss_bit_for_bit(data):
 
 
 def test_mask_bad_arguments_name_the_argument(data):
-    case = ro.make_oltr_case(data, 2, 1, seed=0)
+    case = ro.make_oltr_case(data, 2, 1, users=NAV, seed=0)
     P = case.update.shape[1]
     with pytest.raises(ValueError, match="knows_mask"):
-        ro.attack_oltr(case, max_iter=2, knows_mask="yes")
+        ro.attack_oltr(case, budget=RaifleBudget(max_iter=2), knows_mask="yes")
     with pytest.raises(ValueError, match="knows_mask"):
-        ro.attack_oltr(case, max_iter=2, knows_mask=torch.tensor([True, False, True]))
+        ro.attack_oltr(case, budget=RaifleBudget(max_iter=2), knows_mask=torch.tensor([True, False, True]))
     with pytest.raises(ValueError, match="knows_mask"):
-        ro.attack_oltr(case, max_iter=2, knows_mask=torch.tensor([1, 0]))
+        ro.attack_oltr(case, budget=RaifleBudget(max_iter=2), knows_mask=torch.tensor([1, 0]))
     with pytest.raises(ValueError, match="mask"):
-        ro.raifle_oltr(case, mask=torch.ones(2, P - 1, dtype=torch.bool), max_iter=2)
+        ro.raifle_oltr(case, mask=torch.ones(2, P - 1, dtype=torch.bool), budget=RaifleBudget(max_iter=2))
     with pytest.raises(ValueError, match="mask"):
-        ro.raifle_oltr(case, mask=torch.ones(2, P), max_iter=2)
+        ro.raifle_oltr(case, mask=torch.ones(2, P), budget=RaifleBudget(max_iter=2))
     with pytest.raises(ValueError, match="mask"):
         ro.oltr_matching_loss(torch.zeros(2, P), torch.zeros(2, P), torch.ones(2, P))
+
+
+def test_oltr_settings_objects_name_the_bad_field():
+    """OltrUsers, Adm and chapter 3d's LdpSweep: the paper's defaults, and a ValueError naming the field."""
+    users = oltr.OltrUsers()
+    assert (users.click_model, users.k, users.lr, users.init, users.shuffle_queries) == (
+        "informational", 10, 0.1, "uniform", True)
+    for field, bad in (("click_model", "random"), ("k", 0), ("lr", float("nan")), ("init", "xavier"),
+                       ("shuffle_queries", 1)):
+        with pytest.raises(ValueError, match=f"OltrUsers.{field}"):
+            oltr.OltrUsers(**{field: bad})
+    assert ro.Adm() == ro.Adm(noise_std=0.0, weights=False)
+    for field, bad in (("noise_std", -0.1), ("weights", "yes")):
+        with pytest.raises(ValueError, match=f"Adm.{field}"):
+            ro.Adm(**{field: bad})
+    sweep = ex.LdpSweep(epsilons=[1, 10])
+    assert sweep.epsilons == (1, 10) and (sweep.delta, sweep.sensitivity) == (1e-8, 0.5)
+    assert ex.LdpSweep().epsilons == (1.0, 10.0, 20.0, 100.0, 500.0)
+    for field, bad in (("epsilons", []), ("epsilons", [1.0, 0.0]), ("delta", 1.0), ("sensitivity", 0.0),
+                       ("attacker_knows_clip", None), ("random_draws", 0)):
+        with pytest.raises(ValueError, match=f"LdpSweep.{field}"):
+            ex.LdpSweep(**{field: bad})
+
+
+def test_make_oltr_case_takes_its_settings_as_objects(data):
+    """``adm=True`` is ``Adm()``; a noisy ADM fills the other features with noise; bad types are refused."""
+    a = ro.make_oltr_case(data, 3, 2, users=NAV, adm=True, seed=0)
+    b = ro.make_oltr_case(data, 3, 2, users=NAV, adm=ro.Adm(), seed=0)
+    assert torch.equal(a.X, b.X) and torch.equal(a.update, b.update)
+    noisy = ro.make_oltr_case(data, 3, 2, users=NAV, adm=ro.Adm(noise_std=0.1), seed=0)
+    assert torch.equal(noisy.I, a.I) and not torch.equal(noisy.X, a.X)
+    with pytest.raises(ValueError, match="users must be"):
+        ro.make_oltr_case(data, 3, 2, users={"click_model": "navigational"})
+    with pytest.raises(ValueError, match="adm must be"):
+        ro.make_oltr_case(data, 3, 2, adm="fingerprint")

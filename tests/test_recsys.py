@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from fedlab.attacks.interaction_inference.recsys import (_guess_embeddings, analytic_fcf_attack, attack_hessian,
+from fedlab.attacks.interaction_inference.recsys import (FncfUser, RaifleBudget, RaifleVariant, _guess_embeddings, analytic_fcf_attack, attack_hessian,
                                                         closed_form_interactions, matching_loss,
                                                         pointwise_l2_update, raifle, raifle_fcf, raifle_fncf)
 from fedlab.metrics import roc_auc_rows
@@ -104,15 +104,17 @@ def test_raifle_losses_equal_the_matching_loss_of_the_simulated_update(algorithm
     for est in (True, False):
         for ump in ((False,) if algorithm == "fcf" else (False, True)):
             for clip in (None, (0.05, 0.02)):
-                kw = dict(estimate_embedding=est, max_iter=1, num_restarts=1, seed=7)
+                kw = dict(budget=RaifleBudget(max_iter=1, num_restarts=1), seed=7)
                 if algorithm == "fcf":
                     upd = fcf_item_updates(X, E, I, mask, alpha=1.5) + noise
-                    res = raifle_fcf(X, upd, mask, alpha=1.5, clip_norm=clip and clip[0], **kw)
+                    res = raifle_fcf(X, upd, mask, estimate_embedding=est, alpha=1.5, clip_norm=clip and clip[0], **kw)
                 else:
                     upd, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=1.0, local_steps=1)
                     upd = upd + noise * upd.abs().mean()
-                    res = raifle_fncf(model, theta, X, upd, dT, mask, use_model_params=ump,
-                                      items_clip_norm=clip and clip[0], params_clip_norm=clip and clip[1], **kw)
+                    res = raifle_fncf(model, theta, X, upd, dT, mask,
+                                      variant=RaifleVariant(estimate_embedding=est, use_model_params=ump),
+                                      user=FncfUser(items_clip_norm=clip and clip[0], params_clip_norm=clip and clip[1]),
+                                      **kw)
                 Eu = res.user_emb if est else _guess_embeddings(4, 24, 7, None)
                 if algorithm == "fcf":
                     pX, pT = fcf_item_updates(X, Eu, res.interactions, mask, alpha=1.5), None
@@ -124,7 +126,7 @@ def test_raifle_losses_equal_the_matching_loss_of_the_simulated_update(algorithm
                 ref = matching_loss(pX, upd, mask, pT if ump else None, dT if ump else None)
                 assert torch.allclose(res.loss, ref, rtol=1e-5, atol=1e-6), (est, ump, clip, res.loss, ref)
     with pytest.raises(ValueError, match="alpha"):
-        raifle_fcf(X, X, mask, alpha=-1.0, max_iter=1)
+        raifle_fcf(X, X, mask, alpha=-1.0, budget=RaifleBudget(max_iter=1))
 
 
 def test_raifle_fast_losses_have_the_gradient_of_the_matching_loss():
@@ -152,8 +154,8 @@ def test_raifle_fast_losses_have_the_gradient_of_the_matching_loss():
         rs.raifle = grab
         raifle_fcf(X, fcf_upd, mask, clip_norm=5.0)
         fast_fcf = captured["fn"]
-        raifle_fncf(model, theta, X, fncf_upd, dT, mask, use_model_params=True, items_clip_norm=0.01,
-                    params_clip_norm=0.05)
+        raifle_fncf(model, theta, X, fncf_upd, dT, mask, variant=RaifleVariant(use_model_params=True),
+                    user=FncfUser(items_clip_norm=0.01, params_clip_norm=0.05))
         fast_fncf = captured["fn"]
     finally:
         rs.raifle = orig
@@ -188,17 +190,31 @@ def test_analytic_attack_recovers_planted_user_vector():
 def test_raifle_fcf_with_embedding_estimation():
     X, E, I, mask = _users(U=3, m=40, d=8, seed=1)
     upd = fcf_item_updates(X, E, I, mask)
-    res = raifle_fcf(X, upd, mask, estimate_embedding=True, max_iter=150, num_restarts=3, seed=0)
+    res = raifle_fcf(X, upd, mask, estimate_embedding=True, budget=RaifleBudget(max_iter=150, num_restarts=3), seed=0)
     assert roc_auc_rows(I, res.scores, mask).mean() > 0.95
-    guess = raifle_fcf(X, upd, mask, estimate_embedding=False, max_iter=60, seed=0)
+    guess = raifle_fcf(X, upd, mask, estimate_embedding=False, budget=RaifleBudget(max_iter=60), seed=0)
     assert roc_auc_rows(I, guess.scores, mask).mean() < 0.8       # wrong embedding: close to chance
 
 
 def test_raifle_validates_arguments():
-    with pytest.raises(ValueError):
-        raifle(lambda I, E, r: I.sum(1), 2, 3, num_restarts=0)
+    with pytest.raises(ValueError, match="RaifleBudget.num_restarts"):
+        raifle(lambda I, E, r: I.sum(1), 2, 3, budget=RaifleBudget(num_restarts=0))
+    with pytest.raises(ValueError, match="budget must be a RaifleBudget"):
+        raifle(lambda I, E, r: I.sum(1), 2, 3, budget={"max_iter": 5})
     with pytest.raises(ValueError, match="user_ids"):
         raifle(lambda I, E, r: I.sum(1), 2, 3, user_ids=[0, 1, 2])
+    for field, bad in (("max_iter", 0), ("history_size", 1.5), ("tol", -1.0), ("emb_init_std", 0.0),
+                       ("antithetic", 1)):
+        with pytest.raises(ValueError, match=f"RaifleBudget.{field}"):
+            RaifleBudget(**{field: bad})
+    for field, bad in (("estimate_embedding", 1), ("use_model_params", "yes"), ("squared", None),
+                       ("continuation", "on")):
+        with pytest.raises(ValueError, match=f"RaifleVariant.{field}"):
+            RaifleVariant(**{field: bad})
+    for field, bad in (("lr", 0.0), ("local_steps", 0), ("items_clip_norm", -1.0), ("params_clip_norm", float("inf"))):
+        with pytest.raises(ValueError, match=f"FncfUser.{field}"):
+            FncfUser(**{field: bad})
+    assert RaifleVariant(continuation=[0.3, 0.1]).continuation == (0.3, 0.1)   # a list is kept as a tuple
 
 
 def test_a_users_result_does_not_depend_on_its_batch():
@@ -207,7 +223,7 @@ def test_a_users_result_does_not_depend_on_its_batch():
     X, E, I, mask = _users(U=4, m=30, d=6, seed=2)
     mask[1, 20:] = False                                           # users of different lengths
     upd = fcf_item_updates(X, E, I, mask)
-    kw = dict(estimate_embedding=True, max_iter=40, num_restarts=2, seed=5)
+    kw = dict(estimate_embedding=True, budget=RaifleBudget(max_iter=40, num_restarts=2), seed=5)
     together = raifle_fcf(X, upd, mask, user_ids=torch.arange(4), **kw)
     for u in range(4):
         alone = raifle_fcf(X[u:u + 1], upd[u:u + 1], mask[u:u + 1], user_ids=[u], **kw)
@@ -319,17 +335,19 @@ def test_fncf_continuation_ends_below_the_plain_lbfgs_stall_and_ranks_better():
     X, E, I, mask = _users(U=3, m=60, d=d, seed=5)
     model, theta = fncf_init(d, seed=4)
     dX, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=1.0, local_steps=1)
-    kw = dict(max_iter=250, num_restarts=2, seed=0, truth=(I, E))
-    plain = raifle_fncf(model, theta, X, dX, dT, mask, continuation=None, **kw)
+    kw = dict(budget=RaifleBudget(max_iter=250, num_restarts=2), seed=0, truth=(I, E))
+    plain = raifle_fncf(model, theta, X, dX, dT, mask, variant=RaifleVariant(continuation=None), **kw)
     cont = raifle_fncf(model, theta, X, dX, dT, mask, **kw)
     assert torch.allclose(cont.loss_truth, matching_loss(dX, dX, mask), atol=1e-2) and cont.loss_truth.max() < 0.01
     assert plain.loss.min() > 0.5, plain.loss                    # the stall
     assert cont.loss.max() < 0.3 and 0 < cont.iterations <= 250, (cont.loss, cont.iterations)
     assert roc_auc_rows(I, cont.scores, mask).mean() > roc_auc_rows(I, plain.scores, mask).mean()
     with pytest.raises(ValueError, match="max_iter"):
-        raifle_fncf(model, theta, X, dX, dT, mask, continuation=(0.1, 0.01), max_iter=2)
+        raifle_fncf(model, theta, X, dX, dT, mask, variant=RaifleVariant(continuation=(0.1, 0.01)),
+                    budget=RaifleBudget(max_iter=2))
     with pytest.raises(ValueError, match="temperatures"):
-        raifle_fncf(model, theta, X, dX, dT, mask, continuation=(0.1, 0.0), max_iter=30)
+        raifle_fncf(model, theta, X, dX, dT, mask, variant=RaifleVariant(continuation=(0.1, 0.0)),
+                    budget=RaifleBudget(max_iter=30))
 
 
 def test_fncf_one_network_per_user_is_each_network_alone():
@@ -349,18 +367,19 @@ def test_fncf_one_network_per_user_is_each_network_alone():
     stacked = {k: torch.stack([t[k] for _, t in nets]) for k in nets[0][1]}
     assert fncf_per_user(model, stacked) and not fncf_per_user(model, nets[0][1])
     dX, dT, En = fncf_updates(model, stacked, X, E, I, mask, lr=0.5, local_steps=1)
-    res = raifle_fncf(model, stacked, X, dX, dT, mask, use_model_params=True, max_iter=4, truth=(I, E))
+    ump, four = RaifleVariant(use_model_params=True), RaifleBudget(max_iter=4)
+    res = raifle_fncf(model, stacked, X, dX, dT, mask, variant=ump, budget=four, truth=(I, E))
     for u, (mo, th) in enumerate(nets):
         a, b, c = fncf_updates(mo, th, X[u:u + 1], E[u:u + 1], I[u:u + 1], mask[u:u + 1], lr=0.5, local_steps=1)
         assert torch.allclose(dX[u:u + 1], a, atol=1e-7) and torch.allclose(En[u:u + 1], c, atol=1e-7)
         assert all(torch.allclose(dT[k][u:u + 1], b[k], atol=1e-7) for k in b)
-        one = raifle_fncf(mo, th, X[u:u + 1], a, b, mask[u:u + 1], use_model_params=True, max_iter=4,
+        one = raifle_fncf(mo, th, X[u:u + 1], a, b, mask[u:u + 1], variant=ump, budget=four,
                           truth=(I[u:u + 1], E[u:u + 1]), user_ids=[u])
         assert torch.allclose(res.loss_truth[u:u + 1], one.loss_truth, atol=1e-6), u
     with pytest.raises(ValueError, match="one network per user"):
         fncf_updates(model, stacked, X, E, I, mask, lr=0.5, local_steps=2)
     with pytest.raises(ValueError, match="one network per user"):
-        raifle_fncf(model, stacked, X[:2], dX[:2], {k: v[:2] for k, v in dT.items()}, mask[:2], max_iter=4)
+        raifle_fncf(model, stacked, X[:2], dX[:2], {k: v[:2] for k, v in dT.items()}, mask[:2], budget=four)
     with pytest.raises(ValueError, match="theta"):
         fncf_per_user(model, {**nets[0][1], "0.weight": stacked["0.weight"]})
 
@@ -376,16 +395,17 @@ def test_raifle_with_a_pruning_mask_matches_only_the_kept_coordinates(algorithm)
     model, theta = fncf_init(24, seed=3)
     for est in (True, False):
         for ump in ((False,) if algorithm == "fcf" else (False, True)):
-            kw = dict(estimate_embedding=est, max_iter=1, num_restarts=1, seed=7, truth=(I, E))
+            kw = dict(budget=RaifleBudget(max_iter=1, num_restarts=1), seed=7, truth=(I, E))
             if algorithm == "fcf":
                 upd = prune_rows(fcf_item_updates(X, E, I, mask), 0.7, mask=mask)
-                res = raifle_fcf(X, upd, mask, coord_mask=upd != 0, **kw)
-                naive = raifle_fcf(X, upd, mask, **kw)
+                res = raifle_fcf(X, upd, mask, estimate_embedding=est, coord_mask=upd != 0, **kw)
+                naive = raifle_fcf(X, upd, mask, estimate_embedding=est, **kw)
             else:
                 full, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=1.0, local_steps=1)
                 upd = prune_rows(full, 0.7, mask=mask)
-                res = raifle_fncf(model, theta, X, upd, dT, mask, use_model_params=ump, coord_mask=upd != 0, **kw)
-                naive = raifle_fncf(model, theta, X, upd, dT, mask, use_model_params=ump, **kw)
+                v = RaifleVariant(estimate_embedding=est, use_model_params=ump)
+                res = raifle_fncf(model, theta, X, upd, dT, mask, variant=v, coord_mask=upd != 0, **kw)
+                naive = raifle_fncf(model, theta, X, upd, dT, mask, variant=v, **kw)
             Eu = res.user_emb if est else _guess_embeddings(4, 24, 7, None)
             if algorithm == "fcf":
                 pX, pT = fcf_item_updates(X, Eu, res.interactions, mask), None
@@ -401,15 +421,16 @@ def test_raifle_with_a_pruning_mask_matches_only_the_kept_coordinates(algorithm)
         stacked = {k: torch.stack([t[k] for t in thetas]) for k in thetas[0]}
         full, dT, _ = fncf_updates(model, stacked, X, E, I, mask, lr=1.0, local_steps=1)
         upd = prune_rows(full, 0.7, mask=mask)
-        res = raifle_fncf(model, stacked, X, upd, dT, mask, coord_mask=upd != 0, max_iter=1, num_restarts=1, seed=7,
+        res = raifle_fncf(model, stacked, X, upd, dT, mask, coord_mask=upd != 0,
+                          budget=RaifleBudget(max_iter=1, num_restarts=1), seed=7,
                           truth=(I, E))
         assert res.loss_truth.max() < 0.01, res.loss_truth
     with pytest.raises(ValueError, match="coord_mask"):
         if algorithm == "fcf":
-            raifle_fcf(X, X, mask, coord_mask=torch.ones(4, 30, 23, dtype=torch.bool), max_iter=1)
+            raifle_fcf(X, X, mask, coord_mask=torch.ones(4, 30, 23, dtype=torch.bool), budget=RaifleBudget(max_iter=1))
         else:
             raifle_fncf(model, theta, X, X, None, mask, coord_mask=torch.ones_like(X, dtype=torch.bool),
-                        items_clip_norm=1.0, max_iter=1)
+                        user=FncfUser(items_clip_norm=1.0), budget=RaifleBudget(max_iter=1))
 
 
 @pytest.mark.parametrize("algorithm", ["fcf", "fncf"])
@@ -427,11 +448,12 @@ def test_masked_losses_on_restarts_and_running_subsets(monkeypatch, algorithm):
     model, theta = fncf_init(16, seed=3)
     if algorithm == "fcf":
         upd = prune_rows(fcf_item_updates(X, E, I, mask), 0.6, mask=mask)
-        rf.raifle_fcf(X, upd, mask, coord_mask=upd != 0, max_iter=1)
+        rf.raifle_fcf(X, upd, mask, coord_mask=upd != 0, budget=rf.RaifleBudget(max_iter=1))
     else:
         full, dT, _ = fncf_updates(model, theta, X, E, I, mask, lr=1.0, local_steps=1)
         upd = prune_rows(full, 0.6, mask=mask)
-        rf.raifle_fncf(model, theta, X, upd, dT, mask, coord_mask=upd != 0, max_iter=1, continuation=None)
+        rf.raifle_fncf(model, theta, X, upd, dT, mask, coord_mask=upd != 0, budget=rf.RaifleBudget(max_iter=1),
+                       variant=rf.RaifleVariant(continuation=None))
     fn, keep = captured["fn"], upd != 0
     g = torch.Generator().manual_seed(1)
     for rows in (torch.arange(5).repeat(3), torch.tensor([0, 3, 4, 4, 1]), torch.tensor([2])):

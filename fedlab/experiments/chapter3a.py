@@ -7,13 +7,15 @@ chapter 3c's :class:`~fedlab.attacks.interaction_inference.oltr.OltrCase`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import inspect
 
 import torch
 
-from ..attacks.interaction_inference.recsys import RecsysCase, raifle_fcf, raifle_fncf
+from ..attacks.interaction_inference.recsys import (FncfUser, RaifleBudget, RaifleVariant, RecsysCase, raifle_fcf,
+                                                    raifle_fncf)
 from ..fl.recsys.interactions import fncf_init, fncf_per_user, fncf_updates
 from ..metrics import ks_pvalue, optimum_status, roc_auc_rows, t_interval
 from ..privacy import ldp
@@ -33,15 +35,19 @@ __all__ = ["attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
            "prune_sweep", "prune_curves", "prune_plot", "prune_aware_values", "defense_boxplots", "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table"]
 
 
-def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, use_model_params: bool = False,
-                fcf=None, fncf_items=None, fncf_params=None, clip_norm=None, batch_size: int = 64,
-                user_ids=None, coord_mask=None, **kwargs) -> dict:
+def attack_case(case: RecsysCase, algorithm: str, *, variant: RaifleVariant = RaifleVariant(), clip_norm=None,
+                batch_size: int = 64, user_ids=None, coord_mask=None, **kwargs) -> dict:
     """Run one Table 3 configuration on every user of ``case`` in batches of ``batch_size`` users
     (users sorted by their number of items so each batch is padded little).
 
-    ``algorithm``: ``"fcf"`` or ``"fncf"``. ``fcf`` / ``fncf_items`` / ``fncf_params`` replace the
-    honest updates (e.g. after LDP or pruning); ``clip_norm`` = the clipping norm(s) the users applied
-    (float for FCF, ``(items, params)`` for FNCF). Returns ``{"auc": [U], "emb_error": [U] or None,
+    ``algorithm``: ``"fcf"`` or ``"fncf"``; ``variant``: the row of Table 3 and the loss's details
+    (:class:`fedlab.attacks.interaction_inference.recsys.RaifleVariant`; FCF has no model parameters to
+    match, so its ``use_model_params`` must be ``False``). The updates attacked are the case's: to attack
+    released ones (after LDP or pruning) pass ``dataclasses.replace(case, fcf=..., fncf_items=...,
+    fncf_params=...)``. ``clip_norm`` = the clipping norm(s) the users applied (float for FCF, ``(items,
+    params)`` for FNCF); the simulated FNCF user trains as the case's (``fncf_lr``, ``local_steps``).
+    Other keywords go to :func:`fedlab.attacks.interaction_inference.recsys.raifle` (``budget``, ``seed``,
+    ...). Returns ``{"auc": [U], "emb_error": [U] or None,
     "loss": [U], "loss_truth": [U], "evaluations": int}``; ``emb_error`` is the mean squared error of
     the estimated user embedding, ``loss`` the matching loss the attack reached and ``loss_truth`` the
     same loss at the true interactions (and true embedding where it is estimated), the answer the
@@ -51,11 +57,13 @@ def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, u
     from the same points. ``coord_mask`` [U, m, d] (optional): the coordinates of the (pruned) item
     updates the attacker matches, batched with the users (``coord_mask`` of
     :func:`fedlab.attacks.interaction_inference.recsys.raifle_fcf`). Raises ``ValueError`` for an
-    unknown ``algorithm``, ``batch_size < 1``, ``user_ids`` of the wrong length or a ``coord_mask`` not
-    shaped as the case's items.
+    unknown ``algorithm``, a ``variant`` that is not a ``RaifleVariant`` (or matches FCF's model parameters),
+    ``batch_size < 1``, ``user_ids`` of the wrong length or a ``coord_mask`` not shaped as the case's items.
     """
     if algorithm not in ("fcf", "fncf"):
         raise ValueError(f"algorithm must be 'fcf' or 'fncf', got {algorithm!r}")
+    if not isinstance(variant, RaifleVariant) or (algorithm == "fcf" and variant.use_model_params):
+        raise ValueError(f"variant must be a RaifleVariant (use_model_params=False for FCF), got {variant!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     ids = torch.arange(len(case)) if user_ids is None else torch.as_tensor(user_ids, dtype=torch.long).flatten()
@@ -63,9 +71,8 @@ def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, u
         raise ValueError(f"user_ids must hold one id per user ({len(case)}), got {ids.numel()}")
     if coord_mask is not None and tuple(coord_mask.shape) != tuple(case.X.shape):
         raise ValueError(f"coord_mask must be {tuple(case.X.shape)}, got {tuple(coord_mask.shape)}")
-    fcf = case.fcf if fcf is None else fcf
-    fncf_items = case.fncf_items if fncf_items is None else fncf_items
-    fncf_params = case.fncf_params if fncf_params is None else fncf_params
+    estimate_embedding = variant.estimate_embedding
+    fcf, fncf_items, fncf_params = case.fcf, case.fncf_items, case.fncf_params
     order = torch.argsort(case.mask.sum(1), stable=True)
     auc = torch.empty(len(case), dtype=torch.float64)
     err = torch.empty(len(case))
@@ -81,14 +88,13 @@ def attack_case(case: RecsysCase, algorithm: str, *, estimate_embedding: bool, u
             kwargs["coord_mask"] = coord_mask[idx, :m]
         if algorithm == "fcf":
             res = raifle_fcf(X, fcf[idx, :m], mk, estimate_embedding=estimate_embedding, clip_norm=clip_norm,
-                             user_ids=ids[idx], truth=truth, **kwargs)
+                             squared=variant.squared, user_ids=ids[idx], truth=truth, **kwargs)
         else:
             ci, cp = clip_norm if clip_norm is not None else (None, None)
+            user = FncfUser(lr=case.fncf_lr, local_steps=case.local_steps, items_clip_norm=ci, params_clip_norm=cp)
             res = raifle_fncf(case.model, case.networks(idx), X, fncf_items[idx, :m],
-                              {k: v[idx] for k, v in fncf_params.items()}, mk,
-                              estimate_embedding=estimate_embedding, use_model_params=use_model_params,
-                              user_lr=case.fncf_lr, local_steps=case.local_steps, items_clip_norm=ci,
-                              params_clip_norm=cp, user_ids=ids[idx], truth=truth, **kwargs)
+                              {k: v[idx] for k, v in fncf_params.items()}, mk, variant=variant, user=user,
+                              user_ids=ids[idx], truth=truth, **kwargs)
         auc[idx] = roc_auc_rows(case.I[idx, :m], res.scores, mk)
         loss[idx] = res.loss
         loss_truth[idx] = res.loss_truth
@@ -124,31 +130,36 @@ VARIANTS = {("FCF", False, False): "FCF", ("FCF", True, False): "FCF emb", ("FNC
             ("FNCF", True, True): "FNCF emb model"}
 
 
-def attack_budget(config, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int) -> dict:
-    """The L-BFGS budget of one configuration: FCF gets ``fcf_max_iter`` evaluations and
-    ``num_restarts`` restarts when it estimates the embedding, ``fcf_max_iter // 5`` and one start
-    when it does not (it cannot succeed, see the chapter); FNCF gets ``fncf_max_iter`` and
-    ``num_restarts``. Raises ``ValueError`` naming a budget below 1."""
+def attack_budget(config, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int) -> RaifleBudget:
+    """The L-BFGS budget of one configuration, a
+    :class:`~fedlab.attacks.interaction_inference.recsys.RaifleBudget` (its other fields the defaults): FCF
+    gets ``fcf_max_iter`` evaluations and ``num_restarts`` restarts when it estimates the embedding,
+    ``fcf_max_iter // 5`` and one start when it does not (it cannot succeed, see the chapter); FNCF gets
+    ``fncf_max_iter`` and ``num_restarts``. Raises ``ValueError`` naming a budget below 1."""
     for name, value in (("fcf_max_iter", fcf_max_iter), ("fncf_max_iter", fncf_max_iter), ("num_restarts", num_restarts)):
         positive_int(name, value)
     alg, est, _ = config
     if alg == "FCF":
-        return {"max_iter": fcf_max_iter if est else max(1, fcf_max_iter // 5), "num_restarts": num_restarts if est else 1}
-    return {"max_iter": fncf_max_iter, "num_restarts": num_restarts}
+        return RaifleBudget(max_iter=fcf_max_iter if est else max(1, fcf_max_iter // 5),
+                            num_restarts=num_restarts if est else 1)
+    return RaifleBudget(max_iter=fncf_max_iter, num_restarts=num_restarts)
 
 
 def run_config(case: RecsysCase, config, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int,
                fcf=None, fncf_items=None, fncf_params=None, clip_norm=None, seed: int = 0, **kwargs) -> dict:
     """One configuration of :data:`TABLE3_CONFIGS` on every user of ``case`` with its
-    :func:`attack_budget`, through :func:`attack_case` (which see for ``fcf``, ``fncf_items``,
-    ``fncf_params``, ``clip_norm`` and the result). Raises ``ValueError`` for an unknown
-    configuration."""
+    :func:`attack_budget`, through :func:`attack_case` (which see for ``clip_norm`` and the result).
+    ``fcf``, ``fncf_items``, ``fncf_params``: released updates attacked in place of the case's (``None``:
+    the case's). Raises ``ValueError`` for an unknown configuration."""
     if config not in VARIANTS:
         raise ValueError(f"config must be one of {list(VARIANTS)}, got {config!r}")
     alg, est, ump = config
     budget = attack_budget(config, fcf_max_iter=fcf_max_iter, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts)
-    return attack_case(case, alg.lower(), estimate_embedding=est, use_model_params=ump, fcf=fcf, fncf_items=fncf_items,
-                       fncf_params=fncf_params, clip_norm=clip_norm, seed=seed, **budget, **kwargs)
+    released = {k: v for k, v in (("fcf", fcf), ("fncf_items", fncf_items), ("fncf_params", fncf_params))
+                if v is not None}
+    return attack_case(replace(case, **released), alg.lower(),
+                       variant=RaifleVariant(estimate_embedding=est, use_model_params=ump), clip_norm=clip_norm,
+                       seed=seed, budget=budget, **kwargs)
 
 
 def table3(case: RecsysCase, *, fcf_max_iter: int, fncf_max_iter: int, num_restarts: int, seed: int = 0) -> dict:
@@ -242,10 +253,11 @@ def table3_reference(case: RecsysCase, *, max_iter: int, seed: int = 0) -> dict:
     below 1."""
     positive_int("max_iter", max_iter)
     out = {}
+    budget = RaifleBudget(max_iter=max_iter, **REFERENCE_ATTACK)
     for alg, est, ump in TABLE3_CONFIGS:
-        extra = {"squared": True} if alg == "FCF" else {"use_model_params": ump, "continuation": None}
-        out[(alg, est, ump)] = attack_case(case, alg.lower(), estimate_embedding=est, max_iter=max_iter, seed=seed,
-                                           **REFERENCE_ATTACK, **extra)
+        variant = (RaifleVariant(estimate_embedding=est, squared=True) if alg == "FCF" else
+                   RaifleVariant(estimate_embedding=est, use_model_params=ump, continuation=None))
+        out[(alg, est, ump)] = attack_case(case, alg.lower(), variant=variant, budget=budget, seed=seed)
     return out
 
 
@@ -477,8 +489,8 @@ def loop_vs_batch(case: RecsysCase, users, *, max_iter: int, seed: int = 0) -> t
 
     def attack(idx):
         m = int(case.mask[idx].sum(1).max())
-        return raifle_fcf(case.X[idx, :m], case.fcf[idx, :m], case.mask[idx, :m], max_iter=max_iter,
-                          num_restarts=1, seed=seed)
+        return raifle_fcf(case.X[idx, :m], case.fcf[idx, :m], case.mask[idx, :m],
+                          budget=RaifleBudget(max_iter=max_iter, num_restarts=1), seed=seed)
 
     t0 = time.time()
     for u in users:
@@ -689,11 +701,13 @@ def prune_sweep(case: RecsysCase, fractions, *, fcf_max_iter: int, fncf_max_iter
         items = prune_rows(case.fncf_items, frac, mask=case.mask)
         fcf_kw = {"coord_mask": fcf != 0} if knows_mask else {}
         fncf_kw = {"coord_mask": items != 0} if knows_mask else {}
-        res = {"FCF emb": attack_case(case, "fcf", estimate_embedding=True, fcf=fcf, max_iter=fcf_max_iter,
-                                      num_restarts=num_restarts, seed=seed, user_ids=user_ids, **fcf_kw),
-               "FNCF emb": attack_case(case, "fncf", estimate_embedding=True, fncf_items=items,
-                                       max_iter=fncf_max_iter, num_restarts=num_restarts, seed=seed,
-                                       user_ids=user_ids, **fncf_kw)}
+        emb = RaifleVariant(estimate_embedding=True)
+        res = {"FCF emb": attack_case(replace(case, fcf=fcf), "fcf", variant=emb,
+                                      budget=RaifleBudget(max_iter=fcf_max_iter, num_restarts=num_restarts),
+                                      seed=seed, user_ids=user_ids, **fcf_kw),
+               "FNCF emb": attack_case(replace(case, fncf_items=items), "fncf", variant=emb,
+                                       budget=RaifleBudget(max_iter=fncf_max_iter, num_restarts=num_restarts),
+                                       seed=seed, user_ids=user_ids, **fncf_kw)}
         out[frac] = res if results else {k: r["auc"] for k, r in res.items()}
     return out
 
@@ -892,10 +906,8 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
     widths = [m.out_features for m in linears[:-1]]
     biases = "with biases" if all(m.bias is not None for m in linears) else "without biases"
     raifle_fn = _recsys.raifle
-    history = _signature_default(raifle_fn, "history_size")
-    tol = _signature_default(raifle_fn, "tol")
-    emb_std = _signature_default(raifle_fn, "emb_init_std")
-    antithetic = _signature_default(raifle_fn, "antithetic")
+    budget = _signature_default(raifle_fn, "budget")
+    history, tol, emb_std, antithetic = budget.history_size, budget.tol, budget.emb_init_std, budget.antithetic
     c1 = _signature_default(_optim.lbfgs_rows, "c1")
     backtracks = _signature_default(_optim.lbfgs_rows, "max_backtracks")
     squared = _signature_default(_recsys.matching_loss, "squared")
@@ -917,24 +929,24 @@ def reference_settings_table(case: RecsysCase, *, source: str, num_users_total: 
         n3 = s["table3_users"]
         users = (f"all {num_users_total} users" if n3 is None or n3 == num_users_total
                  else f"{n3} of its {num_users_total} users, drawn at random")
-        continuation_on = steps == 1 and fncf["max_iter"] >= 10 * (len(temps) + 1)
+        continuation_on = steps == 1 and fncf.max_iter >= 10 * (len(temps) + 1)
         variants = [VARIANTS[c] for c in TABLE3_CONFIGS[:s["ldp_variants"]]]
         return {
             "data and users": f"{source}: {users}, attacked in Table 3; a random {s['sweep_users']} of them in the "
                               "defense sweeps",
-            "budget": f"loss evaluations per start, not iterations: FCF {with_emb['max_iter']} with the embedding, "
-                      f"{no_emb['max_iter']} without; FNCF {fncf['max_iter']}; defense sweeps {s['sweep_max_iter']} "
-                      f"(FCF without the embedding {sweep_no_emb['max_iter']})",
-            "starts": f"FCF with the embedding and FNCF: {with_emb['num_restarts']} per user"
+            "budget": f"loss evaluations per start, not iterations: FCF {with_emb.max_iter} with the embedding, "
+                      f"{no_emb.max_iter} without; FNCF {fncf.max_iter}; defense sweeps {s['sweep_max_iter']} "
+                      f"(FCF without the embedding {sweep_no_emb.max_iter})",
+            "starts": f"FCF with the embedding and FNCF: {with_emb.num_restarts} per user"
                       + (" (antithetic pairs e, −e)" if antithetic else " (independent)")
-                      + f"; FCF without the embedding: {no_emb['num_restarts']}",
+                      + f"; FCF without the embedding: {no_emb.num_restarts}",
             "continuation (FNCF with the embedding)":
                 (f"smoothed ReLUs, τ = {fmt(f'{t:g}' for t in temps)}, then the exact network, in equal shares of "
                  "the budget" if continuation_on else "off at this budget or local training"),
             "Table 3 under the reference's attack settings":
                 f"{s['reference_users']} of Table 3's users, drawn at random: {REFERENCE_ATTACK['num_restarts']} "
                 + ("antithetic" if REFERENCE_ATTACK["antithetic"] else "independent")
-                + f" starts, {fncf['max_iter']} evaluations for every configuration, FCF's squared error, no "
+                + f" starts, {fncf.max_iter} evaluations for every configuration, FCF's squared error, no "
                   "continuation (`table3_reference`)",
             "defense sweeps (LDP, pruning)": f"{s['sweep_users']} users, {s['sweep_max_iter']} evaluations per start; "
                                              f"LDP: {len(variants)} of the 6 variants ({fmt(variants)}); pruning: "

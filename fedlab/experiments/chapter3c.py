@@ -13,24 +13,28 @@ and key their results by the ranker's name first.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
+
+import math
 
 import torch
 
-from ..attacks.interaction_inference.oltr import (attack_oltr, cat_cases, first_layer_mask, flag_dead_features,
+from ..attacks.interaction_inference.oltr import (Adm, attack_oltr, cat_cases, first_layer_mask, flag_dead_features,
                                                   make_oltr_case, pir_detect, pir_fingerprint, raifle_oltr,
                                                   sa_bypass_features, sa_recover)
-from ..fl.oltr import (click_probabilities, federated_oltr, init_rankers, local_update, pdgd_gradient, present,
+from ..attacks.interaction_inference.recsys import RaifleBudget
+from ..fl.oltr import (OltrUsers, click_probabilities, federated_oltr, init_rankers, local_update, pdgd_gradient, present,
                        simulate_clicks)
 from ..metrics import ks_pvalue, roc_auc_rows
 from ..privacy import secure_aggregation as sa
 from ..privacy.defenses import prune_rows
-from ..privacy.ldp import gaussian_sigma, ldp_clip_norm, ldp_gaussian
+from ..privacy.ldp import LdpGaussian, gaussian_sigma, ldp_clip_norm, ldp_gaussian
 from .tables import scale_cells, scale_pairs, settings_header
 
 __all__ = ["noise_replacement_grid", "SETTINGS", "SETTING_LABELS", "settings_grid", "update_drift", "order_mismatch", "settings_table",
            "settings_values", "adm_query_cases", "adm_query_sweep", "noisy_adm_sweep", "sa_bypass_case",
-           "sa_bypass_experiment", "ldp_sweep", "click_model_rows", "fig5_cases", "fig5_grid", "fig5_plot", "fig5_mean", "fig5_summary", "PAPER_FIG5", "FIG5_NAMES",
+           "sa_bypass_experiment", "LdpSweep", "ldp_sweep", "click_model_rows", "fig5_cases", "fig5_grid", "fig5_plot", "fig5_mean", "fig5_summary", "PAPER_FIG5", "FIG5_NAMES",
            "fig5_table", "adm_gain", "noisy_adm_cases", "noisy_adm_grid", "noisy_adm_plot", "PAPER_FIG11", "noisy_name", "noisy_values",
            "noisy_table", "pir_experiment", "pir_grid", "ldp_grid", "ldp_grids", "ldp_plot", "PAPER_KS", "PAPER_KS_NAV", "ks_pvalues", "ks_values",
            "ks_table", "ks_queries_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "table8_rise", "prune_grid", "prune_plot",
@@ -44,7 +48,7 @@ def _query_cases(data, hidden, Q: int, click_models: list, num_users: int, *, lr
     """``[((click_model, adm), case)]`` that :func:`adm_query_sweep` attacks at ``Q`` queries, in its batch order
     (the position is the case's ``group``)."""
     cfgs = [(c, a) for c in click_models for a in ([False] if Q == 1 else [False, True])]
-    return [((c, a), make_oltr_case(data, num_users, Q, hidden, click_model=c, adm=a, lr=lr, group=g,
+    return [((c, a), make_oltr_case(data, num_users, Q, hidden, users=OltrUsers(click_model=c, lr=lr), adm=a, group=g,
                                     seed=seed + 1000 * Q + 10 * click_models.index(c) + len(hidden)))
             for g, (c, a) in enumerate(cfgs)]
 
@@ -74,7 +78,7 @@ def adm_query_sweep(data, hidden, queries, click_models, num_users: int, *, lr: 
     for Q in queries:
         built = _query_cases(data, hidden, Q, click_models, num_users, lr=lr, seed=seed)
         case = cat_cases([one for _, one in built])
-        auc = attack_oltr(case, max_iter=max_iter, seed=seed)
+        auc = attack_oltr(case, budget=RaifleBudget(max_iter=max_iter), seed=seed)
         for g, ((c, a), one) in enumerate(built):
             auc_out[(Q, c, a)], cases_out[(Q, c, a)] = auc[case.group == g], one
     return auc_out, cases_out
@@ -88,7 +92,7 @@ def noisy_adm_sweep(data, hidden, noise_stds, num_users: int, num_queries: int, 
     (0 = exact zeros). Returns ``(auc, cases)`` keyed by the std: [num_users] AUC tensors, cases."""
     cases = _noisy_cases(data, hidden, noise_stds, num_users, num_queries, click_model=click_model, lr=lr, seed=seed)
     case = cat_cases(list(cases.values()))
-    auc = attack_oltr(case, max_iter=max_iter, seed=seed)
+    auc = attack_oltr(case, budget=RaifleBudget(max_iter=max_iter), seed=seed)
     return {s: auc[case.group == g] for g, s in enumerate(cases)}, cases
 
 
@@ -96,8 +100,9 @@ def _noisy_cases(data, hidden, noise_stds, num_users: int, num_queries: int, *, 
                  seed: int) -> dict:
     """``{std: OltrCase}`` that :func:`noisy_adm_sweep` attacks (``None`` first: no ADM), in its batch order."""
     keys = [None] + list(noise_stds)
-    return {s: make_oltr_case(data, num_users, num_queries, hidden, click_model=click_model, adm=s is not None,
-                              noise_std=s or 0.0, lr=lr, group=g, seed=seed + 50) for g, s in enumerate(keys)}
+    return {s: make_oltr_case(data, num_users, num_queries, hidden, users=OltrUsers(click_model=click_model, lr=lr),
+                              adm=False if s is None else Adm(noise_std=s), group=g, seed=seed + 50)
+            for g, s in enumerate(keys)}
 
 
 def sa_bypass_case(data, hidden, group_size: int, D: torch.Tensor, *, lr: float, generator: torch.Generator,
@@ -109,7 +114,8 @@ def sa_bypass_case(data, hidden, group_size: int, D: torch.Tensor, *, lr: float,
     :class:`~fedlab.attacks.interaction_inference.oltr.OltrCase`; ``generator`` has drawn the ranker and nothing
     else, so a fresh generator of the experiment's seed gives the experiment's group."""
     theta = init_rankers(1, data.num_features, hidden, generator=generator)[0]
-    return make_oltr_case(data, group_size, 1, hidden, lr=lr, theta0=theta, seed=seed + 7,
+    return make_oltr_case(data, group_size, 1, hidden, users=OltrUsers(click_model="navigational", lr=lr),
+                          theta0=theta, seed=seed + 7,
                           manipulate=lambda X, m: sa_bypass_features(X, 0, D))
 
 
@@ -129,48 +135,94 @@ def sa_bypass_experiment(data, hidden, group_size: int, D: torch.Tensor, *, lr: 
     recovered = sa_recover(sa.unmask_sum(masked), D, hidden).float()
     coords = first_layer_mask(D, hidden)
     err = (recovered[coords] - case.update[0, coords]).abs().max().item()
-    auc = attack_oltr(case.subset([0]), recovered[None], coords=coords, max_iter=max_iter, seed=seed)
+    auc = attack_oltr(case.subset([0]), recovered[None], coords=coords, budget=RaifleBudget(max_iter=max_iter),
+                      seed=seed)
     return {"err": err, "auc": auc.item(), "num_recovered": int(coords.sum()), "num_params": coords.numel(),
             "case": case, "masked": masked}
 
 
-def ldp_sweep(data, hidden, epsilons, configs, num_users: int, *, delta: float, sensitivity: float,
-              attacker_knows_clip: bool = True,
-              lr: float, max_iter: int, click_model: str = "informational", random_draws: int = 10,
-              rand_generator: torch.Generator, seed: int = 0) -> tuple[dict, dict]:
+@dataclass(frozen=True)
+class LdpSweep:
+    """The local DP of RAIFLE's LDP experiments on OLTR (Pham, Kulkarni & Houmansadr, Sec. 4.1.1 "With LDP",
+    Figs. 6-7, Tables 4-5): the users' local Gaussian mechanism at each budget of the sweep, what the attacker
+    knows of it, and the random baseline the K-S tests compare against. One settings object, so that a page shows
+    the sweep in one line, ``LdpSweep(epsilons=(1.0, 10.0, 20.0, 100.0, 500.0), delta=1e-8, sensitivity=0.5)``.
+
+    ``epsilons``
+        the privacy budgets of one release swept (each finite and ``> 0``); default RAIFLE's 1, 10, 20, 100, 500.
+    ``delta``
+        in (0, 1); default ``1e-8``, RAIFLE's.
+    ``sensitivity``
+        the L2 sensitivity ``Delta_2`` (finite, ``> 0``): users clip to ``Delta_2 / 2``
+        (:func:`fedlab.privacy.ldp.ldp_clip_norm`); default ``0.5``, RAIFLE's for OLTR.
+    ``attacker_knows_clip``
+        the server reproduces the users' clipping in its simulated update (default ``True``); ``False``: it
+        ignores it.
+    ``random_draws``
+        uniform guesses per user of the random baseline (a whole number ``>= 1``); default 10.
+
+    Raises ``ValueError`` naming the field for empty or bad ``epsilons``, a ``delta`` outside (0, 1), a
+    ``sensitivity`` that is not finite and ``> 0``, an ``attacker_knows_clip`` that is not a bool or a
+    ``random_draws`` below 1.
+    """
+
+    epsilons: tuple = (1.0, 10.0, 20.0, 100.0, 500.0)
+    delta: float = 1e-8
+    sensitivity: float = 0.5
+    attacker_knows_clip: bool = True
+    random_draws: int = 10
+
+    def __post_init__(self):
+        eps = tuple(self.epsilons)
+        if not eps or any(isinstance(e, bool) or not (isinstance(e, (int, float)) and math.isfinite(e) and e > 0)
+                          for e in eps):
+            raise ValueError(f"LdpSweep.epsilons must be finite numbers > 0 (at least one), got {self.epsilons!r}")
+        object.__setattr__(self, "epsilons", eps)
+        if isinstance(self.delta, bool) or not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
+            raise ValueError(f"LdpSweep.delta must be in (0, 1), got {self.delta!r}")
+        v = self.sensitivity
+        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise ValueError(f"LdpSweep.sensitivity must be a finite number > 0, got {v!r}")
+        if not isinstance(self.attacker_knows_clip, bool):
+            raise ValueError(f"LdpSweep.attacker_knows_clip must be True or False, got {self.attacker_knows_clip!r}")
+        if isinstance(self.random_draws, bool) or not isinstance(self.random_draws, int) or self.random_draws < 1:
+            raise ValueError(f"LdpSweep.random_draws must be an integer >= 1, got {self.random_draws!r}")
+
+
+def ldp_sweep(data, hidden, configs, num_users: int, *, ldp: LdpSweep, lr: float, max_iter: int,
+              click_model: str = "informational", rand_generator: torch.Generator, seed: int = 0) -> tuple[dict, dict]:
     """RAIFLE Figs. 6-7 and Tables 4-5 for one ranker: RAIFLE against LDP updates.
 
     ``configs``: ``[(Q, [adm, ...]), ...]``. For each ``Q`` the same ``num_users`` users are simulated
-    with and without ADM, every update is clipped and noised once per ``epsilon``
-    (:func:`fedlab.privacy.ldp.ldp_gaussian`), and all (ADM, epsilon) blocks are attacked in one batch
-    with the clipping reproduced (one L-BFGS per user, so the blocks do not interact). The random
-    baseline scores the *same* users' items ``random_draws`` times with uniform guesses (drawn from
-    ``rand_generator``), so it has the spread of a real attack on those lists.
+    with and without ADM, every update is clipped and noised once per epsilon of ``ldp`` (:class:`LdpSweep`;
+    :func:`fedlab.privacy.ldp.ldp_gaussian`), and all (ADM, epsilon) blocks are attacked in one batch
+    with the clipping reproduced when ``ldp.attacker_knows_clip`` (one L-BFGS per user, so the blocks do not
+    interact). The random baseline scores the *same* users' items ``ldp.random_draws`` times with uniform
+    guesses (drawn from ``rand_generator``), so it has the spread of a real attack on those lists.
 
     Returns ``(auc, random_auc)``: ``auc[(Q, adm, epsilon)]`` [num_users] and
     ``random_auc[(Q, adm)]`` [num_users * random_draws].
     """
-    return _ldp_sweeps(data, hidden, epsilons, configs, num_users, {click_model: rand_generator}, delta=delta,
-                       sensitivity=sensitivity, attacker_knows_clip=attacker_knows_clip, lr=lr, max_iter=max_iter,
-                       random_draws=random_draws, seed=seed)[click_model]
+    return _ldp_sweeps(data, hidden, configs, num_users, {click_model: rand_generator}, ldp=ldp, lr=lr,
+                       max_iter=max_iter, seed=seed)[click_model]
 
 
-def _ldp_sweeps(data, hidden, epsilons, configs, num_users: int, click_models: dict, *, delta: float,
-                sensitivity: float, attacker_knows_clip: bool, lr: float, max_iter: int, random_draws: int,
-                seed: int) -> dict:
+def _ldp_sweeps(data, hidden, configs, num_users: int, click_models: dict, *, ldp: LdpSweep, lr: float,
+                max_iter: int, seed: int) -> dict:
     """:func:`ldp_sweep` for every click model of ``click_models`` (``{name: rand_generator}``), each
     ``Q`` of every click model in one batch: each click model's users keep the ids ``0..`` they have
     in their own sweep (so their random starts) and every user runs its own L-BFGS, so each click
     model's result is bit for bit :func:`ldp_sweep`'s (fewer, larger batches only save time).
     Returns ``{click model: (auc, random_auc)}``."""
-    if random_draws < 1:
-        raise ValueError(f"random_draws must be >= 1, got {random_draws}")
-    epsilons = list(epsilons)
+    if not isinstance(ldp, LdpSweep):
+        raise ValueError(f"ldp must be an LdpSweep, got {type(ldp).__name__}: {ldp!r}")
+    epsilons, delta, sensitivity = list(ldp.epsilons), ldp.delta, ldp.sensitivity
+    attacker_knows_clip, random_draws = ldp.attacker_knows_clip, ldp.random_draws
     out = {c: ({}, {}) for c in click_models}
     for Q, adms in configs:
         runs = []                                              # (click model, bases, case, noisy updates)
         for click_model in click_models:
-            bases = [make_oltr_case(data, num_users, Q, hidden, click_model=click_model, adm=a, lr=lr,
+            bases = [make_oltr_case(data, num_users, Q, hidden, users=OltrUsers(click_model=click_model, lr=lr), adm=a,
                                     seed=seed + 300 + Q) for a in adms]
             gen = torch.Generator().manual_seed(seed)
             case = cat_cases([b for b in bases for _ in epsilons])
@@ -180,7 +232,8 @@ def _ldp_sweeps(data, hidden, epsilons, configs, num_users: int, click_models: d
             runs.append((click_model, bases, case, noisy))
         auc_all = attack_oltr(cat_cases([r[2] for r in runs]), torch.cat([r[3] for r in runs]),
                               clip_norm=ldp_clip_norm(sensitivity) if attacker_knows_clip else None,
-                              max_iter=max_iter, seed=seed, user_ids=torch.cat([torch.arange(len(r[2])) for r in runs]))
+                              budget=RaifleBudget(max_iter=max_iter), seed=seed,
+                              user_ids=torch.cat([torch.arange(len(r[2])) for r in runs]))
         start = 0
         for click_model, bases, case, _ in runs:
             auc = auc_all[start:start + len(case)].reshape(len(adms), len(epsilons), num_users)
@@ -339,8 +392,9 @@ SETTING_LABELS = {
 def settings_grid(data, rankers: dict, settings: dict, num_queries: int, click_models, num_users: int, *,
                   max_iter: int, seed: int = 0) -> tuple[dict, dict]:
     """Fig. 5 at ``num_queries`` queries under other settings of the simulation (RAIFLE Sec. 4.1
-    against the reference code): for every ``{key: keywords}`` of ``settings`` (keywords of
-    :func:`~fedlab.attacks.interaction_inference.oltr.make_oltr_case`, plus ``known_order`` for
+    against the reference code): for every ``{key: keywords}`` of ``settings`` (fields of the simulated
+    users, :class:`fedlab.fl.oltr.OltrUsers`, plus ``adm_weights`` for :class:`~fedlab.attacks.
+    interaction_inference.oltr.Adm`'s ``weights`` and ``known_order`` for
     :func:`~fedlab.attacks.interaction_inference.oltr.attack_oltr`), every ranker, click model and
     ADM or not, ``num_users`` users are simulated with the seeds :func:`adm_query_sweep` uses (so
     settings that share ``lr`` and ``init`` share users, lists and clicks) and attacked. The
@@ -370,16 +424,17 @@ def settings_grid(data, rankers: dict, settings: dict, num_queries: int, click_m
                 continue
             adms = [True] if weights else [False, True]
             cfgs = [(c, a) for a in adms for c in click_models]
-            cases = [make_oltr_case(data, num_users, num_queries, hidden, click_model=c, adm=a, adm_weights=weights,
-                                    group=g, seed=seed + 1000 * num_queries + 10 * click_models.index(c) + len(hidden),
-                                    **kw)
+            cases = [make_oltr_case(data, num_users, num_queries, hidden, users=OltrUsers(click_model=c, **kw),
+                                    adm=Adm(weights=weights) if a else False, group=g,
+                                    seed=seed + 1000 * num_queries + 10 * click_models.index(c) + len(hidden))
                      for g, (c, a) in enumerate(cfgs)]
             batches.setdefault(kw.get("lr", 0.1), []).append((name, known, adms, cfgs, cases))
         for jobs in batches.values():
             merged = [cat_cases(cases) for *_, cases in jobs]
             ids = torch.cat([torch.arange(len(c)) for c in merged])
             told = torch.cat([torch.full((len(c),), known) for (_, known, *_), c in zip(jobs, merged)])
-            auc_all = attack_oltr(cat_cases(merged), known_order=told, max_iter=max_iter, seed=seed, user_ids=ids)
+            auc_all = attack_oltr(cat_cases(merged), known_order=told, budget=RaifleBudget(max_iter=max_iter), seed=seed,
+                                  user_ids=ids)
             start = 0
             for (name, _, adms, cfgs, cases), case in zip(jobs, merged):
                 auc = auc_all[start:start + len(case)]
@@ -454,7 +509,7 @@ def budget_check(case, budgets, *, seed: int = 0, known_order: bool = False) -> 
     truth = (case.I.reshape(U, -1).to(case.update.dtype), None)
     out = {}
     for b in budgets:
-        res = raifle_oltr(case, max_iter=b, seed=seed, truth=truth, known_order=bool(known_order))
+        res = raifle_oltr(case, budget=RaifleBudget(max_iter=b), seed=seed, truth=truth, known_order=bool(known_order))
         out[b] = {"auc": roc_auc_rows(case.I.reshape(U, -1), res.scores, case.mask.reshape(U, -1)),
                   "loss": res.loss, "loss_truth": res.loss_truth, "evaluations": int(res.iterations)}
     return out
@@ -611,10 +666,11 @@ def noise_replacement_grid(data, rankers: dict, fractions, num_users: int, num_q
         for g, f in enumerate(fractions):
             manip = partial(adm_noise_replacement, fraction=f, std=std,
                             generator=torch.Generator().manual_seed(seed + 51 + g))
-            cases.append(make_oltr_case(data, num_users, num_queries, hidden, click_model=click_model, lr=lr,
-                                        manipulate=manip, group=g, seed=seed + 50))
+            cases.append(make_oltr_case(data, num_users, num_queries, hidden,
+                                        users=OltrUsers(click_model=click_model, lr=lr), manipulate=manip, group=g,
+                                        seed=seed + 50))
         case = cat_cases(cases)
-        auc = attack_oltr(case, max_iter=max_iter, seed=seed)
+        auc = attack_oltr(case, budget=RaifleBudget(max_iter=max_iter), seed=seed)
         out.update({(model, f): auc[case.group == g].mean().item() for g, f in enumerate(fractions)})
         out_cases.update({(model, f): c for f, c in zip(fractions, cases)})
     return out, out_cases
@@ -624,24 +680,28 @@ def noise_replacement_grid(data, rankers: dict, fractions, num_users: int, num_q
 # PIR bypass (Sec. 3.4.3)
 # ---------------------------------------------------------------------------------------------------
 
-def pir_experiment(data, num_users: int, hidden=(), *, pool_size: int = 20, k: int = 10,
-                   click_model: str = "navigational", lr: float = 0.1, feature: int = 0,
-                   epsilon: float | None = None, delta: float = 1e-8, sensitivity: float = 0.5,
-                   tol: float = 0.0, seed: int = 0) -> dict:
+def pir_experiment(data, num_users: int, hidden=(), *, pool_size: int = 20, users: OltrUsers = OltrUsers(),
+                   feature: int = 0, ldp: LdpGaussian | None = None, tol: float = 0.0, seed: int = 0) -> dict:
     """The PIR bypass of RAIFLE Sec. 3.4.3, end to end, for ``num_users`` users.
 
     Each user holds a pool of ``pool_size`` documents of one query (known to the server) and
-    privately retrieves ``k`` of them (unknown to the server; the item of interest, pool position 0,
-    is retrieved by every other user); it ranks them with the shared global ranker, clicks and sends
-    its FPDGD update, optionally with LDP (``epsilon``; the local Gaussian mechanism of L2 sensitivity
-    ``sensitivity``, :func:`fedlab.privacy.ldp.ldp_gaussian`). The server fingerprinted the item of
+    privately retrieves ``users.k`` of them (unknown to the server; the item of interest, pool position 0,
+    is retrieved by every other user); it ranks them with the shared global ranker (drawn with ``users.init``),
+    clicks by ``users.click_model``, trains with step ``users.lr`` (:class:`fedlab.fl.oltr.OltrUsers`) and
+    sends its FPDGD update, optionally with LDP (``ldp``, :class:`fedlab.privacy.ldp.LdpGaussian`: the local
+    Gaussian mechanism, :func:`fedlab.privacy.ldp.ldp_gaussian`). The server fingerprinted the item of
     interest with ``feature`` (:func:`pir_fingerprint`) and runs :func:`pir_detect` with ``tol``.
     Returns ``{"included": [U] bool, "detected": [U] bool, "detected_exact": [U] bool}``;
     ``detected_exact``: the same detection on the same users' updates computed in float64 and without
     noise. A document far below the only click gets a tiny PDGD weight ``rho * c`` (1e-7 in a case
     we checked), and a float32 client adding ``lr * rho * c`` to a weight near 0.5 rounds the move
-    away; float64 keeps it. Raises ``ValueError`` if ``k >= pool_size`` or no query has ``pool_size`` documents.
+    away; float64 keeps it. Raises ``ValueError`` if ``k >= pool_size``, no query has ``pool_size`` documents, or
+    ``users`` or ``ldp`` is of the wrong type.
     """
+    if not isinstance(users, OltrUsers) or not (ldp is None or isinstance(ldp, LdpGaussian)):
+        raise ValueError(f"users must be an OltrUsers and ldp None or an LdpGaussian, got {type(users).__name__}, "
+                         f"{type(ldp).__name__}")
+    k, click_model, lr = users.k, users.click_model, users.lr
     if not 2 <= k < pool_size:
         raise ValueError(f"need 2 <= k < pool_size, got k={k}, pool_size={pool_size}")
     big = torch.nonzero(data.mask.sum(1) >= pool_size).flatten()
@@ -660,7 +720,7 @@ def pir_experiment(data, num_users: int, hidden=(), *, pool_size: int = 20, k: i
     keys = torch.rand(num_users, pool_size, generator=gen)
     keys[:, 0] = torch.where(included, -1.0, 2.0)
     chosen = keys.argsort(1)[:, :k]
-    theta = init_rankers(1, data.num_features, hidden, generator=gen).expand(num_users, -1)
+    theta = init_rankers(1, data.num_features, hidden, init=users.init, generator=gen).expand(num_users, -1)
     idx, shown = present(theta, Xp.gather(1, chosen[..., None].expand(-1, -1, Xp.shape[-1])),
                          torch.ones(num_users, k, dtype=torch.bool), hidden, k=k, generator=gen)
     docs = chosen.gather(1, idx)
@@ -671,9 +731,9 @@ def pir_experiment(data, num_users: int, hidden=(), *, pool_size: int = 20, k: i
         update = local_update(theta, X[:, None], clicks[:, None], shown[:, None], hidden, lr=lr)
         exact = local_update(theta.double(), X.double()[:, None], clicks.double()[:, None], shown[:, None], hidden,
                              lr=lr)
-    if epsilon is not None:
+    if ldp is not None:
         # RAIFLE's float mechanism (the paper's setting); not private on its float output, see chapter 5
-        update = ldp_gaussian(update, epsilon, delta, sensitivity, generator=gen, safe=False)
+        update = ldp_gaussian(update, ldp.epsilon, ldp.delta, ldp.sensitivity, generator=gen, safe=False)
     return {"included": included, "detected": pir_detect(update, feature, data.num_features, hidden, tol=tol),
             "detected_exact": pir_detect(exact, feature, data.num_features, hidden)}
 
@@ -681,7 +741,7 @@ def pir_experiment(data, num_users: int, hidden=(), *, pool_size: int = 20, k: i
 def pir_grid(data, rankers: dict, num_users: int, *, epsilons=(None, 100.0), delta: float = 1e-8,
              sensitivity: float = 0.5, lr: float, seed: int = 0) -> dict:
     """RAIFLE Sec. 3.4.3 for every ranker and LDP budget (``None``: no noise):
-    :func:`pir_experiment` with ``num_users`` users, detecting with
+    :func:`pir_experiment` with ``num_users`` users (navigational clicks), detecting with
     threshold 0 without noise and 3 noise standard deviations (of the user's Gaussian mechanism,
     ``delta``, ``sensitivity``) under LDP. Returns ``{(ranker, epsilon): (true-positive rate,
     false-positive rate, true-positive rate of the float64 noiseless updates)}`` (see
@@ -690,8 +750,8 @@ def pir_grid(data, rankers: dict, num_users: int, *, epsilons=(None, 100.0), del
     for model, hidden in _rankers(rankers).items():
         for eps in epsilons:
             tol = 0.0 if eps is None else 3 * gaussian_sigma(eps, delta, sensitivity)
-            r = pir_experiment(data, num_users, hidden, lr=lr, epsilon=eps, delta=delta, sensitivity=sensitivity,
-                               tol=tol, seed=seed)
+            r = pir_experiment(data, num_users, hidden, users=OltrUsers(click_model="navigational", lr=lr),
+                               ldp=None if eps is None else LdpGaussian(eps, delta, sensitivity), tol=tol, seed=seed)
             tpr = r["detected"][r["included"]].float().mean().item()
             fpr = r["detected"][~r["included"]].float().mean().item()
             tpr_exact = r["detected_exact"][r["included"]].float().mean().item()
@@ -703,32 +763,27 @@ def pir_grid(data, rankers: dict, num_users: int, *, epsilons=(None, 100.0), del
 # LDP: attack (Figs. 6-7, Tables 4-5) and utility (App. C.6, Table 8)
 # ---------------------------------------------------------------------------------------------------
 
-def ldp_grid(data, rankers: dict, epsilons, configs, num_users: int, *, delta: float, sensitivity: float, lr: float,
-             max_iter: int, random_draws: int = 10, rand_generator: torch.Generator,
-             attacker_knows_clip: bool = True, click_model: str = "informational", seed: int = 0) -> tuple[dict, dict]:
+def ldp_grid(data, rankers: dict, configs, num_users: int, *, ldp: LdpSweep, lr: float, max_iter: int,
+             rand_generator: torch.Generator, click_model: str = "informational", seed: int = 0) -> tuple[dict, dict]:
     """RAIFLE Figs. 6-7 and Tables 4-5 for every ranker: :func:`ldp_sweep` per ranker (one
-    ``rand_generator`` shared, in ranker order; clicks by ``click_model``). Returns
-    ``(auc, random_auc)`` keyed ``(ranker, Q, adm, epsilon)`` and ``(ranker, Q, adm)``."""
-    return ldp_grids(data, rankers, epsilons, configs, num_users, click_models={click_model: rand_generator},
-                     delta=delta, sensitivity=sensitivity, lr=lr, max_iter=max_iter, random_draws=random_draws,
-                     attacker_knows_clip=attacker_knows_clip, seed=seed)[click_model]
+    ``rand_generator`` shared, in ranker order; clicks by ``click_model``; ``ldp`` an :class:`LdpSweep`).
+    Returns ``(auc, random_auc)`` keyed ``(ranker, Q, adm, epsilon)`` and ``(ranker, Q, adm)``."""
+    return ldp_grids(data, rankers, configs, num_users, click_models={click_model: rand_generator}, ldp=ldp, lr=lr,
+                     max_iter=max_iter, seed=seed)[click_model]
 
 
-def ldp_grids(data, rankers: dict, epsilons, configs, num_users: int, *, click_models: dict, delta: float,
-              sensitivity: float, lr: float, max_iter: int, random_draws: int = 10, attacker_knows_clip: bool = True,
-              seed: int = 0) -> dict:
+def ldp_grids(data, rankers: dict, configs, num_users: int, *, click_models: dict, ldp: LdpSweep, lr: float,
+              max_iter: int, seed: int = 0) -> dict:
     """:func:`ldp_grid` for several click models at once: ``click_models`` maps each click model to
     the ``rand_generator`` of its random baseline. Each click model's result is bit for bit that of
     its own :func:`ldp_grid` call; the click models only share the attack's batches (fewer, larger
     batches are faster). Returns ``{click model: (auc, random_auc)}``, keyed as :func:`ldp_grid`'s.
-    Raises ``ValueError`` for an empty ``click_models``."""
+    Raises ``ValueError`` for an empty ``click_models`` or an ``ldp`` that is not an :class:`LdpSweep`."""
     if not click_models:
         raise ValueError("click_models must map at least one click model to its rand_generator")
     out = {c: ({}, {}) for c in click_models}
     for model, hidden in _rankers(rankers).items():
-        res = _ldp_sweeps(data, hidden, epsilons, configs, num_users, click_models, delta=delta,
-                          sensitivity=sensitivity, attacker_knows_clip=attacker_knows_clip, lr=lr, max_iter=max_iter,
-                          random_draws=random_draws, seed=seed)
+        res = _ldp_sweeps(data, hidden, configs, num_users, click_models, ldp=ldp, lr=lr, max_iter=max_iter, seed=seed)
         for c, (auc, rnd) in res.items():
             out[c][0].update({(model, *k): v for k, v in auc.items()})
             out[c][1].update({(model, *k): v for k, v in rnd.items()})
@@ -875,18 +930,20 @@ def ks_queries_table(run, epsilon: float, queries=(4, 8, 12, 16)) -> tuple[list,
     return ["ranker", "clicks", "ADM"] + [f"{Q} queries: paper / ours (median over seeds)" for Q in queries], rows
 
 
-def utility_grid(train, test, rankers: dict, epsilons, *, num_rounds: int, clients_per_round: int, lr: float,
-                 delta: float, sensitivity: float, click_model: str = "informational", seed: int = 0) -> dict:
-    """RAIFLE App. C.6 (Table 8): federated FPDGD (:func:`fedlab.fl.oltr.federated_oltr`) for every
-    ranker and every epsilon (the local Gaussian mechanism of L2 sensitivity ``sensitivity``;
-    ``None``: no noise and no clipping, the column "infinity"), evaluated once at the end. Returns
+def utility_grid(train, test, rankers: dict, epsilons, *, num_rounds: int, clients_per_round: int,
+                 users: OltrUsers = OltrUsers(), delta: float, sensitivity: float, seed: int = 0) -> dict:
+    """RAIFLE App. C.6 (Table 8): federated FPDGD (:func:`fedlab.fl.oltr.federated_oltr`, its ``users`` an
+    :class:`fedlab.fl.oltr.OltrUsers`) for every ranker and every epsilon (the local Gaussian mechanism
+    :class:`fedlab.privacy.ldp.LdpGaussian` of ``delta`` and L2 sensitivity ``sensitivity``; ``None``: no noise
+    and no clipping, the column "infinity"), evaluated once at the end. Returns
     ``{(ranker, epsilon): test NDCG@10}``."""
     ndcg = {}
     for model, hidden in _rankers(rankers).items():
         for e in epsilons:
-            r = federated_oltr(train, test, hidden, click_model=click_model, num_rounds=num_rounds,
-                               clients_per_round=clients_per_round, lr=lr, epsilon=e, delta=delta,
-                               sensitivity=sensitivity, eval_every=num_rounds, seed=seed)
+            r = federated_oltr(train, test, hidden, users=users, num_rounds=num_rounds,
+                               clients_per_round=clients_per_round,
+                               ldp=None if e is None else LdpGaussian(e, delta, sensitivity), eval_every=num_rounds,
+                               seed=seed)
             ndcg[(model, e)] = r.ndcg[-1]
     return ndcg
 
@@ -999,14 +1056,14 @@ def prune_grid(data, rankers: dict, fractions, configs, num_users: int, *, lr: f
     F, U = len(fractions), num_users
     for model, hidden in _rankers(rankers).items():
         for Q, adm in configs:
-            base = make_oltr_case(data, num_users, Q, hidden, click_model=click_model, adm=adm, lr=lr,
+            base = make_oltr_case(data, num_users, Q, hidden, users=OltrUsers(click_model=click_model, lr=lr), adm=adm,
                                   seed=seed + 500 + Q + len(hidden))
             case = cat_cases([base] * (2 * F))                       # rows: [naive | aware] x fraction x user
             pruned = torch.cat([prune_rows(base.update, f) for f in fractions])
             target = torch.cat([pruned, pruned])
             knows = torch.arange(2 * F * U) >= F * U
             mask = (target != 0) | ~knows[:, None]                    # naive rows compare every coordinate
-            res = raifle_oltr(case, target, mask=mask, max_iter=max_iter, seed=seed,
+            res = raifle_oltr(case, target, mask=mask, budget=RaifleBudget(max_iter=max_iter), seed=seed,
                               user_ids=torch.arange(F * U).repeat(2),
                               truth=(case.I.reshape(2 * F * U, -1).to(target.dtype), None))
             auc = roc_auc_rows(case.I.reshape(2 * F * U, -1), res.scores,
@@ -1211,9 +1268,10 @@ def reference_settings_table(data, rankers: dict, *, click_models, lr: float, ep
     each scale, real data is used whole), ``rankers`` ``{name: hidden sizes}``, ``click_models`` their
     names, ``lr`` the users' step size, ``epsilons``, ``delta``, ``sensitivity`` the LDP sweep's settings,
     ``clients_per_round`` the users per round of Table 8's federated training) or read from the library
-    (the defaults of :func:`fedlab.attacks.interaction_inference.oltr.make_oltr_case`,
-    :func:`fedlab.attacks.interaction_inference.recsys.raifle`, :func:`fedlab.optim.lbfgs_rows` and
-    :func:`ldp_grid`, :data:`fedlab.fl.oltr.CLICK_MODELS`, :func:`fedlab.fl.oltr.ranker_size` and the
+    (the defaults of :func:`fedlab.attacks.interaction_inference.oltr.make_oltr_case`'s
+    :class:`fedlab.fl.oltr.OltrUsers`, :func:`fedlab.attacks.interaction_inference.recsys.raifle`'s
+    :class:`~fedlab.attacks.interaction_inference.recsys.RaifleBudget`, :func:`fedlab.optim.lbfgs_rows` and
+    :class:`LdpSweep`, :data:`fedlab.fl.oltr.CLICK_MODELS`, :func:`fedlab.fl.oltr.ranker_size` and the
     ADM blocks of :func:`fedlab.attacks.interaction_inference.oltr.feature_allocation`).
 
     Raises ``ValueError`` for empty ``rankers``, ``click_models`` or ``epsilons``, an unknown click model,
@@ -1248,15 +1306,13 @@ def reference_settings_table(data, rankers: dict, *, click_models, lr: float, ep
     ranker_text = "; ".join(f"{m}: {'w·x' if not tuple(h) else 'hidden ' + fmt(map(str, h)) + ' ReLU, no biases'} "
                             f"({_fl_oltr.ranker_size(F, h)} parameters)" for m, h in rankers.items())
     clicks_text = "; ".join(f"{c} click {nums(pc)}, stop {nums(ps)}" for c, (pc, ps) in probs.items())
-    k = default(_oltr.make_oltr_case, "k")
-    init = default(_oltr.make_oltr_case, "init")
-    shuffle = default(_oltr.make_oltr_case, "shuffle_queries")
-    restarts = default(_recsys.raifle, "num_restarts")
-    history = default(_recsys.raifle, "history_size")
-    tol = default(_recsys.raifle, "tol")
+    oltr_users = default(_oltr.make_oltr_case, "users")
+    k, init, shuffle = oltr_users.k, oltr_users.init, oltr_users.shuffle_queries
+    budget = default(_recsys.raifle, "budget")
+    restarts, history, tol = budget.num_restarts, budget.history_size, budget.tol
     c1 = default(_optim.lbfgs_rows, "c1")
     backtracks = default(_optim.lbfgs_rows, "max_backtracks")
-    knows_clip = default(ldp_grid, "attacker_knows_clip")
+    knows_clip = LdpSweep().attacker_knows_clip
     init_text = {"uniform": "every parameter U(−1, 1)", "fan_in": "U(±1/√fan-in) per layer"}.get(init, init)
     synthetic = data.source == "synthetic"
 

@@ -14,7 +14,8 @@ batched over users (every function takes a leading user dimension ``B``):
 * cascade click models (:data:`CLICK_MODELS`, :func:`simulate_clicks`) with the navigational and
   informational parameters of Oosterhuis & de Rijke (2018) / Wang et al. (2021);
 * Plackett-Luce sampling of the displayed list (:func:`present`), NDCG@k (:func:`ndcg_at_k`) and
-  federated training with optional LDP (:func:`federated_oltr`, RAIFLE App. C.6, Table 8).
+  federated training with optional LDP (:func:`federated_oltr`, RAIFLE App. C.6, Table 8);
+* :class:`OltrUsers` -- the simulated users' settings: what they are shown, how they click, how they train.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import torch
 
 from .rounds import run_rounds
 
-__all__ = ["CLICK_MODELS", "click_probabilities", "ranker_size", "RANKER_INITS", "init_rankers", "ranker_scores",
+__all__ = ["CLICK_MODELS", "OltrUsers", "click_probabilities", "ranker_size", "RANKER_INITS", "init_rankers", "ranker_scores",
            "pdgd_pair_weights", "pdgd_gradient",
            "local_update", "present", "simulate_clicks", "ndcg_at_k", "evaluate_ndcg",
            "federated_oltr", "FedOLTRResult"]
@@ -55,6 +56,53 @@ def click_probabilities(name: str, num_grades: int) -> tuple[torch.Tensor, torch
 
 
 # ----------------------------------------------------------------------------------------- rankers
+
+@dataclass(frozen=True)
+class OltrUsers:
+    """The simulated FPDGD users of RAIFLE (Pham, Kulkarni & Houmansadr, Sec. 4.1.2-4.1.3, App. B.1): what
+    they are shown, how they click and how they train. One settings object for the attacked round
+    (:func:`fedlab.attacks.interaction_inference.oltr.make_oltr_case`) and federated training
+    (:func:`federated_oltr`), so that a page shows the users in one line,
+    ``OltrUsers(click_model="navigational", lr=0.1)``.
+
+    ``click_model``
+        the cascade click model (:data:`CLICK_MODELS`: ``"navigational"``, ``"informational"`` or
+        ``"perfect"``); default ``"informational"``, that of RAIFLE's Tables 4 and 8.
+    ``k``
+        documents displayed per query (Plackett-Luce sampled from the ranker, :func:`present`); default 10.
+    ``lr``
+        the user's PDGD step (:func:`local_update`), finite and ``> 0``; default ``0.1``, RAIFLE's.
+    ``init``
+        how a fresh ranker starts (:data:`RANKER_INITS`, :func:`init_rankers`); default ``"uniform"``.
+    ``shuffle_queries``
+        a user with several queries trains on them in a random order of its own (RAIFLE's code:
+        ``random.sample`` of the user's lists), unknown to the server; default ``True``. A user with one
+        query (:func:`federated_oltr`) is not affected.
+
+    Raises ``ValueError`` naming the field for an unknown click model or ``init``, a ``k`` that is not a whole
+    number ``>= 1``, an ``lr`` that is not finite and ``> 0``, or a ``shuffle_queries`` that is not a bool.
+    """
+
+    click_model: str = "informational"
+    k: int = 10
+    lr: float = 0.1
+    init: str = "uniform"
+    shuffle_queries: bool = True
+
+    def __post_init__(self):
+        if self.click_model not in CLICK_MODELS[3]:
+            raise ValueError(f"OltrUsers.click_model must be one of {sorted(CLICK_MODELS[3])}, "
+                             f"got {self.click_model!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"OltrUsers.k must be an integer >= 1, got {self.k!r}")
+        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
+                                             and self.lr > 0):
+            raise ValueError(f"OltrUsers.lr must be a finite number > 0, got {self.lr!r}")
+        if self.init not in RANKER_INITS:
+            raise ValueError(f"OltrUsers.init must be one of {RANKER_INITS}, got {self.init!r}")
+        if not isinstance(self.shuffle_queries, bool):
+            raise ValueError(f"OltrUsers.shuffle_queries must be True or False, got {self.shuffle_queries!r}")
+
 
 def _check_hidden(hidden) -> tuple:
     hidden = tuple(int(h) for h in hidden)
@@ -342,32 +390,33 @@ class FedOLTRResult:
     ndcg: list
 
 
-def federated_oltr(train, test, hidden=(), *, click_model: str = "informational", num_rounds: int = 50,
-                   clients_per_round: int = 100, lr: float = 0.1, k: int = 10,
-                   epsilon: float | None = None, delta: float = 1e-8, sensitivity: float = 0.5,
-                   clip_norm: float | None = None, eval_every: int = 10, init: str = "uniform",
+def federated_oltr(train, test, hidden=(), *, users: OltrUsers = OltrUsers(), num_rounds: int = 50,
+                   clients_per_round: int = 100, ldp=None, clip_norm: float | None = None, eval_every: int = 10,
                    seed: int = 0) -> FedOLTRResult:
     """FPDGD federated training (Wang et al. 2021; RAIFLE App. C.6): every round
-    ``clients_per_round`` users each get one training query, see ``k`` documents sampled from the
-    global ranker, click by ``click_model``, run :func:`local_update` on that query and, with
-    ``epsilon``, releases it through the local Gaussian mechanism of L2 sensitivity ``sensitivity``
-    (:func:`fedlab.privacy.ldp.ldp_gaussian`: clipped to ``sensitivity / 2``, noise for
-    ``(epsilon, delta)``; RAIFLE sets ``Delta_2 = 0.5``); with ``epsilon=None`` (the column "infinity"
-    of Table 8) the update is sent as it is, or clipped to ``clip_norm`` when given. The server adds
-    the mean update. All clients of a round run as one batch. The global ranker starts from
-    :func:`init_rankers` with ``init``.
+    ``clients_per_round`` users each get one training query, see ``users.k`` documents sampled from the
+    global ranker, click by ``users.click_model``, run :func:`local_update` (step ``users.lr``) on that query
+    and, with ``ldp`` (:class:`fedlab.privacy.ldp.LdpGaussian`), release it through the local Gaussian
+    mechanism of L2 sensitivity ``ldp.sensitivity`` (:func:`fedlab.privacy.ldp.ldp_gaussian`: clipped to
+    ``sensitivity / 2``, noise for ``(epsilon, delta)``; RAIFLE sets ``Delta_2 = 0.5``); with ``ldp=None``
+    (the column "infinity" of Table 8) the update is sent as it is, or clipped to ``clip_norm`` when given.
+    The server adds the mean update. All clients of a round run as one batch. The global ranker starts
+    from :func:`init_rankers` with ``users.init``.
 
     ``train``, ``test``: :class:`fedlab.data.letor.LTRData`. Returns :class:`FedOLTRResult` with
     test NDCG@``k`` every ``eval_every`` rounds (and at the end). Raises ``ValueError`` for
-    non-positive sizes, bad privacy parameters, or ``clip_norm`` together with ``epsilon`` (the
+    non-positive sizes, ``users`` or ``ldp`` of the wrong type, or ``clip_norm`` together with ``ldp`` (the
     mechanism fixes its own clipping).
     """
-    from ..privacy.ldp import clip_rows, gaussian_sigma, ldp_gaussian
+    from ..privacy.ldp import LdpGaussian, clip_rows, ldp_gaussian
 
-    if epsilon is not None and clip_norm is not None:
-        raise ValueError("clip_norm: with epsilon the mechanism clips to sensitivity / 2; pass one of them")
-    if epsilon is not None:
-        gaussian_sigma(epsilon, delta, sensitivity)        # validates epsilon, delta, sensitivity before training
+    if not isinstance(users, OltrUsers):
+        raise ValueError(f"users must be an OltrUsers, got {type(users).__name__}: {users!r}")
+    if ldp is not None and not isinstance(ldp, LdpGaussian):
+        raise ValueError(f"ldp must be None or a fedlab.privacy.ldp.LdpGaussian, got {type(ldp).__name__}: {ldp!r}")
+    if ldp is not None and clip_norm is not None:
+        raise ValueError("clip_norm: with ldp the mechanism clips to sensitivity / 2; pass one of them")
+    click_model, lr, k, init = users.click_model, users.lr, users.k, users.init
     if num_rounds < 1 or clients_per_round < 1 or eval_every < 1:
         raise ValueError(f"num_rounds, clients_per_round and eval_every must be >= 1, got "
                          f"{num_rounds}, {clients_per_round}, {eval_every}")
@@ -385,9 +434,9 @@ def federated_oltr(train, test, hidden=(), *, click_model: str = "informational"
         clicks = simulate_clicks(rel, shown, click_model, num_grades=train.num_grades, generator=gen)
         with torch.no_grad():
             upd = local_update(th, X[:, None], clicks[:, None], shown[:, None], hidden, lr=lr)
-        if epsilon is not None:
+        if ldp is not None:
             # RAIFLE's float mechanism (the paper's setting); not private on its float output, see chapter 5
-            upd = ldp_gaussian(upd, epsilon, delta, sensitivity, generator=gen, safe=False)
+            upd = ldp_gaussian(upd, ldp.epsilon, ldp.delta, ldp.sensitivity, generator=gen, safe=False)
         elif clip_norm is not None:
             upd = clip_rows(upd, clip_norm)
         return theta + upd.mean(0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -25,7 +26,7 @@ import torch
 from .clipping import clip_rows
 from .defenses import gaussian_noise
 
-__all__ = ["classical_gaussian_sigma", "analytic_gaussian_sigma", "gaussian_sigma",
+__all__ = ["LdpGaussian", "classical_gaussian_sigma", "analytic_gaussian_sigma", "gaussian_sigma",
            "analytic_gaussian_delta", "ldp_clip_norm", "ldp_gaussian", "ldp_noise_multiplier",
            "gaussian_composed_epsilon", "gdp_mu_to_distinguish"]
 
@@ -37,6 +38,38 @@ def _check(epsilon, delta, sensitivity):
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     if not (sensitivity > 0 and math.isfinite(sensitivity)):
         raise ValueError(f"sensitivity must be a finite number > 0, got {sensitivity}")
+
+
+@dataclass(frozen=True)
+class LdpGaussian:
+    """The users' local Gaussian mechanism of RAIFLE (Pham, Kulkarni & Houmansadr, Sec. 4.1.1 "With LDP"; App.
+    C.6): each user clips its update to :func:`ldp_clip_norm` ``(sensitivity)`` and adds noise for
+    ``(epsilon, delta)`` (:func:`ldp_gaussian`). One settings object, so that a page shows it in one line,
+    ``LdpGaussian(epsilon=10.0)``.
+
+    ``epsilon``
+        the privacy budget of one release (finite, ``> 0``).
+    ``delta``
+        in (0, 1); default ``1e-8``, RAIFLE's.
+    ``sensitivity``
+        the L2 sensitivity ``Delta_2`` (finite, ``> 0``); default ``0.5``, RAIFLE's for OLTR (its recommender
+        values are 100 for FCF items, 0.005 for FNCF items and 0.7 for FNCF parameters).
+
+    Raises ``ValueError`` naming the field for an ``epsilon`` or ``sensitivity`` that is not finite and
+    ``> 0``, or a ``delta`` outside (0, 1).
+    """
+
+    epsilon: float
+    delta: float = 1e-8
+    sensitivity: float = 0.5
+
+    def __post_init__(self):
+        for name in ("epsilon", "sensitivity"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"LdpGaussian.{name} must be a finite number > 0, got {v!r}")
+        if isinstance(self.delta, bool) or not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
+            raise ValueError(f"LdpGaussian.delta must be in (0, 1), got {self.delta!r}")
 
 
 def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:

@@ -10,7 +10,7 @@ batched over users:
 * :func:`raifle_oltr` / :func:`attack_oltr` -- RAIFLE with the normalised squared L2 loss
   ``||g(X, theta, I') - update||^2 / ||update||^2`` and an L-BFGS per user (App. B.3), batched
   (:func:`fedlab.optim.lbfgs_rows`), reusing :func:`fedlab.attacks.interaction_inference.recsys.raifle`;
-* :func:`feature_allocation`, :func:`adm_fingerprint` -- ADM by fingerprinting (Sec. 3.3, Fig. 3):
+* :class:`Adm`, :func:`feature_allocation`, :func:`adm_fingerprint` -- ADM by fingerprinting (Sec. 3.3, Fig. 3):
   disjoint feature blocks per query, the rest zeroed (or filled with server-known Gaussian noise,
   the noisy ADM of App. C.5);
 * :func:`sa_bypass_features`, :func:`sa_recover` -- bypassing secure aggregation (Sec. 3.4.2, Fig. 4);
@@ -21,17 +21,18 @@ The sweeps of Sec. 4 as chapter 3c runs them live in :mod:`fedlab.experiments.ch
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
 
 from ...config import device as _device
-from ...fl.oltr import init_rankers, local_update, ranker_size, present, simulate_clicks
+from ...fl.oltr import OltrUsers, init_rankers, local_update, ranker_size, present, simulate_clicks
 from ...metrics import roc_auc_rows
 from ...privacy.clipping import clip_rows
 from .recsys import RaifleResult, raifle
 
-__all__ = ["OltrCase", "feature_allocation", "adm_fingerprint", "adm_noise_replacement", "adm_weight_blocks", "make_oltr_case", "in_order",
+__all__ = ["OltrCase", "Adm", "feature_allocation", "adm_fingerprint", "adm_noise_replacement", "adm_weight_blocks", "make_oltr_case", "in_order",
            "cat_cases",
            "oltr_matching_loss", "raifle_oltr", "attack_oltr", "sa_bypass_features", "sa_recover",
            "first_layer_mask", "pir_fingerprint", "pir_detect", "dead_features", "flag_dead_features"]
@@ -167,43 +168,74 @@ def adm_weight_blocks(theta: torch.Tensor, num_queries, num_features: int, hidde
     return out
 
 
-def make_oltr_case(data, num_users: int, num_queries: int, hidden=(), *, click_model: str = "navigational",
-                   adm: bool = False, noise_std: float = 0.0, adm_weights: bool = False,
-                   max_queries: int | None = None, k: int = 10, lr: float = 0.1, init: str = "uniform",
-                   shuffle_queries: bool = True, group: int = 0, theta0: torch.Tensor | None = None,
+@dataclass(frozen=True)
+class Adm:
+    """The server's active data manipulation of an OLTR round (RAIFLE, Pham, Kulkarni & Houmansadr, Sec. 3.3-3.4.1,
+    Fig. 3; App. C.5): fingerprint the users' training features (:func:`adm_fingerprint`). ``Adm()`` is the
+    paper's ADM; :func:`make_oltr_case` also takes ``adm=True`` for it and ``False`` for none.
+
+    ``noise_std``
+        ``>= 0``: the features outside a query's block are set to 0 (default ``0.0``, Sec. 3.3) or to
+        ``N(0, noise_std^2)`` noise the server draws and remembers (the noisy ADM of App. C.5).
+    ``weights``
+        also zero first-layer weight blocks of each user's network (:func:`adm_weight_blocks`, RAIFLE's
+        reference code; networks only); default ``False``.
+
+    Raises ``ValueError`` naming the field for a ``noise_std`` that is negative or not finite, or a
+    ``weights`` that is not a bool.
+    """
+
+    noise_std: float = 0.0
+    weights: bool = False
+
+    def __post_init__(self):
+        v = self.noise_std
+        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise ValueError(f"Adm.noise_std must be a finite number >= 0, got {v!r}")
+        if not isinstance(self.weights, bool):
+            raise ValueError(f"Adm.weights must be True or False, got {self.weights!r}")
+
+
+def make_oltr_case(data, num_users: int, num_queries: int, hidden=(), *, users: OltrUsers = OltrUsers(),
+                   adm: bool | Adm = False, group: int = 0, theta0: torch.Tensor | None = None,
                    manipulate=None, seed: int = 0) -> OltrCase:
     """Simulate one honest round for ``num_users`` users (RAIFLE Sec. 4.1.1).
 
-    Each user gets its own random ranker (:func:`fedlab.fl.oltr.init_rankers` with ``init``) and
+    Each user gets its own random ranker (:func:`fedlab.fl.oltr.init_rankers` with ``users.init``) and
     ``num_queries`` distinct queries of ``data`` (:class:`fedlab.data.letor.LTRData`); for each
-    query the server displays ``k`` documents sampled from the user's ranker (Plackett-Luce), the
-    user clicks by the cascade ``click_model`` and trains with :func:`fedlab.fl.oltr.local_update`.
-    With ``shuffle_queries`` (RAIFLE's code: ``random.sample`` of the user's lists) the user trains
+    query the server displays ``users.k`` documents sampled from the user's ranker (Plackett-Luce), the
+    user clicks by the cascade ``users.click_model`` and trains with :func:`fedlab.fl.oltr.local_update`
+    (step ``users.lr``; :class:`fedlab.fl.oltr.OltrUsers`).
+    With ``users.shuffle_queries`` (RAIFLE's code: ``random.sample`` of the user's lists) the user trains
     on its queries in a random order of its own, which the server does not learn (``X``, ``I``,
     ``mask`` stay in the server's display order, the order is kept in ``order``); otherwise in
-    display order. With ``adm`` the server fingerprints the training features first
-    (:func:`adm_fingerprint`, ``noise_std``); ``adm_weights`` also zeroes first-layer weight blocks
-    of each user's network (:func:`adm_weight_blocks`, RAIFLE's reference code).
-    Queries are padded to ``max_queries`` (default ``num_queries``) so cases with different ``Q``
-    can be concatenated (:func:`cat_cases`). ``theta0`` [P] gives every user the same (global)
+    display order. With ``adm`` (:class:`Adm`, or ``True`` for ``Adm()``) the server fingerprints the
+    training features first (:func:`adm_fingerprint`, ``adm.noise_std``); ``adm.weights`` also zeroes
+    first-layer weight blocks of each user's network (:func:`adm_weight_blocks`, RAIFLE's reference code).
+    ``group`` labels the case's users (``OltrCase.group``) so that concatenated cases (:func:`cat_cases`)
+    can be told apart. ``theta0`` [P] gives every user the same (global)
     ranker instead; ``manipulate(X, mask) -> X`` is any other server-side manipulation of the
     training features (e.g. :func:`sa_bypass_features`), applied after ADM. The order and the ADM
     noise are drawn after the lists and clicks, so switching them does not change the users.
 
-    Raises ``ValueError`` for ``num_users < 1``, ``num_queries`` outside ``1..len(data)``,
-    ``max_queries < num_queries``, an unknown click model or ``init``, or ``adm_weights`` with a
-    linear ranker.
+    Raises ``ValueError`` for ``num_users < 1``, ``num_queries`` outside ``1..len(data)``, ``users`` or
+    ``adm`` of the wrong type, or ADM weight blocks with a linear ranker.
     """
     if num_users < 1:
         raise ValueError(f"num_users must be >= 1, got {num_users}")
+    if not isinstance(users, OltrUsers):
+        raise ValueError(f"users must be a fedlab.fl.oltr.OltrUsers, got {type(users).__name__}: {users!r}")
+    if isinstance(adm, bool):
+        adm = Adm() if adm else None
+    elif not isinstance(adm, Adm):
+        raise ValueError(f"adm must be True, False or an Adm, got {type(adm).__name__}: {adm!r}")
     usable = torch.nonzero(data.mask.sum(1) >= 2).flatten()
     if not 1 <= num_queries <= len(usable):
         raise ValueError(f"num_queries must be in 1..{len(usable)}, got {num_queries}")
-    Qm = num_queries if max_queries is None else max_queries
-    if Qm < num_queries:
-        raise ValueError(f"max_queries must be >= num_queries, got {max_queries} < {num_queries}")
+    adm_weights = adm is not None and adm.weights
     if adm_weights and not tuple(hidden):
-        raise ValueError("adm_weights: weight blocks need a network (hidden=() is the linear ranker)")
+        raise ValueError("Adm.weights: weight blocks need a network (hidden=() is the linear ranker)")
+    click_model, k, lr, init, shuffle_queries = users.click_model, users.k, users.lr, users.init, users.shuffle_queries
     gen = torch.Generator().manual_seed(seed)
     F = data.num_features
     theta0 = (init_rankers(num_users, F, hidden, init=init, generator=gen) if theta0 is None
@@ -217,18 +249,16 @@ def make_oltr_case(data, num_users: int, num_queries: int, hidden=(), *, click_m
     X = data.X[qf[:, None], idx] * shown[..., None]
     rel = data.relevance[qf[:, None], idx] * shown
     clicks = simulate_clicks(rel, shown, click_model, num_grades=data.num_grades, generator=gen)
-    pad = Qm - num_queries
 
-    def shape(t, *tail):
-        t = t.reshape(num_users, num_queries, *t.shape[1:])
-        return torch.cat([t, torch.zeros(num_users, pad, *t.shape[2:], dtype=t.dtype)], 1) if pad else t
+    def shape(t):
+        return t.reshape(num_users, num_queries, *t.shape[1:])
 
     X, rel, mask, I = shape(X), shape(rel), shape(shown), shape(clicks)
-    if adm:
-        X = adm_fingerprint(X, mask, noise_std=noise_std, generator=gen)
+    if adm is not None:
+        X = adm_fingerprint(X, mask, noise_std=adm.noise_std, generator=gen)
     if manipulate is not None:
         X = manipulate(X, mask)
-    order = torch.arange(Qm).expand(num_users, -1).clone()
+    order = torch.arange(num_queries).expand(num_users, -1).clone()
     if shuffle_queries:
         order[:, :num_queries] = torch.rand(num_users, num_queries, generator=gen).argsort(1)
     with torch.no_grad():
@@ -250,7 +280,7 @@ def in_order(order: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
 
 
 def cat_cases(cases) -> OltrCase:
-    """Concatenate cases with the same ranker, ``lr``, ``max_queries`` and list length."""
+    """Concatenate cases with the same ranker, ``lr``, number of queries and list length."""
     c0 = cases[0]
     if any(c.hidden != c0.hidden or c.lr != c0.lr or c.X.shape[1:] != c0.X.shape[1:] for c in cases):
         raise ValueError("cases must share hidden, lr and the shape [Q, n, F]")
@@ -287,7 +317,7 @@ def raifle_oltr(case: OltrCase, update: torch.Tensor | None = None, *, clip_norm
     (``case.order``); ``known_order=True`` hands it that order (an oracle, to measure what not
     knowing it costs); a ``[U]`` bool tensor hands it to the users marked True only (the others are
     simulated in display order, bit for bit as with ``False``: one batch can hold both). Keywords go to
-    :func:`fedlab.attacks.interaction_inference.recsys.raifle` (``max_iter``, ``num_restarts``, ``seed``, ``user_ids``...): one L-BFGS per user run as a batch,
+    :func:`fedlab.attacks.interaction_inference.recsys.raifle` (``budget``, ``seed``, ``user_ids``...): one L-BFGS per user run as a batch,
     with per-user random starts, so that each user is attacked as if alone (RAIFLE attacks users one
     by one) whatever else shares the batch.
     ``mask`` [U, P] bool: the coordinates of each user's update that the server compares

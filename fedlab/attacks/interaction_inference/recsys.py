@@ -4,6 +4,9 @@ The server knows the items ``X`` it showed a user, the global model ``theta`` an
 ``g``; it receives the user's update and searches for interactions ``I'`` whose simulated update
 ``g(X, theta, I')`` matches it (RAIFLE Sec. 3.2, eq. 5). Implemented here:
 
+* :class:`RaifleBudget` -- the optimiser's budget (evaluations, restarts, L-BFGS memory, starting points);
+  :class:`RaifleVariant` -- which row of Table 3 runs (embedding estimated, model parameters matched);
+  :class:`FncfUser` -- the simulated FNCF user's local training (the model attacked).
 * :func:`raifle` -- Algorithm 1 / Algorithm 2 for a batch of users: interactions parameterised as
   ``sigmoid(z)`` with ``z ~ U(-1, 1)`` (App. B.3), optional joint estimation of the private user
   embedding (Algorithm 2, App. B.2), an L-BFGS per user run as one batch (App. B.3;
@@ -36,11 +39,130 @@ from ...fl.recsys.interactions import (fcf_item_updates, fncf_backprop, fncf_fir
                                        fncf_updates)
 from ...config import device as _device
 from ...fl.local import _model_on
+from ..._checks import finite_positive, whole_int
 from ...optim import lbfgs_rows
 from ...privacy.clipping import clip_rows
 
-__all__ = ["RecsysCase", "make_recsys_case", "RaifleResult", "user_generator", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf", "FNCF_CONTINUATION",
+__all__ = ["RaifleBudget", "RaifleVariant", "FncfUser", "RecsysCase", "make_recsys_case", "RaifleResult", "user_generator", "raifle", "matching_loss", "raifle_fcf", "raifle_fncf", "FNCF_CONTINUATION",
            "analytic_fcf_attack", "pointwise_l2_update", "closed_form_interactions", "attack_hessian"]
+
+
+@dataclass(frozen=True)
+class RaifleBudget:
+    """The optimiser's budget of RAIFLE (Pham, Kulkarni & Houmansadr, App. B.3): one settings object, so that a
+    page shows it in one line, ``RaifleBudget(max_iter=1000, num_restarts=2)``.
+
+    ``max_iter``
+        loss evaluations per start (not iterations: :func:`fedlab.optim.lbfgs_rows` counts every evaluation,
+        line search included); default ``100``.
+    ``num_restarts``
+        random starts per user, the best kept (App. B.3's random restarts); default ``1``.
+    ``tol``
+        a start stops when its loss changes by less than this (``>= 0``); default ``1e-9``.
+    ``history_size``
+        the L-BFGS memory (pairs kept); default ``20``.
+    ``emb_init_std``
+        the std of the user-embedding starts ``E ~ N(0, emb_init_std^2)`` (Algorithm 2; App. B.3); default ``1``.
+    ``antithetic``
+        ``True`` (default; our addition, not in the paper): restart ``2k+1`` starts from ``-E`` of restart
+        ``2k``, so both basins of FCF's sign symmetry ``e -> -e`` are explored; ``False``: independent draws
+        (the paper's random restarts).
+
+    Raises ``ValueError`` naming the field for a ``max_iter``, ``num_restarts`` or ``history_size`` that is not
+    a whole number ``>= 1``, a negative or non-finite ``tol``, an ``emb_init_std`` that is not finite and
+    ``> 0``, or an ``antithetic`` that is not a bool.
+    """
+
+    max_iter: int = 100
+    num_restarts: int = 1
+    tol: float = 1e-9
+    history_size: int = 20
+    emb_init_std: float = 1.0
+    antithetic: bool = True
+
+    def __post_init__(self):
+        for name in ("max_iter", "num_restarts", "history_size"):
+            object.__setattr__(self, name, whole_int(f"RaifleBudget.{name}", getattr(self, name), low=1))
+        if isinstance(self.tol, bool) or not (math.isfinite(float(self.tol)) and self.tol >= 0):
+            raise ValueError(f"RaifleBudget.tol must be a finite number >= 0, got {self.tol!r}")
+        finite_positive("RaifleBudget.emb_init_std", self.emb_init_std)
+        if not isinstance(self.antithetic, bool):
+            raise ValueError(f"RaifleBudget.antithetic must be True or False, got {self.antithetic!r}")
+
+
+@dataclass(frozen=True)
+class RaifleVariant:
+    """Which RAIFLE attack on a recommender runs: a row of Table 3 (Pham, Kulkarni & Houmansadr, Sec. 4.2) and
+    the details of its loss (Sec. 4.1.1).
+
+    ``estimate_embedding``
+        ``True`` (default): Algorithm 2, the private user embedding estimated jointly; ``False``: Algorithm 1
+        with the server's guess in its place.
+    ``use_model_params``
+        FNCF only: add the model-parameter update to the matching loss (Table 3's "model" rows); default
+        ``False``.
+    ``squared``
+        the item loss: ``False`` (default) the mean L2 distance of Sec. 4.1.1, ``True`` its square (the
+        reference code's MSE up to a constant per user).
+    ``continuation``
+        FNCF only: ReLU temperatures (decreasing, ``> 0``) of warm-up stages, ``None`` for none, or ``"auto"``
+        (default; our addition, not in the paper): :data:`FNCF_CONTINUATION` when the embedding is estimated,
+        the user trains one step and the budget gives every stage at least 10 evaluations.
+
+    Raises ``ValueError`` naming the field for a flag that is not a bool, or a ``continuation`` that is not
+    ``"auto"``, ``None`` or a sequence of temperatures ``> 0``.
+    """
+
+    estimate_embedding: bool = True
+    use_model_params: bool = False
+    squared: bool = False
+    continuation: str | tuple | None = "auto"
+
+    def __post_init__(self):
+        for name in ("estimate_embedding", "use_model_params", "squared"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RaifleVariant.{name} must be True or False, got {getattr(self, name)!r}")
+        c = self.continuation
+        if isinstance(c, str):
+            if c != "auto":
+                raise ValueError(f"RaifleVariant.continuation must be 'auto', None or a tuple of temperatures, "
+                                 f"got {c!r}")
+        elif c is not None:
+            temps = tuple(float(t) for t in c)
+            if any(not t > 0 for t in temps):
+                raise ValueError(f"RaifleVariant.continuation temperatures must be > 0, got {temps}")
+            object.__setattr__(self, "continuation", temps)
+
+
+@dataclass(frozen=True)
+class FncfUser:
+    """The FNCF user's local training as the server simulates it (the model attacked, not the attack's optimiser;
+    Pham, Kulkarni & Houmansadr, Sec. 4.1): the defaults are the honest round of
+    :func:`make_recsys_case` (one step of rate 1, no clipping).
+
+    ``lr``
+        the user's learning rate (finite, ``> 0``); default ``1.0``.
+    ``local_steps``
+        the user's local steps (a whole number ``>= 1``); default ``1``.
+    ``items_clip_norm``, ``params_clip_norm``
+        the L2 norms the user clips its item and parameter updates to (e.g. under LDP), reproduced inside the
+        simulation; ``None`` (default): no clipping.
+
+    Raises ``ValueError`` naming the field for an ``lr`` or a clipping norm that is not finite and ``> 0``, or
+    ``local_steps`` that is not a whole number ``>= 1``.
+    """
+
+    lr: float = 1.0
+    local_steps: int = 1
+    items_clip_norm: float | None = None
+    params_clip_norm: float | None = None
+
+    def __post_init__(self):
+        finite_positive("FncfUser.lr", self.lr)
+        object.__setattr__(self, "local_steps", whole_int("FncfUser.local_steps", self.local_steps, low=1))
+        for name in ("items_clip_norm", "params_clip_norm"):
+            if getattr(self, name) is not None:
+                finite_positive(f"FncfUser.{name}", getattr(self, name))
 
 
 @dataclass
@@ -146,18 +268,18 @@ def user_generator(seed: int, user: int, stream: int) -> torch.Generator:
 
 
 def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None = None,
-           num_restarts: int = 1, max_iter: int = 100, tol: float = 1e-9, history_size: int = 20,
-           seed: int = 0, user_ids: torch.Tensor | None = None, emb_init_std: float = 1.0,
-           antithetic: bool = True, device=None, warmup=(), truth=None) -> RaifleResult:
+           budget: RaifleBudget = RaifleBudget(), seed: int = 0, user_ids: torch.Tensor | None = None,
+           device=None, warmup=(), truth=None) -> RaifleResult:
     """RAIFLE, Algorithm 1 (``dim=None``) or Algorithm 2 (``dim=d``), batched over users.
 
     ``loss_fn(I, E, rows) -> [k]`` returns the matching loss of each of ``k`` candidate rows: ``I``
     [k, m] in (0, 1), ``E`` [k, d] (or None), ``rows`` [k] the user (``0..num_users-1``) each
     candidate belongs to (of the ``B = num_restarts * num_users`` candidates, ``b`` is restart
     ``b // num_users`` of user ``b % num_users``); row ``i`` of the result must depend on row ``i``
-    of the inputs only. Initialisation (App. B.3): ``z ~ U(-1, 1)``, ``I = sigmoid(z)``; ``E ~ N(0,
+    of the inputs only. ``budget`` (:class:`RaifleBudget`): evaluations, restarts, L-BFGS memory and
+    starting points. Initialisation (App. B.3): ``z ~ U(-1, 1)``, ``I = sigmoid(z)``; ``E ~ N(0,
     emb_init_std^2)``, each restart from its own draw (the paper's random restarts), or with
-    ``antithetic=True`` (default; our addition, not in the paper) in antithetic pairs: restart
+    ``budget.antithetic`` (default; our addition, not in the paper) in antithetic pairs: restart
     ``2k+1`` starts from ``-E`` of restart ``2k``, so both basins of the sign symmetry ``e -> -e``
     of FCF are always explored.
     Each user's draws come from :func:`user_generator` with its id (``user_ids`` [num_users],
@@ -180,13 +302,16 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None
     ``truth``: ``(I [U, m], E [U, d] or None)``, the true answer, used only to report
     ``loss_fn`` there (``RaifleResult.loss_truth``), never by the attack.
 
-    Raises ``ValueError`` for non-positive sizes, ``num_restarts < 1``, ``max_iter`` below ``len(warmup)
-    + 1`` or ``user_ids`` of the wrong length.
+    Raises ``ValueError`` for non-positive sizes, a ``budget`` that is not a :class:`RaifleBudget`, its
+    ``max_iter`` below ``len(warmup) + 1`` or ``user_ids`` of the wrong length.
     """
     if num_users < 1 or num_items < 1:
         raise ValueError(f"num_users and num_items must be >= 1, got {num_users}, {num_items}")
-    if num_restarts < 1:
-        raise ValueError(f"num_restarts must be >= 1, got {num_restarts}")
+    if not isinstance(budget, RaifleBudget):
+        raise ValueError(f"budget must be a RaifleBudget (e.g. RaifleBudget(max_iter=100, num_restarts=2)), "
+                         f"got {type(budget).__name__}: {budget!r}")
+    num_restarts, max_iter, tol, history_size = budget.num_restarts, budget.max_iter, budget.tol, budget.history_size
+    emb_init_std, antithetic = budget.emb_init_std, budget.antithetic
     warmup = list(warmup)
     if max_iter < len(warmup) + 1:
         raise ValueError(f"max_iter must be >= {len(warmup) + 1} (one evaluation per stage), got {max_iter}")
@@ -316,8 +441,8 @@ def raifle_fcf(X, updates, mask, *, estimate_embedding: bool = True, guess_emb=N
     it (:func:`fedlab.privacy.defenses.prune_rows`; a server reads them off the zeros it receives): the
     attacker who knows the defense matches only those, ``||M (rho_i e - G_i)||``, instead of asking its
     dense simulation to reproduce the zeros (the loss keeps its scale, the received update's row norms, which
-    a pruned update carries on the mask alone). Other keywords go to :func:`raifle` (``seed``, ``user_ids``,
-    ``max_iter``, ``device`` -- default ``FEDLAB_DEVICE`` here --, ...). Raises ``ValueError`` for
+    a pruned update carries on the mask alone). Other keywords go to :func:`raifle` (``budget``, ``seed``,
+    ``user_ids``, ``device`` -- default ``FEDLAB_DEVICE`` here --, ...). Raises ``ValueError`` for
     mismatched shapes, a negative ``alpha``, or ``coord_mask`` with ``clip_norm`` (not supported).
     """
     U, m, d = X.shape
@@ -422,21 +547,20 @@ def _fncf_projected_loss(model, theta, X, item_updates, param_updates, mask, *, 
 FNCF_CONTINUATION = (0.3, 0.1, 0.03, 0.01)
 
 
-def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_embedding: bool = True,
-                use_model_params: bool = False, guess_emb=None, user_lr: float = 1.0, local_steps: int = 1,
-                items_clip_norm: float | None = None, params_clip_norm: float | None = None,
-                squared: bool = False, continuation="auto", coord_mask=None, **kwargs) -> RaifleResult:
+def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, variant: RaifleVariant = RaifleVariant(),
+                user: FncfUser = FncfUser(), guess_emb=None, coord_mask=None, **kwargs) -> RaifleResult:
     """RAIFLE on FNCF (Table 3, rows "FNCF"). ``X`` [U, m, d], ``item_updates`` [U, m, d],
     ``param_updates`` {name: [U, ...]}, ``mask`` [U, m]; ``model, theta`` from
-    :func:`fedlab.fl.recsys.interactions.fncf_init`; ``user_lr, local_steps`` the simulated users'
-    local training (the model attacked, not the attack's optimiser); ``items_clip_norm``,
-    ``params_clip_norm``: the users' clipping, reproduced inside the simulation.
+    :func:`fedlab.fl.recsys.interactions.fncf_init`; ``user`` (:class:`FncfUser`) the simulated users'
+    local training (the model attacked, not the attack's optimiser), its clipping reproduced inside the
+    simulation.
 
-    ``use_model_params`` adds the parameter-update term to the loss; ``estimate_embedding`` switches
-    between Algorithms 2 and 1 as in :func:`raifle_fcf`. ``device=`` (a keyword for :func:`raifle`;
-    default ``FEDLAB_DEVICE``): where the simulation and L-BFGS run.
+    ``variant`` (:class:`RaifleVariant`): ``use_model_params`` adds the parameter-update term to the loss;
+    ``estimate_embedding`` switches between Algorithms 2 and 1 as in :func:`raifle_fcf`. Other keywords go
+    to :func:`raifle` (``budget``, ``seed``, ``user_ids``, ``truth``, ``device`` -- default ``FEDLAB_DEVICE``
+    here: where the simulation and L-BFGS run).
 
-    ``continuation``: ReLU temperatures (decreasing, > 0) of warm-up stages (:func:`raifle`'s
+    ``variant.continuation``: ReLU temperatures (decreasing, > 0) of warm-up stages (:func:`raifle`'s
     ``warmup``), or ``None`` for none; ``"auto"`` (default) is :data:`FNCF_CONTINUATION` when the
     embedding is estimated, ``local_steps == 1`` and the budget gives every stage at least 10
     evaluations, else none. Why (our addition, not in the paper):
@@ -445,7 +569,7 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
     absorbed by the interactions, so the exact loss's gradient says nothing about the right pattern
     and L-BFGS stops after a few dozen evaluations far above the loss at the truth. Smoothed ReLUs
     make the pattern visible to the gradient. Raises ``ValueError`` for a continuation with
-    ``local_steps > 1`` or a temperature that is not > 0.
+    ``local_steps > 1``, or a ``variant`` or ``user`` of the wrong type.
 
     ``theta`` may hold one network per user (every tensor ``[U, ...]`` stacked on dim 0,
     :func:`fedlab.fl.recsys.interactions.fncf_per_user`; ``local_steps == 1`` only): user ``u``'s
@@ -458,6 +582,13 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
     matches only those (as :func:`raifle_fcf`). Needs ``local_steps == 1``; not supported with
     ``items_clip_norm`` (``ValueError``).
     """
+    if not isinstance(variant, RaifleVariant) or not isinstance(user, FncfUser):
+        raise ValueError(f"variant must be a RaifleVariant and user an FncfUser, got {type(variant).__name__}, "
+                         f"{type(user).__name__}")
+    estimate_embedding, use_model_params = variant.estimate_embedding, variant.use_model_params
+    squared, continuation = variant.squared, variant.continuation
+    user_lr, local_steps = user.lr, user.local_steps
+    items_clip_norm, params_clip_norm = user.items_clip_norm, user.params_clip_norm
     U, m, d = X.shape
     if item_updates.shape != X.shape or mask.shape != (U, m):
         raise ValueError(f"item_updates must be {tuple(X.shape)} and mask {(U, m)}")
@@ -477,14 +608,11 @@ def raifle_fncf(model, theta, X, item_updates, param_updates, mask, *, estimate_
     theta = {k: v.to(dev) for k, v in theta.items()} if isinstance(theta, dict) else theta.to(dev)
     param_updates = None if param_updates is None else {k: v.to(dev) for k, v in param_updates.items()}
     guess_emb = None if guess_emb is None else guess_emb.to(dev)
-    if isinstance(continuation, str):
-        if continuation != "auto":
-            raise ValueError(f"continuation must be 'auto', None or a tuple of temperatures, got {continuation!r}")
+    if continuation == "auto":
+        max_iter = getattr(kwargs.get("budget", RaifleBudget()), "max_iter", 0)   # raifle checks the budget
         continuation = (FNCF_CONTINUATION if estimate_embedding and local_steps == 1
-                        and kwargs.get("max_iter", 100) >= 10 * (len(FNCF_CONTINUATION) + 1) else None)
+                        and max_iter >= 10 * (len(FNCF_CONTINUATION) + 1) else None)
     temps = () if continuation is None else tuple(float(t) for t in continuation)
-    if any(not t > 0 for t in temps):
-        raise ValueError(f"continuation temperatures must be > 0, got {temps}")
     if temps and local_steps != 1:
         raise ValueError("continuation needs local_steps == 1 (the written-out backward pass)")
 

@@ -3,6 +3,7 @@ interactions (PAC identifiability, London 2020; RAIFLE against FCF and against F
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -14,7 +15,8 @@ from ...privacy.registry import median_norm
 from ...fl.recsys import ratings as rec
 from ...attacks import identifiability as pac
 from ...attacks.interaction_inference import oltr as ro
-from ...attacks.interaction_inference.recsys import make_recsys_case
+from ...attacks.interaction_inference.recsys import RaifleBudget, RaifleVariant, make_recsys_case
+from ...fl.oltr import OltrUsers
 from ...data.letor import synthetic_letor
 from ...data.movielens import sample_user_items, synthetic_movielens
 from .. import chapter3a as ch3a
@@ -99,6 +101,7 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
     gen, rng = _gens(seed, 6)
     C = median_norm(flat)
     out = {"baseline": 0.5}
+    emb, budget = RaifleVariant(estimate_embedding=True), RaifleBudget(max_iter=iters, num_restarts=2)
     for c in columns:
         d = _defense(c)
         if d.kind == "secagg":
@@ -112,21 +115,21 @@ def _rs_row(seed: int, columns: Sequence[str], tiny: bool = False, *, outsider: 
             sub = case.subset(targets)
             m = sub.mask.shape[1]
             views = torch.stack([sums[g][ui.items[u][:m]] for g, u in enumerate(targets)]) * sub.mask[..., None]
-            res = ch3a.attack_case(sub, "fcf", estimate_embedding=True, fcf=views.to(case.fcf.dtype),
-                                   max_iter=iters, num_restarts=2, seed=seed)
+            res = ch3a.attack_case(replace(sub, fcf=views.to(case.fcf.dtype)), "fcf", variant=emb, budget=budget,
+                                   seed=seed)
         else:
             views, public = reg.apply_public(flat, d, clip_norm=C, generator=gen, rng=rng, client_side_noise=outsider)
             views = views.reshape(case.fcf.shape) * mask
             knows = public.get("clip_norm") if d.kind == "user" else C if d.kind in _CLIPPING else None
-            res = ch3a.attack_case(case, "fcf", estimate_embedding=True, fcf=views,
-                                   clip_norm=knows, max_iter=iters, num_restarts=2, seed=seed)
+            res = ch3a.attack_case(replace(case, fcf=views), "fcf", variant=emb, clip_norm=knows, budget=budget,
+                                   seed=seed)
             if "mask" in public and knows is None:
                 # the attacker who knows a sparsifying defense (pruning, top-k; a user defense that publishes its
                 # mask) matches only the coordinates that were sent (Chapter 3b's mask-aware RAIFLE): that is the
                 # cell, RAIFLE as the paper runs it stays as "<column>@naive", with the loss reached and at the truth
                 sent = public["mask"].reshape(case.fcf.shape) & case.mask[..., None]
-                aware = ch3a.attack_case(case, "fcf", estimate_embedding=True, fcf=views, coord_mask=sent,
-                                         max_iter=iters, num_restarts=2, seed=seed)
+                aware = ch3a.attack_case(replace(case, fcf=views), "fcf", variant=emb, coord_mask=sent,
+                                         budget=budget, seed=seed)
                 out[c + NAIVE_SUFFIX] = float(res["auc"].mean())
                 out[c + LOSS_SUFFIX] = float(aware["loss"].median())
                 out[c + LOSS_TRUTH_SUFFIX] = float(aware["loss_truth"].median())
@@ -153,7 +156,8 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
     U, Q, group = _size(tiny, tiny_value=8, quick=32, paper=64), 8, 4
     iters = _size(tiny, tiny_value=20, quick=35, paper=200)
     data = synthetic_letor(_size(tiny, tiny_value=100, quick=300, paper=1000), seed=seed)
-    case = ro.make_oltr_case(data, U, Q, (), click_model="informational", adm=adm, lr=0.1, seed=seed + 11)
+    case = ro.make_oltr_case(data, U, Q, (), users=OltrUsers(click_model="informational", lr=0.1), adm=adm,
+                             seed=seed + 11)
     gen, rng = _gens(seed, 7 + int(adm))
     C = median_norm(case.update)
     out = {"baseline": 0.5}
@@ -165,7 +169,7 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
         views = torch.cat([reg.apply(case.update, _defense(c), clip_norm=C, generator=gen, rng=rng,
                                      client_side_noise=outsider) for c in cols])
         auc = ro.attack_oltr(ro.cat_cases([case] * len(cols)), views, clip_norm=C if clipped else None,
-                             max_iter=iters, seed=seed, user_ids=torch.arange(U).repeat(len(cols)))
+                             budget=RaifleBudget(max_iter=iters), seed=seed, user_ids=torch.arange(U).repeat(len(cols)))
         out.update({c: float(auc[i * U:(i + 1) * U].mean()) for i, c in enumerate(cols)})
         sparse = [i for i, c in enumerate(cols) if _defense(c).kind == "prune"]
         if sparse:                                                   # the attacker who knows the pruning mask
@@ -174,7 +178,8 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
                         torch.arange(U).repeat(len(sparse)), iters, seed)
     for c in [c for c in columns if _defense(c).kind == "user"]:     # the clipping bound it publishes, if any
         view, public = reg.apply_public(case.update, _defense(c), generator=gen)
-        auc = ro.attack_oltr(case, view, clip_norm=public.get("clip_norm"), max_iter=iters, seed=seed)
+        auc = ro.attack_oltr(case, view, clip_norm=public.get("clip_norm"), budget=RaifleBudget(max_iter=iters),
+                             seed=seed)
         out[c] = float(auc.mean())
         if "mask" in public:                                         # ... and the mask it publishes
             _oltr_aware(out, case, [c], view, public["mask"], torch.arange(len(case)), iters, seed,
@@ -189,7 +194,7 @@ def _oltr_row(seed: int, columns: Sequence[str], tiny: bool = False, *, adm: boo
         else:
             sums = reg.apply(case.update, "secagg", group=group, generator=gen)
             auc = ro.attack_oltr(case.subset(list(range(0, U, group))), sums.to(case.update.dtype),
-                                 max_iter=iters, seed=seed)
+                                 budget=RaifleBudget(max_iter=iters), seed=seed)
             out["secagg"] = float(auc.mean())
     return out
 
@@ -205,7 +210,8 @@ def _oltr_aware(out: dict, case, cols: Sequence[str], views: torch.Tensor, sent:
     the true clicks go to ``"<c>@loss"`` / ``"<c>@loss_truth"`` (did the attack reach its optimum?)."""
     U = len(case)
     many = ro.cat_cases([case] * len(cols))
-    res = ro.raifle_oltr(many, views, mask=sent, clip_norm=clip_norm, max_iter=iters, seed=seed, user_ids=ids,
+    res = ro.raifle_oltr(many, views, mask=sent, clip_norm=clip_norm, budget=RaifleBudget(max_iter=iters), seed=seed,
+                         user_ids=ids,
                          truth=(many.I.reshape(len(many), -1).to(views.dtype), None))
     auc = roc_auc_rows(many.I.reshape(len(many), -1), res.scores, many.mask.reshape(len(many), -1))
     for i, c in enumerate(cols):
