@@ -380,6 +380,19 @@ def test_the_two_pages_tables_of_record_labels_split_the_chapters_numbers():
     assert not set(ex.RECORD_LABELS) & set(ex.DEFENSE_RECORD_LABELS)
     assert {"ch3c_fig5_single", "ch3c_sa_err", "ch3c_total_s"} <= set(ex.RECORD_LABELS)
     assert {"ch3c_ldp_nn_adm", "ch3c_prune_min90", "ch3c_ndcg_linear_inf", "ch3d_total_s"} <= set(ex.DEFENSE_RECORD_LABELS)
+    # the stored side of those tables: AUCs and NDCG cut to [0, 1], the K-S p-value as a median and range
+    assert ex.DEFENSE_RECORD_KINDS["ch3c_ks_lin1_eps10"] == "p" and ex.DEFENSE_RECORD_KINDS["ch3c_ndcg_linear_inf"] == "rate"
+    assert ex.RECORD_KINDS["ch3c_fig5_single"] == "rate" and "ch3c_sa_err" not in ex.RECORD_KINDS
+    from fedlab import records
+    rows = records.compare_rows({}, records.load("03d_raifle_oltr_defenses", "paper"), ex.DEFENSE_RECORD_LABELS,
+                                kinds=ex.DEFENSE_RECORD_KINDS)                 # on the stored record
+    stored = {label: shown for label, _, shown in rows}
+    assert stored["LDP ε=10: K-S p-value"].startswith("median ") and "±" not in stored["LDP ε=10: K-S p-value"]
+    for name in ex.DEFENSE_RECORD_KINDS:
+        shown = stored[ex.DEFENSE_RECORD_LABELS[name]]
+        if ex.DEFENSE_RECORD_KINDS[name] == "rate" and "[" in shown:
+            lo, hi = (float(x) for x in shown.split("[")[1].split("]")[0].split(", "))
+            assert 0.0 <= lo <= hi <= 1.0, (name, shown)
 
 
 def test_pir_and_utility_grids(data):

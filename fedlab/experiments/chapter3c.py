@@ -39,7 +39,7 @@ __all__ = ["noise_replacement_grid", "SETTINGS", "SETTING_LABELS", "settings_gri
            "noisy_table", "pir_experiment", "pir_grid", "ldp_grid", "ldp_grids", "ldp_plot", "PAPER_KS", "PAPER_KS_NAV", "ks_pvalues", "ks_values",
            "ks_table", "ks_queries_table", "utility_grid", "PAPER_T8", "table8_values", "table8_table", "table8_rise", "prune_grid", "prune_plot",
            "PAPER_FIG9", "prune_values", "prune_table", "flag_rounds", "ldp_boxplot", "RECORD_LABELS",
-           "DEFENSE_RECORD_LABELS",
+           "DEFENSE_RECORD_LABELS", "RECORD_KINDS", "DEFENSE_RECORD_KINDS",
            "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table", "REFERENCE_BUDGET",
            "budget_check", "budget_table"]
 
@@ -343,9 +343,9 @@ def fig5_table(fig5: dict, click_models, run) -> tuple[list, list]:
     """``(headers, rows)`` of "paper vs ours" for Fig. 5: :data:`PAPER_FIG5`, our mean AUC (3 decimals)
     and the stored paper-scale record (``run.stored``, ``run`` a :class:`fedlab.records.Run`)."""
     headers = ["ranker", "queries", "ADM", "paper AUC", "our AUC",
-               "ours, paper scale (mean ± 95 % CI; 1 query: lower ranker)"]
+               "ours, paper scale (mean [95 % CI]; 1 query: lower ranker)"]
     rows = [[m, Q, "yes" if a else "no", p, round(fig5_mean(fig5, m, Q, a, click_models), 3),
-             run.stored(FIG5_NAMES[(m, Q, a)])] for (m, Q, a), p in PAPER_FIG5.items()]
+             run.stored(FIG5_NAMES[(m, Q, a)], value_range=(0, 1))] for (m, Q, a), p in PAPER_FIG5.items()]
     return headers, rows
 
 
@@ -639,9 +639,9 @@ def noisy_table(noisy: dict, rankers, noise_stds, run) -> tuple[list, list]:
     """``(headers, rows)`` of "paper vs ours" for Fig. 11: :data:`PAPER_FIG11`, our mean AUC per ranker
     (3 decimals) and the stored paper-scale record (``run.stored``)."""
     rows = [[f"{s:g}" + (" (exact zeros)" if s == 0 else ""), PAPER_FIG11.get(s, "reference")]
-            + [round(noisy[(m, s)], 3) for m in rankers] + [run.stored(noisy_name(m, s)) for m in rankers]
+            + [round(noisy[(m, s)], 3) for m in rankers] + [run.stored(noisy_name(m, s), value_range=(0, 1)) for m in rankers]
             for s in noise_stds]
-    headers = ["noise std", "paper (vs std 0)", "our linear", "our neural", "linear, paper scale (mean ± 95 % CI)",
+    headers = ["noise std", "paper (vs std 0)", "our linear", "our neural", "linear, paper scale (mean [95 % CI])",
                "neural, paper scale"]
     return headers, rows
 
@@ -980,7 +980,7 @@ def table8_table(ndcg: dict, rankers, epsilons, run) -> tuple[list, list]:
     for m in rankers:
         rows.append([m, "paper"] + PAPER_T8[m])
         rows.append([m, "ours"] + [round(ndcg[(m, e)], 3) for e in epsilons])
-        rows.append([m, "ours, paper scale (mean ± 95 % CI)"] + [run.stored(_t8_name(m, e)) for e in epsilons])
+        rows.append([m, "ours, paper scale (mean [95 % CI])"] + [run.stored(_t8_name(m, e), value_range=(0, 1)) for e in epsilons])
     return ["ranker", "source"] + [f"ε={e:g}" if e else "ε=∞" for e in epsilons], rows
 
 
@@ -1196,6 +1196,12 @@ DEFENSE_RECORD_LABELS = {
     "ch3c_ndcg_neural_eps1": "Table 8: neural NDCG@10, ε=1",
     "ch3c_ndcg_neural_inf": "Table 8: neural NDCG@10, no noise",
     "ch3d_total_s": "notebook run time (s)"}
+#: how the stored value of each row of :data:`RECORD_LABELS` and :data:`DEFENSE_RECORD_LABELS` is written
+#: (:func:`fedlab.records.compare_rows`): AUCs, NDCG and rates with their interval cut to [0, 1], the K-S p-value as
+#: a median and range over seeds
+RECORD_KINDS = {k: "rate" for k in RECORD_LABELS if k not in ("ch3c_users", "ch3c_sa_err", "ch3c_total_s")}
+DEFENSE_RECORD_KINDS = {k: ("p" if k.startswith("ch3c_ks_") else "rate") for k in DEFENSE_RECORD_LABELS
+                        if k != "ch3d_total_s"}
 
 
 # ---------------------------------------------------------------------------------------------------
