@@ -421,3 +421,20 @@ def test_mapping_fit_and_decode_equal_autograd_and_torch_adam(shape):
     assert all(torch.equal(a, b) for a, b in zip(G.parameters(), G_ref.parameters()))
     assert torch.equal(mr.minimise_mapping(G, to[:, -1], max_iter=30),
                        mapping_minimise_autograd(G_ref, to[:, -1], max_iter=30))
+
+
+def test_local_optimum_is_the_same_bits_wherever_the_data_sit_in_memory():
+    """LAPACK's default CPU driver for least squares (gelsy) answers differently in the last bits for the
+    same matrix at another memory offset; the matrix's eavesdropper row was not reproducible bit for bit
+    because of it. The local optimum must not depend on where X lies."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(80, 10, generator=g, dtype=torch.float64) + 0.6
+    y = X @ torch.randn(10, generator=g, dtype=torch.float64) + 0.1 * torch.randn(80, generator=g, dtype=torch.float64)
+    outs = []
+    for off in range(8):
+        buf = torch.empty(X.numel() + 8, dtype=torch.float64)
+        Xo = buf[off:off + X.numel()].view(X.shape)
+        Xo.copy_(X)
+        outs.append(mr.local_optimum(Xo, y))
+    assert all(torch.equal(o, outs[0]) for o in outs), [float((o - outs[0]).abs().max()) for o in outs]
+    assert torch.allclose(outs[0], torch.linalg.solve(X.T @ X, X.T @ y), rtol=1e-10, atol=1e-12)

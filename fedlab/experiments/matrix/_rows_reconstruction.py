@@ -53,7 +53,7 @@ def _mr_decode(theta_in: torch.Tensor, sent: torch.Tensor, clip_norm: float | No
             A[:, :, :d * (d + 1)] = torch.stack([torch.kron(torch.eye(d, dtype=torch.float64), x[None]) for x in X])
             A[clipped.nonzero()[:, 0], :, d * (d + 1) + torch.arange(m)] = -u[clipped]
             rhs = torch.where(clipped[:, None], torch.zeros_like(u), u)
-            sol = torch.linalg.lstsq(A.reshape(P * d, -1), rhs.reshape(-1, 1)).solution[:, 0]
+            sol = torch.linalg.lstsq(A.reshape(P * d, -1), rhs.reshape(-1, 1), driver="gelsd").solution[:, 0]   # same bits every call
             u = u.clone()
             u[clipped] = u[clipped] * sol[d * (d + 1):, None]
     return mr.solve_affine(ti, ti + u).theta
