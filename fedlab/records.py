@@ -101,7 +101,8 @@ def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_fac
     no interval), the distinct values for a text value, ``'no record yet'`` when
     there is no record, ``'not in record'`` when the record lacks ``name``. ``scale_factor`` multiplies
     the numbers (e.g. 100 for percent). ``value_range`` ``(low, high)`` (after ``scale_factor``; e.g. ``(0, 1)``
-    for a rate): the interval is cut to it and shown as ``'mean [lo, hi] (n = k)'`` in fixed notation, so that
+    for a rate): the interval is cut to it and shown as ``'mean [lo, hi] (n = k)'`` in fixed notation (with more
+    decimals for a mean below ``10**-digits``: two significant digits), so that
     a rate's interval never leaves [0, 1] (the true value lies in the range, so the cut keeps the coverage).
     Raises ``ValueError`` for a ``value_range`` that is not ``(low, high)`` with ``low < high``, or that does not
     hold the (scaled) mean."""
@@ -127,6 +128,8 @@ def format_summary(record: dict | None, name: str, digits: int = 3, *, scale_fac
                 raise ValueError(f"value_range {value_range!r} does not hold the mean {mean!r} of {name!r} (after "
                                  f"scale_factor={scale_factor!r}; the range is in the scaled unit)")
             lo, hi = max(mean - half, low), min(mean + half, high)
+            if 0 < abs(mean) < 10 ** -digits:     # a small rate keeps two significant digits, never reads "0.000"
+                digits = 1 - math.floor(math.log10(abs(mean)))
             return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}] (n = {s['n']})"
         sci = _sci(max(abs(mean), half), digits)   # one notation for both, set by the larger
         return f"{_fmt(mean, digits, sci)} ± {_fmt(half, digits, sci)} (n = {s['n']})"

@@ -25,8 +25,11 @@ PATTERNS = {
     "an unresolved reference": re.compile(r"(?<!\?)\?\?(?!\?)"),
     # numbers in one sound format: a value equal at every seed has no interval, a p-value is a median and range
     "an interval on a constant (± 0)": re.compile(r"\d ± 0(?:\.0+)?(?:e[-+]?\d+)?(?![\d.]*[1-9])"),
-    "a t interval on a p-value": re.compile(r"p-values?\b(?:\s*\S+){0,3}?\s+±"),
+    "an interval on a constant ([x, x])": re.compile(r"(?<![\d.])(\d+\.\d+) \[\1, \1\]"),
+    # "p = 1.3e-03 ± 3.2e-03" in prose; in a table, see _P_VALUE (a row or a column labelled as p-values)
+    "a t interval on a p-value": re.compile(r"(?i)\bp(?:-values?)?\s*[=≈<]\s*\d[\d.]*(?:e[-+]?\d+)?\s*±"),
 }
+_P_VALUE = re.compile(r"(?i)\bp-values?\b|^\s*p\s*$")
 
 
 class _Text(HTMLParser):
@@ -37,6 +40,9 @@ class _Text(HTMLParser):
         self.stack: list[tuple[str, bool, bool]] = []
         self.chunks: list[str] = []
         self.shown: list[str] = []   # also what code cells print (outputs are <pre>), scripts and styles left out
+        self.tables: list[list[list[str]]] = []   # every table's rows, each a list of its cells' text
+        self.row: list[str] | None = None
+        self.cell: list[str] | None = None
 
     def handle_starttag(self, tag, attrs):
         if tag in VOID:
@@ -47,8 +53,20 @@ class _Text(HTMLParser):
         self.stack.append((tag, skip, math))
         self.depth += skip
         self.math += math
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr" and self.tables:
+            self.row = []
+        elif tag in ("td", "th") and self.row is not None:
+            self.cell = []
 
     def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None and self.row is not None:
+            self.row.append(" ".join(" ".join(self.cell).split()))
+            self.cell = None
+        elif tag == "tr" and self.row is not None:
+            self.tables[-1].append(self.row)
+            self.row = None
         while self.stack:
             t, skip, math = self.stack.pop()
             self.depth -= skip
@@ -57,6 +75,8 @@ class _Text(HTMLParser):
                 break
 
     def handle_data(self, data):
+        if self.cell is not None and not self.depth:
+            self.cell.append(data)
         if not self.depth and not self.math:
             self.chunks.append(data)
         if not any(t in ("script", "style") for t, _, _ in self.stack):
@@ -73,6 +93,12 @@ def findings(page: Path) -> list[str]:
         for m in pattern.finditer(text):
             lo, hi = max(m.start() - 40, 0), min(m.end() + 40, len(text))
             out.append(f"{page}: {what}: …{' '.join(text[lo:hi].split())}…")
+    for rows in parser.tables:          # a t interval in a row, or under a column header, that holds p-values
+        header = rows[0] if rows else []
+        pcols = {i for i, cell in enumerate(header) if _P_VALUE.search(cell)}
+        for row in rows[1:]:
+            bad = [c for i, c in enumerate(row) if "±" in c and (i in pcols or (i > 0 and _P_VALUE.search(row[0])))]
+            out += [f"{page}: a t interval on a p-value: …{' | '.join(row)[:160]}…" for _ in bad[:1]]
     return out
 
 

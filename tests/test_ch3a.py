@@ -371,9 +371,14 @@ def test_prune_sweep_attacker_who_knows_the_mask(case):
         assert aware[0.7][n]["loss_truth"].max() < 0.01 < 0.1 < naive[0.7][n]["loss_truth"].min(), n
     assert set(ch3a.prune_sweep(case, [0.7], fcf_max_iter=2, fncf_max_iter=2, num_restarts=1)[0.7]) == {"FCF emb", "FNCF emb"}
     with pytest.raises(ValueError, match="coord_mask"):
-        ch3a.attack_case(case, "fcf", coord_mask=torch.ones(2, 3, 4, dtype=torch.bool), budget=RaifleBudget(max_iter=1))
-    with pytest.raises(ValueError, match="use_model_params=False for FCF"):
+        ch3a.attack_case(case, "fcf", variant=RaifleVariant(), coord_mask=torch.ones(2, 3, 4, dtype=torch.bool),
+                         budget=RaifleBudget(max_iter=1))
+    with pytest.raises(ValueError, match="use_model_params=False"):
         ch3a.attack_case(case, "fcf", variant=RaifleVariant(use_model_params=True))
+    with pytest.raises(ValueError, match="variant"):     # FCF's loss has no ReLU: a continuation would be ignored
+        ch3a.attack_case(case, "fcf", variant=RaifleVariant(continuation=(0.3, 0.1)))
+    with pytest.raises(TypeError, match="variant"):      # the row of Table 3 is the caller's to name
+        ch3a.attack_case(case, "fcf")
 
 
 def test_prune_curves_and_values_put_both_attackers_on_the_same_users(case):

@@ -109,7 +109,7 @@ def test_adm_weight_blocks_isolate_queries(data):
     with pytest.raises(ValueError, match="span"):
         ro.adm_weight_blocks(theta, torch.tensor([2, 1, 1]), F, H, span=0)
     with pytest.raises(ValueError, match="Adm.weights"):
-        ro.make_oltr_case(data, 2, 2, (), adm=ro.Adm(weights=True))
+        ro.make_oltr_case(data, 2, 2, (), users=oltr.OltrUsers(), adm=ro.Adm(weights=True))
 
 
 def test_settings_grid_table_and_values(data):

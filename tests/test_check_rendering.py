@@ -34,12 +34,32 @@ def test_each_defect_is_found(tmp_path):
         "a long float repr": "<pre>[0.12999999523162842, 0.14]</pre>",
         "an unresolved reference": "<p>see Section ?? above</p>",
         "an interval on a constant (± 0)": "<table><tr><td>2</td><td>1.000 ± 0.000</td></tr></table>",
-        "a t interval on a p-value": "<table><tr><td>K-S p-value</td><td>8.5e-01</td><td>1.34e-03 ± 3.24e-03</td></tr></table>",
+        "an interval on a constant ([x, x])": "<p>AUC 1.000 [1.000, 1.000] (n = 5)</p>",
+        "a t interval on a p-value": "<table><tr><th>quantity</th><th>record</th></tr>"
+                                     "<tr><td>K-S p-value</td><td>1.34e-03 ± 3.24e-03</td></tr></table>",
     }
     for what, body in cases.items():
         found = cr.findings(_page(tmp_path, f"<html><body>{body}</body></html>"))
         assert len(found) == 1 and what in found[0], (what, found)
     assert cr.main(["x", str(tmp_path)]) == 1
+    more = {   # the other forms of a t interval on a p-value: a column of p-values, prose, capitals
+        "<table><tr><th>attack</th><th>P-value (record)</th></tr><tr><td>LDP</td><td>2e-03 ± 3e-03</td></tr></table>",
+        "<p>the record gives p = 1.3e-03 ± 3.2e-03 over seeds</p>",
+        "<table><tr><th>q</th><th>r</th></tr><tr><td>K-S p-value, mean over seeds</td><td>0.1 ± 0.2</td></tr></table>",
+    }
+    for body in more:
+        found = cr.findings(_page(tmp_path, f"<html><body>{body}</body></html>"))
+        assert len(found) == 1 and "p-value" in found[0], (body, found)
+
+
+def test_a_p_value_beside_a_t_interval_of_something_else_is_fine(tmp_path):
+    body = ("<table><tr><th>attack</th><th>K-S p-value</th><th>AUC (mean ± 95 % CI)</th></tr>"
+            "<tr><td>LDP</td><td>median 2e-03 (range 1e-03–3e-03, n = 5)</td><td>0.61 ± 0.02 (n = 5)</td></tr></table>"
+            "<table><tr><th>quantity</th><th>record</th></tr>"
+            "<tr><td>K-S p-value</td><td>median 0.2 (range 0.1–0.3, n = 5)</td></tr>"
+            "<tr><td>ADM</td><td>0.61 ± 0.02</td></tr></table><p>The p-value falls; AUC 0.61 ± 0.02.</p>"
+            "<p>AUC 0.998 [0.995, 1.000]</p>")
+    assert cr.findings(_page(tmp_path, f"<html><body>{body}</body></html>")) == []
 
 
 def test_no_pages_is_an_error(tmp_path):

@@ -264,3 +264,14 @@ def test_the_chapter_summary_follows_the_record_and_refuses_a_stem_without_claim
     assert "No paper-scale record is stored" in cl.chapter_summary(claim.chapter, None)
     with pytest.raises(ValueError, match="stem 'nope'"):
         cl.chapter_summary("nope", rec)
+
+
+def test_a_value_below_the_claims_decimals_is_written_in_scientific_notation():
+    """Chapter 4's exact decoding errs by ~1e-11: with 3 decimals it read "0.000 [0.000, 0.000]", a constant to the
+    eye, though it moves from seed to seed."""
+    from fedlab import records
+    from fedlab.experiments import claims as cl
+
+    claim = next(c for c in cl.CLAIMS if c.key == "ch4-err-d1")
+    ours = cl.verdict(claim, records.load(claim.chapter, "paper")).ours
+    assert "e-" in ours and "0.000 [0.000" not in ours, ours

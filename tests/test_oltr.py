@@ -462,4 +462,4 @@ def test_make_oltr_case_takes_its_settings_as_objects(data):
     with pytest.raises(ValueError, match="users must be"):
         ro.make_oltr_case(data, 3, 2, users={"click_model": "navigational"})
     with pytest.raises(ValueError, match="adm must be"):
-        ro.make_oltr_case(data, 3, 2, adm="fingerprint")
+        ro.make_oltr_case(data, 3, 2, users=NAV, adm="fingerprint")

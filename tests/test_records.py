@@ -40,6 +40,9 @@ def test_format_and_run(tmp_path):
     _record(tmp_path, {"auc": [0.9, 0.99, 0.999]})
     top = records.compare_rows({}, records.load("02_x", "paper", tmp_path), {"auc": "AUC"}, kinds={"auc": "rate"})
     assert top[0][2].endswith(", 1.000] (n = 3)")           # cut at 1 (the t interval passes it)
+    _record(tmp_path, {"auc": [0.0, 0.0, 0.0012]})          # a small rate keeps two significant digits, not "0.000"
+    small = records.Run("02_x", folder=tmp_path).stored("auc", value_range=(0, 1))
+    assert small.startswith("0.00040 [0.00000, 0.00") and small.endswith("] (n = 3)"), small
     for bad in ({"auc": "share"}, {"zzz": "rate"}):
         with pytest.raises(ValueError, match="kinds"):
             records.compare_rows({}, run.record, labels, kinds=bad)

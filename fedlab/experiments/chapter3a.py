@@ -35,14 +35,15 @@ __all__ = ["attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
            "prune_sweep", "prune_curves", "prune_plot", "prune_aware_values", "defense_boxplots", "REFERENCE_REPOSITORY", "SCALE_SETTINGS", "scaled", "reference_settings_table"]
 
 
-def attack_case(case: RecsysCase, algorithm: str, *, variant: RaifleVariant = RaifleVariant(), clip_norm=None,
+def attack_case(case: RecsysCase, algorithm: str, *, variant: RaifleVariant, clip_norm=None,
                 batch_size: int = 64, user_ids=None, coord_mask=None, **kwargs) -> dict:
     """Run one Table 3 configuration on every user of ``case`` in batches of ``batch_size`` users
     (users sorted by their number of items so each batch is padded little).
 
     ``algorithm``: ``"fcf"`` or ``"fncf"``; ``variant``: the row of Table 3 and the loss's details
     (:class:`fedlab.attacks.interaction_inference.recsys.RaifleVariant`; FCF has no model parameters to
-    match, so its ``use_model_params`` must be ``False``). The updates attacked are the case's: to attack
+    match, so its ``use_model_params`` must be ``False``, and no continuation: FCF's loss has no ReLU to
+    smooth; no default: whether the embedding is estimated is the row of Table 3 each caller names). The updates attacked are the case's: to attack
     released ones (after LDP or pruning) pass ``dataclasses.replace(case, fcf=..., fncf_items=...,
     fncf_params=...)``. ``clip_norm`` = the clipping norm(s) the users applied (float for FCF, ``(items,
     params)`` for FNCF); the simulated FNCF user trains as the case's (``fncf_lr``, ``local_steps``).
@@ -62,8 +63,10 @@ def attack_case(case: RecsysCase, algorithm: str, *, variant: RaifleVariant = Ra
     """
     if algorithm not in ("fcf", "fncf"):
         raise ValueError(f"algorithm must be 'fcf' or 'fncf', got {algorithm!r}")
-    if not isinstance(variant, RaifleVariant) or (algorithm == "fcf" and variant.use_model_params):
-        raise ValueError(f"variant must be a RaifleVariant (use_model_params=False for FCF), got {variant!r}")
+    if not isinstance(variant, RaifleVariant) or (algorithm == "fcf" and (variant.use_model_params
+                                                                         or variant.continuation not in ("auto", None))):
+        raise ValueError(f"variant must be a RaifleVariant (for FCF with use_model_params=False and no continuation), "
+                         f"got {variant!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     ids = torch.arange(len(case)) if user_ids is None else torch.as_tensor(user_ids, dtype=torch.long).flatten()

@@ -680,7 +680,7 @@ def noise_replacement_grid(data, rankers: dict, fractions, num_users: int, num_q
 # PIR bypass (Sec. 3.4.3)
 # ---------------------------------------------------------------------------------------------------
 
-def pir_experiment(data, num_users: int, hidden=(), *, pool_size: int = 20, users: OltrUsers = OltrUsers(),
+def pir_experiment(data, num_users: int, hidden=(), *, users: OltrUsers, pool_size: int = 20,
                    feature: int = 0, ldp: LdpGaussian | None = None, tol: float = 0.0, seed: int = 0) -> dict:
     """The PIR bypass of RAIFLE Sec. 3.4.3, end to end, for ``num_users`` users.
 

@@ -216,8 +216,12 @@ def verdict(claim: Claim, record: dict | None) -> Verdict:
     constant = n > 1 and len(set(_clean(record, claim.key, claim).values())) == 1
     if constant:                 # no interval on a constant: the same value at every seed
         ours = f"{mean:.{d}f} at every seed"
-    else:
-        ours = f"{mean:.{d}f} [{low:.{d}f}, {high:.{d}f}]" if n > 1 else f"{mean:.{d}f}"
+    else:   # a value below the claim's decimals in scientific notation: "0.000 [0.000, 0.000]" would read as a constant
+        small = 0 < max(abs(mean), abs(low), abs(high)) < 10 ** -d
+
+        def fmt(x):
+            return f"{x:.1e}" if small else f"{x:.{d}f}"
+        ours = f"{fmt(mean)} [{fmt(low)}, {fmt(high)}]" if n > 1 else fmt(mean)
     if claim.direction is not None and isinstance(claim.direction[1], str):   # beside the value it is compared with
         others = list(_clean(record, claim.direction[1], claim).values())
         ours += f" vs {sum(others) / len(others):.{d}f}"

@@ -67,7 +67,8 @@ class OltrUsers:
 
     ``click_model``
         the cascade click model (:data:`CLICK_MODELS`: ``"navigational"``, ``"informational"`` or
-        ``"perfect"``); default ``"informational"``, that of RAIFLE's Tables 4 and 8.
+        ``"perfect"``); default ``"informational"``, that of RAIFLE's Figs. 6-7 and of federated training
+        here (Tables 4, 5 and 8 report both models; the attacked round, ``make_oltr_case``, takes no default).
     ``k``
         documents displayed per query (Plackett-Luce sampled from the ranker, :func:`present`); default 10.
     ``lr``

@@ -196,7 +196,7 @@ class Adm:
             raise ValueError(f"Adm.weights must be True or False, got {self.weights!r}")
 
 
-def make_oltr_case(data, num_users: int, num_queries: int, hidden=(), *, users: OltrUsers = OltrUsers(),
+def make_oltr_case(data, num_users: int, num_queries: int, hidden=(), *, users: OltrUsers,
                    adm: bool | Adm = False, group: int = 0, theta0: torch.Tensor | None = None,
                    manipulate=None, seed: int = 0) -> OltrCase:
     """Simulate one honest round for ``num_users`` users (RAIFLE Sec. 4.1.1).
@@ -205,7 +205,8 @@ def make_oltr_case(data, num_users: int, num_queries: int, hidden=(), *, users: 
     ``num_queries`` distinct queries of ``data`` (:class:`fedlab.data.letor.LTRData`); for each
     query the server displays ``users.k`` documents sampled from the user's ranker (Plackett-Luce), the
     user clicks by the cascade ``users.click_model`` and trains with :func:`fedlab.fl.oltr.local_update`
-    (step ``users.lr``; :class:`fedlab.fl.oltr.OltrUsers`).
+    (step ``users.lr``; :class:`fedlab.fl.oltr.OltrUsers`). ``users`` has no default: RAIFLE attacks both
+    click models (Tables 4, 5 and 8 report each), so every caller names the one it simulates.
     With ``users.shuffle_queries`` (RAIFLE's code: ``random.sample`` of the user's lists) the user trains
     on its queries in a random order of its own, which the server does not learn (``X``, ``I``,
     ``mask`` stay in the server's display order, the order is kept in ``order``); otherwise in
