@@ -1146,7 +1146,7 @@ class DPGrid:
         for K in counts:
             dpf.check_delta(self.delta, K)
         finite_positive("DPGrid.clip_norm", self.clip_norm)
-        positive_int("DPGrid.n_per_client", self.n_per_client)
+        object.__setattr__(self, "n_per_client", positive_int("DPGrid.n_per_client", self.n_per_client))
         object.__setattr__(self, "client_counts", counts)
         object.__setattr__(self, "epsilons", eps)
 
