@@ -12,7 +12,11 @@ __all__ = ["positive_int", "in_range", "whole_int", "finite_positive", "finite_r
 def positive_int(name: str, value) -> int:
     """``value`` as an ``int`` when it is a whole number ``>= 1`` (``3`` and ``3.0`` pass, ``True``
     does not). Raises ``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, bool) or int(value) != value or value < 1:
+    try:
+        ok = not isinstance(value, bool) and int(value) == value and value >= 1
+    except (TypeError, ValueError, OverflowError):    # None, NaN, infinities: int() fails without the name
+        ok = False
+    if not ok:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 

@@ -6,7 +6,7 @@ def test_argument_checks_name_the_argument():
     from fedlab._checks import in_range, positive_int
 
     assert positive_int("n", 3) == 3 and positive_int("n", 3.0) == 3 and isinstance(positive_int("n", 3.0), int)
-    for bad in (0, -2, 2.5, True):
+    for bad in (0, -2, 2.5, True, float("nan"), float("inf"), None, "3"):
         with pytest.raises(ValueError, match="num_rounds must be a positive integer"):
             positive_int("num_rounds", bad)
     assert in_range("delta", 0.5, 0.0, 1.0) == 0.5
