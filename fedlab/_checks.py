@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["positive_int", "in_range", "whole_int", "finite_positive", "finite_tensor"]
+__all__ = ["positive_int", "in_range", "whole_int", "finite_positive", "finite_real", "finite_tensor"]
 
 
 def positive_int(name: str, value) -> int:
     """``value`` as an ``int`` when it is a whole number ``>= 1`` (``3`` and ``3.0`` pass, ``True``
     does not). Raises ``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, bool) or int(value) != value or value < 1:
+    try:
+        ok = not isinstance(value, bool) and int(value) == value and value >= 1
+    except (TypeError, ValueError, OverflowError):    # None, NaN, infinities: int() fails without the name
+        ok = False
+    if not ok:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
@@ -63,6 +67,22 @@ def finite_positive(name: str, value) -> float:
             ok = False
     if not ok:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return x
+
+
+def finite_real(name: str, value, low: float | None = None) -> float:
+    """``value`` as a ``float`` when it is a finite real number (``True``, strings, NaN and infinities
+    fail), ``>= low`` when ``low`` is given. Raises ``ValueError`` naming ``name`` otherwise."""
+    ok = not isinstance(value, (bool, str, bytes))
+    if ok:
+        try:
+            x = float(value)
+            ok = math.isfinite(x) and (low is None or x >= low)
+        except (TypeError, ValueError):
+            ok = False
+    if not ok:
+        bound = "" if low is None else f" >= {low:g}"
+        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
     return x
 
 

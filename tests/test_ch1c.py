@@ -106,6 +106,15 @@ def test_chapter1c_argument_validation():
         ch1c.DPGrid(client_counts=[2], epsilons=[1.0], delta=1e-3, clip_norm=0.0, n_per_client=2)
     with pytest.raises(ValueError, match="epsilons"):
         ch1c.DPGrid(client_counts=[2], epsilons=[], delta=1e-3, clip_norm=1.0, n_per_client=2)
+    server = {"server": {"attacker": "server"}}
+    with pytest.raises(ValueError, match="ascent_lrs"):
+        ch1c.ActiveGrid(variants=server, ascent_lrs=[float("inf")], targets=[0, 1])
+    with pytest.raises(ValueError, match="targets"):
+        ch1c.ActiveGrid(variants=server, ascent_lrs=[1.0], targets=[0, 0])
+    with pytest.raises(ValueError, match=r"ActiveGrid.variants\['x'\].*isolate"):
+        ch1c.ActiveGrid(variants={"x": {"attacker": "server", "isolate": "yes"}}, ascent_lrs=[1.0], targets=[0, 1])
+    cells = ch1c.DPGrid(client_counts=[2], epsilons=[1.0], delta=1e-3, clip_norm=1.0, n_per_client=10.0)
+    assert cells.n_per_client == 10 and isinstance(cells.n_per_client, int)      # 10.0 failed later in a slice
     with pytest.raises(ValueError, match="num_clients"):
         ch1c.PersonalizationTask(num_clients=0)
     with pytest.raises(ValueError, match="head_epochs"):

@@ -258,6 +258,15 @@ def test_settings_objects_validate_their_fields(digits_net):
         with pytest.raises(ValueError, match=f"ImagePrior.{field}"):
             gi.ImagePrior(**kw)
     assert gi.ImagePrior(init="uniform", init_std=0.0).init == "uniform"     # the std of a start not drawn
+    inf, nan = float("inf"), float("nan")
+    for kw, field in [(dict(tv_weight=inf), "tv_weight"), (dict(tv_weight=nan), "tv_weight"),
+                      (dict(tv_weight="0.1"), "tv_weight"), (dict(init_std=inf), "init_std"),
+                      (dict(init_std=torch.tensor([0.2, inf])), "init_std"), (dict(init_mean=nan), "init_mean"),
+                      (dict(init_mean=[0.4, nan, 0.3]), "init_mean"), (dict(init_mean="0.5"), "init_mean"),
+                      (dict(init="uniform", init_std=inf), "init_std")]:
+        with pytest.raises(ValueError, match=f"ImagePrior.{field}"):
+            gi.ImagePrior(**kw)
+    gi.ImagePrior(tv_weight=0, init_mean=torch.tensor([0.4, 0.5, 0.3]), init_std=np.float64(0.2))
     with pytest.raises(ValueError, match="Trace.snapshot_every"):
         gi.Trace(snapshot_every=0)
     with pytest.raises(ValueError, match="Trace.x_true"):

@@ -662,3 +662,27 @@ def test_client_and_server_settings_name_the_bad_field():
         pac.theorem2_num_interactions(0.2, pac.Client(5, 1.0, sigma=0.1, local_steps=2), **kw)
     with pytest.raises(ValueError, match="clipped_sigma"):
         pac.theorem2_num_interactions(0.2, pac.Client(5, 1.0, sigma=0.1, clip_norm=1.0), **kw)
+
+
+def test_client_and_server_refuse_non_finite_and_wrongly_typed_fields():
+    # lr=inf made protocol2_attack return all-NaN estimates; local_steps=0 made it return zeros
+    inf, nan = math.inf, math.nan
+    for kw, field in [(dict(lr=inf), "Client.lr"), (dict(lr=nan), "Client.lr"), (dict(lr="0.1"), "Client.lr"),
+                      (dict(lr=1.0, sigma=inf), "Client.sigma"), (dict(lr=1.0, sigma=nan), "Client.sigma"),
+                      (dict(lr=1.0, sigma=torch.tensor([0.1, inf])), "Client.sigma"),
+                      (dict(lr=1.0, sigma="0.1"), "Client.sigma"),
+                      (dict(lr=1.0, clip_norm=inf), "Client.clip_norm"),
+                      (dict(lr=1.0, local_steps=0), "Client.local_steps"),
+                      (dict(lr=1.0, local_steps=1.5), "Client.local_steps"),
+                      (dict(lr=1.0, loss="logistic"), "Client.loss")]:
+        with pytest.raises(ValueError, match=field):
+            pac.Client(batch_size=2, **kw)
+    for kw, field in [(dict(cohort_size=True), "Server.cohort_size"), (dict(cohort_size=2.0), "Server.cohort_size"),
+                      (dict(probe=torch.full((3, 2), nan)), "Server.probe"),
+                      (dict(restore_items=torch.tensor([[inf, 0.0]])), "Server.restore_items"),
+                      (dict(probe=[[0.0, 0.0]]), "Server.probe"), (dict(leaning=["negative"]), "Server.leaning")]:
+        with pytest.raises(ValueError, match=field):
+            pac.Server(**kw)
+    # what the pages pass still builds: a [C] tensor of noise levels, the counterexample loss, no clipping
+    pac.Client(2, 0.5, "squared_perceptron", sigma=torch.tensor([0.0, 0.3]), clip_norm=None)
+    pac.Client(np.int64(2), np.float64(0.5), sigma=np.float64(0.1), clip_norm=2)

@@ -158,6 +158,20 @@ def test_active_attack_passive_equals_plain_fedavg_and_validates():
                                  num_rounds=1)
 
 
+def test_active_attack_refuses_non_finite_steps_non_bool_isolate_and_a_stray_attacker_index():
+    for kw, field in [(dict(ascent_lr=float("inf")), "ActiveAttack.ascent_lr"),
+                      (dict(ascent_lr=float("nan")), "ActiveAttack.ascent_lr"),
+                      (dict(ascent_lr="1.0"), "ActiveAttack.ascent_lr"),
+                      (dict(target=float("nan")), "ActiveAttack.target"), (dict(target=1.5), "ActiveAttack.target"),
+                      (dict(isolate="yes"), "ActiveAttack.isolate"), (dict(isolate=1), "ActiveAttack.isolate"),
+                      (dict(attacker="participant", attacker_index=1.5), "ActiveAttack.attacker_index"),
+                      (dict(attacker="server", attacker_index=3), "ActiveAttack.attacker_index")]:
+        with pytest.raises(ValueError, match=field):
+            mia.ActiveAttack(**{"target": 0, "ascent_lr": 1.0, **kw})
+    mia.ActiveAttack(target=np.int64(2), ascent_lr=0, isolate=np.bool_(True))
+    mia.ActiveAttack(target=0, ascent_lr=2.0, attacker="participant", attacker_index=1)
+
+
 def test_active_step_raises_the_loss_drop_of_members():
     # the target's local training pulls the ascended members back down: the drop is larger
     net = _net(); cd = _federation(); p = models.get_params(net)

@@ -36,7 +36,7 @@ from ..fl.local import _model_on, _on
 from ..config import device as _device
 from ..metrics import matched_psnr, psnr_from_mse
 from ..optim import Memory, lbfgs_fixed_step
-from .._checks import whole_int
+from .._checks import finite_real, whole_int
 from .budget import AttackBudget
 
 __all__ = [
@@ -162,8 +162,9 @@ class ImagePrior:
       default ``0.5`` and ``0.25``.
     * ``signed``: Adam on the sign of the gradient, as the authors do; default ``True``.
 
-    Raises ``ValueError`` naming the field for ``tv_weight < 0``, an unknown ``init`` or an ``init_std`` not
-    ``> 0`` (Gaussian start).
+    Raises ``ValueError`` naming the field for a ``tv_weight`` not a finite number ``>= 0``, an unknown
+    ``init``, an ``init_mean`` or ``init_std`` with a NaN or infinite entry (or that is not numbers), an
+    ``init_std`` not ``> 0`` in every entry (Gaussian start; the uniform start draws none).
     """
 
     tv_weight: float = 1e-2
@@ -173,11 +174,20 @@ class ImagePrior:
     signed: bool = True
 
     def __post_init__(self):
-        if not self.tv_weight >= 0:
-            raise ValueError(f"ImagePrior.tv_weight must be >= 0, got {self.tv_weight!r}")
-        if self.init not in ("gaussian", "uniform"):
+        finite_real("ImagePrior.tv_weight", self.tv_weight, 0)
+        if not isinstance(self.init, str) or self.init not in ("gaussian", "uniform"):
             raise ValueError(f"ImagePrior.init must be 'gaussian' or 'uniform', got {self.init!r}")
-        if self.init == "gaussian" and not bool((torch.as_tensor(self.init_std) > 0).all()):
+        stats = {}
+        for name in ("init_mean", "init_std"):
+            value = getattr(self, name)
+            try:
+                t = None if isinstance(value, (bool, str, bytes)) else torch.as_tensor(value)
+            except (TypeError, ValueError, RuntimeError):
+                t = None
+            if t is None or t.dtype == torch.bool or t.is_complex() or not bool(t.isfinite().all()):
+                raise ValueError(f"ImagePrior.{name} must be a finite number or per-channel numbers, got {value!r}")
+            stats[name] = t
+        if self.init == "gaussian" and not bool((stats["init_std"] > 0).all()):
             raise ValueError(f"ImagePrior.init_std must be > 0, got {self.init_std}")
         if not isinstance(self.signed, bool):
             raise ValueError(f"ImagePrior.signed must be True or False, got {self.signed!r}")

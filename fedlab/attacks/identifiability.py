@@ -21,7 +21,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from fedlab.fl.recsys.ratings import (DTYPE, protocol1_client_update, protocol3_client_update, loss_derivative_at_zero,
+from fedlab._checks import finite_positive, finite_tensor
+from fedlab.fl.recsys.ratings import (COUNTEREXAMPLE_LOSSES, DTYPE, LOSSES, protocol1_client_update,
+                                      protocol3_client_update, loss_derivative_at_zero,
                                       noisy_message, touched_items)
 
 __all__ = ["Client", "Server", "PACAttackResult", "protocol2_attack", "protocol3_attack", "estimate_user_vectors", "sign_rule",
@@ -78,7 +80,7 @@ def _check_count(name, value, low: int = 1):
 @dataclass(frozen=True, eq=False)
 class Client:
     """What a client of London 2020 does with the global model it receives: CLIENTUPDATE of Protocol 1
-    (Sec. 3) and the noise of Eq. (3) on the message it sends back.
+    (Sec. 4.1) and the noise of Eq. (3) on the message it sends back.
 
     Fields: ``batch_size`` (``B``, the ratings per local step; for Protocol 3 it must divide ``N``),
     ``lr`` (the step ``alpha``), ``loss`` (``"log"``, ``"hinge"``, ... of Assumption 2), ``local_steps``
@@ -87,8 +89,10 @@ class Client:
     footnote 5; ``None``: no clipping). Defaults: the paper's noise-free ``R = 1`` client with the
     logistic loss. Compares by identity (``sigma`` may be a tensor).
 
-    Raises ``ValueError`` naming the field: ``Client.batch_size must be >= 1``, ``lr`` not > 0,
-    ``local_steps < 0``, ``sigma < 0``, ``clip_norm`` not > 0.
+    Raises ``ValueError`` naming the field: ``batch_size`` not an integer >= 1, ``lr`` not a finite
+    number > 0, ``loss`` not a loss of :mod:`fedlab.fl.recsys.ratings`, ``local_steps`` not an integer
+    >= 1, ``sigma`` (every entry of a tensor) not finite and >= 0, ``clip_norm`` not ``None`` or a
+    finite number > 0.
     """
 
     batch_size: int
@@ -102,15 +106,22 @@ class Client:
         if not isinstance(self.batch_size, (int, np.integer)) or isinstance(self.batch_size, bool) \
                 or self.batch_size < 1:
             raise ValueError(f"Client.batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if not self.lr > 0:
-            raise ValueError(f"Client.lr must be > 0, got {self.lr}")
+        finite_positive("Client.lr", self.lr)
+        if not isinstance(self.loss, str) or self.loss not in LOSSES + COUNTEREXAMPLE_LOSSES:
+            raise ValueError(f"Client.loss must be one of {LOSSES + COUNTEREXAMPLE_LOSSES}, got {self.loss!r}")
         if not isinstance(self.local_steps, (int, np.integer)) or isinstance(self.local_steps, bool) \
-                or self.local_steps < 0:
-            raise ValueError(f"Client.local_steps must be an integer >= 0, got {self.local_steps!r}")
-        if not bool((torch.as_tensor(self.sigma) >= 0).all()):
-            raise ValueError(f"Client.sigma must be >= 0, got {self.sigma}")
-        if self.clip_norm is not None and not self.clip_norm > 0:
-            raise ValueError(f"Client.clip_norm must be > 0 or None, got {self.clip_norm}")
+                or self.local_steps < 1:
+            raise ValueError(f"Client.local_steps must be an integer >= 1, got {self.local_steps!r}")
+        try:
+            sigma = None if isinstance(self.sigma, (bool, str, bytes)) else torch.as_tensor(self.sigma)
+        except (TypeError, ValueError, RuntimeError):
+            sigma = None
+        if sigma is None or sigma.dtype == torch.bool or sigma.is_complex() \
+                or not bool((sigma.isfinite() & (sigma >= 0)).all()):
+            raise ValueError(f"Client.sigma must be finite and >= 0 (a number or a tensor, every entry), "
+                             f"got {self.sigma!r}")
+        if self.clip_norm is not None:
+            finite_positive("Client.clip_norm", self.clip_norm)
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,7 +135,8 @@ class Server:
     server assumes of the user for :func:`sign_rule`: ``"negative"``, Assumption 1, or ``"positive"``).
     Compares by identity (the probes are tensors).
 
-    Raises ``ValueError`` naming the field: ``Server.cohort_size`` below 1, an unknown ``leaning``.
+    Raises ``ValueError`` naming the field: ``Server.cohort_size`` not an integer >= 1, an unknown
+    ``leaning``, a ``probe`` or ``restore_items`` that is not a tensor or holds NaN or infinite entries.
     """
 
     probe: torch.Tensor | None = None
@@ -133,9 +145,17 @@ class Server:
     leaning: str = "negative"
 
     def __post_init__(self):
-        if not isinstance(self.cohort_size, (int, np.integer)) or self.cohort_size < 1:
+        if not isinstance(self.cohort_size, (int, np.integer)) or isinstance(self.cohort_size, bool) \
+                or self.cohort_size < 1:
             raise ValueError(f"Server.cohort_size must be an integer >= 1, got {self.cohort_size!r}")
-        if self.leaning not in ("negative", "positive"):
+        for name in ("probe", "restore_items"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"Server.{name} must be a tensor or None, got {type(value).__name__}")
+            finite_tensor(f"Server.{name}", value)
+        if not isinstance(self.leaning, str) or self.leaning not in ("negative", "positive"):
             raise ValueError(f"Server.leaning must be 'negative' or 'positive', got {self.leaning!r}")
 
 

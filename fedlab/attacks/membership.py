@@ -26,7 +26,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from .. import fl
-from .._checks import run_spec
+from .._checks import finite_real, run_spec, whole_int
 from ..metrics import auc_permutation_floor, balanced_accuracy, best_threshold, roc_auc, roc_auc_rows
 from ..privacy.defenses import global_norm
 
@@ -371,8 +371,9 @@ class ActiveAttack:
         the participant that attacks (``attacker="participant"`` only), a client other than ``target``.
 
     Defaults: the paper's global (server) attacker without isolation. Raises ``ValueError`` naming the field:
-    ``ActiveAttack.target`` not an index >= 0, ``ascent_lr`` not >= 0, an unknown ``attacker``, ``isolate``
-    with a participant, a participant without an ``attacker_index`` (or with ``attacker_index == target``).
+    ``ActiveAttack.target`` not an integer index >= 0, ``ascent_lr`` not a finite number >= 0, an unknown
+    ``attacker``, ``isolate`` not a bool or true with a participant, a participant without an integer
+    ``attacker_index`` >= 0 (or with ``attacker_index == target``), an ``attacker_index`` with the server.
     The bounds that depend on the federation (an index below the number of clients, two clients to isolate)
     are checked by :func:`active_attack_runs`.
     """
@@ -384,14 +385,18 @@ class ActiveAttack:
     attacker_index: int | None = None
 
     def __post_init__(self):
-        if isinstance(self.target, bool) or int(self.target) != self.target or self.target < 0:
-            raise ValueError(f"ActiveAttack.target must be a client index >= 0, got {self.target!r}")
-        if not self.ascent_lr >= 0:
-            raise ValueError(f"ActiveAttack.ascent_lr must be >= 0, got {self.ascent_lr}")
-        if self.attacker not in ("server", "participant"):
+        whole_int("ActiveAttack.target", self.target, low=0)
+        finite_real("ActiveAttack.ascent_lr", self.ascent_lr, 0)
+        if not isinstance(self.attacker, str) or self.attacker not in ("server", "participant"):
             raise ValueError(f"ActiveAttack.attacker must be 'server' or 'participant', got {self.attacker!r}")
+        if not isinstance(self.isolate, (bool, np.bool_)):
+            raise ValueError(f"ActiveAttack.isolate must be True or False, got {self.isolate!r}")
+        if self.attacker == "server" and self.attacker_index is not None:
+            raise ValueError("ActiveAttack.attacker_index is for attacker='participant' only (the server attacks "
+                             f"itself), got {self.attacker_index!r}")
         if self.attacker == "participant":
-            if self.attacker_index is None or self.attacker_index < 0 or self.attacker_index == self.target:
+            if self.attacker_index is None or whole_int("ActiveAttack.attacker_index", self.attacker_index, low=0) \
+                    == self.target:
                 raise ValueError("ActiveAttack.attacker_index must be a client index different from target, got "
                                  f"{self.attacker_index!r}")
             if self.isolate:

@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .._checks import finite_positive, positive_int
+from .._checks import finite_positive, positive_int, whole_int
 from ..attacks import membership as mia
 from ..data import Dataset, client_datasets, partition_iid
 from ..fl import personalization as pers
@@ -554,8 +554,9 @@ class ActiveGrid:
     ``targets``
         the client indices attacked, at least two (every target's threshold is chosen on the others).
 
-    Raises ``ValueError`` naming the field for no variants or a variant that is not an attacker's settings, no
-    step or one not ``> 0``, fewer than two targets or a negative one.
+    Raises ``ValueError`` naming the field for no variants or a variant that is not an attacker's settings
+    (an unknown ``attacker``, an ``isolate`` that is not a bool), no step or one not a finite number ``> 0``,
+    fewer than two targets, a negative or non-integer one or the same target twice.
     """
 
     variants: Mapping[str, Mapping]
@@ -569,13 +570,24 @@ class ActiveGrid:
             if not set(kw) <= {"attacker", "isolate"} or "attacker" not in kw:
                 raise ValueError(f"ActiveGrid.variants[{name!r}] must give 'attacker' (and 'isolate'), got {dict(kw)}")
             other = {"attacker_index": 1} if kw["attacker"] == "participant" else {}
-            mia.ActiveAttack(target=0, ascent_lr=0.0, **kw, **other)
-        lrs = tuple(float(g) for g in self.ascent_lrs)
-        if not lrs or not all(g > 0 for g in lrs):
-            raise ValueError(f"ActiveGrid.ascent_lrs must be a non-empty list of steps > 0, got {list(lrs)}")
+            try:
+                mia.ActiveAttack(target=0, ascent_lr=0.0, **kw, **other)
+            except ValueError as e:
+                raise ValueError(f"ActiveGrid.variants[{name!r}]: {e}") from None
+        given = list(self.ascent_lrs)
+        try:
+            lrs = tuple(finite_positive("ActiveGrid.ascent_lrs", g) for g in given)
+        except ValueError:
+            lrs = ()
+        if not lrs:
+            raise ValueError(f"ActiveGrid.ascent_lrs must be a non-empty list of finite steps > 0, got {given}")
         targets = tuple(self.targets)
-        if len(targets) < 2 or any(isinstance(k, bool) or int(k) != k or k < 0 for k in targets):
-            raise ValueError(f"ActiveGrid.targets must list at least two client indices, got {list(targets)}")
+        try:
+            ints = [whole_int("ActiveGrid.targets", k, low=0) for k in targets]
+        except ValueError:
+            ints = []
+        if len(ints) < 2 or len(set(ints)) < len(ints):
+            raise ValueError(f"ActiveGrid.targets must list at least two distinct client indices, got {list(targets)}")
         object.__setattr__(self, "variants", {k: dict(v) for k, v in self.variants.items()})
         object.__setattr__(self, "ascent_lrs", lrs)
         object.__setattr__(self, "targets", tuple(int(k) for k in targets))
@@ -1134,7 +1146,7 @@ class DPGrid:
         for K in counts:
             dpf.check_delta(self.delta, K)
         finite_positive("DPGrid.clip_norm", self.clip_norm)
-        positive_int("DPGrid.n_per_client", self.n_per_client)
+        object.__setattr__(self, "n_per_client", positive_int("DPGrid.n_per_client", self.n_per_client))
         object.__setattr__(self, "client_counts", counts)
         object.__setattr__(self, "epsilons", eps)
 
