@@ -216,13 +216,12 @@ def test_3c_ours_reads_library_defaults(letor, monkeypatch):
     budget = inspect.signature(attack_recsys.raifle).parameters["budget"].default
     assert base["starts"].startswith(f"{budget.num_restarts} per user")
     assert "top 10" in base["displayed list"] and "random order" in base["local training"]
-    real = attack_oltr.make_oltr_case
+    real = fl_oltr.OltrUsers
 
-    def make_oltr_case(data, num_users, num_queries, hidden=(), *,
-                       users=fl_oltr.OltrUsers(k=5, init="fan_in", shuffle_queries=False), **kw):
-        return real(data, num_users, num_queries, hidden, users=users, **kw)
+    def users(**kw):      # the library's default users changed: the table follows
+        return real(**{"k": 5, "init": "fan_in", "shuffle_queries": False, **kw})
 
-    monkeypatch.setattr(attack_oltr, "make_oltr_case", make_oltr_case)
+    monkeypatch.setattr(fl_oltr, "OltrUsers", users)
     patched = _ours(_table3b(letor))
     assert "top 5" in patched["displayed list"] and "init='fan_in'" in patched["initialisation"]
     assert patched["local training"].endswith("in display order")

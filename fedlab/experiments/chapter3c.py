@@ -1312,7 +1312,7 @@ def reference_settings_table(data, rankers: dict, *, click_models, lr: float, ep
     ranker_text = "; ".join(f"{m}: {'w·x' if not tuple(h) else 'hidden ' + fmt(map(str, h)) + ' ReLU, no biases'} "
                             f"({_fl_oltr.ranker_size(F, h)} parameters)" for m, h in rankers.items())
     clicks_text = "; ".join(f"{c} click {nums(pc)}, stop {nums(ps)}" for c, (pc, ps) in probs.items())
-    oltr_users = default(_oltr.make_oltr_case, "users")
+    oltr_users = _fl_oltr.OltrUsers()      # the simulated users' defaults (make_oltr_case takes users= explicitly)
     k, init, shuffle = oltr_users.k, oltr_users.init, oltr_users.shuffle_queries
     budget = default(_recsys.raifle, "budget")
     restarts, history, tol = budget.num_restarts, budget.history_size, budget.tol
