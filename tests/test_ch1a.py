@@ -360,3 +360,21 @@ def test_restart_paragraph_states_this_seeds_counts_and_refuses_a_mismatch():
     with pytest.raises(ValueError, match="rescued"):
         ch1a.restart_paragraph(restart, final_loss=final_loss, won=won, failed=failed, stalled=1,
                                rescued=np.array([True]), num_restarts=4, success_before=0.5)
+
+
+def test_plot_dlg_step_draws_one_snapshot_beside_the_private_image():
+    """The 'Try it' widget of 1a redraws one kept snapshot of a DLG run; out-of-range choices name the argument."""
+    import types
+
+    import matplotlib
+    matplotlib.use("Agg")
+    X = torch.rand(2, 1, 8, 8)
+    run = types.SimpleNamespace(snapshots=[(0, torch.rand(2, 1, 1, 8, 8)), (20, X[:, None].clone())])
+    fig = ch1a.plot_dlg_step(run, X, image=1, snapshot=-1)
+    titles = " ".join(t.get_text() for t in fig.axes[0].texts).replace("\n", " ")
+    assert "iteration 20: inf dB" in titles and "private image" in titles        # the last snapshot is the truth
+    for kw, name in (({"image": 2}, "image"), ({"snapshot": 2}, "snapshot")):
+        with pytest.raises(ValueError, match=name):
+            ch1a.plot_dlg_step(run, X, **kw)
+    with pytest.raises(ValueError, match="snapshots"):
+        ch1a.plot_dlg_step(types.SimpleNamespace(snapshots=[]), X)

@@ -31,7 +31,7 @@ from ..attacks import imprint as imp
 from ..privacy.dprivacy import clopper_pearson
 
 __all__ = ["UPDATE_SETTINGS", "ZHAO_LABEL_ACC", "WEI_RATES", "IG_PRIOR", "word_set_recovery", "recovery_table",
-           "order_and_counts", "plot_dlg_snapshots", "plot_dlg_psnr", "label_table",
+           "order_and_counts", "plot_dlg_snapshots", "plot_dlg_step", "plot_dlg_psnr", "label_table",
            "dlg_vs_inverting_gradients", "plot_dlg_vs_ig", "success_by_batch_size", "success_by_local_steps",
            "unrolled_local_steps", "unrolled_table", "unrolled_paragraph", "plot_wei_sweeps", "wei_table", "noise_grid",
            "plot_reconstruction", "plot_noise_grid",
@@ -140,6 +140,25 @@ def plot_dlg_snapshots(dlg_run, X_true: torch.Tensor, *, show: int = 4):
     titles = ([f"it {it}" for it, _ in snaps] + ["true"]) * show
     return plots.image_grid(tiles, titles=titles, ncols=len(snaps) + 1, size=1.0,
                             suptitle="DLG on digits: dummy image across L-BFGS iterations (last column: the private image)")
+
+
+def plot_dlg_step(dlg_run, X_true: torch.Tensor, *, image: int = 0, snapshot: int = -1):
+    """One attack of a DLG run at one of its kept snapshots (``dlg_run.snapshots``): the dummy image beside the
+    private one ``X_true[image]`` ``[C, H, W]``, titled with the iteration and the PSNR (:func:`fedlab.metrics.psnr`).
+    The chapter's "Try it" widget redraws it. Returns the figure. Raises ``ValueError`` for a run without snapshots,
+    or an ``image`` or ``snapshot`` out of range."""
+    snaps = dlg_run.snapshots
+    if not snaps:
+        raise ValueError("dlg_run has no snapshots (run gi.dlg with snapshot_every)")
+    if not -len(snaps) <= snapshot < len(snaps):
+        raise ValueError(f"snapshot must index one of the {len(snaps)} snapshots, got {snapshot}")
+    if not 0 <= image < min(len(X_true), snaps[0][1].shape[0]):
+        raise ValueError(f"image must be in [0, {min(len(X_true), snaps[0][1].shape[0])}), got {image}")
+    it, x = snaps[snapshot]
+    dummy = x[image, 0]
+    tiles = torch.stack([dummy, X_true[image]])
+    titles = [f"iteration {it}: {metrics.psnr(dummy, X_true[image]):.1f} dB", "private image"]
+    return plots.image_grid(tiles, titles=titles, ncols=2, size=1.6)
 
 
 def plot_dlg_psnr(dlg_run, *, success_db: float, baselines: Mapping[str, float] | None = None):
