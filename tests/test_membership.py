@@ -197,3 +197,18 @@ def test_the_membership_attack_pools_its_clients_with_one_threshold():
     assert mia.attack_tpr_at_fpr(signals[0], is_member, 0.1, window=5) == [tpr_at_fpr(is_member, -signals[0].mean(0), 0.1)]
     with pytest.raises(ValueError, match="signals"):
         mia.attack_tpr_at_fpr(signals[0, 0], is_member)
+
+
+def test_lira_scores_a_confidence_near_the_in_shadows_above_one_near_the_out_shadows():
+    """LiRA's direction (Carlini et al. 2022, Algorithm 1): higher means member. Shadows that trained on a record
+    (IN) give it confidence about 3, the others about 0; a target confidence of 3 must outscore one of 0, with
+    the pooled and with the per-record variance (a swap of IN and OUT reverses the order)."""
+    rng = np.random.default_rng(0)
+    S, n = 16, 4
+    shadow_in = np.zeros((S, n), dtype=bool)
+    shadow_in[: S // 2] = True
+    phi = np.where(shadow_in, 3.0, 0.0) + 0.3 * rng.standard_normal((S, n))
+    for fixed in (True, False):
+        member = mia.lira_scores(np.full(n, 3.0), phi, shadow_in, fixed_variance=fixed)
+        outsider = mia.lira_scores(np.zeros(n), phi, shadow_in, fixed_variance=fixed)
+        assert (member > 0).all() and (outsider < 0).all() and (member > outsider).all(), (fixed, member, outsider)
