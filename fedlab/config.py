@@ -15,6 +15,11 @@ reader can change a setting once (an environment variable) and every notebook an
   IFCA. Their random draws stay on the CPU generators (a GPU run starts from the same points) and their
   results come back on the CPU; the default changes no number. A value torch cannot use (no CUDA
   device, an index past the last GPU) raises ``ValueError`` naming ``FEDLAB_DEVICE``.
+* ``FEDLAB_WORKERS`` -- worker processes for the batches of users of RAIFLE's recommendation attacks
+  (:func:`fedlab.experiments.chapter3a.attack_case`, chapters 3a-3b at paper scale), read by
+  :func:`workers` (default ``1``: everything in this process; ``auto``: one per CPU). Each batch gives the
+  same bits in a worker as in this process (``tests/test_parallel.py``), so the setting changes the wall
+  time, never a number.
 """
 from __future__ import annotations
 
@@ -207,6 +212,28 @@ def progress_enabled() -> bool:
     if value in ("", "1", "true", "yes", "on"):
         return True
     raise ValueError(f"FEDLAB_PROGRESS must be 0 or 1 (or false/true, no/yes, off/on), got {raw!r}")
+
+
+#: the most worker processes :func:`workers` accepts
+MAX_WORKERS = 256
+
+
+def workers() -> int:
+    """Worker processes for the batched attacks that can use them, from ``FEDLAB_WORKERS``: an integer in
+    ``[1, 256]`` or ``auto`` (``os.cpu_count()``); default ``1`` (no worker process).
+
+    Raises
+    ------
+    ValueError
+        Naming ``FEDLAB_WORKERS`` for anything else (``0``, ``-2``, ``2.5``, ``many``).
+    """
+    raw = os.environ.get("FEDLAB_WORKERS", "1")
+    text = raw.strip().lower() or "1"
+    if text == "auto":
+        return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+    if not text.isdigit() or not 1 <= int(text) <= MAX_WORKERS:
+        raise ValueError(f"FEDLAB_WORKERS must be an integer in [1, {MAX_WORKERS}] or 'auto', got {raw!r}")
+    return int(text)
 
 
 def device(value: str | torch.device | None = None) -> torch.device:

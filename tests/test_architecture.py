@@ -11,8 +11,8 @@ PKG = Path(__file__).resolve().parents[1] / "fedlab"
 
 #: rank of each part of the package; a module may import only parts of lower or equal rank, except
 #: that the parts of rank 1 are leaves towards each other as listed in SAME_RANK_FORBIDDEN, _checks,
-#: _stats and _io import nothing from fedlab, and records does not import book (book.setup uses records.Run)
-RANK = {"config": 0, "_checks": 0, "_stats": 0, "_io": 0, "privacy": 1, "data": 1, "models": 1, "metrics": 1,
+#: _stats, _io and _parallel import nothing from fedlab, and records does not import book (book.setup uses records.Run)
+RANK = {"config": 0, "_checks": 0, "_stats": 0, "_io": 0, "_parallel": 0, "privacy": 1, "data": 1, "models": 1, "metrics": 1,
         "optim": 1, "plots": 1, "fl": 2, "attacks": 3, "experiments": 4,
         # fedlab on Flower (issue 23): uses fl, data, models and attacks; nothing in fedlab imports it
         "flower": 4,
@@ -21,6 +21,7 @@ RANK = {"config": 0, "_checks": 0, "_stats": 0, "_io": 0, "privacy": 1, "data": 
 SAME_RANK_FORBIDDEN = {"data": {"privacy", "models", "metrics"}, "models": {"privacy", "data", "metrics"},
                        "metrics": {"privacy", "data", "models"}, "config": set(), "_checks": {"config"},
                        "_stats": {"config", "_checks", "_io"}, "_io": {"config", "_checks", "_stats"},
+                       "_parallel": {"config", "_checks", "_stats", "_io"},
                        "records": {"book"}}
 
 

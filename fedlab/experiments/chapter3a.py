@@ -22,6 +22,8 @@ from ..privacy import ldp
 from ..privacy.defenses import prune_rows
 from .tables import scale_cells, scale_pairs, settings_header
 from .._checks import positive_int
+from .._parallel import map_tasks
+from ..config import device as _device, workers
 from .._stats import pvalue_summary
 
 __all__ = ["attack_case", "TABLE3_CONFIGS", "TABLE3_NAMES", "PAPER_TABLE3",
@@ -75,30 +77,19 @@ def attack_case(case: RecsysCase, algorithm: str, *, variant: RaifleVariant, cli
     if coord_mask is not None and tuple(coord_mask.shape) != tuple(case.X.shape):
         raise ValueError(f"coord_mask must be {tuple(case.X.shape)}, got {tuple(coord_mask.shape)}")
     estimate_embedding = variant.estimate_embedding
-    fcf, fncf_items, fncf_params = case.fcf, case.fncf_items, case.fncf_params
     order = torch.argsort(case.mask.sum(1), stable=True)
+    batches = [order[start:start + batch_size] for start in range(0, len(case), batch_size)]
+    # one batch after the other here, or FEDLAB_WORKERS processes at once (the same bits, tests/test_parallel.py)
+    tasks = (_batch_task(case, idx, algorithm, variant, clip_norm, ids, coord_mask, kwargs) for idx in batches)
+    on_cpu = _device(kwargs.get("device")).type == "cpu"
+    results = map_tasks(_attack_batch, tasks, workers=workers() if on_cpu else 1)
     auc = torch.empty(len(case), dtype=torch.float64)
     err = torch.empty(len(case))
     loss = torch.empty(len(case))
     loss_truth = torch.empty(len(case))
     evals = 0
-    for start in range(0, len(case), batch_size):
-        idx = order[start:start + batch_size]
-        m = int(case.mask[idx].sum(1).max())
-        X, mk = case.X[idx, :m], case.mask[idx, :m]
-        truth = (case.I[idx, :m], case.E[idx])
-        if coord_mask is not None:
-            kwargs["coord_mask"] = coord_mask[idx, :m]
-        if algorithm == "fcf":
-            res = raifle_fcf(X, fcf[idx, :m], mk, estimate_embedding=estimate_embedding, clip_norm=clip_norm,
-                             squared=variant.squared, user_ids=ids[idx], truth=truth, **kwargs)
-        else:
-            ci, cp = clip_norm if clip_norm is not None else (None, None)
-            user = FncfUser(lr=case.fncf_lr, local_steps=case.local_steps, items_clip_norm=ci, params_clip_norm=cp)
-            res = raifle_fncf(case.model, case.networks(idx), X, fncf_items[idx, :m],
-                              {k: v[idx] for k, v in fncf_params.items()}, mk, variant=variant, user=user,
-                              user_ids=ids[idx], truth=truth, **kwargs)
-        auc[idx] = roc_auc_rows(case.I[idx, :m], res.scores, mk)
+    for idx, (batch_auc, res) in zip(batches, results):
+        auc[idx] = batch_auc
         loss[idx] = res.loss
         loss_truth[idx] = res.loss_truth
         evals += res.iterations
@@ -107,6 +98,37 @@ def attack_case(case: RecsysCase, algorithm: str, *, variant: RaifleVariant, cli
     return {"auc": auc, "emb_error": err if estimate_embedding else None, "loss": loss, "loss_truth": loss_truth,
             "evaluations": evals}
 
+
+def _batch_task(case: RecsysCase, idx, algorithm: str, variant: RaifleVariant, clip_norm, ids, coord_mask,
+                kwargs: dict) -> dict:
+    """What :func:`_attack_batch` needs to attack the users ``idx`` of ``case`` (their items cut to the batch's
+    longest list), as plain tensors, so that the batch runs the same in this process or in a worker."""
+    m = int(case.mask[idx].sum(1).max())
+    task = {"algorithm": algorithm, "variant": variant, "clip_norm": clip_norm, "X": case.X[idx, :m],
+            "mask": case.mask[idx, :m], "truth": (case.I[idx, :m], case.E[idx]), "user_ids": ids[idx],
+            "kwargs": dict(kwargs, **({"coord_mask": coord_mask[idx, :m]} if coord_mask is not None else {}))}
+    if algorithm == "fcf":
+        task["updates"] = case.fcf[idx, :m]
+    else:
+        task.update(updates=case.fncf_items[idx, :m], params={k: v[idx] for k, v in case.fncf_params.items()},
+                    model=case.model, theta=case.networks(idx), fncf_lr=case.fncf_lr, local_steps=case.local_steps)
+    return task
+
+
+def _attack_batch(task: dict):
+    """One batch of :func:`attack_case`: ``(auc [k] float64, RaifleResult)`` for the task of :func:`_batch_task`
+    (module-level, so that a worker process of :func:`fedlab._parallel.map_tasks` can run it)."""
+    kw, truth = task["kwargs"], task["truth"]
+    if task["algorithm"] == "fcf":
+        res = raifle_fcf(task["X"], task["updates"], task["mask"], estimate_embedding=task["variant"].estimate_embedding,
+                         clip_norm=task["clip_norm"], squared=task["variant"].squared, user_ids=task["user_ids"],
+                         truth=truth, **kw)
+    else:
+        ci, cp = task["clip_norm"] if task["clip_norm"] is not None else (None, None)
+        user = FncfUser(lr=task["fncf_lr"], local_steps=task["local_steps"], items_clip_norm=ci, params_clip_norm=cp)
+        res = raifle_fncf(task["model"], task["theta"], task["X"], task["updates"], task["params"], task["mask"],
+                          variant=task["variant"], user=user, user_ids=task["user_ids"], truth=truth, **kw)
+    return roc_auc_rows(truth[0], res.scores, task["mask"]), res
 
 # ---------------------------------------------------------------------------------------------------
 # Table 3: the six configurations of RAIFLE Sec. 4.2 (Table 3) on one honest round
