@@ -77,3 +77,20 @@ def test_batches_in_two_worker_processes_give_the_bits_of_one_process(monkeypatc
         res = ex.attack_case(case, alg, variant=variants[alg], budget=budget, batch_size=4, seed=3)
         for idx, (auc, r) in zip(batches, here[3 * k:3 * k + 3]):
             assert torch.equal(res["auc"][idx], auc) and torch.equal(res["loss"][idx], r.loss)
+
+
+def test_network_draws_put_together_the_batches_a_worker_would_run(monkeypatch):
+    """fncf_network_draws (FEDLAB_WORKERS=1) equals, bit for bit, its batches of users run one by one through
+    ``_draws_batch``, the function a worker runs (that a worker gives the bits of this process is the test above);
+    three batches of one user, two draws, one FNCF row."""
+    monkeypatch.setenv("FEDLAB_WORKERS", "1")
+    case = _case().subset(np.arange(3))
+    row = ("FNCF", True, False)
+    got = ex.fncf_network_draws(case, 2, fncf_max_iter=40, num_restarts=2, seed=2, configs=[row], batch_size=2)
+    seeds = ex.network_draw_seeds(2, 2)
+    order = torch.argsort(case.mask.sum(1), stable=True)
+    for u in order:
+        idx = u.reshape(1)
+        res = ex._draws_batch((ex.network_draws_case(case.subset(idx), seeds), idx, 2, [row], 40, 2, 2))[row]
+        for key in ("auc", "loss", "loss_truth", "emb_error"):
+            assert torch.equal(got[row][key][:, idx], res[key].reshape(2, 1).to(got[row][key].dtype)), key

@@ -398,16 +398,24 @@ def fncf_network_draws(case: RecsysCase, num_draws: int, *, fncf_max_iter: int, 
                   "loss_truth": torch.empty(D, U), "emb_error": torch.empty(D, U) if c[1] else None, "evaluations": 0}
     order = torch.argsort(case.mask.sum(1), stable=True)
     per_batch = max(1, batch_size // D)
-    for start in range(0, U, per_batch):
-        idx = order[start:start + per_batch]
-        stacked = network_draws_case(case.subset(idx), seeds)
-        for c in configs:
-            res = run_config(stacked, c, fcf_max_iter=1, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts,
-                             seed=seed, batch_size=len(stacked), user_ids=idx.repeat(D))
+    batches = [order[start:start + per_batch] for start in range(0, U, per_batch)]
+    # one batch of users (all draws) after the other, or FEDLAB_WORKERS at once: the same bits (tests/test_parallel.py)
+    tasks = ((network_draws_case(case.subset(idx), seeds), idx, D, configs, fncf_max_iter, num_restarts, seed)
+             for idx in batches)
+    for idx, results in zip(batches, map_tasks(_draws_batch, tasks, workers=workers())):
+        for c, res in results.items():
             for key in ("auc", "loss", "loss_truth") + (("emb_error",) if c[1] else ()):
                 out[c][key][:, idx] = res[key].reshape(D, len(idx)).to(out[c][key].dtype)
             out[c]["evaluations"] += res["evaluations"]
     return out
+
+
+def _draws_batch(task) -> dict:
+    """One batch of users of :func:`fncf_network_draws` under all its draws: ``{config: run_config result}``
+    (module-level, so that a worker process can run it)."""
+    stacked, idx, D, configs, fncf_max_iter, num_restarts, seed = task
+    return {c: run_config(stacked, c, fcf_max_iter=1, fncf_max_iter=fncf_max_iter, num_restarts=num_restarts,
+                          seed=seed, batch_size=len(stacked), user_ids=idx.repeat(D)) for c in configs}
 
 
 def network_draws_summary(result: dict, confidence: float = 0.95) -> dict:
