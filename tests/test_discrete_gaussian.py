@@ -62,6 +62,13 @@ def test_accounting_is_dp_accounting_renyi_on_the_same_curve():
     acc = rdp.RdpAccountant(list(dg._ORDERS))
     acc.compose(dp_accounting.GaussianDpEvent(3.0), 5)
     assert dg.discrete_gaussian_epsilon(9.0, 1.0, 1e-5, compositions=5) == pytest.approx(acc.get_epsilon(1e-5))
+    # the conversion is remembered (lru_cache): each of the three numbers is part of the key, and a remembered
+    # answer is the bits of a fresh one
+    for z, delta, k in ((3.0, 1e-5, 1), (3.0, 1e-5, 5), (3.0, 1e-6, 5), (2.5, 1e-6, 5), (3.0, 1e-5, 1)):
+        fresh = rdp.RdpAccountant(list(dg._ORDERS))
+        fresh.compose(dp_accounting.GaussianDpEvent(z), k)
+        assert dg._rdp_epsilon(z, delta, k) == pytest.approx(fresh.get_epsilon(delta), rel=1e-9), (z, delta, k)
+        assert dg._rdp_epsilon(z, delta, k) == dg._rdp_epsilon.__wrapped__(z, delta, k), (z, delta, k)
     s = dg.discrete_gaussian_sigma2(EPS, DELTA, 10.0)
     assert dg.discrete_gaussian_epsilon(s, 10.0, DELTA) <= EPS < dg.discrete_gaussian_epsilon(s - 1, 10.0, DELTA)
     # never less noise than the analytic (exact) Gaussian needs for the same (eps, delta)

@@ -204,9 +204,14 @@ def test_inverting_gradients_matches_only_the_sent_coordinates():
     ada = gi.inverting_gradients(net, w, obs, knows=knows(mask), **kw)
     p_naive, p_ada = float(gi.matched_psnr(naive.x[0], X)[0]), float(gi.matched_psnr(ada.x[0], X)[0])
     assert p_ada > p_naive + 1, (p_ada, p_naive)           # measured: 15.0 dB against 12.5 dB
-    # an all-True mask is the plain objective
+    # an all-True mask is the plain objective, to the last bit. Checked on 40 iterations instead of the 300 above
+    # (1.4 s of CPU instead of 5.3): every iteration runs the same code, and the only thing that depends on
+    # max_iter, the learning-rate milestones at 3/8, 5/8 and 7/8 of it, falls at iterations 15, 25 and 35, so the
+    # masked and the plain run still pass every step of the schedule before their images are compared
     ones = {k: torch.ones_like(v, dtype=torch.bool) for k, v in obs.items()}
-    assert torch.equal(gi.inverting_gradients(net, w, obs, knows=knows(ones), **kw).x, naive.x)
+    short = dict(kw, budget=gi.AttackBudget(max_iter=40, lr=0.1))
+    assert torch.equal(gi.inverting_gradients(net, w, obs, knows=knows(ones), **short).x,
+                       gi.inverting_gradients(net, w, obs, knows=knows(), **short).x)
     with pytest.raises(ValueError, match="mask"):
         gi.inverting_gradients(net, w, obs, knows=knows({"nope": 1}), **kw)
 
