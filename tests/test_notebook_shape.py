@@ -85,3 +85,23 @@ def test_every_cell_has_a_unique_id(path):
     ids = [c.get("id") for c in nb["cells"]]
     assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5) and all(ids), [i for i, x in enumerate(ids) if not x]
     assert len(set(ids)) == len(ids), "duplicate cell ids"
+
+
+COMMENTED_ASSERT = re.compile(r"#.*?(?:\S)assert\s|#\s*assert\s+\S.*(?:[<>]=?|==|!=|\bin\b)")
+
+
+def _commented_asserts(src: str) -> list[str]:
+    """Lines whose comment holds an assert statement (a lost newline turns ``# note\\nassert x`` into a comment)."""
+    return [line.strip() for line in src.splitlines() if "#" in line and COMMENTED_ASSERT.search(line[line.index("#"):])]
+
+
+def test_commented_assert_is_found():
+    lost = '''# the income of the records (largest batch)assert f1["a"] > f1["b"] + 3, f1'''
+    assert _commented_asserts(lost) and _commented_asserts("x = 1  # assert y > 2")
+    assert not _commented_asserts('assert a > b, a   # ... and it holds at every seed')
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_no_assert_hidden_in_a_comment(path):
+    found = [(i, line) for i, src, _ in _code_cells(path) for line in _commented_asserts(src)]
+    assert not found, f"an assert inside a comment never runs (cell, line): {found}"
