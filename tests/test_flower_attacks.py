@@ -226,8 +226,26 @@ def test_imprint_through_the_secagg_aggregate():
     res = fa.imprint_from_aggregate(runs["chosen"])
     assert res.error is None and res.rtol > 1e-8                # the occupancy threshold follows SecAgg+'s rounding
     assert "| chosen | $2^{29}$ | 1000 |" in ex.imprint_markdown(rows, 0.88)
+    assert rows["plain"]["decoded"] == len(rows["plain"]["x"]) > 0
+    assert ex.imprint_error_text(rows["chosen"]) == f"{rows['chosen']['median_error']:.1e}"
     with pytest.raises(ValueError, match="no parameter"):
         fa.imprint_from_aggregate(runs["plain"], weight_name="fc.weight")
+
+
+def test_imprint_rows_say_when_nothing_was_decoded():
+    """Under SecAgg+ at a learning rate so small that no bias difference clears the rounding, the server decodes no
+    vector: the median error is inf (a nearest vector over an empty set), and the page text and the table say "no
+    vector decoded" instead (chapter 6b glued inf at seed 21, quick scale, where lr 0.1 decoded nothing)."""
+    from fedlab.experiments import chapter6 as ex
+
+    clients, model_fn, X = ex.imprint_clients(0)
+    T = flower.run(model_fn, clients, local=fl.LocalTraining(lr=1e-4, batch_size=None), num_rounds=1, seed=0,
+                   engine=flower.Engine("local"), aggregation=flower.SecAgg()).transcript
+    row = ex.imprint_rows({"tiny": T}, X)["tiny"]
+    assert row["decoded"] == 0 and row["rate"] == 0.0 and row["median_error"] == float("inf")
+    assert ex.imprint_error_text(row) == "none: no vector decoded"
+    table = ex.imprint_markdown({"tiny": row}, 0.88)
+    assert "none: no vector decoded" in table and "inf" not in table
 
 
 def test_secagg_arguments_are_checked():

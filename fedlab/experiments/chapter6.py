@@ -18,8 +18,8 @@ and chapter 6's :func:`fedsgd_clients`.
   same attack on :func:`fedlab.fl.fedavg`'s run (:class:`fedlab.attacks.model_reconstruction.Eavesdropper`);
 * :func:`secagg_stages`, :func:`secagg_markdown`, :func:`masked_uniformity`: what a Flower server receives
   under SecAgg+, stage by stage;
-* :func:`imprint_clients`, :func:`imprint_rows`, :func:`imprint_markdown`: chapter 1b's imprint attack by a
-  malicious server through SecAgg+'s aggregate (:func:`fedlab.flower.attacks.imprint_from_aggregate`);
+* :func:`imprint_clients`, :func:`imprint_rows`, :func:`imprint_error_text`, :func:`imprint_markdown`: chapter
+  1b's imprint attack by a malicious server through SecAgg+'s aggregate (:func:`fedlab.flower.attacks.imprint_from_aggregate`);
 * :func:`secagg_outcome`, :func:`exposed_model`, :func:`survivor_average`, :func:`malicious_markdown`: a
   malicious server inside SecAgg+ (:mod:`fedlab.flower.attacks`' false dropout, split view and model
   inconsistency), the consistency round (:mod:`fedlab.flower.secagg`) and dropouts, summarised;
@@ -60,8 +60,8 @@ __all__ = ["MembershipFederation", "membership_federation", "max_abs_difference"
            "permutation_floor", "reply_membership", "fedsgd_clients", "grey_psnr", "fedsgd_attack",
            "update_norms", "plot_clipping", "defense_rows", "defense_markdown", "compare_markdown", "COMPARE_1A", "COMPARE_1B",
            "least_squares_clients", "eavesdrop_least_squares", "eavesdrop_logistic", "secagg_stages", "secagg_markdown",
-           "masked_uniformity", "imprint_clients", "imprint_rows", "imprint_markdown", "CHAPTER2", "ItemScores",
-           "ItemFederation", "item_federation", "item_sums_check", "item_sums_markdown", "secagg_outcome",
+           "masked_uniformity", "imprint_clients", "imprint_rows", "imprint_error_text", "imprint_markdown", "CHAPTER2",
+           "ItemScores", "ItemFederation", "item_federation", "item_sums_check", "item_sums_markdown", "secagg_outcome",
            "exposed_model", "survivor_average", "malicious_markdown", "MALICIOUS_COLUMNS"]
 
 #: values of chapter 1a's stored record quoted beside ours: record name -> (our name, label, decimals)
@@ -521,22 +521,35 @@ def imprint_rows(runs: Mapping[str, Transcript], X: torch.Tensor, *, tol: float 
     """:func:`fedlab.flower.attacks.imprint_from_aggregate` on each transcript of ``runs`` (label -> a
     one-round FedSGD transcript on the imprinted model), scored against the clients' digits ``X``.
 
-    Returns ``{label: {"rate", "median_error", "lr", "quantization_range" (``None`` without SecAgg+),
-    "recovered": [n] bool, "x": the recovered vectors}}``."""
+    Returns ``{label: {"rate", "median_error", "decoded", "lr", "quantization_range" (``None`` without
+    SecAgg+), "recovered": [n] bool, "x": the recovered vectors}}``. ``decoded`` is the number of vectors the
+    server decodes (bins whose bias difference clears the occupancy threshold); when it is 0 no digit has a
+    nearest vector, and ``median_error`` is ``inf`` (:func:`fedlab.attacks.imprint.match_recovered`): say so
+    in words (:func:`imprint_error_text`), never quote it as a number."""
     out = {}
     for label, T in runs.items():
         res = fa.imprint_from_aggregate(T, X_true=X, tol=tol)
         settings = T.meta.get("secagg_settings") or {}
-        out[label] = {"rate": res.rate, "median_error": float(res.error.median()), "lr": T.meta["lr"],
+        out[label] = {"rate": res.rate, "median_error": float(res.error.median()),
+                      "decoded": int(res.recovery.x.shape[0]), "lr": T.meta["lr"],
                       "quantization_range": settings.get("quantization_range"), "recovered": res.recovered,
                       "x": res.recovery.x}
     return out
 
 
+def imprint_error_text(row: Mapping) -> str:
+    """The median relative error of a row of :func:`imprint_rows` as page text: ``"1.2e-01"`` (two significant
+    digits) when the server decoded some vector, ``"none: no vector decoded"`` when it decoded none (the error
+    is then ``inf``, a nearest vector over an empty set, not a measurement)."""
+    if row["decoded"] == 0:
+        return "none: no vector decoded"
+    return f"{row['median_error']:.1e}"
+
+
 def imprint_markdown(rows: Mapping[str, dict], expected: float) -> MarkdownText:
     """:func:`imprint_rows` as a Markdown table, with the expected rate ``(k / (k + 1))^n`` of chapter 1b."""
     cells = [[label, "none" if r["quantization_range"] is None else f"$2^{{{int(np.log2(r['quantization_range']))}}}$",
-              f"{r['lr']:g}", f"{r['rate']:.3f}", f"{r['median_error']:.1e}"] for label, r in rows.items()]
+              f"{r['lr']:g}", f"{r['rate']:.3f}", imprint_error_text(r)] for label, r in rows.items()]
     table = md_table(["run", "SecAgg+ quantization $Q$", "learning rate sent", "digits recovered",
                       "median relative error"], cells, align="lrrrr")
     return MarkdownText(f"{table}\n\nChapter 1b's expected rate for this many digits and bins: {expected:.3f}.")
