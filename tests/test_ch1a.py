@@ -96,6 +96,24 @@ def test_small_attack_grids_run_and_plot(lenet_setup):
         ch1a.plot_defenses(psnr, {0.0: 0.0}, psnr, psnr, success_db=20.0)
 
 
+def test_noise_grid_adds_noise_of_each_sigma_as_given(lenet_setup, monkeypatch):
+    """The defended gradient of each cell carries Gaussian noise of exactly that cell's sigma (1b's noise figure):
+    a spy on privacy.gaussian_noise sees every sigma of the grid, unscaled (a sigma off by a factor passed the
+    other tests and failed only 1b's page)."""
+    from fedlab import privacy
+
+    net, w, X, y = lenet_setup
+    seen, real = [], privacy.gaussian_noise
+
+    def spy(u, sigma, **kw):
+        seen.append(sigma)
+        return real(u, sigma, **kw)
+
+    monkeypatch.setattr(privacy, "gaussian_noise", spy)
+    ch1a.noise_grid(net, w, X[:1], y[:1], sigmas=[0.0, 1e-3, 0.1], batch_sizes=[1], max_iter=1, seed=0)
+    assert sorted(set(seen)) == [0.0, 1e-3, 0.1], seen
+
+
 def test_the_attacker_who_knows_the_pruning_mask_beats_the_naive_one(lenet_setup):
     """Chapter 1b section 1 (and its key takeaway): DLG that matches only the coordinates a pruned update sends
     beats Zhu et al.'s DLG, which asks for the withheld zeros too, at 70 % and 90 % pruning (the page's setting:
