@@ -574,3 +574,25 @@ def test_a_merge_keeps_a_seed_failed_when_its_other_rows_hold_no_value():
     assert [f["seed"] for f in merged["failures"]] == [1] and merged["summary"]["ig|none"]["n"] == 1
     full = dict(stored, values={"dlg|none": [20.0, 21.0], "ig|none": [15.0, None]})   # the other rows are whole
     assert rp.merge_matrix_rows(full, part, ["ig"])["failures"] == []
+
+
+@pytest.mark.parametrize("n_clipped", ["some", "all"])
+def test_eavesdropper_decodes_through_clipping_even_when_every_message_was_clipped(n_clipped):
+    """The matrix's eavesdropper knows C: a message of norm C is ``u / lambda``. When DP-FedAvg's noisy
+    broadcasts push every update of client 0 past C (matrix seed 57 at quick scale, seed 6 of the paper
+    record), a common scale is fixed by the first message; the decoded optimum must still be exact."""
+    from fedlab.experiments.matrix._rows_reconstruction import _mr_decode
+    g = torch.Generator().manual_seed(3)
+    d, P = 4, 12
+    theta_star = torch.randn(d, generator=g, dtype=torch.float64)
+    A = torch.eye(d, dtype=torch.float64) * 0.3 + 0.05 * torch.randn(d, d, generator=g, dtype=torch.float64)
+    ti = torch.randn(P, d, generator=g, dtype=torch.float64) * 3
+    u = -(ti - theta_star) @ A.T                    # an affine update whose zero is theta*
+    norms = u.norm(dim=1)
+    C = float(norms.min() * 0.5) if n_clipped == "all" else float(norms.median())
+    sent = u * torch.clamp(C / norms, max=1.0)[:, None]
+    assert bool((sent.norm(dim=1) >= C * (1 - 1e-9)).all()) == (n_clipped == "all")
+    naive = mr.solve_affine(ti, ti + sent).theta
+    assert float((naive - theta_star).norm() / theta_star.norm()) > 1e-3        # clipping misleads a naive decoder
+    hat = _mr_decode(ti, sent, C)
+    assert float((hat - theta_star).norm() / theta_star.norm()) < 1e-8

@@ -39,13 +39,18 @@ def _mr_decode(theta_in: torch.Tensor, sent: torch.Tensor, clip_norm: float | No
     clipping bound ``C`` (as RAIFLE's rows do): a message of norm ``C`` (to relative 1e-9) was clipped, so
     it is ``u / lambda`` for the affine map's output ``u = M [theta_in; 1]`` and an unknown ``lambda >= 1``,
     a message shorter than ``C`` is ``u`` itself. Both are linear in ``(M, lambda)``: one least-squares
-    solve (``P d`` equations, ``d (d + 1) + #clipped`` unknowns; it needs one unclipped message to fix
-    the scale) restores the clipped messages' length, and ``solve_affine`` decodes from all pairs. With no
-    unclipped message, or fewer equations than unknowns, it decodes from the messages as they are."""
+    solve (``P d`` equations, ``d (d + 1) + #clipped`` unknowns) restores the clipped messages' length,
+    and ``solve_affine`` decodes from all pairs. When every message was clipped (DP-FedAvg's noisy
+    broadcasts can push all of client 0's updates past ``C``), the first one is kept as it is: that fixes
+    a common scale of ``(M, lambda)``, which leaves the decoded optimum unchanged (``theta*`` is the zero of
+    ``M [theta; 1]``, and so of any multiple of it). With fewer equations than unknowns it decodes from the
+    messages as they are."""
     ti, u = theta_in.double(), sent.double()
     if clip_norm is not None:
         clipped = u.norm(dim=1) >= clip_norm * (1 - 1e-9)
         P, d = u.shape
+        if bool(clipped.all()):
+            clipped[0] = False           # the scale reference: a common factor does not move theta*
         m = int(clipped.sum())
         if 0 < m < P and P * d >= d * (d + 1) + m:
             X = torch.cat([ti, torch.ones(P, 1, dtype=torch.float64)], 1)             # [P, d + 1]
