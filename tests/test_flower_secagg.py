@@ -56,6 +56,25 @@ def test_honest_secagg_exposes_no_model(fed):
     assert _max_err(res.params, fed[2].params, list(res.params)) <= bound
 
 
+def test_simulated_secagg_rounds_the_same_way_on_every_run_and_leaves_numpy_alone(fed):
+    """The clients' stochastic rounding (Flower's ``quantize`` draws from numpy's global stream) is seeded by
+    ``seeded_rounding_mod`` in simulations: the same seed decodes the same aggregate bit for bit (before, the
+    rounding drew from whatever the previous client's mask generator had left, and 06b's imprint rows and the
+    matrix's false-dropout row changed from run to run); another seed rounds differently; numpy's global
+    stream is as the caller left it."""
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    a, b = _run(fed, quantization_range=2 ** 12), _run(fed, quantization_range=2 ** 12)
+    assert np.array_equal(np.random.get_state()[1], before)
+    for k in a.params:
+        assert torch.equal(a.params[k], b.params[k]), k
+    victims, lenet, _, _ = fed
+    c = flower.run(lenet, victims, aggregation=flower.SecAgg(quantization_range=2 ** 12), **{**ARGS, "seed": 1})
+    assert any(not torch.equal(a.params[k], c.params[k]) for k in a.params)
+    with pytest.raises(ValueError, match="seed"):
+        sa.seeded_rounding_mod(-1)
+
+
 @pytest.mark.slow   # > 2 s on one core (profile of 2026-11-27, quiet machine)
 def test_false_dropout_recovers_the_targets_model_and_image(fed):
     victims, lenet, plain, models = fed

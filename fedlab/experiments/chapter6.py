@@ -522,7 +522,8 @@ def imprint_rows(runs: Mapping[str, Transcript], X: torch.Tensor, *, tol: float 
     one-round FedSGD transcript on the imprinted model), scored against the clients' digits ``X``.
 
     Returns ``{label: {"rate", "median_error", "decoded", "lr", "quantization_range" (``None`` without
-    SecAgg+), "recovered": [n] bool, "x": the recovered vectors}}``. ``decoded`` is the number of vectors the
+    SecAgg+), "recovered": [n] bool, "error": [n] each digit's relative error to its nearest decoded vector
+    (``inf`` when none was decoded), "x": the recovered vectors}}``. ``decoded`` is the number of vectors the
     server decodes (bins whose bias difference clears the occupancy threshold); when it is 0 no digit has a
     nearest vector, and ``median_error`` is ``inf`` (:func:`fedlab.attacks.imprint.match_recovered`): say so
     in words (:func:`imprint_error_text`), never quote it as a number."""
@@ -533,7 +534,7 @@ def imprint_rows(runs: Mapping[str, Transcript], X: torch.Tensor, *, tol: float 
         out[label] = {"rate": res.rate, "median_error": float(res.error.median()),
                       "decoded": int(res.recovery.x.shape[0]), "lr": T.meta["lr"],
                       "quantization_range": settings.get("quantization_range"), "recovered": res.recovered,
-                      "x": res.recovery.x}
+                      "error": res.error, "x": res.recovery.x}
     return out
 
 

@@ -1260,7 +1260,8 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, local: L
     ``evaluate_clients`` of :func:`server_app` and ``transcript_dir`` (default: a new temporary directory). Under
     SecAgg+ (``aggregation=SecAgg(...)``): ``consistency=True`` gives every client a signing key
     (:class:`fedlab.flower.secagg.ConsistencyKeys`), its ``client_mods`` go to :func:`client_app`'s
-    ``secagg_mods``, and the returned ``secagg_log`` is its ``log`` (a new :class:`fedlab.flower.secagg.SecAggLog`
+    ``secagg_mods``, followed by :func:`fedlab.flower.secagg.seeded_rounding_mod` of ``seed`` (the clients'
+    stochastic rounding is seeded, so the decoded aggregate is the same on every run), and the returned ``secagg_log`` is its ``log`` (a new :class:`fedlab.flower.secagg.SecAggLog`
     when ``None``). A SecAgg+ round that stops raises :class:`fedlab.flower.secagg.SecAggAborted` (its ``log`` says
     which clients refused). ``engine`` (an :class:`Engine`): ``Engine("ray", num_cpus=...)`` delivers each round's
     messages to the ``ClientApp`` in ``num_cpus`` Ray worker processes in parallel (:class:`RayGrid`);
@@ -1298,7 +1299,7 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, local: L
     if secagg:
         from dataclasses import replace
 
-        from .secagg import ConsistencyKeys, SecAggLog
+        from .secagg import ConsistencyKeys, SecAggLog, seeded_rounding_mod
 
         if aggregation.log is None:
             aggregation = replace(aggregation, log=SecAggLog())
@@ -1311,7 +1312,8 @@ def run(model_fn: Callable[[], nn.Module], clients, *, num_rounds: int, local: L
                       evaluate_clients=evaluate_clients)
     capp = client_app(model_fn, lambda pid, num: data.client(pid), loss_fn=local.loss_fn,
                       dp_client_clipping=isinstance(aggregation, FixedClippingDP) and aggregation.mode == "client",
-                      secagg=secagg, consistency_keys=keys, secagg_mods=aggregation.client_mods if secagg else ())
+                      secagg=secagg, consistency_keys=keys,
+                      secagg_mods=(*aggregation.client_mods, seeded_rounding_mod(seed)) if secagg else ())
     ray_init = {"num_cpus": num_cpus, "num_gpus": 0, "include_dashboard": False, "log_to_driver": bool(verbose),
                 "logging_level": "INFO" if verbose else "ERROR"}
     t0 = time.perf_counter()

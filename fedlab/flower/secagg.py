@@ -365,6 +365,39 @@ def disjoint_lists_mod(msg: Message, ctxt, call_next):
     return call_next(msg, ctxt)
 
 
+def seeded_rounding_mod(seed: int):
+    """A Flower mod for simulations (placed just before ``secaggplus_mod``): the client's stochastic rounding
+    of its model to SecAgg+'s ``Q`` levels (Flower's ``quantize`` draws from numpy's global random stream)
+    draws from a stream of its own, seeded by ``(seed, partition id, server round)``, so that a simulated
+    run's aggregate is the same on every call. Without it the rounding drew from whatever state the previous
+    client's mask generator had left in numpy's global stream, and two runs with the same seed decoded
+    aggregates that differed in the last levels (06b's imprint rows, the matrix's false-dropout row).
+
+    Only the rounding stage (``COLLECT_MASKED_VECTORS``) is seeded; numpy's global state is restored after
+    it. In a real deployment (:mod:`fedlab.flower.deploy`) the client rounds with randomness of its own: a
+    server that knew the rounding's draws would learn more of each coordinate from the sum.
+
+    Raises ``ValueError`` for a ``seed`` that is not a non-negative integer."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = int(seed)
+
+    def mod(msg: Message, ctxt, call_next):
+        if not (msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY_CONFIGS in msg.content.config_records
+                and msg.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE) == Stage.COLLECT_MASKED_VECTORS):
+            return call_next(msg, ctxt)
+        cfg = compat.recorddict_to_fitins(msg.content, keep_input=True).config
+        key = [seed, int(ctxt.node_config["partition-id"]), int(cfg.get("server-round", 0)), 0x5EC]
+        state = np.random.get_state()
+        np.random.seed(np.random.SeedSequence(key).generate_state(4))
+        try:
+            return call_next(msg, ctxt)
+        finally:
+            np.random.set_state(state)
+
+    return mod
+
+
 def drop_out_mod(stage: str, partitions):
     """A Flower mod making the clients of ``partitions`` fail (``ConnectionError``) when they receive a
     message of ``stage`` (one of :data:`STAGES`): a dropout in that stage. Put it first in the mods.
