@@ -477,6 +477,23 @@ def test_attack_law_events_are_nested_and_validate():
                       lr=1.0, loss="hinge")
 
 
+def test_needed_finds_a_T_beyond_a_billion_when_the_smallest_margin_is_tiny():
+    """At epsilon = 0 the events must hold for the item of smallest margin; chapter 2's target at
+    FEDLAB_SEED=26 has one of 1.3e-4 and needs about 9e8 interactions, past the old search ceiling of 1e9
+    (the page raised ValueError). E2's failure depends on T only through s_T / tau, so shrinking tau 1e4
+    times multiplies the T it needs by about 1e8."""
+    d = rec.make_synthetic(1, 150, 4, 20, 0.2, seed=0)
+    law = pac.AttackLaw(d.user_vectors[0], d.item_vectors, pref_rate=0.2, num_rated=20, batch_size=5, sigma=0.2,
+                        lr=1.0, loss="hinge", num_draws=2000)
+    tau = law.tau(0.1)
+    small = law.needed("E2", 0.05, tau=tau, beta=0.3)
+    big = law.needed("E2", 0.05, tau=tau * 1e-4, beta=0.3)
+    assert big > 10 ** 9 and 0.5e8 < big / small < 2e8, (small, big)
+    assert law.needed("E1E2", 0.05, tau=tau * 1e-4, beta=0.3) >= big
+    with pytest.raises(ValueError, match="t_max"):
+        law.needed("E2", 0.05, tau=tau * 1e-4, beta=0.3, t_max=10 ** 6)
+
+
 def test_theorem2_optimal_beta_minimises_the_bound():
     kw = dict(pref_rate=0.2, client=pac.Client(5, 1.0, "hinge", sigma=0.2), delta=0.05, item_norm_bound=2.0,
               num_items=100, tau=0.1)
