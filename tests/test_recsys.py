@@ -203,6 +203,14 @@ def test_raifle_validates_arguments():
         raifle(lambda I, E, r: I.sum(1), 2, 3, budget={"max_iter": 5})
     with pytest.raises(ValueError, match="user_ids"):
         raifle(lambda I, E, r: I.sum(1), 2, 3, user_ids=[0, 1, 2])
+    # a loss normalised by a zero update (chapter 3a's linear check at seed 26): user 1's answer would be its
+    # random start, returned as if optimised; now an error naming the user
+    zero_norm = torch.tensor([1.0, 0.0])
+    with pytest.raises(ValueError, match=r"not finite for users \[1\]"):
+        raifle(lambda I, E, r: ((I - 0.5) ** 2).sum(1) / zero_norm[r], 2, 3, budget=RaifleBudget(max_iter=5))
+    ok = raifle(lambda I, E, r: ((I - 0.5) ** 2).sum(1) / zero_norm[r].clamp_min(1e-12), 2, 3,
+                budget=RaifleBudget(max_iter=20))
+    assert bool(torch.isfinite(ok.loss).all())
     for field, bad in (("max_iter", 0), ("history_size", 1.5), ("tol", -1.0), ("emb_init_std", 0.0),
                        ("antithetic", 1)):
         with pytest.raises(ValueError, match=f"RaifleBudget.{field}"):

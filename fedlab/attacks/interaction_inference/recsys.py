@@ -303,7 +303,10 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None
     ``loss_fn`` there (``RaifleResult.loss_truth``), never by the attack.
 
     Raises ``ValueError`` for non-positive sizes, a ``budget`` that is not a :class:`RaifleBudget`, its
-    ``max_iter`` below ``len(warmup) + 1`` or ``user_ids`` of the wrong length.
+    ``max_iter`` below ``len(warmup) + 1``, ``user_ids`` of the wrong length, or a ``loss_fn`` that is
+    not finite at every restart of some user (L-BFGS stops a row at its first non-finite value, so such a
+    user's answer would be its random start: chapter 3a's linear check at ``FEDLAB_SEED=26`` divided by
+    the norm of a zero update).
     """
     if num_users < 1 or num_items < 1:
         raise ValueError(f"num_users and num_items must be >= 1, got {num_users}, {num_items}")
@@ -351,6 +354,11 @@ def raifle(loss_fn: Callable, num_users: int, num_items: int, *, dim: int | None
     zx, Ex = x[:, :num_items], None if E is None else x[:, num_items:]
     with torch.no_grad():
         final = loss_fn(torch.sigmoid(zx), Ex, rows).reshape(num_restarts, num_users)
+        bad = ~torch.isfinite(final).any(0)                       # users with no restart of finite loss
+        if bool(bad.any()):
+            raise ValueError(f"loss_fn is not finite for users {ids[bad.cpu()].tolist()[:10]} at every restart "
+                             f"(nothing was optimised for them): a loss normalised by the update's norm needs a "
+                             f"denominator that cannot be 0, e.g. .clamp_min(1e-12)")
         best = final.argmin(0)                                    # [U]
         pick = best * num_users + torch.arange(num_users, device=dev)
         at_truth = None
