@@ -85,6 +85,19 @@ def _clean_values(record: dict, name: str) -> list:
     return [v for s, v in zip(record.get("seeds", []), values) if s not in failed and v is not None]
 
 
+def paired_values(record: dict | None, a: str, b: str) -> list[tuple]:
+    """``(value of a, value of b)`` at each seed of ``record`` that finished cleanly and stores both, in seed
+    order (``[]`` without a record). Pairing :func:`_clean_values` lists by position instead would pair
+    different seeds as soon as one value is missing (``None``) at a seed where the other is not."""
+    if record is None:
+        return []
+    failed = {f["seed"] for f in record.get("failures", [])}
+    values = record.get("values", {})
+    va, vb = values.get(a, []), values.get(b, [])
+    return [(x, y) for s, x, y in zip(record.get("seeds", []), va, vb)
+            if s not in failed and x is not None and y is not None]
+
+
 def _equal_at_every_seed(record: dict, name: str) -> bool:
     """Whether the stored value ``name`` is the same number at every clean seed (the summary's std can be
     1e-17 rather than 0 for equal values)."""
@@ -205,6 +218,11 @@ class Run(dict):
         """The stored value of ``name`` at each seed that finished cleanly (``[]`` without a record)."""
         return [] if self.record is None else _clean_values(self.record, name)
 
+    def per_seed_pairs(self, a: str, b: str) -> list[tuple]:
+        """``(a, b)`` stored at the same seed, for each clean seed that stores both (:func:`paired_values`;
+        ``[]`` without a record): what a claim comparing two values seed by seed must iterate over."""
+        return paired_values(self.record, a, b)
+
     def count_below(self, name: str, other: float | str = 0.0) -> int:
         """At how many clean seeds of the record the value ``name`` is below ``other`` (a number, or the
         name of another stored value compared seed by seed). ``0`` without a record.
@@ -212,12 +230,12 @@ class Run(dict):
         Raises ``ValueError`` if ``other`` names a value whose seeds do not line up with ``name``'s."""
         values = self.per_seed(name)
         if isinstance(other, str):
-            others = self.per_seed(other)
-            if len(others) != len(values):
-                raise ValueError(f"other={other!r} has {len(others)} stored seeds, {name!r} has {len(values)}")
-        else:
-            others = [float(other)] * len(values)
-        return sum(a < b for a, b in zip(values, others))
+            pairs = self.per_seed_pairs(name, other)
+            if len(pairs) != len(values) or len(pairs) != len(self.per_seed(other)):
+                raise ValueError(f"other={other!r} has {len(self.per_seed(other))} stored seeds, {name!r} has "
+                                 f"{len(values)}, {len(pairs)} in common")
+            return sum(a < b for a, b in pairs)
+        return sum(a < float(other) for a in values)
 
     def describe(self) -> str:
         """One sentence on the stored record (see :func:`describe`)."""
