@@ -366,7 +366,7 @@ def disjoint_lists_mod(msg: Message, ctxt, call_next):
 
 
 def seeded_rounding_mod(seed: int):
-    """A Flower mod for simulations (placed just before ``secaggplus_mod``): the client's stochastic rounding
+    """A Flower mod for simulations (among the mods before ``secaggplus_mod``): the client's stochastic rounding
     of its model to SecAgg+'s ``Q`` levels (Flower's ``quantize`` draws from numpy's global random stream)
     draws from a stream of its own, seeded by ``(seed, partition id, server round)``, so that a simulated
     run's aggregate is the same on every call. Without it the rounding drew from whatever state the previous
