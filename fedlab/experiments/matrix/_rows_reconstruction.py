@@ -36,7 +36,7 @@ def _mr_clients(seed: int):
 def _mr_decode(theta_in: torch.Tensor, sent: torch.Tensor, clip_norm: float | None) -> torch.Tensor:
     """The eavesdropper's decoding of ``theta*`` from pairs ``(theta_in [P, d], theta_in + sent [P, d])``
     with :func:`fedlab.attacks.model_reconstruction.solve_affine`. With ``clip_norm`` the attacker knows the
-    clipping bound ``C`` (as RAIFLE's rows do): a message of norm ``C`` (to relative 1e-9) was clipped, so
+    clipping bound ``C`` (as RAIFLE's rows do): a message of norm ``C`` (to relative 1e-9 in float64, 16 ulps in a narrower dtype) was clipped, so
     it is ``u / lambda`` for the affine map's output ``u = M [theta_in; 1]`` and an unknown ``lambda >= 1``,
     a message shorter than ``C`` is ``u`` itself. Both are linear in ``(M, lambda)``: one least-squares
     solve (``P d`` equations, ``d (d + 1) + #clipped`` unknowns) restores the clipped messages' length,
@@ -45,9 +45,11 @@ def _mr_decode(theta_in: torch.Tensor, sent: torch.Tensor, clip_norm: float | No
     a common scale of ``(M, lambda)``, which leaves the decoded optimum unchanged (``theta*`` is the zero of
     ``M [theta; 1]``, and so of any multiple of it). With fewer equations than unknowns it decodes from the
     messages as they are."""
+    # a clipped message's norm equals C to the rounding of the dtype it was sent in (float32: ~1e-7)
+    rel = 1e-9 if sent.dtype == torch.float64 else 16 * torch.finfo(sent.dtype).eps
     ti, u = theta_in.double(), sent.double()
     if clip_norm is not None:
-        clipped = u.norm(dim=1) >= clip_norm * (1 - 1e-9)
+        clipped = u.norm(dim=1) >= clip_norm * (1 - rel)
         P, d = u.shape
         if bool(clipped.all()):
             clipped[0] = False           # the scale reference: a common factor does not move theta*
