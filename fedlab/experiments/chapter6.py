@@ -265,8 +265,9 @@ def update_norms(transcript: Transcript, round: int = 1) -> dict[int, float]:
 
 
 def fedsgd_attack(model_fn: Callable, transcript: Transcript, clients: Sequence, *, max_iter: int,
-                  success_db: float = 20.0, seed: int = 0) -> dict:
-    """iDLG and DLG (chapter 1a) on the round-1 FedSGD replies of ``transcript``.
+                  success_db: float = 20.0, seed: int = 0, num_restarts: int = 1) -> dict:
+    """iDLG and DLG (chapter 1a) on the round-1 FedSGD replies of ``transcript``, each from ``num_restarts``
+    random starts per client, keeping the start of least matching loss (:func:`fedlab.flower.attacks.invert_gradients`).
 
     Returns ``{"idlg_acc", "dlg_label_acc", "idlg_psnr" [K], "dlg_psnr" [K], "idlg_success",
     "dlg_success", "dlg_median_psnr", "idlg_median_psnr", "grey_psnr" [K], "norms" [K], "x_idlg",
@@ -276,7 +277,7 @@ def fedsgd_attack(model_fn: Callable, transcript: Transcript, clients: Sequence,
     out = {}
     for name, idlg in (("idlg", True), ("dlg", False)):
         inv = fa.invert_gradients(model_fn, transcript, input_shape=tuple(truth[0].shape[1:]), num_classes=10,
-                                  max_iter=max_iter, idlg=idlg, x_true=truth, seed=seed)
+                                  max_iter=max_iter, idlg=idlg, x_true=truth, seed=seed, num_restarts=num_restarts)
         psnr = inv.psnr[:, 0]
         out.update({f"{name}_psnr": psnr, f"{name}_success": gi.success_rate(psnr, success_db),
                     f"{name}_median_psnr": float(np.median(psnr)), f"x_{name}": inv.x[:, 0],

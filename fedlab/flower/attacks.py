@@ -100,19 +100,22 @@ def _is_fedsgd(meta: dict) -> bool:
 class TranscriptInversion:
     """Result of :func:`invert_gradients`: ``partitions`` in attack order, ``x`` the reconstructions
     ``[K, batch, *input_shape]``, ``labels`` ``[K, batch]`` (iDLG's rule or DLG's learned labels),
-    ``psnr`` ``[K, batch]`` (matched PSNR against ``x_true`` when given, else ``None``) and ``fedsgd``
-    (whether the observed updates were exact gradients)."""
+    ``psnr`` ``[K, batch]`` (matched PSNR against ``x_true`` when given, else ``None``), ``fedsgd``
+    (whether the observed updates were exact gradients) and ``final_loss`` ``[K]`` (the gradient-matching loss
+    at each client's kept start, :func:`fedlab.attacks.gradient_inversion.dlg`'s ``final_loss``)."""
 
     partitions: list
     x: torch.Tensor
     labels: torch.Tensor
     psnr: np.ndarray | None
     fedsgd: bool
+    final_loss: np.ndarray | None = None
 
 
 def invert_gradients(model_fn: Callable[[], nn.Module], transcript: Transcript, *, round: int = 1,
                      input_shape: tuple, num_classes: int, batch_size: int = 1, max_iter: int = 100,
-                     idlg: bool = True, x_true: dict | None = None, seed: int = 0) -> TranscriptInversion:
+                     idlg: bool = True, x_true: dict | None = None, seed: int = 0,
+                     num_restarts: int = 1) -> TranscriptInversion:
     """DLG / iDLG (chapter 1a) on every client update of ``round`` in ``transcript``, as one stacked
     :func:`fedlab.attacks.gradient_inversion.dlg` run at the global model the server sent.
 
@@ -127,13 +130,20 @@ def invert_gradients(model_fn: Callable[[], nn.Module], transcript: Transcript, 
         1) and optimise the images only; ``False``: DLG learns the labels too.
     x_true : dict, optional
         ``{partition_id: X [batch, *input_shape]}``: the clients' true images, to report the PSNR.
+    num_restarts : int
+        Random starts per client (default 1, one start). With ``R > 1`` the ``R * K`` attacks run as one
+        stacked call (attack ``r * K + i`` is start ``r`` of client ``i``; start 0 is the one-start run's) and
+        each client keeps the start whose matching loss is smallest (the server cannot see the PSNR): a
+        start that stalls in a local minimum (chapter 1a) no longer decides the client's result.
 
     Raises
     ------
     ValueError
-        For a bad ``round``, ``idlg`` with ``batch_size != 1``, or a client whose reply names another
-        number of examples than ``batch_size``.
+        For a bad ``round``, ``idlg`` with ``batch_size != 1``, a ``num_restarts`` below 1, or a client whose
+        reply names another number of examples than ``batch_size``.
     """
+    if isinstance(num_restarts, bool) or not isinstance(num_restarts, int) or num_restarts < 1:
+        raise ValueError(f"num_restarts must be an integer >= 1, got {num_restarts!r}")
     if idlg and batch_size != 1:
         raise ValueError(f"idlg needs batch_size 1 (the label rule reads one example's gradient), got {batch_size}")
     obs = observed_gradients(transcript, round)
@@ -149,13 +159,26 @@ def invert_gradients(model_fn: Callable[[], nn.Module], transcript: Transcript, 
         labels = torch.tensor([[gi.idlg_label(obs[k])] for k in parts])
     model = model_fn()
     params = transcript.globals[round - 1]
+    K = len(parts)
+    if num_restarts > 1:                                    # row r * K + i: start r of client i
+        stacked = {k: v.repeat(num_restarts, *([1] * (v.ndim - 1))) for k, v in stacked.items()}
+        if labels is not None:
+            labels = labels.repeat(num_restarts, 1)
     knows = gi.Knowledge(input_shape=tuple(input_shape), num_classes=num_classes, batch_size=batch_size, labels=labels)
     res = gi.dlg(model, params, stacked, knows=knows, budget=gi.AttackBudget(max_iter=max_iter, lr=1.0),
                  stacked=True, seed=seed)
+    x, lab = res.x, res.labels
+    loss = torch.as_tensor(np.asarray(res.final_loss, dtype=float)).reshape(num_restarts, K)
+    loss = torch.where(torch.isfinite(loss), loss, torch.full_like(loss, float("inf")))
+    final = loss[0]
+    if num_restarts > 1:
+        best = loss.argmin(0)
+        pick = best * K + torch.arange(K)
+        x, lab, final = x[pick], lab[pick], loss[best, torch.arange(K)]
     psnr = None
     if x_true is not None:
-        psnr = np.stack([matched_psnr(res.x[i], x_true[k]) for i, k in enumerate(parts)])
-    return TranscriptInversion(parts, res.x, res.labels, psnr, _is_fedsgd(transcript.meta))
+        psnr = np.stack([matched_psnr(x[i], x_true[k]) for i, k in enumerate(parts)])
+    return TranscriptInversion(parts, x, lab, psnr, _is_fedsgd(transcript.meta), final.numpy())
 
 
 def membership_signals(model_fn: Callable[[], nn.Module], transcript: Transcript, partition: int,
