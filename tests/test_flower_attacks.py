@@ -75,6 +75,14 @@ def test_restarts_keep_the_start_of_least_matching_loss():
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="num_restarts"):
             fa.invert_gradients(lenet, T, num_restarts=bad, **kw)
+    # invert_model (one exposed model, chapter 6b): the starts of invert_gradients, one client at a time
+    k = int(np.flatnonzero(two.psnr[:, 0] > 20)[0])
+    w = {r.partition_id: r.params for r in T.train_replies(1)}[k]
+    x1, lab1, p1 = fa.invert_model(lenet, T.globals[0], w, lr=0.1, input_shape=(1, 8, 8), num_classes=10, max_iter=40,
+                                   x_true=victims[k][0], seed=38, num_restarts=4)
+    assert lab1 == int(victims[k][1]) and p1 > 20
+    with pytest.raises(ValueError, match="num_restarts"):
+        fa.invert_model(lenet, T.globals[0], w, lr=0.1, input_shape=(1, 8, 8), num_classes=10, num_restarts=0)
 
 
 def test_membership_inference_on_the_models_a_client_returned():

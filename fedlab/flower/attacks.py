@@ -645,18 +645,25 @@ def silenced_parameters(model_fn: Callable[[], nn.Module], decoy: dict, X: torch
 
 def invert_model(model_fn: Callable[[], nn.Module], global_params: dict, client_params: dict, *, lr: float,
                  input_shape: tuple, num_classes: int, max_iter: int = 100, x_true: torch.Tensor | None = None,
-                 seed: int = 0):
+                 seed: int = 0, num_restarts: int = 1):
     """iDLG (Zhao et al. 2020) on one client's FedSGD model recovered by a malicious server: the gradient
-    ``(global - client) / lr``, the label from its last layer, one image of ``input_shape``.
+    ``(global - client) / lr``, the label from its last layer, one image of ``input_shape``, from
+    ``num_restarts`` random starts (one stacked call; start 0 is the one-start run's), keeping the start of
+    least matching loss (:func:`invert_gradients`).
 
     Returns ``(x [1, *input_shape], label, psnr)`` (``psnr`` against ``x_true`` ``[1, *input_shape]``, else
-    ``None``)."""
+    ``None``). Raises ``ValueError`` for a ``num_restarts`` below 1."""
+    if isinstance(num_restarts, bool) or not isinstance(num_restarts, int) or num_restarts < 1:
+        raise ValueError(f"num_restarts must be an integer >= 1, got {num_restarts!r}")
     grad = {k: ((torch.as_tensor(global_params[k]).double() - torch.as_tensor(client_params[k]).double()) / lr)
             .to(torch.as_tensor(global_params[k]).dtype)[None] for k in global_params}
     label = gi.idlg_label({k: v[0] for k, v in grad.items()})
+    grad = {k: v.repeat(num_restarts, *([1] * (v.ndim - 1))) for k, v in grad.items()}   # row r: start r
     knows = gi.Knowledge(input_shape=tuple(input_shape), num_classes=num_classes, batch_size=1,
-                         labels=torch.tensor([[label]]))
+                         labels=torch.tensor([[label]] * num_restarts))
     res = gi.dlg(model_fn(), dict(global_params), grad, knows=knows,
                  budget=gi.AttackBudget(max_iter=max_iter, lr=1.0), stacked=True, seed=seed)
-    psnr = None if x_true is None else float(matched_psnr(res.x[0], x_true)[0])
-    return res.x[0], int(label), psnr
+    loss = np.asarray(res.final_loss, dtype=float).reshape(num_restarts)
+    best = int(np.argmin(np.where(np.isfinite(loss), loss, np.inf)))
+    psnr = None if x_true is None else float(matched_psnr(res.x[best], x_true)[0])
+    return res.x[best], int(label), psnr
