@@ -215,3 +215,15 @@ def test_diabetes_split_and_hospital_net():
     assert models.num_params(ex5.hospital_net(0)) == 11
     with pytest.raises(ValueError, match="train_share"):
         ex5.diabetes_split(0, train_share=1.0)
+
+
+def test_agreement_counts_clients_up_to_swapping_the_cluster_names():
+    """05b compares the server's k-means clusters with the clients' own IFCA choices and with the true groups:
+    cluster names are arbitrary, so 1 - x scores as x; bad labellings raise."""
+    from fedlab.experiments import chapter5 as ex5
+
+    assert ex5.agreement([0, 1, 1, 0], [1, 0, 0, 1]) == 1.0
+    assert ex5.agreement([0, 1, 1, 0], [0, 1, 1, 1]) == 0.75 == ex5.agreement([0, 1, 1, 0], [1, 0, 0, 0])
+    for a, b in (([0, 1], [0, 1, 1]), ([], []), ([0, 2], [0, 1])):
+        with pytest.raises(ValueError, match="labels"):
+            ex5.agreement(a, b)

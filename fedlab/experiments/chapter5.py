@@ -26,7 +26,7 @@ from .tables import markdown_table, mean_interval
 
 __all__ = ["hospital_net", "diabetes_split", "rmse", "dist_to_optima", "private_ifca_runs", "private_distances", "convergence_counts",
            "convergence_markdown", "plot_released",
-           "server_view_panel", "LAPLACE_SETTINGS", "laplace_sampler_checks", "laplace_checks_markdown",
+           "agreement", "server_view_panel", "LAPLACE_SETTINGS", "laplace_sampler_checks", "laplace_checks_markdown",
            "plot_laplace_samples", "output_privacy_loss", "loss_increase_draws", "plot_loss_increase", "model_hypotheses", "ifca_grid",
            "grid_values", "grid_budgets", "plot_grid_metric", "PAPER_TABLE1", "table1_markdown",
            "plot_budget_histogram", "PAPER_TABLE2", "table2_name", "table2_values", "table2_markdown",
@@ -160,6 +160,18 @@ def plot_released(rows: dict, optima: torch.Tensor):
     return axes
 
 
+def agreement(labels, groups) -> float:
+    """The share of clients on which two 0/1 labellings ``[K]`` agree, up to swapping the labels of one (a
+    clustering names its clusters arbitrarily): ``max(mean(a == b), mean(a == 1 - b))``. Raises ``ValueError``
+    for labellings of different lengths or with values other than 0 and 1."""
+    a, b = np.asarray(labels).ravel(), np.asarray(groups).ravel()
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError(f"labels and groups must be two non-empty labellings of one length, got {a.shape} and {b.shape}")
+    if not (np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all()):
+        raise ValueError("labels and groups must hold only 0 and 1 (two clusters)")
+    return float(max(np.mean(a == b), np.mean(a == 1 - b)))
+
+
 def server_view_panel(model, hypotheses: torch.Tensor, clients, membership, optima: torch.Tensor, *,
                       nu: float, num_clusters: int, ax, seed: int = 0) -> float:
     """What the server of Galli et al.'s Algorithm 1 sees in one round (:func:`fedlab.fl.ifca.server_view`
@@ -180,8 +192,7 @@ def server_view_panel(model, hypotheses: torch.Tensor, clients, membership, opti
         ax.scatter(pts[m, 0], pts[m, 1], c=[plots.PALETTE[int(l)] for l in v["labels"][m]], marker=marker,
                    s=20, alpha=0.7)
     ax.scatter(*optima.numpy().T, marker="*", s=250, c="k")
-    purity = (max(np.mean(v["labels"] == membership), np.mean(v["labels"] == 1 - membership))
-              if num_clusters == 2 else np.nan)
+    purity = agreement(v["labels"], membership) if num_clusters == 2 else np.nan
     ax.set(title=f"ν={nu:g}, k={num_clusters}" + ("" if np.isnan(purity) else f", agreement {purity:.2f}"),
            xlabel="θ[0]", ylabel="θ[1]")
     return purity
