@@ -179,7 +179,10 @@ def test_chapter_6b_picks_its_target_from_chapter_6s_idlg():
     args = dict(num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None), seed=1, engine=flower.Engine("local"))
     base = flower.run(lenet, victims, **args).transcript
     a = ex.fedsgd_attack(lenet, base, victims, max_iter=20, seed=1)
-    alone = fa.invert_gradients(lenet, base, input_shape=(1, 8, 8), num_classes=10, max_iter=20,
+    from fedlab.attacks import AttackBudget
+
+    alone = fa.invert_gradients(lenet, base, input_shape=(1, 8, 8), num_classes=10,
+                                budget=AttackBudget(max_iter=20, lr=1.0),
                                 x_true={k: X for k, (X, _) in enumerate(victims)}, seed=1).psnr[:, 0]
     assert np.array_equal(alone, a["idlg_psnr"]), (alone, a["idlg_psnr"])
 

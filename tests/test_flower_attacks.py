@@ -46,7 +46,7 @@ def test_idlg_and_dlg_reconstruct_the_clients_images_from_the_transcript():
     truth = {k: X for k, (X, _) in enumerate(clients)}
     y = torch.cat([yk for _, yk in clients])
     for idlg in (True, False):
-        inv = fa.invert_gradients(model_fn, T, input_shape=(1, 8, 8), num_classes=10, max_iter=100, idlg=idlg,
+        inv = fa.invert_gradients(model_fn, T, input_shape=(1, 8, 8), num_classes=10, idlg=idlg,
                                   x_true=truth)
         assert inv.fedsgd and inv.partitions == [0, 1, 2, 3]
         assert inv.labels.flatten().tolist() == y.tolist()
@@ -61,20 +61,21 @@ def test_restarts_keep_the_start_of_least_matching_loss():
     matches best, so no client's matching loss rises and the stalled ones come back."""
     from fedlab.experiments import chapter6 as ex
 
+    from fedlab.attacks import gradient_inversion as gi
+
     victims, lenet = ex.fedsgd_clients(38, 8)
     T = flower.run(lenet, victims, num_rounds=1, local=fl.LocalTraining(lr=0.1, batch_size=None), seed=38,
                    engine=flower.Engine("local")).transcript
     truth = {k: X for k, (X, _) in enumerate(victims)}
-    kw = dict(input_shape=(1, 8, 8), num_classes=10, max_iter=40, x_true=truth, seed=38)
-    one, again = fa.invert_gradients(lenet, T, **kw), fa.invert_gradients(lenet, T, num_restarts=1, **kw)
-    assert torch.equal(one.x, again.x)
-    two = fa.invert_gradients(lenet, T, num_restarts=2, **kw)
+    kw = dict(input_shape=(1, 8, 8), num_classes=10, x_true=truth, seed=38)
+    budget = lambda r: gi.AttackBudget(max_iter=40, lr=1.0, num_restarts=r)   # noqa: E731
+    one = fa.invert_gradients(lenet, T, budget=budget(1), **kw)
+    two = fa.invert_gradients(lenet, T, budget=budget(2), **kw)
     assert one.final_loss.shape == (8,) and bool((two.final_loss <= one.final_loss).all())
     assert (two.psnr > 20).mean() > (one.psnr > 20).mean()          # 0.5 -> 0.875 at this seed
     assert torch.equal(two.labels, one.labels)                      # iDLG's label rule does not depend on the start
-    for bad in (0, 1.5, True):
-        with pytest.raises(ValueError, match="num_restarts"):
-            fa.invert_gradients(lenet, T, num_restarts=bad, **kw)
+    with pytest.raises(ValueError, match="budget"):
+        fa.invert_gradients(lenet, T, budget={"max_iter": 40}, **kw)
     # invert_model (one exposed model, chapter 6b): the starts of invert_gradients, one client at a time
     k = int(np.flatnonzero(two.psnr[:, 0] > 20)[0])
     w = {r.partition_id: r.params for r in T.train_replies(1)}[k]
@@ -259,6 +260,12 @@ def test_imprint_through_the_secagg_aggregate():
     assert "| chosen | $2^{29}$ | 1000 |" in ex.imprint_markdown(rows, 0.88)
     assert rows["plain"]["decoded"] == len(rows["plain"]["x"]) > 0
     assert ex.imprint_error_text(rows["chosen"]) == f"{rows['chosen']['median_error']:.1e}"
+    worst = ex.imprint_worst_error(rows["chosen"], rows["plain"]["recovered"])
+    assert worst == float(rows["chosen"]["error"][rows["plain"]["recovered"]].max()) < 1e-3
+    assert ex.imprint_worst_error(rows["default"], rows["plain"]["recovered"]) > 1e-3      # buried: far off or none
+    assert ex.imprint_worst_error(rows["chosen"], torch.zeros(len(X), dtype=torch.bool)) == 0.0
+    with pytest.raises(ValueError, match="digits"):
+        ex.imprint_worst_error(rows["chosen"], torch.ones(3, dtype=torch.bool))
     for name, T in runs.items():       # each row's per-digit errors are its own run's (06b asserts on them)
         own = fa.imprint_from_aggregate(T, X_true=X, tol=1e-4)
         assert torch.equal(rows[name]["error"], own.error) and rows[name]["error"].shape == (len(X),), name

@@ -60,7 +60,7 @@ __all__ = ["MembershipFederation", "membership_federation", "max_abs_difference"
            "permutation_floor", "reply_membership", "fedsgd_clients", "grey_psnr", "fedsgd_attack",
            "update_norms", "plot_clipping", "defense_rows", "defense_markdown", "compare_markdown", "COMPARE_1A", "COMPARE_1B",
            "least_squares_clients", "eavesdrop_least_squares", "eavesdrop_logistic", "secagg_stages", "secagg_markdown",
-           "masked_uniformity", "imprint_clients", "imprint_rows", "imprint_error_text", "imprint_markdown", "CHAPTER2",
+           "masked_uniformity", "imprint_clients", "imprint_rows", "imprint_worst_error", "imprint_error_text", "imprint_markdown", "CHAPTER2",
            "ItemScores", "ItemFederation", "item_federation", "item_sums_check", "item_sums_markdown", "secagg_outcome",
            "exposed_model", "survivor_average", "malicious_markdown", "MALICIOUS_COLUMNS"]
 
@@ -277,7 +277,8 @@ def fedsgd_attack(model_fn: Callable, transcript: Transcript, clients: Sequence,
     out = {}
     for name, idlg in (("idlg", True), ("dlg", False)):
         inv = fa.invert_gradients(model_fn, transcript, input_shape=tuple(truth[0].shape[1:]), num_classes=10,
-                                  max_iter=max_iter, idlg=idlg, x_true=truth, seed=seed, num_restarts=num_restarts)
+                                  budget=gi.AttackBudget(max_iter=max_iter, lr=1.0, num_restarts=num_restarts),
+                                  idlg=idlg, x_true=truth, seed=seed)
         psnr = inv.psnr[:, 0]
         out.update({f"{name}_psnr": psnr, f"{name}_success": gi.success_rate(psnr, success_db),
                     f"{name}_median_psnr": float(np.median(psnr)), f"x_{name}": inv.x[:, 0],
@@ -537,6 +538,16 @@ def imprint_rows(runs: Mapping[str, Transcript], X: torch.Tensor, *, tol: float 
                       "quantization_range": settings.get("quantization_range"), "recovered": res.recovered,
                       "error": res.error, "x": res.recovery.x}
     return out
+
+
+def imprint_worst_error(row: Mapping, digits: torch.Tensor) -> float:
+    """The largest relative error, in a row of :func:`imprint_rows`, over the digits ``digits`` marks (``[n]``
+    bool, e.g. the ones the plain run recovered): ``inf`` when one of them has no decoded vector, ``0.0`` when
+    ``digits`` marks none. Raises ``ValueError`` when ``digits`` does not have one entry per digit."""
+    err, digits = row["error"], torch.as_tensor(digits, dtype=torch.bool)
+    if digits.shape != err.shape:
+        raise ValueError(f"digits must mark each of the row's {err.shape[0]} digits, got shape {tuple(digits.shape)}")
+    return float(err[digits].max()) if bool(digits.any()) else 0.0
 
 
 def imprint_error_text(row: Mapping) -> str:

@@ -36,7 +36,7 @@ None of these imports ``flwr``: they read a transcript or change what a server s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -113,9 +113,9 @@ class TranscriptInversion:
 
 
 def invert_gradients(model_fn: Callable[[], nn.Module], transcript: Transcript, *, round: int = 1,
-                     input_shape: tuple, num_classes: int, batch_size: int = 1, max_iter: int = 100,
-                     idlg: bool = True, x_true: dict | None = None, seed: int = 0,
-                     num_restarts: int = 1) -> TranscriptInversion:
+                     input_shape: tuple, num_classes: int, batch_size: int = 1,
+                     budget: gi.AttackBudget | None = None, idlg: bool = True, x_true: dict | None = None,
+                     seed: int = 0) -> TranscriptInversion:
     """DLG / iDLG (chapter 1a) on every client update of ``round`` in ``transcript``, as one stacked
     :func:`fedlab.attacks.gradient_inversion.dlg` run at the global model the server sent.
 
@@ -130,20 +130,24 @@ def invert_gradients(model_fn: Callable[[], nn.Module], transcript: Transcript, 
         1) and optimise the images only; ``False``: DLG learns the labels too.
     x_true : dict, optional
         ``{partition_id: X [batch, *input_shape]}``: the clients' true images, to report the PSNR.
-    num_restarts : int
-        Random starts per client (default 1, one start). With ``R > 1`` the ``R * K`` attacks run as one
+    budget : fedlab.attacks.AttackBudget, optional
+        DLG's L-BFGS budget (default ``AttackBudget(max_iter=100, lr=1.0)``: one run of 100 iterations at Zhu
+        et al.'s fixed step). ``num_restarts = R``: random starts per client; the ``R * K`` attacks run as one
         stacked call (attack ``r * K + i`` is start ``r`` of client ``i``; start 0 is the one-start run's) and
-        each client keeps the start whose matching loss is smallest (the server cannot see the PSNR): a
-        start that stalls in a local minimum (chapter 1a) no longer decides the client's result.
+        each client keeps the start whose matching loss is smallest (the server cannot see the PSNR): a start
+        that stalls in a local minimum (chapter 1a) no longer decides the client's result.
 
     Raises
     ------
     ValueError
-        For a bad ``round``, ``idlg`` with ``batch_size != 1``, a ``num_restarts`` below 1, or a client whose
-        reply names another number of examples than ``batch_size``.
+        For a bad ``round``, ``idlg`` with ``batch_size != 1``, a ``budget`` that is not an ``AttackBudget``, or
+        a client whose reply names another number of examples than ``batch_size``.
     """
-    if isinstance(num_restarts, bool) or not isinstance(num_restarts, int) or num_restarts < 1:
-        raise ValueError(f"num_restarts must be an integer >= 1, got {num_restarts!r}")
+    budget = gi.AttackBudget(max_iter=100, lr=1.0) if budget is None else budget
+    if not isinstance(budget, gi.AttackBudget):
+        raise ValueError(f"budget must be an AttackBudget (e.g. AttackBudget(max_iter=100, lr=1.0, num_restarts=2)), "
+                         f"got {budget!r}")
+    num_restarts = budget.num_restarts
     if idlg and batch_size != 1:
         raise ValueError(f"idlg needs batch_size 1 (the label rule reads one example's gradient), got {batch_size}")
     obs = observed_gradients(transcript, round)
@@ -165,8 +169,7 @@ def invert_gradients(model_fn: Callable[[], nn.Module], transcript: Transcript, 
         if labels is not None:
             labels = labels.repeat(num_restarts, 1)
     knows = gi.Knowledge(input_shape=tuple(input_shape), num_classes=num_classes, batch_size=batch_size, labels=labels)
-    res = gi.dlg(model, params, stacked, knows=knows, budget=gi.AttackBudget(max_iter=max_iter, lr=1.0),
-                 stacked=True, seed=seed)
+    res = gi.dlg(model, params, stacked, knows=knows, budget=replace(budget, num_restarts=1), stacked=True, seed=seed)
     x, lab = res.x, res.labels
     loss = torch.as_tensor(np.asarray(res.final_loss, dtype=float)).reshape(num_restarts, K)
     loss = torch.where(torch.isfinite(loss), loss, torch.full_like(loss, float("inf")))
